@@ -1,0 +1,503 @@
+//! Choosing GPUs for a request: pure functions over the inventory and the set of held GPUs.
+//!
+//! Exact count; vendor/arch/model filters; explicit devices; excluded and unusable GPUs never
+//! given. Placement is deterministic and topology-aware: all GPUs on one NUMA node if one
+//! can hold the request (best fit: the node with the fewest free GPUs that still suffices,
+//! which keeps whole nodes free for large requests), then under one PCI parent (switch or
+//! root port) the same way, then lowest index.
+
+use crate::inventory::Gpu;
+use crate::metadata::{DeviceSel, Field, Filter, Request};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AllocError(pub String);
+
+/// Who holds a GPU: PCI address → domain name.
+pub type Held = BTreeMap<String, String>;
+
+fn field_value(g: &Gpu, f: Field) -> Option<&str> {
+    match f {
+        Field::Vendor => Some(g.vendor.as_str()),
+        Field::Arch => g.arch.as_deref(),
+        Field::Model => Some(g.model.as_str()),
+    }
+}
+
+pub fn matches(g: &Gpu, filters: &[Filter]) -> bool {
+    filters
+        .iter()
+        .all(|f| f.op.matches(field_value(g, f.field)))
+}
+
+fn resolve<'a>(gpus: &'a [Gpu], sel: &DeviceSel) -> Option<&'a Gpu> {
+    gpus.iter().find(|g| match sel {
+        DeviceSel::Pci(p) => g.pci == *p,
+        DeviceSel::Uuid(u) => g.uuid.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(u)),
+        DeviceSel::Index(i) => g.index == *i as usize,
+    })
+}
+
+/// Chooses `req.count` GPUs. Returns their PCI addresses in index order.
+pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>, AllocError> {
+    let mut chosen: Vec<&Gpu> = Vec::new();
+    for sel in &req.devices {
+        let g = resolve(gpus, sel)
+            .ok_or_else(|| AllocError(format!("no GPU with {sel} on this host")))?;
+        if chosen.iter().any(|c| c.pci == g.pci) {
+            return Err(AllocError(format!(
+                "{sel} names GPU {} a second time",
+                g.pci
+            )));
+        }
+        if g.excluded {
+            return Err(AllocError(format!(
+                "GPU {} ({sel}) is excluded by the host config",
+                g.pci
+            )));
+        }
+        if let Some(p) = &g.problem {
+            return Err(AllocError(format!(
+                "GPU {} ({sel}) cannot be used: {p}",
+                g.pci
+            )));
+        }
+        if let Some(h) = held.get(&g.pci) {
+            return Err(AllocError(format!(
+                "GPU {} ({sel}) is held by domain '{h}'",
+                g.pci
+            )));
+        }
+        if let Some(f) = req
+            .filters
+            .iter()
+            .find(|f| !f.op.matches(field_value(g, f.field)))
+        {
+            return Err(AllocError(format!(
+                "GPU {} ({sel}) does not match {f} (it is {} {} {})",
+                g.pci,
+                g.vendor,
+                g.arch.as_deref().unwrap_or("unknown-arch"),
+                g.model
+            )));
+        }
+        chosen.push(g);
+    }
+    let want = req.count as usize - chosen.len();
+    let candidates: Vec<&Gpu> = gpus
+        .iter()
+        .filter(|g| g.usable() && !held.contains_key(&g.pci) && matches(g, &req.filters))
+        .filter(|g| !chosen.iter().any(|c| c.pci == g.pci))
+        .collect();
+    if candidates.len() < want {
+        return Err(shortage(gpus, held, req, chosen.len() + candidates.len()));
+    }
+    let extra = if chosen.is_empty() {
+        place(&candidates, want)
+    } else {
+        near(&candidates, chosen[0], want)
+    };
+    chosen.extend(extra);
+    chosen.sort_by_key(|g| g.index);
+    Ok(chosen.into_iter().map(|g| g.pci.clone()).collect())
+}
+
+fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError {
+    let matching: Vec<&Gpu> = gpus.iter().filter(|g| matches(g, &req.filters)).collect();
+    let mut why = Vec::new();
+    let mut holders: Vec<&str> = matching
+        .iter()
+        .filter_map(|g| held.get(&g.pci).map(String::as_str))
+        .collect();
+    holders.dedup();
+    let n_held = matching
+        .iter()
+        .filter(|g| held.contains_key(&g.pci))
+        .count();
+    if n_held > 0 {
+        let names: Vec<String> = holders.iter().map(|h| format!("'{h}'")).collect();
+        why.push(format!("{n_held} held by {}", names.join(", ")));
+    }
+    let n_excl = matching.iter().filter(|g| g.excluded).count();
+    if n_excl > 0 {
+        why.push(format!("{n_excl} excluded"));
+    }
+    let unusable: Vec<&&Gpu> = matching
+        .iter()
+        .filter(|g| !g.excluded && g.problem.is_some())
+        .collect();
+    if let Some(first) = unusable.first() {
+        why.push(format!(
+            "{} unusable ({}: {})",
+            unusable.len(),
+            first.pci,
+            first.problem.as_deref().unwrap_or_default()
+        ));
+    }
+    let detail = if why.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", why.join(", "))
+    };
+    AllocError(format!(
+        "cannot reserve {req}: only {free} of the host's {} matching GPU{} {} free{detail}",
+        matching.len(),
+        if matching.len() == 1 { "" } else { "s" },
+        if free == 1 { "is" } else { "are" },
+    ))
+}
+
+/// Groups GPUs by a key, keeping index order inside each group.
+fn groups<'a, K: Ord + Clone>(gs: &[&'a Gpu], key: impl Fn(&Gpu) -> K) -> Vec<(K, Vec<&'a Gpu>)> {
+    let mut m: BTreeMap<K, Vec<&Gpu>> = BTreeMap::new();
+    for g in gs {
+        m.entry(key(g)).or_default().push(g);
+    }
+    m.into_iter().collect()
+}
+
+/// Picks `want` GPUs from `gs` by best fit on groups of `key`; `inner` orders a group.
+fn best_fit<'a, K: Ord + Clone>(
+    gs: &[&'a Gpu],
+    want: usize,
+    key: impl Fn(&Gpu) -> K,
+    inner: impl Fn(&[&'a Gpu], usize) -> Vec<&'a Gpu>,
+) -> Vec<&'a Gpu> {
+    let mut gr = groups(gs, key);
+    // Smallest group that suffices (ties: lowest key, i.e. lowest NUMA node / parent).
+    if let Some((_, g)) = gr
+        .iter()
+        .filter(|(_, g)| g.len() >= want)
+        .min_by_key(|(k, g)| (g.len(), k.clone()))
+    {
+        return inner(g, want);
+    }
+    // None suffices: spread over the fewest groups, largest first.
+    gr.sort_by(|(ka, a), (kb, b)| b.len().cmp(&a.len()).then(ka.cmp(kb)));
+    let mut out = Vec::new();
+    for (_, g) in gr {
+        let take = (want - out.len()).min(g.len());
+        out.extend(inner(&g, take));
+        if out.len() == want {
+            break;
+        }
+    }
+    out
+}
+
+fn by_parent<'a>(gs: &[&'a Gpu], want: usize) -> Vec<&'a Gpu> {
+    best_fit(gs, want, |x| x.parent.clone(), |h, n| h[..n].to_vec())
+}
+
+fn parents_spanned(gs: &[&Gpu]) -> usize {
+    let mut p: Vec<&Option<String>> = gs.iter().map(|g| &g.parent).collect();
+    p.sort();
+    p.dedup();
+    p.len()
+}
+
+fn place<'a>(cands: &[&'a Gpu], want: usize) -> Vec<&'a Gpu> {
+    let numa = |g: &Gpu| g.numa_node.map_or(u64::MAX, u64::from);
+    // Among NUMA nodes that can hold the whole request: fewest PCI parents spanned, then
+    // best fit (fewest free GPUs), then lowest node (unknown node last).
+    let best = groups(cands, numa)
+        .into_iter()
+        .filter(|(_, g)| g.len() >= want)
+        .map(|(k, g)| {
+            let sel = by_parent(&g, want);
+            ((parents_spanned(&sel), g.len(), k), sel)
+        })
+        .min_by(|a, b| a.0.cmp(&b.0));
+    match best {
+        Some((_, sel)) => sel,
+        None => best_fit(cands, want, numa, by_parent),
+    }
+}
+
+/// Extra GPUs for a request that names some devices: closest to the first named one.
+fn near<'a>(cands: &[&'a Gpu], anchor: &Gpu, want: usize) -> Vec<&'a Gpu> {
+    let mut c = cands.to_vec();
+    c.sort_by_key(|g| {
+        (
+            g.numa_node != anchor.numa_node,
+            g.parent != anchor.parent,
+            g.index,
+        )
+    });
+    c.truncate(want);
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extra_specs::Op;
+    use crate::inventory::Role;
+    use crate::metadata::{Capabilities, Vendor};
+
+    fn gpu(index: usize, numa: Option<u32>, parent: &str, vendor: Vendor, arch: &str) -> Gpu {
+        Gpu {
+            index,
+            pci: format!("0000:{:02x}:00.0", 0x10 + index),
+            vendor,
+            vendor_id: 0x10de,
+            device_id: 0x2330,
+            model: format!("Model {arch}"),
+            arch: Some(arch.into()),
+            uuid: Some(format!("GPU-{index:08}")),
+            numa_node: numa,
+            parent: Some(parent.into()),
+            nodes: vec![(
+                Role::Nvidia,
+                crate::inventory::DevNode {
+                    path: format!("/dev/nvidia{index}"),
+                    major: 195,
+                    minor: index as u32,
+                    mode: 0o666,
+                },
+            )],
+            excluded: false,
+            problem: None,
+        }
+    }
+
+    /// 8 GPUs, 2 NUMA nodes, 2 GPUs per PCIe switch (DGX-like).
+    fn dgx() -> Vec<Gpu> {
+        (0..8)
+            .map(|i| {
+                gpu(
+                    i,
+                    Some((i / 4) as u32),
+                    &format!("sw{}", i / 2),
+                    Vendor::Nvidia,
+                    "hopper",
+                )
+            })
+            .collect()
+    }
+
+    fn req(count: u32) -> Request {
+        Request {
+            count,
+            filters: vec![],
+            devices: vec![],
+            capabilities: Capabilities::default(),
+            mode: None,
+            uid: 0,
+            gid: 0,
+        }
+    }
+
+    fn idx(gpus: &[Gpu], pcis: &[String]) -> Vec<usize> {
+        pcis.iter()
+            .map(|p| gpus.iter().find(|g| g.pci == *p).unwrap().index)
+            .collect()
+    }
+
+    fn hold(h: &mut Held, gpus: &[Gpu], pcis: &[String], who: &str) {
+        let _ = gpus;
+        for p in pcis {
+            h.insert(p.clone(), who.into());
+        }
+    }
+
+    #[test]
+    fn exact_count_and_determinism() {
+        let g = dgx();
+        let a = allocate(&g, &Held::new(), &req(2)).unwrap();
+        assert_eq!(a, allocate(&g, &Held::new(), &req(2)).unwrap());
+        assert_eq!(idx(&g, &a), vec![0, 1], "one switch pair on NUMA 0");
+        for n in 1..=8 {
+            assert_eq!(
+                allocate(&g, &Held::new(), &req(n)).unwrap().len(),
+                n as usize
+            );
+        }
+        let e = allocate(&g, &Held::new(), &req(9)).unwrap_err();
+        assert!(
+            e.0.contains("only 8 of the host's 8 matching GPUs are free"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn numa_best_fit_keeps_nodes_whole() {
+        let g = dgx();
+        let mut h = Held::new();
+        let a = allocate(&g, &h, &req(1)).unwrap();
+        assert_eq!(idx(&g, &a), vec![0]);
+        hold(&mut h, &g, &a, "one");
+        // A 4-GPU request fits only NUMA 1 now.
+        let b = allocate(&g, &h, &req(4)).unwrap();
+        assert_eq!(idx(&g, &b), vec![4, 5, 6, 7]);
+        hold(&mut h, &g, &b, "four");
+        // A single GPU goes next to the used one: switch 0's remaining GPU (best fit).
+        let c = allocate(&g, &h, &req(1)).unwrap();
+        assert_eq!(idx(&g, &c), vec![1]);
+        hold(&mut h, &g, &c, "another");
+        // A pair gets a whole switch.
+        let d = allocate(&g, &h, &req(2)).unwrap();
+        assert_eq!(idx(&g, &d), vec![2, 3]);
+    }
+
+    #[test]
+    fn pair_prefers_whole_switch_over_split() {
+        let g = dgx();
+        let mut h = Held::new();
+        h.insert(g[0].pci.clone(), "x".into());
+        h.insert(g[2].pci.clone(), "y".into());
+        // NUMA 0 has 1 and 3 free (on different switches), NUMA 1 has 4 free: a whole switch
+        // on NUMA 1 beats a split pair on the tighter node 0.
+        let a = allocate(&g, &h, &req(2)).unwrap();
+        assert_eq!(idx(&g, &a), vec![4, 5]);
+        // Only NUMA 0 left for a pair: split across its switches rather than across nodes.
+        h.insert(g[4].pci.clone(), "p".into());
+        h.insert(g[6].pci.clone(), "q".into());
+        let a = allocate(&g, &h, &req(2)).unwrap();
+        assert_eq!(idx(&g, &a), vec![1, 3]);
+        h.remove(&g[4].pci);
+        h.remove(&g[6].pci);
+        h.insert(g[5].pci.clone(), "z".into());
+        // Now NUMA 1 has 3 free: {4} on sw2 and {6,7} on sw3; NUMA 0 has {1,3}: 2 free, best fit.
+        let a = allocate(&g, &h, &req(3)).unwrap();
+        assert_eq!(idx(&g, &a), vec![4, 6, 7]);
+    }
+
+    #[test]
+    fn spreads_when_no_node_suffices() {
+        let g = dgx();
+        let mut h = Held::new();
+        h.insert(g[0].pci.clone(), "x".into());
+        let a = allocate(&g, &h, &req(6)).unwrap();
+        // NUMA 1 whole, then a pair from node 0 that shares a switch (2,3), not 1 and 2.
+        assert_eq!(idx(&g, &a), vec![2, 3, 4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn filters_vendor_arch_model() {
+        let g = vec![
+            gpu(0, Some(0), "a", Vendor::Nvidia, "fermi"),
+            gpu(1, Some(0), "a", Vendor::Amd, "cdna2"),
+            gpu(2, Some(0), "a", Vendor::Intel, "xe-hpc"),
+            gpu(3, Some(0), "a", Vendor::Nvidia, "kepler"),
+        ];
+        let mut r = req(1);
+        r.filters = vec![Filter {
+            field: Field::Vendor,
+            op: Op::Eq("amd".into()),
+        }];
+        assert_eq!(idx(&g, &allocate(&g, &Held::new(), &r).unwrap()), vec![1]);
+        r.filters = vec![Filter {
+            field: Field::Arch,
+            op: Op::Eq("kepler".into()),
+        }];
+        assert_eq!(idx(&g, &allocate(&g, &Held::new(), &r).unwrap()), vec![3]);
+        r.filters = vec![Filter {
+            field: Field::Arch,
+            op: Op::OneOf(vec!["xe-hpc".into(), "kepler".into()]),
+        }];
+        r.count = 2;
+        assert_eq!(
+            idx(&g, &allocate(&g, &Held::new(), &r).unwrap()),
+            vec![2, 3]
+        );
+        r.filters = vec![Filter {
+            field: Field::Model,
+            op: Op::Contains("fermi".into()),
+        }];
+        r.count = 1;
+        assert_eq!(idx(&g, &allocate(&g, &Held::new(), &r).unwrap()), vec![0]);
+        r.filters = vec![Filter {
+            field: Field::Arch,
+            op: Op::Eq("hopper".into()),
+        }];
+        let e = allocate(&g, &Held::new(), &r).unwrap_err();
+        assert!(
+            e.0.contains("only 0 of the host's 0 matching GPUs are free"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_arch_never_matches() {
+        let mut g = vec![gpu(0, Some(0), "a", Vendor::Nvidia, "fermi")];
+        g[0].arch = None;
+        let mut r = req(1);
+        r.filters = vec![Filter {
+            field: Field::Arch,
+            op: Op::Ne("kepler".into()),
+        }];
+        assert!(allocate(&g, &Held::new(), &r).is_err());
+    }
+
+    #[test]
+    fn excluded_and_unusable_never_given() {
+        let mut g = dgx();
+        g[0].excluded = true;
+        g[1].problem = Some("no driver".into());
+        let a = allocate(&g, &Held::new(), &req(6)).unwrap();
+        assert!(!idx(&g, &a).contains(&0) && !idx(&g, &a).contains(&1));
+        let e = allocate(&g, &Held::new(), &req(7)).unwrap_err();
+        assert!(e.0.contains("1 excluded"), "{e}");
+        assert!(e.0.contains("1 unusable (0000:11:00.0: no driver)"), "{e}");
+        let mut r = req(1);
+        r.devices = vec![DeviceSel::Index(0)];
+        assert!(allocate(&g, &Held::new(), &r)
+            .unwrap_err()
+            .0
+            .contains("excluded by the host config"));
+        r.devices = vec![DeviceSel::Pci(g[1].pci.clone())];
+        assert!(allocate(&g, &Held::new(), &r)
+            .unwrap_err()
+            .0
+            .contains("cannot be used: no driver"));
+    }
+
+    #[test]
+    fn explicit_devices() {
+        let g = dgx();
+        let mut h = Held::new();
+        let mut r = req(1);
+        r.devices = vec![DeviceSel::Uuid("gpu-00000005".into())];
+        assert_eq!(idx(&g, &allocate(&g, &h, &r).unwrap()), vec![5]);
+        // count beyond the named ones: nearest to the first named device.
+        r.count = 3;
+        r.devices = vec![DeviceSel::Index(6)];
+        assert_eq!(idx(&g, &allocate(&g, &h, &r).unwrap()), vec![4, 6, 7]);
+        h.insert(g[6].pci.clone(), "other".into());
+        let e = allocate(&g, &h, &r).unwrap_err();
+        assert!(e.0.contains("is held by domain 'other'"), "{e}");
+        r.devices = vec![DeviceSel::Pci("0000:99:00.0".into())];
+        assert!(allocate(&g, &h, &r)
+            .unwrap_err()
+            .0
+            .contains("no GPU with pci 0000:99:00.0"));
+        r.devices = vec![DeviceSel::Index(1), DeviceSel::Pci(g[1].pci.clone())];
+        assert!(allocate(&g, &h, &r)
+            .unwrap_err()
+            .0
+            .contains("a second time"));
+        r.devices = vec![DeviceSel::Index(1)];
+        r.filters = vec![Filter {
+            field: Field::Arch,
+            op: Op::Eq("fermi".into()),
+        }];
+        let e = allocate(&g, &h, &r).unwrap_err();
+        assert!(e.0.contains("does not match arch == fermi"), "{e}");
+    }
+
+    #[test]
+    fn held_reported_by_name() {
+        let g = dgx();
+        let mut h = Held::new();
+        for (i, x) in g.iter().take(7).enumerate() {
+            h.insert(x.pci.clone(), if i < 4 { "a".into() } else { "b".into() });
+        }
+        let e = allocate(&g, &h, &req(2)).unwrap_err();
+        assert_eq!(
+            e.0,
+            "cannot reserve 2 GPUs: only 1 of the host's 8 matching GPUs is free: 7 held by 'a', 'b'"
+        );
+    }
+}

@@ -1,0 +1,406 @@
+//! `gpuhook` command line (clap): `list`, `check`, `release`, `hook`.
+//!
+//! The clap definitions of both binaries live here so that man pages and completions can
+//! be generated from them (`cargo xtask man`) without linking libvirt.
+
+use crate::alloc;
+use crate::config::Config;
+use crate::error::Error;
+use crate::hook;
+use crate::inventory::{self, Gpu, Inventory};
+use crate::log;
+use crate::metadata;
+use crate::state::{State, Store};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use std::path::PathBuf;
+
+pub const ABOUT: &str = "Reserve whole GPUs for libvirt LXC containers and hand them in";
+
+#[derive(Debug, Parser)]
+#[command(name = "gpuhook", version, about = ABOUT, long_about = "\
+gpuhook reserves whole host GPUs for libvirt LXC domains that ask for them in their \
+<metadata> (namespace urn:gpuhook:gpu:1), creates their device nodes inside the container \
+and allows them in its device cgroup, and frees them when the domain stops.\n\n\
+Installed as /etc/libvirt/hooks/lxc (or /etc/libvirt/hooks/lxc.d/50-gpuhook), libvirt runs \
+it at every LXC lifecycle step. The subcommands below are for operators.\n\n\
+Config: /etc/gpuhook/config.json, or the file named by $GPUHOOK_CONFIG or --config.")]
+pub struct Cli {
+    /// Config file (default: $GPUHOOK_CONFIG, else /etc/gpuhook/config.json)
+    #[arg(short, long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Also print informational messages on stderr
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the host's GPUs and who holds them
+    List {
+        /// Print the stable JSON form
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate a domain XML's GPU request and show what it would get now (dry run)
+    Check {
+        /// Domain XML file, or - for standard input
+        #[arg(default_value = "-", value_name = "FILE|-")]
+        file: String,
+    },
+    /// Free a domain's GPU reservation
+    Release {
+        /// Domain name or UUID
+        domain: String,
+    },
+    /// Run the libvirt hook explicitly (domain XML on standard input)
+    Hook {
+        /// Domain name
+        domain: String,
+        /// prepare, start, started, stopped, release or reconnect
+        op: String,
+        /// begin or end
+        subop: String,
+        /// Extra arguments libvirt passes (ignored)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        extra: Vec<String>,
+    },
+}
+
+/// `gpuhook-libvirt` command line (the binary lives in its own crate, linked with libvirt).
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuhook-libvirt",
+    version,
+    about = "gpuhook's libvirt companion: reconcile GPU reservations with libvirt, set GPU requests on domains"
+)]
+pub struct LibvirtCli {
+    /// libvirt connection URI
+    #[arg(
+        short = 'c',
+        long,
+        default_value = "lxc:///system",
+        env = "GPUHOOK_LIBVIRT_URI",
+        global = true
+    )]
+    pub connect: String,
+    /// gpuhook config file (default: $GPUHOOK_CONFIG, else /etc/gpuhook/config.json)
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: LibvirtCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LibvirtCommand {
+    /// Free reservations of domains libvirt no longer runs
+    Reconcile {
+        /// Only report what would be freed
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Set (or with --clear remove) the GPU request of a defined domain
+    Request {
+        /// Domain name or UUID
+        domain: String,
+        /// How many GPUs
+        #[arg(long, required_unless_present_any = ["clear", "device"])]
+        count: Option<u32>,
+        /// Architecture (fermi, kepler, … hopper, blackwell)
+        #[arg(long)]
+        arch: Option<String>,
+        /// Vendor: nvidia, amd, intel
+        #[arg(long)]
+        vendor: Option<String>,
+        /// Substring of the model name
+        #[arg(long)]
+        model: Option<String>,
+        /// Exact GPU by PCI address or GPU UUID (repeatable)
+        #[arg(long, value_name = "PCI|UUID")]
+        device: Vec<String>,
+        /// compute,utility,graphics,video
+        #[arg(long)]
+        capabilities: Option<String>,
+        /// Octal mode of the created nodes
+        #[arg(long)]
+        mode: Option<String>,
+        /// Container-side owner uid of the nodes
+        #[arg(long)]
+        uid: Option<u32>,
+        /// Container-side owner gid of the nodes
+        #[arg(long)]
+        gid: Option<u32>,
+        /// Remove the GPU request instead
+        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid"])]
+        clear: bool,
+        /// Change only the persistent definition (default: also the live one when running)
+        #[arg(long)]
+        config_only: bool,
+    },
+}
+
+pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    log::set_verbose(cli.verbose);
+    if let Some(c) = &cli.config {
+        std::env::set_var(crate::config::ENV, c);
+    }
+    match cli.command {
+        Command::Hook { domain, op, .. } => match hook::read_stdin() {
+            Ok(xml) => hook::run(&domain, &op, &xml),
+            Err(e) => {
+                log::error(&format!(
+                    "domain '{domain}': reading the domain XML from stdin: {e}"
+                ));
+                1
+            }
+        },
+        Command::List { json } => report(list(json)),
+        Command::Check { file } => report(check(&file)),
+        Command::Release { domain } => report(release(&domain)),
+    }
+}
+
+fn report(r: Result<i32, Error>) -> i32 {
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            log::error(&e.to_string());
+            1
+        }
+    }
+}
+
+fn load() -> Result<(Config, Inventory, State), Error> {
+    let cfg = Config::load()?;
+    let inv = inventory::scan(&cfg)?;
+    let st = Store::new(&cfg.state_file).read()?;
+    Ok((cfg, inv, st))
+}
+
+fn holder_json(st: &State, g: &Gpu) -> serde_json::Value {
+    match st.holder_of(&g.pci) {
+        Some(r) => json!({"domain": r.domain, "uuid": r.uuid, "phase": r.phase}),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// The stable JSON form of `list`.
+pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
+    let gpus: Vec<_> = inv
+        .gpus
+        .iter()
+        .map(|g| {
+            json!({
+                "index": g.index,
+                "pci": g.pci,
+                "vendor": g.vendor.as_str(),
+                "model": g.model,
+                "arch": g.arch,
+                "uuid": g.uuid,
+                "numa_node": g.numa_node,
+                "devices": g.paths(),
+                "excluded": g.excluded,
+                "holder": holder_json(st, g),
+                "vendor_id": format!("{:04x}", g.vendor_id),
+                "device_id": format!("{:04x}", g.device_id),
+                "parent": g.parent,
+                "nodes": g.nodes.iter().map(|(_, n)| n).collect::<Vec<_>>(),
+                "problem": g.problem,
+            })
+        })
+        .collect();
+    let controls: Vec<_> = inv.controls.iter().map(|(_, n)| n).collect();
+    let reservations: Vec<_> = st
+        .reservations
+        .values()
+        .map(|r| {
+            json!({
+                "domain": r.domain, "uuid": r.uuid, "phase": r.phase, "gpus": r.gpus,
+                "request": r.request, "created": r.created, "updated": r.updated,
+                "init_pid": r.init.map(|i| i.pid),
+                "stale": hook::stale_reason(r),
+            })
+        })
+        .collect();
+    json!({"gpus": gpus, "controls": controls, "reservations": reservations})
+}
+
+fn list(as_json: bool) -> Result<i32, Error> {
+    let (_, inv, st) = load()?;
+    if as_json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list_json(&inv, &st)).expect("json")
+        );
+        return Ok(0);
+    }
+    let rows: Vec<[String; 8]> = inv
+        .gpus
+        .iter()
+        .map(|g| {
+            let holder = match st.holder_of(&g.pci) {
+                Some(r) => format!(
+                    "{} ({})",
+                    r.domain,
+                    serde_json::to_value(r.phase)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                ),
+                None if g.excluded => "excluded".into(),
+                None => match &g.problem {
+                    Some(p) => format!("unusable: {p}"),
+                    None => "free".into(),
+                },
+            };
+            [
+                g.index.to_string(),
+                g.pci.clone(),
+                g.vendor.to_string(),
+                g.model.clone(),
+                g.arch.clone().unwrap_or_else(|| "-".into()),
+                g.numa_node.map_or("-".into(), |n| n.to_string()),
+                g.paths().join(","),
+                holder,
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "INDEX", "PCI", "VENDOR", "MODEL", "ARCH", "NUMA", "DEVICES", "HOLDER",
+        ],
+        &rows,
+    );
+    if inv.gpus.is_empty() {
+        println!(
+            "(no NVIDIA, AMD or Intel GPU found under {})",
+            Config::load()?.sysfs.display()
+        );
+    }
+    Ok(0)
+}
+
+fn print_table(head: &[&str; 8], rows: &[[String; 8]]) {
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let s: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<width$}", width = w[i]))
+            .collect();
+        println!("{}", s.join("  ").trim_end());
+    };
+    line(head.to_vec());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}
+
+fn check(file: &str) -> Result<i32, Error> {
+    let xml = if file == "-" {
+        hook::read_stdin().map_err(|e| Error::other(format!("reading stdin: {e}")))?
+    } else {
+        std::fs::read(file).map_err(|e| Error::other(format!("{file}: {e}")))?
+    };
+    let dom = metadata::parse_domain(&xml).map_err(|e| Error::other(format!("{file}: {e}")))?;
+    let Some(req) = &dom.request else {
+        println!(
+            "domain '{}' asks for no GPUs: gpuhook leaves it alone",
+            dom.name
+        );
+        return Ok(0);
+    };
+    let (_, inv, st) = load()?;
+    println!("domain '{}' asks for {req}", dom.name);
+    let (gpus, verb) = match st.reservations.get(&dom.uuid) {
+        Some(r) => (r.gpus.clone(), "holds"),
+        None => match alloc::allocate(&inv.gpus, &st.held(None), req) {
+            Ok(g) => (g, "would get"),
+            Err(e) => {
+                println!("not satisfiable now: {e}");
+                return Ok(1);
+            }
+        },
+    };
+    println!("it {verb}:");
+    for p in &gpus {
+        if let Some(g) = inv.by_pci(p) {
+            println!(
+                "  {} {} {} {} (NUMA {})",
+                g.index,
+                g.pci,
+                g.model,
+                g.arch.as_deref().unwrap_or("-"),
+                g.numa_node.map_or("-".into(), |n| n.to_string())
+            );
+        }
+    }
+    let nodes = inv.nodes_for(&gpus, req.capabilities);
+    println!(
+        "nodes: {}",
+        nodes
+            .iter()
+            .map(|n| format!("{} ({}:{})", n.path, n.major, n.minor))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    Ok(0)
+}
+
+fn release(domain: &str) -> Result<i32, Error> {
+    let cfg = Config::load()?;
+    let key = domain.to_ascii_lowercase();
+    let freed = Store::new(&cfg.state_file).update(|st| {
+        let victims: Vec<String> = st
+            .reservations
+            .iter()
+            .filter(|(u, r)| **u == key || r.domain == domain)
+            .map(|(u, _)| u.clone())
+            .collect();
+        Ok::<_, Error>(
+            victims
+                .into_iter()
+                .filter_map(|u| st.reservations.remove(&u))
+                .collect::<Vec<_>>(),
+        )
+    })?;
+    if freed.is_empty() {
+        println!("domain '{domain}' holds no GPUs; nothing to release");
+    }
+    for r in freed {
+        println!(
+            "released {} of domain '{}' ({})",
+            r.gpus.join(","),
+            r.domain,
+            r.uuid
+        );
+        log::info(&format!(
+            "operator released {} of domain '{}' ({})",
+            r.gpus.join(","),
+            r.domain,
+            r.uuid
+        ));
+        if r.init.is_some_and(|i| i.alive()) {
+            log::warn(&format!(
+                "the container of '{}' still runs and keeps its device access until it stops",
+                r.domain
+            ));
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,313 @@
+//! Host configuration: `/etc/gpuhook/config.json`, or the file named by `GPUHOOK_CONFIG`.
+//!
+//! Every key is optional; unknown keys are an error. The roots (`sysfs`, `proc`, `dev`) let a
+//! whole fake host be described; they are used for the GPU inventory only. Finding and entering
+//! containers always uses the real `/proc` and cgroup mounts.
+
+use crate::metadata::normalize_pci;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_PATH: &str = "/etc/gpuhook/config.json";
+pub const ENV: &str = "GPUHOOK_CONFIG";
+pub const DEFAULT_STATE_FILE: &str = "/run/gpuhook/state.json";
+
+#[derive(Debug, thiserror::Error)]
+#[error("config {path}: {msg}")]
+pub struct ConfigError {
+    pub path: String,
+    pub msg: String,
+}
+
+/// What a config may say of one GPU or of one PCI id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Override {
+    pub arch: Option<String>,
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    sysfs: Option<PathBuf>,
+    proc: Option<PathBuf>,
+    dev: Option<PathBuf>,
+    state_file: Option<PathBuf>,
+    #[serde(default)]
+    exclude: Vec<String>,
+    #[serde(default)]
+    overrides: BTreeMap<String, Override>,
+    pci_ids: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Where this config came from (for messages); `None` for built-in defaults.
+    pub source: Option<PathBuf>,
+    pub sysfs: PathBuf,
+    pub proc: PathBuf,
+    pub dev: PathBuf,
+    pub state_file: PathBuf,
+    /// Normalized PCI addresses never to allocate.
+    pub exclude: Vec<String>,
+    /// Keyed by normalized PCI address.
+    pub by_address: BTreeMap<String, Override>,
+    /// Keyed by (vendor, device) PCI id.
+    pub by_id: BTreeMap<(u16, u16), Override>,
+    /// The PCI id database; `None`: search the usual places.
+    pub pci_ids: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            source: None,
+            sysfs: "/sys".into(),
+            proc: "/proc".into(),
+            dev: "/dev".into(),
+            state_file: DEFAULT_STATE_FILE.into(),
+            exclude: vec![],
+            by_address: BTreeMap::new(),
+            by_id: BTreeMap::new(),
+            pci_ids: None,
+        }
+    }
+}
+
+fn parse_pci_id(s: &str) -> Option<(u16, u16)> {
+    let (v, d) = s.split_once(':')?;
+    if v.len() != 4 || d.len() != 4 {
+        return None;
+    }
+    Some((
+        u16::from_str_radix(v, 16).ok()?,
+        u16::from_str_radix(d, 16).ok()?,
+    ))
+}
+
+impl Config {
+    /// Parses config text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let e = |msg: String| ConfigError {
+            path: path.display().to_string(),
+            msg,
+        };
+        if !text.trim_start().starts_with('{') {
+            return Err(e("must be a JSON object ({...})".into()));
+        }
+        let raw: Raw = serde_json::from_str(text).map_err(|x| e(x.to_string()))?;
+        let mut c = Config {
+            source: Some(path.to_path_buf()),
+            ..Config::default()
+        };
+        for (key, val, slot) in [
+            ("sysfs", raw.sysfs, &mut c.sysfs),
+            ("proc", raw.proc, &mut c.proc),
+            ("dev", raw.dev, &mut c.dev),
+            ("state_file", raw.state_file, &mut c.state_file),
+        ] {
+            if let Some(p) = val {
+                if !p.is_absolute() {
+                    return Err(e(format!("\"{key}\" must be an absolute path, not {p:?}")));
+                }
+                *slot = p;
+            }
+        }
+        if c.state_file.file_name().is_none() || c.state_file.parent().is_none() {
+            return Err(e(format!(
+                "\"state_file\" {:?} names no file",
+                c.state_file
+            )));
+        }
+        if let Some(p) = raw.pci_ids {
+            if !p.is_absolute() {
+                return Err(e(format!(
+                    "\"pci_ids\" must be an absolute path, not {p:?}"
+                )));
+            }
+            c.pci_ids = Some(p);
+        }
+        for x in &raw.exclude {
+            let a = normalize_pci(x).ok_or_else(|| {
+                e(format!(
+                    "\"exclude\": '{x}' is not a PCI address like 0000:af:00.0"
+                ))
+            })?;
+            c.exclude.push(a);
+        }
+        for (key, o) in raw.overrides {
+            for (what, v) in [("arch", &o.arch), ("model", &o.model)] {
+                if let Some(v) = v {
+                    if v.trim().is_empty() || v.len() > 128 {
+                        return Err(e(format!(
+                            "\"overrides\".\"{key}\".{what} is empty or too long"
+                        )));
+                    }
+                }
+            }
+            let o = Override {
+                arch: o.arch.map(|a| a.trim().to_ascii_lowercase()),
+                model: o.model.map(|m| m.trim().to_owned()),
+            };
+            if let Some(id) = parse_pci_id(&key.to_ascii_lowercase()) {
+                c.by_id.insert(id, o);
+            } else if let Some(a) = normalize_pci(&key) {
+                c.by_address.insert(a, o);
+            } else {
+                return Err(e(format!(
+                    "\"overrides\": key '{key}' is neither a PCI id like 10de:06de nor a PCI address like 0000:3b:00.0"
+                )));
+            }
+        }
+        Ok(c)
+    }
+
+    /// Loads the host config: `$GPUHOOK_CONFIG` if set (it must exist), else
+    /// `/etc/gpuhook/config.json` if present, else built-in defaults.
+    ///
+    /// The file must be a regular file owned by root (or by the caller) and not writable by
+    /// group or others: it decides where the hook looks for device nodes and writes state.
+    pub fn load() -> Result<Config, ConfigError> {
+        match std::env::var_os(ENV) {
+            Some(p) if !p.is_empty() => Self::load_file(Path::new(&p), true),
+            _ => Self::load_file(Path::new(DEFAULT_PATH), false),
+        }
+    }
+
+    pub fn load_file(path: &Path, must_exist: bool) -> Result<Config, ConfigError> {
+        let e = |msg: String| ConfigError {
+            path: path.display().to_string(),
+            msg,
+        };
+        let md = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(x) if x.kind() == std::io::ErrorKind::NotFound && !must_exist => {
+                return Ok(Config::default())
+            }
+            Err(x) => return Err(e(x.to_string())),
+        };
+        if !md.is_file() {
+            return Err(e("not a regular file".into()));
+        }
+        let euid = nix::unistd::geteuid().as_raw();
+        if md.uid() != 0 && md.uid() != euid {
+            return Err(e(format!(
+                "owned by uid {}, not root; refusing to trust it",
+                md.uid()
+            )));
+        }
+        if md.mode() & 0o022 != 0 {
+            return Err(e(format!(
+                "mode {:04o} lets group or others write it; refusing to trust it (chmod go-w)",
+                md.mode() & 0o7777
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|x| e(x.to_string()))?;
+        Self::parse(&text, path)
+    }
+
+    pub fn is_excluded(&self, pci: &str) -> bool {
+        self.exclude.iter().any(|x| x == pci)
+    }
+
+    /// The override for a GPU: its PCI address wins over its PCI id.
+    pub fn override_for(&self, pci: &str, vendor: u16, device: u16) -> Override {
+        let by_addr = self.by_address.get(pci);
+        let by_id = self.by_id.get(&(vendor, device));
+        Override {
+            arch: by_addr
+                .and_then(|o| o.arch.clone())
+                .or_else(|| by_id.and_then(|o| o.arch.clone())),
+            model: by_addr
+                .and_then(|o| o.model.clone())
+                .or_else(|| by_id.and_then(|o| o.model.clone())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(t: &str) -> Result<Config, ConfigError> {
+        Config::parse(t, Path::new("/etc/gpuhook/config.json"))
+    }
+
+    #[test]
+    fn spec_example() {
+        let c = p(r#"{
+  "sysfs": "/sys", "proc": "/proc", "dev": "/dev",
+  "state_file": "/run/gpuhook/state.json",
+  "exclude": ["0000:af:00.0"],
+  "overrides": {
+    "10de:06de": {"arch": "fermi", "model": "Tesla M2050"},
+    "0000:3b:00.0": {"arch": "Fermi"}
+  }
+}"#)
+        .unwrap();
+        assert_eq!(c.exclude, vec!["0000:af:00.0"]);
+        assert!(c.is_excluded("0000:af:00.0"));
+        let o = c.override_for("0000:3b:00.0", 0x10de, 0x06de);
+        assert_eq!(o.arch.as_deref(), Some("fermi"));
+        assert_eq!(o.model.as_deref(), Some("Tesla M2050"));
+        let o = c.override_for("0000:3c:00.0", 0x10de, 0x1091);
+        assert_eq!(o, Override::default());
+    }
+
+    #[test]
+    fn empty_object_is_defaults() {
+        let c = p("{}").unwrap();
+        assert_eq!(c.state_file, PathBuf::from(DEFAULT_STATE_FILE));
+        assert_eq!(c.sysfs, PathBuf::from("/sys"));
+    }
+
+    #[test]
+    fn errors() {
+        for (t, needle) in [
+            (
+                r#"{"sysfs": "/sys", "colour": 1}"#,
+                "unknown field `colour`",
+            ),
+            (r#"{"sysfs": "sys"}"#, "absolute"),
+            (r#"{"state_file": "/"}"#, "names no file"),
+            (r#"{"exclude": ["af:00"]}"#, "not a PCI address"),
+            (
+                r#"{"overrides": {"nvidia": {"arch": "x"}}}"#,
+                "neither a PCI id",
+            ),
+            (
+                r#"{"overrides": {"10de:06de": {"arch": "x", "speed": 1}}}"#,
+                "unknown field `speed`",
+            ),
+            (r#"{"overrides": {"10de:06de": {"arch": " "}}}"#, "empty"),
+            ("{", "EOF"),
+            ("[]", "must be a JSON object"),
+            ("", "must be a JSON object"),
+        ] {
+            let e = p(t).expect_err(t);
+            let s = e.to_string();
+            assert!(s.contains(needle), "{t}: {s}");
+            assert!(s.starts_with("config /etc/gpuhook/config.json: "), "{s}");
+            assert!(!s.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn file_trust() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("c.json");
+        std::fs::write(&f, "{}").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(Config::load_file(&f, true).is_ok());
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = Config::load_file(&f, true).unwrap_err().to_string();
+        assert!(e.contains("refusing to trust"), "{e}");
+        let missing = d.path().join("none.json");
+        assert!(Config::load_file(&missing, false).unwrap().source.is_none());
+        assert!(Config::load_file(&missing, true).is_err());
+    }
+}

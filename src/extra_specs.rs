@@ -1,0 +1,247 @@
+//! OpenStack Nova flavor extra_specs, as the original *HeterogeneousGpuAcceleratorSupport*
+//! blueprint used them (`gpus` `= 2`, `gpu_arch` `s== fermi`).
+//!
+//! Nova's operators (`nova/scheduler/filters/extra_specs_ops.py`): `=` (numeric ≥), `==`, `!=`,
+//! `>=`, `<=` (numeric), `s==`, `s!=`, `s<`, `s<=`, `s>`, `s>=` (string), `<in>` (substring),
+//! `<or>` (one of). A value without a known operator is compared as a whole string.
+//! Unlike Nova, the operand of a string operator is the whole rest of the value, so
+//! `s== Tesla M2050` compares against `Tesla M2050`, not just `Tesla`. Comparisons are
+//! case-insensitive, as the SPEC asks of architecture names.
+
+use std::fmt;
+
+/// A string predicate on a GPU property (vendor, architecture or model name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Eq(String),
+    Ne(String),
+    Lt(String),
+    Le(String),
+    Gt(String),
+    Ge(String),
+    Contains(String),
+    OneOf(Vec<String>),
+}
+
+impl Op {
+    /// Whether `value` satisfies the predicate. An unknown value (`None`) never matches,
+    /// as in Nova where a missing capability fails every operator.
+    pub fn matches(&self, value: Option<&str>) -> bool {
+        let Some(value) = value else { return false };
+        let v = value.to_ascii_lowercase();
+        match self {
+            Op::Eq(x) => v == *x,
+            Op::Ne(x) => v != *x,
+            Op::Lt(x) => v.as_str() < x.as_str(),
+            Op::Le(x) => v.as_str() <= x.as_str(),
+            Op::Gt(x) => v.as_str() > x.as_str(),
+            Op::Ge(x) => v.as_str() >= x.as_str(),
+            Op::Contains(x) => v.contains(x.as_str()),
+            Op::OneOf(xs) => xs.contains(&v),
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::Eq(x) => write!(f, "== {x}"),
+            Op::Ne(x) => write!(f, "!= {x}"),
+            Op::Lt(x) => write!(f, "< {x}"),
+            Op::Le(x) => write!(f, "<= {x}"),
+            Op::Gt(x) => write!(f, "> {x}"),
+            Op::Ge(x) => write!(f, ">= {x}"),
+            Op::Contains(x) => write!(f, "contains {x}"),
+            Op::OneOf(xs) => write!(f, "one of {}", xs.join("|")),
+        }
+    }
+}
+
+const NUMERIC_OPS: [&str; 5] = ["=", "==", "!=", ">=", "<="];
+
+/// Splits `value` into (operator, operand) when it starts with one of Nova's operators.
+fn split_op(value: &str) -> Option<(&str, &str)> {
+    let value = value.trim();
+    let (first, rest) = match value.split_once(char::is_whitespace) {
+        Some((a, b)) => (a, b.trim()),
+        None => (value, ""),
+    };
+    const OPS: [&str; 13] = [
+        "=", "==", "!=", ">=", "<=", "s==", "s!=", "s<", "s<=", "s>", "s>=", "<in>", "<or>",
+    ];
+    OPS.contains(&first).then_some((first, rest))
+}
+
+/// Parses the value of the `gpus` key: how many GPUs to reserve.
+///
+/// `= N` (Nova: at least N, the blueprint's form), `== N`, `>= N`, `s== N` and a bare `N`
+/// all reserve exactly N. Operators that do not name one count (`!=`, `<=`, `<in>`, …)
+/// are refused rather than guessed.
+pub fn parse_count(value: &str) -> Result<u32, String> {
+    let operand = match split_op(value) {
+        Some((op @ ("=" | "==" | ">=" | "s=="), rest)) => {
+            if rest.is_empty() {
+                return Err(format!("operator '{op}' without a number"));
+            }
+            rest
+        }
+        Some((op, _)) => {
+            return Err(format!(
+                "operator '{op}' does not name a number of GPUs; use '= N'"
+            ))
+        }
+        None => value.trim(),
+    };
+    parse_positive_count(operand)
+}
+
+/// Largest number of GPUs one domain may ask for. Hosts have tens; this bound keeps
+/// absurd requests a clear error instead of an allocation attempt.
+pub const MAX_COUNT: u32 = 1024;
+
+/// A decimal count in 1..=MAX_COUNT, digits only.
+pub fn parse_positive_count(s: &str) -> Result<u32, String> {
+    if s.is_empty() {
+        return Err("empty count".into());
+    }
+    if let Some(rest) = s.strip_prefix('-') {
+        if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("count '{s}' is negative"));
+        }
+    }
+    if !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("count '{s}' is not a whole number"));
+    }
+    let digits = s.trim_start_matches('0');
+    if digits.is_empty() {
+        return Err("count must be at least 1".into());
+    }
+    match digits.parse::<u32>() {
+        Ok(n) if n <= MAX_COUNT => Ok(n),
+        _ => Err(format!("count {s} is too large (at most {MAX_COUNT})")),
+    }
+}
+
+/// Parses the value of a string key (`gpu_arch`, `gpu_model`, `gpu_vendor`).
+pub fn parse_string_op(value: &str) -> Result<Op, String> {
+    let lower = value.trim().to_ascii_lowercase();
+    let Some((op, rest)) = split_op(&lower) else {
+        if lower.is_empty() {
+            return Err("empty value".into());
+        }
+        return Ok(Op::Eq(lower));
+    };
+    if op == "<or>" {
+        let alts: Vec<String> = lower
+            .split("<or>")
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if alts.is_empty() {
+            return Err("'<or>' without alternatives".into());
+        }
+        return Ok(Op::OneOf(alts));
+    }
+    if NUMERIC_OPS.contains(&op) {
+        return Err(format!(
+            "operator '{op}' compares numbers; use 's{}' to compare names",
+            if op == "=" { "==" } else { op }
+        ));
+    }
+    if rest.is_empty() {
+        return Err(format!("operator '{op}' without a value"));
+    }
+    let rest = rest.to_owned();
+    Ok(match op {
+        "s==" => Op::Eq(rest),
+        "s!=" => Op::Ne(rest),
+        "s<" => Op::Lt(rest),
+        "s<=" => Op::Le(rest),
+        "s>" => Op::Gt(rest),
+        "s>=" => Op::Ge(rest),
+        "<in>" => Op::Contains(rest),
+        _ => return Err(format!("operator '{op}' is not supported here")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blueprint_count_forms() {
+        assert_eq!(parse_count("= 2"), Ok(2));
+        assert_eq!(parse_count("== 4"), Ok(4));
+        assert_eq!(parse_count(">= 1"), Ok(1));
+        assert_eq!(parse_count("s== 3"), Ok(3));
+        assert_eq!(parse_count(" 8 "), Ok(8));
+        assert_eq!(parse_count("=   2"), Ok(2));
+    }
+
+    #[test]
+    fn bad_counts() {
+        for bad in [
+            "",
+            "= ",
+            "=",
+            "0",
+            "= 0",
+            "-1",
+            "= -2",
+            "2.0",
+            "two",
+            "= 1e3",
+            "99999999999",
+            "= 1025",
+            "!= 2",
+            "<= 2",
+            "<in> 2",
+            "<or> 1 <or> 2",
+            "s< 3",
+        ] {
+            assert!(parse_count(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_count("-1").unwrap_err().contains("negative"));
+        assert!(parse_count("0").unwrap_err().contains("at least 1"));
+        assert!(parse_count("= 1025").unwrap_err().contains("too large"));
+        assert_eq!(parse_count("= 1024"), Ok(1024));
+    }
+
+    #[test]
+    fn string_operators() {
+        assert_eq!(parse_string_op("s== fermi"), Ok(Op::Eq("fermi".into())));
+        assert_eq!(parse_string_op("s== Fermi"), Ok(Op::Eq("fermi".into())));
+        assert_eq!(parse_string_op("fermi"), Ok(Op::Eq("fermi".into())));
+        assert_eq!(
+            parse_string_op("s== Tesla M2050"),
+            Ok(Op::Eq("tesla m2050".into()))
+        );
+        assert_eq!(parse_string_op("s!= kepler"), Ok(Op::Ne("kepler".into())));
+        assert_eq!(parse_string_op("<in> M20"), Ok(Op::Contains("m20".into())));
+        assert_eq!(
+            parse_string_op("<or> fermi <or> kepler"),
+            Ok(Op::OneOf(vec!["fermi".into(), "kepler".into()]))
+        );
+        assert_eq!(parse_string_op("s>= b"), Ok(Op::Ge("b".into())));
+        assert!(parse_string_op("= fermi").unwrap_err().contains("s=="));
+        assert!(parse_string_op("== fermi").is_err());
+        assert!(parse_string_op("s==").is_err());
+        assert!(parse_string_op("<or>").is_err());
+        assert!(parse_string_op("  ").is_err());
+    }
+
+    #[test]
+    fn matching() {
+        let op = parse_string_op("s== fermi").unwrap();
+        assert!(op.matches(Some("Fermi")));
+        assert!(!op.matches(Some("kepler")));
+        assert!(!op.matches(None));
+        assert!(Op::Ne("fermi".into()).matches(Some("kepler")));
+        assert!(!Op::Ne("fermi".into()).matches(None));
+        assert!(Op::Contains("m20".into()).matches(Some("Tesla M2050")));
+        assert!(Op::OneOf(vec!["a".into(), "b".into()]).matches(Some("B")));
+        assert!(Op::Lt("kepler".into()).matches(Some("fermi")));
+        assert!(!Op::Gt("kepler".into()).matches(Some("fermi")));
+    }
+}

@@ -1,0 +1,591 @@
+//! The libvirt LXC hook: `NAME OP SUBOP EXTRA`, domain XML on stdin.
+//!
+//! | call | what gpuhook does |
+//! |---|---|
+//! | `prepare begin -` | parse the request, reserve GPUs (or fail the start with one line) |
+//! | `start begin -` | check the reservation still stands |
+//! | `started begin -` | grant the nodes in the container's device cgroup, then create them in its `/dev`; on failure undo both and fail (libvirt stops the container) |
+//! | `stopped end -`, `release end …` | free the reservation; always exit 0 |
+//! | `reconnect begin -` | re-adopt the reservation, re-grant and re-create what was lost; exit non-zero only when the container cannot be made consistent (libvirt then kills it) |
+//!
+//! A domain whose XML does not mention gpuhook's namespace leaves at once with 0, before
+//! the config or state is even opened.
+
+use crate::alloc;
+use crate::cgroup::{self, DeviceCgroup};
+use crate::config::Config;
+use crate::container::{self, Container, NodeSpec, Outcome, Status};
+use crate::error::Error;
+use crate::inventory::{self, Inventory};
+use crate::log;
+use crate::metadata::{self, DeviceSel, Domain, Request};
+use crate::procfs;
+use crate::state::{now_rfc3339, Node, Phase, Reservation, State, Store};
+use std::ffi::OsStr;
+use std::io::Read;
+use std::path::Path;
+
+/// Whether the program was started as a libvirt hook: `…/hooks/lxc` or `…/hooks/lxc.d/*`.
+pub fn invoked_as_hook(argv0: &OsStr) -> bool {
+    let p = Path::new(argv0);
+    p.file_name() == Some(OsStr::new("lxc"))
+        || p.parent().and_then(Path::file_name) == Some(OsStr::new("lxc.d"))
+}
+
+/// Reads the domain XML from stdin (bounded).
+pub fn read_stdin() -> std::io::Result<Vec<u8>> {
+    let mut xml = Vec::with_capacity(16 * 1024);
+    std::io::stdin()
+        .lock()
+        .take(metadata::MAX_XML as u64 + 1)
+        .read_to_end(&mut xml)?;
+    Ok(xml)
+}
+
+/// Runs one hook call; returns the exit status.
+pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
+    if !metadata::mentions_gpuhook(xml) {
+        return 0;
+    }
+    let must_succeed = matches!(op, "prepare" | "start" | "started");
+    let dom = match metadata::parse_domain(xml) {
+        Ok(d) => d,
+        Err(e) => {
+            log::error(&format!("domain '{name}': {e}"));
+            return if must_succeed { 1 } else { 0 };
+        }
+    };
+    let Some(req) = dom.request.clone() else {
+        return 0;
+    };
+    let result = match op {
+        "prepare" => prepare(&dom, &req),
+        "start" => start(&dom),
+        "started" => started(&dom, &req),
+        "stopped" | "release" => {
+            free(&dom, op);
+            Ok(())
+        }
+        "reconnect" => return reconnect(&dom, &req),
+        other => {
+            log::warn(&format!(
+                "domain '{}': unknown hook operation '{other}'; nothing done",
+                dom.name
+            ));
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            log::error(&format!("domain '{}': {e}", dom.name));
+            1
+        }
+    }
+}
+
+fn store(cfg: &Config) -> Store {
+    Store::new(&cfg.state_file)
+}
+
+/// Why a reservation is stale (its holder is gone), if it is.
+pub fn stale_reason(r: &Reservation) -> Option<String> {
+    match r.phase {
+        Phase::Running => match r.init {
+            Some(i) if !i.alive() => Some(format!("its container init (pid {}) is gone", i.pid)),
+            _ => None,
+        },
+        Phase::Prepared => match r.prepared_by {
+            Some(p) if !p.alive() && !controller_running(&r.domain) => Some(format!(
+                "it was prepared by pid {} which is gone, and no container of it runs",
+                p.pid
+            )),
+            _ => None,
+        },
+    }
+}
+
+/// Whether libvirt's controller for the domain runs (`/run/libvirt/lxc/NAME.pid`).
+fn controller_running(name: &str) -> bool {
+    if name.contains('/') || name.is_empty() || name.starts_with('.') {
+        return false;
+    }
+    std::fs::read_to_string(format!("/run/libvirt/lxc/{name}.pid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .and_then(procfs::comm)
+        .is_some_and(|c| c == "libvirt_lxc")
+}
+
+/// Drops stale reservations; returns what was reclaimed, for the log.
+pub fn reclaim_stale(st: &mut State) -> Vec<String> {
+    let stale: Vec<(String, String)> = st
+        .reservations
+        .iter()
+        .filter_map(|(u, r)| stale_reason(r).map(|why| (u.clone(), why)))
+        .collect();
+    stale
+        .into_iter()
+        .filter_map(|(u, why)| {
+            st.reservations.remove(&u).map(|r| {
+                format!(
+                    "reclaimed GPUs {} of domain '{}' ({u}): {why}",
+                    r.gpus.join(","),
+                    r.domain
+                )
+            })
+        })
+        .collect()
+}
+
+/// Whether an existing reservation still fits the request on this inventory.
+fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
+    gpus.len() == req.count as usize
+        && gpus.iter().all(|p| {
+            inv.by_pci(p)
+                .is_some_and(|g| g.usable() && alloc::matches(g, &req.filters))
+        })
+        && req.devices.iter().all(|sel| {
+            inv.gpus.iter().any(|g| {
+                gpus.contains(&g.pci)
+                    && match sel {
+                        DeviceSel::Pci(p) => g.pci == *p,
+                        DeviceSel::Uuid(u) => {
+                            g.uuid.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(u))
+                        }
+                        DeviceSel::Index(i) => g.index == *i as usize,
+                    }
+            })
+        })
+}
+
+fn prepare(dom: &Domain, req: &Request) -> Result<(), Error> {
+    let cfg = Config::load()?;
+    let inv = inventory::scan(&cfg)?;
+    let parent = procfs::parent();
+    let now = now_rfc3339();
+    let (gpus, notes) = store(&cfg).update(|st| -> Result<_, Error> {
+        let notes = reclaim_stale(st);
+        if let Some(r) = st.reservations.get_mut(&dom.uuid) {
+            if satisfies(&inv, &r.gpus, req) {
+                r.phase = Phase::Prepared;
+                r.prepared_by = parent;
+                r.init = None;
+                r.controller = None;
+                r.nodes.clear();
+                r.domain = dom.name.clone();
+                r.request = req.to_string();
+                r.updated = now.clone();
+                return Ok((r.gpus.clone(), notes));
+            }
+            st.reservations.remove(&dom.uuid);
+        }
+        let gpus = alloc::allocate(&inv.gpus, &st.held(None), req)?;
+        st.reservations.insert(
+            dom.uuid.clone(),
+            Reservation {
+                domain: dom.name.clone(),
+                uuid: dom.uuid.clone(),
+                gpus: gpus.clone(),
+                phase: Phase::Prepared,
+                request: req.to_string(),
+                created: now.clone(),
+                updated: now.clone(),
+                prepared_by: parent,
+                controller: None,
+                init: None,
+                nodes: vec![],
+            },
+        );
+        Ok((gpus, notes))
+    })?;
+    for n in notes {
+        log::info(&n);
+    }
+    log::info(&format!(
+        "domain '{}' ({}): reserved {} for {req}",
+        dom.name,
+        dom.uuid,
+        gpus.join(",")
+    ));
+    Ok(())
+}
+
+fn reservation(st: &State, dom: &Domain) -> Result<Reservation, Error> {
+    st.reservations
+        .get(&dom.uuid)
+        .cloned()
+        .ok_or_else(|| Error::other("holds no GPU reservation (did the prepare hook run? is gpuhook installed at libvirtd's start?)"))
+}
+
+fn start(dom: &Domain) -> Result<(), Error> {
+    let cfg = Config::load()?;
+    let r = reservation(&store(&cfg).read()?, dom)?;
+    let inv = inventory::scan(&cfg)?;
+    for p in &r.gpus {
+        let g = inv
+            .by_pci(p)
+            .ok_or_else(|| Error::other(format!("reserved GPU {p} is no longer on the host")))?;
+        if let Some(why) = &g.problem {
+            return Err(Error::other(format!(
+                "reserved GPU {p} cannot be used: {why}"
+            )));
+        }
+        if g.excluded {
+            return Err(Error::other(format!(
+                "reserved GPU {p} is now excluded by the host config"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The nodes a container gets for its GPUs, with mode and host-side owner.
+pub fn node_specs(
+    dom: &Domain,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[String],
+) -> Result<Vec<NodeSpec>, Error> {
+    for p in gpus {
+        let g = inv
+            .by_pci(p)
+            .ok_or_else(|| Error::other(format!("reserved GPU {p} is no longer on the host")))?;
+        if g.nodes.is_empty() {
+            return Err(Error::other(format!(
+                "GPU {p} has no device node: {}",
+                g.problem.as_deref().unwrap_or("unknown")
+            )));
+        }
+    }
+    let uid = dom
+        .idmap
+        .host_uid(req.uid)
+        .ok_or_else(|| Error::other(format!("uid {} is not mapped by <idmap>", req.uid)))?;
+    let gid = dom
+        .idmap
+        .host_gid(req.gid)
+        .ok_or_else(|| Error::other(format!("gid {} is not mapped by <idmap>", req.gid)))?;
+    Ok(inv
+        .nodes_for(gpus, req.capabilities)
+        .into_iter()
+        .map(|n| NodeSpec {
+            mode: req.mode.unwrap_or(n.mode),
+            path: n.path,
+            major: n.major,
+            minor: n.minor,
+            uid,
+            gid,
+        })
+        .collect())
+}
+
+fn as_nodes(specs: &[NodeSpec]) -> Vec<Node> {
+    specs
+        .iter()
+        .map(|s| Node {
+            path: s.path.clone(),
+            major: s.major,
+            minor: s.minor,
+        })
+        .collect()
+}
+
+/// What one `apply` changed, so it can be undone.
+pub struct Applied {
+    cg: Box<dyn DeviceCgroup>,
+    granted: Vec<Node>,
+    created: Vec<NodeSpec>,
+    dirs: Vec<String>,
+}
+
+/// Grants the nodes in the container's device cgroup, then creates them in its `/dev`.
+/// On failure nothing of this call is left behind.
+pub fn apply(ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
+    let mut cg = cgroup::for_pid(ct.init.pid)?;
+    let granted = cgroup::grant_all(&mut *cg, &as_nodes(specs))?;
+    match container::create_nodes(ct.init, specs) {
+        Ok(made) => {
+            let created = specs
+                .iter()
+                .zip(&made.outcomes)
+                .filter(|(_, o)| **o == Outcome::Created)
+                .map(|(s, _)| s.clone())
+                .collect();
+            Ok(Applied {
+                cg,
+                granted,
+                created,
+                dirs: made.dirs,
+            })
+        }
+        Err(e) => {
+            cgroup::revoke_all(&mut *cg, &granted);
+            Err(e.into())
+        }
+    }
+}
+
+pub fn undo(ct: &Container, mut a: Applied) {
+    if let Err(e) = container::remove_nodes(ct.init, &a.created, &a.dirs) {
+        log::warn(&format!("rollback of nodes: {e}"));
+    }
+    cgroup::revoke_all(&mut *a.cg, &a.granted);
+}
+
+fn started(dom: &Domain, req: &Request) -> Result<(), Error> {
+    let cfg = Config::load()?;
+    let st = store(&cfg);
+    let r = reservation(&st.read()?, dom)?;
+    let inv = inventory::scan(&cfg)?;
+    let ct = container::find(&dom.name, dom.id)?;
+    let specs = node_specs(dom, req, &inv, &r.gpus)?;
+    let applied = apply(&ct, &specs)?;
+    let now = now_rfc3339();
+    let recorded = st.update(|s| -> Result<(), Error> {
+        let cur = s.reservations.get_mut(&dom.uuid).ok_or_else(|| {
+            Error::other("GPU reservation was released while the container started")
+        })?;
+        if cur.gpus != r.gpus {
+            return Err(Error::other(
+                "GPU reservation changed while the container started",
+            ));
+        }
+        cur.phase = Phase::Running;
+        cur.controller = Some(ct.controller);
+        cur.init = Some(ct.init);
+        cur.nodes = as_nodes(&specs);
+        cur.updated = now;
+        Ok(())
+    });
+    if let Err(e) = recorded {
+        undo(&ct, applied);
+        return Err(e);
+    }
+    log::info(&format!(
+        "domain '{}': granted and created {} in container (init {})",
+        dom.name,
+        specs
+            .iter()
+            .map(|s| s.path.as_str())
+            .collect::<Vec<_>>()
+            .join(" "),
+        ct.init.pid
+    ));
+    Ok(())
+}
+
+fn free(dom: &Domain, op: &str) {
+    let cfg = match Config::load() {
+        Ok(c) => c,
+        Err(e) => {
+            log::error(&format!(
+                "domain '{}': {op}: cannot free its GPUs: {e}",
+                dom.name
+            ));
+            return;
+        }
+    };
+    let r = store(&cfg).update(|st| Ok::<_, Error>(st.reservations.remove(&dom.uuid)));
+    match r {
+        Ok(Some(r)) => log::info(&format!(
+            "domain '{}' ({}): {op}: freed {}",
+            dom.name,
+            dom.uuid,
+            r.gpus.join(",")
+        )),
+        Ok(None) => {}
+        Err(e) => log::error(&format!(
+            "domain '{}': {op}: cannot free its GPUs: {e}",
+            dom.name
+        )),
+    }
+}
+
+/// `reconnect`: exit 0 unless the container cannot be made consistent. Problems with
+/// gpuhook's own files (config, state) are logged and leave the running container alone:
+/// killing it would not fix them.
+fn reconnect(dom: &Domain, req: &Request) -> i32 {
+    let soft = |what: &str, e: &dyn std::fmt::Display| {
+        log::error(&format!(
+            "domain '{}': reconnect: {what}: {e}; container left as it is",
+            dom.name
+        ));
+        0
+    };
+    let cfg = match Config::load() {
+        Ok(c) => c,
+        Err(e) => return soft("cannot read the config", &e),
+    };
+    let inv = match inventory::scan(&cfg) {
+        Ok(i) => i,
+        Err(e) => return soft("cannot read the GPU inventory", &e),
+    };
+    let fatal = |e: Error| {
+        log::error(&format!(
+            "domain '{}': reconnect: container cannot be made consistent: {e}",
+            dom.name
+        ));
+        1
+    };
+    let ct = match container::find(&dom.name, dom.id) {
+        Ok(c) => c,
+        Err(e) => return fatal(e.into()),
+    };
+    let now = now_rfc3339();
+    let mut adopted = false;
+    let decided = store(&cfg).update(|st| -> Result<Result<Vec<String>, Error>, Error> {
+        for n in reclaim_stale(st) {
+            log::info(&n);
+        }
+        let gpus = match st.reservations.get(&dom.uuid) {
+            Some(r) => r.gpus.clone(),
+            None => match adopt(dom, req, &inv, st, &ct) {
+                Ok(g) => {
+                    adopted = true;
+                    g
+                }
+                Err(e) => return Ok(Err(e)),
+            },
+        };
+        let specs = match node_specs(dom, req, &inv, &gpus) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let r = st
+            .reservations
+            .entry(dom.uuid.clone())
+            .or_insert_with(|| Reservation {
+                domain: dom.name.clone(),
+                uuid: dom.uuid.clone(),
+                gpus: gpus.clone(),
+                phase: Phase::Running,
+                request: req.to_string(),
+                created: now.clone(),
+                updated: now.clone(),
+                prepared_by: None,
+                controller: None,
+                init: None,
+                nodes: vec![],
+            });
+        r.phase = Phase::Running;
+        r.controller = Some(ct.controller);
+        r.init = Some(ct.init);
+        r.nodes = as_nodes(&specs);
+        r.updated = now.clone();
+        Ok(Ok(gpus))
+    });
+    let gpus = match decided {
+        Err(e) => return soft("cannot update the state", &e),
+        Ok(Err(e)) => return fatal(e),
+        Ok(Ok(g)) => g,
+    };
+    let specs = match node_specs(dom, req, &inv, &gpus) {
+        Ok(s) => s,
+        Err(e) => return fatal(e),
+    };
+    match apply(&ct, &specs) {
+        Ok(a) => {
+            log::info(&format!(
+                "domain '{}': reconnect: {} GPUs {}; re-granted {} and re-created {} node(s)",
+                dom.name,
+                if adopted { "re-adopted" } else { "kept" },
+                gpus.join(","),
+                a.granted.len(),
+                a.created.len()
+            ));
+            0
+        }
+        Err(e) => fatal(e),
+    }
+}
+
+/// The state lost a running container's reservation: take back the GPUs it visibly uses
+/// (nodes in its `/dev` or access in its cgroup), topped up to the request; or, when it uses
+/// none, reserve afresh. A GPU it uses that another domain holds cannot be reconciled.
+fn adopt(
+    dom: &Domain,
+    req: &Request,
+    inv: &Inventory,
+    st: &State,
+    ct: &Container,
+) -> Result<Vec<String>, Error> {
+    let held = st.held(Some(&dom.uuid));
+    let cg = cgroup::for_pid(ct.init.pid)?;
+    let mut probes: Vec<(String, NodeSpec)> = Vec::new();
+    for g in &inv.gpus {
+        if let Some(n) = g.nodes_for(req.capabilities).next() {
+            probes.push((
+                g.pci.clone(),
+                NodeSpec {
+                    path: n.path.clone(),
+                    major: n.major,
+                    minor: n.minor,
+                    mode: n.mode,
+                    uid: 0,
+                    gid: 0,
+                },
+            ));
+        }
+    }
+    let specs: Vec<NodeSpec> = probes.iter().map(|(_, s)| s.clone()).collect();
+    let statuses = container::inspect(ct.init, &specs)?;
+    let mut using = Vec::new();
+    for ((pci, spec), status) in probes.iter().zip(statuses) {
+        let node = Node {
+            path: spec.path.clone(),
+            major: spec.major,
+            minor: spec.minor,
+        };
+        if status == Status::Present || cg.is_allowed(&node)? {
+            using.push(pci.clone());
+        }
+    }
+    for p in &using {
+        if let Some(h) = held.get(p) {
+            return Err(Error::other(format!(
+                "it uses GPU {p}, which is reserved by domain '{h}'"
+            )));
+        }
+    }
+    let mut want = req.clone();
+    if !using.is_empty() {
+        want.count = want.count.max(using.len() as u32);
+        want.devices = using.iter().map(|p| DeviceSel::Pci(p.clone())).collect();
+        want.filters.clear();
+    }
+    Ok(alloc::allocate(&inv.gpus, &held, &want)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_names() {
+        assert!(invoked_as_hook(OsStr::new("/etc/libvirt/hooks/lxc")));
+        assert!(invoked_as_hook(OsStr::new("lxc")));
+        assert!(invoked_as_hook(OsStr::new(
+            "/etc/libvirt/hooks/lxc.d/50-gpuhook"
+        )));
+        assert!(!invoked_as_hook(OsStr::new("/usr/bin/gpuhook")));
+        assert!(!invoked_as_hook(OsStr::new("/etc/libvirt/hooks/qemu")));
+    }
+
+    #[test]
+    fn non_gpu_domain_is_untouched_even_with_broken_config() {
+        std::env::set_var(crate::config::ENV, "/nonexistent/gpuhook.json");
+        let xml = b"<domain type='lxc'><name>plain</name><uuid>155e2a6a-e7c9-40ab-9e0e-8fd8636abd19</uuid></domain>";
+        for op in [
+            "prepare",
+            "start",
+            "started",
+            "stopped",
+            "release",
+            "reconnect",
+        ] {
+            assert_eq!(run("plain", op, xml), 0);
+        }
+        assert_eq!(run("plain", "prepare", b"not even xml"), 0);
+    }
+}

@@ -1,0 +1,23 @@
+//! gpuhook: reserve whole GPUs for libvirt LXC containers and hand them in.
+//!
+//! A pure core and thin edges: [`metadata`] parses the request, [`inventory`] reads the host,
+//! [`alloc`] chooses GPUs (pure functions), [`state`] keeps reservations in a locked file,
+//! [`container`] enters the container, [`cgroup`] grants device access (v1 and v2 behind one
+//! trait), [`hook`] is the libvirt lifecycle and [`cli`] the operator's command line.
+
+pub mod alloc;
+pub mod arch;
+pub mod cgroup;
+pub mod cli;
+pub mod config;
+pub mod container;
+pub mod error;
+pub mod extra_specs;
+pub mod hook;
+pub mod inventory;
+pub mod log;
+pub mod metadata;
+pub mod procfs;
+pub mod state;
+
+pub use error::Error;

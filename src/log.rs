@@ -1,0 +1,56 @@
+//! Logging to syslog (facility daemon, ident `gpuhook`) and stderr.
+//!
+//! Warnings and errors go to both (libvirt shows the hook's stderr to the `virsh` user on
+//! failure); information goes to syslog, and to stderr too when `GPUHOOK_VERBOSE` is set or
+//! a CLI command asked for it. No syslog socket (containers, minimal hosts): stderr only.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use syslog::{Facility, Formatter3164, Logger, LoggerBackend};
+
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+static SYSLOG: Mutex<Option<Option<Logger<LoggerBackend, Formatter3164>>>> = Mutex::new(None);
+
+pub fn set_verbose(v: bool) {
+    VERBOSE.store(v, Ordering::Relaxed);
+}
+
+fn with_syslog(f: impl FnOnce(&mut Logger<LoggerBackend, Formatter3164>)) {
+    let Ok(mut guard) = SYSLOG.lock() else { return };
+    let slot = guard.get_or_insert_with(|| {
+        syslog::unix(Formatter3164 {
+            facility: Facility::LOG_DAEMON,
+            hostname: None,
+            process: "gpuhook".into(),
+            pid: std::process::id(),
+        })
+        .ok()
+    });
+    if let Some(l) = slot.as_mut() {
+        f(l);
+    }
+}
+
+pub fn info(msg: &str) {
+    with_syslog(|l| {
+        let _ = l.info(msg);
+    });
+    if VERBOSE.load(Ordering::Relaxed) || std::env::var_os("GPUHOOK_VERBOSE").is_some() {
+        eprintln!("gpuhook: {msg}");
+    }
+}
+
+pub fn warn(msg: &str) {
+    with_syslog(|l| {
+        let _ = l.warning(msg);
+    });
+    eprintln!("gpuhook: warning: {msg}");
+}
+
+/// An error: one line on stderr (what libvirt shows the user) and in syslog.
+pub fn error(msg: &str) {
+    with_syslog(|l| {
+        let _ = l.err(msg);
+    });
+    eprintln!("gpuhook: {msg}");
+}

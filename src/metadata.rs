@@ -1,0 +1,1236 @@
+//! The GPU request in a libvirt domain's `<metadata>` (namespace `urn:gpuhook:gpu:1`), and
+//! the few other facts of the domain XML the hook needs: name, UUID, `id` (the controller's
+//! PID while running) and `<idmap>`.
+//!
+//! Parsing is strict inside gpuhook's own element (unknown attributes, children, duplicate
+//! or contradictory values are errors) and blind to every other namespace.
+
+use crate::extra_specs::{self, Op};
+use quick_xml::escape::resolve_predefined_entity;
+use quick_xml::events::{BytesStart, Event};
+use quick_xml::name::{Namespace, ResolveResult};
+use quick_xml::reader::NsReader;
+use quick_xml::XmlVersion;
+use std::fmt;
+
+/// gpuhook's XML namespace.
+pub const NS: &str = "urn:gpuhook:gpu:1";
+
+/// Upper bound on the domain XML the hook accepts (libvirt's own limit is 10 MiB).
+pub const MAX_XML: usize = 16 << 20;
+const MAX_DEVICES: usize = 256;
+const MAX_EXTRA_SPECS: usize = 64;
+const MAX_VALUE: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParseError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ParseError> {
+    Err(ParseError(msg.into()))
+}
+
+/// Whether the document mentions gpuhook's namespace at all. libvirt formats the XML
+/// itself (no DTD, no entities), so a document without this string has no gpuhook
+/// element: the hook can leave at once without parsing anything.
+pub fn mentions_gpuhook(xml: &[u8]) -> bool {
+    let needle = NS.as_bytes();
+    xml.windows(needle.len()).any(|w| w == needle)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Vendor {
+    Nvidia,
+    Amd,
+    Intel,
+}
+
+impl Vendor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "nvidia",
+            Vendor::Amd => "amd",
+            Vendor::Intel => "intel",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<Vendor> {
+        match s.to_ascii_lowercase().as_str() {
+            "nvidia" => Some(Vendor::Nvidia),
+            "amd" => Some(Vendor::Amd),
+            "intel" => Some(Vendor::Intel),
+            _ => None,
+        }
+    }
+    pub fn from_pci_id(id: u16) -> Option<Vendor> {
+        match id {
+            0x10de => Some(Vendor::Nvidia),
+            0x1002 => Some(Vendor::Amd),
+            0x8086 => Some(Vendor::Intel),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Vendor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which GPU property a filter looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Vendor,
+    Arch,
+    Model,
+}
+
+impl Field {
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::Vendor => "vendor",
+            Field::Arch => "arch",
+            Field::Model => "model",
+        }
+    }
+}
+
+/// One constraint every chosen GPU must meet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filter {
+    pub field: Field,
+    pub op: Op,
+}
+
+impl fmt::Display for Filter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.field.name(), self.op)
+    }
+}
+
+/// An exact GPU named by a `<gpu:device>` child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSel {
+    Pci(String),
+    Uuid(String),
+    Index(u32),
+}
+
+impl fmt::Display for DeviceSel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSel::Pci(p) => write!(f, "pci {p}"),
+            DeviceSel::Uuid(u) => write!(f, "uuid {u}"),
+            DeviceSel::Index(i) => write!(f, "index {i}"),
+        }
+    }
+}
+
+/// Which control and extra nodes come with the GPUs (`capabilities`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    pub compute: bool,
+    pub utility: bool,
+    pub graphics: bool,
+    pub video: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            compute: true,
+            utility: true,
+            graphics: false,
+            video: false,
+        }
+    }
+}
+
+impl Capabilities {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut c = Capabilities {
+            compute: false,
+            utility: false,
+            graphics: false,
+            video: false,
+        };
+        let mut any = false;
+        for word in s.split(',').map(str::trim) {
+            match word {
+                "compute" => c.compute = true,
+                "utility" => c.utility = true,
+                "graphics" => c.graphics = true,
+                "video" => c.video = true,
+                "" => return Err(format!("empty entry in capabilities '{s}'")),
+                other => {
+                    return Err(format!(
+                        "unknown capability '{other}' (known: compute, utility, graphics, video)"
+                    ))
+                }
+            }
+            any = true;
+        }
+        if !any {
+            return Err("capabilities is empty".into());
+        }
+        Ok(c)
+    }
+}
+
+/// What a domain asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub count: u32,
+    pub filters: Vec<Filter>,
+    pub devices: Vec<DeviceSel>,
+    pub capabilities: Capabilities,
+    /// Permission bits of the created nodes; `None`: the host node's.
+    pub mode: Option<u32>,
+    /// Container-side owner of the created nodes (mapped through `<idmap>`).
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} GPU{}",
+            self.count,
+            if self.count == 1 { "" } else { "s" }
+        )?;
+        for flt in &self.filters {
+            write!(f, ", {flt}")?;
+        }
+        for d in &self.devices {
+            write!(f, ", {d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One `<uid>` or `<gid>` line of `<idmap>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdRange {
+    pub start: u32,
+    pub target: u32,
+    pub count: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdMap {
+    pub uid: Vec<IdRange>,
+    pub gid: Vec<IdRange>,
+}
+
+fn map_id(ranges: &[IdRange], id: u32) -> Option<u32> {
+    if ranges.is_empty() {
+        return Some(id);
+    }
+    ranges
+        .iter()
+        .find(|r| id >= r.start && (id - r.start) < r.count)
+        .and_then(|r| r.target.checked_add(id - r.start))
+}
+
+impl IdMap {
+    /// Host uid of container uid `id` (identity without `<idmap>`).
+    pub fn host_uid(&self, id: u32) -> Option<u32> {
+        map_id(&self.uid, id)
+    }
+    pub fn host_gid(&self, id: u32) -> Option<u32> {
+        map_id(&self.gid, id)
+    }
+}
+
+/// The facts of a domain XML that gpuhook uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Domain {
+    pub name: String,
+    pub uuid: String,
+    /// `<domain id=…>`: the libvirt_lxc controller's PID while the domain runs.
+    pub id: Option<i32>,
+    pub idmap: IdMap,
+    pub request: Option<Request>,
+}
+
+/// Parses a domain XML. Errors are one line, without the domain name (callers add it).
+pub fn parse_domain(xml: &[u8]) -> Result<Domain, ParseError> {
+    if xml.len() > MAX_XML {
+        return err(format!("domain XML is larger than {} MiB", MAX_XML >> 20));
+    }
+    let text = std::str::from_utf8(xml).map_err(|e| {
+        ParseError(format!(
+            "domain XML is not valid UTF-8 (byte {})",
+            e.valid_up_to()
+        ))
+    })?;
+    Parser::default().run(text)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ctx {
+    Domain,
+    Name,
+    Uuid,
+    Metadata,
+    Gpus,
+    Device,
+    ExtraSpec,
+    Idmap,
+    IdmapEntry,
+    /// Anything else: skipped, with its whole subtree.
+    Other,
+}
+
+#[derive(Default)]
+struct GpusBuilder {
+    count_attr: Option<u32>,
+    spec_count: Option<(u32, String)>,
+    filters: Vec<Filter>,
+    devices: Vec<DeviceSel>,
+    capabilities: Option<Capabilities>,
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    spec_keys: Vec<String>,
+    current_spec: Option<String>,
+    text: String,
+}
+
+#[derive(Default)]
+struct Parser {
+    stack: Vec<Ctx>,
+    name: Option<String>,
+    uuid: Option<String>,
+    id: Option<i32>,
+    idmap: IdMap,
+    gpus: Option<GpusBuilder>,
+    seen_gpus: bool,
+    text: String,
+    saw_root: bool,
+}
+
+fn attr_value(a: &quick_xml::events::attributes::Attribute) -> Result<String, ParseError> {
+    let v = a
+        .normalized_value(XmlVersion::Implicit1_0)
+        .map_err(|e| ParseError(format!("bad attribute value: {e}")))?;
+    if v.len() > MAX_VALUE {
+        return err(format!(
+            "attribute '{}' is longer than {MAX_VALUE} bytes",
+            a.key.as_ref()
+        ));
+    }
+    Ok(v.into_owned())
+}
+
+fn parse_u32(what: &str, s: &str) -> Result<u32, ParseError> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return err(format!("{what} '{s}' is not a non-negative whole number"));
+    }
+    s.parse::<u32>()
+        .map_err(|_| ParseError(format!("{what} '{s}' is out of range")))
+}
+
+fn parse_mode(s: &str) -> Result<u32, ParseError> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
+    {
+        return err(format!("mode '{s}' is not an octal permission like 0660"));
+    }
+    let m = u32::from_str_radix(digits, 8).map_err(|_| ParseError(format!("bad mode '{s}'")))?;
+    if m & !0o777 != 0 {
+        return err(format!(
+            "mode '{s}' sets setuid/setgid/sticky bits; only permission bits (0777) are allowed"
+        ));
+    }
+    Ok(m)
+}
+
+/// Normalizes a PCI address to `dddd:bb:dd.f`, lowercase; accepts `bb:dd.f`.
+pub fn normalize_pci(s: &str) -> Option<String> {
+    let s = s.trim().to_ascii_lowercase();
+    let full = if s.len() == 7 { format!("0000:{s}") } else { s };
+    let b = full.as_bytes();
+    let hex = |r: std::ops::Range<usize>| b[r].iter().all(|c| c.is_ascii_hexdigit());
+    let ok = b.len() == 12
+        && hex(0..4)
+        && b[4] == b':'
+        && hex(5..7)
+        && b[7] == b':'
+        && hex(8..10)
+        && b[10] == b'.'
+        && (b'0'..=b'7').contains(&b[11]);
+    ok.then_some(full)
+}
+
+fn normalize_uuid(s: &str) -> Option<String> {
+    let s = s.trim().to_ascii_lowercase();
+    let b = s.as_bytes();
+    let ok = b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| {
+            if [8, 13, 18, 23].contains(&i) {
+                *c == b'-'
+            } else {
+                c.is_ascii_hexdigit()
+            }
+        });
+    ok.then_some(s)
+}
+
+impl Parser {
+    fn top(&self) -> Option<Ctx> {
+        self.stack.last().copied()
+    }
+
+    fn in_ns(ns: &ResolveResult) -> bool {
+        matches!(ns, ResolveResult::Bound(Namespace(n)) if *n == NS)
+    }
+
+    fn run(mut self, text: &str) -> Result<Domain, ParseError> {
+        let mut reader = NsReader::from_str(text);
+        reader.config_mut().check_end_names = true;
+        loop {
+            let (ns, ev) = reader
+                .read_resolved_event()
+                .map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+            let ns_is_ours = Self::in_ns(&ns);
+            let ns_is_none = matches!(ns, ResolveResult::Unbound);
+            match ev {
+                Event::Start(e) => {
+                    let ctx = self.open(&reader, &e, ns_is_ours, ns_is_none)?;
+                    self.stack.push(ctx);
+                }
+                Event::Empty(e) => {
+                    let ctx = self.open(&reader, &e, ns_is_ours, ns_is_none)?;
+                    self.stack.push(ctx);
+                    self.close()?;
+                }
+                Event::End(_) => self.close()?,
+                Event::Text(t) => self.text_in(&t.xml10_content())?,
+                Event::CData(c) => {
+                    let s: &str = &c;
+                    self.text_in(s)?
+                }
+                Event::GeneralRef(r) => {
+                    let s = if r.is_char_ref() {
+                        match r.resolve_char_ref() {
+                            Ok(Some(c)) => c.to_string(),
+                            _ => return err(format!("bad character reference '&{};'", &*r)),
+                        }
+                    } else {
+                        match resolve_predefined_entity(&r) {
+                            Some(s) => s.to_owned(),
+                            None => {
+                                return err(format!(
+                                    "unknown entity '&{};' (entities are not allowed)",
+                                    &*r
+                                ))
+                            }
+                        }
+                    };
+                    self.text_in(&s)?
+                }
+                Event::DocType(_) => {
+                    return err("document type declarations are not allowed in domain XML")
+                }
+                Event::Decl(_) | Event::PI(_) | Event::Comment(_) => {}
+                Event::Eof => break,
+            }
+        }
+        if !self.saw_root {
+            return err("empty document: no <domain> element");
+        }
+        if !self.stack.is_empty() {
+            return err("malformed XML: unexpected end of document");
+        }
+        let request = self.gpus.take().map(build_request).transpose()?;
+        let name = self
+            .name
+            .take()
+            .ok_or_else(|| ParseError("domain XML has no <name>".into()))?;
+        let uuid = self
+            .uuid
+            .take()
+            .ok_or_else(|| ParseError("domain XML has no <uuid>".into()))?;
+        if let Some(r) = &request {
+            if self.idmap.host_uid(r.uid).is_none() {
+                return err(format!(
+                    "uid {} is not mapped by the domain's <idmap>",
+                    r.uid
+                ));
+            }
+            if self.idmap.host_gid(r.gid).is_none() {
+                return err(format!(
+                    "gid {} is not mapped by the domain's <idmap>",
+                    r.gid
+                ));
+            }
+        }
+        Ok(Domain {
+            name,
+            uuid,
+            id: self.id,
+            idmap: self.idmap,
+            request,
+        })
+    }
+
+    fn text_in(&mut self, s: &str) -> Result<(), ParseError> {
+        match self.top() {
+            Some(Ctx::Name) | Some(Ctx::Uuid) => {
+                if self.text.len() + s.len() > 1024 {
+                    return err("<name>/<uuid> is too long");
+                }
+                self.text.push_str(s)
+            }
+            Some(Ctx::ExtraSpec) => {
+                let g = self.gpus.as_mut().expect("extra_spec inside gpus");
+                if g.text.len() + s.len() > MAX_VALUE {
+                    return err(format!("extra_spec value is longer than {MAX_VALUE} bytes"));
+                }
+                g.text.push_str(s);
+            }
+            Some(Ctx::Gpus) | Some(Ctx::Device) if !s.trim().is_empty() => {
+                return err(format!(
+                    "unexpected text '{}' in gpuhook element",
+                    s.trim().chars().take(40).collect::<String>()
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn open(
+        &mut self,
+        reader: &NsReader<&[u8]>,
+        e: &BytesStart,
+        ours: bool,
+        no_ns: bool,
+    ) -> Result<Ctx, ParseError> {
+        let local = e.local_name();
+        let local = local.as_ref();
+        let parent = self.top();
+        let ctx = match parent {
+            None => {
+                if self.saw_root {
+                    return err("malformed XML: more than one root element");
+                }
+                self.saw_root = true;
+                if !(no_ns && local == "domain") {
+                    return err(format!(
+                        "root element is <{}>, not <domain>",
+                        e.name().as_ref()
+                    ));
+                }
+                for a in e.attributes() {
+                    let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+                    if a.key.as_ref() == "id" {
+                        let v = attr_value(&a)?;
+                        self.id = Some(v.parse::<i32>().map_err(|_| {
+                            ParseError(format!("<domain id='{v}'> is not a number"))
+                        })?);
+                    }
+                }
+                Ctx::Domain
+            }
+            Some(Ctx::Domain) if no_ns => match local {
+                "name" => {
+                    self.text.clear();
+                    Ctx::Name
+                }
+                "uuid" => {
+                    self.text.clear();
+                    Ctx::Uuid
+                }
+                "metadata" => Ctx::Metadata,
+                "idmap" => Ctx::Idmap,
+                _ => Ctx::Other,
+            },
+            Some(Ctx::Idmap) if no_ns && (local == "uid" || local == "gid") => {
+                let r = parse_idmap_entry(e)?;
+                if local == "uid" {
+                    self.idmap.uid.push(r)
+                } else {
+                    self.idmap.gid.push(r)
+                }
+                Ctx::IdmapEntry
+            }
+            Some(Ctx::Metadata) if ours => {
+                if local != "gpus" {
+                    return err(format!(
+                        "unknown gpuhook element <{}> in <metadata> (expected <gpus>)",
+                        local
+                    ));
+                }
+                if self.seen_gpus {
+                    return err("more than one gpuhook <gpus> element in <metadata>");
+                }
+                self.seen_gpus = true;
+                let mut g = GpusBuilder::default();
+                parse_gpus_attrs(reader, e, &mut g)?;
+                self.gpus = Some(g);
+                Ctx::Gpus
+            }
+            Some(Ctx::Gpus) => {
+                let g = self.gpus.as_mut().expect("inside gpus");
+                if !ours {
+                    return err(format!(
+                        "unexpected element <{}> inside gpuhook <gpus> (only gpuhook <device> and <extra_spec>)",
+                        e.name().as_ref()
+                    ));
+                }
+                match local {
+                    "device" => {
+                        if g.devices.len() >= MAX_DEVICES {
+                            return err(format!("more than {MAX_DEVICES} <device> children"));
+                        }
+                        let d = parse_device(reader, e)?;
+                        if g.devices.contains(&d) {
+                            return err(format!("device {d} is named twice"));
+                        }
+                        g.devices.push(d);
+                        Ctx::Device
+                    }
+                    "extra_spec" => {
+                        if g.spec_keys.len() >= MAX_EXTRA_SPECS {
+                            return err(format!("more than {MAX_EXTRA_SPECS} <extra_spec> children"));
+                        }
+                        let mut name = None;
+                        for a in e.attributes() {
+                            let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+                            if is_xmlns(a.key.as_ref()) {
+                                continue;
+                            }
+                            let (ans, key) = reader.resolver().resolve_attribute(a.key);
+                            match (ans, key.as_ref()) {
+                                (ResolveResult::Unbound, "name") => name = Some(attr_value(&a)?),
+                                _ => {
+                                    return err(format!(
+                                        "unknown attribute '{}' on <extra_spec>",
+                                        a.key.as_ref()
+                                    ))
+                                }
+                            }
+                        }
+                        let name = name
+                            .ok_or_else(|| ParseError("<extra_spec> without name".into()))?;
+                        if g.spec_keys.contains(&name) {
+                            return err(format!("extra_spec '{name}' is given twice"));
+                        }
+                        g.spec_keys.push(name.clone());
+                        g.current_spec = Some(name);
+                        g.text.clear();
+                        Ctx::ExtraSpec
+                    }
+                    other => {
+                        return err(format!(
+                            "unknown gpuhook element <{}> inside <gpus> (expected <device> or <extra_spec>)",
+                            other
+                        ))
+                    }
+                }
+            }
+            Some(Ctx::Device) | Some(Ctx::ExtraSpec) => {
+                return err(format!(
+                    "unexpected element <{}> inside a gpuhook element",
+                    e.name().as_ref()
+                ))
+            }
+            _ => Ctx::Other,
+        };
+        Ok(ctx)
+    }
+
+    fn close(&mut self) -> Result<(), ParseError> {
+        let ctx = self
+            .stack
+            .pop()
+            .ok_or_else(|| ParseError("malformed XML: unexpected closing tag".into()))?;
+        match ctx {
+            Ctx::Name => {
+                let n = self.text.trim().to_owned();
+                if n.is_empty() {
+                    return err("domain <name> is empty");
+                }
+                self.name = Some(n);
+            }
+            Ctx::Uuid => {
+                let u = normalize_uuid(&self.text).ok_or_else(|| {
+                    ParseError(format!("bad domain <uuid> '{}'", self.text.trim()))
+                })?;
+                self.uuid = Some(u);
+            }
+            Ctx::ExtraSpec => {
+                let g = self.gpus.as_mut().expect("inside gpus");
+                let key = g.current_spec.take().unwrap_or_default();
+                let value = std::mem::take(&mut g.text);
+                apply_extra_spec(g, &key, &value)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn is_xmlns(key: &str) -> bool {
+    key == "xmlns" || key.starts_with("xmlns:")
+}
+
+fn parse_idmap_entry(e: &BytesStart) -> Result<IdRange, ParseError> {
+    let (mut start, mut target, mut count) = (None, None, None);
+    for a in e.attributes() {
+        let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+        let v = attr_value(&a)?;
+        match a.key.as_ref() {
+            "start" => start = Some(parse_u32("idmap start", &v)?),
+            "target" => target = Some(parse_u32("idmap target", &v)?),
+            "count" => count = Some(parse_u32("idmap count", &v)?),
+            _ => {}
+        }
+    }
+    match (start, target, count) {
+        (Some(start), Some(target), Some(count)) => Ok(IdRange {
+            start,
+            target,
+            count,
+        }),
+        _ => err("<idmap> entry needs start, target and count"),
+    }
+}
+
+fn parse_gpus_attrs(
+    reader: &NsReader<&[u8]>,
+    e: &BytesStart,
+    g: &mut GpusBuilder,
+) -> Result<(), ParseError> {
+    for a in e.attributes() {
+        let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+        if is_xmlns(a.key.as_ref()) {
+            continue;
+        }
+        let (ans, key) = reader.resolver().resolve_attribute(a.key);
+        if !matches!(ans, ResolveResult::Unbound) {
+            return err(format!("unknown attribute '{}' on <gpus>", a.key.as_ref()));
+        }
+        let v = attr_value(&a)?;
+        let bad = |m: String| ParseError(format!("<gpus {}>: {m}", key.as_ref()));
+        match key.as_ref() {
+            "count" => g.count_attr = Some(extra_specs::parse_positive_count(&v).map_err(bad)?),
+            "vendor" => {
+                let vendor = Vendor::from_name(&v).ok_or_else(|| {
+                    bad(format!("unknown vendor '{v}' (known: nvidia, amd, intel)"))
+                })?;
+                g.filters.push(Filter {
+                    field: Field::Vendor,
+                    op: Op::Eq(vendor.as_str().into()),
+                });
+            }
+            "arch" => {
+                let a = v.trim().to_ascii_lowercase();
+                if a.is_empty() {
+                    return Err(bad("empty architecture".into()));
+                }
+                g.filters.push(Filter {
+                    field: Field::Arch,
+                    op: Op::Eq(a),
+                });
+            }
+            "model" => {
+                let m = v.trim().to_ascii_lowercase();
+                if m.is_empty() {
+                    return Err(bad("empty model".into()));
+                }
+                g.filters.push(Filter {
+                    field: Field::Model,
+                    op: Op::Contains(m),
+                });
+            }
+            "capabilities" => g.capabilities = Some(Capabilities::parse(&v).map_err(bad)?),
+            "mode" => g.mode = Some(parse_mode(&v)?),
+            "uid" => g.uid = Some(parse_u32("uid", &v)?),
+            "gid" => g.gid = Some(parse_u32("gid", &v)?),
+            other => {
+                return err(format!(
+                    "unknown attribute '{}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid)",
+                    other
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_device(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<DeviceSel, ParseError> {
+    let mut sel = None;
+    for a in e.attributes() {
+        let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+        if is_xmlns(a.key.as_ref()) {
+            continue;
+        }
+        let (ans, key) = reader.resolver().resolve_attribute(a.key);
+        let v = attr_value(&a)?;
+        let this = match (ans, key.as_ref()) {
+            (ResolveResult::Unbound, "pci") => {
+                DeviceSel::Pci(normalize_pci(&v).ok_or_else(|| {
+                    ParseError(format!(
+                        "<device pci='{v}'> is not a PCI address like 0000:3b:00.0"
+                    ))
+                })?)
+            }
+            (ResolveResult::Unbound, "uuid") => {
+                let u = v.trim();
+                if u.is_empty() || !u.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                    return err(format!("<device uuid='{v}'> is not a GPU UUID like GPU-…"));
+                }
+                DeviceSel::Uuid(u.to_ascii_lowercase())
+            }
+            (ResolveResult::Unbound, "index") => DeviceSel::Index(parse_u32("device index", &v)?),
+            _ => {
+                return err(format!(
+                    "unknown attribute '{}' on <device> (known: pci, uuid, index)",
+                    a.key.as_ref()
+                ))
+            }
+        };
+        if sel.is_some() {
+            return err("<device> must name exactly one of pci, uuid, index");
+        }
+        sel = Some(this);
+    }
+    sel.ok_or_else(|| ParseError("<device> must name one of pci, uuid, index".into()))
+}
+
+fn apply_extra_spec(g: &mut GpusBuilder, key: &str, value: &str) -> Result<(), ParseError> {
+    let bad = |m: String| ParseError(format!("extra_spec '{key}' ('{}'): {m}", value.trim()));
+    match key {
+        "gpus" => {
+            let n = extra_specs::parse_count(value).map_err(bad)?;
+            g.spec_count = Some((n, value.trim().to_owned()));
+        }
+        "gpu_arch" | "gpu_model" | "gpu_vendor" => {
+            let op = extra_specs::parse_string_op(value).map_err(bad)?;
+            let field = match key {
+                "gpu_arch" => Field::Arch,
+                "gpu_model" => Field::Model,
+                _ => Field::Vendor,
+            };
+            if field == Field::Vendor {
+                let names: Vec<&String> = match &op {
+                    Op::Eq(v) | Op::Ne(v) => vec![v],
+                    Op::OneOf(vs) => vs.iter().collect(),
+                    _ => vec![],
+                };
+                if let Some(v) = names.iter().find(|v| Vendor::from_name(v).is_none()) {
+                    return Err(bad(format!(
+                        "unknown vendor '{v}' (known: nvidia, amd, intel)"
+                    )));
+                }
+            }
+            g.filters.push(Filter { field, op });
+        }
+        // Nova flavors carry many other keys (hypervisor_type, cpu_arch, …): not ours.
+        _ => {}
+    }
+    Ok(())
+}
+
+fn build_request(g: GpusBuilder) -> Result<Request, ParseError> {
+    let n = g.devices.len() as u32;
+    let count = match (g.count_attr, &g.spec_count) {
+        (Some(a), Some((s, raw))) if a != *s => {
+            return err(format!("count='{a}' contradicts extra_spec gpus '{raw}'"))
+        }
+        (Some(a), _) => a,
+        (None, Some((s, _))) => *s,
+        (None, None) => n.max(1),
+    };
+    if count < n {
+        return err(format!(
+            "count {count} is less than the {n} <device> children"
+        ));
+    }
+    Ok(Request {
+        count,
+        filters: g.filters,
+        devices: g.devices,
+        capabilities: g.capabilities.unwrap_or_default(),
+        mode: g.mode,
+        uid: g.uid.unwrap_or(0),
+        gid: g.gid.unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UUID: &str = "155e2a6a-e7c9-40ab-9e0e-8fd8636abd19";
+
+    fn dom(meta: &str) -> String {
+        format!(
+            "<domain type='lxc' id='2580'>\n  <name>t1</name>\n  <uuid>{UUID}</uuid>\n  <metadata>\n    {meta}\n  </metadata>\n  <memory unit='KiB'>65536</memory>\n  <os><type arch='x86_64'>exe</type><init>/bin/sh</init></os>\n</domain>\n"
+        )
+    }
+
+    fn req(meta: &str) -> Result<Request, ParseError> {
+        parse_domain(dom(meta).as_bytes()).map(|d| d.request.expect("request"))
+    }
+
+    fn fails(meta: &str, needle: &str) {
+        match parse_domain(dom(meta).as_bytes()) {
+            Ok(d) => panic!("accepted {meta}: {d:?}"),
+            Err(e) => {
+                assert!(e.0.contains(needle), "error {:?} lacks {needle:?}", e.0);
+                assert!(!e.0.contains('\n'), "multi-line error {:?}", e.0);
+            }
+        }
+    }
+
+    #[test]
+    fn domain_facts() {
+        let d = parse_domain(dom("").as_bytes()).unwrap();
+        assert_eq!(d.name, "t1");
+        assert_eq!(d.uuid, UUID);
+        assert_eq!(d.id, Some(2580));
+        assert_eq!(d.request, None);
+    }
+
+    #[test]
+    fn attribute_form() {
+        let r = req(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="2" vendor="nvidia" arch="Fermi" model="M2050" capabilities="compute,graphics" mode="0660" uid="5" gid="6"/>"#).unwrap();
+        assert_eq!(r.count, 2);
+        assert_eq!(
+            r.filters,
+            vec![
+                Filter {
+                    field: Field::Vendor,
+                    op: Op::Eq("nvidia".into())
+                },
+                Filter {
+                    field: Field::Arch,
+                    op: Op::Eq("fermi".into())
+                },
+                Filter {
+                    field: Field::Model,
+                    op: Op::Contains("m2050".into())
+                },
+            ]
+        );
+        assert!(r.capabilities.compute && r.capabilities.graphics && !r.capabilities.utility);
+        assert_eq!((r.mode, r.uid, r.gid), (Some(0o660), 5, 6));
+        assert_eq!(
+            r.to_string(),
+            "2 GPUs, vendor == nvidia, arch == fermi, model contains m2050"
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let r = req(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"/>"#).unwrap();
+        assert_eq!(r.count, 1);
+        assert_eq!(r.capabilities, Capabilities::default());
+        assert_eq!((r.mode, r.uid, r.gid), (None, 0, 0));
+    }
+
+    #[test]
+    fn default_namespace_form() {
+        let r =
+            req(r#"<gpus xmlns="urn:gpuhook:gpu:1" count="3"><device index="0"/></gpus>"#).unwrap();
+        assert_eq!(r.count, 3);
+        assert_eq!(r.devices, vec![DeviceSel::Index(0)]);
+    }
+
+    #[test]
+    fn devices_give_count() {
+        let r = req(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"><gpu:device pci="3B:00.0"/><gpu:device uuid="GPU-AbC-1"/><gpu:device index="7"/></gpu:gpus>"#).unwrap();
+        assert_eq!(r.count, 3);
+        assert_eq!(
+            r.devices,
+            vec![
+                DeviceSel::Pci("0000:3b:00.0".into()),
+                DeviceSel::Uuid("gpu-abc-1".into()),
+                DeviceSel::Index(7)
+            ]
+        );
+    }
+
+    #[test]
+    fn blueprint_flavor_verbatim() {
+        let r = req(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1">
+  <gpu:extra_spec name="gpus">= 2</gpu:extra_spec>
+  <gpu:extra_spec name="gpu_arch">s== fermi</gpu:extra_spec>
+  <gpu:extra_spec name="hypervisor_type">s== LXC</gpu:extra_spec>
+  <gpu:extra_spec name="cpu_arch">s== x86_64</gpu:extra_spec>
+</gpu:gpus>"#)
+        .unwrap();
+        assert_eq!(r.count, 2);
+        assert_eq!(
+            r.filters,
+            vec![Filter {
+                field: Field::Arch,
+                op: Op::Eq("fermi".into())
+            }]
+        );
+    }
+
+    #[test]
+    fn extra_spec_escapes_and_or() {
+        let r = req(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"><gpu:extra_spec name="gpus">&gt;= 1</gpu:extra_spec><gpu:extra_spec name="gpu_model"><![CDATA[<in> m20]]></gpu:extra_spec><gpu:extra_spec name="gpu_vendor">&lt;or&gt; nvidia &lt;or&gt; amd</gpu:extra_spec></gpu:gpus>"#).unwrap();
+        assert_eq!(r.count, 1);
+        assert_eq!(
+            r.filters[0],
+            Filter {
+                field: Field::Model,
+                op: Op::Contains("m20".into())
+            }
+        );
+        assert_eq!(
+            r.filters[1],
+            Filter {
+                field: Field::Vendor,
+                op: Op::OneOf(vec!["nvidia".into(), "amd".into()])
+            }
+        );
+    }
+
+    #[test]
+    fn other_namespaces_ignored() {
+        let d = parse_domain(dom(r#"<nova:instance xmlns:nova="http://openstack.org/xmlns/libvirt/nova/1.1"><nova:flavor name="cg1"><gpus count="9"/></nova:flavor></nova:instance><x:gpus xmlns:x="urn:other" count="bogus"/>"#).as_bytes()).unwrap();
+        assert_eq!(d.request, None);
+    }
+
+    #[test]
+    fn gpuhook_elsewhere_is_ignored() {
+        let d = parse_domain(dom(r#"<nova:i xmlns:nova="urn:n"><gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="x"/></nova:i>"#).as_bytes()).unwrap();
+        assert_eq!(d.request, None);
+    }
+
+    #[test]
+    fn malformed_requests() {
+        let ns = r#"xmlns:gpu="urn:gpuhook:gpu:1""#;
+        fails(&format!(r#"<gpu:gpus {ns} count="0"/>"#), "at least 1");
+        fails(&format!(r#"<gpu:gpus {ns} count="-2"/>"#), "negative");
+        fails(
+            &format!(r#"<gpu:gpus {ns} count="99999999999999"/>"#),
+            "too large",
+        );
+        fails(&format!(r#"<gpu:gpus {ns} count="2.5"/>"#), "whole number");
+        fails(&format!(r#"<gpu:gpus {ns} count=""/>"#), "empty count");
+        fails(
+            &format!(r#"<gpu:gpus {ns} colour="red"/>"#),
+            "unknown attribute 'colour'",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns} gpu:count="2"/>"#),
+            "unknown attribute 'gpu:count'",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns} count="1" count="2"/>"#),
+            "malformed",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns} vendor="matrox"/>"#),
+            "unknown vendor",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns} arch=""/>"#),
+            "empty architecture",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns} capabilities="compute,display"/>"#),
+            "unknown capability 'display'",
+        );
+        fails(&format!(r#"<gpu:gpus {ns} capabilities=""/>"#), "empty");
+        fails(&format!(r#"<gpu:gpus {ns} mode="0999"/>"#), "octal");
+        fails(&format!(r#"<gpu:gpus {ns} mode="4755"/>"#), "setuid");
+        fails(&format!(r#"<gpu:gpus {ns} uid="-1"/>"#), "uid");
+        fails(
+            &format!(r#"<gpu:gpus {ns} gid="4294967296"/>"#),
+            "out of range",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}/><gpu:gpus {ns}/>"#),
+            "more than one",
+        );
+        fails(
+            &format!(r#"<gpu:gpu {ns}/>"#),
+            "unknown gpuhook element <gpu>",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}><gpu:devices pci="0000:01:00.0"/></gpu:gpus>"#),
+            "unknown gpuhook element <devices>",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}><other/></gpu:gpus>"#),
+            "unexpected element <other>",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}>two</gpu:gpus>"#),
+            "unexpected text",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}><gpu:device/></gpu:gpus>"#),
+            "one of pci, uuid, index",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}><gpu:device pci="0000:01:00.0" index="1"/></gpu:gpus>"#),
+            "exactly one",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}><gpu:device pci="zz:00.0"/></gpu:gpus>"#),
+            "PCI address",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}><gpu:device uuid="../etc"/></gpu:gpus>"#),
+            "GPU UUID",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}><gpu:device index="1"/><gpu:device index="1"/></gpu:gpus>"#),
+            "named twice",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns} count="1"><gpu:device index="1"/><gpu:device index="2"/></gpu:gpus>"#
+            ),
+            "less than the 2",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns} count="3"><gpu:extra_spec name="gpus">= 2</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "contradicts",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns}><gpu:extra_spec name="gpus">= 0</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "at least 1",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns}><gpu:extra_spec name="gpus">&lt;= 2</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "does not name",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns}><gpu:extra_spec name="gpu_arch">= fermi</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "compares numbers",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns}><gpu:extra_spec name="gpu_vendor">s== 3dfx</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "unknown vendor",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns}><gpu:extra_spec name="gpus">= 1</gpu:extra_spec><gpu:extra_spec name="gpus">= 2</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "given twice",
+        );
+        fails(
+            &format!(r#"<gpu:gpus {ns}><gpu:extra_spec>= 1</gpu:extra_spec></gpu:gpus>"#),
+            "without name",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns}><gpu:extra_spec name="gpus" op="=">1</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "unknown attribute 'op'",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns}><gpu:extra_spec name="gpus"><b>1</b></gpu:extra_spec></gpu:gpus>"#
+            ),
+            "unexpected element <b>",
+        );
+        fails(
+            &format!(
+                r#"<gpu:gpus {ns}><gpu:extra_spec name="gpus">&foo;</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "entit",
+        );
+        let xml = dom(&format!(r#"<gpu:gpus {ns} uid="7"/>"#)).replace(
+            "</metadata>",
+            "</metadata><idmap><uid start='0' target='1000' count='5'/><gid start='0' target='1000' count='5'/></idmap>",
+        );
+        let e = parse_domain(xml.as_bytes()).unwrap_err();
+        assert!(e.0.contains("uid 7 is not mapped"), "{e}");
+    }
+
+    #[test]
+    fn malformed_documents() {
+        for (xml, needle) in [
+            ("", "empty document"),
+            ("<domain><name>x</name>", "malformed XML"),
+            ("<domain><name>x</nam></domain>", "malformed XML"),
+            ("<foo/>", "root element is <foo>"),
+            ("<!DOCTYPE d [<!ENTITY a 'b'>]><domain/>", "document type"),
+            (
+                "<domain><name>x</name><uuid>not-a-uuid</uuid></domain>",
+                "bad domain <uuid>",
+            ),
+            (
+                "<domain><uuid>155e2a6a-e7c9-40ab-9e0e-8fd8636abd19</uuid></domain>",
+                "no <name>",
+            ),
+            ("<domain><name>x</name></domain>", "no <uuid>"),
+            ("<domain id='abc'/>", "not a number"),
+            ("<domain/><domain/>", "more than one root"),
+        ] {
+            let e = parse_domain(xml.as_bytes()).expect_err(xml);
+            assert!(e.0.contains(needle), "{xml}: {:?} lacks {needle:?}", e.0);
+        }
+        let e = parse_domain(b"<domain><name>\xff\xfe</name></domain>").unwrap_err();
+        assert!(e.0.contains("UTF-8"));
+        let big = vec![b' '; MAX_XML + 1];
+        assert!(parse_domain(&big).unwrap_err().0.contains("larger"));
+    }
+
+    #[test]
+    fn billion_laughs_is_refused() {
+        let xml = r#"<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;">]><domain><name>&lol2;</name></domain>"#;
+        assert!(parse_domain(xml.as_bytes())
+            .unwrap_err()
+            .0
+            .contains("document type"));
+    }
+
+    #[test]
+    fn idmap_mapping() {
+        let xml = dom(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" uid="1" gid="2"/>"#).replace(
+            "</metadata>",
+            "</metadata><idmap><uid start='0' target='100000' count='65536'/><gid start='0' target='200000' count='10'/></idmap>",
+        );
+        let d = parse_domain(xml.as_bytes()).unwrap();
+        assert_eq!(d.idmap.host_uid(0), Some(100000));
+        assert_eq!(d.idmap.host_uid(1), Some(100001));
+        assert_eq!(d.idmap.host_gid(2), Some(200002));
+        assert_eq!(d.idmap.host_gid(10), None);
+        assert_eq!(IdMap::default().host_uid(42), Some(42));
+    }
+
+    #[test]
+    fn mentions() {
+        assert!(mentions_gpuhook(
+            dom(r#"<g:gpus xmlns:g="urn:gpuhook:gpu:1"/>"#).as_bytes()
+        ));
+        assert!(!mentions_gpuhook(dom("").as_bytes()));
+    }
+
+    #[test]
+    fn pci_normalization() {
+        assert_eq!(
+            normalize_pci("0000:3B:00.0").as_deref(),
+            Some("0000:3b:00.0")
+        );
+        assert_eq!(normalize_pci("3b:00.1").as_deref(), Some("0000:3b:00.1"));
+        assert_eq!(normalize_pci("0000:3b:00.8"), None);
+        assert_eq!(normalize_pci("0000:3b:00"), None);
+        assert_eq!(normalize_pci("../../etc/x"), None);
+    }
+}

@@ -1,0 +1,607 @@
+//! The reservation state file.
+//!
+//! Every change: open the lock file, `flock(LOCK_EX)`, read the state, modify, write a temp
+//! file, fsync, rename over the state file, fsync the directory. Readers that only look
+//! (`list`, `check`) read without the lock: the rename makes every version whole.
+//!
+//! The lock is a separate file (`<state>.lock`) because the state file itself is replaced
+//! by each rename. Nothing is followed through a symlink, the directory and files must be
+//! owned by root (the caller) and not writable by group or others, and a file that does not
+//! parse, or has another version, is an error naming it — never silently reset.
+
+use crate::inventory::DevNode;
+use crate::procfs::ProcRef;
+use nix::errno::Errno;
+use nix::fcntl::{openat, renameat, OFlag};
+use nix::sys::stat::{fstat, Mode};
+use nix::unistd::{fsync, mkdir, unlinkat, UnlinkatFlags};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+pub const VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state file {path} is corrupt ({detail}); gpuhook never resets it: fix it, or remove it when no GPU domain runs")]
+    Corrupt { path: String, detail: String },
+    #[error("state file {path} has version {found}, this gpuhook reads version {VERSION}; refusing to touch it")]
+    Version { path: String, found: String },
+    #[error("state {path}: {detail}; refusing to use it")]
+    Unsafe { path: String, detail: String },
+    #[error("state {path}: {op}: {errno}")]
+    Io {
+        path: String,
+        op: &'static str,
+        errno: Errno,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Reserved at `prepare`; no container yet.
+    Prepared,
+    /// The container runs with its GPUs (`started` or `reconnect` done).
+    Running,
+}
+
+/// A node granted and created for a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    pub path: String,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl From<&DevNode> for Node {
+    fn from(n: &DevNode) -> Node {
+        Node {
+            path: n.path.clone(),
+            major: n.major,
+            minor: n.minor,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reservation {
+    pub domain: String,
+    pub uuid: String,
+    /// PCI addresses, in index order.
+    pub gpus: Vec<String>,
+    pub phase: Phase,
+    /// The request as the domain stated it, for operators.
+    pub request: String,
+    pub created: String,
+    pub updated: String,
+    /// libvirtd (the hook's parent) at `prepare`: a prepared reservation whose libvirtd is
+    /// gone, and whose domain has no controller, was abandoned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepared_by: Option<ProcRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<i32>,
+    /// The container's init once running: when it is gone the reservation is stale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<ProcRef>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<Node>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct State {
+    pub version: u32,
+    /// Keyed by domain UUID.
+    pub reservations: BTreeMap<String, Reservation>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            version: VERSION,
+            reservations: BTreeMap::new(),
+        }
+    }
+}
+
+impl State {
+    /// PCI address → holding domain's name, leaving out the reservation of `except` (a UUID).
+    pub fn held(&self, except: Option<&str>) -> crate::alloc::Held {
+        let mut h = crate::alloc::Held::new();
+        for (uuid, r) in &self.reservations {
+            if Some(uuid.as_str()) == except {
+                continue;
+            }
+            for g in &r.gpus {
+                h.insert(g.clone(), r.domain.clone());
+            }
+        }
+        h
+    }
+
+    pub fn holder_of(&self, pci: &str) -> Option<&Reservation> {
+        self.reservations
+            .values()
+            .find(|r| r.gpus.iter().any(|g| g == pci))
+    }
+
+    /// Parses state text; `path` names the file in errors.
+    pub fn parse(text: &[u8], path: &str) -> Result<State, StateError> {
+        match serde_json::from_slice::<State>(text) {
+            Ok(s) if s.version == VERSION => {
+                for (k, r) in &s.reservations {
+                    if *k != r.uuid {
+                        return Err(StateError::Corrupt {
+                            path: path.into(),
+                            detail: format!("reservation key {k} differs from its uuid {}", r.uuid),
+                        });
+                    }
+                }
+                Ok(s)
+            }
+            Ok(s) => Err(StateError::Version {
+                path: path.into(),
+                found: s.version.to_string(),
+            }),
+            Err(e) => {
+                #[derive(Deserialize)]
+                struct V {
+                    version: serde_json::Value,
+                }
+                match serde_json::from_slice::<V>(text) {
+                    Ok(v) if v.version != serde_json::json!(VERSION) => Err(StateError::Version {
+                        path: path.into(),
+                        found: v.version.to_string(),
+                    }),
+                    _ => Err(StateError::Corrupt {
+                        path: path.into(),
+                        detail: e.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec_pretty(self).expect("state serializes");
+        v.push(b'\n');
+        v
+    }
+}
+
+/// RFC 3339 UTC timestamp of now, to the second.
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    rfc3339(secs)
+}
+
+pub fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let tod = secs.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        tod / 3600,
+        tod % 3600 / 60,
+        tod % 60
+    )
+}
+
+/// The state file and its lock.
+#[derive(Debug, Clone)]
+pub struct Store {
+    path: PathBuf,
+    dir: PathBuf,
+    name: String,
+}
+
+fn io<'a>(path: &'a Path, op: &'static str) -> impl Fn(Errno) -> StateError + 'a {
+    move |errno| StateError::Io {
+        path: path.display().to_string(),
+        op,
+        errno,
+    }
+}
+
+impl Store {
+    pub fn new(path: &Path) -> Store {
+        let dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| "/".into());
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Store {
+            path: path.to_path_buf(),
+            dir,
+            name,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock_name(&self) -> String {
+        format!("{}.lock", self.name)
+    }
+
+    fn tmp_name(&self) -> String {
+        format!(".{}.tmp", self.name)
+    }
+
+    fn unsafe_(&self, p: &Path, detail: String) -> StateError {
+        StateError::Unsafe {
+            path: p.display().to_string(),
+            detail,
+        }
+    }
+
+    /// Checks that an open file or directory belongs to us and is not writable by others.
+    fn check_owner(&self, fd: &OwnedFd, p: &Path, want_dir: bool) -> Result<(), StateError> {
+        let st = fstat(fd).map_err(io(p, "fstat"))?;
+        let fmt = st.st_mode & libc::S_IFMT;
+        if want_dir && fmt != libc::S_IFDIR {
+            return Err(self.unsafe_(p, "not a directory".into()));
+        }
+        if !want_dir && fmt != libc::S_IFREG {
+            return Err(self.unsafe_(p, "not a regular file".into()));
+        }
+        let euid = nix::unistd::geteuid().as_raw();
+        if st.st_uid != euid {
+            return Err(self.unsafe_(p, format!("owned by uid {}, not {euid}", st.st_uid)));
+        }
+        if st.st_mode & 0o022 != 0 {
+            return Err(self.unsafe_(
+                p,
+                format!(
+                    "mode {:04o} lets group or others write it",
+                    st.st_mode & 0o7777
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn open_dir(&self, create: bool) -> Result<Option<OwnedFd>, StateError> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = match nix::fcntl::open(&self.dir, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) if create => {
+                match mkdir(&self.dir, Mode::from_bits_truncate(0o700)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(io(&self.dir, "create state directory")(e)),
+                }
+                nix::fcntl::open(&self.dir, flags, Mode::empty())
+                    .map_err(io(&self.dir, "open state directory"))?
+            }
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(Errno::ELOOP) | Err(Errno::ENOTDIR) => {
+                return Err(self.unsafe_(&self.dir, "is a symlink or not a directory".into()))
+            }
+            Err(e) => return Err(io(&self.dir, "open state directory")(e)),
+        };
+        self.check_owner(&fd, &self.dir, true)?;
+        Ok(Some(fd))
+    }
+
+    fn read_at(&self, dir: &OwnedFd) -> Result<State, StateError> {
+        let fd = match openat(
+            dir,
+            self.name.as_str(),
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(State::default()),
+            Err(Errno::ELOOP) => return Err(self.unsafe_(&self.path, "is a symlink".into())),
+            Err(e) => return Err(io(&self.path, "open")(e)),
+        };
+        self.check_owner(&fd, &self.path, false)?;
+        let mut buf = Vec::new();
+        File::from(fd).read_to_end(&mut buf).map_err(|e| {
+            io(&self.path, "read")(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+        })?;
+        State::parse(&buf, &self.path.display().to_string())
+    }
+
+    /// The current state, without taking the lock. A missing file or directory is an empty
+    /// state.
+    pub fn read(&self) -> Result<State, StateError> {
+        match self.open_dir(false)? {
+            Some(dir) => self.read_at(&dir),
+            None => Ok(State::default()),
+        }
+    }
+
+    /// Runs `f` on the state under the exclusive lock and writes the result back if it
+    /// changed. The lock dies with the process, so a crash never leaves it held.
+    pub fn update<T, E: From<StateError>>(
+        &self,
+        f: impl FnOnce(&mut State) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let dir = self.open_dir(true)?.expect("created");
+        let lock_path = self.dir.join(self.lock_name());
+        let lock = openat(
+            &dir,
+            self.lock_name().as_str(),
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| match e {
+            Errno::ELOOP => self.unsafe_(&lock_path, "is a symlink".into()),
+            e => io(&lock_path, "open lock")(e),
+        })?;
+        self.check_owner(&lock, &lock_path, false)?;
+        loop {
+            match Errno::result(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }) {
+                Ok(_) => break,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(io(&lock_path, "flock")(e).into()),
+            }
+        }
+        let before = self.read_at(&dir)?;
+        let mut state = before.clone();
+        let out = f(&mut state)?;
+        if state != before {
+            self.write_at(&dir, &state)?;
+        }
+        drop(lock);
+        Ok(out)
+    }
+
+    fn write_at(&self, dir: &OwnedFd, state: &State) -> Result<(), StateError> {
+        let tmp = self.tmp_name();
+        let tmp_path = self.dir.join(&tmp);
+        let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+        let fd = openat(
+            dir,
+            tmp.as_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(io(&tmp_path, "create temp file"))?;
+        let result = (|| {
+            let mut f = File::from(fd);
+            f.write_all(&state.to_bytes()).map_err(|e| {
+                io(&tmp_path, "write")(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+            })?;
+            fsync(f.as_fd()).map_err(io(&tmp_path, "fsync"))?;
+            renameat(dir, tmp.as_str(), dir, self.name.as_str())
+                .map_err(io(&self.path, "rename"))?;
+            fsync(dir).map_err(io(&self.dir, "fsync directory"))
+        })();
+        if result.is_err() {
+            let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn res(uuid: &str, gpus: &[&str]) -> Reservation {
+        Reservation {
+            domain: format!("d-{}", &uuid[..4]),
+            uuid: uuid.into(),
+            gpus: gpus.iter().map(|s| s.to_string()).collect(),
+            phase: Phase::Prepared,
+            request: "1 GPU".into(),
+            created: now_rfc3339(),
+            updated: now_rfc3339(),
+            prepared_by: None,
+            controller: None,
+            init: None,
+            nodes: vec![],
+        }
+    }
+
+    const U1: &str = "11111111-1111-1111-1111-111111111111";
+    const U2: &str = "22222222-2222-2222-2222-222222222222";
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_796_063_467), "2026-11-30T18:31:07Z");
+    }
+
+    #[test]
+    fn roundtrip_and_update() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let store = Store::new(&d.path().join("gpuhook/state.json"));
+        assert_eq!(
+            store.read().unwrap(),
+            State::default(),
+            "missing dir reads empty"
+        );
+        store
+            .update(|s| {
+                s.reservations.insert(U1.into(), res(U1, &["0000:07:00.0"]));
+                Ok::<_, StateError>(())
+            })
+            .unwrap();
+        let dir_mode = std::fs::metadata(d.path().join("gpuhook"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(dir_mode & 0o777, 0o700);
+        let s = store.read().unwrap();
+        assert_eq!(s.reservations[U1].gpus, vec!["0000:07:00.0"]);
+        assert_eq!(
+            s.held(None).get("0000:07:00.0").map(String::as_str),
+            Some("d-1111")
+        );
+        assert!(s.held(Some(U1)).is_empty());
+        let file_mode = std::fs::metadata(store.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(file_mode & 0o777, 0o600);
+        // An update that changes nothing does not rewrite the file.
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(store.path()).unwrap());
+        store.update(|_| Ok::<_, StateError>(())).unwrap();
+        let ino2 = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(store.path()).unwrap());
+        assert_eq!(ino, ino2);
+        // No temp file left behind.
+        let names: Vec<_> = std::fs::read_dir(d.path().join("gpuhook"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn corrupt_and_version_are_errors_and_untouched() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("state.json");
+        let store = Store::new(&p);
+        for (text, needle) in [
+            (&b"{not json"[..], "is corrupt"),
+            (b"", "is corrupt"),
+            (b"{\"version\": 2, \"reservations\": {}}", "has version 2"),
+            (
+                b"{\"version\": \"x\", \"reservations\": []}",
+                "has version \"x\"",
+            ),
+            (
+                b"{\"version\": 1, \"reservations\": {}, \"extra\": 1}",
+                "unknown field",
+            ),
+            (
+                b"{\"version\": 1, \"reservations\": {\"a\": 5}}",
+                "is corrupt",
+            ),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let e = store.read().unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+            assert!(e.contains(&p.display().to_string()));
+            let e = store
+                .update(|s| {
+                    s.reservations.clear();
+                    Ok::<_, StateError>(())
+                })
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{e}");
+            assert_eq!(std::fs::read(&p).unwrap(), text, "file must be left alone");
+        }
+        let mut good = State::default();
+        good.reservations.insert(U2.into(), res(U1, &[]));
+        std::fs::write(&p, good.to_bytes()).unwrap();
+        assert!(store
+            .read()
+            .unwrap_err()
+            .to_string()
+            .contains("differs from its uuid"));
+    }
+
+    #[test]
+    fn unsafe_paths_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("state.json");
+        let store = Store::new(&p);
+        std::os::unix::fs::symlink("/etc/passwd", &p).unwrap();
+        assert!(store
+            .read()
+            .unwrap_err()
+            .to_string()
+            .contains("is a symlink"));
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(&p, State::default().to_bytes()).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(store
+            .read()
+            .unwrap_err()
+            .to_string()
+            .contains("lets group or others write"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(store
+            .read()
+            .unwrap_err()
+            .to_string()
+            .contains("lets group or others write"));
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        nix::unistd::chown(&p, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        assert!(store
+            .read()
+            .unwrap_err()
+            .to_string()
+            .contains("owned by uid 65534"));
+        std::fs::remove_file(&p).unwrap();
+        let lock = d.path().join("state.json.lock");
+        std::os::unix::fs::symlink("/etc/shadow", &lock).unwrap();
+        let e = store
+            .update(|_| Ok::<_, StateError>(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("state.json.lock") && e.contains("symlink"),
+            "{e}"
+        );
+        let dlink = d.path().join("link");
+        std::os::unix::fs::symlink(d.path(), &dlink).unwrap();
+        let e = Store::new(&dlink.join("state.json"))
+            .read()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symlink or not a directory"), "{e}");
+    }
+
+    #[test]
+    fn lock_excludes_concurrent_updates() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(&d.path().join("state.json"));
+        let n = 8;
+        std::thread::scope(|sc| {
+            for i in 0..n {
+                let store = store.clone();
+                sc.spawn(move || {
+                    for j in 0..20 {
+                        store
+                            .update(|s| {
+                                let u = format!("{i:08}-0000-0000-0000-{j:012}");
+                                let mut r = res(&u, &[]);
+                                r.uuid = u.clone();
+                                s.reservations.insert(u, r);
+                                Ok::<_, StateError>(())
+                            })
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(
+            store.read().unwrap().reservations.len(),
+            n * 20,
+            "no update lost"
+        );
+    }
+}
