@@ -1,1 +1,8 @@
-pub fn placeholder() {}
+//! gpuhook's test bed: fake GPU hosts and an isolated real libvirtd, shared by the
+//! integration tests, the demo (`gpuhook-testbed demo`) and the benchmarks.
+
+pub mod fakehost;
+pub mod libvirtd;
+
+pub use fakehost::{FakeHost, HostPaths};
+pub use libvirtd::{Daemon, DomainSpec, Hook};

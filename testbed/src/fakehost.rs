@@ -1,0 +1,464 @@
+//! Fake GPU hosts: sysfs, procfs and `/dev` trees laid out as on real machines, with real
+//! character device nodes made by `mknod` (root only), described to gpuhook through the
+//! config's roots.
+//!
+//! Field formats are copied from real hosts: sysfs `vendor`/`device`/`class` as `0x…`,
+//! `numa_node` `-1` when unknown, `bus/pci/devices/*` symlinks into `devices/pci…/…`
+//! bridge paths, the NVIDIA driver's `information` file (260-era and 535-era layouts),
+//! DRM `card*`/`renderD*` directories with `dev` files, and non-GPU display devices
+//! (BMC VGA, NVSwitch) that must be ignored.
+
+use nix::sys::stat::{mknod, Mode, SFlag};
+use serde_json::json;
+use std::fs;
+use std::io;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+/// Dynamic majors as seen on real hosts (they differ between hosts: always `stat`).
+pub const UVM_MAJOR: u32 = 509;
+pub const KFD_MAJOR: u32 = 510;
+pub const NVIDIA_MAJOR: u32 = 195;
+pub const DRM_MAJOR: u32 = 226;
+
+#[derive(Debug, Clone)]
+pub enum Driver {
+    /// NVIDIA with its proc `information` (device minor, model, UUID).
+    Nvidia {
+        minor: u32,
+        model: String,
+        uuid: String,
+        old_format: bool,
+    },
+    /// amdgpu / i915 / xe: DRM nodes only.
+    Drm { card: u32, render: u32 },
+    /// No driver bound (e.g. NVIDIA card without the module, or a BMC VGA).
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct FakeDevice {
+    pub pci: String,
+    pub vendor: u16,
+    pub device: u16,
+    pub class: u32,
+    pub subsystem: (u16, u16),
+    pub numa: i32,
+    /// Path from the root complex, e.g. `["pci0000:00", "0000:00:03.0"]`.
+    pub upstream: Vec<String>,
+    pub driver: Driver,
+}
+
+#[derive(Debug, Clone)]
+pub struct FakeHost {
+    pub name: String,
+    pub devices: Vec<FakeDevice>,
+    /// `/dev/nvidiactl`, `nvidia-modeset`, `nvidia-uvm(-tools)` present.
+    pub nvidia_controls: bool,
+    /// `/dev/kfd` present.
+    pub kfd: bool,
+}
+
+/// Where a created fake host's roots are.
+#[derive(Debug, Clone)]
+pub struct HostPaths {
+    pub root: PathBuf,
+    pub sysfs: PathBuf,
+    pub proc: PathBuf,
+    pub dev: PathBuf,
+}
+
+impl HostPaths {
+    /// A gpuhook config for this host.
+    pub fn config(&self, state_file: &Path) -> serde_json::Value {
+        json!({
+            "sysfs": self.sysfs, "proc": self.proc, "dev": self.dev,
+            "state_file": state_file,
+        })
+    }
+}
+
+fn nv(
+    pci: &str,
+    device: u16,
+    numa: i32,
+    upstream: &[&str],
+    minor: u32,
+    model: &str,
+    old: bool,
+) -> FakeDevice {
+    FakeDevice {
+        pci: pci.into(),
+        vendor: 0x10de,
+        device,
+        class: 0x030200,
+        subsystem: (0x10de, 0x0000),
+        numa,
+        upstream: upstream.iter().map(|s| s.to_string()).collect(),
+        driver: Driver::Nvidia {
+            minor,
+            model: model.into(),
+            uuid: format!(
+                "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+                0x5eed_0000u32 + minor * 7919 + u32::from(device),
+                device,
+                minor,
+                numa.unsigned_abs(),
+                0x1f2e3d4c5b6au64 + u64::from(minor)
+            ),
+            old_format: old,
+        },
+    }
+}
+
+fn other(
+    pci: &str,
+    vendor: u16,
+    device: u16,
+    class: u32,
+    numa: i32,
+    upstream: &[&str],
+    driver: Driver,
+) -> FakeDevice {
+    FakeDevice {
+        pci: pci.into(),
+        vendor,
+        device,
+        class,
+        subsystem: (vendor, 0x0000),
+        numa,
+        upstream: upstream.iter().map(|s| s.to_string()).collect(),
+        driver,
+    }
+}
+
+impl FakeHost {
+    /// The blueprint's cg1 host: two Tesla M2050 (Fermi), 260-era driver, plus the board's
+    /// Matrox BMC VGA and its chipset.
+    pub fn blueprint() -> FakeHost {
+        FakeHost {
+            name: "blueprint".into(),
+            devices: vec![
+                other(
+                    "0000:00:00.0",
+                    0x8086,
+                    0x3406,
+                    0x060000,
+                    -1,
+                    &["pci0000:00"],
+                    Driver::None,
+                ),
+                nv(
+                    "0000:07:00.0",
+                    0x06de,
+                    -1,
+                    &["pci0000:00", "0000:00:03.0"],
+                    0,
+                    "Tesla M2050",
+                    true,
+                ),
+                nv(
+                    "0000:08:00.0",
+                    0x06de,
+                    -1,
+                    &["pci0000:00", "0000:00:07.0"],
+                    1,
+                    "Tesla M2050",
+                    true,
+                ),
+                other(
+                    "0000:01:03.0",
+                    0x102b,
+                    0x0532,
+                    0x030000,
+                    -1,
+                    &["pci0000:00", "0000:00:1e.0"],
+                    Driver::None,
+                ),
+            ],
+            nvidia_controls: true,
+            kfd: false,
+        }
+    }
+
+    /// An 8-GPU, two-socket host (DGX-like): H100 SXM5 behind four PCIe switches, NVSwitches
+    /// (class 0x0680, not GPUs), an ASPEED BMC VGA. Device minors differ from PCI order.
+    pub fn dgx8() -> FakeHost {
+        let mut d = vec![other(
+            "0000:03:00.0",
+            0x1a03,
+            0x2000,
+            0x030000,
+            0,
+            &["pci0000:00", "0000:00:1c.5", "0000:02:00.0"],
+            Driver::None,
+        )];
+        let switches = [
+            ("0000:15:01.0", "0000:18:00.0", "0000:1a:00.0"),
+            ("0000:3f:01.0", "0000:40:00.0", "0000:42:00.0"),
+            ("0000:97:01.0", "0000:9a:00.0", "0000:9c:00.0"),
+            ("0000:c7:01.0", "0000:c8:00.0", "0000:ca:00.0"),
+        ];
+        let roots = ["pci0000:15", "pci0000:3f", "pci0000:97", "pci0000:c7"];
+        let minors = [2, 3, 0, 1, 6, 7, 4, 5];
+        for (s, (sw, a, b)) in switches.iter().enumerate() {
+            let numa = (s / 2) as i32;
+            for (k, pci) in [a, b].iter().enumerate() {
+                let i = s * 2 + k;
+                d.push(nv(
+                    pci,
+                    0x2330,
+                    numa,
+                    &[roots[s], sw],
+                    minors[i],
+                    "NVIDIA H100 80GB HBM3",
+                    false,
+                ));
+            }
+        }
+        for (i, pci) in [
+            "0000:07:00.0",
+            "0000:08:00.0",
+            "0000:85:00.0",
+            "0000:86:00.0",
+        ]
+        .iter()
+        .enumerate()
+        {
+            d.push(other(
+                pci,
+                0x10de,
+                0x22a3,
+                0x068000,
+                (i / 2) as i32,
+                &["pci0000:00"],
+                Driver::None,
+            ));
+        }
+        FakeHost {
+            name: "dgx8".into(),
+            devices: d,
+            nvidia_controls: true,
+            kfd: false,
+        }
+    }
+
+    /// NVIDIA + AMD + Intel on one host, with an NVIDIA card whose driver is not loaded.
+    pub fn mixed() -> FakeHost {
+        FakeHost {
+            name: "mixed".into(),
+            devices: vec![
+                nv(
+                    "0000:17:00.0",
+                    0x20f1,
+                    0,
+                    &["pci0000:16", "0000:16:02.0"],
+                    0,
+                    "NVIDIA A100-PCIE-40GB",
+                    false,
+                ),
+                other(
+                    "0000:31:00.0",
+                    0x1002,
+                    0x740f,
+                    0x038000,
+                    0,
+                    &["pci0000:30", "0000:30:01.0"],
+                    Driver::Drm {
+                        card: 1,
+                        render: 129,
+                    },
+                ),
+                other(
+                    "0000:4b:00.0",
+                    0x8086,
+                    0x0bda,
+                    0x038000,
+                    1,
+                    &["pci0000:4a", "0000:4a:01.0"],
+                    Driver::Drm {
+                        card: 2,
+                        render: 130,
+                    },
+                ),
+                other(
+                    "0000:00:02.0",
+                    0x8086,
+                    0x56c0,
+                    0x030000,
+                    0,
+                    &["pci0000:00"],
+                    Driver::Drm {
+                        card: 0,
+                        render: 128,
+                    },
+                ),
+                other(
+                    "0000:65:00.0",
+                    0x10de,
+                    0x1eb8,
+                    0x030200,
+                    1,
+                    &["pci0000:64", "0000:64:00.0"],
+                    Driver::None,
+                ),
+            ],
+            nvidia_controls: true,
+            kfd: true,
+        }
+    }
+
+    /// `n` A100 SXM4 over two NUMA nodes, two per switch (for benchmarks and stress).
+    pub fn wide(n: usize) -> FakeHost {
+        let mut d = Vec::new();
+        for i in 0..n {
+            let numa = (i * 2 / n.max(1)) as i32;
+            let bus = 0x10 + i * 8;
+            let root = format!("pci0000:{:02x}", 0x10 + (i / 2) * 16);
+            let sw = format!("0000:{:02x}:01.0", 0x10 + (i / 2) * 16);
+            d.push(nv(
+                &format!("0000:{bus:02x}:00.0"),
+                0x20b0,
+                numa,
+                &[&root, &sw],
+                i as u32,
+                "NVIDIA A100-SXM4-40GB",
+                false,
+            ));
+        }
+        FakeHost {
+            name: format!("wide{n}"),
+            devices: d,
+            nvidia_controls: true,
+            kfd: false,
+        }
+    }
+
+    /// Builds the host under `root` (which must not exist or be empty). Needs root for mknod.
+    pub fn create(&self, root: &Path) -> io::Result<HostPaths> {
+        let p = HostPaths {
+            root: root.into(),
+            sysfs: root.join("sys"),
+            proc: root.join("proc"),
+            dev: root.join("dev"),
+        };
+        fs::create_dir_all(p.sysfs.join("bus/pci/devices"))?;
+        fs::create_dir_all(p.sysfs.join("bus/pci/drivers"))?;
+        fs::create_dir_all(p.proc.join("driver"))?;
+        fs::create_dir_all(p.dev.join("dri/by-path"))?;
+        let mut any_nvidia = false;
+        for d in &self.devices {
+            let rel: PathBuf = d.upstream.iter().chain(std::iter::once(&d.pci)).collect();
+            let dir = p.sysfs.join("devices").join(&rel);
+            fs::create_dir_all(&dir)?;
+            let w = |f: &str, v: String| fs::write(dir.join(f), v);
+            w("vendor", format!("0x{:04x}\n", d.vendor))?;
+            w("device", format!("0x{:04x}\n", d.device))?;
+            w("class", format!("0x{:06x}\n", d.class))?;
+            w("subsystem_vendor", format!("0x{:04x}\n", d.subsystem.0))?;
+            w("subsystem_device", format!("0x{:04x}\n", d.subsystem.1))?;
+            w("numa_node", format!("{}\n", d.numa))?;
+            w("revision", "0xa1\n".into())?;
+            w("enable", "1\n".into())?;
+            symlink(
+                format!("../../../devices/{}", rel.display()),
+                p.sysfs.join("bus/pci/devices").join(&d.pci),
+            )?;
+            match &d.driver {
+                Driver::Nvidia {
+                    minor,
+                    model,
+                    uuid,
+                    old_format,
+                } => {
+                    any_nvidia = true;
+                    bind_driver(&p, &dir, "nvidia")?;
+                    let info = p.proc.join("driver/nvidia/gpus").join(&d.pci);
+                    fs::create_dir_all(&info)?;
+                    let text = if *old_format {
+                        format!("Model: \t\t {model}\nIRQ:   \t\t 16\nGPU UUID: \t {uuid}\nVideo BIOS: \t 70.00.2f.00.03\nBus Type: \t PCIe\nDMA Size: \t 40 bits\nDMA Mask: \t 0xffffffffff\nBus Location: \t {}\nDevice Minor: \t {minor}\n", d.pci)
+                    } else {
+                        format!("Model: \t\t {model}\nIRQ:   \t\t 182\nGPU UUID: \t {uuid}\nVideo BIOS: \t 96.00.74.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t {}\nDevice Minor: \t {minor}\nGPU Excluded:\t No\n", d.pci)
+                    };
+                    fs::write(info.join("information"), text)?;
+                    node(
+                        &p.dev.join(format!("nvidia{minor}")),
+                        NVIDIA_MAJOR,
+                        *minor,
+                        0o666,
+                        0,
+                    )?;
+                }
+                Driver::Drm { card, render } => {
+                    bind_driver(&p, &dir, if d.vendor == 0x1002 { "amdgpu" } else { "xe" })?;
+                    for (name, minor, mode, gid) in [
+                        (format!("card{card}"), *card, 0o660, 44),
+                        (format!("renderD{render}"), *render, 0o666, 109),
+                    ] {
+                        let dd = dir.join("drm").join(&name);
+                        fs::create_dir_all(&dd)?;
+                        fs::write(dd.join("dev"), format!("{DRM_MAJOR}:{minor}\n"))?;
+                        node(&p.dev.join("dri").join(&name), DRM_MAJOR, minor, mode, gid)?;
+                        let kind = if name.starts_with("card") {
+                            "card"
+                        } else {
+                            "render"
+                        };
+                        symlink(
+                            format!("../{name}"),
+                            p.dev
+                                .join("dri/by-path")
+                                .join(format!("pci-{}-{kind}", d.pci)),
+                        )?;
+                    }
+                }
+                Driver::None => {}
+            }
+        }
+        if any_nvidia {
+            fs::write(p.proc.join("driver/nvidia/version"), "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")?;
+        }
+        if self.nvidia_controls {
+            node(&p.dev.join("nvidiactl"), NVIDIA_MAJOR, 255, 0o666, 0)?;
+            node(&p.dev.join("nvidia-modeset"), NVIDIA_MAJOR, 254, 0o666, 0)?;
+            node(&p.dev.join("nvidia-uvm"), UVM_MAJOR, 0, 0o666, 0)?;
+            node(&p.dev.join("nvidia-uvm-tools"), UVM_MAJOR, 1, 0o666, 0)?;
+        }
+        if self.kfd {
+            node(&p.dev.join("kfd"), KFD_MAJOR, 0, 0o660, 109)?;
+        }
+        Ok(p)
+    }
+}
+
+fn bind_driver(p: &HostPaths, dir: &Path, driver: &str) -> io::Result<()> {
+    let drv = p.sysfs.join("bus/pci/drivers").join(driver);
+    fs::create_dir_all(&drv)?;
+    let depth = dir
+        .strip_prefix(&p.sysfs)
+        .map(|r| r.components().count())
+        .unwrap_or(0);
+    symlink(
+        format!("{}bus/pci/drivers/{driver}", "../".repeat(depth)),
+        dir.join("driver"),
+    )
+}
+
+/// `mknod` a character device with exact mode and group.
+pub fn node(path: &Path, major: u32, minor: u32, mode: u32, gid: u32) -> io::Result<()> {
+    let old = nix::sys::stat::umask(Mode::empty());
+    let r = mknod(
+        path,
+        SFlag::S_IFCHR,
+        Mode::from_bits_truncate(mode),
+        nix::sys::stat::makedev(major.into(), minor.into()),
+    );
+    nix::sys::stat::umask(old);
+    r.map_err(io::Error::from)?;
+    nix::unistd::chown(
+        path,
+        Some(nix::unistd::Uid::from_raw(0)),
+        Some(nix::unistd::Gid::from_raw(gid)),
+    )
+    .map_err(io::Error::from)
+}

@@ -1,0 +1,348 @@
+//! A real libvirtd for tests and demos, isolated from the host's.
+//!
+//! It runs in a private mount namespace where its own directories are bind-mounted over
+//! `/run/libvirt` (sockets, LXC state), `/etc/libvirt/lxc` (domain definitions),
+//! `/etc/gpuhook` (the hook's config) and, unless the installed hook is tested,
+//! `/etc/libvirt/hooks`. The host's libvirtd, domains and gpuhook config are untouched;
+//! clients reach this daemon through `lxc:///system?socket=…`.
+//!
+//! On a hybrid cgroup host the unified mount is hidden from the daemon (libvirt_lxc fails
+//! with `Unable to create directory /sys/fs/cgroup/unified` otherwise), giving it a pure
+//! cgroup-v1 host, as `shared/LIBVIRT-NOTES.md` measured.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const LIBVIRTD: &str = "/usr/sbin/libvirtd";
+
+#[derive(Debug, Clone)]
+pub enum Hook {
+    /// Install this binary as the daemon's `hooks/lxc`.
+    Binary(PathBuf),
+    /// Use the host's `/etc/libvirt/hooks` as installed (e.g. by the .deb).
+    Installed,
+}
+
+pub struct Daemon {
+    pub dir: PathBuf,
+    pub uri: String,
+    hook: Hook,
+    child: Option<Child>,
+}
+
+fn run(cmd: &mut Command) -> Result<Output, String> {
+    cmd.output().map_err(|e| format!("{cmd:?}: {e}"))
+}
+
+/// Creates the accounts libvirt's QEMU driver (a hard dependency of libvirtd) insists on.
+pub fn ensure_accounts() -> Result<(), String> {
+    let has = |db: &str, name: &str| {
+        run(Command::new("getent").args([db, name])).map(|o| o.status.success())
+    };
+    for g in ["kvm", "libvirt-qemu"] {
+        if !has("group", g)? {
+            let o = run(Command::new("groupadd").args(["-r", g]))?;
+            if !o.status.success() {
+                return Err(format!(
+                    "groupadd {g}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                ));
+            }
+        }
+    }
+    if !has("passwd", "libvirt-qemu")? {
+        let o = run(Command::new("useradd").args([
+            "-r",
+            "-g",
+            "kvm",
+            "-d",
+            "/var/lib/libvirt",
+            "-s",
+            "/usr/sbin/nologin",
+            "libvirt-qemu",
+        ]))?;
+        if !o.status.success() {
+            return Err(format!(
+                "useradd libvirt-qemu: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Daemon {
+    /// Prepares the daemon's directories under `dir`.
+    pub fn new(dir: &Path, hook: Hook) -> Result<Daemon, String> {
+        if !Path::new(LIBVIRTD).exists() {
+            return Err(format!(
+                "{LIBVIRTD} is missing: install libvirt-daemon libvirt-daemon-driver-lxc libvirt-clients"
+            ));
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err("a real libvirtd with LXC containers needs root".into());
+        }
+        ensure_accounts()?;
+        for d in ["run-libvirt", "etc-libvirt-lxc", "etc-gpuhook", "hooks"] {
+            fs::create_dir_all(dir.join(d))
+                .map_err(|e| format!("{}: {e}", dir.join(d).display()))?;
+        }
+        // Mount points on the host (empty directories; libvirt's packages create most).
+        for d in [
+            "/run/libvirt",
+            "/etc/libvirt/lxc",
+            "/etc/gpuhook",
+            "/etc/libvirt/hooks",
+        ] {
+            fs::create_dir_all(d).map_err(|e| format!("{d}: {e}"))?;
+        }
+        if let Hook::Binary(bin) = &hook {
+            let dst = dir.join("hooks/lxc");
+            fs::copy(bin, &dst)
+                .map_err(|e| format!("copy {} to {}: {e}", bin.display(), dst.display()))?;
+        }
+        let sock = dir.join("run-libvirt/libvirt-sock");
+        Ok(Daemon {
+            dir: dir.to_path_buf(),
+            uri: format!("lxc:///system?socket={}", sock.display()),
+            hook,
+            child: None,
+        })
+    }
+
+    /// The hook's config file as the daemon's children see it at `/etc/gpuhook/config.json`.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("etc-gpuhook/config.json")
+    }
+
+    pub fn write_config(&self, cfg: &serde_json::Value) -> Result<(), String> {
+        let p = self.config_path();
+        let tmp = p.with_extension("tmp");
+        fs::write(&tmp, serde_json::to_vec_pretty(cfg).expect("json"))
+            .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        fs::rename(&tmp, &p).map_err(|e| format!("{}: {e}", p.display()))
+    }
+
+    /// `/run/libvirt/lxc` of this daemon, seen from the host.
+    pub fn lxc_state_dir(&self) -> PathBuf {
+        self.dir.join("run-libvirt/lxc")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("libvirtd.log")
+    }
+
+    fn pid_file(&self) -> PathBuf {
+        self.dir.join("libvirtd.pid")
+    }
+
+    pub fn start(&mut self) -> Result<(), String> {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .map_err(|e| format!("{}: {e}", self.log_path().display()))?;
+        let hooks = matches!(self.hook, Hook::Binary(_));
+        let script = r#"set -e
+if mountpoint -q /sys/fs/cgroup/unified; then umount /sys/fs/cgroup/unified; fi
+mount --bind "$D/run-libvirt" /run/libvirt
+mount --bind "$D/etc-libvirt-lxc" /etc/libvirt/lxc
+mount --bind "$D/etc-gpuhook" /etc/gpuhook
+if [ "$HOOKS" = 1 ]; then mount --bind "$D/hooks" /etc/libvirt/hooks; fi
+exec /usr/sbin/libvirtd --pid-file "$D/libvirtd.pid"
+"#;
+        let child = Command::new("unshare")
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .env("D", &self.dir)
+            .env("HOOKS", if hooks { "1" } else { "0" })
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting libvirtd: {e}"))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    self.child = None;
+                    return Err(format!(
+                        "libvirtd exited at start ({st}); its log ({}):\n{}",
+                        self.log_path().display(),
+                        tail(&self.log_path(), 30)
+                    ));
+                }
+            }
+            if self
+                .virsh(&["uri"])
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = self.stop();
+                return Err(format!(
+                    "libvirtd did not answer within 20 s; its log:\n{}",
+                    tail(&self.log_path(), 30)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the daemon (running containers stay, as on a real host).
+    pub fn stop(&mut self) -> Result<(), String> {
+        let pid = match self.child.as_ref() {
+            Some(c) => Some(c.id() as i32),
+            None => fs::read_to_string(self.pid_file())
+                .ok()
+                .and_then(|s| s.trim().parse().ok()),
+        };
+        let Some(pid) = pid else { return Ok(()) };
+        let p = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let gone = match self.child.as_mut() {
+                Some(c) => c.try_wait().map(|s| s.is_some()).unwrap_or(true),
+                None => nix::sys::signal::kill(p, None).is_err(),
+            };
+            if gone {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+                if let Some(c) = self.child.as_mut() {
+                    let _ = c.wait();
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child = None;
+        let _ = fs::remove_file(self.pid_file());
+        Ok(())
+    }
+
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.stop()?;
+        self.start()
+    }
+
+    pub fn virsh(&self, args: &[&str]) -> Result<Output, String> {
+        run(Command::new("virsh")
+            .arg("-q")
+            .arg("-c")
+            .arg(&self.uri)
+            .args(args)
+            .env("LC_ALL", "C"))
+    }
+
+    /// `virsh` that must succeed; returns stdout.
+    pub fn virsh_ok(&self, args: &[&str]) -> Result<String, String> {
+        let o = self.virsh(args)?;
+        if !o.status.success() {
+            return Err(format!(
+                "virsh {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
+    /// Defines a domain from XML text.
+    pub fn define(&self, xml: &str) -> Result<(), String> {
+        let f = self.dir.join(format!("define-{}.xml", std::process::id()));
+        fs::write(&f, xml).map_err(|e| e.to_string())?;
+        self.virsh_ok(&["define", f.to_str().unwrap_or_default()])
+            .map(|_| ())
+    }
+
+    /// Destroys (if running) and undefines every domain whose name starts with `prefix`.
+    pub fn cleanup(&self, prefix: &str) {
+        if let Ok(list) = self.virsh_ok(&["list", "--all", "--name"]) {
+            for name in list
+                .lines()
+                .map(str::trim)
+                .filter(|n| n.starts_with(prefix))
+            {
+                let _ = self.virsh(&["destroy", name]);
+                let _ = self.virsh(&["undefine", name]);
+            }
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+pub fn tail(p: &Path, n: usize) -> String {
+    let s = fs::read_to_string(p).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A domain definition for tests: shares the host root (libvirt's default), runs `init`.
+#[derive(Debug, Clone)]
+pub struct DomainSpec {
+    pub name: String,
+    pub uuid: Option<String>,
+    /// Raw children of `<metadata>`.
+    pub metadata: String,
+    /// Shell script run as the container's init.
+    pub init: String,
+    /// `<idmap>` mapping container 0.. to this host id (65536 ids).
+    pub idmap: Option<u32>,
+}
+
+impl DomainSpec {
+    pub fn new(name: &str, metadata: &str) -> DomainSpec {
+        DomainSpec {
+            name: name.into(),
+            uuid: None,
+            metadata: metadata.into(),
+            init: "while :; do sleep 1; done".into(),
+            idmap: None,
+        }
+    }
+
+    pub fn xml(&self) -> String {
+        let esc = |s: &str| {
+            s.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+        };
+        let uuid = self
+            .uuid
+            .as_ref()
+            .map(|u| format!("  <uuid>{u}</uuid>\n"))
+            .unwrap_or_default();
+        let idmap = self
+            .idmap
+            .map(|t| format!("  <idmap>\n    <uid start='0' target='{t}' count='65536'/>\n    <gid start='0' target='{t}' count='65536'/>\n  </idmap>\n"))
+            .unwrap_or_default();
+        format!(
+            "<domain type='lxc'>\n  <name>{}</name>\n{uuid}  <memory unit='KiB'>65536</memory>\n  <vcpu>1</vcpu>\n  <metadata>{}</metadata>\n  <os>\n    <type>exe</type>\n    <init>/bin/sh</init>\n    <initarg>-c</initarg>\n    <initarg>{}</initarg>\n  </os>\n{idmap}  <devices><console type='pty'/></devices>\n</domain>\n",
+            self.name,
+            self.metadata,
+            esc(&self.init)
+        )
+    }
+}
