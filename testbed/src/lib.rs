@@ -6,3 +6,5 @@ pub mod libvirtd;
 
 pub use fakehost::{FakeHost, HostPaths};
 pub use libvirtd::{Daemon, DomainSpec, Hook};
+pub mod bpfprog;
+pub mod probe;

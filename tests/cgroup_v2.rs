@@ -1,0 +1,203 @@
+//! cgroup v2: on a cgroup of the unified hierarchy, libvirt's own device program and map
+//! (loaded here exactly as libvirt builds them) rule device access; gpuhook's v2 backend
+//! widens it by updating that map, never by attaching a second program.
+
+mod common;
+use gpuhook::cgroup::bpf;
+use gpuhook::cgroup::{grant_all, revoke_all, DeviceCgroup, V2};
+use gpuhook::state::Node;
+use nix::errno::Errno;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+use testbed::{bpfprog, probe};
+
+const UNIFIED: &str = "/sys/fs/cgroup/unified";
+
+/// The unified hierarchy: `/sys/fs/cgroup/unified` on a hybrid host, `/sys/fs/cgroup` on a
+/// pure v2 one.
+fn unified_root() -> PathBuf {
+    for p in [UNIFIED, "/sys/fs/cgroup"] {
+        if let Ok(st) = nix::sys::statfs::statfs(p) {
+            if st.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC {
+                return p.into();
+            }
+        }
+    }
+    panic!("no cgroup2 hierarchy mounted: mount -t cgroup2 none {UNIFIED}");
+}
+
+struct Cg(PathBuf);
+impl Drop for Cg {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn node(path: &str, major: u32, minor: u32) -> Node {
+    Node {
+        path: path.into(),
+        major,
+        minor,
+    }
+}
+
+fn opens(cg: &Path, paths: &[&Path]) -> Vec<Result<(), Errno>> {
+    probe::open_in_cgroup(&cg.join("cgroup.procs"), None, paths).expect("probe")
+}
+
+#[test]
+fn grant_through_libvirts_map() {
+    common::require_root();
+    let cg = Cg(unified_root().join(format!("gpuhook-test-v2-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let nv0 = dir.path().join("nvidia0");
+    let nv1 = dir.path().join("nvidia1");
+    let ctl = dir.path().join("nvidiactl");
+    testbed::fakehost::node(&nv0, 195, 0, 0o666, 0).unwrap();
+    testbed::fakehost::node(&nv1, 195, 1, 0o666, 0).unwrap();
+    testbed::fakehost::node(&ctl, 195, 255, 0o666, 0).unwrap();
+    let null = Path::new("/dev/null");
+
+    // Before libvirt's program: v2 imposes nothing, and gpuhook sees nothing to do.
+    let free = V2::open(&cg.0).unwrap();
+    assert!(free.is_allowed(&node("/dev/nvidia0", 195, 0)).unwrap());
+
+    let cgfd = nix::fcntl::open(
+        &cg.0,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    let (_prog, map) = bpfprog::attach_libvirt_program(cgfd.as_fd()).unwrap();
+    assert_eq!(
+        bpf::prog_query(cgfd.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // Refused before: EPERM from the device program; /dev/null (default list) opens.
+    assert_eq!(
+        opens(&cg.0, &[&nv0, &nv1, &ctl, null]),
+        vec![
+            Err(Errno::EPERM),
+            Err(Errno::EPERM),
+            Err(Errno::EPERM),
+            Ok(())
+        ]
+    );
+
+    let mut v2 = V2::open(&cg.0).unwrap();
+    let want = vec![
+        node("/dev/nvidia0", 195, 0),
+        node("/dev/nvidiactl", 195, 255),
+    ];
+    let added = grant_all(&mut v2, &want).unwrap();
+    assert_eq!(added, want);
+    // Allowed after: ENXIO (no driver behind 195:*), not EPERM. nvidia1 stays refused.
+    assert_eq!(
+        opens(&cg.0, &[&nv0, &nv1, &ctl]),
+        vec![Err(Errno::ENXIO), Err(Errno::EPERM), Err(Errno::ENXIO)]
+    );
+    // Exact entries with rw (no mknod), no second program.
+    let v = bpf::map_lookup_u32(map.as_fd(), (195u64 << 32) | 0).unwrap();
+    assert_eq!(v, Some(((2 | 4) << 16) | 2));
+    assert_eq!(
+        bpf::map_lookup_u32(map.as_fd(), (195u64 << 32) | 0xffff_ffff).unwrap(),
+        None
+    );
+    assert_eq!(
+        bpf::prog_query(cgfd.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
+            .unwrap()
+            .len(),
+        1
+    );
+    // Granting again adds nothing.
+    let mut again = V2::open(&cg.0).unwrap();
+    assert!(grant_all(&mut again, &want).unwrap().is_empty());
+
+    // Rollback takes back exactly what this run added.
+    revoke_all(&mut v2, &added);
+    assert_eq!(
+        opens(&cg.0, &[&nv0, &ctl, null]),
+        vec![Err(Errno::EPERM), Err(Errno::EPERM), Ok(())]
+    );
+    assert_eq!(
+        bpf::map_keys(map.as_fd()).unwrap().len(),
+        bpfprog::DEFAULT_ALLOW.len()
+    );
+
+    // A full map is a clear error, and a partial grant is undone.
+    let mut k = 0u32;
+    while bpf::map_keys(map.as_fd()).unwrap().len() < 63 {
+        bpf::map_update_u32(map.as_fd(), (7u64 << 32) | u64::from(k), (7 << 16) | 2).unwrap();
+        k += 1;
+    }
+    let mut full = V2::open(&cg.0).unwrap();
+    let e = grant_all(
+        &mut full,
+        &[node("/dev/nvidia0", 195, 0), node("/dev/nvidia1", 195, 1)],
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("libvirt's device map is full (64 of 64 entries)"),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("granting /dev/nvidia1 (195:1)"),
+        "{e}"
+    );
+    assert_eq!(
+        bpf::map_lookup_u32(map.as_fd(), 195u64 << 32).unwrap(),
+        None,
+        "partial grant undone"
+    );
+    let _ = map.as_raw_fd();
+}
+
+#[test]
+fn foreign_program_is_refused() {
+    common::require_root();
+    let cg = Cg(unified_root().join(format!("gpuhook-test-v2f-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let cgfd = nix::fcntl::open(
+        &cg.0,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    // A deny-all program with no map: gpuhook cannot widen it and says so.
+    let insns = [
+        bpf::Insn {
+            code: 0xb7,
+            regs: 0,
+            off: 0,
+            imm: 0,
+        },
+        bpf::Insn {
+            code: 0x95,
+            regs: 0,
+            off: 0,
+            imm: 0,
+        },
+    ];
+    let prog = bpf::prog_load(bpf::BPF_PROG_TYPE_CGROUP_DEVICE, &insns, "GPL").unwrap();
+    bpf::prog_attach(cgfd.as_fd(), prog.as_fd(), bpf::BPF_CGROUP_DEVICE, 0).unwrap();
+    let e = V2::open(&cg.0).err().expect("must refuse");
+    assert!(
+        e.to_string().contains("none with libvirt's map layout"),
+        "{e}"
+    );
+    // A child cgroup restricted only by the parent's program: also refused.
+    let child = Cg(cg.0.join("child"));
+    std::fs::create_dir(&child.0).unwrap();
+    let e = V2::open(&child.0).err().expect("must refuse");
+    assert!(
+        e.to_string()
+            .contains("restricted by 1 program(s) of a parent cgroup"),
+        "{e}"
+    );
+    drop(child);
+}

@@ -1,0 +1,170 @@
+//! Helpers shared by the integration tests: fake hosts in temporary directories, a config
+//! pointing at them, and the built `gpuhook` binary driven as libvirt drives it.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use testbed::FakeHost;
+
+/// The gpuhook binary under test: `$GPUHOOK_TEST_BIN` (e.g. the installed /usr/bin/gpuhook),
+/// else the one cargo built for this test run.
+pub fn bin() -> PathBuf {
+    std::env::var_os("GPUHOOK_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpuhook")))
+}
+
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests make real device nodes and cgroups: run them as root"
+    );
+}
+
+/// A fake host with its config file and state path, in a temp dir.
+pub struct Host {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub state: PathBuf,
+}
+
+impl Host {
+    pub fn new(fake: FakeHost) -> Host {
+        Self::with(fake, |_| {})
+    }
+
+    /// Like `new`, with a chance to change the config JSON.
+    pub fn with(fake: FakeHost, edit: impl FnOnce(&mut serde_json::Value)) -> Host {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("gpuhook-test-")
+            .tempdir()
+            .expect("tempdir");
+        let paths = fake.create(&dir.path().join("host")).expect("fake host");
+        let state = dir.path().join("run/state.json");
+        let mut cfg = paths.config(&state);
+        edit(&mut cfg);
+        let config = dir.path().join("config.json");
+        write_config(&config, &cfg.to_string());
+        Host { dir, config, state }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(bin());
+        c.env("GPUHOOK_CONFIG", &self.config)
+            .env_remove("GPUHOOK_VERBOSE");
+        c
+    }
+
+    /// `gpuhook hook NAME OP SUBOP -` with `xml` on stdin.
+    pub fn hook(&self, name: &str, op: &str, xml: &str) -> Output {
+        let subop = if matches!(op, "stopped" | "release") {
+            "end"
+        } else {
+            "begin"
+        };
+        run_with_stdin(self.cmd().args(["hook", name, op, subop, "-"]), xml)
+    }
+
+    pub fn list(&self) -> serde_json::Value {
+        let o = self.cmd().args(["list", "--json"]).output().expect("list");
+        assert!(
+            o.status.success(),
+            "list failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout).expect("list json")
+    }
+
+    /// PCI addresses each domain holds, per `list --json`.
+    pub fn holders(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        let mut m: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for g in self.list()["gpus"].as_array().expect("gpus") {
+            if let Some(d) = g["holder"]["domain"].as_str() {
+                m.entry(d.to_owned())
+                    .or_default()
+                    .push(g["pci"].as_str().expect("pci").to_owned());
+            }
+        }
+        m
+    }
+}
+
+pub fn write_config(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("config");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+}
+
+pub fn run_with_stdin(cmd: &mut Command, input: &str) -> Output {
+    run_with_bytes(cmd, input.as_bytes())
+}
+
+pub fn run_with_bytes(cmd: &mut Command, input: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let data = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&data);
+    });
+    let out = child.wait_with_output().expect("wait");
+    let _ = writer.join();
+    out
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A deterministic UUID for test domain `n`.
+pub fn uuid(n: u32) -> String {
+    format!("{n:08x}-0000-4000-8000-{n:012x}")
+}
+
+/// A domain XML as libvirt formats it for the hook, with `meta` inside `<metadata>`.
+pub fn domain(name: &str, n: u32, meta: &str) -> String {
+    format!(
+        "<domain type='lxc'>\n  <name>{name}</name>\n  <uuid>{}</uuid>\n  <metadata>\n    {meta}\n  </metadata>\n  <memory unit='KiB'>65536</memory>\n  <currentMemory unit='KiB'>65536</currentMemory>\n  <vcpu placement='static'>1</vcpu>\n  <os>\n    <type arch='x86_64'>exe</type>\n    <init>/bin/sh</init>\n  </os>\n  <devices>\n    <emulator>/usr/lib/libvirt/libvirt_lxc</emulator>\n    <filesystem type='mount'>\n      <source dir='/'/>\n      <target dir='/'/>\n    </filesystem>\n  </devices>\n</domain>\n",
+        uuid(n)
+    )
+}
+
+pub fn gpus(attrs: &str) -> String {
+    format!(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" {attrs}/>"#)
+}
+
+/// Asserts a hook failure: exit 1, exactly one line on stderr naming the domain, containing `needle`.
+pub fn assert_fails(o: &Output, name: &str, needle: &str) {
+    let e = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "expected failure, got {:?}; stderr: {e}",
+        o.status
+    );
+    assert_eq!(e.trim_end().lines().count(), 1, "not one line: {e:?}");
+    assert!(
+        e.starts_with(&format!("gpuhook: domain '{name}': ")),
+        "does not name the domain: {e}"
+    );
+    assert!(e.contains(needle), "{e:?} lacks {needle:?}");
+}
+
+pub fn assert_ok(o: &Output) {
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "expected success; stderr: {}",
+        stderr(o)
+    );
+}

@@ -1,0 +1,578 @@
+//! The hook driven as libvirt drives it (`gpuhook hook NAME OP SUBOP -`, XML on stdin),
+//! against fake hosts: every request form of the SPEC, idempotency, release safety,
+//! malformed input, broken config and state, stale reservations, contention.
+
+mod common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use testbed::FakeHost;
+
+const NS: &str = r#"xmlns:gpu="urn:gpuhook:gpu:1""#;
+
+#[test]
+fn blueprint_flavor_reserves_two_fermi() {
+    let h = Host::new(FakeHost::blueprint());
+    let meta = format!(
+        r#"<gpu:gpus {NS}><gpu:extra_spec name="gpus">= 2</gpu:extra_spec><gpu:extra_spec name="gpu_arch">s== fermi</gpu:extra_spec><gpu:extra_spec name="hypervisor_type">s== LXC</gpu:extra_spec></gpu:gpus>"#
+    );
+    let xml = domain("cg1", 1, &meta);
+    assert_ok(&h.hook("cg1", "prepare", &xml));
+    assert_ok(&h.hook("cg1", "start", &xml));
+    let l = h.list();
+    for g in l["gpus"].as_array().unwrap() {
+        assert_eq!(g["holder"]["domain"], "cg1");
+        assert_eq!(g["holder"]["uuid"], uuid(1));
+        assert_eq!(g["arch"], "fermi");
+        assert_eq!(g["model"], "Tesla M2050");
+    }
+    assert_ok(&h.hook("cg1", "stopped", &xml));
+    assert_ok(&h.hook("cg1", "release", &xml));
+    assert!(h.holders().is_empty());
+}
+
+#[test]
+fn every_request_form() {
+    let h = Host::new(FakeHost::dgx8());
+    let l = h.list();
+    let g = l["gpus"].as_array().unwrap().clone();
+    let uuid5 = g[5]["uuid"].as_str().unwrap().to_owned();
+    let cases: Vec<(String, Vec<usize>)> = vec![
+        (gpus(""), vec![0]),
+        (gpus(r#"count="3""#), vec![0, 1, 2]),
+        (
+            gpus(r#"count="2" vendor="nvidia" arch="HOPPER" model="h100""#),
+            vec![0, 1],
+        ),
+        (
+            format!(r#"<gpu:gpus {NS}><gpu:device pci="0000:9c:00.0"/></gpu:gpus>"#),
+            vec![5],
+        ),
+        (
+            format!(r#"<gpu:gpus {NS}><gpu:device uuid="{uuid5}"/></gpu:gpus>"#),
+            vec![5],
+        ),
+        (
+            format!(r#"<gpu:gpus {NS}><gpu:device index="6"/><gpu:device index="7"/></gpu:gpus>"#),
+            vec![6, 7],
+        ),
+        (
+            format!(r#"<gpu:gpus {NS} count="2"><gpu:device index="4"/></gpu:gpus>"#),
+            vec![4, 5],
+        ),
+        (
+            format!(r#"<gpus xmlns="urn:gpuhook:gpu:1" count="2"/>"#),
+            vec![0, 1],
+        ),
+        (
+            format!(
+                r#"<gpu:gpus {NS}><gpu:extra_spec name="gpus">== 4</gpu:extra_spec><gpu:extra_spec name="gpu_vendor">&lt;or&gt; amd &lt;or&gt; nvidia</gpu:extra_spec></gpu:gpus>"#
+            ),
+            vec![0, 1, 2, 3],
+        ),
+        (
+            format!(
+                r#"<gpu:gpus {NS}><gpu:extra_spec name="gpus">&gt;= 1</gpu:extra_spec><gpu:extra_spec name="gpu_model">&lt;in&gt; H100</gpu:extra_spec><gpu:extra_spec name="gpu_arch">s!= fermi</gpu:extra_spec></gpu:gpus>"#
+            ),
+            vec![0],
+        ),
+    ];
+    for (i, (meta, want)) in cases.iter().enumerate() {
+        let name = format!("form{i}");
+        let xml = domain(&name, 100 + i as u32, meta);
+        let o = h.hook(&name, "prepare", &xml);
+        assert_ok(&o);
+        let held = h.holders();
+        let got: Vec<usize> = held[&name]
+            .iter()
+            .map(|p| g.iter().position(|x| x["pci"] == *p).unwrap())
+            .collect();
+        assert_eq!(&got, want, "case {i}: {meta}");
+        assert_ok(&h.hook(&name, "release", &xml));
+        assert!(h.holders().is_empty());
+    }
+}
+
+#[test]
+fn second_domain_beyond_free_fails_and_frees_nothing() {
+    let h = Host::new(FakeHost::blueprint());
+    let a = domain("a", 1, &gpus(r#"count="1""#));
+    let b = domain("b", 2, &gpus(r#"count="2""#));
+    assert_ok(&h.hook("a", "prepare", &a));
+    let before = std::fs::read(&h.state).unwrap();
+    let o = h.hook("b", "prepare", &b);
+    assert_fails(
+        &o,
+        "b",
+        "cannot reserve 2 GPUs: only 1 of the host's 2 matching GPUs is free: 1 held by 'a'",
+    );
+    assert_eq!(
+        std::fs::read(&h.state).unwrap(),
+        before,
+        "a failed prepare changes nothing"
+    );
+    // libvirt then calls stopped + release for b: a's reservation must survive.
+    assert_ok(&h.hook("b", "stopped", &b));
+    assert_ok(&h.hook("b", "release", &b));
+    assert_eq!(h.holders().get("a").map(Vec::len), Some(1));
+    assert_eq!(h.holders().len(), 1);
+}
+
+#[test]
+fn prepare_is_idempotent_and_release_of_unknown_is_noop() {
+    let h = Host::new(FakeHost::dgx8());
+    let x = domain("x", 1, &gpus(r#"count="2""#));
+    assert_ok(&h.hook("x", "prepare", &x));
+    let first = h.holders()["x"].clone();
+    assert_ok(&h.hook("x", "prepare", &x));
+    assert_eq!(h.holders()["x"], first);
+    let ghost = domain("ghost", 9, &gpus(""));
+    let before = std::fs::read(&h.state).unwrap();
+    assert_ok(&h.hook("ghost", "release", &ghost));
+    assert_ok(&h.hook("ghost", "stopped", &ghost));
+    assert_eq!(std::fs::read(&h.state).unwrap(), before);
+    // The request changed while stopped: a second prepare follows it.
+    let x3 = domain("x", 1, &gpus(r#"count="3""#));
+    assert_ok(&h.hook("x", "prepare", &x3));
+    assert_eq!(h.holders()["x"].len(), 3);
+}
+
+#[test]
+fn start_checks_the_reservation() {
+    let h = Host::new(FakeHost::blueprint());
+    let x = domain("x", 1, &gpus(""));
+    assert_fails(&h.hook("x", "start", &x), "x", "holds no GPU reservation");
+    assert_ok(&h.hook("x", "prepare", &x));
+    assert_ok(&h.hook("x", "start", &x));
+    // The GPU vanished between prepare and start (driver unloaded): start refuses.
+    let pci = &h.holders()["x"][0];
+    std::fs::remove_file(
+        h.root()
+            .join(format!("host/proc/driver/nvidia/gpus/{pci}/information")),
+    )
+    .unwrap();
+    assert_fails(
+        &h.hook("x", "start", &x),
+        "x",
+        &format!("reserved GPU {pci} cannot be used"),
+    );
+}
+
+#[test]
+fn excluded_and_unusable_are_never_given() {
+    let h = Host::with(FakeHost::mixed(), |c| {
+        c["exclude"] = serde_json::json!(["0000:17:00.0"])
+    });
+    let o = h.hook("n", "prepare", &domain("n", 1, &gpus(r#"vendor="nvidia""#)));
+    assert_fails(&o, "n", "only 0 of the host's 2 matching GPUs are free: 1 excluded, 1 unusable (0000:65:00.0: NVIDIA driver has no");
+    let o = h.hook(
+        "n",
+        "prepare",
+        &domain(
+            "n",
+            1,
+            &format!(r#"<gpu:gpus {NS}><gpu:device pci="0000:17:00.0"/></gpu:gpus>"#),
+        ),
+    );
+    assert_fails(
+        &o,
+        "n",
+        "GPU 0000:17:00.0 (pci 0000:17:00.0) is excluded by the host config",
+    );
+    let l = h.list();
+    assert_eq!(l["gpus"][1]["excluded"], true);
+    assert!(l["gpus"][4]["problem"]
+        .as_str()
+        .unwrap()
+        .contains("driver not loaded"));
+    assert_ok(&h.hook("a", "prepare", &domain("a", 2, &gpus(r#"vendor="amd""#))));
+    assert_eq!(h.holders()["a"], vec!["0000:31:00.0"]);
+}
+
+#[test]
+fn malformed_requests_are_one_line_and_reserve_nothing() {
+    let h = Host::new(FakeHost::blueprint());
+    let cases = [
+        (gpus(r#"count="0""#), "count must be at least 1"),
+        (gpus(r#"count="-1""#), "negative"),
+        (gpus(r#"count="100000""#), "too large"),
+        (gpus(r#"count="3""#), "cannot reserve 3 GPUs"),
+        (gpus(r#"size="2""#), "unknown attribute 'size'"),
+        (gpus(r#"vendor="nvidia" vendor="amd""#), "malformed XML"),
+        (
+            gpus(r#"arch="kepler""#),
+            "only 0 of the host's 0 matching GPUs",
+        ),
+        (
+            format!(r#"<gpu:gpus {NS}/><gpu:gpus {NS}/>"#),
+            "more than one gpuhook <gpus>",
+        ),
+        (
+            format!(
+                r#"<gpu:gpus {NS} count="1"><gpu:device index="0"/><gpu:device index="1"/></gpu:gpus>"#
+            ),
+            "less than the 2",
+        ),
+        (
+            format!(r#"<gpu:gpus {NS}><gpu:device index="7"/></gpu:gpus>"#),
+            "no GPU with index 7",
+        ),
+        (
+            format!(
+                r#"<gpu:gpus {NS}><gpu:extra_spec name="gpus">= two</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "not a whole number",
+        ),
+        (
+            format!(
+                r#"<gpu:gpus {NS}><gpu:extra_spec name="gpu_arch">== fermi</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "compares numbers",
+        ),
+        (
+            format!(
+                r#"<gpu:gpus {NS} count="2"><gpu:extra_spec name="gpus">= 1</gpu:extra_spec></gpu:gpus>"#
+            ),
+            "contradicts",
+        ),
+        (
+            format!(r#"<gpu:gpus {NS}><gpu:gpus/></gpu:gpus>"#),
+            "unknown gpuhook element <gpus> inside",
+        ),
+        (
+            format!(r#"<gpu:gpus {NS}>&xxe;</gpu:gpus>"#),
+            "entities are not allowed",
+        ),
+        (format!(r#"<gpu:gpus {NS}>"#), "malformed XML"),
+    ];
+    for (meta, needle) in cases {
+        let o = h.hook("bad", "prepare", &domain("bad", 7, &meta));
+        assert_fails(&o, "bad", needle);
+    }
+    let o = h.hook("bad", "prepare", "<!DOCTYPE x [<!ENTITY a SYSTEM 'file:///etc/shadow'>]><domain><name>&a;</name><metadata><gpu:gpus xmlns:gpu='urn:gpuhook:gpu:1'/></metadata></domain>");
+    assert_fails(&o, "bad", "document type declarations are not allowed");
+    let bytes = domain("bad", 7, &gpus(""))
+        .replace("<name>bad</name>", "<name>b\u{1}ad</name>")
+        .into_bytes();
+    let bytes: Vec<u8> = bytes
+        .into_iter()
+        .map(|b| if b == 1 { 0xff } else { b })
+        .collect();
+    let o = run_with_bytes(
+        h.cmd().args(["hook", "bad", "prepare", "begin", "-"]),
+        &bytes,
+    );
+    assert_fails(&o, "bad", "domain XML is not valid UTF-8");
+    assert!(h.holders().is_empty());
+    assert!(
+        !h.state.exists(),
+        "nothing was ever reserved, so no state file"
+    );
+}
+
+#[test]
+fn non_gpu_domains_untouched_by_broken_config_and_state() {
+    let h = Host::new(FakeHost::blueprint());
+    let plain = "<domain type='lxc'><name>plain</name><uuid>11111111-2222-4333-8444-555555555555</uuid><metadata><nova:instance xmlns:nova='http://openstack.org/xmlns/libvirt/nova/1.1'/></metadata></domain>";
+    write_config(&h.config, "{ this is not json");
+    std::fs::create_dir_all(h.state.parent().unwrap()).unwrap();
+    std::fs::write(&h.state, "garbage").unwrap();
+    for op in [
+        "prepare",
+        "start",
+        "started",
+        "stopped",
+        "release",
+        "reconnect",
+    ] {
+        let o = h.hook("plain", op, plain);
+        assert_ok(&o);
+        assert!(o.stderr.is_empty(), "{op}: {}", stderr(&o));
+    }
+    // The same with no config file at all and an unreadable state directory.
+    let o = run_with_stdin(
+        std::process::Command::new(bin())
+            .env("GPUHOOK_CONFIG", "/nonexistent/config.json")
+            .args(["hook", "plain", "prepare", "begin", "-"]),
+        plain,
+    );
+    assert_ok(&o);
+    // A GPU domain gets the config's error, naming the file.
+    let o = h.hook("g", "prepare", &domain("g", 1, &gpus("")));
+    assert_fails(&o, "g", &format!("config {}: ", h.config.display()));
+    assert_eq!(std::fs::read(&h.state).unwrap(), b"garbage");
+}
+
+#[test]
+fn corrupt_state_fails_gpu_starts_and_is_never_reset() {
+    let h = Host::new(FakeHost::blueprint());
+    std::fs::create_dir_all(h.state.parent().unwrap()).unwrap();
+    std::fs::set_permissions(
+        h.state.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    let xml = domain("g", 1, &gpus(""));
+    for (text, needle) in [
+        ("{\"version\": 1, \"reserv", "is corrupt"),
+        ("{\"version\": 7, \"reservations\": {}}", "has version 7"),
+        ("", "is corrupt"),
+    ] {
+        std::fs::write(&h.state, text).unwrap();
+        std::fs::set_permissions(&h.state, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let o = h.hook("g", "prepare", &xml);
+        assert_fails(&o, "g", needle);
+        assert!(stderr(&o).contains(&h.state.display().to_string()));
+        // stopped/release exit 0 but do not touch it either.
+        assert_ok(&h.hook("g", "release", &xml));
+        assert_eq!(std::fs::read_to_string(&h.state).unwrap(), text);
+        let o = h.cmd().args(["list"]).output().unwrap();
+        assert_eq!(o.status.code(), Some(1));
+    }
+    std::fs::remove_file(&h.state).unwrap();
+    assert_ok(&h.hook("g", "prepare", &xml));
+}
+
+#[test]
+fn unsafe_state_paths_refused() {
+    let h = Host::new(FakeHost::blueprint());
+    let dir = h.state.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let xml = domain("g", 1, &gpus(""));
+    std::os::unix::fs::symlink("/etc/passwd", &h.state).unwrap();
+    assert_fails(&h.hook("g", "prepare", &xml), "g", "is a symlink");
+    std::fs::remove_file(&h.state).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_fails(
+        &h.hook("g", "prepare", &xml),
+        "g",
+        "lets group or others write it",
+    );
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_ok(&h.hook("g", "prepare", &xml));
+    nix::unistd::chown(&h.state, Some(nix::unistd::Uid::from_raw(1000)), None).unwrap();
+    // release always exits 0 (the error is logged); the next start names the cause.
+    assert_ok(&h.hook("g", "release", &xml));
+    assert_fails(
+        &h.hook("g2", "prepare", &domain("g2", 2, &gpus(""))),
+        "g2",
+        "owned by uid 1000",
+    );
+}
+
+#[test]
+fn stale_prepared_reservation_is_reclaimed() {
+    let h = Host::new(FakeHost::blueprint());
+    // Prepared by a parent that is gone (a shell that exits), no container: abandoned.
+    let xml = domain("gone", 1, &gpus(r#"count="2""#));
+    let o = run_with_stdin(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{} hook gone prepare begin - ; exit $?",
+                bin().display()
+            ))
+            .env("GPUHOOK_CONFIG", &h.config),
+        &xml,
+    );
+    assert_ok(&o);
+    assert_eq!(h.holders()["gone"].len(), 2);
+    let l = h.list();
+    assert!(
+        l["reservations"][0]["stale"]
+            .as_str()
+            .unwrap()
+            .contains("which is gone"),
+        "{l}"
+    );
+    // A new prepare reclaims it.
+    assert_ok(&h.hook("new", "prepare", &domain("new", 2, &gpus(r#"count="2""#))));
+    assert_eq!(h.holders().keys().collect::<Vec<_>>(), vec!["new"]);
+    // A reservation whose preparer is alive is never reclaimed.
+    assert_fails(
+        &h.hook("third", "prepare", &domain("third", 3, &gpus(""))),
+        "third",
+        "held by 'new'",
+    );
+}
+
+#[test]
+fn cli_check_and_release() {
+    let h = Host::new(FakeHost::blueprint());
+    let dir = h.root();
+    let f = dir.join("d.xml");
+    std::fs::write(&f, domain("c", 1, &gpus(r#"count="2""#))).unwrap();
+    let o = h
+        .cmd()
+        .args(["check", f.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("would get:")
+            && out.contains("0000:07:00.0")
+            && out.contains("/dev/nvidia1 (195:1)")
+            && out.contains("/dev/nvidiactl (195:255)"),
+        "{out}"
+    );
+    assert!(h.holders().is_empty(), "check is a dry run");
+    assert_ok(&h.hook("c", "prepare", &std::fs::read_to_string(&f).unwrap()));
+    let o = run_with_stdin(h.cmd().args(["check", "-"]), &domain("d", 2, &gpus("")));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("not satisfiable now"));
+    let o = run_with_stdin(
+        h.cmd().args(["check"]),
+        "<domain><name>p</name><uuid>11111111-2222-4333-8444-555555555555</uuid></domain>",
+    );
+    assert_ok(&o);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("asks for no GPUs"));
+    let o = h.cmd().args(["release", &uuid(1)]).output().unwrap();
+    assert_ok(&o);
+    assert!(String::from_utf8_lossy(&o.stdout)
+        .contains("released 0000:07:00.0,0000:08:00.0 of domain 'c'"));
+    assert!(h.holders().is_empty());
+    assert_ok(&h.hook("c", "prepare", &std::fs::read_to_string(&f).unwrap()));
+    assert_ok(&h.cmd().args(["release", "c"]).output().unwrap());
+    assert!(h.holders().is_empty());
+    let o = h.cmd().args(["release", "nobody"]).output().unwrap();
+    assert_ok(&o);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to release"));
+}
+
+#[test]
+fn cli_basics() {
+    let o = std::process::Command::new(bin())
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        format!("gpuhook {}", env!("CARGO_PKG_VERSION"))
+    );
+    let o = std::process::Command::new(bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    for w in ["list", "check", "release", "hook"] {
+        assert!(String::from_utf8_lossy(&o.stdout).contains(w));
+    }
+    let o = std::process::Command::new(bin())
+        .arg("frobnicate")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    // argv[0] = …/lxc: hook mode without the `hook` word.
+    let dir = tempfile::tempdir().unwrap();
+    let lxc = dir.path().join("lxc");
+    std::os::unix::fs::symlink(bin(), &lxc).unwrap();
+    let o = run_with_stdin(
+        std::process::Command::new(&lxc)
+            .args(["x", "prepare", "begin", "-"])
+            .env("GPUHOOK_CONFIG", "/nonexistent"),
+        "<domain/>",
+    );
+    assert_ok(&o);
+    std::fs::create_dir(dir.path().join("lxc.d")).unwrap();
+    let d = dir.path().join("lxc.d/50-gpuhook");
+    std::os::unix::fs::symlink(bin(), &d).unwrap();
+    let o = run_with_stdin(
+        std::process::Command::new(&d)
+            .args(["x", "prepare", "begin", "-"])
+            .env("GPUHOOK_CONFIG", "/nonexistent"),
+        &domain("x", 1, &gpus("")),
+    );
+    assert_fails(&o, "x", "config /nonexistent");
+}
+
+#[test]
+fn list_json_schema() {
+    let h = Host::new(FakeHost::mixed());
+    assert_ok(&h.hook("m", "prepare", &domain("m", 1, &gpus(r#"vendor="amd""#))));
+    let l = h.list();
+    let g = &l["gpus"][2];
+    for k in [
+        "index",
+        "pci",
+        "vendor",
+        "model",
+        "arch",
+        "uuid",
+        "numa_node",
+        "devices",
+        "excluded",
+        "holder",
+    ] {
+        assert!(g.get(k).is_some(), "missing {k}: {g}");
+    }
+    assert_eq!(g["index"], 2);
+    assert_eq!(g["pci"], "0000:31:00.0");
+    assert_eq!(g["vendor"], "amd");
+    assert_eq!(g["model"], "Instinct MI210");
+    assert_eq!(g["arch"], "cdna2");
+    assert_eq!(g["uuid"], serde_json::Value::Null);
+    assert_eq!(g["numa_node"], 0);
+    assert_eq!(
+        g["devices"],
+        serde_json::json!(["/dev/dri/card1", "/dev/dri/renderD129"])
+    );
+    assert_eq!(
+        g["holder"],
+        serde_json::json!({"domain": "m", "uuid": uuid(1), "phase": "prepared"})
+    );
+    assert_eq!(l["gpus"][1]["uuid"].as_str().unwrap().len(), 40);
+    assert_eq!(l["gpus"][1]["holder"], serde_json::Value::Null);
+}
+
+#[test]
+fn concurrent_prepares_never_double_allocate() {
+    let h = Host::new(FakeHost::dgx8());
+    let n = 64;
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            let name = format!("c{i}");
+            let xml = domain(&name, 1000 + i, &gpus(""));
+            let mut child = h
+                .cmd()
+                .args(["hook", &name, "prepare", "begin", "-"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(xml.as_bytes())
+                .unwrap();
+            child
+        })
+        .collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let ok = outs.iter().filter(|o| o.status.success()).count();
+    assert_eq!(ok, 8, "exactly the satisfiable ones succeed");
+    for o in outs.iter().filter(|o| !o.status.success()) {
+        let e = stderr(o);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(
+            e.contains(
+                "cannot reserve 1 GPU: only 0 of the host's 8 matching GPUs are free: 8 held by"
+            ),
+            "{e}"
+        );
+    }
+    let held = h.holders();
+    let mut all: Vec<String> = held.values().flatten().cloned().collect();
+    all.sort();
+    let before = all.len();
+    all.dedup();
+    assert_eq!(all.len(), before, "a GPU in two reservations");
+    assert_eq!(all.len(), 8);
+}
