@@ -380,7 +380,8 @@ fn drop_capabilities() -> Result<(), String> {
     Ok(())
 }
 
-/// Opens a directory entry without following a symlink. Errors read "is a symlink", etc.
+/// Opens a directory entry without following a symlink. Errors read "is a symlink; …",
+/// "is a regular file, not a directory", ": <errno>".
 fn open_dir(parent: &OwnedFd, name: &str) -> Result<OwnedFd, String> {
     openat(
         parent,
@@ -389,8 +390,16 @@ fn open_dir(parent: &OwnedFd, name: &str) -> Result<OwnedFd, String> {
         Mode::empty(),
     )
     .map_err(|e| match e {
-        Errno::ELOOP => "is a symlink; refusing to follow it".to_owned(),
-        Errno::ENOTDIR => "is not a directory".to_owned(),
+        // O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR (or ELOOP): say what it is.
+        Errno::ELOOP | Errno::ENOTDIR => {
+            match fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                    "is a symlink; refusing to follow it".to_owned()
+                }
+                Ok(st) => format!("is {}, not a directory", describe(&st)),
+                Err(e) => format!(": {e}"),
+            }
+        }
         e => format!(": {e}"),
     })
 }

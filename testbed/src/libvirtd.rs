@@ -336,7 +336,8 @@ impl DomainSpec {
             .unwrap_or_default();
         let idmap = self
             .idmap
-            .map(|t| format!("  <idmap>\n    <uid start='0' target='{t}' count='65536'/>\n    <gid start='0' target='{t}' count='65536'/>\n  </idmap>\n"))
+            // A user namespace cannot mount sysfs for a network namespace it does not own.
+            .map(|t| format!("  <features><privnet/></features>\n  <idmap>\n    <uid start='0' target='{t}' count='65536'/>\n    <gid start='0' target='{t}' count='65536'/>\n  </idmap>\n"))
             .unwrap_or_default();
         format!(
             "<domain type='lxc'>\n  <name>{}</name>\n{uuid}  <memory unit='KiB'>65536</memory>\n  <vcpu>1</vcpu>\n  <metadata>{}</metadata>\n  <os>\n    <type>exe</type>\n    <init>/bin/sh</init>\n    <initarg>-c</initarg>\n    <initarg>{}</initarg>\n  </os>\n{idmap}  <devices><console type='pty'/></devices>\n</domain>\n",
