@@ -135,9 +135,10 @@ pub enum LibvirtCommand {
         /// Remove the GPU request instead
         #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid"])]
         clear: bool,
-        /// Change only the persistent definition (default: also the live one when running)
+        /// Also change the live definition of a running domain (its GPUs change only at its
+        /// next start either way; the live request guides reconnect)
         #[arg(long)]
-        config_only: bool,
+        live: bool,
     },
 }
 

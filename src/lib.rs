@@ -18,6 +18,7 @@ pub mod inventory;
 pub mod log;
 pub mod metadata;
 pub mod procfs;
+pub mod reconcile;
 pub mod state;
 
 pub use error::Error;

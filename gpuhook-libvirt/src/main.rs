@@ -1,1 +1,216 @@
-fn main() {}
+//! `gpuhook-libvirt`: gpuhook's companion that talks to libvirt (the hook itself never may:
+//! libvirtd holds the domain lock while it runs).
+//!
+//! - `reconcile [--dry-run]`: free reservations of domains libvirt no longer runs.
+//! - `request DOMAIN --count N …`: set (or `--clear`) a defined domain's GPU request through
+//!   `virDomainSetMetadata`, validated by the hook's own parser.
+
+use clap::Parser;
+use gpuhook::cli::{LibvirtCli, LibvirtCommand};
+use gpuhook::config::Config;
+use gpuhook::metadata::{self, NS};
+use gpuhook::procfs::ProcRef;
+use gpuhook::reconcile;
+use gpuhook::state::Store;
+use std::collections::HashSet;
+use std::process::ExitCode;
+use virt::connect::Connect;
+use virt::domain::Domain;
+use virt::sys;
+
+fn main() -> ExitCode {
+    let cli = LibvirtCli::parse();
+    if let Some(c) = &cli.config {
+        std::env::set_var(gpuhook::config::ENV, c);
+    }
+    let r = match cli.command {
+        LibvirtCommand::Reconcile { dry_run } => reconcile(&cli.connect, dry_run),
+        LibvirtCommand::Request { domain, count, arch, vendor, model, device, capabilities, mode, uid, gid, clear, live } => {
+            let attrs = Attrs { count, arch, vendor, model, device, capabilities, mode, uid, gid };
+            request(&cli.connect, &domain, if clear { None } else { Some(attrs) }, live)
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpuhook-libvirt: {e}");
+            gpuhook::log::error(&format!("gpuhook-libvirt: {e}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn connect(uri: &str) -> Result<Connect, String> {
+    Connect::open(Some(uri)).map_err(|e| format!("cannot connect to {uri}: {e}"))
+}
+
+fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
+    let cfg = Config::load().map_err(|e| e.to_string())?;
+    let store = Store::new(&cfg.state_file);
+    let conn = connect(uri)?;
+    let active: HashSet<String> = conn
+        .list_all_domains(sys::VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+        .map_err(|e| format!("listing domains: {e}"))?
+        .iter()
+        .filter_map(|d| d.uuid_string().ok())
+        .map(|u| u.to_ascii_lowercase())
+        .collect();
+    let alive = |p: &ProcRef| p.alive();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let world = reconcile::World { active: &active, now, alive: &alive };
+    let freed = if dry_run {
+        let st = store.read().map_err(|e| e.to_string())?;
+        reconcile::plan(&st, &world)
+            .into_iter()
+            .map(|(u, why)| (st.reservations[&u].clone(), why))
+            .collect::<Vec<_>>()
+    } else {
+        // Decide again under the lock: a domain that started meanwhile is kept.
+        store
+            .update(|st| {
+                let plan = reconcile::plan(st, &world);
+                Ok::<_, gpuhook::Error>(plan.into_iter().filter_map(|(u, why)| st.reservations.remove(&u).map(|r| (r, why))).collect::<Vec<_>>())
+            })
+            .map_err(|e| e.to_string())?
+    };
+    let verb = if dry_run { "would free" } else { "freed" };
+    for (r, why) in &freed {
+        let line = format!("{verb} {} of domain '{}' ({}): {why}", r.gpus.join(","), r.domain, r.uuid);
+        println!("{line}");
+        if !dry_run {
+            gpuhook::log::info(&format!("reconcile: {line}"));
+        }
+    }
+    if freed.is_empty() {
+        println!("nothing to free: every reservation belongs to a running or starting domain");
+    }
+    Ok(())
+}
+
+struct Attrs {
+    count: Option<u32>,
+    arch: Option<String>,
+    vendor: Option<String>,
+    model: Option<String>,
+    device: Vec<String>,
+    capabilities: Option<String>,
+    mode: Option<String>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&apos;")
+}
+
+/// The `<gpu:gpus>` element for the request.
+fn element(a: &Attrs) -> String {
+    let mut attrs = String::new();
+    let mut add = |k: &str, v: &Option<String>| {
+        if let Some(v) = v {
+            attrs.push_str(&format!(" {k}=\"{}\"", esc(v)));
+        }
+    };
+    add("count", &a.count.map(|c| c.to_string()));
+    add("vendor", &a.vendor);
+    add("arch", &a.arch);
+    add("model", &a.model);
+    add("capabilities", &a.capabilities);
+    add("mode", &a.mode);
+    add("uid", &a.uid.map(|c| c.to_string()));
+    add("gid", &a.gid.map(|c| c.to_string()));
+    let children: String = a
+        .device
+        .iter()
+        .map(|d| {
+            let key = if metadata::normalize_pci(d).is_some() { "pci" } else { "uuid" };
+            format!("<gpu:device {key}=\"{}\"/>", esc(d))
+        })
+        .collect();
+    if children.is_empty() {
+        format!("<gpu:gpus xmlns:gpu=\"{NS}\"{attrs}/>")
+    } else {
+        format!("<gpu:gpus xmlns:gpu=\"{NS}\"{attrs}>{children}</gpu:gpus>")
+    }
+}
+
+fn lookup(conn: &Connect, name: &str) -> Result<Domain, String> {
+    conn.lookup_domain_by_name(name)
+        .or_else(|_| conn.lookup_domain_by_uuid_string(name))
+        .map_err(|e| format!("no domain '{name}': {e}"))
+}
+
+fn request(uri: &str, name: &str, attrs: Option<Attrs>, live: bool) -> Result<(), String> {
+    let conn = connect(uri)?;
+    let dom = lookup(&conn, name)?;
+    let active = dom.is_active().map_err(|e| e.to_string())?;
+    let persistent = dom.is_persistent().map_err(|e| e.to_string())?;
+    let mut flags = 0;
+    if persistent {
+        flags |= sys::VIR_DOMAIN_AFFECT_CONFIG;
+    }
+    if active && (live || !persistent) {
+        flags |= sys::VIR_DOMAIN_AFFECT_LIVE;
+    }
+    let Some(a) = attrs else {
+        dom.set_metadata(sys::VIR_DOMAIN_METADATA_ELEMENT as i32, None, None, Some(NS), flags)
+            .map_err(|e| format!("domain '{name}': removing the GPU request: {e}"))?;
+        println!("domain '{name}' asks for no GPUs now");
+        return Ok(());
+    };
+    let elem = element(&a);
+    // Validate with the hook's own parser, in the domain's real XML (its <idmap> matters).
+    let xml = dom
+        .xml_desc(if persistent { sys::VIR_DOMAIN_XML_INACTIVE } else { 0 })
+        .map_err(|e| format!("domain '{name}': {e}"))?;
+    let probe = with_request(&xml, &elem);
+    let parsed = metadata::parse_domain(probe.as_bytes()).map_err(|e| format!("domain '{name}': {e}"))?;
+    let req = parsed.request.ok_or_else(|| format!("domain '{name}': request did not parse back"))?;
+    dom.set_metadata(sys::VIR_DOMAIN_METADATA_ELEMENT as i32, Some(&elem), Some("gpu"), Some(NS), flags)
+        .map_err(|e| format!("domain '{name}': setting the GPU request: {e}"))?;
+    let when = if active && flags & sys::VIR_DOMAIN_AFFECT_LIVE == 0 { " (from its next start)" } else { "" };
+    println!("domain '{name}' now asks for {req}{when}");
+    Ok(())
+}
+
+/// The domain XML with gpuhook's element in `<metadata>` (any earlier one removed).
+fn with_request(xml: &str, elem: &str) -> String {
+    let xml = match (xml.find("<metadata>"), xml.find("</metadata>")) {
+        (Some(a), Some(b)) if b > a => {
+            let inner = &xml[a + "<metadata>".len()..b];
+            let kept = if metadata::mentions_gpuhook(inner.as_bytes()) { String::new() } else { inner.to_owned() };
+            format!("{}<metadata>{kept}{elem}</metadata>{}", &xml[..a], &xml[b + "</metadata>".len()..])
+        }
+        _ => match xml.rfind("</domain>") {
+            Some(i) => format!("{}<metadata>{elem}</metadata>{}", &xml[..i], &xml[i..]),
+            None => xml.to_owned(),
+        },
+    };
+    xml
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_forms() {
+        let a = Attrs {
+            count: Some(2),
+            arch: Some("fermi".into()),
+            vendor: None,
+            model: Some("M<2050".into()),
+            device: vec!["0000:07:00.0".into(), "GPU-abc".into()],
+            capabilities: None,
+            mode: None,
+            uid: None,
+            gid: None,
+        };
+        let e = element(&a);
+        assert_eq!(e, "<gpu:gpus xmlns:gpu=\"urn:gpuhook:gpu:1\" count=\"2\" arch=\"fermi\" model=\"M&lt;2050\"><gpu:device pci=\"0000:07:00.0\"/><gpu:device uuid=\"GPU-abc\"/></gpu:gpus>");
+        let dom = with_request("<domain type='lxc'><name>x</name><uuid>155e2a6a-e7c9-40ab-9e0e-8fd8636abd19</uuid></domain>", &e);
+        let r = metadata::parse_domain(dom.as_bytes()).unwrap().request.unwrap();
+        assert_eq!(r.count, 2);
+        assert_eq!(r.devices.len(), 2);
+    }
+}
