@@ -165,7 +165,7 @@ fn prepare(dom: &Domain, req: &Request) -> Result<(), Error> {
     let parent = procfs::parent();
     let now = now_rfc3339();
     let (gpus, notes) = store(&cfg).update(|st| -> Result<_, Error> {
-        let notes = reclaim_stale(st);
+        let mut notes = Vec::new();
         if let Some(r) = st.reservations.get_mut(&dom.uuid) {
             if satisfies(&inv, &r.gpus, req) {
                 r.phase = Phase::Prepared;
@@ -180,7 +180,18 @@ fn prepare(dom: &Domain, req: &Request) -> Result<(), Error> {
             }
             st.reservations.remove(&dom.uuid);
         }
-        let gpus = alloc::allocate(&inv.gpus, &st.held(None), req)?;
+        // Stale reservations (holder gone) are reclaimed only when the request does not fit
+        // otherwise: the common path reads no /proc file per reservation.
+        let gpus = match alloc::allocate(&inv.gpus, &st.held(None), req) {
+            Ok(g) => g,
+            Err(e) => {
+                notes = reclaim_stale(st);
+                if notes.is_empty() {
+                    return Err(e.into());
+                }
+                alloc::allocate(&inv.gpus, &st.held(None), req)?
+            }
+        };
         st.reservations.insert(
             dom.uuid.clone(),
             Reservation {

@@ -31,7 +31,12 @@ fn with_syslog(f: impl FnOnce(&mut Logger<LoggerBackend, Formatter3164>)) {
     }
 }
 
+fn clean(msg: &str) -> String {
+    crate::metadata::one_line(msg, 2000)
+}
+
 pub fn info(msg: &str) {
+    let msg = &clean(msg);
     with_syslog(|l| {
         let _ = l.info(msg);
     });
@@ -41,6 +46,7 @@ pub fn info(msg: &str) {
 }
 
 pub fn warn(msg: &str) {
+    let msg = &clean(msg);
     with_syslog(|l| {
         let _ = l.warning(msg);
     });
@@ -49,6 +55,7 @@ pub fn warn(msg: &str) {
 
 /// An error: one line on stderr (what libvirt shows the user) and in syslog.
 pub fn error(msg: &str) {
+    let msg = &clean(msg);
     with_syslog(|l| {
         let _ = l.err(msg);
     });

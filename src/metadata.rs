@@ -26,8 +26,33 @@ const MAX_VALUE: usize = 256;
 #[error("{0}")]
 pub struct ParseError(pub String);
 
+impl ParseError {
+    /// A one-line message: input quoted in it may hold newlines or control characters, which
+    /// are escaped, and it is bounded in length.
+    pub fn new(msg: impl Into<String>) -> ParseError {
+        ParseError(one_line(&msg.into(), 400))
+    }
+}
+
+/// Escapes control characters (so the text stays on one line) and truncates to `max` chars.
+pub fn one_line(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max));
+    for (i, c) in s.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn err<T>(msg: impl Into<String>) -> Result<T, ParseError> {
-    Err(ParseError(msg.into()))
+    Err(ParseError::new(msg))
 }
 
 /// Whether the document mentions gpuhook's namespace at all. libvirt formats the XML
@@ -260,7 +285,7 @@ pub fn parse_domain(xml: &[u8]) -> Result<Domain, ParseError> {
         return err(format!("domain XML is larger than {} MiB", MAX_XML >> 20));
     }
     let text = std::str::from_utf8(xml).map_err(|e| {
-        ParseError(format!(
+        ParseError::new(format!(
             "domain XML is not valid UTF-8 (byte {})",
             e.valid_up_to()
         ))
@@ -314,7 +339,7 @@ struct Parser {
 fn attr_value(a: &quick_xml::events::attributes::Attribute) -> Result<String, ParseError> {
     let v = a
         .normalized_value(XmlVersion::Implicit1_0)
-        .map_err(|e| ParseError(format!("bad attribute value: {e}")))?;
+        .map_err(|e| ParseError::new(format!("bad attribute value: {e}")))?;
     if v.len() > MAX_VALUE {
         return err(format!(
             "attribute '{}' is longer than {MAX_VALUE} bytes",
@@ -329,7 +354,7 @@ fn parse_u32(what: &str, s: &str) -> Result<u32, ParseError> {
         return err(format!("{what} '{s}' is not a non-negative whole number"));
     }
     s.parse::<u32>()
-        .map_err(|_| ParseError(format!("{what} '{s}' is out of range")))
+        .map_err(|_| ParseError::new(format!("{what} '{s}' is out of range")))
 }
 
 fn parse_mode(s: &str) -> Result<u32, ParseError> {
@@ -338,7 +363,8 @@ fn parse_mode(s: &str) -> Result<u32, ParseError> {
     {
         return err(format!("mode '{s}' is not an octal permission like 0660"));
     }
-    let m = u32::from_str_radix(digits, 8).map_err(|_| ParseError(format!("bad mode '{s}'")))?;
+    let m =
+        u32::from_str_radix(digits, 8).map_err(|_| ParseError::new(format!("bad mode '{s}'")))?;
     if m & !0o777 != 0 {
         return err(format!(
             "mode '{s}' sets setuid/setgid/sticky bits; only permission bits (0777) are allowed"
@@ -393,7 +419,7 @@ impl Parser {
         loop {
             let (ns, ev) = reader
                 .read_resolved_event()
-                .map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+                .map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
             let ns_is_ours = Self::in_ns(&ns);
             let ns_is_none = matches!(ns, ResolveResult::Unbound);
             match ev {
@@ -448,11 +474,11 @@ impl Parser {
         let name = self
             .name
             .take()
-            .ok_or_else(|| ParseError("domain XML has no <name>".into()))?;
+            .ok_or_else(|| ParseError::new("domain XML has no <name>"))?;
         let uuid = self
             .uuid
             .take()
-            .ok_or_else(|| ParseError("domain XML has no <uuid>".into()))?;
+            .ok_or_else(|| ParseError::new("domain XML has no <uuid>"))?;
         if let Some(r) = &request {
             if self.idmap.host_uid(r.uid).is_none() {
                 return err(format!(
@@ -525,11 +551,11 @@ impl Parser {
                     ));
                 }
                 for a in e.attributes() {
-                    let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+                    let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
                     if a.key.as_ref() == "id" {
                         let v = attr_value(&a)?;
                         self.id = Some(v.parse::<i32>().map_err(|_| {
-                            ParseError(format!("<domain id='{v}'> is not a number"))
+                            ParseError::new(format!("<domain id='{v}'> is not a number"))
                         })?);
                     }
                 }
@@ -599,7 +625,7 @@ impl Parser {
                         }
                         let mut name = None;
                         for a in e.attributes() {
-                            let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+                            let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
                             if is_xmlns(a.key.as_ref()) {
                                 continue;
                             }
@@ -615,7 +641,7 @@ impl Parser {
                             }
                         }
                         let name = name
-                            .ok_or_else(|| ParseError("<extra_spec> without name".into()))?;
+                            .ok_or_else(|| ParseError::new("<extra_spec> without name"))?;
                         if g.spec_keys.contains(&name) {
                             return err(format!("extra_spec '{name}' is given twice"));
                         }
@@ -647,7 +673,7 @@ impl Parser {
         let ctx = self
             .stack
             .pop()
-            .ok_or_else(|| ParseError("malformed XML: unexpected closing tag".into()))?;
+            .ok_or_else(|| ParseError::new("malformed XML: unexpected closing tag"))?;
         match ctx {
             Ctx::Name => {
                 let n = self.text.trim().to_owned();
@@ -658,7 +684,7 @@ impl Parser {
             }
             Ctx::Uuid => {
                 let u = normalize_uuid(&self.text).ok_or_else(|| {
-                    ParseError(format!("bad domain <uuid> '{}'", self.text.trim()))
+                    ParseError::new(format!("bad domain <uuid> '{}'", self.text.trim()))
                 })?;
                 self.uuid = Some(u);
             }
@@ -681,7 +707,7 @@ fn is_xmlns(key: &str) -> bool {
 fn parse_idmap_entry(e: &BytesStart) -> Result<IdRange, ParseError> {
     let (mut start, mut target, mut count) = (None, None, None);
     for a in e.attributes() {
-        let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+        let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
         let v = attr_value(&a)?;
         match a.key.as_ref() {
             "start" => start = Some(parse_u32("idmap start", &v)?),
@@ -706,7 +732,7 @@ fn parse_gpus_attrs(
     g: &mut GpusBuilder,
 ) -> Result<(), ParseError> {
     for a in e.attributes() {
-        let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+        let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
         if is_xmlns(a.key.as_ref()) {
             continue;
         }
@@ -715,7 +741,7 @@ fn parse_gpus_attrs(
             return err(format!("unknown attribute '{}' on <gpus>", a.key.as_ref()));
         }
         let v = attr_value(&a)?;
-        let bad = |m: String| ParseError(format!("<gpus {}>: {m}", key.as_ref()));
+        let bad = |m: String| ParseError::new(format!("<gpus {}>: {m}", key.as_ref()));
         match key.as_ref() {
             "count" => g.count_attr = Some(extra_specs::parse_positive_count(&v).map_err(bad)?),
             "vendor" => {
@@ -765,7 +791,7 @@ fn parse_gpus_attrs(
 fn parse_device(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<DeviceSel, ParseError> {
     let mut sel = None;
     for a in e.attributes() {
-        let a = a.map_err(|e| ParseError(format!("malformed XML: {e}")))?;
+        let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
         if is_xmlns(a.key.as_ref()) {
             continue;
         }
@@ -774,7 +800,7 @@ fn parse_device(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<DeviceSel, P
         let this = match (ans, key.as_ref()) {
             (ResolveResult::Unbound, "pci") => {
                 DeviceSel::Pci(normalize_pci(&v).ok_or_else(|| {
-                    ParseError(format!(
+                    ParseError::new(format!(
                         "<device pci='{v}'> is not a PCI address like 0000:3b:00.0"
                     ))
                 })?)
@@ -799,11 +825,11 @@ fn parse_device(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<DeviceSel, P
         }
         sel = Some(this);
     }
-    sel.ok_or_else(|| ParseError("<device> must name one of pci, uuid, index".into()))
+    sel.ok_or_else(|| ParseError::new("<device> must name one of pci, uuid, index"))
 }
 
 fn apply_extra_spec(g: &mut GpusBuilder, key: &str, value: &str) -> Result<(), ParseError> {
-    let bad = |m: String| ParseError(format!("extra_spec '{key}' ('{}'): {m}", value.trim()));
+    let bad = |m: String| ParseError::new(format!("extra_spec '{key}' ('{}'): {m}", value.trim()));
     match key {
         "gpus" => {
             let n = extra_specs::parse_count(value).map_err(bad)?;
@@ -1189,6 +1215,18 @@ mod tests {
         assert!(e.0.contains("UTF-8"));
         let big = vec![b' '; MAX_XML + 1];
         assert!(parse_domain(&big).unwrap_err().0.contains("larger"));
+    }
+
+    /// Found by the metadata fuzzer: control characters in quoted input made a two-line error.
+    #[test]
+    fn errors_stay_one_line() {
+        let xml = b"<domain type='lxc'><name>a</name><uuid>155\r\0\0\0\0\0\0\0c9-40ab-9e0e-8fd8636abd19</uuid></domain>";
+        let e = parse_domain(xml).unwrap_err();
+        assert!(e.0.starts_with("bad domain <uuid> '155\\n\\u{0}"), "{e:?}");
+        assert!(!e.0.contains('\n') && !e.0.contains('\0'));
+        let long = format!("<domain><name>{}</name></domain>", "x\n".repeat(5000));
+        let e = parse_domain(long.as_bytes()).unwrap_err();
+        assert!(e.0.chars().count() <= 401 && !e.0.contains('\n'), "{e:?}");
     }
 
     #[test]

@@ -51,7 +51,13 @@ mod tests {
     use super::*;
     use crate::state::{now_rfc3339, rfc3339};
 
-    fn res(uuid: &str, phase: Phase, init: Option<i32>, prep: Option<i32>, updated: i64) -> Reservation {
+    fn res(
+        uuid: &str,
+        phase: Phase,
+        init: Option<i32>,
+        prep: Option<i32>,
+        updated: i64,
+    ) -> Reservation {
         Reservation {
             domain: format!("d{uuid}"),
             uuid: uuid.into(),
@@ -72,21 +78,31 @@ mod tests {
         let now = 1_800_000_000;
         let mut st = State::default();
         for r in [
-            res("01", Phase::Running, Some(10), None, now),           // active in libvirt
-            res("02", Phase::Running, Some(11), None, now),           // inactive, init alive
-            res("03", Phase::Running, Some(12), None, now),           // inactive, init dead
-            res("04", Phase::Prepared, None, Some(20), now - 5),      // starting now
-            res("05", Phase::Prepared, None, Some(20), now - 3600),   // abandoned, libvirtd alive
-            res("06", Phase::Prepared, None, Some(21), now - 5),      // preparer gone
+            res("01", Phase::Running, Some(10), None, now), // active in libvirt
+            res("02", Phase::Running, Some(11), None, now), // inactive, init alive
+            res("03", Phase::Running, Some(12), None, now), // inactive, init dead
+            res("04", Phase::Prepared, None, Some(20), now - 5), // starting now
+            res("05", Phase::Prepared, None, Some(20), now - 3600), // abandoned, libvirtd alive
+            res("06", Phase::Prepared, None, Some(21), now - 5), // preparer gone
         ] {
             st.reservations.insert(r.uuid.clone(), r);
         }
         let active: HashSet<String> = ["01".to_string()].into();
         let alive = |p: &ProcRef| [10, 11, 20].contains(&p.pid);
-        let w = World { active: &active, now, alive: &alive };
+        let w = World {
+            active: &active,
+            now,
+            alive: &alive,
+        };
         let freed: Vec<String> = plan(&st, &w).into_iter().map(|(u, _)| u).collect();
         assert_eq!(freed, ["03", "05", "06"]);
-        assert_eq!(verdict(&st.reservations["04"], &w), Ok("domain is between prepare and started"));
-        assert_eq!(verdict(&st.reservations["02"], &w), Ok("its container init is still alive"));
+        assert_eq!(
+            verdict(&st.reservations["04"], &w),
+            Ok("domain is between prepare and started")
+        );
+        assert_eq!(
+            verdict(&st.reservations["02"], &w),
+            Ok("its container init is still alive")
+        );
     }
 }

@@ -783,6 +783,218 @@ fn killed_behind_libvirts_back(b: &mut Bed) {
     assert_eq!(b.holders().keys().collect::<Vec<_>>(), ["gh-k2"]);
 }
 
+/// The gpuhook-libvirt binary: `$GPUHOOK_TEST_LIBVIRT_BIN`, else beside the gpuhook just built.
+fn libvirt_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("GPUHOOK_TEST_LIBVIRT_BIN") {
+        return p.into();
+    }
+    let p = common::bin().with_file_name("gpuhook-libvirt");
+    assert!(
+        p.exists(),
+        "{} is missing: cargo build -p gpuhook-libvirt (cargo test --workspace builds it)",
+        p.display()
+    );
+    p
+}
+
+fn glv(b: &Bed, args: &[&str]) -> Output {
+    Command::new(libvirt_bin())
+        .arg("-c")
+        .arg(&b.d.uri)
+        .arg("--config")
+        .arg(b.config())
+        .args(args)
+        .output()
+        .expect("gpuhook-libvirt")
+}
+
+fn request_through_libvirt(b: &mut Bed) {
+    b.use_host(FakeHost::blueprint());
+    b.define(&DomainSpec::new("gh-req", ""));
+    let o = glv(b, &["request", "gh-req", "--count", "2", "--arch", "Fermi"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "domain 'gh-req' now asks for 2 GPUs, arch == fermi"
+    );
+    let xml = b.xml("gh-req");
+    assert!(
+        xml.contains("urn:gpuhook:gpu:1") && xml.contains("count=\"2\""),
+        "{xml}"
+    );
+    b.start("gh-req").unwrap();
+    assert_eq!(b.holders()["gh-req"].len(), 2);
+    // Validated by the hook's parser before anything is set.
+    for (args, needle) in [
+        (vec!["--count", "0"], "count must be at least 1"),
+        (
+            vec!["--count", "1", "--vendor", "3dfx"],
+            "unknown vendor '3dfx'",
+        ),
+        (
+            vec!["--count", "1", "--capabilities", "display"],
+            "unknown capability 'display'",
+        ),
+        (
+            vec!["--count", "1", "--uid", "70000"],
+            "uid 70000 is not mapped",
+        ),
+    ] {
+        let mut a = vec!["request", "gh-req"];
+        a.extend(args);
+        let o = if needle.starts_with("uid") {
+            let mut s = DomainSpec::new("gh-req-id", "");
+            s.idmap = Some(100000);
+            b.define(&s);
+            a[1] = "gh-req-id";
+            glv(b, &a)
+        } else {
+            glv(b, &a)
+        };
+        assert!(!o.status.success());
+        assert!(
+            common::stderr(&o).contains(needle),
+            "{}",
+            common::stderr(&o)
+        );
+    }
+    assert!(
+        b.xml("gh-req").contains("count=\"2\""),
+        "a refused request changes nothing"
+    );
+    // Running: the persistent definition changes, the live one only with --live.
+    let o = glv(
+        b,
+        &[
+            "request",
+            "gh-req",
+            "--count",
+            "1",
+            "--device",
+            "0000:08:00.0",
+        ],
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("(from its next start)"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(b.xml("gh-req").contains("count=\"2\""));
+    assert!(b
+        .d
+        .virsh_ok(&["dumpxml", "--inactive", "gh-req"])
+        .unwrap()
+        .contains("pci=\"0000:08:00.0\""));
+    b.d.virsh_ok(&["destroy", "gh-req"]).unwrap();
+    b.start("gh-req").unwrap();
+    assert_eq!(b.holders()["gh-req"], ["0000:08:00.0"]);
+    let o = glv(b, &["request", "gh-req", "--clear"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(!b
+        .d
+        .virsh_ok(&["dumpxml", "--inactive", "gh-req"])
+        .unwrap()
+        .contains("urn:gpuhook"));
+    let o = glv(b, &["request", "gh-nope", "--count", "1"]);
+    assert!(common::stderr(&o).contains("no domain 'gh-nope'"));
+}
+
+fn reconcile_frees_only_the_gone(b: &mut Bed) {
+    use gpuhook::procfs::ProcRef;
+    use gpuhook::state::{rfc3339, Phase, Reservation, Store};
+    b.use_host(FakeHost::dgx8());
+    b.define_start(&spec("gh-live", ""));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let me = ProcRef::of(std::process::id() as i32).unwrap();
+    let fake =
+        |n: u32, name: &str, gpu: &str, phase: Phase, prepared_by: Option<ProcRef>, age: i64| {
+            Reservation {
+                domain: name.into(),
+                uuid: common::uuid(n),
+                gpus: vec![gpu.into()],
+                phase,
+                request: "1 GPU".into(),
+                created: rfc3339(now - age),
+                updated: rfc3339(now - age),
+                prepared_by,
+                controller: None,
+                init: (phase == Phase::Running).then_some(ProcRef {
+                    pid: 999_999,
+                    start_time: 1,
+                }),
+                nodes: vec![],
+            }
+        };
+    Store::new(&b.state())
+        .update(|st| {
+            for r in [
+                fake(1, "gh-ghost", "0000:9a:00.0", Phase::Running, None, 60),
+                fake(
+                    2,
+                    "gh-starting",
+                    "0000:9c:00.0",
+                    Phase::Prepared,
+                    Some(me),
+                    5,
+                ),
+                fake(
+                    3,
+                    "gh-abandoned",
+                    "0000:c8:00.0",
+                    Phase::Prepared,
+                    Some(me),
+                    3600,
+                ),
+            ] {
+                st.reservations.insert(r.uuid.clone(), r);
+            }
+            Ok::<_, gpuhook::Error>(())
+        })
+        .unwrap();
+    let o = glv(b, &["reconcile", "--dry-run"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.contains("would free 0000:9a:00.0 of domain 'gh-ghost'")
+            && out.contains("would free 0000:c8:00.0 of domain 'gh-abandoned'"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("gh-live") && !out.contains("gh-starting"),
+        "{out}"
+    );
+    assert_eq!(b.holders().len(), 4, "dry run changes nothing");
+    let o = glv(b, &["reconcile"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("freed "))
+            .count(),
+        2
+    );
+    assert_eq!(
+        b.holders().keys().collect::<Vec<_>>(),
+        ["gh-live", "gh-starting"]
+    );
+    let o = glv(b, &["reconcile"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to free"));
+    // A broken libvirt URI is a clear error.
+    let o = Command::new(libvirt_bin())
+        .args(["-c", "lxc:///system?socket=/nonexistent", "--config"])
+        .arg(b.config())
+        .arg("reconcile")
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success()
+            && common::stderr(&o).contains("cannot connect to lxc:///system?socket=/nonexistent")
+    );
+}
+
 type Case = fn(&mut Bed);
 
 const CASES: &[(&str, Case)] = &[
@@ -798,6 +1010,11 @@ const CASES: &[(&str, Case)] = &[
     ("hostile_reconnect_kills", hostile_reconnect_kills),
     ("hostile_init_races_started", hostile_init_races_started),
     ("killed_behind_libvirts_back", killed_behind_libvirts_back),
+    ("request_through_libvirt", request_through_libvirt),
+    (
+        "reconcile_frees_only_the_gone",
+        reconcile_frees_only_the_gone,
+    ),
 ];
 
 fn main() {

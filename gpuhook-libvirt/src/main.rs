@@ -25,9 +25,37 @@ fn main() -> ExitCode {
     }
     let r = match cli.command {
         LibvirtCommand::Reconcile { dry_run } => reconcile(&cli.connect, dry_run),
-        LibvirtCommand::Request { domain, count, arch, vendor, model, device, capabilities, mode, uid, gid, clear, live } => {
-            let attrs = Attrs { count, arch, vendor, model, device, capabilities, mode, uid, gid };
-            request(&cli.connect, &domain, if clear { None } else { Some(attrs) }, live)
+        LibvirtCommand::Request {
+            domain,
+            count,
+            arch,
+            vendor,
+            model,
+            device,
+            capabilities,
+            mode,
+            uid,
+            gid,
+            clear,
+            live,
+        } => {
+            let attrs = Attrs {
+                count,
+                arch,
+                vendor,
+                model,
+                device,
+                capabilities,
+                mode,
+                uid,
+                gid,
+            };
+            request(
+                &cli.connect,
+                &domain,
+                if clear { None } else { Some(attrs) },
+                live,
+            )
         }
     };
     match r {
@@ -56,8 +84,15 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
         .map(|u| u.to_ascii_lowercase())
         .collect();
     let alive = |p: &ProcRef| p.alive();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
-    let world = reconcile::World { active: &active, now, alive: &alive };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let world = reconcile::World {
+        active: &active,
+        now,
+        alive: &alive,
+    };
     let freed = if dry_run {
         let st = store.read().map_err(|e| e.to_string())?;
         reconcile::plan(&st, &world)
@@ -69,13 +104,22 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
         store
             .update(|st| {
                 let plan = reconcile::plan(st, &world);
-                Ok::<_, gpuhook::Error>(plan.into_iter().filter_map(|(u, why)| st.reservations.remove(&u).map(|r| (r, why))).collect::<Vec<_>>())
+                Ok::<_, gpuhook::Error>(
+                    plan.into_iter()
+                        .filter_map(|(u, why)| st.reservations.remove(&u).map(|r| (r, why)))
+                        .collect::<Vec<_>>(),
+                )
             })
             .map_err(|e| e.to_string())?
     };
     let verb = if dry_run { "would free" } else { "freed" };
     for (r, why) in &freed {
-        let line = format!("{verb} {} of domain '{}' ({}): {why}", r.gpus.join(","), r.domain, r.uuid);
+        let line = format!(
+            "{verb} {} of domain '{}' ({}): {why}",
+            r.gpus.join(","),
+            r.domain,
+            r.uuid
+        );
         println!("{line}");
         if !dry_run {
             gpuhook::log::info(&format!("reconcile: {line}"));
@@ -100,11 +144,25 @@ struct Attrs {
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&apos;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&apos;")
 }
 
-/// The `<gpu:gpus>` element for the request.
+/// The request element as `virDomainSetMetadata` takes it: libvirt itself puts the root in
+/// gpuhook's namespace (prefix `gpu`), and only the root, so children declare it.
 fn element(a: &Attrs) -> String {
+    element_in(a, "gpus", "")
+}
+
+/// The element as libvirt stores and shows it (for validation with the hook's parser).
+fn stored_element(a: &Attrs) -> String {
+    element_in(a, "gpu:gpus", &format!(" xmlns:gpu=\"{NS}\""))
+}
+
+fn element_in(a: &Attrs, root: &str, decl: &str) -> String {
     let mut attrs = String::new();
     let mut add = |k: &str, v: &Option<String>| {
         if let Some(v) = v {
@@ -123,14 +181,18 @@ fn element(a: &Attrs) -> String {
         .device
         .iter()
         .map(|d| {
-            let key = if metadata::normalize_pci(d).is_some() { "pci" } else { "uuid" };
-            format!("<gpu:device {key}=\"{}\"/>", esc(d))
+            let key = if metadata::normalize_pci(d).is_some() {
+                "pci"
+            } else {
+                "uuid"
+            };
+            format!("<gpu:device xmlns:gpu=\"{NS}\" {key}=\"{}\"/>", esc(d))
         })
         .collect();
     if children.is_empty() {
-        format!("<gpu:gpus xmlns:gpu=\"{NS}\"{attrs}/>")
+        format!("<{root}{decl}{attrs}/>")
     } else {
-        format!("<gpu:gpus xmlns:gpu=\"{NS}\"{attrs}>{children}</gpu:gpus>")
+        format!("<{root}{decl}{attrs}>{children}</{root}>")
     }
 }
 
@@ -153,22 +215,46 @@ fn request(uri: &str, name: &str, attrs: Option<Attrs>, live: bool) -> Result<()
         flags |= sys::VIR_DOMAIN_AFFECT_LIVE;
     }
     let Some(a) = attrs else {
-        dom.set_metadata(sys::VIR_DOMAIN_METADATA_ELEMENT as i32, None, None, Some(NS), flags)
-            .map_err(|e| format!("domain '{name}': removing the GPU request: {e}"))?;
+        dom.set_metadata(
+            sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
+            None,
+            None,
+            Some(NS),
+            flags,
+        )
+        .map_err(|e| format!("domain '{name}': removing the GPU request: {e}"))?;
         println!("domain '{name}' asks for no GPUs now");
         return Ok(());
     };
     let elem = element(&a);
     // Validate with the hook's own parser, in the domain's real XML (its <idmap> matters).
+    let stored = stored_element(&a);
     let xml = dom
-        .xml_desc(if persistent { sys::VIR_DOMAIN_XML_INACTIVE } else { 0 })
+        .xml_desc(if persistent {
+            sys::VIR_DOMAIN_XML_INACTIVE
+        } else {
+            0
+        })
         .map_err(|e| format!("domain '{name}': {e}"))?;
-    let probe = with_request(&xml, &elem);
-    let parsed = metadata::parse_domain(probe.as_bytes()).map_err(|e| format!("domain '{name}': {e}"))?;
-    let req = parsed.request.ok_or_else(|| format!("domain '{name}': request did not parse back"))?;
-    dom.set_metadata(sys::VIR_DOMAIN_METADATA_ELEMENT as i32, Some(&elem), Some("gpu"), Some(NS), flags)
-        .map_err(|e| format!("domain '{name}': setting the GPU request: {e}"))?;
-    let when = if active && flags & sys::VIR_DOMAIN_AFFECT_LIVE == 0 { " (from its next start)" } else { "" };
+    let probe = with_request(&xml, &stored);
+    let parsed =
+        metadata::parse_domain(probe.as_bytes()).map_err(|e| format!("domain '{name}': {e}"))?;
+    let req = parsed
+        .request
+        .ok_or_else(|| format!("domain '{name}': request did not parse back"))?;
+    dom.set_metadata(
+        sys::VIR_DOMAIN_METADATA_ELEMENT as i32,
+        Some(&elem),
+        Some("gpu"),
+        Some(NS),
+        flags,
+    )
+    .map_err(|e| format!("domain '{name}': setting the GPU request: {e}"))?;
+    let when = if active && flags & sys::VIR_DOMAIN_AFFECT_LIVE == 0 {
+        " (from its next start)"
+    } else {
+        ""
+    };
     println!("domain '{name}' now asks for {req}{when}");
     Ok(())
 }
@@ -178,8 +264,16 @@ fn with_request(xml: &str, elem: &str) -> String {
     let xml = match (xml.find("<metadata>"), xml.find("</metadata>")) {
         (Some(a), Some(b)) if b > a => {
             let inner = &xml[a + "<metadata>".len()..b];
-            let kept = if metadata::mentions_gpuhook(inner.as_bytes()) { String::new() } else { inner.to_owned() };
-            format!("{}<metadata>{kept}{elem}</metadata>{}", &xml[..a], &xml[b + "</metadata>".len()..])
+            let kept = if metadata::mentions_gpuhook(inner.as_bytes()) {
+                String::new()
+            } else {
+                inner.to_owned()
+            };
+            format!(
+                "{}<metadata>{kept}{elem}</metadata>{}",
+                &xml[..a],
+                &xml[b + "</metadata>".len()..]
+            )
         }
         _ => match xml.rfind("</domain>") {
             Some(i) => format!("{}<metadata>{elem}</metadata>{}", &xml[..i], &xml[i..]),
@@ -206,10 +300,14 @@ mod tests {
             uid: None,
             gid: None,
         };
-        let e = element(&a);
-        assert_eq!(e, "<gpu:gpus xmlns:gpu=\"urn:gpuhook:gpu:1\" count=\"2\" arch=\"fermi\" model=\"M&lt;2050\"><gpu:device pci=\"0000:07:00.0\"/><gpu:device uuid=\"GPU-abc\"/></gpu:gpus>");
+        let e = stored_element(&a);
+        assert_eq!(e, "<gpu:gpus xmlns:gpu=\"urn:gpuhook:gpu:1\" count=\"2\" arch=\"fermi\" model=\"M&lt;2050\"><gpu:device xmlns:gpu=\"urn:gpuhook:gpu:1\" pci=\"0000:07:00.0\"/><gpu:device xmlns:gpu=\"urn:gpuhook:gpu:1\" uuid=\"GPU-abc\"/></gpu:gpus>");
+        assert!(element(&a).starts_with("<gpus count=\"2\""));
         let dom = with_request("<domain type='lxc'><name>x</name><uuid>155e2a6a-e7c9-40ab-9e0e-8fd8636abd19</uuid></domain>", &e);
-        let r = metadata::parse_domain(dom.as_bytes()).unwrap().request.unwrap();
+        let r = metadata::parse_domain(dom.as_bytes())
+            .unwrap()
+            .request
+            .unwrap();
         assert_eq!(r.count, 2);
         assert_eq!(r.devices.len(), 2);
     }

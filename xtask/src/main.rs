@@ -23,12 +23,23 @@ fn main() {
 fn dist(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir.join("man"))?;
     std::fs::create_dir_all(dir.join("completions"))?;
-    for cmd in [gpuhook::cli::Cli::command(), gpuhook::cli::LibvirtCli::command()] {
+    for cmd in [
+        gpuhook::cli::Cli::command(),
+        gpuhook::cli::LibvirtCli::command(),
+    ] {
         let name = cmd.get_name().to_owned();
         let mut buf = Vec::new();
-        clap_mangen::Man::new(cmd.clone()).date("2026-11-30").source(format!("gpuhook {}", env!("CARGO_PKG_VERSION"))).manual("gpuhook").render(&mut buf)?;
+        clap_mangen::Man::new(cmd.clone())
+            .date("2026-11-30")
+            .source(format!("gpuhook {}", env!("CARGO_PKG_VERSION")))
+            .manual("gpuhook")
+            .render(&mut buf)?;
         std::fs::write(dir.join("man").join(format!("{name}.1")), buf)?;
-        for sh in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+        for sh in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
             let mut c = cmd.clone();
             clap_complete::generate_to(sh, &mut c, &name, dir.join("completions"))?;
         }

@@ -1,0 +1,10 @@
+//! The state file parser: never panics; what it accepts round-trips unchanged.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(st) = gpuhook::state::State::parse(data, "/run/gpuhook/state.json") {
+        let again = gpuhook::state::State::parse(&st.to_bytes(), "x").expect("own output parses");
+        assert_eq!(again, st);
+    }
+});

@@ -1,0 +1,24 @@
+#!/bin/sh
+# The whole test suite, as `sudo make test` and .ci/run run it (root, Debian/Ubuntu).
+# Installs what it needs; fails loudly if anything, libvirtd included, cannot run.
+set -eu
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+step() { printf '\n==== %s\n' "$*"; }
+
+step "dependencies"
+./scripts/deps.sh full
+step "format and lint"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+step "build"
+cargo build --workspace --locked
+step "unit and integration tests (fake hosts, cgroup v1/v2, real libvirtd)"
+cargo test --workspace --locked
+step "packages"
+./packaging/build.sh
+step "package lifecycle and the installed hook under libvirtd"
+./scripts/package-test.sh
+step "bounded fuzz pass"
+./scripts/fuzz.sh 20
+step "all tests passed"
