@@ -60,7 +60,7 @@ fn every_request_form() {
             vec![4, 5],
         ),
         (
-            format!(r#"<gpus xmlns="urn:gpuhook:gpu:1" count="2"/>"#),
+            r#"<gpus xmlns="urn:gpuhook:gpu:1" count="2"/>"#.to_string(),
             vec![0, 1],
         ),
         (
