@@ -759,6 +759,138 @@ fn hostile_init_races_started(b: &mut Bed) {
     eprintln!("    race outcomes: {outcomes:?}");
 }
 
+/// The container swaps /dev entries for symlinks in a tight loop while `started` runs,
+/// again and again: every run ends in success or a one-line refusal, and nothing outside
+/// the container's /dev is ever created or changed.
+fn hostile_swap_race(b: &mut Bed) {
+    b.use_host(FakeHost::mixed());
+    let t = Targets::new(b);
+    let mut s = spec("gh-swap", r#"vendor="amd" capabilities="compute,graphics""#);
+    s.init = format!(
+        "while :; do rm -rf /dev/dri /dev/kfd; ln -s {d} /dev/dri; ln -s {f} /dev/kfd; rm -f /dev/dri /dev/kfd; mkdir /dev/dri; ln -s {f} /dev/dri/renderD129; rm -rf /dev/dri; done",
+        d = t.dir.display(),
+        f = t.file.display()
+    );
+    b.define(&s);
+    // The start itself may lose the race (then libvirt stops it): retry until it runs.
+    let mut started = false;
+    for _ in 0..10 {
+        if b.start("gh-swap").is_ok() {
+            started = true;
+            break;
+        }
+    }
+    assert!(started, "never won the start race in 10 tries");
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..60 {
+        let o = b.hook_direct("gh-swap", "started");
+        match o.status.code() {
+            Some(0) => ok += 1,
+            Some(1) => {
+                let e = common::stderr(&o);
+                assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+                assert!(
+                    e.starts_with("gpuhook: domain 'gh-swap': container /dev/"),
+                    "{e}"
+                );
+                refused += 1;
+            }
+            other => panic!("hook ended with {other:?}: {}", common::stderr(&o)),
+        }
+        t.intact();
+    }
+    eprintln!("    swap race: 60 started runs against a swapping container: {ok} succeeded, {refused} refused");
+}
+
+/// A container whose /dev has no room (no inodes left): a clear error, everything undone.
+fn full_container_dev(b: &mut Bed) {
+    b.use_host(FakeHost::mixed());
+    b.define_start(&spec("gh-full", r#"vendor="amd""#));
+    let ct = b.ct("gh-full");
+    let t = Targets::new(b);
+    // Take the nodes away, then leave the tmpfs no free inode.
+    let o = b.sh_in(&ct, "rm -rf /dev/dri /dev/kfd && used=$(df -i /dev | awk 'NR==2{print $3}') && mount -o remount,nr_inodes=$((used+1)) /dev && touch /dev/last && ! touch /dev/nomore");
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    std::fs::write(b.cgroup_dir(&ct).join("devices.deny"), "c 226:129 rw").unwrap();
+    std::fs::write(b.cgroup_dir(&ct).join("devices.deny"), "c 510:0 rw").unwrap();
+    let o = b.hook_direct("gh-full", "started");
+    common::assert_fails(&o, "gh-full", "No space left on device");
+    assert!(
+        b.nodes(&ct).is_empty(),
+        "nothing half-made: {:?}",
+        b.dev(&ct)
+    );
+    expect_list(&b.devices_list(&ct), &[]);
+    t.intact();
+    // Room again: the next run recovers.
+    assert!(b.sh_in(&ct, "rm -f /dev/last").status.success());
+    assert!(b
+        .sh_in(&ct, "mount -o remount,nr_inodes=4096 /dev")
+        .status
+        .success());
+    let o = b.hook_direct("gh-full", "started");
+    common::assert_ok(&o);
+    assert_eq!(b.nodes(&ct).len(), 2);
+}
+
+/// The container's init exits while `started` runs: success (before) or a clear error
+/// (after), never a write elsewhere; libvirt then stops the domain and its GPUs come back.
+fn init_exits_during_started(b: &mut Bed) {
+    b.use_host(FakeHost::blueprint());
+    let t = Targets::new(b);
+    let mut outcomes = Vec::new();
+    for (i, delay_us) in [0u64, 300, 1000, 3000].into_iter().enumerate() {
+        let name = format!("gh-exit{i}");
+        b.define_start(&spec(&name, ""));
+        let ct = b.ct(&name);
+        let xml = b.xml(&name);
+        let mut child = Command::new(common::bin())
+            .args(["hook", &name, "started", "begin", "-"])
+            .env("GPUHOOK_CONFIG", b.config())
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), xml.as_bytes()).unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(delay_us));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(ct.init.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let o = child.wait_with_output().unwrap();
+        let e = common::stderr(&o);
+        match o.status.code() {
+            Some(0) => outcomes.push("done before exit"),
+            Some(1) => {
+                assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+                assert!(
+                    e.contains("exited")
+                        || e.contains("is gone")
+                        || e.contains("does not exist")
+                        || e.contains("no child")
+                        || e.contains("container helper"),
+                    "{e}"
+                );
+                outcomes.push("refused");
+            }
+            other => panic!("{other:?}: {e}"),
+        }
+        t.intact();
+        for _ in 0..50 {
+            if b.state_of(&name) == "shut off" {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert_eq!(b.state_of(&name), "shut off");
+        assert!(
+            b.reservation(&name).is_none(),
+            "GPUs of a dead container are freed"
+        );
+    }
+    eprintln!("    init exit during started: {outcomes:?}");
+}
+
 fn killed_behind_libvirts_back(b: &mut Bed) {
     b.use_host(FakeHost::blueprint());
     b.define_start(&spec("gh-k", r#"count="2""#));
@@ -1009,6 +1141,9 @@ const CASES: &[(&str, Case)] = &[
     ("hostile_direct", hostile_direct),
     ("hostile_reconnect_kills", hostile_reconnect_kills),
     ("hostile_init_races_started", hostile_init_races_started),
+    ("hostile_swap_race", hostile_swap_race),
+    ("full_container_dev", full_container_dev),
+    ("init_exits_during_started", init_exits_during_started),
     ("killed_behind_libvirts_back", killed_behind_libvirts_back),
     ("request_through_libvirt", request_through_libvirt),
     (
