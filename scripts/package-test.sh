@@ -58,6 +58,14 @@ done
 zcat /usr/share/man/man1/gpuhook.1.gz | grep -q 'gpuhook' || fail "bad man page"
 /usr/bin/gpuhook --version
 /usr/bin/gpuhook-libvirt --version
+step "the static hook ignores LD_PRELOAD (nvidia-container-toolkit CVE-2025-23266 class)"
+printf '#include <stdio.h>\n__attribute__((constructor)) static void evil(void) { FILE *f = fopen("%s/preloaded", "w"); if (f) fclose(f); }\n' "$work" > "$work/evil.c"
+gcc -shared -fPIC -o "$work/evil.so" "$work/evil.c"
+echo '<domain><name>p</name><uuid>11111111-2222-4333-8444-555555555555</uuid></domain>' | LD_PRELOAD="$work/evil.so" /usr/bin/gpuhook hook p prepare begin -
+LD_PRELOAD="$work/evil.so" /usr/bin/gpuhook --version >/dev/null
+[ ! -e "$work/preloaded" ] || fail "LD_PRELOAD was honoured by /usr/bin/gpuhook"
+LD_PRELOAD="$work/evil.so" /bin/true
+[ -e "$work/preloaded" ] || fail "the LD_PRELOAD probe itself does not work"
 step "systemd-analyze verify"
 systemd-analyze verify /lib/systemd/system/gpuhook-reconcile.service /lib/systemd/system/gpuhook-reconcile.timer
 

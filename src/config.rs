@@ -182,13 +182,14 @@ impl Config {
             path: path.display().to_string(),
             msg,
         };
-        let md = match std::fs::metadata(path) {
-            Ok(m) => m,
+        let mut f = match std::fs::File::open(path) {
+            Ok(f) => f,
             Err(x) if x.kind() == std::io::ErrorKind::NotFound && !must_exist => {
                 return Ok(Config::default())
             }
             Err(x) => return Err(e(x.to_string())),
         };
+        let md = f.metadata().map_err(|x| e(x.to_string()))?;
         if !md.is_file() {
             return Err(e("not a regular file".into()));
         }
@@ -205,7 +206,8 @@ impl Config {
                 md.mode() & 0o7777
             )));
         }
-        let text = std::fs::read_to_string(path).map_err(|x| e(x.to_string()))?;
+        let mut text = String::with_capacity(md.len() as usize);
+        std::io::Read::read_to_string(&mut f, &mut text).map_err(|x| e(x.to_string()))?;
         Self::parse(&text, path)
     }
 

@@ -16,7 +16,7 @@ use crate::cgroup::{self, DeviceCgroup};
 use crate::config::Config;
 use crate::container::{self, Container, NodeSpec, Outcome, Status};
 use crate::error::Error;
-use crate::inventory::{self, Inventory};
+use crate::inventory::{self, Inventory, Scan};
 use crate::log;
 use crate::metadata::{self, DeviceSel, Domain, Request};
 use crate::procfs;
@@ -60,7 +60,7 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
     };
     let result = match op {
         "prepare" => prepare(&dom, &req),
-        "start" => start(&dom),
+        "start" => start(&dom, &req),
         "started" => started(&dom, &req),
         "stopped" | "release" => {
             free(&dom, op);
@@ -161,7 +161,7 @@ fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
 
 fn prepare(dom: &Domain, req: &Request) -> Result<(), Error> {
     let cfg = Config::load()?;
-    let inv = inventory::scan(&cfg)?;
+    let inv = inventory::scan_with(&cfg, Scan::for_caps(req.capabilities))?;
     let parent = procfs::parent();
     let now = now_rfc3339();
     let (gpus, notes) = store(&cfg).update(|st| -> Result<_, Error> {
@@ -229,10 +229,10 @@ fn reservation(st: &State, dom: &Domain) -> Result<Reservation, Error> {
         .ok_or_else(|| Error::other("holds no GPU reservation (did the prepare hook run? is gpuhook installed at libvirtd's start?)"))
 }
 
-fn start(dom: &Domain) -> Result<(), Error> {
+fn start(dom: &Domain, req: &Request) -> Result<(), Error> {
     let cfg = Config::load()?;
     let r = reservation(&store(&cfg).read()?, dom)?;
-    let inv = inventory::scan(&cfg)?;
+    let inv = inventory::scan_with(&cfg, Scan::for_caps(req.capabilities))?;
     for p in &r.gpus {
         let g = inv
             .by_pci(p)
@@ -348,7 +348,7 @@ fn started(dom: &Domain, req: &Request) -> Result<(), Error> {
     let cfg = Config::load()?;
     let st = store(&cfg);
     let r = reservation(&st.read()?, dom)?;
-    let inv = inventory::scan(&cfg)?;
+    let inv = inventory::scan_with(&cfg, Scan::for_caps(req.capabilities))?;
     let ct = container::find(&dom.name, dom.id)?;
     let specs = node_specs(dom, req, &inv, &r.gpus)?;
     let applied = apply(&ct, &specs)?;
@@ -428,7 +428,7 @@ fn reconnect(dom: &Domain, req: &Request) -> i32 {
         Ok(c) => c,
         Err(e) => return soft("cannot read the config", &e),
     };
-    let inv = match inventory::scan(&cfg) {
+    let inv = match inventory::scan_with(&cfg, Scan::for_caps(req.capabilities)) {
         Ok(i) => i,
         Err(e) => return soft("cannot read the GPU inventory", &e),
     };

@@ -5,9 +5,12 @@
 use crate::arch::{self, PciIds};
 use crate::config::Config;
 use crate::metadata::{normalize_pci, Capabilities, Vendor};
+use nix::fcntl::{openat, readlinkat, OFlag};
+use nix::sys::stat::Mode;
 use serde::Serialize;
 use std::fs;
 use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -168,28 +171,27 @@ fn host_node(dev_root: &Path, rel: &str) -> Result<DevNode, String> {
     })
 }
 
-/// Reads a small sysfs/proc file into a string (three syscalls, no stat).
+/// Reads a small sysfs/proc file into a string: open, one read (sysfs and procfs hand the
+/// whole attribute over in one read; a short read of a regular file is its end), close.
 fn read_small(p: &Path) -> Option<String> {
-    let mut f = fs::File::open(p).ok()?;
+    read_fd(fs::File::open(p).ok()?)
+}
+
+/// Like [`read_small`], relative to an open directory (no path walk from the root).
+fn read_at(dir: &OwnedFd, name: &str) -> Option<String> {
+    read_fd(fs::File::from(
+        openat(dir, name, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).ok()?,
+    ))
+}
+
+fn read_fd(mut f: fs::File) -> Option<String> {
     let mut buf = [0u8; 4096];
-    let mut n = 0;
-    loop {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => {
-                n += k;
-                if n == buf.len() {
-                    break;
-                }
-            }
-            Err(_) => return None,
-        }
-    }
+    let n = f.read(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
-fn read_hex(p: &Path) -> Option<u32> {
-    let s = read_small(p)?;
+fn hex(s: Option<String>) -> Option<u32> {
+    let s = s?;
     let s = s.trim();
     u32::from_str_radix(s.strip_prefix("0x").unwrap_or(s), 16).ok()
 }
@@ -223,45 +225,96 @@ pub fn parse_nvidia_information(text: &str) -> NvidiaInfo {
 
 const DISPLAY_CLASSES: [u32; 3] = [0x030000, 0x030200, 0x038000];
 
-/// Reads the host's GPUs.
+/// What a scan must read beyond what choosing GPUs needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scan {
+    /// The DRM nodes of NVIDIA GPUs (only nodes a container gets with `graphics`).
+    pub nvidia_drm: bool,
+}
+
+impl Scan {
+    /// Everything (for listings).
+    pub const FULL: Scan = Scan { nvidia_drm: true };
+
+    /// What a hook run for a request with these capabilities needs.
+    pub fn for_caps(caps: Capabilities) -> Scan {
+        Scan {
+            nvidia_drm: caps.graphics,
+        }
+    }
+}
+
+/// Reads the host's GPUs (everything).
 pub fn scan(cfg: &Config) -> Result<Inventory, InventoryError> {
+    scan_with(cfg, Scan::FULL)
+}
+
+/// Reads the host's GPUs. Each PCI device directory is opened once and its attributes read
+/// relative to it; the class is read first, so non-display devices cost one small read.
+pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> {
     let devices = cfg.sysfs.join("bus/pci/devices");
+    let dirfd = nix::fcntl::open(
+        &devices,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| InventoryError(format!("cannot list {}: {e}", devices.display())))?;
     let entries = fs::read_dir(&devices)
         .map_err(|e| InventoryError(format!("cannot list {}: {e}", devices.display())))?;
-    let mut found: Vec<(String, PathBuf, u16)> = Vec::new();
+    struct Found {
+        pci: String,
+        dir: OwnedFd,
+        name: std::ffi::OsString,
+        vendor: u16,
+    }
+    let mut found: Vec<Found> = Vec::new();
     for ent in entries.flatten() {
         let name = ent.file_name();
         let Some(pci) = name.to_str().and_then(normalize_pci) else {
             continue;
         };
-        let dir = ent.path();
-        let Some(vendor) = read_hex(&dir.join("vendor")) else {
+        let Ok(dir) = openat(
+            &dirfd,
+            name.as_os_str(),
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) else {
             continue;
         };
-        if Vendor::from_pci_id(vendor as u16).is_none() {
-            continue;
-        }
-        let Some(class) = read_hex(&dir.join("class")) else {
+        let Some(class) = hex(read_at(&dir, "class")) else {
             continue;
         };
         if !DISPLAY_CLASSES.contains(&class) {
             continue;
         }
-        found.push((pci, dir, vendor as u16));
+        let Some(vendor) = hex(read_at(&dir, "vendor")) else {
+            continue;
+        };
+        if Vendor::from_pci_id(vendor as u16).is_none() {
+            continue;
+        }
+        found.push(Found {
+            pci,
+            dir,
+            name,
+            vendor: vendor as u16,
+        });
     }
-    found.sort();
+    found.sort_by(|a, b| a.pci.cmp(&b.pci));
 
     let mut pci_ids = PciIds::new(cfg.pci_ids.as_deref());
     let mut inv = Inventory::default();
-    for (index, (pci, dir, vendor_id)) in found.into_iter().enumerate() {
+    for (index, f) in found.into_iter().enumerate() {
+        let (pci, dir, vendor_id) = (f.pci, f.dir, f.vendor);
         let vendor = Vendor::from_pci_id(vendor_id).expect("filtered above");
-        let device_id = read_hex(&dir.join("device")).unwrap_or(0) as u16;
-        let numa_node = read_small(&dir.join("numa_node"))
+        let device_id = hex(read_at(&dir, "device")).unwrap_or(0) as u16;
+        let numa_node = read_at(&dir, "numa_node")
             .and_then(|s| s.trim().parse::<i64>().ok())
             .and_then(|n| u32::try_from(n).ok());
-        let parent = fs::read_link(&dir)
+        let parent = readlinkat(&dirfd, f.name.as_os_str())
             .ok()
             .and_then(|t| {
+                let t = PathBuf::from(t);
                 let comps: Vec<String> = t
                     .components()
                     .map(|c| c.as_os_str().to_string_lossy().into_owned())
@@ -284,6 +337,7 @@ pub fn scan(cfg: &Config) -> Result<Inventory, InventoryError> {
             nodes: vec![],
             problem: None,
         };
+        let sys_dir = devices.join(&f.name);
         let mut driver_model = None;
         match vendor {
             Vendor::Nvidia => {
@@ -319,9 +373,11 @@ pub fn scan(cfg: &Config) -> Result<Inventory, InventoryError> {
                         }
                     }
                 }
-                add_drm_nodes(cfg, &dir, &mut gpu, false);
+                if what.nvidia_drm {
+                    add_drm_nodes(cfg, &sys_dir, &mut gpu, false);
+                }
             }
-            Vendor::Amd | Vendor::Intel => add_drm_nodes(cfg, &dir, &mut gpu, true),
+            Vendor::Amd | Vendor::Intel => add_drm_nodes(cfg, &sys_dir, &mut gpu, true),
         }
         let ov = cfg.override_for(&gpu.pci, vendor_id, device_id);
         let builtin = arch::builtin(vendor_id, device_id);

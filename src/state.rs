@@ -168,9 +168,20 @@ impl State {
         }
     }
 
+    /// Compact JSON with one reservation per line: small and fast to write and parse (it is
+    /// rewritten at every change), still readable with `less` and diffable.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec_pretty(self).expect("state serializes");
-        v.push(b'\n');
+        let mut v = Vec::with_capacity(64 + 400 * self.reservations.len());
+        v.extend_from_slice(
+            format!("{{\"version\":{},\"reservations\":{{", self.version).as_bytes(),
+        );
+        for (i, (k, r)) in self.reservations.iter().enumerate() {
+            v.extend_from_slice(if i == 0 { b"\n" } else { b",\n" });
+            serde_json::to_writer(&mut v, k).expect("state serializes");
+            v.push(b':');
+            serde_json::to_writer(&mut v, r).expect("state serializes");
+        }
+        v.extend_from_slice(b"\n}}\n");
         v
     }
 }
@@ -339,6 +350,11 @@ impl Store {
     }
 
     fn read_at(&self, dir: &OwnedFd) -> Result<State, StateError> {
+        self.read_raw_at(dir).map(|(s, _)| s)
+    }
+
+    /// The state and the bytes it was parsed from (`None`: no file).
+    fn read_raw_at(&self, dir: &OwnedFd) -> Result<(State, Option<Vec<u8>>), StateError> {
         let fd = match openat(
             dir,
             self.name.as_str(),
@@ -346,7 +362,7 @@ impl Store {
             Mode::empty(),
         ) {
             Ok(fd) => fd,
-            Err(Errno::ENOENT) => return Ok(State::default()),
+            Err(Errno::ENOENT) => return Ok((State::default(), None)),
             Err(Errno::ELOOP) => return Err(self.unsafe_(&self.path, "is a symlink".into())),
             Err(e) => return Err(io(&self.path, "open")(e)),
         };
@@ -355,7 +371,8 @@ impl Store {
         File::from(fd).read_to_end(&mut buf).map_err(|e| {
             io(&self.path, "read")(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
         })?;
-        State::parse(&buf, &self.path.display().to_string())
+        let st = State::parse(&buf, &self.path.display().to_string())?;
+        Ok((st, Some(buf)))
     }
 
     /// The current state, without taking the lock. A missing file or directory is an empty
@@ -393,10 +410,14 @@ impl Store {
                 Err(e) => return Err(io(&lock_path, "flock")(e).into()),
             }
         }
-        let before = self.read_at(&dir)?;
-        let mut state = before.clone();
+        let (mut state, before) = self.read_raw_at(&dir)?;
         let out = f(&mut state)?;
-        if state != before {
+        // Written only when it changed (no file and nothing reserved: nothing to write).
+        let changed = match &before {
+            None => !state.reservations.is_empty(),
+            Some(old) => *old != state.to_bytes(),
+        };
+        if changed {
             self.write_at(&dir, &state)?;
         }
         drop(lock);

@@ -576,3 +576,78 @@ fn concurrent_prepares_never_double_allocate() {
     assert_eq!(all.len(), before, "a GPU in two reservations");
     assert_eq!(all.len(), 8);
 }
+
+/// The hook runs nothing: with every tool an operator's hook would call shadowed on PATH by
+/// a trap, a whole GPU lifecycle leaves no trace of any of them.
+#[test]
+fn executes_nothing() {
+    let h = Host::new(FakeHost::blueprint());
+    let trap = h.root().join("trap");
+    std::fs::create_dir(&trap).unwrap();
+    let marker = h.root().join("executed");
+    for tool in [
+        "sh",
+        "bash",
+        "mknod",
+        "nsenter",
+        "chmod",
+        "chown",
+        "ln",
+        "stat",
+        "flock",
+        "systemctl",
+        "virsh",
+        "modprobe",
+        "nvidia-modprobe",
+        "ldconfig",
+        "mount",
+    ] {
+        let p = trap.join(tool);
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\necho {tool} >> {}\n", marker.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let xml = domain("x", 1, &gpus(r#"count="2""#));
+    for op in ["prepare", "start", "stopped", "release", "reconnect"] {
+        let subop = if matches!(op, "stopped" | "release") {
+            "end"
+        } else {
+            "begin"
+        };
+        let _ = run_with_stdin(
+            h.cmd()
+                .args(["hook", "x", op, subop, "-"])
+                .env("PATH", &trap),
+            &xml,
+        );
+    }
+    let _ = h.cmd().args(["list"]).env("PATH", &trap).output().unwrap();
+    assert!(
+        !marker.exists(),
+        "the hook executed {}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+}
+
+/// reconnect must not kill a running container over gpuhook's own files: a broken config
+/// is logged and the call exits 0.
+#[test]
+fn reconnect_survives_broken_config() {
+    let h = Host::new(FakeHost::blueprint());
+    write_config(&h.config, "{ not json");
+    let o = h.hook(
+        "x",
+        "reconnect",
+        &domain("x", 1, &gpus("")).replace("<domain type='lxc'>", "<domain type='lxc' id='1'>"),
+    );
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains("reconnect: cannot read the config")
+            && stderr(&o).contains("container left as it is"),
+        "{}",
+        stderr(&o)
+    );
+}

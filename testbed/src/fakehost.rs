@@ -313,9 +313,11 @@ impl FakeHost {
         let mut d = Vec::new();
         for i in 0..n {
             let numa = (i * 2 / n.max(1)) as i32;
-            let bus = 0x10 + i * 8;
-            let root = format!("pci0000:{:02x}", 0x10 + (i / 2) * 16);
-            let sw = format!("0000:{:02x}:01.0", 0x10 + (i / 2) * 16);
+            // Buses stay below 0x100 up to 78 GPUs: two per switch, each pair on its own root.
+            assert!(n <= 78, "wide hosts have at most 78 GPUs");
+            let bus = 0x10 + i * 3;
+            let root = format!("pci0000:{:02x}", 0x10 + (i / 2) * 6);
+            let sw = format!("0000:{:02x}:01.0", 0x10 + (i / 2) * 6);
             d.push(nv(
                 &format!("0000:{bus:02x}:00.0"),
                 0x20b0,

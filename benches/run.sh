@@ -1,0 +1,14 @@
+#!/bin/sh
+# Benchmarks (docs/BENCHMARKS.md): builds the static hook as shipped and a static no-op,
+# then runs benches/hook.rs, which measures gpuhook against both baselines in one run.
+set -eu
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+target=x86_64-unknown-linux-gnu
+RUSTFLAGS='-C target-feature=+crt-static -C relocation-model=static' cargo build --release --locked --target "$target" -p gpuhook --bin gpuhook
+mkdir -p target/bench
+printf 'int main(void) { return 0; }\n' > target/bench/noop.c
+gcc -O2 -static -o target/bench/noop target/bench/noop.c
+echo "machine: $(nproc) CPU ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(uname -r), $(free -g | awk '/Mem:/{print $2}') GiB"
+BENCH_HOOK="$PWD/target/$target/release/gpuhook" BENCH_NOOP="$PWD/target/bench/noop" \
+BENCH_SHELL="$PWD/hooks/lxc-shell-baseline.sh" cargo bench --locked --bench hook -- "$@"
