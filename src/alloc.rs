@@ -259,6 +259,7 @@ mod tests {
             )],
             excluded: false,
             problem: None,
+            pending: false,
         }
     }
 

@@ -161,12 +161,13 @@ fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
 
 fn prepare(dom: &Domain, req: &Request) -> Result<(), Error> {
     let cfg = Config::load()?;
-    let inv = inventory::scan_with(&cfg, Scan::for_caps(req.capabilities))?;
+    let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
     let parent = procfs::parent();
     let now = now_rfc3339();
     let (gpus, notes) = store(&cfg).update(|st| -> Result<_, Error> {
         let mut notes = Vec::new();
         if let Some(r) = st.reservations.get_mut(&dom.uuid) {
+            inv.settle(&cfg, &r.gpus);
             if satisfies(&inv, &r.gpus, req) {
                 r.phase = Phase::Prepared;
                 r.prepared_by = parent;
@@ -182,14 +183,28 @@ fn prepare(dom: &Domain, req: &Request) -> Result<(), Error> {
         }
         // Stale reservations (holder gone) are reclaimed only when the request does not fit
         // otherwise: the common path reads no /proc file per reservation.
-        let gpus = match alloc::allocate(&inv.gpus, &st.held(None), req) {
-            Ok(g) => g,
-            Err(e) => {
-                notes = reclaim_stale(st);
-                if notes.is_empty() {
-                    return Err(e.into());
+        // A lazy scan left the NVIDIA driver's details of the chosen GPUs for now: a chosen
+        // GPU that turns out unusable is marked, and the choice made again without it.
+        let gpus = loop {
+            let g = match alloc::allocate(&inv.gpus, &st.held(None), req) {
+                Ok(g) => g,
+                Err(e) => {
+                    if !notes.is_empty() {
+                        return Err(e.into());
+                    }
+                    // Stale reservations (holder gone) are reclaimed only when the request
+                    // does not fit otherwise: the common path reads no /proc file per
+                    // reservation.
+                    notes = reclaim_stale(st);
+                    if notes.is_empty() {
+                        return Err(e.into());
+                    }
+                    continue;
                 }
-                alloc::allocate(&inv.gpus, &st.held(None), req)?
+            };
+            inv.settle(&cfg, &g);
+            if g.iter().all(|p| inv.by_pci(p).is_some_and(|x| x.usable())) {
+                break g;
             }
         };
         st.reservations.insert(
@@ -232,7 +247,8 @@ fn reservation(st: &State, dom: &Domain) -> Result<Reservation, Error> {
 fn start(dom: &Domain, req: &Request) -> Result<(), Error> {
     let cfg = Config::load()?;
     let r = reservation(&store(&cfg).read()?, dom)?;
-    let inv = inventory::scan_with(&cfg, Scan::for_caps(req.capabilities))?;
+    let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
+    inv.settle(&cfg, &r.gpus);
     for p in &r.gpus {
         let g = inv
             .by_pci(p)
@@ -348,7 +364,8 @@ fn started(dom: &Domain, req: &Request) -> Result<(), Error> {
     let cfg = Config::load()?;
     let st = store(&cfg);
     let r = reservation(&st.read()?, dom)?;
-    let inv = inventory::scan_with(&cfg, Scan::for_caps(req.capabilities))?;
+    let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
+    inv.settle(&cfg, &r.gpus);
     let ct = container::find(&dom.name, dom.id)?;
     let specs = node_specs(dom, req, &inv, &r.gpus)?;
     let applied = apply(&ct, &specs)?;
@@ -428,8 +445,13 @@ fn reconnect(dom: &Domain, req: &Request) -> i32 {
         Ok(c) => c,
         Err(e) => return soft("cannot read the config", &e),
     };
-    let inv = match inventory::scan_with(&cfg, Scan::for_caps(req.capabilities)) {
-        Ok(i) => i,
+    let inv = match inventory::scan_with(&cfg, Scan::for_request(req)) {
+        Ok(mut i) => {
+            // Reconnect is rare: settle every GPU (adoption looks at all of them).
+            let all: Vec<String> = i.gpus.iter().map(|g| g.pci.clone()).collect();
+            i.settle(&cfg, &all);
+            i
+        }
         Err(e) => return soft("cannot read the GPU inventory", &e),
     };
     let fatal = |e: Error| {

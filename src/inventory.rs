@@ -5,13 +5,13 @@
 use crate::arch::{self, PciIds};
 use crate::config::Config;
 use crate::metadata::{normalize_pci, Capabilities, Vendor};
-use nix::fcntl::{openat, readlinkat, OFlag};
-use nix::sys::stat::Mode;
+use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, Mode};
 use serde::Serialize;
 use std::fs;
 use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +67,8 @@ pub struct Gpu {
     pub excluded: bool,
     /// Why this GPU cannot be given to a container (driver missing, node missing, …).
     pub problem: Option<String>,
+    /// Driver details not read yet (lazy scan); see [`Inventory::settle`].
+    pub pending: bool,
 }
 
 impl Gpu {
@@ -154,31 +156,10 @@ impl Inventory {
     }
 }
 
-/// The host node behind container path `/dev/<rel>`: must be a character device (not a
-/// symlink to one).
-fn host_node(dev_root: &Path, rel: &str) -> Result<DevNode, String> {
-    let p = dev_root.join(rel);
-    let md = fs::symlink_metadata(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-    if !md.file_type().is_char_device() {
-        return Err(format!("{} is not a character device", p.display()));
-    }
-    let rdev = md.rdev();
-    Ok(DevNode {
-        path: format!("/dev/{rel}"),
-        major: libc::major(rdev),
-        minor: libc::minor(rdev),
-        mode: md.mode() & 0o777,
-    })
-}
-
-/// Reads a small sysfs/proc file into a string: open, one read (sysfs and procfs hand the
-/// whole attribute over in one read; a short read of a regular file is its end), close.
-fn read_small(p: &Path) -> Option<String> {
-    read_fd(fs::File::open(p).ok()?)
-}
-
-/// Like [`read_small`], relative to an open directory (no path walk from the root).
-fn read_at(dir: &OwnedFd, name: &str) -> Option<String> {
+/// Reads a small sysfs/proc attribute relative to an open directory (no path walk from the
+/// root): open, one read (sysfs and procfs hand an attribute over in one read; a short read
+/// of a regular file is its end), close.
+fn read_at(dir: BorrowedFd, name: &str) -> Option<String> {
     read_fd(fs::File::from(
         openat(dir, name, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).ok()?,
     ))
@@ -228,20 +209,119 @@ const DISPLAY_CLASSES: [u32; 3] = [0x030000, 0x030200, 0x038000];
 /// What a scan must read beyond what choosing GPUs needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scan {
-    /// The DRM nodes of NVIDIA GPUs (only nodes a container gets with `graphics`).
-    pub nvidia_drm: bool,
+    /// Only what a request with these capabilities can get; `None`: everything (listings).
+    pub caps: Option<Capabilities>,
+    /// Leave NVIDIA driver details (model, UUID, device minor and node) for
+    /// [`Inventory::settle`] on the GPUs actually chosen: the scan then costs a few reads
+    /// per GPU, whatever the host holds.
+    pub lazy: bool,
 }
 
 impl Scan {
     /// Everything (for listings).
-    pub const FULL: Scan = Scan { nvidia_drm: true };
+    pub const FULL: Scan = Scan {
+        caps: None,
+        lazy: false,
+    };
 
-    /// What a hook run for a request with these capabilities needs.
-    pub fn for_caps(caps: Capabilities) -> Scan {
+    /// What a hook run for this request needs. Lazy unless the request looks at what only
+    /// the driver tells (the model name, GPU UUIDs).
+    pub fn for_request(req: &crate::metadata::Request) -> Scan {
+        let eager = req
+            .filters
+            .iter()
+            .any(|f| f.field == crate::metadata::Field::Model)
+            || req
+                .devices
+                .iter()
+                .any(|d| matches!(d, crate::metadata::DeviceSel::Uuid(_)));
         Scan {
-            nvidia_drm: caps.graphics,
+            caps: Some(req.capabilities),
+            lazy: !eager,
         }
     }
+
+    /// NVIDIA GPUs' DRM nodes come only with `graphics`.
+    fn nvidia_drm(&self) -> bool {
+        self.caps.is_none_or(|c| c.graphics)
+    }
+
+    fn control(&self, ctl: Control) -> bool {
+        self.caps.is_none_or(|c| match ctl {
+            Control::NvidiaCtl => true,
+            Control::NvidiaUvm | Control::NvidiaUvmTools | Control::Kfd => c.compute,
+            Control::NvidiaModeset => c.graphics,
+        })
+    }
+}
+
+/// The host's device root, opened once per scan: nodes are looked up relative to it.
+struct DevRoot<'a> {
+    path: &'a Path,
+    fd: Option<OwnedFd>,
+}
+
+impl DevRoot<'_> {
+    /// The host node behind container path `/dev/<rel>`: must be a character device (not a
+    /// symlink to one).
+    fn node(&self, rel: &str) -> Result<DevNode, String> {
+        let p = self.path.join(rel);
+        let fd = self
+            .fd
+            .as_ref()
+            .ok_or_else(|| format!("{}: cannot open the device root", self.path.display()))?;
+        let st = fstatat(fd, rel, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| format!("{}: {}", p.display(), std::io::Error::from(e)))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFCHR {
+            return Err(format!("{} is not a character device", p.display()));
+        }
+        Ok(DevNode {
+            path: format!("/dev/{rel}"),
+            major: libc::major(st.st_rdev),
+            minor: libc::minor(st.st_rdev),
+            mode: st.st_mode & 0o777,
+        })
+    }
+}
+
+fn open_dir(p: &Path) -> Option<OwnedFd> {
+    nix::fcntl::open(
+        p,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+}
+
+/// Class, vendor and device of a PCI device: from its `uevent` in one read
+/// (`PCI_CLASS=30200`, `PCI_ID=10DE:2330`), else from the `class`, `vendor`, `device` files.
+fn pci_ids(devices: BorrowedFd, name: &str) -> Option<(u32, u16, u16)> {
+    let at = |attr: &str| read_at(devices, &format!("{name}/{attr}"));
+    if let Some(u) = at("uevent") {
+        let (mut class, mut id) = (None, None);
+        for line in u.lines() {
+            if let Some(v) = line.strip_prefix("PCI_CLASS=") {
+                class = u32::from_str_radix(v.trim(), 16).ok();
+            } else if let Some(v) = line.strip_prefix("PCI_ID=") {
+                id = v.trim().split_once(':').and_then(|(a, b)| {
+                    Some((
+                        u16::from_str_radix(a, 16).ok()?,
+                        u16::from_str_radix(b, 16).ok()?,
+                    ))
+                });
+            }
+        }
+        if let (Some(c), Some((v, d))) = (class, id) {
+            return Some((c, v, d));
+        }
+    }
+    let class = hex(at("class"))?;
+    if !DISPLAY_CLASSES.contains(&class) {
+        return Some((class, 0, 0));
+    }
+    let vendor = hex(at("vendor"))? as u16;
+    let device = hex(at("device")).unwrap_or(0) as u16;
+    Some((class, vendor, device))
 }
 
 /// Reads the host's GPUs (everything).
@@ -249,73 +329,79 @@ pub fn scan(cfg: &Config) -> Result<Inventory, InventoryError> {
     scan_with(cfg, Scan::FULL)
 }
 
-/// Reads the host's GPUs. Each PCI device directory is opened once and its attributes read
-/// relative to it; the class is read first, so non-display devices cost one small read.
+/// Reads the host's GPUs. The PCI device list is read once; each device's directory is
+/// opened once and its attributes read relative to it (no path walk per file); the device
+/// root and the NVIDIA driver's directory are opened once.
 pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> {
     let devices = cfg.sysfs.join("bus/pci/devices");
-    let dirfd = nix::fcntl::open(
+    let mut dir = nix::dir::Dir::open(
         &devices,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| InventoryError(format!("cannot list {}: {e}", devices.display())))?;
-    let entries = fs::read_dir(&devices)
-        .map_err(|e| InventoryError(format!("cannot list {}: {e}", devices.display())))?;
+    .map_err(|e| {
+        InventoryError(format!(
+            "cannot list {}: {}",
+            devices.display(),
+            std::io::Error::from(e)
+        ))
+    })?;
+    let names: Vec<std::ffi::OsString> = dir
+        .iter()
+        .flatten()
+        .map(|e| std::ffi::OsStr::from_bytes(e.file_name().to_bytes()).to_owned())
+        .collect();
+    let dirfd = dir.as_fd();
     struct Found {
         pci: String,
-        dir: OwnedFd,
-        name: std::ffi::OsString,
+        name: String,
         vendor: u16,
+        device: u16,
     }
     let mut found: Vec<Found> = Vec::new();
-    for ent in entries.flatten() {
-        let name = ent.file_name();
-        let Some(pci) = name.to_str().and_then(normalize_pci) else {
+    for name in names {
+        let Some(name) = name.to_str().map(str::to_owned) else {
             continue;
         };
-        let Ok(dir) = openat(
-            &dirfd,
-            name.as_os_str(),
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        ) else {
+        let Some(pci) = normalize_pci(&name) else {
             continue;
         };
-        let Some(class) = hex(read_at(&dir, "class")) else {
+        let Some((class, vendor, device)) = pci_ids(dirfd, &name) else {
             continue;
         };
-        if !DISPLAY_CLASSES.contains(&class) {
-            continue;
-        }
-        let Some(vendor) = hex(read_at(&dir, "vendor")) else {
-            continue;
-        };
-        if Vendor::from_pci_id(vendor as u16).is_none() {
+        if !DISPLAY_CLASSES.contains(&class) || Vendor::from_pci_id(vendor).is_none() {
             continue;
         }
         found.push(Found {
             pci,
-            dir,
             name,
-            vendor: vendor as u16,
+            vendor,
+            device,
         });
     }
     found.sort_by(|a, b| a.pci.cmp(&b.pci));
+    let dev = DevRoot {
+        path: &cfg.dev,
+        fd: open_dir(&cfg.dev),
+    };
+    let nv_gpus_path = cfg.proc.join("driver/nvidia/gpus");
+    let nv_gpus = if found.iter().any(|f| f.vendor == 0x10de) {
+        open_dir(&nv_gpus_path)
+    } else {
+        None
+    };
 
-    let mut pci_ids = PciIds::new(cfg.pci_ids.as_deref());
+    let mut pci_ids_db = PciIds::new(cfg.pci_ids.as_deref());
     let mut inv = Inventory::default();
     for (index, f) in found.into_iter().enumerate() {
-        let (pci, dir, vendor_id) = (f.pci, f.dir, f.vendor);
-        let vendor = Vendor::from_pci_id(vendor_id).expect("filtered above");
-        let device_id = hex(read_at(&dir, "device")).unwrap_or(0) as u16;
-        let numa_node = read_at(&dir, "numa_node")
+        let vendor = Vendor::from_pci_id(f.vendor).expect("filtered above");
+        let numa_node = read_at(dirfd, &format!("{}/numa_node", f.name))
             .and_then(|s| s.trim().parse::<i64>().ok())
             .and_then(|n| u32::try_from(n).ok());
-        let parent = readlinkat(&dirfd, f.name.as_os_str())
+        let parent = readlinkat(dirfd, f.name.as_str())
             .ok()
             .and_then(|t| {
-                let t = PathBuf::from(t);
-                let comps: Vec<String> = t
+                let comps: Vec<String> = PathBuf::from(t)
                     .components()
                     .map(|c| c.as_os_str().to_string_lossy().into_owned())
                     .collect();
@@ -324,11 +410,11 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
             .filter(|p| p != ".." && p != "devices");
         let mut gpu = Gpu {
             index,
-            excluded: cfg.is_excluded(&pci),
-            pci,
+            excluded: cfg.is_excluded(&f.pci),
+            pci: f.pci,
             vendor,
-            vendor_id,
-            device_id,
+            vendor_id: f.vendor,
+            device_id: f.device,
             model: String::new(),
             arch: None,
             uuid: None,
@@ -336,60 +422,39 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
             parent,
             nodes: vec![],
             problem: None,
+            pending: false,
         };
         let sys_dir = devices.join(&f.name);
-        let mut driver_model = None;
         match vendor {
             Vendor::Nvidia => {
-                let info_path = cfg
-                    .proc
-                    .join("driver/nvidia/gpus")
-                    .join(&gpu.pci)
-                    .join("information");
-                match read_small(&info_path) {
-                    None => {
-                        gpu.problem = Some(format!(
-                            "NVIDIA driver has no {} (driver not loaded?)",
-                            info_path.display()
-                        ))
-                    }
-                    Some(text) => {
-                        let info = parse_nvidia_information(&text);
-                        driver_model = info.model;
-                        gpu.uuid = info.uuid;
-                        if info.excluded {
-                            gpu.problem =
-                                Some("excluded by the NVIDIA driver (GPU Excluded: Yes)".into());
-                        }
-                        match info.minor {
-                            None => {
-                                gpu.problem =
-                                    Some(format!("no Device Minor in {}", info_path.display()))
-                            }
-                            Some(m) => match host_node(&cfg.dev, &format!("nvidia{m}")) {
-                                Ok(n) => gpu.nodes.push((Role::Nvidia, n)),
-                                Err(e) => gpu.problem = Some(e),
-                            },
-                        }
-                    }
+                if what.lazy {
+                    gpu.pending = true;
+                } else {
+                    nvidia_details(
+                        &mut gpu,
+                        nv_gpus.as_ref().map(|f| f.as_fd()),
+                        &nv_gpus_path,
+                        &dev,
+                    );
                 }
-                if what.nvidia_drm {
-                    add_drm_nodes(cfg, &sys_dir, &mut gpu, false);
+                if what.nvidia_drm() {
+                    add_drm_nodes(&dev, &sys_dir, &mut gpu, false);
                 }
             }
-            Vendor::Amd | Vendor::Intel => add_drm_nodes(cfg, &sys_dir, &mut gpu, true),
+            Vendor::Amd | Vendor::Intel => add_drm_nodes(&dev, &sys_dir, &mut gpu, true),
         }
-        let ov = cfg.override_for(&gpu.pci, vendor_id, device_id);
-        let builtin = arch::builtin(vendor_id, device_id);
+        let ov = cfg.override_for(&gpu.pci, f.vendor, f.device);
+        let builtin = arch::builtin(f.vendor, f.device);
         gpu.arch = ov.arch.clone().or_else(|| builtin.map(|b| b.0.to_owned()));
-        gpu.model = ov
-            .model
-            .clone()
-            .or(driver_model)
-            .or_else(|| builtin.map(|b| b.1.to_owned()))
-            .unwrap_or_default();
+        if gpu.model.is_empty() || ov.model.is_some() {
+            gpu.model = ov
+                .model
+                .clone()
+                .or_else(|| builtin.map(|b| b.1.to_owned()))
+                .unwrap_or_default();
+        }
         if gpu.arch.is_none() || gpu.model.is_empty() {
-            if let Some((a, m)) = pci_ids.lookup(vendor_id, device_id) {
+            if let Some((a, m)) = pci_ids_db.lookup(f.vendor, f.device) {
                 if gpu.arch.is_none() {
                     gpu.arch = a.map(str::to_owned);
                 }
@@ -399,20 +464,81 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
             }
         }
         if gpu.model.is_empty() {
-            gpu.model = format!("{vendor_id:04x}:{device_id:04x}");
+            gpu.model = format!("{:04x}:{:04x}", f.vendor, f.device);
         }
         inv.gpus.push(gpu);
     }
-    for (ctl, name) in Control::ALL {
-        if let Ok(n) = host_node(&cfg.dev, name) {
+    for (ctl, name) in Control::ALL.into_iter().filter(|(c, _)| what.control(*c)) {
+        if let Ok(n) = dev.node(name) {
             inv.controls.push((ctl, n));
         }
     }
     Ok(inv)
 }
 
+/// The NVIDIA driver's facts of one GPU (model, UUID, device minor → `/dev/nvidiaN`), or the
+/// problem that makes it unusable.
+fn nvidia_details(gpu: &mut Gpu, nv_gpus: Option<BorrowedFd>, nv_gpus_path: &Path, dev: &DevRoot) {
+    gpu.pending = false;
+    let info_path = nv_gpus_path.join(&gpu.pci).join("information");
+    let Some(text) = nv_gpus.and_then(|fd| read_at(fd, &format!("{}/information", gpu.pci))) else {
+        gpu.problem = Some(format!(
+            "NVIDIA driver has no {} (driver not loaded?)",
+            info_path.display()
+        ));
+        return;
+    };
+    let info = parse_nvidia_information(&text);
+    if let Some(m) = info.model {
+        gpu.model = m;
+    }
+    gpu.uuid = info.uuid;
+    if info.excluded {
+        gpu.problem = Some("excluded by the NVIDIA driver (GPU Excluded: Yes)".into());
+    }
+    match info.minor {
+        None => gpu.problem = Some(format!("no Device Minor in {}", info_path.display())),
+        Some(m) => match dev.node(&format!("nvidia{m}")) {
+            Ok(n) => gpu.nodes.insert(0, (Role::Nvidia, n)),
+            Err(e) => gpu.problem = Some(e),
+        },
+    }
+}
+
+impl Inventory {
+    /// Reads what a lazy scan left out for these GPUs (PCI addresses): after it, each of
+    /// them is either usable with its nodes, or has its problem.
+    pub fn settle(&mut self, cfg: &Config, pcis: &[String]) {
+        if !self.gpus.iter().any(|g| g.pending && pcis.contains(&g.pci)) {
+            return;
+        }
+        let dev = DevRoot {
+            path: &cfg.dev,
+            fd: open_dir(&cfg.dev),
+        };
+        let nv_gpus_path = cfg.proc.join("driver/nvidia/gpus");
+        let nv_gpus = open_dir(&nv_gpus_path);
+        for g in self
+            .gpus
+            .iter_mut()
+            .filter(|g| g.pending && pcis.contains(&g.pci))
+        {
+            let model = g.model.clone();
+            nvidia_details(g, nv_gpus.as_ref().map(|f| f.as_fd()), &nv_gpus_path, &dev);
+            // An operator's override still wins over the driver's model name.
+            if cfg
+                .override_for(&g.pci, g.vendor_id, g.device_id)
+                .model
+                .is_some()
+            {
+                g.model = model;
+            }
+        }
+    }
+}
+
 /// DRM nodes of a GPU from sysfs `drm/`; `required`: a render node is the GPU's own node.
-fn add_drm_nodes(cfg: &Config, dir: &Path, gpu: &mut Gpu, required: bool) {
+fn add_drm_nodes(dev: &DevRoot, dir: &Path, gpu: &mut Gpu, required: bool) {
     let mut names: Vec<String> = fs::read_dir(dir.join("drm"))
         .map(|it| {
             it.flatten()
@@ -423,20 +549,19 @@ fn add_drm_nodes(cfg: &Config, dir: &Path, gpu: &mut Gpu, required: bool) {
     names.sort();
     let mut render = false;
     for name in names {
-        let role = if name.starts_with("renderD")
-            && name[7..].bytes().all(|b| b.is_ascii_digit())
-            && name.len() > 7
-        {
+        let digits = |p: &str| {
+            name.len() > p.len()
+                && name.starts_with(p)
+                && name[p.len()..].bytes().all(|b| b.is_ascii_digit())
+        };
+        let role = if digits("renderD") {
             Role::Render
-        } else if name.starts_with("card")
-            && name[4..].bytes().all(|b| b.is_ascii_digit())
-            && name.len() > 4
-        {
+        } else if digits("card") {
             Role::Card
         } else {
             continue;
         };
-        match host_node(&cfg.dev, &format!("dri/{name}")) {
+        match dev.node(&format!("dri/{name}")) {
             Ok(n) => {
                 render |= role == Role::Render;
                 gpu.nodes.push((role, n));

@@ -29,8 +29,25 @@ impl ProcRef {
     }
 }
 
+/// Reads a procfs file: no stat (procfs reports size 0), one buffer, until end of file.
 fn read(p: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(p).ok()
+    use std::io::Read;
+    let mut f = std::fs::File::open(p).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    buf.truncate(n);
+    String::from_utf8(buf).ok()
 }
 
 /// Fields of `/proc/PID/stat` after the command name: [0] is the state, [19] the start time.

@@ -413,18 +413,19 @@ impl Store {
         let (mut state, before) = self.read_raw_at(&dir)?;
         let out = f(&mut state)?;
         // Written only when it changed (no file and nothing reserved: nothing to write).
+        let bytes = state.to_bytes();
         let changed = match &before {
             None => !state.reservations.is_empty(),
-            Some(old) => *old != state.to_bytes(),
+            Some(old) => *old != bytes,
         };
         if changed {
-            self.write_at(&dir, &state)?;
+            self.write_at(&dir, &bytes)?;
         }
         drop(lock);
         Ok(out)
     }
 
-    fn write_at(&self, dir: &OwnedFd, state: &State) -> Result<(), StateError> {
+    fn write_at(&self, dir: &OwnedFd, bytes: &[u8]) -> Result<(), StateError> {
         let tmp = self.tmp_name();
         let tmp_path = self.dir.join(&tmp);
         let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
@@ -437,7 +438,7 @@ impl Store {
         .map_err(io(&tmp_path, "create temp file"))?;
         let result = (|| {
             let mut f = File::from(fd);
-            f.write_all(&state.to_bytes()).map_err(|e| {
+            f.write_all(bytes).map_err(|e| {
                 io(&tmp_path, "write")(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
             })?;
             fsync(f.as_fd()).map_err(io(&tmp_path, "fsync"))?;

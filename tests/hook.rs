@@ -651,3 +651,27 @@ fn reconnect_survives_broken_config() {
         stderr(&o)
     );
 }
+
+/// The hook reads the NVIDIA driver's details only for the GPUs it chooses: one that turns
+/// out unusable is skipped, and a shortage names it.
+#[test]
+fn unusable_gpu_found_late_is_skipped() {
+    let h = Host::new(FakeHost::dgx8());
+    // The GPU a 1-GPU request would get first (index 0) lost its driver entry.
+    std::fs::remove_file(
+        h.root()
+            .join("host/proc/driver/nvidia/gpus/0000:18:00.0/information"),
+    )
+    .unwrap();
+    assert_ok(&h.hook("a", "prepare", &domain("a", 1, &gpus(""))));
+    assert_eq!(h.holders()["a"], ["0000:1a:00.0"]);
+    let o = h.hook("b", "prepare", &domain("b", 2, &gpus(r#"count="7""#)));
+    assert_fails(&o, "b", "1 unusable (0000:18:00.0: NVIDIA driver has no");
+    // A model filter needs the driver's model names: read for every GPU up front.
+    assert_ok(&h.hook(
+        "c",
+        "prepare",
+        &domain("c", 3, &gpus(r#"model="H100 80GB HBM3""#)),
+    ));
+    assert_eq!(h.holders()["c"].len(), 1);
+}

@@ -206,6 +206,34 @@ fn odd_hosts() {
     assert_eq!(l["gpus"][0]["numa_node"], serde_json::Value::Null);
 }
 
+/// Hosts whose sysfs lacks `uevent` read the same through `class`/`vendor`/`device`.
+#[test]
+fn without_uevent() {
+    let with = Host::new(FakeHost::mixed());
+    let without = Host::new(FakeHost::mixed());
+    let mut removed = 0;
+    for e in std::fs::read_dir(without.root().join("host/sys/bus/pci/devices")).unwrap() {
+        let u = e.unwrap().path().join("uevent");
+        assert!(u.exists(), "the fake host has uevent files");
+        std::fs::remove_file(u).unwrap();
+        removed += 1;
+    }
+    assert_eq!(removed, 5);
+    let strip = |mut l: serde_json::Value| {
+        for g in l["gpus"].as_array_mut().unwrap() {
+            g.as_object_mut().unwrap().remove("problem");
+        }
+        l["gpus"].clone()
+    };
+    assert_eq!(strip(with.list()), strip(without.list()));
+    // A uevent that disagrees with nothing else but is garbled: fall back, same result.
+    let garbled = Host::new(FakeHost::blueprint());
+    for e in std::fs::read_dir(garbled.root().join("host/sys/bus/pci/devices")).unwrap() {
+        std::fs::write(e.unwrap().path().join("uevent"), "PCI_CLASS=zz\n").unwrap();
+    }
+    assert_eq!(pcis(&garbled.list()), ["0000:07:00.0", "0000:08:00.0"]);
+}
+
 #[test]
 fn wide16() {
     let h = Host::new(FakeHost::wide(16));

@@ -362,6 +362,20 @@ impl FakeHost {
             w("numa_node", format!("{}\n", d.numa))?;
             w("revision", "0xa1\n".into())?;
             w("enable", "1\n".into())?;
+            let driver = match &d.driver {
+                Driver::Nvidia { .. } => "DRIVER=nvidia\n",
+                Driver::Drm { .. } if d.vendor == 0x1002 => "DRIVER=amdgpu\n",
+                Driver::Drm { .. } => "DRIVER=xe\n",
+                Driver::None => "",
+            };
+            w(
+                "uevent",
+                format!(
+                    "{driver}PCI_CLASS={:X}\nPCI_ID={:04X}:{:04X}\nPCI_SUBSYS_ID={:04X}:{:04X}\nPCI_SLOT_NAME={}\nMODALIAS=pci:v{:08X}d{:08X}sv{:08X}sd{:08X}bc{:02X}sc{:02X}i{:02X}\n",
+                    d.class, d.vendor, d.device, d.subsystem.0, d.subsystem.1, d.pci,
+                    d.vendor, d.device, d.subsystem.0, d.subsystem.1, d.class >> 16, (d.class >> 8) & 0xff, d.class & 0xff
+                ),
+            )?;
             symlink(
                 format!("../../../devices/{}", rel.display()),
                 p.sysfs.join("bus/pci/devices").join(&d.pci),
