@@ -7,8 +7,6 @@
 //! for the state, a real libvirtd for `started`). Prints a Markdown report and writes
 //! target/bench/results.json; no assertion on time.
 
-use gpuhook::procfs::ProcRef;
-use gpuhook::state::{Phase, Reservation, Store};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -222,36 +220,6 @@ impl Host {
             ..self.shell(b, name, op, xml)
         }
     }
-
-    /// `n` reservations of other domains on PCI addresses the host lacks, whose init is
-    /// alive (never stale): they only cost reading and writing the state.
-    fn bulk(&self, n: u32) {
-        let me = ProcRef::of(std::process::id() as i32).unwrap();
-        Store::new(&self.state)
-            .update(|st| {
-                for i in 0..n {
-                    let u = format!("{:08x}-1111-4000-8000-{i:012x}", 0xb0b0_0000u32 + i);
-                    st.reservations.insert(
-                        u.clone(),
-                        Reservation {
-                            domain: format!("bulk{i}"),
-                            uuid: u,
-                            gpus: vec![format!("0001:{:02x}:{:02x}.0", i / 32, i % 32)],
-                            phase: Phase::Running,
-                            request: "1 GPU".into(),
-                            created: gpuhook::state::now_rfc3339(),
-                            updated: gpuhook::state::now_rfc3339(),
-                            prepared_by: None,
-                            controller: Some(1),
-                            init: Some(me),
-                            nodes: vec![],
-                        },
-                    );
-                }
-                Ok::<_, gpuhook::Error>(())
-            })
-            .unwrap();
-    }
 }
 
 fn must(c: &Cmd) {
@@ -401,7 +369,7 @@ fn main() {
     // 3. How cost grows: reservations in the state, GPUs on the host.
     for k in [200u32, 1000] {
         let hk = Host::new(&work, &format!("res{k}"), FakeHost::wide(16));
-        hk.bulk(k);
+        testbed::fakehost::fill_state(&hk.state, k).unwrap();
         let (p, r) = (
             hk.hook(&bins, "gpu2", "prepare", &g2),
             hk.hook(&bins, "gpu2", "release", &g2),
@@ -455,8 +423,7 @@ fn main() {
         .unwrap();
     d.virsh_ok(&["start", "bench-started"]).unwrap();
     let live = d.virsh_ok(&["dumpxml", "bench-started"]).unwrap();
-    let dom = gpuhook::metadata::parse_domain(live.as_bytes()).unwrap();
-    let ct = gpuhook::container::find(&dom.name, dom.id).unwrap();
+    let ct = d.container("bench-started").unwrap();
     let cg = gpuhook::cgroup::for_pid(ct.init.pid)
         .unwrap()
         .path()
@@ -464,16 +431,7 @@ fn main() {
     must(&hl.shell(&bins, "bench-started", "prepare", &live));
     // Before each run the container loses its nodes and grants (untimed), as at a fresh start.
     let reset = || {
-        let ok = Command::new("nsenter")
-            .args([
-                "-t",
-                &ct.init.pid.to_string(),
-                "-m",
-                "--",
-                "sh",
-                "-c",
-                "rm -f /dev/nvidia*",
-            ])
+        let ok = testbed::shell_in(ct.init.pid, "rm -f /dev/nvidia*")
             .status()
             .unwrap();
         assert!(ok.success());

@@ -105,33 +105,8 @@ pub enum LibvirtCommand {
     Request {
         /// Domain name or UUID
         domain: String,
-        /// How many GPUs
-        #[arg(long, required_unless_present_any = ["clear", "device"])]
-        count: Option<u32>,
-        /// Architecture (fermi, kepler, … hopper, blackwell)
-        #[arg(long)]
-        arch: Option<String>,
-        /// Vendor: nvidia, amd, intel
-        #[arg(long)]
-        vendor: Option<String>,
-        /// Substring of the model name
-        #[arg(long)]
-        model: Option<String>,
-        /// Exact GPU by PCI address or GPU UUID (repeatable)
-        #[arg(long, value_name = "PCI|UUID")]
-        device: Vec<String>,
-        /// compute,utility,graphics,video
-        #[arg(long)]
-        capabilities: Option<String>,
-        /// Octal mode of the created nodes
-        #[arg(long)]
-        mode: Option<String>,
-        /// Container-side owner uid of the nodes
-        #[arg(long)]
-        uid: Option<u32>,
-        /// Container-side owner gid of the nodes
-        #[arg(long)]
-        gid: Option<u32>,
+        #[command(flatten)]
+        request: RequestArgs,
         /// Remove the GPU request instead
         #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid"])]
         clear: bool,
@@ -140,6 +115,38 @@ pub enum LibvirtCommand {
         #[arg(long)]
         live: bool,
     },
+}
+
+/// The GPU request `gpuhook-libvirt request` sets (the attributes of `<gpu:gpus>`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RequestArgs {
+    /// How many GPUs
+    #[arg(long, required_unless_present_any = ["clear", "device"])]
+    pub count: Option<u32>,
+    /// Architecture (fermi, kepler, … hopper, blackwell)
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Vendor: nvidia, amd, intel
+    #[arg(long)]
+    pub vendor: Option<String>,
+    /// Substring of the model name
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Exact GPU by PCI address or GPU UUID (repeatable)
+    #[arg(long, value_name = "PCI|UUID")]
+    pub device: Vec<String>,
+    /// compute,utility,graphics,video
+    #[arg(long)]
+    pub capabilities: Option<String>,
+    /// Octal mode of the created nodes
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Container-side owner uid of the nodes
+    #[arg(long)]
+    pub uid: Option<u32>,
+    /// Container-side owner gid of the nodes
+    #[arg(long)]
+    pub gid: Option<u32>,
 }
 
 pub fn main(args: Vec<std::ffi::OsString>) -> i32 {

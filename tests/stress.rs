@@ -5,8 +5,7 @@
 
 mod common;
 use common::*;
-use gpuhook::procfs::ProcRef;
-use gpuhook::state::{Phase, Reservation, State, Store};
+use gpuhook::state::Store;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -162,41 +161,12 @@ fn contention_rounds() {
     );
 }
 
-/// 1,000 reservations of other domains (on PCI addresses the host does not have), held by
-/// this live process so they are never stale: state writes take long enough to be hit.
-fn populate(h: &Host, n: u32) -> State {
-    let me = ProcRef::of(std::process::id() as i32).unwrap();
-    Store::new(&h.state)
-        .update(|st| {
-            for i in 0..n {
-                let u = uuid(900_000 + i);
-                st.reservations.insert(
-                    u.clone(),
-                    Reservation {
-                        domain: format!("bulk{i}"),
-                        uuid: u,
-                        gpus: vec![format!("0001:{:02x}:{:02x}.0", i / 32, i % 32)],
-                        phase: Phase::Prepared,
-                        request: "1 GPU".into(),
-                        created: gpuhook::state::now_rfc3339(),
-                        updated: gpuhook::state::now_rfc3339(),
-                        prepared_by: Some(me),
-                        controller: None,
-                        init: None,
-                        nodes: vec![],
-                    },
-                );
-            }
-            Ok::<_, gpuhook::Error>(())
-        })
-        .unwrap();
-    Store::new(&h.state).read().unwrap()
-}
-
 #[test]
 fn sigkill_during_updates() {
     let h = Host::new(FakeHost::wide(16));
-    let bulk = populate(&h, 1000);
+    // 1,000 reservations of other domains: state writes take long enough to be hit.
+    testbed::fakehost::fill_state(&h.state, 1000).unwrap();
+    let bulk = Store::new(&h.state).read().unwrap();
     // Domains that hold GPUs throughout: none of them may ever be lost.
     for i in 0..4 {
         assert_ok(&h.hook(

@@ -6,7 +6,7 @@
 //!   `virDomainSetMetadata`, validated by the hook's own parser.
 
 use clap::Parser;
-use gpuhook::cli::{LibvirtCli, LibvirtCommand};
+use gpuhook::cli::{LibvirtCli, LibvirtCommand, RequestArgs};
 use gpuhook::config::Config;
 use gpuhook::metadata::{self, NS};
 use gpuhook::procfs::ProcRef;
@@ -27,36 +27,10 @@ fn main() -> ExitCode {
         LibvirtCommand::Reconcile { dry_run } => reconcile(&cli.connect, dry_run),
         LibvirtCommand::Request {
             domain,
-            count,
-            arch,
-            vendor,
-            model,
-            device,
-            capabilities,
-            mode,
-            uid,
-            gid,
+            request,
             clear,
             live,
-        } => {
-            let attrs = Attrs {
-                count,
-                arch,
-                vendor,
-                model,
-                device,
-                capabilities,
-                mode,
-                uid,
-                gid,
-            };
-            request(
-                &cli.connect,
-                &domain,
-                if clear { None } else { Some(attrs) },
-                live,
-            )
-        }
+        } => request_cmd(&cli.connect, &domain, (!clear).then_some(request), live),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -131,18 +105,6 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
     Ok(())
 }
 
-struct Attrs {
-    count: Option<u32>,
-    arch: Option<String>,
-    vendor: Option<String>,
-    model: Option<String>,
-    device: Vec<String>,
-    capabilities: Option<String>,
-    mode: Option<String>,
-    uid: Option<u32>,
-    gid: Option<u32>,
-}
-
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -153,16 +115,16 @@ fn esc(s: &str) -> String {
 
 /// The request element as `virDomainSetMetadata` takes it: libvirt itself puts the root in
 /// gpuhook's namespace (prefix `gpu`), and only the root, so children declare it.
-fn element(a: &Attrs) -> String {
+fn element(a: &RequestArgs) -> String {
     element_in(a, "gpus", "")
 }
 
 /// The element as libvirt stores and shows it (for validation with the hook's parser).
-fn stored_element(a: &Attrs) -> String {
+fn stored_element(a: &RequestArgs) -> String {
     element_in(a, "gpu:gpus", &format!(" xmlns:gpu=\"{NS}\""))
 }
 
-fn element_in(a: &Attrs, root: &str, decl: &str) -> String {
+fn element_in(a: &RequestArgs, root: &str, decl: &str) -> String {
     let mut attrs = String::new();
     let mut add = |k: &str, v: &Option<String>| {
         if let Some(v) = v {
@@ -202,7 +164,12 @@ fn lookup(conn: &Connect, name: &str) -> Result<Domain, String> {
         .map_err(|e| format!("no domain '{name}': {e}"))
 }
 
-fn request(uri: &str, name: &str, attrs: Option<Attrs>, live: bool) -> Result<(), String> {
+fn request_cmd(
+    uri: &str,
+    name: &str,
+    attrs: Option<RequestArgs>,
+    live: bool,
+) -> Result<(), String> {
     let conn = connect(uri)?;
     let dom = lookup(&conn, name)?;
     let active = dom.is_active().map_err(|e| e.to_string())?;
@@ -289,16 +256,12 @@ mod tests {
 
     #[test]
     fn element_forms() {
-        let a = Attrs {
+        let a = RequestArgs {
             count: Some(2),
             arch: Some("fermi".into()),
-            vendor: None,
             model: Some("M<2050".into()),
             device: vec!["0000:07:00.0".into(), "GPU-abc".into()],
-            capabilities: None,
-            mode: None,
-            uid: None,
-            gid: None,
+            ..Default::default()
         };
         let e = stored_element(&a);
         assert_eq!(e, "<gpu:gpus xmlns:gpu=\"urn:gpuhook:gpu:1\" count=\"2\" arch=\"fermi\" model=\"M&lt;2050\"><gpu:device xmlns:gpu=\"urn:gpuhook:gpu:1\" pci=\"0000:07:00.0\"/><gpu:device xmlns:gpu=\"urn:gpuhook:gpu:1\" uuid=\"GPU-abc\"/></gpu:gpus>");

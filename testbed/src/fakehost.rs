@@ -478,3 +478,37 @@ pub fn node(path: &Path, major: u32, minor: u32, mode: u32, gid: u32) -> io::Res
     )
     .map_err(io::Error::from)
 }
+
+/// Adds `n` running reservations of other domains to the state file at `state`: on PCI
+/// addresses (domain 0001) no fake host has, held by a container init that is this live
+/// process, so they are never stale and never compete for GPUs; they only make the state
+/// large (for stress tests and benchmarks).
+pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
+    use gpuhook::procfs::ProcRef;
+    use gpuhook::state::{now_rfc3339, Phase, Reservation, Store};
+    let me = ProcRef::of(std::process::id() as i32).ok_or("no /proc entry for this process")?;
+    Store::new(state)
+        .update(|st| {
+            for i in 0..n {
+                let uuid = format!("{:08x}-1111-4000-8000-{i:012x}", 0xb0b0_0000u32 + i);
+                st.reservations.insert(
+                    uuid.clone(),
+                    Reservation {
+                        domain: format!("bulk{i}"),
+                        uuid,
+                        gpus: vec![format!("0001:{:02x}:{:02x}.0", i / 32, i % 32)],
+                        phase: Phase::Running,
+                        request: "1 GPU".into(),
+                        created: now_rfc3339(),
+                        updated: now_rfc3339(),
+                        prepared_by: None,
+                        controller: Some(1),
+                        init: Some(me),
+                        nodes: vec![],
+                    },
+                );
+            }
+            Ok::<_, gpuhook::Error>(())
+        })
+        .map_err(|e| e.to_string())
+}

@@ -5,6 +5,6 @@ pub mod fakehost;
 pub mod libvirtd;
 
 pub use fakehost::{FakeHost, HostPaths};
-pub use libvirtd::{Daemon, DomainSpec, Hook};
+pub use libvirtd::{shell_in, Daemon, DomainSpec, Hook};
 pub mod bpfprog;
 pub mod probe;

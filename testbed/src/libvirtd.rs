@@ -270,6 +270,13 @@ exec /usr/sbin/libvirtd --pid-file "$D/libvirtd.pid"
             .map(|_| ())
     }
 
+    /// The running container of a domain: its live XML's `id` (the controller), its init.
+    pub fn container(&self, name: &str) -> Result<gpuhook::container::Container, String> {
+        let xml = self.virsh_ok(&["dumpxml", name])?;
+        let dom = gpuhook::metadata::parse_domain(xml.as_bytes()).map_err(|e| e.to_string())?;
+        gpuhook::container::find(&dom.name, dom.id).map_err(|e| e.to_string())
+    }
+
     /// Destroys (if running) and undefines every domain whose name starts with `prefix`.
     pub fn cleanup(&self, prefix: &str) {
         if let Ok(list) = self.virsh_ok(&["list", "--all", "--name"]) {
@@ -291,6 +298,14 @@ impl Drop for Daemon {
             let _ = self.stop();
         }
     }
+}
+
+/// `sh -c SCRIPT` inside the mount namespace of process `pid` (a container's init), as
+/// host root: how tests look into, or tamper with, a container's `/dev`.
+pub fn shell_in(pid: i32, script: &str) -> Command {
+    let mut c = Command::new("nsenter");
+    c.args(["-t", &pid.to_string(), "-m", "--", "sh", "-c", script]);
+    c
 }
 
 pub fn tail(p: &Path, n: usize) -> String {

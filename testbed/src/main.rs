@@ -132,19 +132,12 @@ fn demo(hook: &Path, workdir: &Path) -> Result<(), String> {
             c
         };
         show(&mut gh(&["list"]))?;
-        let xml = d.virsh_ok(&["dumpxml", "gpuhook-demo"])?;
-        let dom = gpuhook::metadata::parse_domain(xml.as_bytes()).map_err(|e| e.to_string())?;
-        let ct = gpuhook::container::find(&dom.name, dom.id).map_err(|e| e.to_string())?;
+        let ct = d.container("gpuhook-demo")?;
         println!("== inside the container (init pid {}):", ct.init.pid);
-        show(Command::new("nsenter").args([
-            "-t",
-            &ct.init.pid.to_string(),
-            "-m",
-            "--",
-            "sh",
-            "-c",
+        show(&mut testbed::shell_in(
+            ct.init.pid,
             "ls -l /dev | grep -E 'nvidia|dri|kfd'",
-        ]))?;
+        ))?;
         let cg = gpuhook::cgroup::for_pid(ct.init.pid).map_err(|e| e.to_string())?;
         println!("== its device cgroup {}:", cg.path().display());
         if let Ok(list) = std::fs::read_to_string(cg.path().join("devices.list")) {
