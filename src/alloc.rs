@@ -31,7 +31,8 @@ pub fn matches(g: &Gpu, filters: &[Filter]) -> bool {
         .all(|f| f.op.matches(field_value(g, f.field)))
 }
 
-fn resolve<'a>(gpus: &'a [Gpu], sel: &DeviceSel) -> Option<&'a Gpu> {
+/// The GPU a `<gpu:device>` selector names.
+pub fn resolve<'a>(gpus: &'a [Gpu], sel: &DeviceSel) -> Option<&'a Gpu> {
     gpus.iter().find(|g| match sel {
         DeviceSel::Pci(p) => g.pci == *p,
         DeviceSel::Uuid(u) => g.uuid.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(u)),

@@ -145,18 +145,10 @@ fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
             inv.by_pci(p)
                 .is_some_and(|g| g.usable() && alloc::matches(g, &req.filters))
         })
-        && req.devices.iter().all(|sel| {
-            inv.gpus.iter().any(|g| {
-                gpus.contains(&g.pci)
-                    && match sel {
-                        DeviceSel::Pci(p) => g.pci == *p,
-                        DeviceSel::Uuid(u) => {
-                            g.uuid.as_deref().is_some_and(|x| x.eq_ignore_ascii_case(u))
-                        }
-                        DeviceSel::Index(i) => g.index == *i as usize,
-                    }
-            })
-        })
+        && req
+            .devices
+            .iter()
+            .all(|sel| alloc::resolve(&inv.gpus, sel).is_some_and(|g| gpus.contains(&g.pci)))
 }
 
 fn prepare(dom: &Domain, req: &Request) -> Result<(), Error> {
@@ -467,7 +459,8 @@ fn reconnect(dom: &Domain, req: &Request) -> i32 {
     };
     let now = now_rfc3339();
     let mut adopted = false;
-    let decided = store(&cfg).update(|st| -> Result<Result<Vec<String>, Error>, Error> {
+    type Decided = Result<(Vec<String>, Vec<NodeSpec>), Error>;
+    let decided = store(&cfg).update(|st| -> Result<Decided, Error> {
         for n in reclaim_stale(st) {
             log::info(&n);
         }
@@ -506,16 +499,12 @@ fn reconnect(dom: &Domain, req: &Request) -> i32 {
         r.init = Some(ct.init);
         r.nodes = as_nodes(&specs);
         r.updated = now.clone();
-        Ok(Ok(gpus))
+        Ok(Ok((gpus, specs)))
     });
-    let gpus = match decided {
+    let (gpus, specs) = match decided {
         Err(e) => return soft("cannot update the state", &e),
         Ok(Err(e)) => return fatal(e),
-        Ok(Ok(g)) => g,
-    };
-    let specs = match node_specs(dom, req, &inv, &gpus) {
-        Ok(s) => s,
-        Err(e) => return fatal(e),
+        Ok(Ok(d)) => d,
     };
     match apply(&ct, &specs) {
         Ok(a) => {
