@@ -244,7 +244,7 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
 }
 
 fn list(as_json: bool) -> Result<i32, Error> {
-    let (_, inv, st) = load()?;
+    let (cfg, inv, st) = load()?;
     if as_json {
         println!(
             "{}",
@@ -292,7 +292,7 @@ fn list(as_json: bool) -> Result<i32, Error> {
     if inv.gpus.is_empty() {
         println!(
             "(no NVIDIA, AMD or Intel GPU found under {})",
-            Config::load()?.sysfs.display()
+            cfg.sysfs.display()
         );
     }
     Ok(0)

@@ -39,6 +39,19 @@ fn safe_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
 }
 
+/// The libvirt_lxc controller's PID from `/run/libvirt/lxc/NAME.pid`.
+pub fn pidfile_controller(name: &str) -> Result<i32, ContainerError> {
+    if !safe_name(name) {
+        return cerr(format!("unsafe domain name {name:?}"));
+    }
+    let p = format!("/run/libvirt/lxc/{name}.pid");
+    let s = std::fs::read_to_string(&p)
+        .map_err(|e| ContainerError(format!("domain XML has no id and {p} cannot be read: {e}")))?;
+    s.trim()
+        .parse::<i32>()
+        .map_err(|_| ContainerError(format!("{p} holds no PID")))
+}
+
 /// Finds the container of a running domain. `id` is `<domain id=…>` (the controller's
 /// PID); without it, `/run/libvirt/lxc/NAME.pid`. The init is the controller's child whose
 /// PID in its own namespace is 1. (The status XML's `<init pid>` is stale during `started`:
@@ -46,18 +59,7 @@ fn safe_name(name: &str) -> bool {
 pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
     let controller = match id {
         Some(pid) if pid > 0 => pid,
-        _ => {
-            if !safe_name(name) {
-                return cerr(format!("unsafe domain name {name:?}"));
-            }
-            let p = format!("/run/libvirt/lxc/{name}.pid");
-            let s = std::fs::read_to_string(&p).map_err(|e| {
-                ContainerError(format!("domain XML has no id and {p} cannot be read: {e}"))
-            })?;
-            s.trim()
-                .parse::<i32>()
-                .map_err(|_| ContainerError(format!("{p} holds no PID")))?
-        }
+        _ => pidfile_controller(name)?,
     };
     if procfs::start_time(controller).is_none() {
         return cerr(format!("controller process {controller} does not exist"));

@@ -107,12 +107,8 @@ pub fn stale_reason(r: &Reservation) -> Option<String> {
 
 /// Whether libvirt's controller for the domain runs (`/run/libvirt/lxc/NAME.pid`).
 fn controller_running(name: &str) -> bool {
-    if name.contains('/') || name.is_empty() || name.starts_with('.') {
-        return false;
-    }
-    std::fs::read_to_string(format!("/run/libvirt/lxc/{name}.pid"))
+    container::pidfile_controller(name)
         .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
         .and_then(procfs::comm)
         .is_some_and(|c| c == "libvirt_lxc")
 }
