@@ -114,7 +114,7 @@ fn controller_running(name: &str) -> bool {
 }
 
 /// Drops stale reservations; returns what was reclaimed, for the log.
-pub fn reclaim_stale(st: &mut State) -> Vec<String> {
+fn reclaim_stale(st: &mut State) -> Vec<String> {
     let stale: Vec<(String, String)> = st
         .reservations
         .iter()
@@ -256,7 +256,7 @@ fn start(dom: &Domain, req: &Request) -> Result<(), Error> {
 }
 
 /// The nodes a container gets for its GPUs, with mode and host-side owner.
-pub fn node_specs(
+fn node_specs(
     dom: &Domain,
     req: &Request,
     inv: &Inventory,
@@ -307,7 +307,7 @@ fn as_nodes(specs: &[NodeSpec]) -> Vec<Node> {
 }
 
 /// What one `apply` changed, so it can be undone.
-pub struct Applied {
+struct Applied {
     cg: Box<dyn DeviceCgroup>,
     granted: Vec<Node>,
     created: Vec<NodeSpec>,
@@ -316,7 +316,7 @@ pub struct Applied {
 
 /// Grants the nodes in the container's device cgroup, then creates them in its `/dev`.
 /// On failure nothing of this call is left behind.
-pub fn apply(ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
+fn apply(ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
     let mut cg = cgroup::for_pid(ct.init.pid)?;
     let granted = cgroup::grant_all(&mut *cg, &as_nodes(specs))?;
     match container::create_nodes(ct.init, specs) {
@@ -341,7 +341,7 @@ pub fn apply(ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
     }
 }
 
-pub fn undo(ct: &Container, mut a: Applied) {
+fn undo(ct: &Container, mut a: Applied) {
     if let Err(e) = container::remove_nodes(ct.init, &a.created, &a.dirs) {
         log::warn(&format!("rollback of nodes: {e}"));
     }

@@ -31,12 +31,6 @@ pub struct DevNode {
     pub mode: u32,
 }
 
-impl DevNode {
-    pub fn rdev(&self) -> u64 {
-        libc::makedev(self.major, self.minor)
-    }
-}
-
 /// Why a node comes with a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
