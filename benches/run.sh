@@ -4,12 +4,11 @@
 set -eu
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
-target=x86_64-unknown-linux-gnu
-RUSTFLAGS='-C target-feature=+crt-static -C relocation-model=static' cargo build --release --locked --target "$target" -p gpuhook --bin gpuhook
+hook=$(./scripts/build-static.sh)
 mkdir -p target/bench
 printf 'int main(void) { return 0; }\n' > target/bench/noop.c
 gcc -O2 -static -o target/bench/noop target/bench/noop.c
 gcc -O2 -static -o target/bench/rss benches/rss.c
 echo "machine: $(nproc) CPU ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(uname -r), $(free -g | awk '/Mem:/{print $2}') GiB"
-BENCH_HOOK="$PWD/target/$target/release/gpuhook" BENCH_NOOP="$PWD/target/bench/noop" \
+BENCH_HOOK="$hook" BENCH_NOOP="$PWD/target/bench/noop" \
 BENCH_SHELL="$PWD/hooks/lxc-shell-baseline.sh" BENCH_RSS="$PWD/target/bench/rss" cargo bench --locked --bench hook -- "$@"
