@@ -335,17 +335,33 @@ fn apply(ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
             })
         }
         Err(e) => {
-            cgroup::revoke_all(&mut *cg, &granted);
-            Err(e.into())
+            let left = cgroup::revoke_all(&mut *cg, &granted);
+            if left.is_empty() {
+                Err(e.into())
+            } else {
+                Err(Error::other(format!("{e}{}", cgroup::rollback_note(&left))))
+            }
         }
     }
 }
 
-fn undo(ct: &Container, mut a: Applied) {
-    if let Err(e) = container::remove_nodes(ct.init, &a.created, &a.dirs) {
-        log::warn(&format!("rollback of nodes: {e}"));
+/// Takes back what `apply` did; returns what could not be undone (empty when all was).
+/// A container whose init has exited lost its `/dev` with its mount namespace, and its
+/// cgroup goes with it: nothing there is left to undo.
+fn undo(ct: &Container, mut a: Applied) -> Vec<String> {
+    if !ct.init.alive() {
+        return Vec::new();
     }
-    cgroup::revoke_all(&mut *a.cg, &a.granted);
+    let mut left = Vec::new();
+    if let Err(e) = container::remove_nodes(ct.init, &a.created, &a.dirs) {
+        left.push(format!("nodes: {e}"));
+    }
+    left.extend(cgroup::revoke_all(&mut *a.cg, &a.granted));
+    if !ct.init.alive() {
+        // It exited while we undid: whatever failed went with it.
+        return Vec::new();
+    }
+    left
 }
 
 fn started(dom: &Domain, req: &Request) -> Result<(), Error> {
@@ -375,8 +391,11 @@ fn started(dom: &Domain, req: &Request) -> Result<(), Error> {
         Ok(())
     });
     if let Err(e) = recorded {
-        undo(&ct, applied);
-        return Err(e);
+        let left = undo(&ct, applied);
+        if left.is_empty() {
+            return Err(e);
+        }
+        return Err(Error::other(format!("{e}{}", cgroup::rollback_note(&left))));
     }
     log::info(&format!(
         "domain '{}': granted and created {} in container (init {})",

@@ -132,6 +132,17 @@ impl Bed {
             .to_owned()
     }
 
+    /// Waits up to 10 s for libvirt to see the domain stop.
+    fn wait_shut_off(&self, name: &str) -> bool {
+        for _ in 0..100 {
+            if self.state_of(name) == "shut off" {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        false
+    }
+
     fn xml(&self, name: &str) -> String {
         self.d.virsh_ok(&["dumpxml", name]).expect("dumpxml")
     }
@@ -597,11 +608,28 @@ impl Targets {
         assert!(md.is_file(), "target replaced");
         assert_eq!(std::fs::read_to_string(&self.file).unwrap(), "precious\n");
         assert_eq!((md.uid(), md.mode() & 0o7777), (0, 0o644));
-        assert_eq!(
-            std::fs::read_dir(&self.dir).unwrap().count(),
-            0,
-            "something was created in the target dir"
-        );
+        // The containers here share the host's root, and the hostile inits run `ln -s` through
+        // their own /dev symlinks to this directory: under load one such symlink
+        // (`renderD129 -> precious-file`) was seen landing here. A symlink here is the
+        // container's doing: gpuhook makes only directories and character devices and never
+        // calls symlink(2). Anything else here is a failure.
+        let found: Vec<String> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| !e.file_type().unwrap().is_symlink())
+            .map(|e| {
+                let md = std::fs::symlink_metadata(e.path()).unwrap();
+                format!(
+                    "{} ({:?}, mode {:o}, rdev {:x}, link {:?})",
+                    e.file_name().to_string_lossy(),
+                    md.file_type(),
+                    md.mode(),
+                    md.rdev(),
+                    std::fs::read_link(e.path()).ok()
+                )
+            })
+            .collect();
+        assert!(found.is_empty(), "created in the target dir: {found:?}");
         assert_eq!(Self::host_dev(), self.host_dev, "host /dev changed");
     }
 }
@@ -833,6 +861,7 @@ fn init_exits_during_started(b: &mut Bed) {
     b.use_host(FakeHost::blueprint());
     let t = Targets::new(b);
     let mut outcomes = Vec::new();
+    let mut missed = 0;
     for (i, delay_us) in [0u64, 300, 1000, 3000].into_iter().enumerate() {
         let name = format!("gh-exit{i}");
         b.define_start(&spec(&name, ""));
@@ -859,6 +888,7 @@ fn init_exits_during_started(b: &mut Bed) {
                 assert_eq!(e.trim_end().lines().count(), 1, "{e}");
                 assert!(
                     e.contains("exited")
+                        || e.contains("released while the container started")
                         || e.contains("is gone")
                         || e.contains("does not exist")
                         || e.contains("no child")
@@ -870,19 +900,40 @@ fn init_exits_during_started(b: &mut Bed) {
             other => panic!("{other:?}: {e}"),
         }
         t.intact();
-        for _ in 0..50 {
-            if b.state_of(&name) == "shut off" {
-                break;
+        if !b.wait_shut_off(&name) {
+            // libvirt's own miss, not gpuhook's: its controller lost its libvirtd client at
+            // start-up (it happens with plain domains too), so the exit event went nowhere.
+            // The reservation must still be freed by the next thing libvirt does: destroy.
+            assert!(!ct.init.alive(), "the init was killed");
+            let log = controller_log_since_start(&name);
+            assert!(
+                log.contains("Dropping event 1 because libvirtd is not connected"),
+                "domain still running with a dead init, and not libvirt's known miss:\n{log}"
+            );
+            if outcomes.last() == Some(&"done before exit") {
+                // gpuhook already sees the reservation as stale: a prepare would reclaim it.
+                let r = b.reservation(&name).expect("still reserved");
+                assert!(r["stale"].as_str().unwrap_or("").contains("is gone"), "{r}");
             }
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            missed += 1;
+            b.d.virsh_ok(&["destroy", &name]).unwrap();
         }
-        assert_eq!(b.state_of(&name), "shut off");
         assert!(
             b.reservation(&name).is_none(),
             "GPUs of a dead container are freed"
         );
     }
-    eprintln!("    init exit during started: {outcomes:?}");
+    eprintln!("    init exit during started: {outcomes:?}; exits libvirt missed: {missed}");
+}
+
+/// What libvirt's controller logged for the domain's latest start.
+fn controller_log_since_start(name: &str) -> String {
+    let log =
+        std::fs::read_to_string(format!("/var/log/libvirt/lxc/{name}.log")).unwrap_or_default();
+    match log.rfind(": starting up") {
+        Some(i) => log[i..].to_owned(),
+        None => log,
+    }
 }
 
 fn killed_behind_libvirts_back(b: &mut Bed) {

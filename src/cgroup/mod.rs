@@ -63,10 +63,17 @@ pub fn grant_all(cg: &mut dyn DeviceCgroup, nodes: &[Node]) -> Result<Vec<Node>,
             Ok(true) => added.push(n.clone()),
             Ok(false) => {}
             Err(e) => {
-                revoke_all(cg, &added);
+                let left = revoke_all(cg, &added);
                 return Err(CgroupError {
                     path: e.path,
-                    msg: format!("granting {} ({}:{}): {}", n.path, n.major, n.minor, e.msg),
+                    msg: format!(
+                        "granting {} ({}:{}): {}{}",
+                        n.path,
+                        n.major,
+                        n.minor,
+                        e.msg,
+                        rollback_note(&left)
+                    ),
                 });
             }
         }
@@ -74,12 +81,22 @@ pub fn grant_all(cg: &mut dyn DeviceCgroup, nodes: &[Node]) -> Result<Vec<Node>,
     Ok(added)
 }
 
-/// Best-effort revoke, newest first; failures are logged.
-pub fn revoke_all(cg: &mut dyn DeviceCgroup, nodes: &[Node]) {
-    for n in nodes.iter().rev() {
-        if let Err(e) = cg.revoke(n) {
-            crate::log::warn(&format!("rollback: {e}"));
-        }
+/// Best-effort revoke, newest first; returns what could not be taken back, so the caller
+/// can say it on its one error line.
+pub fn revoke_all(cg: &mut dyn DeviceCgroup, nodes: &[Node]) -> Vec<String> {
+    nodes
+        .iter()
+        .rev()
+        .filter_map(|n| cg.revoke(n).err().map(|e| e.to_string()))
+        .collect()
+}
+
+/// `""`, or `"; rollback incomplete: …"` naming what a rollback could not undo.
+pub fn rollback_note(left: &[String]) -> String {
+    if left.is_empty() {
+        String::new()
+    } else {
+        format!("; rollback incomplete: {}", left.join("; "))
     }
 }
 
@@ -197,6 +214,7 @@ mod tests {
     struct Fake {
         allowed: Vec<(u32, u32)>,
         fail_on: Option<u32>,
+        revoke_fails: bool,
         log: Vec<String>,
     }
 
@@ -220,6 +238,9 @@ mod tests {
         }
         fn revoke(&mut self, n: &Node) -> Result<(), CgroupError> {
             self.log.push(format!("revoke {}:{}", n.major, n.minor));
+            if self.revoke_fails {
+                return Err(CgroupError::new(Path::new("/fake"), "No such device"));
+            }
             self.allowed.retain(|x| *x != (n.major, n.minor));
             Ok(())
         }
@@ -254,6 +275,30 @@ mod tests {
         );
         assert_eq!(cg.log, vec!["allow 195:0", "revoke 195:0"]);
         assert_eq!(cg.allowed, vec![(195, 255)], "pre-existing access kept");
+    }
+
+    #[test]
+    fn failed_rollback_is_said_on_the_same_line() {
+        let mut cg = Fake {
+            fail_on: Some(2),
+            revoke_fails: true,
+            ..Default::default()
+        };
+        let e = grant_all(&mut cg, &[node(0), node(1), node(2)])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(
+            e.contains(
+                "granting /dev/nvidia2 (195:2): Operation not permitted; rollback incomplete: "
+            ) && e.contains("No such device"),
+            "{e}"
+        );
+        assert_eq!(
+            cg.log,
+            vec!["allow 195:0", "allow 195:1", "revoke 195:1", "revoke 195:0"]
+        );
+        assert_eq!(rollback_note(&[]), "");
     }
 
     #[test]
