@@ -334,34 +334,36 @@ fn apply(ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
                 dirs: made.dirs,
             })
         }
-        Err(e) => {
-            let left = cgroup::revoke_all(&mut *cg, &granted);
-            if left.is_empty() {
-                Err(e.into())
-            } else {
-                Err(Error::other(format!("{e}{}", cgroup::rollback_note(&left))))
-            }
-        }
+        Err(e) => Err(with_rollback(
+            e.into(),
+            &cgroup::revoke_all(&mut *cg, &granted),
+        )),
+    }
+}
+
+/// The error, with what its rollback could not undo said on the same line.
+fn with_rollback(e: Error, left: &[String]) -> Error {
+    if left.is_empty() {
+        e
+    } else {
+        Error::other(format!("{e}{}", cgroup::rollback_note(left)))
     }
 }
 
 /// Takes back what `apply` did; returns what could not be undone (empty when all was).
 /// A container whose init has exited lost its `/dev` with its mount namespace, and its
-/// cgroup goes with it: nothing there is left to undo.
+/// cgroup goes with it: nothing there is left to undo, whatever failed.
 fn undo(ct: &Container, mut a: Applied) -> Vec<String> {
-    if !ct.init.alive() {
-        return Vec::new();
-    }
     let mut left = Vec::new();
     if let Err(e) = container::remove_nodes(ct.init, &a.created, &a.dirs) {
         left.push(format!("nodes: {e}"));
     }
     left.extend(cgroup::revoke_all(&mut *a.cg, &a.granted));
-    if !ct.init.alive() {
-        // It exited while we undid: whatever failed went with it.
-        return Vec::new();
+    if ct.init.alive() {
+        left
+    } else {
+        Vec::new()
     }
-    left
 }
 
 fn started(dom: &Domain, req: &Request) -> Result<(), Error> {
@@ -391,11 +393,7 @@ fn started(dom: &Domain, req: &Request) -> Result<(), Error> {
         Ok(())
     });
     if let Err(e) = recorded {
-        let left = undo(&ct, applied);
-        if left.is_empty() {
-            return Err(e);
-        }
-        return Err(Error::other(format!("{e}{}", cgroup::rollback_note(&left))));
+        return Err(with_rollback(e, &undo(&ct, applied)));
     }
     log::info(&format!(
         "domain '{}': granted and created {} in container (init {})",
