@@ -609,10 +609,13 @@ impl Targets {
         assert_eq!(std::fs::read_to_string(&self.file).unwrap(), "precious\n");
         assert_eq!((md.uid(), md.mode() & 0o7777), (0, 0o644));
         // The containers here share the host's root, and the hostile inits run `ln -s` through
-        // their own /dev symlinks to this directory: under load one such symlink
-        // (`renderD129 -> precious-file`) was seen landing here. A symlink here is the
-        // container's doing: gpuhook makes only directories and character devices and never
-        // calls symlink(2). Anything else here is a failure.
+        // their own /dev symlinks to this directory. When libvirt stops such a container (a
+        // start gpuhook refused), it signals the container's processes: an `rm` dies before
+        // removing `/dev/dri -> precious-dir`, the init (immune as PID 1) goes on, and its next
+        // `ln -s precious-file /dev/dri/renderD129` lands here. Measured without gpuhook doing
+        // anything (a domain without GPU metadata, start + destroy): 3 of 30. A symlink here
+        // is the container's doing: gpuhook makes only directories and character devices and
+        // never calls symlink(2). Anything else here is a failure.
         let found: Vec<String> = std::fs::read_dir(&self.dir)
             .unwrap()
             .map(|e| e.unwrap())
