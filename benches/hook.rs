@@ -147,6 +147,9 @@ fn domain(name: &str, n: u32, meta: &str, id: Option<i32>) -> String {
 
 const ONE: &str = r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"/>"#;
 const TWO: &str = r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="2"/>"#;
+/// PCI functions beside the GPUs on the "realistic server" row: a two-socket GPU server
+/// lists 150–300 (root and switch ports, NICs, NVMe, chipset).
+const OTHER_FUNCTIONS: usize = 200;
 
 /// A fake host, with the commands of the three contenders against it.
 struct Host {
@@ -382,6 +385,23 @@ fn main() {
             None,
         );
     }
+    // A realistic server lists far more PCI functions than GPUs; each is read once.
+    let ho = Host::new(
+        &work,
+        "wide16-other",
+        FakeHost::wide(16).with_other_functions(OTHER_FUNCTIONS),
+    );
+    let (p, r) = (
+        ho.hook(&bins, "gpu2", "prepare", &g2),
+        ho.hook(&bins, "gpu2", "release", &g2),
+    );
+    let s = bench.measure(n, || must(&r), &p);
+    rep.row(
+        &format!("`prepare`, 2 of 16 GPUs, host with {OTHER_FUNCTIONS} other PCI functions"),
+        s,
+        Some(noop_g2),
+        None,
+    );
     let g1 = domain("gpu1", 3, ONE, None);
     let mut per_gpus = Vec::new();
     for g in [1usize, 4, 8, 16] {

@@ -242,3 +242,27 @@ fn wide16() {
     assert_eq!(l["gpus"][15]["numa_node"], 1);
     assert_eq!(l["gpus"][0]["arch"], "ampere");
 }
+
+#[test]
+fn other_pci_functions_are_not_gpus() {
+    // Bridges, NICs, NVMe and Intel chipset functions (vendor 0x8086, so only the class tells).
+    let bare = Host::new(FakeHost::wide(4)).list();
+    let h = Host::new(FakeHost::wide(4).with_other_functions(40));
+    let l = h.list();
+    assert_eq!(pcis(&l), pcis(&bare));
+    assert_eq!(pcis(&l).len(), 4);
+    let idx: Vec<u64> = l["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, [0, 1, 2, 3]);
+    let xml = domain(
+        "gh-other",
+        1,
+        r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="4"/>"#,
+    );
+    assert!(h.hook("gh-other", "prepare", &xml).status.success());
+    assert_eq!(h.holders()["gh-other"], pcis(&bare));
+}

@@ -336,6 +336,36 @@ impl FakeHost {
         }
     }
 
+    /// Adds `n` PCI functions that are not GPUs, as a real server lists beside its GPUs
+    /// (root ports and switch ports, NICs, NVMe drives, Intel chipset functions): every hook
+    /// run reads each one's class to find the GPUs.
+    pub fn with_other_functions(mut self, n: usize) -> FakeHost {
+        const KINDS: [(u16, u16, u32); 4] = [
+            (0x1022, 0x1483, 0x060400), // AMD root port (bridge)
+            (0x15b3, 0x101d, 0x020000), // Mellanox ConnectX-6 Dx (Ethernet)
+            (0x144d, 0xa80a, 0x010802), // Samsung NVMe
+            (0x8086, 0x0b00, 0x088000), // Intel chipset function (system peripheral)
+        ];
+        for i in 0..n {
+            let (vendor, device, class) = KINDS[i % KINDS.len()];
+            let bus = 0x80 + i / 8;
+            assert!(bus <= 0xff, "at most 1024 other functions");
+            let pci = format!("0000:{bus:02x}:00.{}", i % 8);
+            let numa = (i % 2) as i32;
+            self.devices.push(other(
+                &pci,
+                vendor,
+                device,
+                class,
+                numa,
+                &["pci0000:80"],
+                Driver::None,
+            ));
+        }
+        self.name = format!("{}+{n}", self.name);
+        self
+    }
+
     /// Builds the host under `root` (which must not exist or be empty). Needs root for mknod.
     pub fn create(&self, root: &Path) -> io::Result<HostPaths> {
         let p = HostPaths {
