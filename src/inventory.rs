@@ -287,6 +287,25 @@ fn open_dir(p: &Path) -> Option<OwnedFd> {
     .ok()
 }
 
+/// PCI drivers that bind NVIDIA, AMD or Intel GPUs, or park them for passthrough.
+const GPU_DRIVERS: [&str; 8] = [
+    "nvidia", "nouveau", "amdgpu", "radeon", "i915", "xe", "vfio-pci", "pci-stub",
+];
+
+/// Whether a PCI function can be a GPU, from one `readlink` of its `driver` link (a third of
+/// what reading its class costs): unbound, or bound to a GPU (or passthrough) driver. A server
+/// lists hundreds of functions that are none (ports, NICs, drives), all bound to their drivers.
+fn may_be_gpu(devices: BorrowedFd, name: &str) -> bool {
+    match readlinkat(devices, format!("{name}/driver").as_str()) {
+        Ok(target) => {
+            let t = target.as_bytes();
+            let drv = t.rsplit(|b| *b == b'/').next().unwrap_or(t);
+            GPU_DRIVERS.iter().any(|g| g.as_bytes() == drv) || drv.windows(4).any(|w| w == b"vfio")
+        }
+        Err(_) => true,
+    }
+}
+
 /// Class, vendor and device of a PCI device: from its `uevent` in one read
 /// (`PCI_CLASS=30200`, `PCI_ID=10DE:2330`), else from the `class`, `vendor`, `device` files.
 fn pci_ids(devices: BorrowedFd, name: &str) -> Option<(u32, u16, u16)> {
@@ -360,6 +379,9 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
         let Some(pci) = normalize_pci(&name) else {
             continue;
         };
+        if !may_be_gpu(dirfd, &name) {
+            continue;
+        }
         let Some((class, vendor, device)) = pci_ids(dirfd, &name) else {
             continue;
         };
@@ -575,6 +597,34 @@ fn add_drm_nodes(dev: &DevRoot, dir: &Path, gpu: &mut Gpu, required: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_unbound_or_gpu_bound_functions_are_read() {
+        let d = tempfile::tempdir().unwrap();
+        for (dev, driver) in [
+            ("0000:01:00.0", Some("nvidia")),
+            ("0000:02:00.0", Some("vfio-pci")),
+            ("0000:03:00.0", Some("nvgrace_gpu_vfio_pci")),
+            ("0000:04:00.0", None),
+            ("0000:05:00.0", Some("pcieport")),
+            ("0000:06:00.0", Some("mlx5_core")),
+            ("0000:07:00.0", Some("nvidia-fake")),
+        ] {
+            std::fs::create_dir(d.path().join(dev)).unwrap();
+            if let Some(drv) = driver {
+                std::os::unix::fs::symlink(
+                    format!("../../../bus/pci/drivers/{drv}"),
+                    d.path().join(dev).join("driver"),
+                )
+                .unwrap();
+            }
+        }
+        let fd = open_dir(d.path()).unwrap();
+        let may: Vec<bool> = (1..=7)
+            .map(|i| may_be_gpu(fd.as_fd(), &format!("0000:0{i}:00.0")))
+            .collect();
+        assert_eq!(may, [true, true, true, true, false, false, false]);
+    }
 
     #[test]
     fn nvidia_information_formats() {

@@ -245,9 +245,11 @@ fn wide16() {
 
 #[test]
 fn other_pci_functions_are_not_gpus() {
-    // Bridges, NICs, NVMe and Intel chipset functions (vendor 0x8086, so only the class tells).
+    // Bridges, NICs and NVMe bound to their drivers (skipped on the driver link alone), and
+    // unbound Intel chipset functions (vendor 0x8086, so only the class tells).
     let bare = Host::new(FakeHost::wide(4)).list();
-    let h = Host::new(FakeHost::wide(4).with_other_functions(40));
+    let mut host = FakeHost::wide(4).with_other_functions(40);
+    let h = Host::new(host.clone());
     let l = h.list();
     assert_eq!(pcis(&l), pcis(&bare));
     assert_eq!(pcis(&l).len(), 4);
@@ -258,6 +260,22 @@ fn other_pci_functions_are_not_gpus() {
         .map(|g| g["index"].as_u64().unwrap())
         .collect();
     assert_eq!(idx, [0, 1, 2, 3]);
+    // A GPU parked on vfio-pci (for a VM) is still a GPU: it keeps its index, never given.
+    host.devices.push(FakeDevice {
+        pci: "0000:05:00.0".into(),
+        vendor: 0x10de,
+        device: 0x20b0,
+        class: 0x030200,
+        subsystem: (0x10de, 0x134f),
+        numa: 0,
+        upstream: vec!["pci0000:00".into(), "0000:00:01.1".into()],
+        driver: Driver::Other("vfio-pci"),
+    });
+    let hv = Host::new(host);
+    let lv = hv.list();
+    assert_eq!(pcis(&lv)[0], "0000:05:00.0");
+    assert_eq!(pcis(&lv)[1..], pcis(&bare)[..]);
+    assert!(lv["gpus"][0]["problem"].is_string(), "{}", lv["gpus"][0]);
     let xml = domain(
         "gh-other",
         1,

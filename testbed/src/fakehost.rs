@@ -34,6 +34,8 @@ pub enum Driver {
     Drm { card: u32, render: u32 },
     /// No driver bound (e.g. NVIDIA card without the module, or a BMC VGA).
     None,
+    /// Bound to a driver that is not a GPU's (`pcieport`, `nvme`, `mlx5_core`, …).
+    Other(&'static str),
 }
 
 #[derive(Debug, Clone)]
@@ -340,14 +342,14 @@ impl FakeHost {
     /// (root ports and switch ports, NICs, NVMe drives, Intel chipset functions): every hook
     /// run reads each one's class to find the GPUs.
     pub fn with_other_functions(mut self, n: usize) -> FakeHost {
-        const KINDS: [(u16, u16, u32); 4] = [
-            (0x1022, 0x1483, 0x060400), // AMD root port (bridge)
-            (0x15b3, 0x101d, 0x020000), // Mellanox ConnectX-6 Dx (Ethernet)
-            (0x144d, 0xa80a, 0x010802), // Samsung NVMe
-            (0x8086, 0x0b00, 0x088000), // Intel chipset function (system peripheral)
+        const KINDS: [(u16, u16, u32, Option<&str>); 4] = [
+            (0x1022, 0x1483, 0x060400, Some("pcieport")), // AMD root port (bridge)
+            (0x15b3, 0x101d, 0x020000, Some("mlx5_core")), // Mellanox ConnectX-6 Dx
+            (0x144d, 0xa80a, 0x010802, Some("nvme")),     // Samsung NVMe
+            (0x8086, 0x0b00, 0x088000, None),             // Intel chipset function, no driver bound
         ];
         for i in 0..n {
-            let (vendor, device, class) = KINDS[i % KINDS.len()];
+            let (vendor, device, class, driver) = KINDS[i % KINDS.len()];
             let bus = 0x80 + i / 8;
             assert!(bus <= 0xff, "at most 1024 other functions");
             let pci = format!("0000:{bus:02x}:00.{}", i % 8);
@@ -359,7 +361,7 @@ impl FakeHost {
                 class,
                 numa,
                 &["pci0000:80"],
-                Driver::None,
+                driver.map_or(Driver::None, Driver::Other),
             ));
         }
         self.name = format!("{}+{n}", self.name);
@@ -396,6 +398,7 @@ impl FakeHost {
                 Driver::Nvidia { .. } => "DRIVER=nvidia\n",
                 Driver::Drm { .. } if d.vendor == 0x1002 => "DRIVER=amdgpu\n",
                 Driver::Drm { .. } => "DRIVER=xe\n",
+                Driver::Other(name) => &format!("DRIVER={name}\n"),
                 Driver::None => "",
             };
             w(
@@ -458,6 +461,7 @@ impl FakeHost {
                         )?;
                     }
                 }
+                Driver::Other(name) => bind_driver(&p, &dir, name)?,
                 Driver::None => {}
             }
         }
