@@ -59,6 +59,9 @@ pub struct FakeHost {
     pub nvidia_controls: bool,
     /// `/dev/kfd` present.
     pub kfd: bool,
+    /// PCI drivers registered with nothing bound (a real host lists tens in
+    /// `bus/pci/drivers`).
+    pub idle_drivers: Vec<&'static str>,
 }
 
 /// Where a created fake host's roots are.
@@ -180,6 +183,7 @@ impl FakeHost {
             ],
             nvidia_controls: true,
             kfd: false,
+            idle_drivers: vec![],
         }
     }
 
@@ -242,6 +246,7 @@ impl FakeHost {
             devices: d,
             nvidia_controls: true,
             kfd: false,
+            idle_drivers: vec![],
         }
     }
 
@@ -307,6 +312,7 @@ impl FakeHost {
             ],
             nvidia_controls: true,
             kfd: true,
+            idle_drivers: vec![],
         }
     }
 
@@ -335,6 +341,7 @@ impl FakeHost {
             devices: d,
             nvidia_controls: true,
             kfd: false,
+            idle_drivers: vec![],
         }
     }
 
@@ -364,6 +371,40 @@ impl FakeHost {
                 driver.map_or(Driver::None, Driver::Other),
             ));
         }
+        self.idle_drivers = vec![
+            "ahci",
+            "xhci_hcd",
+            "ehci-pci",
+            "ohci-pci",
+            "i801_smbus",
+            "igb",
+            "ixgbe",
+            "i40e",
+            "ice",
+            "bnxt_en",
+            "tg3",
+            "e1000e",
+            "mei_me",
+            "snd_hda_intel",
+            "megaraid_sas",
+            "mpt3sas",
+            "lpc_ich",
+            "shpchp",
+            "ipmi_si",
+            "ast",
+            "mgag200",
+            "qat_4xxx",
+            "idxd",
+            "iavf",
+            "ccp",
+            "k10temp",
+            "ioatdma",
+            "vmd",
+            "nfp",
+            "ptdma",
+            "sp5100_tco",
+            "serial",
+        ];
         self.name = format!("{}+{n}", self.name);
         self
     }
@@ -378,6 +419,13 @@ impl FakeHost {
         };
         fs::create_dir_all(p.sysfs.join("bus/pci/devices"))?;
         fs::create_dir_all(p.sysfs.join("bus/pci/drivers"))?;
+        for d in &self.idle_drivers {
+            let dir = p.sysfs.join("bus/pci/drivers").join(d);
+            fs::create_dir_all(&dir)?;
+            for f in ["bind", "unbind", "new_id", "remove_id", "uevent"] {
+                fs::write(dir.join(f), "")?;
+            }
+        }
         fs::create_dir_all(p.proc.join("driver"))?;
         fs::create_dir_all(p.dev.join("dri/by-path"))?;
         let mut any_nvidia = false;
@@ -491,7 +539,12 @@ fn bind_driver(p: &HostPaths, dir: &Path, driver: &str) -> io::Result<()> {
     symlink(
         format!("{}bus/pci/drivers/{driver}", "../".repeat(depth)),
         dir.join("driver"),
-    )
+    )?;
+    // And the driver's link back to the device, as sysfs has both.
+    let (Ok(rel), Some(name)) = (dir.strip_prefix(&p.sysfs), dir.file_name()) else {
+        return Ok(());
+    };
+    symlink(format!("../../../../{}", rel.display()), drv.join(name))
 }
 
 /// `mknod` a character device with exact mode and group.

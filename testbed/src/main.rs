@@ -1,7 +1,7 @@
 //! `gpuhook-testbed`: fake GPU hosts and the end-to-end demo.
 //!
 //! ```text
-//! gpuhook-testbed fakehost PROFILE DIR     blueprint | dgx8 | mixed | wideN; writes DIR/config.json
+//! gpuhook-testbed fakehost PROFILE DIR     blueprint | dgx8 | mixed | wideN, each +M for M other PCI functions; writes DIR/config.json
 //! gpuhook-testbed demo --hook BIN [--workdir DIR]
 //! ```
 
@@ -10,11 +10,15 @@ use std::process::Command;
 use testbed::{Daemon, DomainSpec, FakeHost, Hook};
 
 fn usage() -> ! {
-    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|mixed|wideN DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]");
+    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|mixed|wideN[+M] DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]");
     std::process::exit(2)
 }
 
+/// A profile, optionally `+M`: M other (non-GPU) PCI functions beside the GPUs.
 fn profile(name: &str) -> Option<FakeHost> {
+    if let Some((base, other)) = name.split_once('+') {
+        return Some(profile(base)?.with_other_functions(other.parse().ok()?));
+    }
     Some(match name {
         "blueprint" => FakeHost::blueprint(),
         "dgx8" => FakeHost::dgx8(),
