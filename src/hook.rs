@@ -374,7 +374,18 @@ fn started(dom: &Domain, req: &Request) -> Result<(), Error> {
     inv.settle(&cfg, &r.gpus);
     let ct = container::find(&dom.name, dom.id)?;
     let specs = node_specs(dom, req, &inv, &r.gpus)?;
-    let applied = apply(&ct, &specs)?;
+    // A failure because the init exited meanwhile (its /proc entry, cgroup or mount
+    // namespace vanished under us) says so first: that is the cause an operator needs.
+    let applied = apply(&ct, &specs).map_err(|e| {
+        if ct.init.alive() {
+            e
+        } else {
+            Error::other(format!(
+                "container init {} exited during started ({e})",
+                ct.init.pid
+            ))
+        }
+    })?;
     let now = now_rfc3339();
     let recorded = st.update(|s| -> Result<(), Error> {
         let cur = s.reservations.get_mut(&dom.uuid).ok_or_else(|| {
