@@ -287,9 +287,10 @@ fn open_dir(p: &Path) -> Option<OwnedFd> {
     .ok()
 }
 
-/// PCI drivers that bind NVIDIA, AMD or Intel GPUs, or park them for passthrough.
-const GPU_DRIVERS: [&str; 8] = [
-    "nvidia", "nouveau", "amdgpu", "radeon", "i915", "xe", "vfio-pci", "pci-stub",
+/// PCI drivers that bind NVIDIA, AMD or Intel GPUs, or park them for passthrough (with any
+/// driver whose name holds `vfio`: `vfio-pci`, `nvgrace_gpu_vfio_pci`, …).
+const GPU_DRIVERS: [&str; 7] = [
+    "nvidia", "nouveau", "amdgpu", "radeon", "i915", "xe", "pci-stub",
 ];
 
 /// Whether a PCI function can be a GPU, from one `readlink` of its `driver` link (a third of

@@ -59,9 +59,6 @@ pub struct FakeHost {
     pub nvidia_controls: bool,
     /// `/dev/kfd` present.
     pub kfd: bool,
-    /// PCI drivers registered with nothing bound (a real host lists tens in
-    /// `bus/pci/drivers`).
-    pub idle_drivers: Vec<&'static str>,
 }
 
 /// Where a created fake host's roots are.
@@ -183,7 +180,6 @@ impl FakeHost {
             ],
             nvidia_controls: true,
             kfd: false,
-            idle_drivers: vec![],
         }
     }
 
@@ -246,7 +242,6 @@ impl FakeHost {
             devices: d,
             nvidia_controls: true,
             kfd: false,
-            idle_drivers: vec![],
         }
     }
 
@@ -312,7 +307,6 @@ impl FakeHost {
             ],
             nvidia_controls: true,
             kfd: true,
-            idle_drivers: vec![],
         }
     }
 
@@ -341,13 +335,12 @@ impl FakeHost {
             devices: d,
             nvidia_controls: true,
             kfd: false,
-            idle_drivers: vec![],
         }
     }
 
     /// Adds `n` PCI functions that are not GPUs, as a real server lists beside its GPUs
     /// (root ports and switch ports, NICs, NVMe drives, Intel chipset functions): every hook
-    /// run reads each one's class to find the GPUs.
+    /// run looks at each one (its driver link; the class of the unbound ones) to find the GPUs.
     pub fn with_other_functions(mut self, n: usize) -> FakeHost {
         const KINDS: [(u16, u16, u32, Option<&str>); 4] = [
             (0x1022, 0x1483, 0x060400, Some("pcieport")), // AMD root port (bridge)
@@ -371,40 +364,6 @@ impl FakeHost {
                 driver.map_or(Driver::None, Driver::Other),
             ));
         }
-        self.idle_drivers = vec![
-            "ahci",
-            "xhci_hcd",
-            "ehci-pci",
-            "ohci-pci",
-            "i801_smbus",
-            "igb",
-            "ixgbe",
-            "i40e",
-            "ice",
-            "bnxt_en",
-            "tg3",
-            "e1000e",
-            "mei_me",
-            "snd_hda_intel",
-            "megaraid_sas",
-            "mpt3sas",
-            "lpc_ich",
-            "shpchp",
-            "ipmi_si",
-            "ast",
-            "mgag200",
-            "qat_4xxx",
-            "idxd",
-            "iavf",
-            "ccp",
-            "k10temp",
-            "ioatdma",
-            "vmd",
-            "nfp",
-            "ptdma",
-            "sp5100_tco",
-            "serial",
-        ];
         self.name = format!("{}+{n}", self.name);
         self
     }
@@ -419,13 +378,6 @@ impl FakeHost {
         };
         fs::create_dir_all(p.sysfs.join("bus/pci/devices"))?;
         fs::create_dir_all(p.sysfs.join("bus/pci/drivers"))?;
-        for d in &self.idle_drivers {
-            let dir = p.sysfs.join("bus/pci/drivers").join(d);
-            fs::create_dir_all(&dir)?;
-            for f in ["bind", "unbind", "new_id", "remove_id", "uevent"] {
-                fs::write(dir.join(f), "")?;
-            }
-        }
         fs::create_dir_all(p.proc.join("driver"))?;
         fs::create_dir_all(p.dev.join("dri/by-path"))?;
         let mut any_nvidia = false;
