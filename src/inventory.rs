@@ -200,6 +200,26 @@ pub fn parse_nvidia_information(text: &str) -> NvidiaInfo {
 
 const DISPLAY_CLASSES: [u32; 3] = [0x030000, 0x030200, 0x038000];
 
+/// PCI base class + subclass 0x1200, "processing accelerator": AMD Instinct MI300X,
+/// MI300A and MI325X enumerate so (the kernel's amdgpu driver matches that class for them).
+const ACCELERATOR_CLASS: u32 = 0x1200;
+
+/// Whether a PCI class may be a GPU of some vendor (before the vendor is known).
+fn gpu_class(class: u32) -> bool {
+    DISPLAY_CLASSES.contains(&class) || class >> 8 == ACCELERATOR_CLASS
+}
+
+/// Whether a PCI function is a GPU gpuhook hands out: a display-class function of NVIDIA,
+/// AMD or Intel, or an AMD processing accelerator. Other vendors' accelerators (Intel's NPUs
+/// are class 0x1200 too, FPGAs, inference cards) are not GPUs.
+fn is_gpu(class: u32, vendor: u16) -> bool {
+    match Vendor::from_pci_id(vendor) {
+        Some(Vendor::Amd) => gpu_class(class),
+        Some(_) => DISPLAY_CLASSES.contains(&class),
+        None => false,
+    }
+}
+
 /// What a scan must read beyond what choosing GPUs needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scan {
@@ -330,7 +350,7 @@ fn pci_ids(devices: BorrowedFd, name: &str) -> Option<(u32, u16, u16)> {
         }
     }
     let class = hex(at("class"))?;
-    if !DISPLAY_CLASSES.contains(&class) {
+    if !gpu_class(class) {
         return Some((class, 0, 0));
     }
     let vendor = hex(at("vendor"))? as u16;
@@ -386,7 +406,7 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
         let Some((class, vendor, device)) = pci_ids(dirfd, &name) else {
             continue;
         };
-        if !DISPLAY_CLASSES.contains(&class) || Vendor::from_pci_id(vendor).is_none() {
+        if !is_gpu(class, vendor) {
             continue;
         }
         found.push(Found {
@@ -598,6 +618,23 @@ fn add_drm_nodes(dev: &DevRoot, dir: &Path, gpu: &mut Gpu, required: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_classes() {
+        // Display classes for the three vendors.
+        for c in [0x030000, 0x030200, 0x038000] {
+            assert!(is_gpu(c, 0x10de) && is_gpu(c, 0x1002) && is_gpu(c, 0x8086));
+        }
+        // Processing accelerators: AMD Instinct MI300 class only.
+        assert!(is_gpu(0x120000, 0x1002));
+        assert!(!is_gpu(0x120000, 0x8086), "Intel NPU");
+        assert!(!is_gpu(0x120000, 0x10de));
+        assert!(!is_gpu(0x120000, 0x1ded), "another vendor's accelerator");
+        // Neither NVSwitch (bridge 0x0680) nor other classes.
+        assert!(!is_gpu(0x068000, 0x10de));
+        assert!(!is_gpu(0x010802, 0x1002));
+        assert!(!is_gpu(0x030000, 0x1af4));
+    }
 
     #[test]
     fn only_unbound_or_gpu_bound_functions_are_read() {

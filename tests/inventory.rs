@@ -284,3 +284,57 @@ fn other_pci_functions_are_not_gpus() {
     assert!(h.hook("gh-other", "prepare", &xml).status.success());
     assert_eq!(h.holders()["gh-other"], pcis(&bare));
 }
+
+/// AMD Instinct MI300X enumerates as a processing accelerator (class 0x1200), not a display
+/// device: it is a GPU (arch cdna3), and the GPUs after it keep their indices. Intel's NPU
+/// (class 0x1200 too) is not.
+#[test]
+fn mi300_accelerators_are_gpus() {
+    let h = Host::new(FakeHost::mi300());
+    let l = h.list();
+    assert_eq!(
+        pcis(&l),
+        [
+            "0000:05:00.0",
+            "0000:0c:00.0",
+            "0000:8c:00.0",
+            "0000:c1:00.0"
+        ],
+        "both MI300X (class 0x1200) are GPUs, the Intel NPU 0000:00:0b.0 (class 0x1200 too) is not"
+    );
+    let g = l["gpus"].as_array().unwrap();
+    assert_eq!(
+        (
+            g[1]["arch"].as_str(),
+            g[1]["model"].as_str(),
+            g[1]["vendor"].as_str()
+        ),
+        (Some("cdna3"), Some("Instinct MI300X"), Some("amd"))
+    );
+    assert_eq!(
+        g[1]["devices"],
+        serde_json::json!(["/dev/dri/card2", "/dev/dri/renderD130"])
+    );
+    assert_eq!(g[2]["numa_node"], 1);
+    assert_eq!(
+        (g[3]["index"].as_u64(), g[3]["arch"].as_str()),
+        (Some(3), Some("ada"))
+    );
+    let xml = domain(
+        "gh-mi300",
+        1,
+        r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="2" arch="CDNA3"/>"#,
+    );
+    let o = h.hook("gh-mi300", "prepare", &xml);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(h.holders()["gh-mi300"], ["0000:0c:00.0", "0000:8c:00.0"]);
+    // By index: the L40S is still index 3.
+    let xml = domain(
+        "gh-idx3",
+        2,
+        r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"><gpu:device index="3"/></gpu:gpus>"#,
+    );
+    let o = h.hook("gh-idx3", "prepare", &xml);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(h.holders()["gh-idx3"], ["0000:c1:00.0"]);
+}

@@ -310,6 +310,55 @@ impl FakeHost {
         }
     }
 
+    /// An AMD Instinct host: an MI210 (display class 0x0380), two MI300X (class 0x1200,
+    /// "processing accelerator", as the kernel lists them), an Intel NPU (class 0x1200 too,
+    /// not a GPU) left unbound so only its class and vendor tell, and an NVIDIA L40S after
+    /// them in PCI order (its index shifts if an MI300X is missed).
+    pub fn mi300() -> FakeHost {
+        let amd = |pci: &str, device: u16, class: u32, numa: i32, root: &str, card: u32| {
+            other(
+                pci,
+                0x1002,
+                device,
+                class,
+                numa,
+                &[root, &format!("{}:01.0", &root[3..])],
+                Driver::Drm {
+                    card,
+                    render: 128 + card,
+                },
+            )
+        };
+        FakeHost {
+            name: "mi300".into(),
+            devices: vec![
+                other(
+                    "0000:00:0b.0",
+                    0x8086,
+                    0x7d1d,
+                    0x120000,
+                    0,
+                    &["pci0000:00"],
+                    Driver::None,
+                ),
+                amd("0000:05:00.0", 0x740f, 0x038000, 0, "pci0000:04", 1),
+                amd("0000:0c:00.0", 0x74a1, 0x120000, 0, "pci0000:0b", 2),
+                amd("0000:8c:00.0", 0x74a1, 0x120000, 1, "pci0000:8b", 3),
+                nv(
+                    "0000:c1:00.0",
+                    0x26b9,
+                    1,
+                    &["pci0000:c0", "0000:c0:01.0"],
+                    0,
+                    "NVIDIA L40S",
+                    false,
+                ),
+            ],
+            nvidia_controls: true,
+            kfd: true,
+        }
+    }
+
     /// `n` A100 SXM4 over two NUMA nodes, two per switch (for benchmarks and stress).
     pub fn wide(n: usize) -> FakeHost {
         let mut d = Vec::new();

@@ -1,7 +1,7 @@
 //! `gpuhook-testbed`: fake GPU hosts and the end-to-end demo.
 //!
 //! ```text
-//! gpuhook-testbed fakehost PROFILE DIR     blueprint | dgx8 | mixed | wideN, each +M for M other PCI functions; writes DIR/config.json
+//! gpuhook-testbed fakehost PROFILE DIR     blueprint | dgx8 | mixed | mi300 | wideN, each +M for M other PCI functions; writes DIR/config.json
 //! gpuhook-testbed demo --hook BIN [--workdir DIR]
 //! ```
 
@@ -10,7 +10,7 @@ use std::process::Command;
 use testbed::{Daemon, DomainSpec, FakeHost, Hook};
 
 fn usage() -> ! {
-    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|mixed|wideN[+M] DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]");
+    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|mixed|mi300|wideN[+M] DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]");
     std::process::exit(2)
 }
 
@@ -23,6 +23,7 @@ fn profile(name: &str) -> Option<FakeHost> {
         "blueprint" => FakeHost::blueprint(),
         "dgx8" => FakeHost::dgx8(),
         "mixed" => FakeHost::mixed(),
+        "mi300" => FakeHost::mi300(),
         w if w.starts_with("wide") => FakeHost::wide(w[4..].parse().ok()?),
         _ => return None,
     })
