@@ -27,11 +27,81 @@ fn cerr<T>(m: impl Into<String>) -> Result<T, ContainerError> {
     Err(ContainerError(m.into()))
 }
 
-/// A running container: its libvirt_lxc controller and its init.
+/// A running container: its libvirt_lxc controller, its init, and the identity of the
+/// `/dev` libvirt made for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Container {
     pub controller: i32,
     pub init: ProcRef,
+    pub dev: DevTmpfs,
+}
+
+/// The tmpfs libvirt's controller mounts at `/run/libvirt/lxc/NAME.dev` in its own mount
+/// namespace and moves to the container's `/dev` (`virLXCControllerSetupDev`,
+/// `lxcContainerMountFSDev`): its device and the inode of its root. The only `/dev` gpuhook
+/// writes into is the directory with exactly this identity; a container that bind-mounts
+/// another directory (of its host-backed rootfs, a `<filesystem>` passthrough, a fresh
+/// devtmpfs) over `/dev` or `/` is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevTmpfs {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// Where libvirt keeps its LXC state (`LXC_STATE_DIR`): `/run/libvirt/lxc`, or
+/// `/var/run/libvirt/lxc` in builds configured with that run-state directory.
+const LXC_STATE_DIRS: [&str; 2] = ["/run/libvirt/lxc", "/var/run/libvirt/lxc"];
+
+/// Finds the container's `/dev` tmpfs among the controller's mounts: the last (topmost)
+/// mount at `LXC_STATE_DIR/NAME.dev`, which must be a tmpfs mounted whole (root `/`).
+/// Returns its mount point and device.
+pub fn dev_mount(mounts: &[procfs::Mount], name: &str) -> Result<(String, u64), String> {
+    let wanted: Vec<String> = LXC_STATE_DIRS
+        .iter()
+        .map(|d| format!("{d}/{name}.dev"))
+        .collect();
+    let m = mounts
+        .iter()
+        .rev()
+        .find(|m| wanted.contains(&m.mount_point))
+        .ok_or_else(|| {
+            format!(
+                "libvirt's controller has no /dev tmpfs mounted at {}",
+                wanted[0]
+            )
+        })?;
+    if m.fs_type != "tmpfs" || m.root != "/" {
+        return Err(format!(
+            "libvirt's controller has {} (root {}) at {}, not the tmpfs it makes for /dev",
+            m.fs_type, m.root, m.mount_point
+        ));
+    }
+    Ok((m.mount_point.clone(), m.dev))
+}
+
+/// The identity of the container's `/dev` tmpfs, read from its controller: the mount from the
+/// controller's `mountinfo`, the root inode by `stat` through the controller's root (both the
+/// controller's view, which the container cannot change: its own mount namespace is a
+/// private copy).
+pub fn controller_dev(name: &str, controller: i32) -> Result<DevTmpfs, ContainerError> {
+    let mounts = procfs::mounts(Some(controller)).ok_or_else(|| {
+        ContainerError(format!(
+            "controller {controller}: cannot read its mountinfo"
+        ))
+    })?;
+    let (at, dev) = dev_mount(&mounts, name).map_err(ContainerError)?;
+    let p = format!("/proc/{controller}/root{at}");
+    let st = nix::sys::stat::lstat(p.as_str())
+        .map_err(|e| ContainerError(format!("controller {controller}: {at}: {e}")))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_dev != dev {
+        return cerr(format!(
+            "controller {controller}: {at} is not the tmpfs its mountinfo lists"
+        ));
+    }
+    Ok(DevTmpfs {
+        dev,
+        ino: st.st_ino,
+    })
 }
 
 /// Accepts a domain name for use in `/run/libvirt/lxc/NAME.pid` (libvirt forbids `/`).
@@ -64,24 +134,35 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
     if procfs::start_time(controller).is_none() {
         return cerr(format!("controller process {controller} does not exist"));
     }
-    let inits: Vec<i32> = procfs::children(controller)
+    let inits: Vec<ProcRef> = procfs::children(controller)
         .into_iter()
-        .filter(|c| {
-            let ns = procfs::nspid(*c);
-            ns.len() >= 2 && ns.last() == Some(&1)
-        })
+        .filter_map(|c| init_child(controller, c))
         .collect();
     match inits.as_slice() {
-        [init] => {
-            let init = ProcRef::of(*init)
-                .ok_or_else(|| ContainerError(format!("container init {init} exited")))?;
-            Ok(Container { controller, init })
-        }
+        [init] => Ok(Container {
+            controller,
+            init: *init,
+            dev: controller_dev(name, controller)?,
+        }),
         [] => cerr(format!(
             "controller {controller} has no child that is PID 1 of a PID namespace (container init not running)"
         )),
-        many => cerr(format!("controller {controller} has several container inits {many:?}")),
+        many => cerr(format!(
+            "controller {controller} has several container inits {:?}",
+            many.iter().map(|p| p.pid).collect::<Vec<_>>()
+        )),
     }
+}
+
+/// `pid`, a child of `controller` a moment ago, as the container init: PID 1 of its own PID
+/// namespace. Its identity (start time) is read first and checked again after the facts, with
+/// its parent: had it exited and its PID been reused between the reads, the facts could be
+/// another process's, and that process is not the controller's child.
+fn init_child(controller: i32, pid: i32) -> Option<ProcRef> {
+    let p = ProcRef::of(pid)?;
+    let ns = procfs::nspid(pid);
+    let is_init = ns.len() >= 2 && ns.last() == Some(&1);
+    (is_init && procfs::ppid(pid) == Some(controller) && p.alive()).then_some(p)
 }
 
 /// A node to create in the container: its path there, number, mode and host-side owner.
@@ -124,14 +205,6 @@ pub enum Outcome {
     Existing,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Status {
-    Present,
-    Missing,
-    /// Something else is there (described).
-    Wrong(String),
-}
-
 /// What a run in the container made (for rollback).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Made {
@@ -147,14 +220,12 @@ enum Job {
         nodes: Vec<NodeSpec>,
         dirs: Vec<String>,
     },
-    Inspect(Vec<NodeSpec>),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Reply {
     Made(Made),
     Removed,
-    Statuses(Vec<Status>),
     Failed(String),
 }
 
@@ -164,8 +235,8 @@ const CHILD_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Creates `nodes` in the container's `/dev`; on any failure removes what it created and
 /// returns the error.
-pub fn create_nodes(init: ProcRef, nodes: &[NodeSpec]) -> Result<Made, ContainerError> {
-    match run(init, &Job::Create(nodes.to_vec()))? {
+pub fn create_nodes(ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError> {
+    match run(ct, &Job::Create(nodes.to_vec()))? {
         Reply::Made(m) => Ok(m),
         Reply::Failed(e) => Err(ContainerError(e)),
         _ => cerr("unexpected reply from container helper"),
@@ -175,12 +246,12 @@ pub fn create_nodes(init: ProcRef, nodes: &[NodeSpec]) -> Result<Made, Container
 /// Removes nodes this gpuhook created (each only if it is still that character device) and
 /// the directories it created (if empty).
 pub fn remove_nodes(
-    init: ProcRef,
+    ct: &Container,
     nodes: &[NodeSpec],
     dirs: &[String],
 ) -> Result<(), ContainerError> {
     match run(
-        init,
+        ct,
         &Job::Remove {
             nodes: nodes.to_vec(),
             dirs: dirs.to_vec(),
@@ -192,16 +263,8 @@ pub fn remove_nodes(
     }
 }
 
-/// What is at each node's place in the container.
-pub fn inspect(init: ProcRef, nodes: &[NodeSpec]) -> Result<Vec<Status>, ContainerError> {
-    match run(init, &Job::Inspect(nodes.to_vec()))? {
-        Reply::Statuses(s) => Ok(s),
-        Reply::Failed(e) => Err(ContainerError(e)),
-        _ => cerr("unexpected reply from container helper"),
-    }
-}
-
-fn run(init: ProcRef, job: &Job) -> Result<Reply, ContainerError> {
+fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
+    let init = ct.init;
     let ns_path = format!("/proc/{}/ns/mnt", init.pid);
     let ns = nix::fcntl::open(
         ns_path.as_str(),
@@ -237,7 +300,7 @@ fn run(init: ProcRef, job: &Job) -> Result<Reply, ContainerError> {
     match unsafe { nix::unistd::fork() }.map_err(|e| ContainerError(format!("fork: {e}")))? {
         nix::unistd::ForkResult::Child => {
             drop(rd);
-            let reply = match child(&ns, (host_dev.st_dev, host_dev.st_ino), &payload) {
+            let reply = match child(&ns, (host_dev.st_dev, host_dev.st_ino), ct.dev, &payload) {
                 Ok(r) => r,
                 Err(e) => Reply::Failed(e),
             };
@@ -307,7 +370,12 @@ fn read_with_deadline(fd: OwnedFd, limit: Duration) -> Result<Vec<u8>, Container
 
 // ---- in the child, inside the container's mount namespace ----
 
-fn child(ns: &OwnedFd, host_dev: (u64, u64), payload: &[u8]) -> Result<Reply, String> {
+fn child(
+    ns: &OwnedFd,
+    host_dev: (u64, u64),
+    libvirt_dev: DevTmpfs,
+    payload: &[u8],
+) -> Result<Reply, String> {
     // SAFETY: plain prctl calls on this process.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
@@ -328,6 +396,17 @@ fn child(ns: &OwnedFd, host_dev: (u64, u64), payload: &[u8]) -> Result<Reply, St
     let st = fstat(&dev).map_err(|e| format!("container /dev: {e}"))?;
     if (st.st_dev, st.st_ino) == host_dev {
         return Err("container /dev is the host's /dev; refusing to write there".into());
+    }
+    if (st.st_dev, st.st_ino) != (libvirt_dev.dev, libvirt_dev.ino) {
+        return Err(format!(
+            "container /dev is not the tmpfs libvirt made for it (found device {}:{} inode {}, want {}:{} inode {}): something is mounted over /dev or /; refusing to write there",
+            libc::major(st.st_dev),
+            libc::minor(st.st_dev),
+            st.st_ino,
+            libc::major(libvirt_dev.dev),
+            libc::minor(libvirt_dev.dev),
+            libvirt_dev.ino
+        ));
     }
     let dev_fs = st.st_dev;
     Ok(match job {
@@ -353,9 +432,6 @@ fn child(ns: &OwnedFd, host_dev: (u64, u64), payload: &[u8]) -> Result<Reply, St
         Job::Remove { nodes, dirs } => {
             remove(&dev, dev_fs, &nodes, &dirs);
             Reply::Removed
-        }
-        Job::Inspect(nodes) => {
-            Reply::Statuses(nodes.iter().map(|n| status(&dev, dev_fs, n)).collect())
         }
     })
 }
@@ -603,17 +679,86 @@ fn remove(dev: &OwnedFd, dev_fs: u64, nodes: &[NodeSpec], dirs: &[String]) {
     }
 }
 
-fn status(dev: &OwnedFd, dev_fs: u64, n: &NodeSpec) -> Status {
-    match walk_parent(dev, dev_fs, n, None) {
-        Err(e) => Status::Wrong(e),
-        Ok(None) => Status::Missing,
-        Ok(Some((dir, leaf))) => {
-            match fstatat(&dir, leaf, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(st) if is_node(&st, n) => Status::Present,
-                Ok(st) => Status::Wrong(format!("container {} is {}", n.path, describe(&st))),
-                Err(Errno::ENOENT) => Status::Missing,
-                Err(e) => Status::Wrong(format!("container {}: {e}", n.path)),
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(point: &str, fs: &str, root: &str, dev: u64) -> procfs::Mount {
+        procfs::Mount {
+            dev,
+            root: root.into(),
+            mount_point: point.into(),
+            fs_type: fs.into(),
+            super_options: "rw".into(),
         }
+    }
+
+    #[test]
+    fn libvirts_dev_tmpfs_among_the_controllers_mounts() {
+        let base = vec![
+            mount("/", "ext4", "/", 1),
+            mount("/run/libvirt/lxc/t1.devpts", "devpts", "/", 2),
+        ];
+        let e = dev_mount(&base, "t1").unwrap_err();
+        assert!(
+            e.contains("no /dev tmpfs mounted at /run/libvirt/lxc/t1.dev"),
+            "{e}"
+        );
+        let mut m = base.clone();
+        m.push(mount("/run/libvirt/lxc/t1.dev", "tmpfs", "/", 7));
+        m.push(mount("/run/libvirt/lxc/t10.dev", "tmpfs", "/", 8));
+        assert_eq!(
+            dev_mount(&m, "t1").unwrap(),
+            ("/run/libvirt/lxc/t1.dev".into(), 7)
+        );
+        // The topmost mount at the path rules; it must be a whole tmpfs.
+        m.push(mount("/run/libvirt/lxc/t1.dev", "ext4", "/", 9));
+        assert!(dev_mount(&m, "t1").unwrap_err().contains("ext4 (root /)"));
+        m.push(mount("/run/libvirt/lxc/t1.dev", "tmpfs", "/sub", 7));
+        assert!(dev_mount(&m, "t1").unwrap_err().contains("root /sub"));
+        // Builds that keep the state under /var/run.
+        let v = vec![mount("/var/run/libvirt/lxc/t1.dev", "tmpfs", "/", 5)];
+        assert_eq!(dev_mount(&v, "t1").unwrap().1, 5);
+    }
+
+    /// Only a child of the controller that is PID 1 of its own PID namespace is the init.
+    #[test]
+    fn init_is_the_controllers_pid_namespace_init() {
+        let me = std::process::id() as i32;
+        let mut plain = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert_eq!(
+            init_child(me, plain.id() as i32),
+            None,
+            "not a PID-namespace init"
+        );
+        let mut ns = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--", "sleep", "5"])
+            .spawn()
+            .unwrap();
+        let unshare = ns.id() as i32;
+        let mut init = None;
+        for _ in 0..100 {
+            if let Some(c) = procfs::children(unshare).first() {
+                init = Some(*c);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let init = init.expect("unshare's child");
+        let got = init_child(unshare, init).expect("PID 1 of its namespace, child of unshare");
+        assert_eq!(got.pid, init);
+        assert_eq!(
+            init_child(me, init),
+            None,
+            "not our child: parentage is checked"
+        );
+        let _ = ns.kill();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::SIGKILL);
+        ns.wait().unwrap();
+        plain.kill().unwrap();
+        plain.wait().unwrap();
     }
 }

@@ -14,7 +14,7 @@
 use crate::alloc;
 use crate::cgroup::{self, DeviceCgroup};
 use crate::config::Config;
-use crate::container::{self, Container, NodeSpec, Outcome, Status};
+use crate::container::{self, Container, NodeSpec, Outcome};
 use crate::error::Error;
 use crate::inventory::{self, Inventory, Scan};
 use crate::log;
@@ -44,6 +44,10 @@ pub fn read_stdin() -> std::io::Result<Vec<u8>> {
 
 /// Runs one hook call; returns the exit status.
 pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
+    if matches!(op, "stopped" | "release") {
+        stop(name, op, xml);
+        return 0;
+    }
     if !metadata::mentions_gpuhook(xml) {
         return 0;
     }
@@ -62,10 +66,6 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
         "prepare" => prepare(&dom, &req),
         "start" => start(&dom, &req),
         "started" => started(&dom, &req),
-        "stopped" | "release" => {
-            free(&dom, op);
-            Ok(())
-        }
         "reconnect" => return reconnect(&dom, &req),
         other => {
             log::warn(&format!(
@@ -319,7 +319,7 @@ struct Applied {
 fn apply(ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
     let mut cg = cgroup::for_pid(ct.init.pid)?;
     let granted = cgroup::grant_all(&mut *cg, &as_nodes(specs))?;
-    match container::create_nodes(ct.init, specs) {
+    match container::create_nodes(ct, specs) {
         Ok(made) => {
             let created = specs
                 .iter()
@@ -355,7 +355,7 @@ fn with_rollback(e: Error, left: &[String]) -> Error {
 /// cgroup goes with it: nothing there is left to undo, whatever failed.
 fn undo(ct: &Container, mut a: Applied) -> Vec<String> {
     let mut left = Vec::new();
-    if let Err(e) = container::remove_nodes(ct.init, &a.created, &a.dirs) {
+    if let Err(e) = container::remove_nodes(ct, &a.created, &a.dirs) {
         left.push(format!("nodes: {e}"));
     }
     left.extend(cgroup::revoke_all(&mut *a.cg, &a.granted));
@@ -419,30 +419,42 @@ fn started(dom: &Domain, req: &Request) -> Result<(), Error> {
     Ok(())
 }
 
-fn free(dom: &Domain, op: &str) {
-    let cfg = match Config::load() {
-        Ok(c) => c,
-        Err(e) => {
-            log::error(&format!(
-                "domain '{}': {op}: cannot free its GPUs: {e}",
-                dom.name
-            ));
-            return;
+/// `stopped`/`release`: frees what the state holds for the domain's UUID, whatever its live
+/// XML says now (`gpuhook-libvirt request --clear --live` drops the request from a running
+/// domain's live definition, and the stop hooks then get XML without it). A domain the state
+/// does not name costs a config read and one look at the state's bytes; trouble with either
+/// is said only for a domain whose XML asks for GPUs (others are none of gpuhook's business).
+fn stop(name: &str, op: &str, xml: &[u8]) {
+    let asks = metadata::mentions_gpuhook(xml);
+    let fail = |e: &dyn std::fmt::Display| {
+        if asks {
+            log::error(&format!("domain '{name}': {op}: cannot free its GPUs: {e}"));
         }
     };
-    let r = store(&cfg).update(|st| Ok::<_, Error>(st.reservations.remove(&dom.uuid)));
-    match r {
+    let Some(uuid) = metadata::domain_uuid(xml) else {
+        return fail(&"domain XML has no valid <uuid>");
+    };
+    let cfg = match Config::load() {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let st = store(&cfg);
+    if !asks && !st.mentions(&uuid) {
+        return;
+    }
+    match st.update(|s| Ok::<_, Error>(s.reservations.remove(&uuid))) {
         Ok(Some(r)) => log::info(&format!(
-            "domain '{}' ({}): {op}: freed {}",
-            dom.name,
-            dom.uuid,
-            r.gpus.join(",")
+            "domain '{name}' ({uuid}): {op}: freed {}{}",
+            r.gpus.join(","),
+            if asks {
+                ""
+            } else {
+                " (its XML no longer asks for GPUs)"
+            }
         )),
         Ok(None) => {}
-        Err(e) => log::error(&format!(
-            "domain '{}': {op}: cannot free its GPUs: {e}",
-            dom.name
-        )),
+        // The state names this domain: say why its GPUs stay held, whatever its XML says.
+        Err(e) => log::error(&format!("domain '{name}': {op}: cannot free its GPUs: {e}")),
     }
 }
 
@@ -481,8 +493,11 @@ fn reconnect(dom: &Domain, req: &Request) -> i32 {
         Ok(c) => c,
         Err(e) => return fatal(e.into()),
     };
+    // What the container's device cgroup grants, read now, before the lock: adoption decides
+    // from it under the lock without touching the container (whose /dev could stall us).
+    let granted = granted_gpus(&ct, req, &inv);
     let now = now_rfc3339();
-    let mut adopted = false;
+    let mut adopted = None;
     type Decided = Result<(Vec<String>, Vec<NodeSpec>), Error>;
     let decided = store(&cfg).update(|st| -> Result<Decided, Error> {
         for n in reclaim_stale(st) {
@@ -490,13 +505,20 @@ fn reconnect(dom: &Domain, req: &Request) -> i32 {
         }
         let gpus = match st.reservations.get(&dom.uuid) {
             Some(r) => r.gpus.clone(),
-            None => match adopt(dom, req, &inv, st, &ct) {
-                Ok(g) => {
-                    adopted = true;
-                    g
+            None => {
+                let held = st.held(Some(&dom.uuid));
+                match granted
+                    .as_ref()
+                    .map_err(|e| Error::other(e.to_string()))
+                    .and_then(|g| adopt(req, &inv, &held, g))
+                {
+                    Ok((g, ignored)) => {
+                        adopted = Some(ignored);
+                        g
+                    }
+                    Err(e) => return Ok(Err(e)),
                 }
-                Err(e) => return Ok(Err(e)),
-            },
+            }
         };
         let specs = match node_specs(dom, req, &inv, &gpus) {
             Ok(s) => s,
@@ -530,12 +552,23 @@ fn reconnect(dom: &Domain, req: &Request) -> i32 {
         Ok(Err(e)) => return fatal(e),
         Ok(Ok(d)) => d,
     };
+    if let Some(ignored) = adopted.as_ref().filter(|i| !i.is_empty()) {
+        log::warn(&format!(
+            "domain '{}': reconnect: its device cgroup also grants GPU(s) {} beyond what it asks for ({req}); not reserved for it",
+            dom.name,
+            ignored.join(",")
+        ));
+    }
     match apply(&ct, &specs) {
         Ok(a) => {
             log::info(&format!(
                 "domain '{}': reconnect: {} GPUs {}; re-granted {} and re-created {} node(s)",
                 dom.name,
-                if adopted { "re-adopted" } else { "kept" },
+                if adopted.is_some() {
+                    "re-adopted"
+                } else {
+                    "kept"
+                },
                 gpus.join(","),
                 a.granted.len(),
                 a.created.len()
@@ -546,48 +579,39 @@ fn reconnect(dom: &Domain, req: &Request) -> i32 {
     }
 }
 
-/// The state lost a running container's reservation: take back the GPUs it visibly uses
-/// (nodes in its `/dev` or access in its cgroup), topped up to the request; or, when it uses
-/// none, reserve afresh. A GPU it uses that another domain holds cannot be reconciled.
-fn adopt(
-    dom: &Domain,
+/// The GPUs whose node (the first one the request's capabilities give) the container's
+/// device cgroup grants by an exact rule. The cgroup is kernel state the container cannot
+/// widen for itself; the nodes in its `/dev` are not evidence (it can make them), and a
+/// wildcard rule names no GPU.
+fn granted_gpus(
+    ct: &Container,
     req: &Request,
     inv: &Inventory,
-    st: &State,
-    ct: &Container,
-) -> Result<Vec<String>, Error> {
-    let held = st.held(Some(&dom.uuid));
+) -> Result<Vec<String>, cgroup::CgroupError> {
     let cg = cgroup::for_pid(ct.init.pid)?;
-    let mut probes: Vec<(String, NodeSpec)> = Vec::new();
+    let mut out = Vec::new();
     for g in &inv.gpus {
         if let Some(n) = g.nodes_for(req.capabilities).next() {
-            probes.push((
-                g.pci.clone(),
-                NodeSpec {
-                    path: n.path.clone(),
-                    major: n.major,
-                    minor: n.minor,
-                    mode: n.mode,
-                    uid: 0,
-                    gid: 0,
-                },
-            ));
+            if cg.grants_exactly(&Node::from(n))? {
+                out.push(g.pci.clone());
+            }
         }
     }
-    let specs: Vec<NodeSpec> = probes.iter().map(|(_, s)| s.clone()).collect();
-    let statuses = container::inspect(ct.init, &specs)?;
-    let mut using = Vec::new();
-    for ((pci, spec), status) in probes.iter().zip(statuses) {
-        let node = Node {
-            path: spec.path.clone(),
-            major: spec.major,
-            minor: spec.minor,
-        };
-        if status == Status::Present || cg.is_allowed(&node)? {
-            using.push(pci.clone());
-        }
-    }
-    for p in &using {
+    Ok(out)
+}
+
+/// The state lost a running container's reservation: take back the GPUs its device cgroup
+/// grants (`granted`), as far as they fit the request and never more than it asks for, and
+/// top up to the request's count; or reserve afresh when it has none. A granted GPU that
+/// another domain holds cannot be reconciled. Pure: it reads neither the container nor the
+/// host. Returns the GPUs and the granted ones left out (for the log).
+fn adopt(
+    req: &Request,
+    inv: &Inventory,
+    held: &alloc::Held,
+    granted: &[String],
+) -> Result<(Vec<String>, Vec<String>), Error> {
+    for p in granted {
         if let Some(h) = held.get(p) {
             return Err(Error::other(format!(
                 "it uses GPU {p}, which is reserved by domain '{h}'"
@@ -595,12 +619,29 @@ fn adopt(
         }
     }
     let mut want = req.clone();
-    if !using.is_empty() {
-        want.count = want.count.max(using.len() as u32);
-        want.devices = using.iter().map(|p| DeviceSel::Pci(p.clone())).collect();
-        want.filters.clear();
+    let (keep, ignored): (Vec<&String>, Vec<&String>) = granted.iter().partition(|p| {
+        inv.by_pci(p).is_some_and(|g| {
+            g.usable()
+                && alloc::matches(g, &req.filters)
+                && (req.devices.is_empty()
+                    || req
+                        .devices
+                        .iter()
+                        .any(|s| alloc::resolve(&inv.gpus, s).is_some_and(|x| x.pci == g.pci)))
+        })
+    });
+    let (keep, over) = keep.split_at(keep.len().min(req.count as usize));
+    if req.devices.is_empty() {
+        want.devices = keep.iter().map(|p| DeviceSel::Pci(p.to_string())).collect();
     }
-    Ok(alloc::allocate(&inv.gpus, &held, &want)?)
+    let gpus = alloc::allocate(&inv.gpus, held, &want)?;
+    let left_out = ignored
+        .into_iter()
+        .chain(over.iter().copied())
+        .filter(|p| !gpus.contains(p))
+        .cloned()
+        .collect();
+    Ok((gpus, left_out))
 }
 
 #[cfg(test)]

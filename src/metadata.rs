@@ -63,6 +63,17 @@ pub fn mentions_gpuhook(xml: &[u8]) -> bool {
     xml.windows(needle.len()).any(|w| w == needle)
 }
 
+/// The domain's UUID without parsing the document: the text of its first `<uuid>` element.
+/// libvirt formats `<name>` and `<uuid>` before `<title>`, `<description>`, `<metadata>` and
+/// everything else a user writes (text there is escaped), so the first one is the domain's.
+/// `None` when there is none or it is not a UUID.
+pub fn domain_uuid(xml: &[u8]) -> Option<String> {
+    let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle);
+    let start = find(xml, b"<uuid>")? + b"<uuid>".len();
+    let len = find(&xml[start..xml.len().min(start + 64)], b"</uuid>")?;
+    normalize_uuid(std::str::from_utf8(&xml[start..start + len]).ok()?)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Vendor {
     Nvidia,
@@ -912,6 +923,24 @@ mod tests {
                 assert!(!e.0.contains('\n'), "multi-line error {:?}", e.0);
             }
         }
+    }
+
+    #[test]
+    fn uuid_without_parsing() {
+        assert_eq!(domain_uuid(dom("").as_bytes()).as_deref(), Some(UUID));
+        let upper = dom("").replace(UUID, &UUID.to_ascii_uppercase());
+        assert_eq!(domain_uuid(upper.as_bytes()).as_deref(), Some(UUID));
+        assert_eq!(domain_uuid(b"<domain><name>x</name></domain>"), None);
+        assert_eq!(
+            domain_uuid(b"<domain><uuid>../../etc</uuid></domain>"),
+            None
+        );
+        assert_eq!(
+            domain_uuid(b"<domain><uuid>155e2a6a-e7c9-40ab-9e0e-8fd8636abd19"),
+            None
+        );
+        let long = format!("<uuid>{}</uuid>", "a".repeat(100));
+        assert_eq!(domain_uuid(long.as_bytes()), None);
     }
 
     #[test]

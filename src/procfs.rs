@@ -64,6 +64,11 @@ pub fn start_time(pid: i32) -> Option<u64> {
     stat_fields(pid)?.get(19)?.parse().ok()
 }
 
+/// The parent PID (`/proc/PID/stat` field 4).
+pub fn ppid(pid: i32) -> Option<i32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
 /// Direct children of a process (all its threads).
 pub fn children(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -98,6 +103,70 @@ pub fn comm(pid: i32) -> Option<String> {
     read(format!("/proc/{pid}/comm")).map(|s| s.trim_end().to_owned())
 }
 
+/// One line of a `mountinfo` file (`proc(5)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// The filesystem's device (`st_dev` of every file on it), from `major:minor`.
+    pub dev: u64,
+    /// The directory of the filesystem that is mounted (`/` for its whole tree).
+    pub root: String,
+    pub mount_point: String,
+    pub fs_type: String,
+    pub super_options: String,
+}
+
+/// Parses `mountinfo` text: `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw`.
+/// Lines that do not parse are skipped.
+pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
+    text.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let pre: Vec<&str> = pre.split(' ').collect();
+            let post: Vec<&str> = post.split(' ').collect();
+            let (maj, min) = pre.get(2)?.split_once(':')?;
+            Some(Mount {
+                dev: libc::makedev(maj.parse().ok()?, min.parse().ok()?),
+                root: unescape_mount(pre.get(3)?),
+                mount_point: unescape_mount(pre.get(4)?),
+                fs_type: post.first()?.to_string(),
+                super_options: post.get(2).unwrap_or(&"").to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The mounts of a process's mount namespace (`/proc/PID/mountinfo`, or our own for `None`).
+pub fn mounts(pid: Option<i32>) -> Option<Vec<Mount>> {
+    let p = match pid {
+        Some(pid) => format!("/proc/{pid}/mountinfo"),
+        None => "/proc/self/mountinfo".to_owned(),
+    };
+    read(p).map(|t| parse_mountinfo(&t))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push(
+                u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("0"), 8)
+                    .unwrap_or(b'?'),
+            );
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The process that ran us (libvirtd when we are its hook).
 pub fn parent() -> Option<ProcRef> {
     ProcRef::of(nix::unistd::getppid().as_raw())
@@ -106,6 +175,28 @@ pub fn parent() -> Option<ProcRef> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mountinfo_lines() {
+        let m = parse_mountinfo(concat!(
+            "24 27 0:6 / /dev rw,relatime - devtmpfs devtmpfs rw,size=123k,mode=755\n",
+            "310 300 0:61 / /run/libvirt/lxc/t1.dev rw,nosuid,relatime shared:9 master:2 - tmpfs devfs rw,size=64k,mode=755\n",
+            "77 27 254:0 /srv/a\\040b /mnt/x\\134y rw - ext4 /dev/vda rw\n",
+            "garbage\n",
+        ));
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[1].mount_point, "/run/libvirt/lxc/t1.dev");
+        assert_eq!((m[1].fs_type.as_str(), m[1].root.as_str()), ("tmpfs", "/"));
+        assert_eq!(m[1].dev, libc::makedev(0, 61));
+        assert_eq!(m[0].super_options, "rw,size=123k,mode=755");
+        assert_eq!(
+            (m[2].root.as_str(), m[2].mount_point.as_str()),
+            ("/srv/a b", "/mnt/x\\y")
+        );
+        assert_eq!(m[2].dev, libc::makedev(254, 0));
+        // Our own mount namespace has a root.
+        assert!(mounts(None).unwrap().iter().any(|m| m.mount_point == "/"));
+    }
 
     #[test]
     fn identity_of_self_and_children() {
@@ -130,6 +221,7 @@ mod tests {
         let c = ProcRef::of(child.id() as i32).unwrap();
         assert_eq!(nspid(child.id() as i32), vec![child.id() as i32]);
         assert_eq!(comm(child.id() as i32).as_deref(), Some("sleep"));
+        assert_eq!(ppid(child.id() as i32), Some(std::process::id() as i32));
         child.kill().unwrap();
         // A zombie is not alive.
         std::thread::sleep(std::time::Duration::from_millis(50));

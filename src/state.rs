@@ -375,6 +375,26 @@ impl Store {
         Ok((st, Some(buf)))
     }
 
+    /// Whether the state file's bytes contain `"key"`: a look without the lock, parse or
+    /// checks, for a hook call that has nothing to do unless the state names it. Any trouble
+    /// reading is `false`: the caller then has nothing of its own to free.
+    pub fn mentions(&self, key: &str) -> bool {
+        use std::os::unix::fs::OpenOptionsExt;
+        let Ok(mut f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+        else {
+            return false;
+        };
+        let mut buf = Vec::new();
+        if f.read_to_end(&mut buf).is_err() {
+            return false;
+        }
+        let needle = format!("\"{key}\"");
+        buf.windows(needle.len()).any(|w| w == needle.as_bytes())
+    }
+
     /// The current state, without taking the lock. A missing file or directory is an empty
     /// state.
     pub fn read(&self) -> Result<State, StateError> {

@@ -1175,6 +1175,192 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
     );
 }
 
+/// The container mounts something else over its `/dev`: a host directory its root shares, or
+/// a sub-directory of a fresh devtmpfs (the host's real `/dev`). gpuhook writes only into the
+/// tmpfs libvirt's controller made for it: `started` and `reconnect` refuse in one line and
+/// nothing appears outside.
+fn hostile_dev_overmount(b: &mut Bed) {
+    b.use_host(FakeHost::blueprint());
+    b.define_start(&spec("gh-ovr", ""));
+    let ct = b.ct("gh-ovr");
+    let t = Targets::new(b);
+    // A host directory bind-mounted over /dev.
+    let o = b.sh_in(&ct, &format!("mount --bind {} /dev", t.dir.display()));
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    for op in ["started", "reconnect"] {
+        let o = b.hook_direct("gh-ovr", op);
+        common::assert_fails(
+            &o,
+            "gh-ovr",
+            "container /dev is not the tmpfs libvirt made for it",
+        );
+        t.intact();
+    }
+    // A sub-directory of a devtmpfs mounted in the container: making it creates
+    // /dev/gh-ovr-sub on the host (devtmpfs has one superblock), and nothing may land there.
+    let host_sub = Path::new("/dev/gh-ovr-sub");
+    let _ = std::fs::remove_dir(host_sub);
+    let view = b.work.join("devtmpfs-view");
+    std::fs::create_dir_all(&view).unwrap();
+    let o = b.sh_in(
+        &ct,
+        &format!(
+            "umount /dev && mount -t devtmpfs devtmpfs {v} && mkdir {v}/gh-ovr-sub && mount --bind {v}/gh-ovr-sub /dev",
+            v = view.display()
+        ),
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        host_sub.is_dir(),
+        "the container's devtmpfs is the host's /dev"
+    );
+    let t = Targets::new(b);
+    for op in ["started", "reconnect"] {
+        let o = b.hook_direct("gh-ovr", op);
+        common::assert_fails(
+            &o,
+            "gh-ovr",
+            "container /dev is not the tmpfs libvirt made for it",
+        );
+        let made: Vec<_> = std::fs::read_dir(host_sub)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(made.is_empty(), "{op} wrote into the host's /dev: {made:?}");
+        t.intact();
+    }
+    std::fs::remove_dir(host_sub).unwrap();
+    // Its own /dev back in place: the same container gets its nodes again.
+    let o = b.sh_in(&ct, "umount /dev");
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    common::assert_ok(&b.hook_direct("gh-ovr", "started"));
+    assert_eq!(b.nodes(&ct)["/dev/nvidia0"], (195, 0));
+}
+
+/// The state lost a running container's reservation (an operator's `gpuhook release`) and
+/// libvirtd restarts: `reconnect` adopts what the container's device cgroup grants by exact
+/// rule, never a GPU whose node the container has in its `/dev`, never more than it asks for.
+fn reconnect_adopts_only_granted(b: &mut Bed) {
+    b.use_host(FakeHost::blueprint());
+    b.define_start(&spec("gh-adopt", r#"count="1""#));
+    let ct = b.ct("gh-adopt");
+    assert_eq!(b.holders()["gh-adopt"], ["0000:07:00.0"]);
+    // A node of the other GPU in its /dev (a container controls what its /dev holds).
+    let o = b.sh_in(&ct, "mknod /dev/nvidia1 c 195 1");
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let o = b.gh(&["release", "gh-adopt"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(b.holders().is_empty());
+    b.d.restart().unwrap();
+    assert_eq!(b.state_of("gh-adopt"), "running");
+    assert_eq!(
+        b.holders()["gh-adopt"],
+        ["0000:07:00.0"],
+        "adopted from its cgroup only"
+    );
+    assert!(!b.devices_list(&ct).contains(&"c 195:1 rw".to_string()));
+    assert_eq!(
+        b.open_in(&ct, &["/dev/nvidia0", "/dev/nvidia1"]),
+        vec![Err(Errno::ENXIO), Err(Errno::EPERM)]
+    );
+    // Its cgroup grants both GPUs (an operator's hand), it asks for one: it keeps one.
+    std::fs::write(b.cgroup_dir(&ct).join("devices.allow"), "c 195:1 rw").unwrap();
+    let o = b.gh(&["release", "gh-adopt"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    // (Run as libvirt would at its restart: libvirtd logs a hook's stderr only on failure.)
+    let o = b.hook_direct("gh-adopt", "reconnect");
+    common::assert_ok(&o);
+    assert_eq!(
+        b.holders()["gh-adopt"],
+        ["0000:07:00.0"],
+        "never beyond count"
+    );
+    assert!(
+        common::stderr(&o).contains("gpuhook: warning: domain 'gh-adopt': reconnect: its device cgroup also grants GPU(s) 0000:08:00.0 beyond what it asks for"),
+        "{}",
+        common::stderr(&o)
+    );
+}
+
+/// `gpuhook-libvirt request --clear --live` drops the request from a running domain's live
+/// XML; its stop hooks then see no gpuhook metadata, and still free its GPUs by UUID.
+fn stop_frees_after_live_clear(b: &mut Bed) {
+    b.use_host(FakeHost::blueprint());
+    b.define_start(&spec("gh-clr", r#"count="2""#));
+    assert_eq!(b.holders()["gh-clr"].len(), 2);
+    let o = glv(b, &["request", "gh-clr", "--clear", "--live"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(!b.xml("gh-clr").contains("urn:gpuhook"), "live XML lost it");
+    b.d.virsh_ok(&["destroy", "gh-clr"]).unwrap();
+    assert!(b.holders().is_empty(), "freed at stop: {:?}", b.holders());
+    // A domain that never asked is still untouched: no state file is made for it.
+    std::fs::remove_file(b.state()).unwrap();
+    b.define_start(&DomainSpec::new("gh-clr-plain", ""));
+    b.d.virsh_ok(&["destroy", "gh-clr-plain"]).unwrap();
+    assert!(!b.state().exists());
+}
+
+/// Sub-cgroups of the container's device cgroup (systemd's, a nested container manager's)
+/// that exist before `started` or `reconnect` get the grants too (v1 does not pass a parent's
+/// new rule to existing children), and a rollback takes them back from all of them.
+fn grants_reach_sub_cgroups(b: &mut Bed) {
+    b.use_host(FakeHost::blueprint());
+    b.define_start(&spec("gh-sub", ""));
+    let ct = b.ct("gh-sub");
+    let cg = b.cgroup_dir(&ct);
+    let open_from = |d: &Path| {
+        probe::open_in_cgroup(
+            &d.join("cgroup.procs"),
+            Some(ct.init.pid),
+            &[Path::new("/dev/nvidia0")],
+        )
+        .expect("probe")
+    };
+    let lose = || {
+        // A deny on the container's cgroup reaches every cgroup below it.
+        std::fs::write(cg.join("devices.deny"), "c 195:0 rw").unwrap();
+    };
+    lose();
+    let sub = cg.join("system.slice");
+    std::fs::create_dir(&sub).unwrap();
+    assert_eq!(open_from(&sub), vec![Err(Errno::EPERM)]);
+    common::assert_ok(&b.hook_direct("gh-sub", "started"));
+    assert_eq!(
+        open_from(&sub),
+        vec![Err(Errno::ENXIO)],
+        "granted below too"
+    );
+    // reconnect, with a deeper one.
+    lose();
+    let deeper = sub.join("inner.scope");
+    std::fs::create_dir(&deeper).unwrap();
+    b.d.restart().unwrap();
+    assert_eq!(b.state_of("gh-sub"), "running");
+    for d in [&cg, &sub, &deeper] {
+        assert_eq!(open_from(d), vec![Err(Errno::ENXIO)], "{}", d.display());
+    }
+    // A failing `started` revokes what it added, everywhere.
+    lose();
+    let o = b.sh_in(&ct, "rm /dev/nvidiactl && : > /dev/nvidiactl");
+    assert!(o.status.success());
+    common::assert_fails(
+        &b.hook_direct("gh-sub", "started"),
+        "gh-sub",
+        "container /dev/nvidiactl is a regular file",
+    );
+    for d in [&cg, &sub, &deeper] {
+        let l = std::fs::read_to_string(d.join("devices.list")).unwrap();
+        assert!(
+            !l.lines().any(|x| x == "c 195:0 rw"),
+            "{}: {l}",
+            d.display()
+        );
+        assert_eq!(open_from(d), vec![Err(Errno::EPERM)], "{}", d.display());
+    }
+    std::fs::remove_dir(&deeper).unwrap();
+    std::fs::remove_dir(&sub).unwrap();
+}
+
 type Case = fn(&mut Bed);
 
 const CASES: &[(&str, Case)] = &[
@@ -1190,6 +1376,13 @@ const CASES: &[(&str, Case)] = &[
     ("hostile_reconnect_kills", hostile_reconnect_kills),
     ("hostile_init_races_started", hostile_init_races_started),
     ("hostile_swap_race", hostile_swap_race),
+    ("hostile_dev_overmount", hostile_dev_overmount),
+    (
+        "reconnect_adopts_only_granted",
+        reconnect_adopts_only_granted,
+    ),
+    ("stop_frees_after_live_clear", stop_frees_after_live_clear),
+    ("grants_reach_sub_cgroups", grants_reach_sub_cgroups),
     ("full_container_dev", full_container_dev),
     ("init_exits_during_started", init_exits_during_started),
     ("killed_behind_libvirts_back", killed_behind_libvirts_back),

@@ -15,6 +15,7 @@ mod v2;
 pub use v1::V1;
 pub use v2::V2;
 
+use crate::procfs;
 use crate::state::Node;
 use std::path::{Path, PathBuf};
 
@@ -40,6 +41,9 @@ pub trait DeviceCgroup {
     fn path(&self) -> &Path;
     /// Whether `rw` access to the char device is already allowed.
     fn is_allowed(&self, node: &Node) -> Result<bool, CgroupError>;
+    /// Whether a rule for exactly this char device grants `rw` (a wildcard rule is evidence
+    /// of nothing: it names no GPU). What `reconnect` adopts from.
+    fn grants_exactly(&self, node: &Node) -> Result<bool, CgroupError>;
     /// Allows `rw` access to exactly this char device.
     fn allow(&mut self, node: &Node) -> Result<(), CgroupError>;
     /// Takes back an access this gpuhook run added.
@@ -100,47 +104,6 @@ pub fn rollback_note(left: &[String]) -> String {
     }
 }
 
-/// One line of `/proc/self/mountinfo`: (mount point, root inside the fs, fs type, super options).
-fn mounts() -> Vec<(PathBuf, String, String, String)> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            let pre: Vec<&str> = pre.split(' ').collect();
-            let post: Vec<&str> = post.split(' ').collect();
-            Some((
-                PathBuf::from(unescape_mount(pre.get(4)?)),
-                unescape_mount(pre.get(3)?),
-                post.first()?.to_string(),
-                post.get(2).unwrap_or(&"").to_string(),
-            ))
-        })
-        .collect()
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mount(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push(
-                u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("0"), 8)
-                    .unwrap_or(b'?'),
-            );
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Joins a mount point and a cgroup path (relative to the mount's root).
 fn under(mount: &Path, root: &str, cg: &str) -> Option<PathBuf> {
     let rel = if root == "/" {
@@ -178,26 +141,25 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
             v1_path = Some(path.to_owned());
         }
     }
-    let ms = mounts();
+    let ms = procfs::mounts(None).unwrap_or_default();
+    let dir_of = |m: &procfs::Mount, p: &str| {
+        let mp = Path::new(&m.mount_point);
+        under(mp, &m.root, p)
+            .ok_or_else(|| CgroupError::new(mp, format!("cgroup path {p} is outside the mount")))
+    };
     if let Some(p) = v1_path {
         let m = ms
             .iter()
-            .find(|(_, _, fs, opts)| fs == "cgroup" && opts.split(',').any(|o| o == "devices"))
+            .find(|m| m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == "devices"))
             .ok_or_else(|| CgroupError::new(&proc_path, "devices controller is not mounted"))?;
-        let dir = under(&m.0, &m.1, &p).ok_or_else(|| {
-            CgroupError::new(&m.0, format!("cgroup path {p} is outside the mount"))
-        })?;
-        return Ok(Box::new(V1::new(dir)));
+        return Ok(Box::new(V1::new(dir_of(m, &p)?)));
     }
     if let Some(p) = v2_path {
         let m = ms
             .iter()
-            .find(|(_, _, fs, _)| fs == "cgroup2")
+            .find(|m| m.fs_type == "cgroup2")
             .ok_or_else(|| CgroupError::new(&proc_path, "no cgroup2 mount"))?;
-        let dir = under(&m.0, &m.1, &p).ok_or_else(|| {
-            CgroupError::new(&m.0, format!("cgroup path {p} is outside the mount"))
-        })?;
-        return Ok(Box::new(V2::open(&dir)?));
+        return Ok(Box::new(V2::open(&dir_of(m, &p)?)?));
     }
     Err(CgroupError::new(
         &proc_path,
@@ -224,6 +186,9 @@ mod tests {
         }
         fn is_allowed(&self, n: &Node) -> Result<bool, CgroupError> {
             Ok(self.allowed.contains(&(n.major, n.minor)))
+        }
+        fn grants_exactly(&self, n: &Node) -> Result<bool, CgroupError> {
+            self.is_allowed(n)
         }
         fn allow(&mut self, n: &Node) -> Result<(), CgroupError> {
             if self.fail_on == Some(n.minor) {
@@ -303,7 +268,6 @@ mod tests {
 
     #[test]
     fn mount_paths() {
-        assert_eq!(unescape_mount("/a\\040b"), "/a b");
         assert_eq!(
             under(
                 Path::new("/sys/fs/cgroup/devices"),

@@ -119,6 +119,12 @@ impl DeviceCgroup for V2 {
         Ok(false)
     }
 
+    fn grants_exactly(&self, n: &Node) -> Result<bool, CgroupError> {
+        Ok(self
+            .lookup(key(n.major, n.minor))?
+            .is_some_and(|v| v & RW_CHAR == RW_CHAR))
+    }
+
     fn allow(&mut self, n: &Node) -> Result<(), CgroupError> {
         let k = key(n.major, n.minor);
         let before = self.lookup(k)?;
