@@ -350,6 +350,21 @@ fn main() {
         Some(sh_plain),
     );
 
+    // 1b. Its stop hooks: gpuhook frees by UUID whatever the XML says, so it looks whether the
+    // state names the domain (here: 16 other domains' reservations, none of it).
+    testbed::fakehost::fill_state(&h16.state, 16).expect("state");
+    for op in ["stopped", "release"] {
+        let noop = bench.measure(n, || {}, &h16.noop(&bins, "web", op, &plain));
+        let hook = bench.measure(n, || {}, &h16.hook(&bins, "web", op, &plain));
+        rep.row(
+            &format!("domain without GPUs (`{op}`), 16 reservations held"),
+            hook,
+            Some(noop),
+            None,
+        );
+    }
+    std::fs::remove_file(&h16.state).expect("state");
+
     // 2. prepare / release of a 2-GPU request on a 16-GPU host.
     let g2 = domain("gpu2", 2, TWO, None);
     let noop_g2 = bench.measure(n, || {}, &h16.noop(&bins, "gpu2", "prepare", &g2));

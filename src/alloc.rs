@@ -231,13 +231,19 @@ fn near<'a>(cands: &[&'a Gpu], anchor: &Gpu, want: usize) -> Vec<&'a Gpu> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::extra_specs::Op;
     use crate::inventory::Role;
     use crate::metadata::{Capabilities, Vendor};
 
-    fn gpu(index: usize, numa: Option<u32>, parent: &str, vendor: Vendor, arch: &str) -> Gpu {
+    pub(crate) fn gpu(
+        index: usize,
+        numa: Option<u32>,
+        parent: &str,
+        vendor: Vendor,
+        arch: &str,
+    ) -> Gpu {
         Gpu {
             index,
             pci: format!("0000:{:02x}:00.0", 0x10 + index),
@@ -265,7 +271,7 @@ mod tests {
     }
 
     /// 8 GPUs, 2 NUMA nodes, 2 GPUs per PCIe switch (DGX-like).
-    fn dgx() -> Vec<Gpu> {
+    pub(crate) fn dgx() -> Vec<Gpu> {
         (0..8)
             .map(|i| {
                 gpu(
@@ -279,7 +285,7 @@ mod tests {
             .collect()
     }
 
-    fn req(count: u32) -> Request {
+    pub(crate) fn req(count: u32) -> Request {
         Request {
             count,
             filters: vec![],

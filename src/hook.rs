@@ -317,7 +317,7 @@ struct Applied {
 /// Grants the nodes in the container's device cgroup, then creates them in its `/dev`.
 /// On failure nothing of this call is left behind.
 fn apply(ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
-    let mut cg = cgroup::for_pid(ct.init.pid)?;
+    let mut cg = cgroup::for_container(ct.controller, ct.init.pid)?;
     let granted = cgroup::grant_all(&mut *cg, &as_nodes(specs))?;
     match container::create_nodes(ct, specs) {
         Ok(made) => {
@@ -553,8 +553,17 @@ fn reconnect(dom: &Domain, req: &Request) -> i32 {
         Ok(Ok(d)) => d,
     };
     if let Some(ignored) = adopted.as_ref().filter(|i| !i.is_empty()) {
+        // Access the state does not account for would let two containers share a GPU.
+        let left = deny_left_out(&ct, req, &inv, ignored);
+        if !left.is_empty() {
+            return fatal(Error::other(format!(
+                "its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {}",
+                ignored.join(","),
+                left.join("; ")
+            )));
+        }
         log::warn(&format!(
-            "domain '{}': reconnect: its device cgroup also grants GPU(s) {} beyond what it asks for ({req}); not reserved for it",
+            "domain '{}': reconnect: its device cgroup also granted GPU(s) {} beyond what it holds for {req}; access taken away",
             dom.name,
             ignored.join(",")
         ));
@@ -588,7 +597,7 @@ fn granted_gpus(
     req: &Request,
     inv: &Inventory,
 ) -> Result<Vec<String>, cgroup::CgroupError> {
-    let cg = cgroup::for_pid(ct.init.pid)?;
+    let cg = cgroup::for_container(ct.controller, ct.init.pid)?;
     let mut out = Vec::new();
     for g in &inv.gpus {
         if let Some(n) = g.nodes_for(req.capabilities).next() {
@@ -602,9 +611,10 @@ fn granted_gpus(
 
 /// The state lost a running container's reservation: take back the GPUs its device cgroup
 /// grants (`granted`), as far as they fit the request and never more than it asks for, and
-/// top up to the request's count; or reserve afresh when it has none. A granted GPU that
-/// another domain holds cannot be reconciled. Pure: it reads neither the container nor the
-/// host. Returns the GPUs and the granted ones left out (for the log).
+/// top up to the request's count; or reserve afresh when it has none. GPUs the request names
+/// come first, then granted ones fill the other places. A granted GPU that another domain
+/// holds cannot be reconciled. Pure: it reads neither the container nor the host. Returns
+/// the GPUs and the granted ones it does not hold (their access must be taken away).
 fn adopt(
     req: &Request,
     inv: &Inventory,
@@ -618,35 +628,113 @@ fn adopt(
             )));
         }
     }
-    let mut want = req.clone();
-    let (keep, ignored): (Vec<&String>, Vec<&String>) = granted.iter().partition(|p| {
-        inv.by_pci(p).is_some_and(|g| {
-            g.usable()
-                && alloc::matches(g, &req.filters)
-                && (req.devices.is_empty()
-                    || req
-                        .devices
-                        .iter()
-                        .any(|s| alloc::resolve(&inv.gpus, s).is_some_and(|x| x.pci == g.pci)))
+    let named: Vec<&str> = req
+        .devices
+        .iter()
+        .filter_map(|s| alloc::resolve(&inv.gpus, s).map(|g| g.pci.as_str()))
+        .collect();
+    let room = (req.count as usize).saturating_sub(req.devices.len());
+    let fill: Vec<&String> = granted
+        .iter()
+        .filter(|p| !named.contains(&p.as_str()))
+        .filter(|p| {
+            inv.by_pci(p)
+                .is_some_and(|g| g.usable() && alloc::matches(g, &req.filters))
         })
-    });
-    let (keep, over) = keep.split_at(keep.len().min(req.count as usize));
-    if req.devices.is_empty() {
-        want.devices = keep.iter().map(|p| DeviceSel::Pci(p.to_string())).collect();
-    }
+        .take(room)
+        .collect();
+    let mut want = req.clone();
+    want.devices
+        .extend(fill.iter().map(|p| DeviceSel::Pci(p.to_string())));
     let gpus = alloc::allocate(&inv.gpus, held, &want)?;
-    let left_out = ignored
-        .into_iter()
-        .chain(over.iter().copied())
+    let left_out = granted
+        .iter()
         .filter(|p| !gpus.contains(p))
         .cloned()
         .collect();
     Ok((gpus, left_out))
 }
 
+/// Takes away the container's access to GPUs it was granted but does not hold (their own
+/// nodes; shared control nodes stay). Returns what could not be taken away.
+fn deny_left_out(ct: &Container, req: &Request, inv: &Inventory, gpus: &[String]) -> Vec<String> {
+    let mut cg = match cgroup::for_container(ct.controller, ct.init.pid) {
+        Ok(c) => c,
+        Err(e) => return vec![e.to_string()],
+    };
+    gpus.iter()
+        .filter_map(|p| inv.by_pci(p))
+        .flat_map(|g| g.nodes_for(req.capabilities))
+        .filter_map(|n| cg.deny(&Node::from(n)).err().map(|e| e.to_string()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::tests::{dgx, req};
+
+    fn pci(i: usize) -> String {
+        format!("0000:{:02x}:00.0", 0x10 + i)
+    }
+
+    fn pcis(ix: &[usize]) -> Vec<String> {
+        ix.iter().map(|i| pci(*i)).collect()
+    }
+
+    #[test]
+    fn adoption_takes_what_the_cgroup_grants_never_more_than_asked() {
+        let inv = Inventory {
+            gpus: dgx(),
+            controls: vec![],
+        };
+        let none = alloc::Held::new();
+        // Nothing granted: reserve afresh.
+        let (g, out) = adopt(&req(2), &inv, &none, &[]).unwrap();
+        assert_eq!((g.len(), out.len()), (2, 0));
+        // Granted 5 and 6 for a 2-GPU request: those two, whatever is placed better.
+        let (g, out) = adopt(&req(2), &inv, &none, &pcis(&[5, 6])).unwrap();
+        assert_eq!((g, out), (pcis(&[5, 6]), vec![]));
+        // Granted three for a 1-GPU request: one kept, the others to be taken away.
+        let (g, out) = adopt(&req(1), &inv, &none, &pcis(&[3, 5, 6])).unwrap();
+        assert_eq!((g, out), (pcis(&[3]), pcis(&[5, 6])));
+        // Granted one for a 2-GPU request: topped up.
+        let (g, out) = adopt(&req(2), &inv, &none, &pcis(&[7])).unwrap();
+        assert!(
+            g.contains(&pci(7)) && g.len() == 2 && out.is_empty(),
+            "{g:?}"
+        );
+        // Held by another domain: cannot be reconciled.
+        let mut held = alloc::Held::new();
+        held.insert(pci(5), "other".into());
+        let e = adopt(&req(1), &inv, &held, &pcis(&[5])).unwrap_err();
+        assert!(e.to_string().contains("reserved by domain 'other'"), "{e}");
+    }
+
+    /// A request naming index 0 with count 2 was topped up with GPU 2 (GPU 1 was held then);
+    /// the state is lost: GPU 2 is re-adopted, not GPU 1 (nearer), which would leave GPU 2
+    /// granted to the container and free in the state.
+    #[test]
+    fn adoption_fills_unnamed_places_from_the_grants() {
+        let inv = Inventory {
+            gpus: dgx(),
+            controls: vec![],
+        };
+        let mut r = req(2);
+        r.devices = vec![DeviceSel::Index(0)];
+        let (g, out) = adopt(&r, &inv, &alloc::Held::new(), &pcis(&[0, 2])).unwrap();
+        assert_eq!((g, out), (pcis(&[0, 2]), vec![]));
+        // A granted GPU that does not fit the filters is not adopted, and is reported.
+        let mut r = req(1);
+        r.filters = vec![crate::metadata::Filter {
+            field: crate::metadata::Field::Arch,
+            op: crate::extra_specs::Op::Eq("ampere".into()),
+        }];
+        let mut inv2 = inv.clone();
+        inv2.gpus[4].arch = Some("ampere".into());
+        let (g, out) = adopt(&r, &inv2, &alloc::Held::new(), &pcis(&[1])).unwrap();
+        assert_eq!((g, out), (pcis(&[4]), pcis(&[1])));
+    }
 
     #[test]
     fn hook_names() {

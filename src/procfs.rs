@@ -31,6 +31,10 @@ impl ProcRef {
 
 /// Reads a procfs file: no stat (procfs reports size 0), one buffer, until end of file.
 fn read(p: impl AsRef<Path>) -> Option<String> {
+    String::from_utf8(read_bytes(p)?).ok()
+}
+
+fn read_bytes(p: impl AsRef<Path>) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut f = std::fs::File::open(p).ok()?;
     let mut buf = vec![0u8; 4096];
@@ -47,7 +51,7 @@ fn read(p: impl AsRef<Path>) -> Option<String> {
         }
     }
     buf.truncate(n);
-    String::from_utf8(buf).ok()
+    Some(buf)
 }
 
 /// Fields of `/proc/PID/stat` after the command name: [0] is the state, [19] the start time.
@@ -141,7 +145,9 @@ pub fn mounts(pid: Option<i32>) -> Option<Vec<Mount>> {
         Some(pid) => format!("/proc/{pid}/mountinfo"),
         None => "/proc/self/mountinfo".to_owned(),
     };
-    read(p).map(|t| parse_mountinfo(&t))
+    // Any user may mount (FUSE) at a path that is not UTF-8, and mounts propagate: such a
+    // line must not hide the others.
+    read_bytes(p).map(|t| parse_mountinfo(&String::from_utf8_lossy(&t)))
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.

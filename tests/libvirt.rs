@@ -1263,7 +1263,8 @@ fn reconnect_adopts_only_granted(b: &mut Bed) {
         b.open_in(&ct, &["/dev/nvidia0", "/dev/nvidia1"]),
         vec![Err(Errno::ENXIO), Err(Errno::EPERM)]
     );
-    // Its cgroup grants both GPUs (an operator's hand), it asks for one: it keeps one.
+    // Its cgroup grants both GPUs (an operator's hand), it asks for one: it keeps one, and
+    // loses access to the other (free in the state, so another domain may get it).
     std::fs::write(b.cgroup_dir(&ct).join("devices.allow"), "c 195:1 rw").unwrap();
     let o = b.gh(&["release", "gh-adopt"]);
     assert!(o.status.success(), "{}", common::stderr(&o));
@@ -1276,10 +1277,38 @@ fn reconnect_adopts_only_granted(b: &mut Bed) {
         "never beyond count"
     );
     assert!(
-        common::stderr(&o).contains("gpuhook: warning: domain 'gh-adopt': reconnect: its device cgroup also grants GPU(s) 0000:08:00.0 beyond what it asks for"),
+        common::stderr(&o).contains("gpuhook: warning: domain 'gh-adopt': reconnect: its device cgroup also granted GPU(s) 0000:08:00.0 beyond what it holds for 1 GPU; access taken away"),
         "{}",
         common::stderr(&o)
     );
+    assert!(!b.devices_list(&ct).contains(&"c 195:1 rw".to_string()));
+    assert_eq!(
+        b.open_in(&ct, &["/dev/nvidia0", "/dev/nvidia1"]),
+        vec![Err(Errno::ENXIO), Err(Errno::EPERM)]
+    );
+    b.d.virsh_ok(&["destroy", "gh-adopt"]).unwrap();
+    // Its init moves itself into a sub-cgroup where it denied its GPU: the evidence is still
+    // read from the cgroup libvirt made for it (through its controller), so it re-adopts
+    // the GPU it holds, not a fresh one beside the access it keeps.
+    b.define_start(&spec("gh-adopt-a", ""));
+    b.define_start(&spec("gh-adopt-b", ""));
+    assert_eq!(b.holders()["gh-adopt-b"], ["0000:08:00.0"]);
+    b.d.virsh_ok(&["destroy", "gh-adopt-a"]).unwrap();
+    let ct = b.ct("gh-adopt-b");
+    let jail = b.cgroup_dir(&ct).join("jail");
+    std::fs::create_dir(&jail).unwrap();
+    std::fs::write(jail.join("devices.deny"), "c 195:1 rw").unwrap();
+    std::fs::write(jail.join("cgroup.procs"), ct.init.pid.to_string()).unwrap();
+    let o = b.gh(&["release", "gh-adopt-b"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    common::assert_ok(&b.hook_direct("gh-adopt-b", "reconnect"));
+    assert_eq!(
+        b.holders()["gh-adopt-b"],
+        ["0000:08:00.0"],
+        "from its domain cgroup"
+    );
+    b.d.virsh_ok(&["destroy", "gh-adopt-b"]).unwrap();
+    let _ = std::fs::remove_dir(&jail);
 }
 
 /// `gpuhook-libvirt request --clear --live` drops the request from a running domain's live
@@ -1323,8 +1352,14 @@ fn grants_reach_sub_cgroups(b: &mut Bed) {
     lose();
     let sub = cg.join("system.slice");
     std::fs::create_dir(&sub).unwrap();
+    // A sub-cgroup narrowed on purpose (a unit with DevicePolicy=closed, a nested container
+    // runtime's own list): gpuhook never widens it.
+    let closed = cg.join("closed.service");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::write(closed.join("devices.deny"), "c 1:9 rwm").unwrap();
     assert_eq!(open_from(&sub), vec![Err(Errno::EPERM)]);
     common::assert_ok(&b.hook_direct("gh-sub", "started"));
+    assert_eq!(open_from(&closed), vec![Err(Errno::EPERM)], "not widened");
     assert_eq!(
         open_from(&sub),
         vec![Err(Errno::ENXIO)],
@@ -1357,8 +1392,10 @@ fn grants_reach_sub_cgroups(b: &mut Bed) {
         );
         assert_eq!(open_from(d), vec![Err(Errno::EPERM)], "{}", d.display());
     }
+    assert_eq!(open_from(&closed), vec![Err(Errno::EPERM)]);
     std::fs::remove_dir(&deeper).unwrap();
     std::fs::remove_dir(&sub).unwrap();
+    std::fs::remove_dir(&closed).unwrap();
 }
 
 type Case = fn(&mut Bed);

@@ -48,12 +48,29 @@ pub trait DeviceCgroup {
     fn allow(&mut self, node: &Node) -> Result<(), CgroupError>;
     /// Takes back an access this gpuhook run added.
     fn revoke(&mut self, node: &Node) -> Result<(), CgroupError>;
+    /// Takes away `rw` access to exactly this char device, whoever added it (a GPU a container
+    /// was granted but does not hold: `reconnect` leaves no access behind that the state does
+    /// not account for).
+    fn deny(&mut self, node: &Node) -> Result<(), CgroupError>;
+    /// Grants every node not yet allowed; returns the ones it added. On failure nothing it
+    /// added is left, and the error says what a rollback could not undo.
+    fn grant_missing(&mut self, nodes: &[Node]) -> Result<Vec<Node>, CgroupError> {
+        grant_each(self, nodes)
+    }
 }
 
 /// Grants every node not yet allowed. Returns the ones this call added (the only ones a
 /// rollback may take back: access the container had before, or that another owner gave, is
 /// never revoked). On failure, revokes what it added and returns the error.
 pub fn grant_all(cg: &mut dyn DeviceCgroup, nodes: &[Node]) -> Result<Vec<Node>, CgroupError> {
+    cg.grant_missing(nodes)
+}
+
+/// [`DeviceCgroup::grant_missing`] one node at a time.
+fn grant_each<C: DeviceCgroup + ?Sized>(
+    cg: &mut C,
+    nodes: &[Node],
+) -> Result<Vec<Node>, CgroupError> {
     let mut added = Vec::new();
     for n in nodes {
         let r = cg.is_allowed(n).and_then(|ok| {
@@ -87,7 +104,7 @@ pub fn grant_all(cg: &mut dyn DeviceCgroup, nodes: &[Node]) -> Result<Vec<Node>,
 
 /// Best-effort revoke, newest first; returns what could not be taken back, so the caller
 /// can say it on its one error line.
-pub fn revoke_all(cg: &mut dyn DeviceCgroup, nodes: &[Node]) -> Vec<String> {
+pub fn revoke_all<C: DeviceCgroup + ?Sized>(cg: &mut C, nodes: &[Node]) -> Vec<String> {
     nodes
         .iter()
         .rev()
@@ -122,9 +139,8 @@ fn under(mount: &Path, root: &str, cg: &str) -> Option<PathBuf> {
     })
 }
 
-/// The device cgroup of a process: v1 if its devices controller is on a v1 hierarchy, else
-/// v2 (its cgroup on the unified hierarchy).
-pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+/// A process's cgroup paths: (v1 devices hierarchy, v2 unified hierarchy).
+fn cgroup_paths(pid: i32) -> Result<(Option<String>, Option<String>), CgroupError> {
     let proc_path = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let text = std::fs::read_to_string(&proc_path)
         .map_err(|e| CgroupError::new(&proc_path, format!("cannot read: {e}")))?;
@@ -141,30 +157,87 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
             v1_path = Some(path.to_owned());
         }
     }
+    if v1_path.is_none() && v2_path.is_none() {
+        return Err(CgroupError::new(
+            &proc_path,
+            "process has no devices cgroup (v1) nor a unified cgroup (v2)",
+        ));
+    }
+    Ok((v1_path, v2_path))
+}
+
+/// The backend for a cgroup path: v1 when the devices controller is on a v1 hierarchy,
+/// else v2.
+fn open(
+    v1: Option<String>,
+    v2: Option<String>,
+    what: &Path,
+) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     let ms = procfs::mounts(None).unwrap_or_default();
     let dir_of = |m: &procfs::Mount, p: &str| {
         let mp = Path::new(&m.mount_point);
         under(mp, &m.root, p)
             .ok_or_else(|| CgroupError::new(mp, format!("cgroup path {p} is outside the mount")))
     };
-    if let Some(p) = v1_path {
+    if let Some(p) = v1 {
         let m = ms
             .iter()
             .find(|m| m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == "devices"))
-            .ok_or_else(|| CgroupError::new(&proc_path, "devices controller is not mounted"))?;
+            .ok_or_else(|| CgroupError::new(what, "devices controller is not mounted"))?;
         return Ok(Box::new(V1::new(dir_of(m, &p)?)));
     }
-    if let Some(p) = v2_path {
-        let m = ms
-            .iter()
-            .find(|m| m.fs_type == "cgroup2")
-            .ok_or_else(|| CgroupError::new(&proc_path, "no cgroup2 mount"))?;
-        return Ok(Box::new(V2::open(&dir_of(m, &p)?)?));
+    let p = v2.unwrap_or_default();
+    let m = ms
+        .iter()
+        .find(|m| m.fs_type == "cgroup2")
+        .ok_or_else(|| CgroupError::new(what, "no cgroup2 mount"))?;
+    Ok(Box::new(V2::open(&dir_of(m, &p)?)?))
+}
+
+/// The device cgroup of a process: v1 if its devices controller is on a v1 hierarchy, else
+/// v2 (its cgroup on the unified hierarchy).
+pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+    let (v1, v2) = cgroup_paths(pid)?;
+    open(v1, v2, Path::new(&format!("/proc/{pid}/cgroup")))
+}
+
+/// The cgroup libvirt made for a container, given its controller's and its init's cgroup
+/// paths on one hierarchy. libvirt's controller joins the domain's cgroup, and the container
+/// cannot move it (it is outside the container's PID namespace), while a container with a
+/// writable hierarchy can move its init anywhere below. So: the controller's cgroup, or its
+/// `libvirt` child where libvirt ≥ 7.1 under systemd puts the container; the init must be
+/// in it or below. A controller in the root cgroup anchors nothing: then the init's own.
+pub fn domain_path(ctrl: &str, init: &str) -> Result<String, String> {
+    if ctrl == "/" {
+        return Ok(init.to_owned());
     }
-    Err(CgroupError::new(
-        &proc_path,
-        "process has no devices cgroup (v1) nor a unified cgroup (v2)",
-    ))
+    let within = |base: &str| init == base || init.starts_with(&format!("{base}/"));
+    let nested = format!("{ctrl}/libvirt");
+    if within(&nested) {
+        Ok(nested)
+    } else if within(ctrl) {
+        Ok(ctrl.to_owned())
+    } else {
+        Err(format!(
+            "container init's cgroup {init} is outside the cgroup libvirt made for it ({ctrl})"
+        ))
+    }
+}
+
+/// The device cgroup of a running container: its domain cgroup ([`domain_path`]), whatever
+/// cgroup its init moved itself to. Grants go there (and to the sub-cgroups that inherit from
+/// it); what it grants is what `reconnect` adopts from.
+pub fn for_container(controller: i32, init: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+    let (c1, c2) = cgroup_paths(controller)?;
+    let (i1, i2) = cgroup_paths(init)?;
+    let what = PathBuf::from(format!("/proc/{init}/cgroup"));
+    let pick = |c: Option<String>, i: Option<String>| match (c, i) {
+        (Some(c), Some(i)) => domain_path(&c, &i)
+            .map(Some)
+            .map_err(|m| CgroupError::new(&what, m)),
+        (_, i) => Ok(i),
+    };
+    open(pick(c1, i1)?, pick(c2, i2)?, &what)
 }
 
 #[cfg(test)]
@@ -199,6 +272,10 @@ mod tests {
             }
             self.log.push(format!("allow {}:{}", n.major, n.minor));
             self.allowed.push((n.major, n.minor));
+            Ok(())
+        }
+        fn deny(&mut self, n: &Node) -> Result<(), CgroupError> {
+            self.allowed.retain(|x| *x != (n.major, n.minor));
             Ok(())
         }
         fn revoke(&mut self, n: &Node) -> Result<(), CgroupError> {
@@ -264,6 +341,31 @@ mod tests {
             vec!["allow 195:0", "allow 195:1", "revoke 195:1", "revoke 195:0"]
         );
         assert_eq!(rollback_note(&[]), "");
+    }
+
+    #[test]
+    fn domain_cgroup_from_the_controller() {
+        let c = "/machine/lxc-7-t1.libvirt-lxc";
+        assert_eq!(domain_path(c, c).unwrap(), c);
+        // The init moved itself into a sub-cgroup: the domain's cgroup still rules.
+        assert_eq!(domain_path(c, &format!("{c}/jail")).unwrap(), c);
+        // systemd + libvirt >= 7.1: the nested libvirt/ child, and below it.
+        let s = "/machine.slice/machine-lxc\\x2d7\\x2dt1.scope";
+        assert_eq!(
+            domain_path(s, &format!("{s}/libvirt")).unwrap(),
+            format!("{s}/libvirt")
+        );
+        assert_eq!(
+            domain_path(s, &format!("{s}/libvirt/init.scope")).unwrap(),
+            format!("{s}/libvirt")
+        );
+        // Elsewhere: refused (a prefix of the name is not a parent).
+        assert!(domain_path(c, "/machine/lxc-7-t1.libvirt-lxc2").is_err());
+        assert!(domain_path(c, "/")
+            .unwrap_err()
+            .contains("outside the cgroup libvirt made"));
+        // A controller in the root cgroup anchors nothing.
+        assert_eq!(domain_path("/", "/x").unwrap(), "/x");
     }
 
     #[test]

@@ -3,9 +3,13 @@
 //! An exception added to a v1 devices cgroup reaches the cgroups created below it later,
 //! but not those that already exist (systemd's, or a nested container manager's, inside a
 //! container with a writable devices hierarchy): their processes would get EPERM while the
-//! grant looked done. So a grant goes to the cgroup and then to every existing descendant,
-//! parents first; a cgroup created meanwhile copies its parent's rules, which were already
-//! written. A revoke takes the rule back from exactly the cgroups this grant added it to.
+//! grant looked done. So a grant goes to the cgroup and then to the existing descendants
+//! that **inherit** from it, parents first; a cgroup created meanwhile copies its parent's
+//! rules, which were already written. A sub-cgroup whose rules lack one of its parent's was
+//! narrowed on purpose (a service's `DevicePolicy=closed`, a nested container's own device
+//! list) and is left alone with everything below it: gpuhook never widens what software in
+//! the container took away. A revoke takes the rule back from exactly the cgroups the grant
+//! wrote to.
 
 use super::{CgroupError, DeviceCgroup};
 use crate::state::Node;
@@ -13,14 +17,19 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// At most this many cgroups below the container's are granted to: a container that makes
+/// At most this many cgroups below the container's are looked at: a container that makes
 /// more cannot make the hook's work unbounded (its start fails with a clear line instead).
-pub const MAX_DESCENDANTS: usize = 4096;
+pub const MAX_DESCENDANTS: usize = 1024;
 
 pub struct V1 {
     dir: PathBuf,
     /// For each node this run granted: the cgroups it was added to, parents first.
     added: HashMap<(u32, u32), Vec<PathBuf>>,
+}
+
+/// Whether an error means the cgroup is gone (removed while we walked).
+fn vanished(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV))
 }
 
 impl V1 {
@@ -31,55 +40,59 @@ impl V1 {
         }
     }
 
-    fn write(&self, dir: &Path, file: &str, line: &str) -> Result<(), CgroupError> {
-        let p = dir.join(file);
-        let mut f = std::fs::OpenOptions::new()
+    fn write(dir: &Path, file: &str, line: &str) -> Result<(), std::io::Error> {
+        std::fs::OpenOptions::new()
             .write(true)
-            .open(&p)
-            .map_err(|e| CgroupError::new(dir, format!("open {file}: {e}")))?;
-        f.write_all(line.as_bytes())
-            .map_err(|e| CgroupError::new(dir, format!("write '{line}' to {file}: {e}")))
+            .open(dir.join(file))?
+            .write_all(line.as_bytes())
     }
 
-    fn list(dir: &Path) -> Result<String, CgroupError> {
-        std::fs::read_to_string(dir.join("devices.list"))
-            .map_err(|e| CgroupError::new(dir, format!("read devices.list: {e}")))
+    fn write_err(dir: &Path, file: &str, line: &str, e: std::io::Error) -> CgroupError {
+        CgroupError::new(dir, format!("write '{line}' to {file}: {e}"))
     }
 
-    fn allows(dir: &Path, n: &Node) -> Result<bool, CgroupError> {
-        Ok(Self::list(dir)?
+    /// The cgroup's rules, one `devices.list` line each.
+    fn rules(dir: &Path) -> Result<Vec<String>, std::io::Error> {
+        Ok(std::fs::read_to_string(dir.join("devices.list"))?
             .lines()
-            .any(|l| line_allows(l, n.major, n.minor)))
+            .map(str::to_owned)
+            .collect())
     }
 
-    /// The cgroups directly below `dir` (a cgroup that vanishes meanwhile is skipped).
-    fn children(dir: &Path) -> Result<Vec<PathBuf>, CgroupError> {
-        let rd = match std::fs::read_dir(dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-            Err(e) => return Err(CgroupError::new(dir, format!("list sub-cgroups: {e}"))),
-        };
-        let mut out: Vec<PathBuf> = rd
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.path())
-            .collect();
-        out.sort();
-        Ok(out)
-    }
-
-    /// Runs `f` on the cgroup and then on each existing descendant, parents first. `f` runs
-    /// on a parent before its children are listed, so a child created after the listing
-    /// inherits what `f` wrote.
-    fn each_parent_first(
+    /// Walks the cgroup and the existing descendants that inherit from it, parents first:
+    /// `f` gets each one's rules (as they were before `f`) and runs before its children are
+    /// listed. A descendant that lacks a rule of its parent's, other than one for the nodes
+    /// being granted (which it may just have lost: a `systemctl daemon-reload` inside rewrites
+    /// a unit's rules), was narrowed on purpose and is skipped with its subtree; so is one
+    /// removed meanwhile.
+    fn walk(
         &self,
-        mut f: impl FnMut(&Path) -> Result<(), CgroupError>,
+        granting: &[Node],
+        mut f: impl FnMut(&Path, &[String]) -> Result<(), CgroupError>,
     ) -> Result<(), CgroupError> {
-        let mut todo = vec![self.dir.clone()];
+        let ours = |rule: &str| {
+            granting
+                .iter()
+                .any(|n| line_grants_exactly(rule, n.major, n.minor))
+        };
+        let top = Self::rules(&self.dir)
+            .map_err(|e| CgroupError::new(&self.dir, format!("read devices.list: {e}")))?;
+        let mut todo: Vec<(PathBuf, Vec<String>)> = Vec::new();
         let mut seen = 0usize;
-        while let Some(d) = todo.pop() {
-            f(&d)?;
-            if d != self.dir {
+        let mut visit = |d: &Path,
+                         rules: Vec<String>,
+                         todo: &mut Vec<(PathBuf, Vec<String>)>|
+         -> Result<(), CgroupError> {
+            f(d, &rules)?;
+            let rd = match std::fs::read_dir(d) {
+                Ok(rd) => rd,
+                Err(e) if d != self.dir && vanished(&e) => return Ok(()),
+                Err(e) => return Err(CgroupError::new(d, format!("list sub-cgroups: {e}"))),
+            };
+            for e in rd.flatten() {
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
                 seen += 1;
                 if seen > MAX_DESCENDANTS {
                     return Err(CgroupError::new(
@@ -87,14 +100,20 @@ impl V1 {
                         format!("more than {MAX_DESCENDANTS} cgroups below it; refusing"),
                     ));
                 }
+                todo.push((e.path(), rules.clone()));
             }
-            let kids = match Self::children(&d) {
-                Ok(k) => k,
-                // A sub-cgroup removed while we walk has no processes left to grant to.
-                Err(_) if d != self.dir && !d.exists() => vec![],
-                Err(e) => return Err(e),
+            Ok(())
+        };
+        visit(&self.dir, top, &mut todo)?;
+        while let Some((d, parent)) = todo.pop() {
+            let rules = match Self::rules(&d) {
+                Ok(r) => r,
+                Err(e) if vanished(&e) => continue,
+                Err(e) => return Err(CgroupError::new(&d, format!("read devices.list: {e}"))),
             };
-            todo.extend(kids.into_iter().rev());
+            if parent.iter().all(|r| ours(r) || rules.contains(r)) {
+                visit(&d, rules, &mut todo)?;
+            }
         }
         Ok(())
     }
@@ -134,66 +153,101 @@ impl DeviceCgroup for V1 {
         &self.dir
     }
 
-    /// Allowed in the cgroup and in every cgroup below it.
+    /// Allowed in the cgroup and in every descendant that inherits from it.
     fn is_allowed(&self, n: &Node) -> Result<bool, CgroupError> {
         let mut all = true;
-        self.each_parent_first(|d| {
-            if all && !Self::allows(d, n)? {
-                all = false;
-            }
+        self.walk(std::slice::from_ref(n), |_, rules| {
+            all &= rules.iter().any(|l| line_allows(l, n.major, n.minor));
             Ok(())
         })?;
         Ok(all)
     }
 
     fn grants_exactly(&self, n: &Node) -> Result<bool, CgroupError> {
-        Ok(Self::list(&self.dir)?
-            .lines()
+        Ok(Self::rules(&self.dir)
+            .map_err(|e| CgroupError::new(&self.dir, format!("read devices.list: {e}")))?
+            .iter()
             .any(|l| line_grants_exactly(l, n.major, n.minor)))
     }
 
     fn allow(&mut self, n: &Node) -> Result<(), CgroupError> {
-        let line = format!("c {}:{} rw", n.major, n.minor);
-        let mut added = Vec::new();
-        let r = self.each_parent_first(|d| {
-            if !Self::allows(d, n)? {
-                self.write(d, "devices.allow", &line)?;
-                added.push(d.to_path_buf());
+        self.grant_missing(std::slice::from_ref(n)).map(|_| ())
+    }
+
+    /// One walk for all nodes: each cgroup's rules are read once, and only the missing
+    /// ones written.
+    fn grant_missing(&mut self, nodes: &[Node]) -> Result<Vec<Node>, CgroupError> {
+        let mut wrote: Vec<(PathBuf, &Node)> = Vec::new();
+        let r = self.walk(nodes, |d, rules| {
+            for n in nodes {
+                if rules.iter().any(|l| line_allows(l, n.major, n.minor)) {
+                    continue;
+                }
+                let line = format!("c {}:{} rw", n.major, n.minor);
+                match Self::write(d, "devices.allow", &line) {
+                    Ok(()) => wrote.push((d.to_path_buf(), n)),
+                    // A sub-cgroup removed meanwhile has no process left to grant to.
+                    Err(e) if d != self.dir && vanished(&e) => {}
+                    Err(e) => {
+                        return Err(CgroupError::new(
+                            d,
+                            format!(
+                                "granting {} ({}:{}): write '{line}' to devices.allow: {e}",
+                                n.path, n.major, n.minor
+                            ),
+                        ))
+                    }
+                }
             }
             Ok(())
         });
-        if r.is_err() {
-            // Leave nothing of a half-done grant: a deny on the top cgroup reaches all below.
-            for d in added.iter().rev() {
-                let _ = self.write(d, "devices.deny", &line);
+        if let Err(mut e) = r {
+            // Leave nothing of a half-done grant.
+            let mut left = Vec::new();
+            for (d, n) in wrote.iter().rev() {
+                let line = format!("c {}:{} rw", n.major, n.minor);
+                match Self::write(d, "devices.deny", &line) {
+                    Err(x) if !(d != &self.dir && vanished(&x)) => {
+                        left.push(Self::write_err(d, "devices.deny", &line, x).to_string())
+                    }
+                    _ => {}
+                }
             }
-        } else if !added.is_empty() {
-            self.added
-                .entry((n.major, n.minor))
-                .or_default()
-                .extend(added);
+            e.msg.push_str(&super::rollback_note(&left));
+            return Err(e);
         }
-        r
+        let mut added: Vec<Node> = Vec::new();
+        for (d, n) in wrote {
+            self.added.entry((n.major, n.minor)).or_default().push(d);
+            if !added.contains(n) {
+                added.push(n.clone());
+            }
+        }
+        Ok(added)
     }
 
+    /// Takes the rule back from the cgroups this run's grant wrote it to (none: nothing to
+    /// take back; access the cgroup had before is never revoked).
     fn revoke(&mut self, n: &Node) -> Result<(), CgroupError> {
         let line = format!("c {}:{} rw", n.major, n.minor);
-        let dirs = self
-            .added
-            .remove(&(n.major, n.minor))
-            .unwrap_or_else(|| vec![self.dir.clone()]);
+        let dirs = self.added.remove(&(n.major, n.minor)).unwrap_or_default();
         let mut first_err = None;
         for d in dirs.iter().rev() {
-            match self.write(d, "devices.deny", &line) {
-                // A sub-cgroup removed since the grant took its rule with it.
-                Err(_) if d != &self.dir && !d.exists() => {}
-                Err(e) => {
-                    first_err.get_or_insert(e);
+            match Self::write(d, "devices.deny", &line) {
+                Err(e) if !(d != &self.dir && vanished(&e)) => {
+                    first_err.get_or_insert(Self::write_err(d, "devices.deny", &line, e));
                 }
-                Ok(()) => {}
+                _ => {}
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Denies in the cgroup itself (v1 passes a deny down to every cgroup below it).
+    fn deny(&mut self, n: &Node) -> Result<(), CgroupError> {
+        let line = format!("c {}:{} rw", n.major, n.minor);
+        Self::write(&self.dir, "devices.deny", &line)
+            .map_err(|e| Self::write_err(&self.dir, "devices.deny", &line, e))
     }
 }
 
@@ -220,85 +274,175 @@ mod tests {
         assert!(!line_grants_exactly("c 195:01 rw", 195, 1));
     }
 
-    fn node() -> Node {
+    fn node(minor: u32) -> Node {
         Node {
-            path: "/dev/nvidia0".into(),
+            path: format!("/dev/nvidia{minor}"),
             major: 195,
-            minor: 0,
+            minor,
         }
     }
 
-    /// A real v1 devices cgroup: allow, list, deny.
+    fn allows(d: &Path, n: &Node) -> bool {
+        V1::rules(d)
+            .unwrap()
+            .iter()
+            .any(|l| line_allows(l, n.major, n.minor))
+    }
+
+    /// A fresh v1 devices cgroup under the root, allowing only /dev/null, removed on drop.
+    struct TestCg(PathBuf);
+    impl TestCg {
+        fn new(tag: &str) -> TestCg {
+            let dir = PathBuf::from(format!(
+                "/sys/fs/cgroup/devices/gpuhook-unit-{tag}-{}",
+                std::process::id()
+            ));
+            std::fs::create_dir(&dir).unwrap();
+            V1::write(&dir, "devices.deny", "a").unwrap();
+            V1::write(&dir, "devices.allow", "c 1:3 rwm").unwrap();
+            TestCg(dir)
+        }
+    }
+    impl Drop for TestCg {
+        fn drop(&mut self) {
+            let mut dirs = vec![];
+            let mut todo = vec![self.0.clone()];
+            while let Some(d) = todo.pop() {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        todo.push(e.path());
+                    }
+                }
+                dirs.push(d);
+            }
+            for d in dirs.iter().rev() {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+    }
+
+    /// A real v1 devices cgroup: allow, list, revoke, deny.
     #[test]
     fn real_devices_cgroup() {
-        let dir = PathBuf::from(format!(
-            "/sys/fs/cgroup/devices/gpuhook-unit-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir(&dir).unwrap();
-        let mut cg = V1::new(dir.clone());
-        // Start from nothing allowed, as libvirt does.
-        cg.write(&dir, "devices.deny", "a").unwrap();
-        let n = node();
+        let t = TestCg::new("one");
+        let mut cg = V1::new(t.0.clone());
+        let n = node(0);
         assert!(!cg.is_allowed(&n).unwrap());
-        cg.allow(&n).unwrap();
+        assert_eq!(
+            cg.grant_missing(std::slice::from_ref(&n)).unwrap(),
+            vec![n.clone()]
+        );
         assert!(cg.is_allowed(&n).unwrap() && cg.grants_exactly(&n).unwrap());
-        let list = std::fs::read_to_string(dir.join("devices.list")).unwrap();
-        assert_eq!(list.trim(), "c 195:0 rw");
+        let list = std::fs::read_to_string(t.0.join("devices.list")).unwrap();
+        assert_eq!(list, "c 1:3 rwm\nc 195:0 rw\n");
+        assert_eq!(
+            cg.grant_missing(std::slice::from_ref(&n)).unwrap(),
+            vec![],
+            "nothing missing"
+        );
         cg.revoke(&n).unwrap();
         assert!(!cg.is_allowed(&n).unwrap());
-        std::fs::remove_dir(&dir).unwrap();
+        // A revoke of what this run did not add takes nothing back.
+        V1::write(&t.0, "devices.allow", "c 195:0 rw").unwrap();
+        cg.revoke(&n).unwrap();
+        assert!(allows(&t.0, &n));
+        cg.deny(&n).unwrap();
+        assert!(!allows(&t.0, &n));
     }
 
-    /// Sub-cgroups that exist before the grant get it too (v1 does not pass a parent's new
-    /// exception down to existing children); a revoke takes it back from all of them and
-    /// leaves what a sub-cgroup had before alone.
+    /// Sub-cgroups that exist before the grant and inherit from their parent get it too (v1
+    /// does not pass a parent's new exception down to existing children); one narrowed on
+    /// purpose does not, nor anything below it; a revoke takes it back from all it was added to.
     #[test]
-    fn grants_reach_existing_sub_cgroups() {
-        let dir = PathBuf::from(format!(
-            "/sys/fs/cgroup/devices/gpuhook-unit-sub-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir(&dir).unwrap();
-        let mut cg = V1::new(dir.clone());
-        cg.write(&dir, "devices.deny", "a").unwrap();
-        cg.write(&dir, "devices.allow", "c 1:3 rwm").unwrap();
-        let a = dir.join("system.slice");
+    fn grants_reach_inheriting_sub_cgroups() {
+        let t = TestCg::new("sub");
+        let a = t.0.join("system.slice");
         let b = a.join("inner.scope");
-        std::fs::create_dir(&a).unwrap();
-        std::fs::create_dir(&b).unwrap();
-        let n = node();
+        let closed = t.0.join("closed.service");
+        let below_closed = closed.join("x");
+        for d in [&a, &b, &closed] {
+            std::fs::create_dir(d).unwrap();
+        }
+        // DevicePolicy=closed-like: it took /dev/null away from itself.
+        V1::write(&closed, "devices.deny", "c 1:3 rwm").unwrap();
+        std::fs::create_dir(&below_closed).unwrap();
+        let mut cg = V1::new(t.0.clone());
+        let n = node(0);
         assert!(!cg.is_allowed(&n).unwrap());
-        cg.allow(&n).unwrap();
-        for d in [&dir, &a, &b] {
-            let l = std::fs::read_to_string(d.join("devices.list")).unwrap();
-            assert!(l.lines().any(|x| x == "c 195:0 rw"), "{}: {l}", d.display());
+        cg.grant_missing(&[n.clone(), node(1)]).unwrap();
+        for d in [&t.0, &a, &b] {
+            assert!(allows(d, &n) && allows(d, &node(1)), "{}", d.display());
+        }
+        for d in [&closed, &below_closed] {
+            assert!(!allows(d, &n), "{} was narrowed on purpose", d.display());
         }
         assert!(cg.is_allowed(&n).unwrap());
-        // A grandchild that lost it makes the whole tree not allowed (reconnect re-grants).
-        cg.write(&b, "devices.deny", "c 195:0 rw").unwrap();
+        // A grandchild that lost it makes the tree not allowed (reconnect re-grants).
+        V1::write(&b, "devices.deny", "c 195:0 rw").unwrap();
         assert!(!cg.is_allowed(&n).unwrap());
         // A fresh run grants only where it is missing, and its revoke takes back only that.
-        let mut again = V1::new(dir.clone());
-        again.allow(&n).unwrap();
+        let mut again = V1::new(t.0.clone());
+        assert_eq!(
+            again.grant_missing(std::slice::from_ref(&n)).unwrap(),
+            vec![n.clone()]
+        );
         assert_eq!(again.added[&(195, 0)], vec![b.clone()]);
         again.revoke(&n).unwrap();
-        assert!(V1::allows(&a, &n).unwrap() && !V1::allows(&b, &n).unwrap());
+        assert!(allows(&a, &n) && !allows(&b, &n));
         cg.revoke(&n).unwrap();
-        for d in [&dir, &a, &b] {
-            assert!(!V1::allows(d, &n).unwrap(), "{}", d.display());
-            assert!(V1::allows(
-                d,
-                &Node {
-                    path: "/dev/null".into(),
-                    major: 1,
-                    minor: 3
-                }
-            )
-            .unwrap());
+        for d in [&t.0, &a, &b] {
+            assert!(!allows(d, &n), "{}", d.display());
+            assert!(
+                allows(d, &node(1))
+                    && allows(
+                        d,
+                        &Node {
+                            path: "/dev/null".into(),
+                            major: 1,
+                            minor: 3
+                        }
+                    )
+            );
         }
-        std::fs::remove_dir(&b).unwrap();
-        std::fs::remove_dir(&a).unwrap();
-        std::fs::remove_dir(&dir).unwrap();
+    }
+
+    /// Busy containers make and remove sub-cgroups all the time: one that vanishes while the
+    /// grant walks is skipped, never an error.
+    #[test]
+    fn sub_cgroups_vanishing_during_the_walk() {
+        let t = TestCg::new("churn");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (dir, stop) = (t.0.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let d = dir.join(format!("run-{}.scope", i % 8));
+                    let _ = std::fs::create_dir(&d);
+                    let _ = std::fs::remove_dir(&d);
+                    i += 1;
+                }
+            })
+        };
+        let mut failures = Vec::new();
+        for _ in 0..200 {
+            let mut cg = V1::new(t.0.clone());
+            match cg.grant_missing(&[node(0), node(1)]) {
+                Ok(added) => {
+                    for n in &added {
+                        cg.revoke(n).unwrap();
+                    }
+                }
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
+        assert!(
+            failures.is_empty(),
+            "{} failed, e.g. {:?}",
+            failures.len(),
+            failures.first()
+        );
     }
 }

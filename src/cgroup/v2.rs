@@ -153,6 +153,21 @@ impl DeviceCgroup for V2 {
         Ok(())
     }
 
+    fn deny(&mut self, n: &Node) -> Result<(), CgroupError> {
+        let k = key(n.major, n.minor);
+        let Some((map, _)) = &self.map else {
+            return Ok(());
+        };
+        self.changed.remove(&k);
+        match bpf::map_delete(map.as_fd(), k) {
+            Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+            Err(x) => Err(CgroupError::new(
+                &self.dir,
+                format!("map delete {}:{}: {x}", n.major, n.minor),
+            )),
+        }
+    }
+
     fn revoke(&mut self, n: &Node) -> Result<(), CgroupError> {
         let k = key(n.major, n.minor);
         let Some((map, _)) = &self.map else {
