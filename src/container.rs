@@ -139,11 +139,21 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
         .filter_map(|c| init_child(controller, c))
         .collect();
     match inits.as_slice() {
-        [init] => Ok(Container {
-            controller,
-            init: *init,
-            dev: controller_dev(name, controller)?,
-        }),
+        [init] => {
+            // The controller takes the container's /dev down when its init dies: say that.
+            let dev = controller_dev(name, controller).map_err(|e| {
+                if init.alive() {
+                    e
+                } else {
+                    ContainerError(format!("container init {} exited ({e})", init.pid))
+                }
+            })?;
+            Ok(Container {
+                controller,
+                init: *init,
+                dev,
+            })
+        }
         [] => cerr(format!(
             "controller {controller} has no child that is PID 1 of a PID namespace (container init not running)"
         )),

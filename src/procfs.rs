@@ -17,11 +17,17 @@ impl ProcRef {
     pub fn of(pid: i32) -> Option<ProcRef> {
         start_time(pid).map(|start_time| ProcRef { pid, start_time })
     }
-    /// Whether this very process still exists (and is not a zombie).
+    /// Whether this very process still exists and is not on its way out: not a zombie, and
+    /// not exiting (`PF_EXITING`, set before the kernel takes it out of its cgroups and
+    /// namespaces, so a half-exited init is never mistaken for a live one).
     pub fn alive(&self) -> bool {
+        const PF_EXITING: u64 = 0x4;
         match stat_fields(self.pid) {
             Some(f) => {
                 f.first().map(String::as_str) != Some("Z")
+                    && f.get(6)
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .is_some_and(|flags| flags & PF_EXITING == 0)
                     && f.get(19).and_then(|s| s.parse().ok()) == Some(self.start_time)
             }
             None => false,

@@ -1184,18 +1184,31 @@ fn hostile_dev_overmount(b: &mut Bed) {
     b.define_start(&spec("gh-ovr", ""));
     let ct = b.ct("gh-ovr");
     let t = Targets::new(b);
+    // `started` and `reconnect` both refuse; after each, `outside` holds nothing new.
+    let refused = |b: &Bed, t: &Targets, outside: &Path| {
+        for op in ["started", "reconnect"] {
+            let o = b.hook_direct("gh-ovr", op);
+            common::assert_fails(
+                &o,
+                "gh-ovr",
+                "container /dev is not the tmpfs libvirt made for it",
+            );
+            let made: Vec<_> = std::fs::read_dir(outside)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert!(
+                made.is_empty(),
+                "{op} wrote into {}: {made:?}",
+                outside.display()
+            );
+            t.intact();
+        }
+    };
     // A host directory bind-mounted over /dev.
     let o = b.sh_in(&ct, &format!("mount --bind {} /dev", t.dir.display()));
     assert!(o.status.success(), "{}", common::stderr(&o));
-    for op in ["started", "reconnect"] {
-        let o = b.hook_direct("gh-ovr", op);
-        common::assert_fails(
-            &o,
-            "gh-ovr",
-            "container /dev is not the tmpfs libvirt made for it",
-        );
-        t.intact();
-    }
+    refused(b, &t, &t.dir);
     // A sub-directory of a devtmpfs mounted in the container: making it creates
     // /dev/gh-ovr-sub on the host (devtmpfs has one superblock), and nothing may land there.
     let host_sub = Path::new("/dev/gh-ovr-sub");
@@ -1215,20 +1228,7 @@ fn hostile_dev_overmount(b: &mut Bed) {
         "the container's devtmpfs is the host's /dev"
     );
     let t = Targets::new(b);
-    for op in ["started", "reconnect"] {
-        let o = b.hook_direct("gh-ovr", op);
-        common::assert_fails(
-            &o,
-            "gh-ovr",
-            "container /dev is not the tmpfs libvirt made for it",
-        );
-        let made: Vec<_> = std::fs::read_dir(host_sub)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert!(made.is_empty(), "{op} wrote into the host's /dev: {made:?}");
-        t.intact();
-    }
+    refused(b, &t, host_sub);
     std::fs::remove_dir(host_sub).unwrap();
     // Its own /dev back in place: the same container gets its nodes again.
     let o = b.sh_in(&ct, "umount /dev");
