@@ -62,6 +62,7 @@ fn run(c: &Cmd, rss: Option<&Path>) -> Sample {
     let mut status = 0;
     // SAFETY: an all-zero rusage is a valid value; we wait for our own child.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 on our own child, writing into two locals that outlive the call.
     let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
     let wall = t.elapsed();
     assert!(r > 0, "wait4");

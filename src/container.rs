@@ -305,8 +305,11 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
     let (rd, wr) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| ContainerError(format!("pipe: {e}")))?;
     let payload = serde_json::to_vec(job).expect("job serializes");
-    // SAFETY: the child only makes syscalls, allocates (glibc's malloc is fork-safe) and
-    // leaves with _exit; it never returns into the caller's code.
+    // SAFETY: a child forked from a multi-threaded process may find locks held by threads
+    // that do not exist in it. The gpuhook binary is single-threaded (its C `main` starts no
+    // Rust runtime and nothing spawns a thread). In any caller, the child takes no lock but
+    // malloc's, which glibc makes fork-safe: it only makes syscalls, allocates, serializes
+    // and leaves with _exit, never returning into the caller's code.
     match unsafe { nix::unistd::fork() }.map_err(|e| ContainerError(format!("fork: {e}")))? {
         nix::unistd::ForkResult::Child => {
             drop(rd);

@@ -424,6 +424,8 @@ impl Store {
         })?;
         self.check_owner(&lock, &lock_path, false)?;
         loop {
+            // SAFETY: flock(2) on a descriptor this function owns and keeps open for the
+            // whole update; it touches no memory of ours.
             match Errno::result(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }) {
                 Ok(_) => break,
                 Err(Errno::EINTR) => continue,

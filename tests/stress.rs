@@ -239,6 +239,7 @@ fn sigkill_during_updates() {
             .write(true)
             .open(&lock_path)
             .unwrap();
+        // SAFETY: flock(2) on a descriptor of a file this loop holds open.
         let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         assert_eq!(r, 0, "lock still held after kill {i}");
         drop(f);

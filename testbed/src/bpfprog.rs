@@ -4,7 +4,7 @@
 
 use gpuhook::cgroup::bpf::{self, Insn};
 use nix::errno::Errno;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 const R0: u8 = 0;
 const R1: u8 = 1;
@@ -127,22 +127,13 @@ pub fn attach_libvirt_program(cg: BorrowedFd) -> Result<(OwnedFd, OwnedFd), Errn
     let map = bpf::map_create(bpf::BPF_MAP_TYPE_HASH, 8, 4, 64)?;
     for (ma, mi) in DEFAULT_ALLOW {
         let key = (u64::from(ma) << 32) | u64::from(mi);
-        bpf::map_update_u32(
-            unsafe { BorrowedFd::borrow_raw(map.as_raw_fd()) },
-            key,
-            (7 << 16) | 2,
-        )?;
+        bpf::map_update_u32(map.as_fd(), key, (7 << 16) | 2)?;
     }
     let prog = bpf::prog_load(
         bpf::BPF_PROG_TYPE_CGROUP_DEVICE,
         &libvirt_device_program(map.as_raw_fd()),
         "GPL",
     )?;
-    bpf::prog_attach(
-        cg,
-        unsafe { BorrowedFd::borrow_raw(prog.as_raw_fd()) },
-        bpf::BPF_CGROUP_DEVICE,
-        0,
-    )?;
+    bpf::prog_attach(cg, prog.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)?;
     Ok((prog, map))
 }

@@ -29,6 +29,8 @@ pub fn open_in_cgroup(
     let (rd, wr) = nix::unistd::pipe().map_err(|e| e.to_string())?;
     // SAFETY: the child makes raw syscalls only (no allocation) and leaves with _exit.
     match unsafe { nix::unistd::fork() }.map_err(|e| e.to_string())? {
+        // SAFETY: raw syscalls on buffers and C strings prepared before the fork; the child
+        // never returns (it ends in _exit).
         nix::unistd::ForkResult::Child => unsafe {
             let mut codes = [0i32; 64];
             let fd = libc::open(procs_c.as_ptr(), libc::O_WRONLY);
