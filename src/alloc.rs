@@ -7,7 +7,7 @@
 //! root port) the same way, then lowest index.
 
 use crate::inventory::Gpu;
-use crate::metadata::{DeviceSel, Field, Filter, Request};
+use crate::request::{DeviceSel, Field, Filter, Request};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -234,8 +234,9 @@ fn near<'a>(cands: &[&'a Gpu], anchor: &Gpu, want: usize) -> Vec<&'a Gpu> {
 pub(crate) mod tests {
     use super::*;
     use crate::extra_specs::Op;
+    use crate::ids::Vendor;
     use crate::inventory::Role;
-    use crate::metadata::{Capabilities, Vendor};
+    use crate::request::Capabilities;
 
     pub(crate) fn gpu(
         index: usize,

@@ -4,7 +4,7 @@
 //! whole fake host be described; they are used for the GPU inventory only. Finding and entering
 //! containers always uses the real `/proc` and cgroup mounts.
 
-use crate::metadata::normalize_pci;
+use crate::ids::normalize_pci;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;

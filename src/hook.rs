@@ -18,8 +18,9 @@ use crate::container::{self, Container, NodeSpec, Outcome};
 use crate::error::Error;
 use crate::inventory::{self, Inventory, Scan};
 use crate::log;
-use crate::metadata::{self, DeviceSel, Domain, Request};
+use crate::metadata::{self, Domain};
 use crate::procfs;
+use crate::request::{DeviceSel, Request};
 use crate::state::{now_rfc3339, Node, Phase, Reservation, State, Store};
 use std::ffi::OsStr;
 use std::io::Read;
@@ -726,8 +727,8 @@ mod tests {
         assert_eq!((g, out), (pcis(&[0, 2]), vec![]));
         // A granted GPU that does not fit the filters is not adopted, and is reported.
         let mut r = req(1);
-        r.filters = vec![crate::metadata::Filter {
-            field: crate::metadata::Field::Arch,
+        r.filters = vec![crate::request::Filter {
+            field: crate::request::Field::Arch,
             op: crate::extra_specs::Op::Eq("ampere".into()),
         }];
         let mut inv2 = inv.clone();

@@ -4,7 +4,8 @@
 
 use crate::arch::{self, PciIds};
 use crate::config::Config;
-use crate::metadata::{normalize_pci, Capabilities, Vendor};
+use crate::ids::{normalize_pci, Vendor};
+use crate::request::Capabilities;
 use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, Mode};
 use serde::Serialize;
@@ -240,15 +241,15 @@ impl Scan {
 
     /// What a hook run for this request needs. Lazy unless the request looks at what only
     /// the driver tells (the model name, GPU UUIDs).
-    pub fn for_request(req: &crate::metadata::Request) -> Scan {
+    pub fn for_request(req: &crate::request::Request) -> Scan {
         let eager = req
             .filters
             .iter()
-            .any(|f| f.field == crate::metadata::Field::Model)
+            .any(|f| f.field == crate::request::Field::Model)
             || req
                 .devices
                 .iter()
-                .any(|d| matches!(d, crate::metadata::DeviceSel::Uuid(_)));
+                .any(|d| matches!(d, crate::request::DeviceSel::Uuid(_)));
         Scan {
             caps: Some(req.capabilities),
             lazy: !eager,

@@ -1,6 +1,8 @@
 //! gpuhook: reserve whole GPUs for libvirt LXC containers and hand them in.
 //!
-//! A pure core and thin edges: [`metadata`] parses the request, [`inventory`] reads the host,
+//! A pure core and thin edges: [`request`] is what a container asks for and [`ids`] the
+//! identifiers everything shares; [`metadata`] parses a request from the domain XML (and
+//! [`extra_specs`] the blueprint's operators), [`inventory`] reads the host,
 //! [`alloc`] chooses GPUs (pure functions), [`state`] keeps reservations in a locked file,
 //! [`container`] enters the container, [`cgroup`] grants device access (v1 and v2 behind one
 //! trait), [`hook`] is the libvirt lifecycle and [`cli`] the operator's command line.
@@ -14,11 +16,13 @@ pub mod container;
 pub mod error;
 pub mod extra_specs;
 pub mod hook;
+pub mod ids;
 pub mod inventory;
 pub mod log;
 pub mod metadata;
 pub mod procfs;
 pub mod reconcile;
+pub mod request;
 pub mod state;
 
 pub use error::Error;

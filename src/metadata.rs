@@ -5,13 +5,15 @@
 //! Parsing is strict inside gpuhook's own element (unknown attributes, children, duplicate
 //! or contradictory values are errors) and blind to every other namespace.
 
+use crate::error::one_line;
 use crate::extra_specs::{self, Op};
+use crate::ids::{normalize_pci, normalize_uuid, Vendor};
+use crate::request::{Capabilities, DeviceSel, Field, Filter, IdMap, IdRange, Request};
 use quick_xml::escape::resolve_predefined_entity;
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::name::{Namespace, ResolveResult};
 use quick_xml::reader::NsReader;
 use quick_xml::XmlVersion;
-use std::fmt;
 
 /// gpuhook's XML namespace.
 pub const NS: &str = "urn:gpuhook:gpu:1";
@@ -32,23 +34,6 @@ impl ParseError {
     pub fn new(msg: impl Into<String>) -> ParseError {
         ParseError(one_line(&msg.into(), 400))
     }
-}
-
-/// Escapes control characters (so the text stays on one line) and truncates to `max` chars.
-pub fn one_line(s: &str, max: usize) -> String {
-    let mut out = String::with_capacity(s.len().min(max));
-    for (i, c) in s.chars().enumerate() {
-        if i == max {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 fn err<T>(msg: impl Into<String>) -> Result<T, ParseError> {
@@ -72,211 +57,6 @@ pub fn domain_uuid(xml: &[u8]) -> Option<String> {
     let start = find(xml, b"<uuid>")? + b"<uuid>".len();
     let len = find(&xml[start..xml.len().min(start + 64)], b"</uuid>")?;
     normalize_uuid(std::str::from_utf8(&xml[start..start + len]).ok()?)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Vendor {
-    Nvidia,
-    Amd,
-    Intel,
-}
-
-impl Vendor {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Vendor::Nvidia => "nvidia",
-            Vendor::Amd => "amd",
-            Vendor::Intel => "intel",
-        }
-    }
-    pub fn from_name(s: &str) -> Option<Vendor> {
-        match s.to_ascii_lowercase().as_str() {
-            "nvidia" => Some(Vendor::Nvidia),
-            "amd" => Some(Vendor::Amd),
-            "intel" => Some(Vendor::Intel),
-            _ => None,
-        }
-    }
-    pub fn from_pci_id(id: u16) -> Option<Vendor> {
-        match id {
-            0x10de => Some(Vendor::Nvidia),
-            0x1002 => Some(Vendor::Amd),
-            0x8086 => Some(Vendor::Intel),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Vendor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Which GPU property a filter looks at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Field {
-    Vendor,
-    Arch,
-    Model,
-}
-
-impl Field {
-    pub fn name(self) -> &'static str {
-        match self {
-            Field::Vendor => "vendor",
-            Field::Arch => "arch",
-            Field::Model => "model",
-        }
-    }
-}
-
-/// One constraint every chosen GPU must meet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Filter {
-    pub field: Field,
-    pub op: Op,
-}
-
-impl fmt::Display for Filter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.field.name(), self.op)
-    }
-}
-
-/// An exact GPU named by a `<gpu:device>` child.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeviceSel {
-    Pci(String),
-    Uuid(String),
-    Index(u32),
-}
-
-impl fmt::Display for DeviceSel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceSel::Pci(p) => write!(f, "pci {p}"),
-            DeviceSel::Uuid(u) => write!(f, "uuid {u}"),
-            DeviceSel::Index(i) => write!(f, "index {i}"),
-        }
-    }
-}
-
-/// Which control and extra nodes come with the GPUs (`capabilities`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capabilities {
-    pub compute: bool,
-    pub utility: bool,
-    pub graphics: bool,
-    pub video: bool,
-}
-
-impl Default for Capabilities {
-    fn default() -> Self {
-        Capabilities {
-            compute: true,
-            utility: true,
-            graphics: false,
-            video: false,
-        }
-    }
-}
-
-impl Capabilities {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let mut c = Capabilities {
-            compute: false,
-            utility: false,
-            graphics: false,
-            video: false,
-        };
-        let mut any = false;
-        for word in s.split(',').map(str::trim) {
-            match word {
-                "compute" => c.compute = true,
-                "utility" => c.utility = true,
-                "graphics" => c.graphics = true,
-                "video" => c.video = true,
-                "" => return Err(format!("empty entry in capabilities '{s}'")),
-                other => {
-                    return Err(format!(
-                        "unknown capability '{other}' (known: compute, utility, graphics, video)"
-                    ))
-                }
-            }
-            any = true;
-        }
-        if !any {
-            return Err("capabilities is empty".into());
-        }
-        Ok(c)
-    }
-}
-
-/// What a domain asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
-    pub count: u32,
-    pub filters: Vec<Filter>,
-    pub devices: Vec<DeviceSel>,
-    pub capabilities: Capabilities,
-    /// Permission bits of the created nodes; `None`: the host node's.
-    pub mode: Option<u32>,
-    /// Container-side owner of the created nodes (mapped through `<idmap>`).
-    pub uid: u32,
-    pub gid: u32,
-}
-
-impl fmt::Display for Request {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} GPU{}",
-            self.count,
-            if self.count == 1 { "" } else { "s" }
-        )?;
-        for flt in &self.filters {
-            write!(f, ", {flt}")?;
-        }
-        for d in &self.devices {
-            write!(f, ", {d}")?;
-        }
-        Ok(())
-    }
-}
-
-/// One `<uid>` or `<gid>` line of `<idmap>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IdRange {
-    pub start: u32,
-    pub target: u32,
-    pub count: u32,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct IdMap {
-    pub uid: Vec<IdRange>,
-    pub gid: Vec<IdRange>,
-}
-
-fn map_id(ranges: &[IdRange], id: u32) -> Option<u32> {
-    if ranges.is_empty() {
-        return Some(id);
-    }
-    ranges
-        .iter()
-        .find(|r| id >= r.start && (id - r.start) < r.count)
-        .and_then(|r| r.target.checked_add(id - r.start))
-}
-
-impl IdMap {
-    /// Host uid of container uid `id` (identity without `<idmap>`).
-    pub fn host_uid(&self, id: u32) -> Option<u32> {
-        map_id(&self.uid, id)
-    }
-    pub fn host_gid(&self, id: u32) -> Option<u32> {
-        map_id(&self.gid, id)
-    }
 }
 
 /// The facts of a domain XML that gpuhook uses.
@@ -382,37 +162,6 @@ fn parse_mode(s: &str) -> Result<u32, ParseError> {
         ));
     }
     Ok(m)
-}
-
-/// Normalizes a PCI address to `dddd:bb:dd.f`, lowercase; accepts `bb:dd.f`.
-pub fn normalize_pci(s: &str) -> Option<String> {
-    let s = s.trim().to_ascii_lowercase();
-    let full = if s.len() == 7 { format!("0000:{s}") } else { s };
-    let b = full.as_bytes();
-    let hex = |r: std::ops::Range<usize>| b[r].iter().all(|c| c.is_ascii_hexdigit());
-    let ok = b.len() == 12
-        && hex(0..4)
-        && b[4] == b':'
-        && hex(5..7)
-        && b[7] == b':'
-        && hex(8..10)
-        && b[10] == b'.'
-        && (b'0'..=b'7').contains(&b[11]);
-    ok.then_some(full)
-}
-
-fn normalize_uuid(s: &str) -> Option<String> {
-    let s = s.trim().to_ascii_lowercase();
-    let b = s.as_bytes();
-    let ok = b.len() == 36
-        && b.iter().enumerate().all(|(i, c)| {
-            if [8, 13, 18, 23].contains(&i) {
-                *c == b'-'
-            } else {
-                c.is_ascii_hexdigit()
-            }
-        });
-    ok.then_some(s)
 }
 
 impl Parser {

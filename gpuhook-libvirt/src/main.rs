@@ -143,7 +143,7 @@ fn element_in(a: &RequestArgs, root: &str, decl: &str) -> String {
         .device
         .iter()
         .map(|d| {
-            let key = if metadata::normalize_pci(d).is_some() {
+            let key = if gpuhook::ids::normalize_pci(d).is_some() {
                 "pci"
             } else {
                 "uuid"

@@ -1,0 +1,173 @@
+//! What a container asks for, whichever front door it came through: the domain XML's
+//! attributes and `device` children, the blueprint's extra_specs (see [`crate::metadata`]),
+//! and next OCI annotations and Nova's flavor metadata. Choosing GPUs ([`crate::alloc`]) and
+//! the lifecycle ([`crate::hook`]) see only this.
+
+use crate::extra_specs::Op;
+use std::fmt;
+
+/// Which GPU property a filter looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Vendor,
+    Arch,
+    Model,
+}
+
+impl Field {
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::Vendor => "vendor",
+            Field::Arch => "arch",
+            Field::Model => "model",
+        }
+    }
+}
+
+/// One constraint every chosen GPU must meet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filter {
+    pub field: Field,
+    pub op: Op,
+}
+
+impl fmt::Display for Filter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.field.name(), self.op)
+    }
+}
+
+/// An exact GPU named by a `<gpu:device>` child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSel {
+    Pci(String),
+    Uuid(String),
+    Index(u32),
+}
+
+impl fmt::Display for DeviceSel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSel::Pci(p) => write!(f, "pci {p}"),
+            DeviceSel::Uuid(u) => write!(f, "uuid {u}"),
+            DeviceSel::Index(i) => write!(f, "index {i}"),
+        }
+    }
+}
+
+/// Which control and extra nodes come with the GPUs (`capabilities`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    pub compute: bool,
+    pub utility: bool,
+    pub graphics: bool,
+    pub video: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            compute: true,
+            utility: true,
+            graphics: false,
+            video: false,
+        }
+    }
+}
+
+impl Capabilities {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut c = Capabilities {
+            compute: false,
+            utility: false,
+            graphics: false,
+            video: false,
+        };
+        let mut any = false;
+        for word in s.split(',').map(str::trim) {
+            match word {
+                "compute" => c.compute = true,
+                "utility" => c.utility = true,
+                "graphics" => c.graphics = true,
+                "video" => c.video = true,
+                "" => return Err(format!("empty entry in capabilities '{s}'")),
+                other => {
+                    return Err(format!(
+                        "unknown capability '{other}' (known: compute, utility, graphics, video)"
+                    ))
+                }
+            }
+            any = true;
+        }
+        if !any {
+            return Err("capabilities is empty".into());
+        }
+        Ok(c)
+    }
+}
+
+/// What a domain asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub count: u32,
+    pub filters: Vec<Filter>,
+    pub devices: Vec<DeviceSel>,
+    pub capabilities: Capabilities,
+    /// Permission bits of the created nodes; `None`: the host node's.
+    pub mode: Option<u32>,
+    /// Container-side owner of the created nodes (mapped through `<idmap>`).
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} GPU{}",
+            self.count,
+            if self.count == 1 { "" } else { "s" }
+        )?;
+        for flt in &self.filters {
+            write!(f, ", {flt}")?;
+        }
+        for d in &self.devices {
+            write!(f, ", {d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One `<uid>` or `<gid>` line of `<idmap>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdRange {
+    pub start: u32,
+    pub target: u32,
+    pub count: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdMap {
+    pub uid: Vec<IdRange>,
+    pub gid: Vec<IdRange>,
+}
+
+fn map_id(ranges: &[IdRange], id: u32) -> Option<u32> {
+    if ranges.is_empty() {
+        return Some(id);
+    }
+    ranges
+        .iter()
+        .find(|r| id >= r.start && (id - r.start) < r.count)
+        .and_then(|r| r.target.checked_add(id - r.start))
+}
+
+impl IdMap {
+    /// Host uid of container uid `id` (identity without `<idmap>`).
+    pub fn host_uid(&self, id: u32) -> Option<u32> {
+        map_id(&self.uid, id)
+    }
+    pub fn host_gid(&self, id: u32) -> Option<u32> {
+        map_id(&self.gid, id)
+    }
+}
