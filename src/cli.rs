@@ -236,7 +236,7 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                 "domain": r.domain, "uuid": r.uuid, "phase": r.phase, "gpus": r.gpus,
                 "request": r.request, "created": r.created, "updated": r.updated,
                 "init_pid": r.init.map(|i| i.pid),
-                "stale": hook::stale_reason(r),
+                "stale": crate::lifecycle::stale_reason(r),
             })
         })
         .collect();

@@ -18,6 +18,7 @@ pub mod extra_specs;
 pub mod hook;
 pub mod ids;
 pub mod inventory;
+pub mod lifecycle;
 pub mod log;
 pub mod metadata;
 pub mod procfs;

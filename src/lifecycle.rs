@@ -1,0 +1,695 @@
+//! The lifecycle of a GPU reservation, whichever front door drives it (the libvirt hook
+//! today, the OCI runtime wrapper next): reserve (`prepare`), confirm (`start`), activate
+//! (`started`: grants and nodes, undone on failure), re-adopt (`reconnect`), free. A front
+//! door turns its own input (domain XML, an OCI bundle) into a [`Holder`] and a [`Request`],
+//! says how to find its running container, and maps the results to its own exit codes.
+
+use crate::alloc;
+use crate::cgroup::{self, DeviceCgroup};
+use crate::config::Config;
+use crate::container::{self, Container, ContainerError, NodeSpec, Outcome};
+use crate::error::Error;
+use crate::inventory::{self, Inventory, Scan};
+use crate::log;
+use crate::procfs;
+use crate::request::{DeviceSel, IdMap, Request};
+use crate::state::{now_rfc3339, Node, Phase, Reservation, State, Store};
+
+/// Which front door a holder came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HolderKind {
+    /// A libvirt LXC domain (its id: the domain UUID).
+    Libvirt,
+}
+
+/// Who holds GPUs: what the state keys a reservation by (`id`), the name operators know it
+/// by, and how its container's user namespace maps ids (nodes are owned by its root).
+#[derive(Debug, Clone, Copy)]
+pub struct Holder<'a> {
+    pub kind: HolderKind,
+    pub name: &'a str,
+    pub id: &'a str,
+    pub idmap: &'a IdMap,
+}
+
+impl Holder<'_> {
+    /// How messages name it: `domain 'web1'`.
+    pub fn who(&self) -> String {
+        match self.kind {
+            HolderKind::Libvirt => format!("domain '{}'", self.name),
+        }
+    }
+}
+
+fn store(cfg: &Config) -> Store {
+    Store::new(&cfg.state_file)
+}
+
+/// Why a reservation is stale (its holder is gone), if it is.
+pub fn stale_reason(r: &Reservation) -> Option<String> {
+    match r.phase {
+        Phase::Running => match r.init {
+            Some(i) if !i.alive() => Some(format!("its container init (pid {}) is gone", i.pid)),
+            _ => None,
+        },
+        Phase::Prepared => match r.prepared_by {
+            Some(p) if !p.alive() && !controller_running(&r.domain) => Some(format!(
+                "it was prepared by pid {} which is gone, and no container of it runs",
+                p.pid
+            )),
+            _ => None,
+        },
+    }
+}
+
+/// Whether libvirt's controller for the domain runs (`/run/libvirt/lxc/NAME.pid`).
+fn controller_running(name: &str) -> bool {
+    container::pidfile_controller(name)
+        .ok()
+        .and_then(procfs::comm)
+        .is_some_and(|c| c == "libvirt_lxc")
+}
+
+/// Drops stale reservations; returns what was reclaimed, for the log.
+fn reclaim_stale(st: &mut State) -> Vec<String> {
+    let stale: Vec<(String, String)> = st
+        .reservations
+        .iter()
+        .filter_map(|(u, r)| stale_reason(r).map(|why| (u.clone(), why)))
+        .collect();
+    stale
+        .into_iter()
+        .filter_map(|(u, why)| {
+            st.reservations.remove(&u).map(|r| {
+                format!(
+                    "reclaimed GPUs {} of domain '{}' ({u}): {why}",
+                    r.gpus.join(","),
+                    r.domain
+                )
+            })
+        })
+        .collect()
+}
+
+/// Whether an existing reservation still fits the request on this inventory.
+fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
+    gpus.len() == req.count as usize
+        && gpus.iter().all(|p| {
+            inv.by_pci(p)
+                .is_some_and(|g| g.usable() && alloc::matches(g, &req.filters))
+        })
+        && req
+            .devices
+            .iter()
+            .all(|sel| alloc::resolve(&inv.gpus, sel).is_some_and(|g| gpus.contains(&g.pci)))
+}
+
+/// `prepare`: reserves GPUs for the holder (or keeps the reservation it has, if it still
+/// fits), reclaiming stale reservations only when the request does not fit otherwise.
+pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
+    let cfg = Config::load()?;
+    let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
+    let parent = procfs::parent();
+    let now = now_rfc3339();
+    let (gpus, notes) = store(&cfg).update(|st| -> Result<_, Error> {
+        let mut notes = Vec::new();
+        if let Some(r) = st.reservations.get_mut(h.id) {
+            inv.settle(&cfg, &r.gpus);
+            if satisfies(&inv, &r.gpus, req) {
+                r.phase = Phase::Prepared;
+                r.prepared_by = parent;
+                r.init = None;
+                r.controller = None;
+                r.nodes.clear();
+                r.domain = h.name.to_string();
+                r.request = req.to_string();
+                r.updated = now.clone();
+                return Ok((r.gpus.clone(), notes));
+            }
+            st.reservations.remove(h.id);
+        }
+        // Stale reservations (holder gone) are reclaimed only when the request does not fit
+        // otherwise: the common path reads no /proc file per reservation.
+        // A lazy scan left the NVIDIA driver's details of the chosen GPUs for now: a chosen
+        // GPU that turns out unusable is marked, and the choice made again without it.
+        let gpus = loop {
+            let g = match alloc::allocate(&inv.gpus, &st.held(None), req) {
+                Ok(g) => g,
+                Err(e) => {
+                    if !notes.is_empty() {
+                        return Err(e.into());
+                    }
+                    // Stale reservations (holder gone) are reclaimed only when the request
+                    // does not fit otherwise: the common path reads no /proc file per
+                    // reservation.
+                    notes = reclaim_stale(st);
+                    if notes.is_empty() {
+                        return Err(e.into());
+                    }
+                    continue;
+                }
+            };
+            inv.settle(&cfg, &g);
+            if g.iter().all(|p| inv.by_pci(p).is_some_and(|x| x.usable())) {
+                break g;
+            }
+        };
+        st.reservations.insert(
+            h.id.to_string(),
+            Reservation {
+                domain: h.name.to_string(),
+                uuid: h.id.to_string(),
+                gpus: gpus.clone(),
+                phase: Phase::Prepared,
+                request: req.to_string(),
+                created: now.clone(),
+                updated: now.clone(),
+                prepared_by: parent,
+                controller: None,
+                init: None,
+                nodes: vec![],
+            },
+        );
+        Ok((gpus, notes))
+    })?;
+    for n in notes {
+        log::info(&n);
+    }
+    log::info(&format!(
+        "{} ({}): reserved {} for {req}",
+        h.who(),
+        h.id,
+        gpus.join(",")
+    ));
+    Ok(())
+}
+
+fn reservation(st: &State, h: &Holder) -> Result<Reservation, Error> {
+    st.reservations
+        .get(h.id)
+        .cloned()
+        .ok_or_else(|| Error::other("holds no GPU reservation (did the prepare hook run? is gpuhook installed at libvirtd's start?)"))
+}
+
+/// `start`: checks that the holder's reservation still stands on this host.
+pub fn confirm(h: &Holder, req: &Request) -> Result<(), Error> {
+    let cfg = Config::load()?;
+    let r = reservation(&store(&cfg).read()?, h)?;
+    let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
+    inv.settle(&cfg, &r.gpus);
+    for p in &r.gpus {
+        let g = inv
+            .by_pci(p)
+            .ok_or_else(|| Error::other(format!("reserved GPU {p} is no longer on the host")))?;
+        if let Some(why) = &g.problem {
+            return Err(Error::other(format!(
+                "reserved GPU {p} cannot be used: {why}"
+            )));
+        }
+        if g.excluded {
+            return Err(Error::other(format!(
+                "reserved GPU {p} is now excluded by the host config"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The nodes a container gets for its GPUs, with mode and host-side owner.
+fn node_specs(
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[String],
+) -> Result<Vec<NodeSpec>, Error> {
+    for p in gpus {
+        let g = inv
+            .by_pci(p)
+            .ok_or_else(|| Error::other(format!("reserved GPU {p} is no longer on the host")))?;
+        if g.nodes.is_empty() {
+            return Err(Error::other(format!(
+                "GPU {p} has no device node: {}",
+                g.problem.as_deref().unwrap_or("unknown")
+            )));
+        }
+    }
+    let uid = h
+        .idmap
+        .host_uid(req.uid)
+        .ok_or_else(|| Error::other(format!("uid {} is not mapped by <idmap>", req.uid)))?;
+    let gid = h
+        .idmap
+        .host_gid(req.gid)
+        .ok_or_else(|| Error::other(format!("gid {} is not mapped by <idmap>", req.gid)))?;
+    Ok(inv
+        .nodes_for(gpus, req.capabilities)
+        .into_iter()
+        .map(|n| NodeSpec {
+            mode: req.mode.unwrap_or(n.mode),
+            path: n.path,
+            major: n.major,
+            minor: n.minor,
+            uid,
+            gid,
+        })
+        .collect())
+}
+
+fn as_nodes(specs: &[NodeSpec]) -> Vec<Node> {
+    specs
+        .iter()
+        .map(|s| Node {
+            path: s.path.clone(),
+            major: s.major,
+            minor: s.minor,
+        })
+        .collect()
+}
+
+/// What one `apply` changed, so it can be undone.
+struct Applied {
+    cg: Box<dyn DeviceCgroup>,
+    granted: Vec<Node>,
+    created: Vec<NodeSpec>,
+    dirs: Vec<String>,
+}
+
+/// Grants the nodes in the container's device cgroup, then creates them in its `/dev`.
+/// On failure nothing of this call is left behind.
+fn apply(ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
+    let mut cg = cgroup::for_container(ct.controller, ct.init.pid)?;
+    let granted = cgroup::grant_all(&mut *cg, &as_nodes(specs))?;
+    match container::create_nodes(ct, specs) {
+        Ok(made) => {
+            let created = specs
+                .iter()
+                .zip(&made.outcomes)
+                .filter(|(_, o)| **o == Outcome::Created)
+                .map(|(s, _)| s.clone())
+                .collect();
+            Ok(Applied {
+                cg,
+                granted,
+                created,
+                dirs: made.dirs,
+            })
+        }
+        Err(e) => Err(with_rollback(
+            e.into(),
+            &cgroup::revoke_all(&mut *cg, &granted),
+        )),
+    }
+}
+
+/// The error, with what its rollback could not undo said on the same line.
+fn with_rollback(e: Error, left: &[String]) -> Error {
+    if left.is_empty() {
+        e
+    } else {
+        Error::other(format!("{e}{}", cgroup::rollback_note(left)))
+    }
+}
+
+/// Takes back what `apply` did; returns what could not be undone (empty when all was).
+/// A container whose init has exited lost its `/dev` with its mount namespace, and its
+/// cgroup goes with it: nothing there is left to undo, whatever failed.
+fn undo(ct: &Container, mut a: Applied) -> Vec<String> {
+    let mut left = Vec::new();
+    if let Err(e) = container::remove_nodes(ct, &a.created, &a.dirs) {
+        left.push(format!("nodes: {e}"));
+    }
+    left.extend(cgroup::revoke_all(&mut *a.cg, &a.granted));
+    if ct.init.alive() {
+        left
+    } else {
+        Vec::new()
+    }
+}
+
+/// `started`: grants the reserved GPUs' nodes in the container's device cgroup and makes
+/// them in its `/dev` (undone on failure), then records the container in the state. `find`
+/// is how the front door finds its container (libvirt: through the controller).
+pub fn activate(
+    h: &Holder,
+    req: &Request,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Result<(), Error> {
+    let cfg = Config::load()?;
+    let st = store(&cfg);
+    let r = reservation(&st.read()?, h)?;
+    let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
+    inv.settle(&cfg, &r.gpus);
+    let ct = find()?;
+    let specs = node_specs(h, req, &inv, &r.gpus)?;
+    // A failure because the init exited meanwhile (its /proc entry, cgroup or mount
+    // namespace vanished under us) says so first: that is the cause an operator needs.
+    let applied = apply(&ct, &specs).map_err(|e| {
+        if ct.init.alive() {
+            e
+        } else {
+            Error::other(format!(
+                "container init {} exited during started ({e})",
+                ct.init.pid
+            ))
+        }
+    })?;
+    let now = now_rfc3339();
+    let recorded = st.update(|s| -> Result<(), Error> {
+        let cur = s.reservations.get_mut(h.id).ok_or_else(|| {
+            Error::other("GPU reservation was released while the container started")
+        })?;
+        if cur.gpus != r.gpus {
+            return Err(Error::other(
+                "GPU reservation changed while the container started",
+            ));
+        }
+        cur.phase = Phase::Running;
+        cur.controller = Some(ct.controller);
+        cur.init = Some(ct.init);
+        cur.nodes = as_nodes(&specs);
+        cur.updated = now;
+        Ok(())
+    });
+    if let Err(e) = recorded {
+        return Err(with_rollback(e, &undo(&ct, applied)));
+    }
+    log::info(&format!(
+        "{}: granted and created {} in container (init {})",
+        h.who(),
+        specs
+            .iter()
+            .map(|s| s.path.as_str())
+            .collect::<Vec<_>>()
+            .join(" "),
+        ct.init.pid
+    ));
+    Ok(())
+}
+
+/// How [`readopt`] ended; the front door decides what it means for the container (libvirt
+/// kills it when it is inconsistent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readopted {
+    /// Reservation, grants and nodes are as they should be.
+    Consistent,
+    /// gpuhook's own files (config, state, inventory) could not be read: logged, and the
+    /// running container left alone (stopping it would not fix them).
+    LeftAlone,
+    /// The container cannot be made consistent (its GPU is another's, its `/dev` refuses a
+    /// node, its init is gone).
+    Inconsistent,
+}
+
+/// `reconnect`: re-adopts a running container's reservation (from its device cgroup when
+/// the state lost it), re-grants and re-makes what it lost.
+pub fn readopt(
+    h: &Holder,
+    req: &Request,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Readopted {
+    let soft = |what: &str, e: &dyn std::fmt::Display| {
+        log::error(&format!(
+            "{}: reconnect: {what}: {e}; container left as it is",
+            h.who()
+        ));
+        Readopted::LeftAlone
+    };
+    let cfg = match Config::load() {
+        Ok(c) => c,
+        Err(e) => return soft("cannot read the config", &e),
+    };
+    let inv = match inventory::scan_with(&cfg, Scan::for_request(req)) {
+        Ok(mut i) => {
+            // Reconnect is rare: settle every GPU (adoption looks at all of them).
+            let all: Vec<String> = i.gpus.iter().map(|g| g.pci.clone()).collect();
+            i.settle(&cfg, &all);
+            i
+        }
+        Err(e) => return soft("cannot read the GPU inventory", &e),
+    };
+    let fatal = |e: Error| {
+        log::error(&format!(
+            "{}: reconnect: container cannot be made consistent: {e}",
+            h.who()
+        ));
+        Readopted::Inconsistent
+    };
+    let ct = match find() {
+        Ok(c) => c,
+        Err(e) => return fatal(e.into()),
+    };
+    // What the container's device cgroup grants, read now, before the lock: adoption decides
+    // from it under the lock without touching the container (whose /dev could stall us).
+    let granted = granted_gpus(&ct, req, &inv);
+    let now = now_rfc3339();
+    let mut adopted = None;
+    type Decided = Result<(Vec<String>, Vec<NodeSpec>), Error>;
+    let decided = store(&cfg).update(|st| -> Result<Decided, Error> {
+        for n in reclaim_stale(st) {
+            log::info(&n);
+        }
+        let gpus = match st.reservations.get(h.id) {
+            Some(r) => r.gpus.clone(),
+            None => {
+                let held = st.held(Some(h.id));
+                match granted
+                    .as_ref()
+                    .map_err(|e| Error::other(e.to_string()))
+                    .and_then(|g| adopt(req, &inv, &held, g))
+                {
+                    Ok((g, ignored)) => {
+                        adopted = Some(ignored);
+                        g
+                    }
+                    Err(e) => return Ok(Err(e)),
+                }
+            }
+        };
+        let specs = match node_specs(h, req, &inv, &gpus) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let r = st
+            .reservations
+            .entry(h.id.to_string())
+            .or_insert_with(|| Reservation {
+                domain: h.name.to_string(),
+                uuid: h.id.to_string(),
+                gpus: gpus.clone(),
+                phase: Phase::Running,
+                request: req.to_string(),
+                created: now.clone(),
+                updated: now.clone(),
+                prepared_by: None,
+                controller: None,
+                init: None,
+                nodes: vec![],
+            });
+        r.phase = Phase::Running;
+        r.controller = Some(ct.controller);
+        r.init = Some(ct.init);
+        r.nodes = as_nodes(&specs);
+        r.updated = now.clone();
+        Ok(Ok((gpus, specs)))
+    });
+    let (gpus, specs) = match decided {
+        Err(e) => return soft("cannot update the state", &e),
+        Ok(Err(e)) => return fatal(e),
+        Ok(Ok(d)) => d,
+    };
+    if let Some(ignored) = adopted.as_ref().filter(|i| !i.is_empty()) {
+        // Access the state does not account for would let two containers share a GPU.
+        let left = deny_left_out(&ct, req, &inv, ignored);
+        if !left.is_empty() {
+            return fatal(Error::other(format!(
+                "its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {}",
+                ignored.join(","),
+                left.join("; ")
+            )));
+        }
+        log::warn(&format!(
+            "{}: reconnect: its device cgroup also granted GPU(s) {} beyond what it holds for {req}; access taken away",
+            h.who(),
+            ignored.join(",")
+        ));
+    }
+    match apply(&ct, &specs) {
+        Ok(a) => {
+            log::info(&format!(
+                "{}: reconnect: {} GPUs {}; re-granted {} and re-created {} node(s)",
+                h.who(),
+                if adopted.is_some() {
+                    "re-adopted"
+                } else {
+                    "kept"
+                },
+                gpus.join(","),
+                a.granted.len(),
+                a.created.len()
+            ));
+            Readopted::Consistent
+        }
+        Err(e) => fatal(e),
+    }
+}
+
+/// The GPUs whose node (the first one the request's capabilities give) the container's
+/// device cgroup grants by an exact rule. The cgroup is kernel state the container cannot
+/// widen for itself; the nodes in its `/dev` are not evidence (it can make them), and a
+/// wildcard rule names no GPU.
+fn granted_gpus(
+    ct: &Container,
+    req: &Request,
+    inv: &Inventory,
+) -> Result<Vec<String>, cgroup::CgroupError> {
+    let cg = cgroup::for_container(ct.controller, ct.init.pid)?;
+    let mut out = Vec::new();
+    for g in &inv.gpus {
+        if let Some(n) = g.nodes_for(req.capabilities).next() {
+            if cg.grants_exactly(&Node::from(n))? {
+                out.push(g.pci.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The state lost a running container's reservation: take back the GPUs its device cgroup
+/// grants (`granted`), as far as they fit the request and never more than it asks for, and
+/// top up to the request's count; or reserve afresh when it has none. GPUs the request names
+/// come first, then granted ones fill the other places. A granted GPU that another domain
+/// holds cannot be reconciled. Pure: it reads neither the container nor the host. Returns
+/// the GPUs and the granted ones it does not hold (their access must be taken away).
+fn adopt(
+    req: &Request,
+    inv: &Inventory,
+    held: &alloc::Held,
+    granted: &[String],
+) -> Result<(Vec<String>, Vec<String>), Error> {
+    for p in granted {
+        if let Some(h) = held.get(p) {
+            return Err(Error::other(format!(
+                "it uses GPU {p}, which is reserved by domain '{h}'"
+            )));
+        }
+    }
+    let named: Vec<&str> = req
+        .devices
+        .iter()
+        .filter_map(|s| alloc::resolve(&inv.gpus, s).map(|g| g.pci.as_str()))
+        .collect();
+    let room = (req.count as usize).saturating_sub(req.devices.len());
+    let fill: Vec<&String> = granted
+        .iter()
+        .filter(|p| !named.contains(&p.as_str()))
+        .filter(|p| {
+            inv.by_pci(p)
+                .is_some_and(|g| g.usable() && alloc::matches(g, &req.filters))
+        })
+        .take(room)
+        .collect();
+    let mut want = req.clone();
+    want.devices
+        .extend(fill.iter().map(|p| DeviceSel::Pci(p.to_string())));
+    let gpus = alloc::allocate(&inv.gpus, held, &want)?;
+    let left_out = granted
+        .iter()
+        .filter(|p| !gpus.contains(p))
+        .cloned()
+        .collect();
+    Ok((gpus, left_out))
+}
+
+/// Takes away the container's access to GPUs it was granted but does not hold (their own
+/// nodes; shared control nodes stay). Returns what could not be taken away.
+fn deny_left_out(ct: &Container, req: &Request, inv: &Inventory, gpus: &[String]) -> Vec<String> {
+    let mut cg = match cgroup::for_container(ct.controller, ct.init.pid) {
+        Ok(c) => c,
+        Err(e) => return vec![e.to_string()],
+    };
+    gpus.iter()
+        .filter_map(|p| inv.by_pci(p))
+        .flat_map(|g| g.nodes_for(req.capabilities))
+        .filter_map(|n| cg.deny(&Node::from(n)).err().map(|e| e.to_string()))
+        .collect()
+}
+
+/// `stopped`/`release`: frees the reservation the state holds under `id` (whatever the
+/// holder's request says now); returns it, if there was one.
+pub fn free(cfg: &Config, id: &str) -> Result<Option<Reservation>, Error> {
+    store(cfg).update(|s| Ok::<_, Error>(s.reservations.remove(id)))
+}
+
+/// Whether the state's bytes name `id`: a look without lock or parse, for a front door with
+/// nothing to do unless the state holds something for it.
+pub fn may_hold(cfg: &Config, id: &str) -> bool {
+    store(cfg).mentions(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::tests::{dgx, req};
+
+    fn pci(i: usize) -> String {
+        format!("0000:{:02x}:00.0", 0x10 + i)
+    }
+
+    fn pcis(ix: &[usize]) -> Vec<String> {
+        ix.iter().map(|i| pci(*i)).collect()
+    }
+
+    #[test]
+    fn adoption_takes_what_the_cgroup_grants_never_more_than_asked() {
+        let inv = Inventory {
+            gpus: dgx(),
+            controls: vec![],
+        };
+        let none = alloc::Held::new();
+        // Nothing granted: reserve afresh.
+        let (g, out) = adopt(&req(2), &inv, &none, &[]).unwrap();
+        assert_eq!((g.len(), out.len()), (2, 0));
+        // Granted 5 and 6 for a 2-GPU request: those two, whatever is placed better.
+        let (g, out) = adopt(&req(2), &inv, &none, &pcis(&[5, 6])).unwrap();
+        assert_eq!((g, out), (pcis(&[5, 6]), vec![]));
+        // Granted three for a 1-GPU request: one kept, the others to be taken away.
+        let (g, out) = adopt(&req(1), &inv, &none, &pcis(&[3, 5, 6])).unwrap();
+        assert_eq!((g, out), (pcis(&[3]), pcis(&[5, 6])));
+        // Granted one for a 2-GPU request: topped up.
+        let (g, out) = adopt(&req(2), &inv, &none, &pcis(&[7])).unwrap();
+        assert!(
+            g.contains(&pci(7)) && g.len() == 2 && out.is_empty(),
+            "{g:?}"
+        );
+        // Held by another domain: cannot be reconciled.
+        let mut held = alloc::Held::new();
+        held.insert(pci(5), "other".into());
+        let e = adopt(&req(1), &inv, &held, &pcis(&[5])).unwrap_err();
+        assert!(e.to_string().contains("reserved by domain 'other'"), "{e}");
+    }
+
+    /// A request naming index 0 with count 2 was topped up with GPU 2 (GPU 1 was held then);
+    /// the state is lost: GPU 2 is re-adopted, not GPU 1 (nearer), which would leave GPU 2
+    /// granted to the container and free in the state.
+    #[test]
+    fn adoption_fills_unnamed_places_from_the_grants() {
+        let inv = Inventory {
+            gpus: dgx(),
+            controls: vec![],
+        };
+        let mut r = req(2);
+        r.devices = vec![DeviceSel::Index(0)];
+        let (g, out) = adopt(&r, &inv, &alloc::Held::new(), &pcis(&[0, 2])).unwrap();
+        assert_eq!((g, out), (pcis(&[0, 2]), vec![]));
+        // A granted GPU that does not fit the filters is not adopted, and is reported.
+        let mut r = req(1);
+        r.filters = vec![crate::request::Filter {
+            field: crate::request::Field::Arch,
+            op: crate::extra_specs::Op::Eq("ampere".into()),
+        }];
+        let mut inv2 = inv.clone();
+        inv2.gpus[4].arch = Some("ampere".into());
+        let (g, out) = adopt(&r, &inv2, &alloc::Held::new(), &pcis(&[1])).unwrap();
+        assert_eq!((g, out), (pcis(&[4]), pcis(&[1])));
+    }
+}
