@@ -440,7 +440,7 @@ pub fn readopt(
     };
     // What the container's device cgroup grants, read now, before the lock: adoption decides
     // from it under the lock without touching the container (whose /dev could stall us).
-    let granted = granted_gpus(&ct, req, &inv);
+    let granted = granted_gpus(&ct, &inv);
     let now = now_rfc3339();
     let mut adopted = None;
     type Decided = Result<(Vec<String>, Vec<NodeSpec>), Error>;
@@ -458,7 +458,12 @@ pub fn readopt(
                     .and_then(|g| adopt(req, &inv, &held, g))
                 {
                     Ok((g, ignored)) => {
-                        adopted = Some(ignored);
+                        // Access the state does not account for would let two containers
+                        // share a GPU: taken away before the lock lets anyone reserve it.
+                        match deny_left_out(&ct, &inv, &ignored) {
+                            Ok(open) => adopted = Some((ignored, open)),
+                            Err(e) => return Ok(Err(e)),
+                        }
                         g
                     }
                     Err(e) => return Ok(Err(e)),
@@ -497,20 +502,19 @@ pub fn readopt(
         Ok(Err(e)) => return fatal(e),
         Ok(Ok(d)) => d,
     };
-    if let Some(ignored) = adopted.as_ref().filter(|i| !i.is_empty()) {
-        // Access the state does not account for would let two containers share a GPU.
-        let left = deny_left_out(&ct, req, &inv, ignored);
-        if !left.is_empty() {
-            return fatal(Error::other(format!(
-                "its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {}",
-                ignored.join(","),
-                left.join("; ")
-            )));
-        }
+    if let Some((ignored, open)) = adopted.as_ref().filter(|(i, _)| !i.is_empty()) {
         log::warn(&format!(
-            "{}: reconnect: its device cgroup also granted GPU(s) {} beyond what it holds for {req}; access taken away",
+            "{}: reconnect: its device cgroup also granted GPU(s) {} beyond what it holds for {req}; access taken away{}",
             h.who(),
-            ignored.join(",")
+            ignored.join(","),
+            if open.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (a wildcard rule of its cgroup still allows {})",
+                    open.join(", ")
+                )
+            }
         ));
     }
     match apply(&ct, &specs) {
@@ -533,21 +537,18 @@ pub fn readopt(
     }
 }
 
-/// The GPUs whose node (the first one the request's capabilities give) the container's
-/// device cgroup grants by an exact rule. The cgroup is kernel state the container cannot
-/// widen for itself; the nodes in its `/dev` are not evidence (it can make them), and a
-/// wildcard rule names no GPU.
-fn granted_gpus(
-    ct: &Container,
-    req: &Request,
-    inv: &Inventory,
-) -> Result<Vec<String>, cgroup::CgroupError> {
+/// The GPUs of which the container's device cgroup grants any of their own nodes by an
+/// exact rule (an AMD or Intel GPU's render node alone gives compute). The cgroup is kernel
+/// state the container cannot widen for itself; the nodes in its `/dev` are not evidence (it
+/// can make them), and a wildcard rule names no GPU.
+fn granted_gpus(ct: &Container, inv: &Inventory) -> Result<Vec<String>, cgroup::CgroupError> {
     let cg = cgroup::for_container(ct.controller, ct.init.pid)?;
     let mut out = Vec::new();
     for g in &inv.gpus {
-        if let Some(n) = g.nodes_for(req.capabilities).next() {
+        for (_, n) in &g.nodes {
             if cg.grants_exactly(&Node::from(n))? {
                 out.push(g.pci.clone());
+                break;
             }
         }
     }
@@ -600,18 +601,33 @@ fn adopt(
     Ok((gpus, left_out))
 }
 
-/// Takes away the container's access to GPUs it was granted but does not hold (their own
-/// nodes; shared control nodes stay). Returns what could not be taken away.
-fn deny_left_out(ct: &Container, req: &Request, inv: &Inventory, gpus: &[String]) -> Vec<String> {
-    let mut cg = match cgroup::for_container(ct.controller, ct.init.pid) {
-        Ok(c) => c,
-        Err(e) => return vec![e.to_string()],
-    };
-    gpus.iter()
+/// Takes away the container's access to GPUs it was granted but does not hold: every node of
+/// their own (shared control nodes stay). Returns the nodes a wildcard rule of its cgroup
+/// still allows (an exact deny cannot take those back); an error when a deny fails (the
+/// container cannot then be made consistent).
+fn deny_left_out(ct: &Container, inv: &Inventory, gpus: &[String]) -> Result<Vec<String>, Error> {
+    if gpus.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut cg = cgroup::for_container(ct.controller, ct.init.pid)?;
+    let mut open = Vec::new();
+    for (_, n) in gpus
+        .iter()
         .filter_map(|p| inv.by_pci(p))
-        .flat_map(|g| g.nodes_for(req.capabilities))
-        .filter_map(|n| cg.deny(&Node::from(n)).err().map(|e| e.to_string()))
-        .collect()
+        .flat_map(|g| g.nodes.iter())
+    {
+        let node = Node::from(n);
+        cg.deny(&node).map_err(|e| {
+            Error::other(format!(
+                "its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {e}",
+                gpus.join(",")
+            ))
+        })?;
+        if cg.is_allowed(&node)? {
+            open.push(node.path);
+        }
+    }
+    Ok(open)
 }
 
 /// `stopped`/`release`: frees the reservation the state holds under `id` (whatever the

@@ -17,22 +17,41 @@ impl ProcRef {
     pub fn of(pid: i32) -> Option<ProcRef> {
         start_time(pid).map(|start_time| ProcRef { pid, start_time })
     }
-    /// Whether this very process still exists and is not on its way out: not a zombie, and
-    /// not exiting (`PF_EXITING`, set before the kernel takes it out of its cgroups and
-    /// namespaces, so a half-exited init is never mistaken for a live one).
+    /// Whether this very process still exists and is not on its way out: one of its threads
+    /// runs, not a zombie and not exiting (`PF_EXITING`, set before the kernel takes a task
+    /// out of its cgroups and namespaces, so a half-exited init is never mistaken for a live
+    /// one). Its main thread alone is not enough: PID 1 of a container can `pthread_exit` it
+    /// and go on in another thread (the leader then shows as a zombie), and such a container
+    /// must not look gone.
     pub fn alive(&self) -> bool {
-        const PF_EXITING: u64 = 0x4;
-        match stat_fields(self.pid) {
-            Some(f) => {
-                f.first().map(String::as_str) != Some("Z")
-                    && f.get(6)
-                        .and_then(|s| s.parse::<u64>().ok())
-                        .is_some_and(|flags| flags & PF_EXITING == 0)
-                    && f.get(19).and_then(|s| s.parse().ok()) == Some(self.start_time)
-            }
-            None => false,
+        let Some(f) = stat_fields(&format!("/proc/{}/stat", self.pid)) else {
+            return false;
+        };
+        if f.get(19).and_then(|s| s.parse().ok()) != Some(self.start_time) {
+            return false;
         }
+        running(&f) || self.other_thread_runs()
     }
+
+    fn other_thread_runs(&self) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return false;
+        };
+        tasks.flatten().any(|t| {
+            t.file_name().to_str() != Some(&self.pid.to_string())
+                && stat_fields(&t.path().join("stat").to_string_lossy())
+                    .is_some_and(|f| running(&f))
+        })
+    }
+}
+
+/// A task's `stat` fields say it runs: not a zombie (or dead), not exiting.
+fn running(f: &[String]) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    !matches!(f.first().map(String::as_str), Some("Z") | Some("X"))
+        && f.get(6)
+            .and_then(|s| s.parse::<u64>().ok())
+            .is_some_and(|flags| flags & PF_EXITING == 0)
 }
 
 /// Reads a procfs file: no stat (procfs reports size 0), one buffer, until end of file.
@@ -60,23 +79,28 @@ fn read_bytes(p: impl AsRef<Path>) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-/// Fields of `/proc/PID/stat` after the command name: [0] is the state, [19] the start time.
-fn stat_fields(pid: i32) -> Option<Vec<String>> {
-    if pid <= 0 {
-        return None;
-    }
-    let s = read(format!("/proc/{pid}/stat"))?;
+/// Fields of a `stat` file after the command name: [0] is the state, [1] the parent, [6]
+/// the flags, [19] the start time.
+fn stat_fields(path: &str) -> Option<Vec<String>> {
+    let s = read(path)?;
     let rest = &s[s.rfind(')')? + 1..];
     Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
+fn pid_stat(pid: i32) -> Option<Vec<String>> {
+    if pid <= 0 {
+        return None;
+    }
+    stat_fields(&format!("/proc/{pid}/stat"))
+}
+
 pub fn start_time(pid: i32) -> Option<u64> {
-    stat_fields(pid)?.get(19)?.parse().ok()
+    pid_stat(pid)?.get(19)?.parse().ok()
 }
 
 /// The parent PID (`/proc/PID/stat` field 4).
 pub fn ppid(pid: i32) -> Option<i32> {
-    stat_fields(pid)?.get(1)?.parse().ok()
+    pid_stat(pid)?.get(1)?.parse().ok()
 }
 
 /// Direct children of a process (all its threads).
@@ -208,6 +232,45 @@ mod tests {
         assert_eq!(m[2].dev, libc::makedev(254, 0));
         // Our own mount namespace has a root.
         assert!(mounts(None).unwrap().iter().any(|m| m.mount_point == "/"));
+    }
+
+    /// A process whose main thread exited while another goes on (what a container's PID 1
+    /// can do to look gone) is alive until its last thread ends.
+    #[test]
+    fn alive_while_any_thread_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("leader.c");
+        std::fs::write(
+            &src,
+            "#include <pthread.h>\n#include <unistd.h>\nstatic void *body(void *a) { sleep(20); _exit(0); }\nint main(void) { pthread_t t; pthread_create(&t, 0, body, 0); pthread_exit(0); }\n",
+        )
+        .unwrap();
+        let bin = dir.path().join("leader");
+        let cc = std::process::Command::new("cc")
+            .arg("-o")
+            .arg(&bin)
+            .arg(&src)
+            .arg("-lpthread")
+            .status()
+            .unwrap();
+        assert!(cc.success(), "cc");
+        let mut child = std::process::Command::new(&bin).spawn().unwrap();
+        let pid = child.id() as i32;
+        let p = ProcRef::of(pid).unwrap();
+        // Wait until the main thread is gone (the leader shows as a zombie).
+        let mut leader_gone = false;
+        for _ in 0..200 {
+            if pid_stat(pid).and_then(|f| f.first().cloned()).as_deref() == Some("Z") {
+                leader_gone = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(leader_gone, "the main thread did not exit");
+        assert!(p.alive(), "a thread still runs");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!p.alive());
     }
 
     #[test]

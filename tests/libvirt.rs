@@ -1295,7 +1295,9 @@ fn reconnect_adopts_only_granted(b: &mut Bed) {
     assert_eq!(b.holders()["gh-adopt-b"], ["0000:08:00.0"]);
     b.d.virsh_ok(&["destroy", "gh-adopt-a"]).unwrap();
     let ct = b.ct("gh-adopt-b");
-    let jail = b.cgroup_dir(&ct).join("jail");
+    // Named `libvirt`, as libvirt's own nested cgroup is under systemd: the name gives it
+    // nothing (the domain cgroup is the controller's, never one below).
+    let jail = b.cgroup_dir(&ct).join("libvirt");
     std::fs::create_dir(&jail).unwrap();
     std::fs::write(jail.join("devices.deny"), "c 195:1 rw").unwrap();
     std::fs::write(jail.join("cgroup.procs"), ct.init.pid.to_string()).unwrap();

@@ -202,20 +202,17 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
 }
 
 /// The cgroup libvirt made for a container, given its controller's and its init's cgroup
-/// paths on one hierarchy. libvirt's controller joins the domain's cgroup, and the container
-/// cannot move it (it is outside the container's PID namespace), while a container with a
-/// writable hierarchy can move its init anywhere below. So: the controller's cgroup, or its
-/// `libvirt` child where libvirt ≥ 7.1 under systemd puts the container; the init must be
-/// in it or below. A controller in the root cgroup anchors nothing: then the init's own.
+/// paths on one hierarchy. libvirt's controller joins the domain's cgroup (under systemd the
+/// nested `libvirt/` one where libvirt >= 7.1 keeps its rules: `virCgroupAddMachineProcess`),
+/// and the container cannot move it (it is outside the container's PID namespace), while a
+/// container with a writable hierarchy can move its init anywhere below, and make cgroups
+/// there with any name. So: the controller's cgroup, never one below it; the init must be in
+/// it or below. A controller in the root cgroup anchors nothing: then the init's own.
 pub fn domain_path(ctrl: &str, init: &str) -> Result<String, String> {
     if ctrl == "/" {
         return Ok(init.to_owned());
     }
-    let within = |base: &str| init == base || init.starts_with(&format!("{base}/"));
-    let nested = format!("{ctrl}/libvirt");
-    if within(&nested) {
-        Ok(nested)
-    } else if within(ctrl) {
+    if init == ctrl || init.starts_with(&format!("{ctrl}/")) {
         Ok(ctrl.to_owned())
     } else {
         Err(format!(
@@ -237,7 +234,12 @@ pub fn for_container(controller: i32, init: i32) -> Result<Box<dyn DeviceCgroup>
             .map_err(|m| CgroupError::new(&what, m)),
         (_, i) => Ok(i),
     };
-    open(pick(c1, i1)?, pick(c2, i2)?, &what)
+    // Where the devices controller is on a v1 hierarchy, that one rules and the unified
+    // hierarchy is not looked at (on hybrid hosts the two can place processes differently).
+    match pick(c1, i1)? {
+        Some(v1) => open(Some(v1), None, &what),
+        None => open(None, pick(c2, i2)?, &what),
+    }
 }
 
 #[cfg(test)]
@@ -347,18 +349,14 @@ mod tests {
     fn domain_cgroup_from_the_controller() {
         let c = "/machine/lxc-7-t1.libvirt-lxc";
         assert_eq!(domain_path(c, c).unwrap(), c);
-        // The init moved itself into a sub-cgroup: the domain's cgroup still rules.
+        // The init moved itself into a sub-cgroup, whatever its name: the domain's cgroup
+        // still rules (a container can make a sub-cgroup called `libvirt` too).
         assert_eq!(domain_path(c, &format!("{c}/jail")).unwrap(), c);
-        // systemd + libvirt >= 7.1: the nested libvirt/ child, and below it.
-        let s = "/machine.slice/machine-lxc\\x2d7\\x2dt1.scope";
-        assert_eq!(
-            domain_path(s, &format!("{s}/libvirt")).unwrap(),
-            format!("{s}/libvirt")
-        );
-        assert_eq!(
-            domain_path(s, &format!("{s}/libvirt/init.scope")).unwrap(),
-            format!("{s}/libvirt")
-        );
+        assert_eq!(domain_path(c, &format!("{c}/libvirt")).unwrap(), c);
+        // systemd + libvirt >= 7.1: the controller itself is in the nested libvirt/ child.
+        let s = "/machine.slice/machine-lxc\\x2d7\\x2dt1.scope/libvirt";
+        assert_eq!(domain_path(s, s).unwrap(), s);
+        assert_eq!(domain_path(s, &format!("{s}/libvirt")).unwrap(), s);
         // Elsewhere: refused (a prefix of the name is not a parent).
         assert!(domain_path(c, "/machine/lxc-7-t1.libvirt-lxc2").is_err());
         assert!(domain_path(c, "/")

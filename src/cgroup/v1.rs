@@ -18,11 +18,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// At most this many cgroups below the container's are looked at: a container that makes
-/// more cannot make the hook's work unbounded (its start fails with a clear line instead).
-pub const MAX_DESCENDANTS: usize = 1024;
+/// more cannot make the hook's work unbounded. Past it, the ones not reached are left as they
+/// are (and the log says so): a busy legitimate container (a nested Kubernetes) must not be
+/// refused its GPUs, or killed at `reconnect`, for the cgroups it runs.
+pub const MAX_DESCENDANTS: usize = 4096;
 
 pub struct V1 {
     dir: PathBuf,
+    limit: usize,
     /// For each node this run granted: the cgroups it was added to, parents first.
     added: HashMap<(u32, u32), Vec<PathBuf>>,
 }
@@ -36,6 +39,7 @@ impl V1 {
     pub fn new(dir: PathBuf) -> V1 {
         V1 {
             dir,
+            limit: MAX_DESCENDANTS,
             added: HashMap::new(),
         }
     }
@@ -79,6 +83,7 @@ impl V1 {
             .map_err(|e| CgroupError::new(&self.dir, format!("read devices.list: {e}")))?;
         let mut todo: Vec<(PathBuf, Vec<String>)> = Vec::new();
         let mut seen = 0usize;
+        let mut capped = false;
         let mut visit = |d: &Path,
                          rules: Vec<String>,
                          todo: &mut Vec<(PathBuf, Vec<String>)>|
@@ -93,13 +98,11 @@ impl V1 {
                 if !e.file_type().is_ok_and(|t| t.is_dir()) {
                     continue;
                 }
-                seen += 1;
-                if seen > MAX_DESCENDANTS {
-                    return Err(CgroupError::new(
-                        &self.dir,
-                        format!("more than {MAX_DESCENDANTS} cgroups below it; refusing"),
-                    ));
+                if seen == self.limit {
+                    capped = true;
+                    break;
                 }
+                seen += 1;
                 todo.push((e.path(), rules.clone()));
             }
             Ok(())
@@ -114,6 +117,13 @@ impl V1 {
             if parent.iter().all(|r| ours(r) || rules.contains(r)) {
                 visit(&d, rules, &mut todo)?;
             }
+        }
+        if capped {
+            crate::log::warn(&format!(
+                "cgroup {}: more than {} cgroups below it; those past them were left as they are",
+                self.dir.display(),
+                self.limit
+            ));
         }
         Ok(())
     }
@@ -404,6 +414,26 @@ mod tests {
                     )
             );
         }
+    }
+
+    /// More sub-cgroups than the limit: the grant still succeeds where it reached (the top
+    /// first), the rest are left as they are.
+    #[test]
+    fn past_the_limit_the_rest_is_left() {
+        let t = TestCg::new("cap");
+        for i in 0..5 {
+            std::fs::create_dir(t.0.join(format!("s{i}"))).unwrap();
+        }
+        let mut cg = V1::new(t.0.clone());
+        cg.limit = 3;
+        assert_eq!(cg.grant_missing(&[node(0)]).unwrap(), vec![node(0)]);
+        assert!(allows(&t.0, &node(0)));
+        let reached = (0..5)
+            .filter(|i| allows(&t.0.join(format!("s{i}")), &node(0)))
+            .count();
+        assert_eq!(reached, 3);
+        cg.revoke(&node(0)).unwrap();
+        assert!(!allows(&t.0, &node(0)));
     }
 
     /// Busy containers make and remove sub-cgroups all the time: one that vanishes while the
