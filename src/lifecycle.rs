@@ -418,7 +418,7 @@ pub fn readopt(
         Ok(c) => c,
         Err(e) => return soft("cannot read the config", &e),
     };
-    let inv = match inventory::scan_with(&cfg, Scan::for_request(req)) {
+    let inv = match inventory::scan_with(&cfg, Scan::FULL) {
         Ok(mut i) => {
             // Reconnect is rare: settle every GPU (adoption looks at all of them).
             let all: Vec<String> = i.gpus.iter().map(|g| g.pci.clone()).collect();
@@ -460,10 +460,10 @@ pub fn readopt(
                     Ok((g, ignored)) => {
                         // Access the state does not account for would let two containers
                         // share a GPU: taken away before the lock lets anyone reserve it.
-                        match deny_left_out(&ct, &inv, &ignored) {
-                            Ok(open) => adopted = Some((ignored, open)),
-                            Err(e) => return Ok(Err(e)),
+                        if let Err(e) = deny_left_out(&ct, &inv, &ignored) {
+                            return Ok(Err(e));
                         }
+                        adopted = Some(ignored);
                         g
                     }
                     Err(e) => return Ok(Err(e)),
@@ -502,7 +502,8 @@ pub fn readopt(
         Ok(Err(e)) => return fatal(e),
         Ok(Ok(d)) => d,
     };
-    if let Some((ignored, open)) = adopted.as_ref().filter(|(i, _)| !i.is_empty()) {
+    if let Some(ignored) = adopted.as_ref().filter(|i| !i.is_empty()) {
+        let open = still_allowed(&ct, &inv, ignored);
         log::warn(&format!(
             "{}: reconnect: its device cgroup also granted GPU(s) {} beyond what it holds for {req}; access taken away{}",
             h.who(),
@@ -601,33 +602,44 @@ fn adopt(
     Ok((gpus, left_out))
 }
 
-/// Takes away the container's access to GPUs it was granted but does not hold: every node of
-/// their own (shared control nodes stay). Returns the nodes a wildcard rule of its cgroup
-/// still allows (an exact deny cannot take those back); an error when a deny fails (the
-/// container cannot then be made consistent).
-fn deny_left_out(ct: &Container, inv: &Inventory, gpus: &[String]) -> Result<Vec<String>, Error> {
-    if gpus.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut cg = cgroup::for_container(ct.controller, ct.init.pid)?;
-    let mut open = Vec::new();
-    for (_, n) in gpus
-        .iter()
+/// The own nodes of these GPUs.
+fn own_nodes<'a>(inv: &'a Inventory, gpus: &'a [String]) -> impl Iterator<Item = Node> + 'a {
+    gpus.iter()
         .filter_map(|p| inv.by_pci(p))
-        .flat_map(|g| g.nodes.iter())
-    {
-        let node = Node::from(n);
-        cg.deny(&node).map_err(|e| {
-            Error::other(format!(
-                "its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {e}",
-                gpus.join(",")
-            ))
-        })?;
-        if cg.is_allowed(&node)? {
-            open.push(node.path);
-        }
+        .flat_map(|g| g.nodes.iter().map(|(_, n)| Node::from(n)))
+}
+
+/// Takes away the container's access to GPUs it was granted but does not hold: every node of
+/// their own (shared control nodes stay). One deny each on the domain cgroup (v1 passes it
+/// down to every cgroup below): cheap enough to run under the state lock. An error when one
+/// fails (the container cannot then be made consistent).
+fn deny_left_out(ct: &Container, inv: &Inventory, gpus: &[String]) -> Result<(), Error> {
+    if gpus.is_empty() {
+        return Ok(());
     }
-    Ok(open)
+    let cannot = |e: &dyn std::fmt::Display| {
+        Error::other(format!(
+            "its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {e}",
+            gpus.join(",")
+        ))
+    };
+    let mut cg = cgroup::for_container(ct.controller, ct.init.pid).map_err(|e| cannot(&e))?;
+    for node in own_nodes(inv, gpus) {
+        cg.deny(&node).map_err(|e| cannot(&e))?;
+    }
+    Ok(())
+}
+
+/// Which of those GPUs' nodes a rule of the container's cgroup still allows after the deny
+/// (a wildcard, `c 226:* rwm`, which an exact deny cannot take back): for the log.
+fn still_allowed(ct: &Container, inv: &Inventory, gpus: &[String]) -> Vec<String> {
+    let Ok(cg) = cgroup::for_container(ct.controller, ct.init.pid) else {
+        return Vec::new();
+    };
+    own_nodes(inv, gpus)
+        .filter(|n| cg.is_allowed(n).unwrap_or(false))
+        .map(|n| n.path)
+        .collect()
 }
 
 /// `stopped`/`release`: frees the reservation the state holds under `id` (whatever the

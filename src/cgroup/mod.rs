@@ -228,6 +228,17 @@ pub fn for_container(controller: i32, init: i32) -> Result<Box<dyn DeviceCgroup>
     let (c1, c2) = cgroup_paths(controller)?;
     let (i1, i2) = cgroup_paths(init)?;
     let what = PathBuf::from(format!("/proc/{init}/cgroup"));
+    // The kernel shows `/` for a task that has left its cgroups: an exiting init, or one whose
+    // main thread exited while another thread goes on (then the container cannot be reached
+    // through its init at all).
+    if (i1.as_deref() == Some("/") && c1.as_deref().is_some_and(|c| c != "/"))
+        || (i1.is_none() && i2.as_deref() == Some("/") && c2.as_deref().is_some_and(|c| c != "/"))
+    {
+        return Err(CgroupError::new(
+            &what,
+            format!("container init {init} has left its cgroup: it is exiting, or its main thread exited"),
+        ));
+    }
     let pick = |c: Option<String>, i: Option<String>| match (c, i) {
         (Some(c), Some(i)) => domain_path(&c, &i)
             .map(Some)

@@ -30,9 +30,13 @@ pub struct V1 {
     added: HashMap<(u32, u32), Vec<PathBuf>>,
 }
 
-/// Whether an error means the cgroup is gone (removed while we walked).
+/// Whether an error means a sub-cgroup cannot be reached: removed while we walked, or so
+/// deep that its path is longer than the kernel takes (`ENAMETOOLONG`). It is left as it is.
 fn vanished(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT) | Some(libc::ENODEV) | Some(libc::ENAMETOOLONG)
+    )
 }
 
 impl V1 {
@@ -434,6 +438,35 @@ mod tests {
         assert_eq!(reached, 3);
         cg.revoke(&node(0)).unwrap();
         assert!(!allows(&t.0, &node(0)));
+    }
+
+    /// Sub-cgroups so deep that their paths are longer than the kernel takes are left as
+    /// they are: the grant still succeeds where it can reach.
+    #[test]
+    fn too_deep_sub_cgroups_are_left() {
+        use nix::fcntl::{open, openat, OFlag};
+        use nix::sys::stat::{mkdirat, Mode};
+        use nix::unistd::{unlinkat, UnlinkatFlags};
+        let t = TestCg::new("deep");
+        let name = "d".repeat(250);
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let mut fds = vec![open(&t.0, flags, Mode::empty()).unwrap()];
+        for _ in 0..18 {
+            let parent = fds.last().unwrap();
+            mkdirat(parent, name.as_str(), Mode::from_bits_truncate(0o755)).unwrap();
+            let fd = openat(parent, name.as_str(), flags, Mode::empty()).unwrap();
+            fds.push(fd);
+        }
+        let mut cg = V1::new(t.0.clone());
+        let r = cg.grant_missing(&[node(0)]);
+        // Remove the chain through the descriptors (its paths are too long for TestCg's drop).
+        fds.pop();
+        while let Some(parent) = fds.pop() {
+            unlinkat(&parent, name.as_str(), UnlinkatFlags::RemoveDir).unwrap();
+        }
+        assert_eq!(r.unwrap(), vec![node(0)]);
+        assert!(allows(&t.0, &node(0)));
+        cg.revoke(&node(0)).unwrap();
     }
 
     /// Busy containers make and remove sub-cgroups all the time: one that vanishes while the

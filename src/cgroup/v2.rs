@@ -175,10 +175,12 @@ impl DeviceCgroup for V2 {
         };
         let r = match self.changed.remove(&k) {
             Some(Some(old)) => bpf::map_update_u32(map.as_fd(), k, old),
-            Some(None) | None => match bpf::map_delete(map.as_fd(), k) {
+            Some(None) => match bpf::map_delete(map.as_fd(), k) {
                 Err(nix::errno::Errno::ENOENT) => Ok(()),
                 r => r,
             },
+            // Not added by this run: nothing of ours to take back.
+            None => Ok(()),
         };
         r.map_err(|x| {
             CgroupError::new(
