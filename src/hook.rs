@@ -5,11 +5,14 @@
 //! | `prepare begin -` | parse the request, reserve GPUs (or fail the start with one line) |
 //! | `start begin -` | check the reservation still stands |
 //! | `started begin -` | grant the nodes in the container's device cgroup, then create them in its `/dev`; on failure undo both and fail (libvirt stops the container) |
-//! | `stopped end -`, `release end …` | free the reservation; always exit 0 |
+//! | `stopped end -`, `release end …` | free the reservation held under the domain's UUID, whatever its XML says now; always exit 0 |
 //! | `reconnect begin -` | re-adopt the reservation, re-grant and re-create what was lost; exit non-zero only when the container cannot be made consistent (libvirt then kills it) |
 //!
-//! A domain whose XML does not mention gpuhook's namespace leaves at once with 0, before
-//! the config or state is even opened.
+//! This module is the libvirt front door only: it turns the XML into a [`Holder`] and a
+//! request and calls [`crate::lifecycle`]. A domain whose XML does not mention gpuhook's
+//! namespace leaves at once with 0, before the config or state is even opened, except at the
+//! stop hooks, which look at the state's bytes for its UUID (its live XML may have lost the
+//! request) and are silent about a broken config or state.
 
 use crate::config::Config;
 use crate::container;
