@@ -44,8 +44,12 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ParseError> {
 /// itself (no DTD, no entities), so a document without this string has no gpuhook
 /// element: the hook can leave at once without parsing anything.
 pub fn mentions_gpuhook(xml: &[u8]) -> bool {
-    let needle = NS.as_bytes();
-    xml.windows(needle.len()).any(|w| w == needle)
+    find(xml, NS.as_bytes()).is_some()
+}
+
+/// Where `needle` first occurs in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The domain's UUID without parsing the document: the text of its first `<uuid>` element.
@@ -53,7 +57,6 @@ pub fn mentions_gpuhook(xml: &[u8]) -> bool {
 /// everything else a user writes (text there is escaped), so the first one is the domain's.
 /// `None` when there is none or it is not a UUID.
 pub fn domain_uuid(xml: &[u8]) -> Option<String> {
-    let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle);
     let start = find(xml, b"<uuid>")? + b"<uuid>".len();
     let len = find(&xml[start..xml.len().min(start + 64)], b"</uuid>")?;
     normalize_uuid(std::str::from_utf8(&xml[start..start + len]).ok()?)

@@ -24,7 +24,7 @@ impl ProcRef {
     /// and go on in another thread (the leader then shows as a zombie), and such a container
     /// must not look gone.
     pub fn alive(&self) -> bool {
-        let Some(f) = stat_fields(&format!("/proc/{}/stat", self.pid)) else {
+        let Some(f) = pid_stat(self.pid) else {
             return false;
         };
         if f.get(19).and_then(|s| s.parse().ok()) != Some(self.start_time) {

@@ -59,6 +59,17 @@ impl V1 {
         CgroupError::new(dir, format!("write '{line}' to {file}: {e}"))
     }
 
+    /// Denies the node in cgroup `d`; a sub-cgroup that cannot be reached (gone) is fine.
+    fn deny_in(&self, d: &Path, n: &Node) -> Result<(), CgroupError> {
+        let line = rule(n);
+        match Self::write(d, "devices.deny", &line) {
+            Err(e) if !(d != self.dir && vanished(&e)) => {
+                Err(Self::write_err(d, "devices.deny", &line, e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The cgroup's rules, one `devices.list` line each.
     fn rules(dir: &Path) -> Result<Vec<String>, std::io::Error> {
         Ok(std::fs::read_to_string(dir.join("devices.list"))?
@@ -133,6 +144,11 @@ impl V1 {
     }
 }
 
+/// The rule gpuhook writes for a node: exactly that char device, `rw`.
+fn rule(n: &Node) -> String {
+    format!("c {}:{} rw", n.major, n.minor)
+}
+
 /// Whether one `devices.list` line (`c 195:0 rw`, `c 136:* rwm`, `a *:* rwm`) covers `rw`
 /// access to char device `major:minor`.
 pub fn line_allows(line: &str, major: u32, minor: u32) -> bool {
@@ -197,7 +213,7 @@ impl DeviceCgroup for V1 {
                 if rules.iter().any(|l| line_allows(l, n.major, n.minor)) {
                     continue;
                 }
-                let line = format!("c {}:{} rw", n.major, n.minor);
+                let line = rule(n);
                 match Self::write(d, "devices.allow", &line) {
                     Ok(()) => wrote.push((d.to_path_buf(), n)),
                     // A sub-cgroup removed meanwhile has no process left to grant to.
@@ -217,16 +233,11 @@ impl DeviceCgroup for V1 {
         });
         if let Err(mut e) = r {
             // Leave nothing of a half-done grant.
-            let mut left = Vec::new();
-            for (d, n) in wrote.iter().rev() {
-                let line = format!("c {}:{} rw", n.major, n.minor);
-                match Self::write(d, "devices.deny", &line) {
-                    Err(x) if !(d != &self.dir && vanished(&x)) => {
-                        left.push(Self::write_err(d, "devices.deny", &line, x).to_string())
-                    }
-                    _ => {}
-                }
-            }
+            let left: Vec<String> = wrote
+                .iter()
+                .rev()
+                .filter_map(|(d, n)| self.deny_in(d, n).err().map(|x| x.to_string()))
+                .collect();
             e.msg.push_str(&super::rollback_note(&left));
             return Err(e);
         }
@@ -243,15 +254,11 @@ impl DeviceCgroup for V1 {
     /// Takes the rule back from the cgroups this run's grant wrote it to (none: nothing to
     /// take back; access the cgroup had before is never revoked).
     fn revoke(&mut self, n: &Node) -> Result<(), CgroupError> {
-        let line = format!("c {}:{} rw", n.major, n.minor);
         let dirs = self.added.remove(&(n.major, n.minor)).unwrap_or_default();
         let mut first_err = None;
         for d in dirs.iter().rev() {
-            match Self::write(d, "devices.deny", &line) {
-                Err(e) if !(d != &self.dir && vanished(&e)) => {
-                    first_err.get_or_insert(Self::write_err(d, "devices.deny", &line, e));
-                }
-                _ => {}
+            if let Err(e) = self.deny_in(d, n) {
+                first_err.get_or_insert(e);
             }
         }
         first_err.map_or(Ok(()), Err)
@@ -259,9 +266,7 @@ impl DeviceCgroup for V1 {
 
     /// Denies in the cgroup itself (v1 passes a deny down to every cgroup below it).
     fn deny(&mut self, n: &Node) -> Result<(), CgroupError> {
-        let line = format!("c {}:{} rw", n.major, n.minor);
-        Self::write(&self.dir, "devices.deny", &line)
-            .map_err(|e| Self::write_err(&self.dir, "devices.deny", &line, e))
+        self.deny_in(&self.dir, n)
     }
 }
 
