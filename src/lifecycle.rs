@@ -440,7 +440,11 @@ pub fn readopt(
     };
     // What the container's device cgroup grants, read now, before the lock: adoption decides
     // from it under the lock without touching the container (whose /dev could stall us).
-    let granted = granted_gpus(&ct, &inv);
+    let mut cg = cgroup::for_container(ct.controller, ct.init.pid);
+    let granted = match &cg {
+        Ok(c) => granted_gpus(&**c, &inv),
+        Err(e) => Err(e.to_string()),
+    };
     let now = now_rfc3339();
     let mut adopted = None;
     type Decided = Result<(Vec<String>, Vec<NodeSpec>), Error>;
@@ -454,14 +458,17 @@ pub fn readopt(
                 let held = st.held(Some(h.id));
                 match granted
                     .as_ref()
-                    .map_err(|e| Error::other(e.to_string()))
+                    .map_err(|e| Error::other(e.clone()))
                     .and_then(|g| adopt(req, &inv, &held, g))
                 {
                     Ok((g, ignored)) => {
                         // Access the state does not account for would let two containers
                         // share a GPU: taken away before the lock lets anyone reserve it.
-                        if let Err(e) = deny_left_out(&ct, &inv, &ignored) {
-                            return Ok(Err(e));
+                        // (`granted` came from the cgroup: it is open.)
+                        if let Ok(c) = cg.as_mut() {
+                            if let Err(e) = deny_left_out(&mut **c, &inv, &ignored) {
+                                return Ok(Err(e));
+                            }
                         }
                         adopted = Some(ignored);
                         g
@@ -503,7 +510,10 @@ pub fn readopt(
         Ok(Ok(d)) => d,
     };
     if let Some(ignored) = adopted.as_ref().filter(|i| !i.is_empty()) {
-        let open = still_allowed(&ct, &inv, ignored);
+        let open = match &cg {
+            Ok(c) => still_allowed(&**c, &inv, ignored),
+            Err(_) => Vec::new(),
+        };
         log::warn(&format!(
             "{}: reconnect: its device cgroup also granted GPU(s) {} beyond what it holds for {req}; access taken away{}",
             h.who(),
@@ -542,12 +552,14 @@ pub fn readopt(
 /// exact rule (an AMD or Intel GPU's render node alone gives compute). The cgroup is kernel
 /// state the container cannot widen for itself; the nodes in its `/dev` are not evidence (it
 /// can make them), and a wildcard rule names no GPU.
-fn granted_gpus(ct: &Container, inv: &Inventory) -> Result<Vec<String>, cgroup::CgroupError> {
-    let cg = cgroup::for_container(ct.controller, ct.init.pid)?;
+fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for g in &inv.gpus {
         for (_, n) in &g.nodes {
-            if cg.grants_exactly(&Node::from(n))? {
+            if cg
+                .grants_exactly(&Node::from(n))
+                .map_err(|e| e.to_string())?
+            {
                 out.push(g.pci.clone());
                 break;
             }
@@ -613,7 +625,7 @@ fn own_nodes<'a>(inv: &'a Inventory, gpus: &'a [String]) -> impl Iterator<Item =
 /// their own (shared control nodes stay). One deny each on the domain cgroup (v1 passes it
 /// down to every cgroup below): cheap enough to run under the state lock. An error when one
 /// fails (the container cannot then be made consistent).
-fn deny_left_out(ct: &Container, inv: &Inventory, gpus: &[String]) -> Result<(), Error> {
+fn deny_left_out(cg: &mut dyn DeviceCgroup, inv: &Inventory, gpus: &[String]) -> Result<(), Error> {
     if gpus.is_empty() {
         return Ok(());
     }
@@ -623,7 +635,6 @@ fn deny_left_out(ct: &Container, inv: &Inventory, gpus: &[String]) -> Result<(),
             gpus.join(",")
         ))
     };
-    let mut cg = cgroup::for_container(ct.controller, ct.init.pid).map_err(|e| cannot(&e))?;
     for node in own_nodes(inv, gpus) {
         cg.deny(&node).map_err(|e| cannot(&e))?;
     }
@@ -632,10 +643,7 @@ fn deny_left_out(ct: &Container, inv: &Inventory, gpus: &[String]) -> Result<(),
 
 /// Which of those GPUs' nodes a rule of the container's cgroup still allows after the deny
 /// (a wildcard, `c 226:* rwm`, which an exact deny cannot take back): for the log.
-fn still_allowed(ct: &Container, inv: &Inventory, gpus: &[String]) -> Vec<String> {
-    let Ok(cg) = cgroup::for_container(ct.controller, ct.init.pid) else {
-        return Vec::new();
-    };
+fn still_allowed(cg: &dyn DeviceCgroup, inv: &Inventory, gpus: &[String]) -> Vec<String> {
     own_nodes(inv, gpus)
         .filter(|n| cg.is_allowed(n).unwrap_or(false))
         .map(|n| n.path)
