@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 #[error("{0}")]
 pub struct AllocError(pub String);
 
-/// Who holds a GPU: PCI address → domain name.
+/// Who holds a GPU: PCI address → its holder as messages name it (`domain 'web1'`,
+/// `container 'ID'`).
 pub type Held = BTreeMap<String, String>;
 
 fn field_value(g: &Gpu, f: Field) -> Option<&str> {
@@ -65,10 +66,7 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>,
             )));
         }
         if let Some(h) = held.get(&g.pci) {
-            return Err(AllocError(format!(
-                "GPU {} ({sel}) is held by domain '{h}'",
-                g.pci
-            )));
+            return Err(AllocError(format!("GPU {} ({sel}) is held by {h}", g.pci)));
         }
         if let Some(f) = req
             .filters
@@ -117,8 +115,7 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
         .filter(|g| held.contains_key(&g.pci))
         .count();
     if n_held > 0 {
-        let names: Vec<String> = holders.iter().map(|h| format!("'{h}'")).collect();
-        why.push(format!("{n_held} held by {}", names.join(", ")));
+        why.push(format!("{n_held} held by {}", holders.join(", ")));
     }
     let n_excl = matching.iter().filter(|g| g.excluded).count();
     if n_excl > 0 {
@@ -307,7 +304,7 @@ pub(crate) mod tests {
     fn hold(h: &mut Held, gpus: &[Gpu], pcis: &[String], who: &str) {
         let _ = gpus;
         for p in pcis {
-            h.insert(p.clone(), who.into());
+            h.insert(p.clone(), format!("domain '{who}'"));
         }
     }
 
@@ -474,7 +471,7 @@ pub(crate) mod tests {
         r.count = 3;
         r.devices = vec![DeviceSel::Index(6)];
         assert_eq!(idx(&g, &allocate(&g, &h, &r).unwrap()), vec![4, 6, 7]);
-        h.insert(g[6].pci.clone(), "other".into());
+        h.insert(g[6].pci.clone(), "domain 'other'".into());
         let e = allocate(&g, &h, &r).unwrap_err();
         assert!(e.0.contains("is held by domain 'other'"), "{e}");
         r.devices = vec![DeviceSel::Pci("0000:99:00.0".into())];
@@ -501,12 +498,13 @@ pub(crate) mod tests {
         let g = dgx();
         let mut h = Held::new();
         for (i, x) in g.iter().take(7).enumerate() {
-            h.insert(x.pci.clone(), if i < 4 { "a".into() } else { "b".into() });
+            let who = if i < 4 { "domain 'a'" } else { "container 'b'" };
+            h.insert(x.pci.clone(), who.into());
         }
         let e = allocate(&g, &h, &req(2)).unwrap_err();
         assert_eq!(
             e.0,
-            "cannot reserve 2 GPUs: only 1 of the host's 8 matching GPUs is free: 7 held by 'a', 'b'"
+            "cannot reserve 2 GPUs: only 1 of the host's 8 matching GPUs is free: 7 held by domain 'a', container 'b'"
         );
     }
 }

@@ -67,6 +67,18 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         extra: Vec<String>,
     },
+    /// Run as the OCI runtime wrapper (what gpuhook-runtime does): gpuhook runtime -- ARGS
+    Runtime {
+        /// The real runtime's arguments (runc's command line)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// An OCI hook gpuhook-runtime adds to GPU containers (container state on stdin)
+    #[command(hide = true)]
+    OciHook {
+        /// create-runtime or poststop
+        stage: String,
+    },
 }
 
 /// `gpuhook-libvirt` command line (the binary lives in its own crate, linked with libvirt).
@@ -175,6 +187,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::List { json } => report(list(json)),
         Command::Check { file } => report(check(&file)),
         Command::Release { domain } => report(release(&domain)),
+        Command::Runtime { args } => crate::runtime::main(&args),
+        Command::OciHook { stage } => crate::runtime::oci_hook(&stage),
     }
 }
 
@@ -197,7 +211,7 @@ fn load() -> Result<(Config, Inventory, State), Error> {
 
 fn holder_json(st: &State, g: &Gpu) -> serde_json::Value {
     match st.holder_of(&g.pci) {
-        Some(r) => json!({"domain": r.domain, "uuid": r.uuid, "phase": r.phase}),
+        Some(r) => json!({"kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase}),
         None => serde_json::Value::Null,
     }
 }
@@ -233,7 +247,7 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
         .values()
         .map(|r| {
             json!({
-                "domain": r.domain, "uuid": r.uuid, "phase": r.phase, "gpus": r.gpus,
+                "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase, "gpus": r.gpus,
                 "request": r.request, "created": r.created, "updated": r.updated,
                 "init_pid": r.init.map(|i| i.pid),
                 "stale": crate::lifecycle::stale_reason(r),
@@ -258,7 +272,11 @@ fn list(as_json: bool) -> Result<i32, Error> {
         .map(|g| {
             let holder = match st.holder_of(&g.pci) {
                 Some(r) => format!(
-                    "{} ({})",
+                    "{}{} ({})",
+                    match r.kind {
+                        crate::state::HolderKind::Libvirt => "",
+                        crate::state::HolderKind::Oci => "container ",
+                    },
                     r.domain,
                     serde_json::to_value(r.phase)
                         .ok()

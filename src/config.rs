@@ -41,6 +41,7 @@ struct Raw {
     #[serde(default)]
     overrides: BTreeMap<String, Override>,
     pci_ids: Option<PathBuf>,
+    oci_runtime: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +60,8 @@ pub struct Config {
     pub by_id: BTreeMap<(u16, u16), Override>,
     /// The PCI id database; `None`: search the usual places.
     pub pci_ids: Option<PathBuf>,
+    /// The real OCI runtime `gpuhook-runtime` runs; `None`: the first crun, runc found.
+    pub oci_runtime: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -73,6 +76,7 @@ impl Default for Config {
             by_address: BTreeMap::new(),
             by_id: BTreeMap::new(),
             pci_ids: None,
+            oci_runtime: None,
         }
     }
 }
@@ -122,13 +126,16 @@ impl Config {
                 c.state_file
             )));
         }
-        if let Some(p) = raw.pci_ids {
-            if !p.is_absolute() {
-                return Err(e(format!(
-                    "\"pci_ids\" must be an absolute path, not {p:?}"
-                )));
+        for (key, val, slot) in [
+            ("pci_ids", raw.pci_ids, &mut c.pci_ids),
+            ("oci_runtime", raw.oci_runtime, &mut c.oci_runtime),
+        ] {
+            if let Some(p) = val {
+                if !p.is_absolute() {
+                    return Err(e(format!("\"{key}\" must be an absolute path, not {p:?}")));
+                }
+                *slot = Some(p);
             }
-            c.pci_ids = Some(p);
         }
         for x in &raw.exclude {
             let a = normalize_pci(x).ok_or_else(|| {

@@ -123,7 +123,7 @@ fn stop(name: &str, op: &str, xml: &[u8]) {
     if !asks && !lifecycle::may_hold(&cfg, &uuid) {
         return;
     }
-    match lifecycle::free(&cfg, &uuid) {
+    match lifecycle::free(&cfg, HolderKind::Libvirt, &uuid) {
         Ok(Some(r)) => log::info(&format!(
             "domain '{name}' ({uuid}): {op}: freed {}{}",
             r.gpus.join(","),

@@ -5,7 +5,9 @@
 //! [`extra_specs`] the blueprint's operators), [`inventory`] reads the host,
 //! [`alloc`] chooses GPUs (pure functions), [`state`] keeps reservations in a locked file,
 //! [`container`] enters the container, [`cgroup`] grants device access (v1 and v2 behind one
-//! trait), [`hook`] is the libvirt lifecycle and [`cli`] the operator's command line.
+//! trait), [`lifecycle`] is what happens to a reservation whichever front door drives it,
+//! [`hook`] is the libvirt front door, [`runtime`] the OCI one (with [`oci`], the bundle's
+//! request and edits), and [`cli`] the operator's command line.
 
 pub mod alloc;
 pub mod arch;
@@ -21,9 +23,11 @@ pub mod inventory;
 pub mod lifecycle;
 pub mod log;
 pub mod metadata;
+pub mod oci;
 pub mod procfs;
 pub mod reconcile;
 pub mod request;
+pub mod runtime;
 pub mod state;
 
 pub use error::Error;

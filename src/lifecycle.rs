@@ -11,16 +11,11 @@ use crate::container::{self, Container, ContainerError, NodeSpec, Outcome};
 use crate::error::Error;
 use crate::inventory::{self, Inventory, Scan};
 use crate::log;
-use crate::procfs;
+use crate::procfs::{self, ProcRef};
 use crate::request::{DeviceSel, IdMap, Request};
 use crate::state::{now_rfc3339, Node, Phase, Reservation, State, Store};
 
-/// Which front door a holder came through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HolderKind {
-    /// A libvirt LXC domain (its id: the domain UUID).
-    Libvirt,
-}
+pub use crate::state::HolderKind;
 
 /// Who holds GPUs: what the state keys a reservation by (`id`), the name operators know it
 /// by, and how its container's user namespace maps ids (nodes are owned by its root).
@@ -33,11 +28,9 @@ pub struct Holder<'a> {
 }
 
 impl Holder<'_> {
-    /// How messages name it: `domain 'web1'`.
+    /// How messages name it: `domain 'web1'`, `container 'ID'`.
     pub fn who(&self) -> String {
-        match self.kind {
-            HolderKind::Libvirt => format!("domain '{}'", self.name),
-        }
+        self.kind.who(self.name)
     }
 }
 
@@ -52,11 +45,16 @@ pub fn stale_reason(r: &Reservation) -> Option<String> {
             Some(i) if !i.alive() => Some(format!("its container init (pid {}) is gone", i.pid)),
             _ => None,
         },
-        Phase::Prepared => match r.prepared_by {
-            Some(p) if !p.alive() && !controller_running(&r.domain) => Some(format!(
-                "it was prepared by pid {} which is gone, and no container of it runs",
-                p.pid
-            )),
+        Phase::Prepared => match (r.kind, r.prepared_by) {
+            (HolderKind::Libvirt, Some(p)) if !p.alive() && !controller_running(&r.domain) => {
+                Some(format!(
+                    "it was prepared by pid {} which is gone, and no container of it runs",
+                    p.pid
+                ))
+            }
+            // The wrapper execs the real runtime in its own process: when that `create` is
+            // gone and no init was recorded, the container never came to be.
+            (HolderKind::Oci, _) => crate::reconcile::oci_stale(r, &|p| p.alive()),
             _ => None,
         },
     }
@@ -82,9 +80,9 @@ fn reclaim_stale(st: &mut State) -> Vec<String> {
         .filter_map(|(u, why)| {
             st.reservations.remove(&u).map(|r| {
                 format!(
-                    "reclaimed GPUs {} of domain '{}' ({u}): {why}",
+                    "reclaimed GPUs {} of {} ({u}): {why}",
                     r.gpus.join(","),
-                    r.domain
+                    r.who()
                 )
             })
         })
@@ -105,14 +103,36 @@ fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
 }
 
 /// `prepare`: reserves GPUs for the holder (or keeps the reservation it has, if it still
-/// fits), reclaiming stale reservations only when the request does not fit otherwise.
+/// fits), reclaiming stale reservations only when the request does not fit otherwise. The
+/// reservation is abandoned when libvirtd (the hook's parent) is gone with no container.
 pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
+    reserve_by(h, req, procfs::parent()).map(|_| ())
+}
+
+/// `create` of an OCI container: reserves as [`reserve`] does, for a process that will
+/// become the runtime (the wrapper execs it: when it is gone with no init recorded, the
+/// reservation is stale), and returns the nodes the container gets, owned by the request's
+/// container-side uid and gid (the runtime makes them). Nothing is reserved on error.
+pub fn reserve_nodes(h: &Holder, req: &Request) -> Result<Vec<NodeSpec>, Error> {
+    reserve_by(h, req, ProcRef::of(std::process::id() as i32))
+}
+
+fn reserve_by(h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Vec<NodeSpec>, Error> {
     let cfg = Config::load()?;
     let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
-    let parent = procfs::parent();
+    let parent = by;
     let now = now_rfc3339();
-    let (gpus, notes) = store(&cfg).update(|st| -> Result<_, Error> {
+    let (gpus, notes, specs) = store(&cfg).update(|st| -> Result<_, Error> {
         let mut notes = Vec::new();
+        if let Some(r) = st.reservations.get(h.id) {
+            if r.kind != h.kind {
+                return Err(Error::other(format!(
+                    "its id {} is already the key of {}'s reservation",
+                    h.id,
+                    r.who()
+                )));
+            }
+        }
         if let Some(r) = st.reservations.get_mut(h.id) {
             inv.settle(&cfg, &r.gpus);
             if satisfies(&inv, &r.gpus, req) {
@@ -124,7 +144,12 @@ pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
                 r.domain = h.name.to_string();
                 r.request = req.to_string();
                 r.updated = now.clone();
-                return Ok((r.gpus.clone(), notes));
+                let gpus = r.gpus.clone();
+                let specs = oci_nodes(h, req, &inv, &gpus)?;
+                if let Some(r) = st.reservations.get_mut(h.id) {
+                    r.nodes = as_nodes(&specs);
+                }
+                return Ok((gpus, notes, specs));
             }
             st.reservations.remove(h.id);
         }
@@ -154,9 +179,11 @@ pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
                 break g;
             }
         };
+        let specs = oci_nodes(h, req, &inv, &gpus)?;
         st.reservations.insert(
             h.id.to_string(),
             Reservation {
+                kind: h.kind,
                 domain: h.name.to_string(),
                 uuid: h.id.to_string(),
                 gpus: gpus.clone(),
@@ -167,10 +194,10 @@ pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
                 prepared_by: parent,
                 controller: None,
                 init: None,
-                nodes: vec![],
+                nodes: as_nodes(&specs),
             },
         );
-        Ok((gpus, notes))
+        Ok((gpus, notes, specs))
     })?;
     for n in notes {
         log::info(&n);
@@ -179,6 +206,47 @@ pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
         "{} ({}): reserved {} for {req}",
         h.who(),
         h.id,
+        gpus.join(",")
+    ));
+    Ok(specs)
+}
+
+/// An OCI container's nodes are decided at `create` (the runtime makes them from its
+/// config); a libvirt domain's at `started`, in the running container.
+fn oci_nodes(
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[String],
+) -> Result<Vec<NodeSpec>, Error> {
+    match h.kind {
+        HolderKind::Oci => node_specs(h, req, inv, gpus),
+        HolderKind::Libvirt => Ok(Vec::new()),
+    }
+}
+
+/// An OCI container's init exists (its `createRuntime` hook): the reservation is running and
+/// stale once that init is gone. An error when the container holds no reservation.
+pub fn record_init(h: &Holder, init: ProcRef) -> Result<(), Error> {
+    let cfg = Config::load()?;
+    let now = now_rfc3339();
+    let gpus = store(&cfg).update(|st| -> Result<_, Error> {
+        let r = st
+            .reservations
+            .get_mut(h.id)
+            .filter(|r| r.kind == h.kind)
+            .ok_or_else(|| {
+                Error::other("holds no GPU reservation (was it released or reclaimed?)")
+            })?;
+        r.phase = Phase::Running;
+        r.init = Some(init);
+        r.updated = now;
+        Ok(r.gpus.clone())
+    })?;
+    log::info(&format!(
+        "{}: init {} runs with GPUs {}",
+        h.who(),
+        init.pid,
         gpus.join(",")
     ));
     Ok(())
@@ -485,6 +553,7 @@ pub fn readopt(
             .reservations
             .entry(h.id.to_string())
             .or_insert_with(|| Reservation {
+                kind: h.kind,
                 domain: h.name.to_string(),
                 uuid: h.id.to_string(),
                 gpus: gpus.clone(),
@@ -583,7 +652,7 @@ fn adopt(
     for p in granted {
         if let Some(h) = held.get(p) {
             return Err(Error::other(format!(
-                "it uses GPU {p}, which is reserved by domain '{h}'"
+                "it uses GPU {p}, which is reserved by {h}"
             )));
         }
     }
@@ -650,10 +719,15 @@ fn still_allowed(cg: &dyn DeviceCgroup, inv: &Inventory, gpus: &[String]) -> Vec
         .collect()
 }
 
-/// `stopped`/`release`: frees the reservation the state holds under `id` (whatever the
-/// holder's request says now); returns it, if there was one.
-pub fn free(cfg: &Config, id: &str) -> Result<Option<Reservation>, Error> {
-    store(cfg).update(|s| Ok::<_, Error>(s.reservations.remove(id)))
+/// `stopped`/`release`/`delete`: frees the reservation the state holds under `id` for a
+/// holder of this kind (whatever the holder's request says now); returns it, if there was one.
+pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
+    store(cfg).update(|s| {
+        Ok::<_, Error>(match s.reservations.get(id) {
+            Some(r) if r.kind == kind => s.reservations.remove(id),
+            _ => None,
+        })
+    })
 }
 
 /// Whether the state's bytes name `id`: a look without lock or parse, for a front door with
@@ -699,7 +773,7 @@ mod tests {
         );
         // Held by another domain: cannot be reconciled.
         let mut held = alloc::Held::new();
-        held.insert(pci(5), "other".into());
+        held.insert(pci(5), "domain 'other'".into());
         let e = adopt(&req(1), &inv, &held, &pcis(&[5])).unwrap_err();
         assert!(e.to_string().contains("reserved by domain 'other'"), "{e}");
     }

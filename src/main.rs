@@ -1,5 +1,5 @@
 //! The `gpuhook` binary: a libvirt LXC hook when started as `hooks/lxc` or from
-//! `hooks/lxc.d/`, the operator's CLI otherwise.
+//! `hooks/lxc.d/`, the OCI runtime wrapper as `gpuhook-runtime`, the operator's CLI otherwise.
 //!
 //! libvirt runs the hook for every LXC domain, three times per start and twice per stop,
 //! while it holds the domain lock: the binary defines C's `main` itself, skipping Rust's
@@ -14,7 +14,10 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
     if args.is_empty() {
         args.push("gpuhook".into());
     }
-    let code = if gpuhook::hook::invoked_as_hook(&args[0]) {
+    let code = if gpuhook::runtime::invoked_as_runtime(&args[0]) {
+        // The OCI runtime wrapper: runc's command line, no clap (it runs for every container).
+        gpuhook::runtime::main(&args[1..])
+    } else if gpuhook::hook::invoked_as_hook(&args[0]) {
         // Hook mode: `NAME OP SUBOP EXTRA`, no clap on this path (it runs for every domain).
         let name = args
             .get(1)

@@ -103,11 +103,11 @@ enum Ctx {
 }
 
 #[derive(Default)]
-struct GpusBuilder {
+pub(crate) struct GpusBuilder {
     count_attr: Option<u32>,
     spec_count: Option<(u32, String)>,
     filters: Vec<Filter>,
-    devices: Vec<DeviceSel>,
+    pub(crate) devices: Vec<DeviceSel>,
     capabilities: Option<Capabilities>,
     mode: Option<u32>,
     uid: Option<u32>,
@@ -504,51 +504,66 @@ fn parse_gpus_attrs(
             return err(format!("unknown attribute '{}' on <gpus>", a.key.as_ref()));
         }
         let v = attr_value(&a)?;
-        let bad = |m: String| ParseError::new(format!("<gpus {}>: {m}", key.as_ref()));
-        match key.as_ref() {
-            "count" => g.count_attr = Some(extra_specs::parse_positive_count(&v).map_err(bad)?),
-            "vendor" => {
-                let vendor = Vendor::from_name(&v).ok_or_else(|| {
-                    bad(format!("unknown vendor '{v}' (known: nvidia, amd, intel)"))
-                })?;
-                g.filters.push(Filter {
-                    field: Field::Vendor,
-                    op: Op::Eq(vendor.as_str().into()),
-                });
-            }
-            "arch" => {
-                let a = v.trim().to_ascii_lowercase();
-                if a.is_empty() {
-                    return Err(bad("empty architecture".into()));
-                }
-                g.filters.push(Filter {
-                    field: Field::Arch,
-                    op: Op::Eq(a),
-                });
-            }
-            "model" => {
-                let m = v.trim().to_ascii_lowercase();
-                if m.is_empty() {
-                    return Err(bad("empty model".into()));
-                }
-                g.filters.push(Filter {
-                    field: Field::Model,
-                    op: Op::Contains(m),
-                });
-            }
-            "capabilities" => g.capabilities = Some(Capabilities::parse(&v).map_err(bad)?),
-            "mode" => g.mode = Some(parse_mode(&v)?),
-            "uid" => g.uid = Some(parse_u32("uid", &v)?),
-            "gid" => g.gid = Some(parse_u32("gid", &v)?),
-            other => {
+        match set_attr(g, key.as_ref(), &v) {
+            Ok(true) => {}
+            Ok(false) => {
                 return err(format!(
                     "unknown attribute '{}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid)",
-                    other
+                    key.as_ref()
                 ))
             }
+            Err(m) => return err(format!("<gpus {}>: {m}", key.as_ref())),
         }
     }
     Ok(())
+}
+
+/// Applies one request attribute, whichever front door it came through (`<gpus KEY='…'>`,
+/// the OCI annotation `gpuhook.io/KEY`, the env variable `GPUHOOK_KEY`); the same validation
+/// for all. `Ok(false)`: not an attribute of a request. The error names only the fault (the
+/// caller names where it was).
+pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, String> {
+    match key {
+        "count" => g.count_attr = Some(extra_specs::parse_positive_count(v)?),
+        "vendor" => {
+            let vendor = Vendor::from_name(v)
+                .ok_or_else(|| format!("unknown vendor '{v}' (known: nvidia, amd, intel)"))?;
+            g.filters.push(Filter {
+                field: Field::Vendor,
+                op: Op::Eq(vendor.as_str().into()),
+            });
+        }
+        "arch" | "model" => {
+            let x = v.trim().to_ascii_lowercase();
+            if x.is_empty() {
+                return Err(format!(
+                    "empty {}",
+                    if key == "arch" {
+                        "architecture"
+                    } else {
+                        "model"
+                    }
+                ));
+            }
+            g.filters.push(if key == "arch" {
+                Filter {
+                    field: Field::Arch,
+                    op: Op::Eq(x),
+                }
+            } else {
+                Filter {
+                    field: Field::Model,
+                    op: Op::Contains(x),
+                }
+            });
+        }
+        "capabilities" => g.capabilities = Some(Capabilities::parse(v)?),
+        "mode" => g.mode = Some(parse_mode(v).map_err(|e| e.0)?),
+        "uid" => g.uid = Some(parse_u32("uid", v).map_err(|e| e.0)?),
+        "gid" => g.gid = Some(parse_u32("gid", v).map_err(|e| e.0)?),
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 fn parse_device(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<DeviceSel, ParseError> {
@@ -625,7 +640,7 @@ fn apply_extra_spec(g: &mut GpusBuilder, key: &str, value: &str) -> Result<(), P
     Ok(())
 }
 
-fn build_request(g: GpusBuilder) -> Result<Request, ParseError> {
+pub(crate) fn build_request(g: GpusBuilder) -> Result<Request, ParseError> {
     let n = g.devices.len() as u32;
     let count = match (g.count_attr, &g.spec_count) {
         (Some(a), Some((s, raw))) if a != *s => {

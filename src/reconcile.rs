@@ -4,7 +4,7 @@
 //! libvirtd is alive and the prepare is recent).
 
 use crate::procfs::ProcRef;
-use crate::state::{parse_rfc3339, Phase, Reservation, State};
+use crate::state::{parse_rfc3339, HolderKind, Phase, Reservation, State};
 use std::collections::HashSet;
 
 /// A `prepare` older than this whose domain never became active was abandoned (libvirt
@@ -19,8 +19,30 @@ pub struct World<'a> {
     pub alive: &'a dyn Fn(&ProcRef) -> bool,
 }
 
+/// Why an OCI container's reservation is stale, if it is: its recorded init is gone, or no
+/// init was recorded and the runtime process that reserved it (the wrapper became it) is
+/// gone. libvirt's view of domains has nothing to say about it.
+pub fn oci_stale(r: &Reservation, alive: &dyn Fn(&ProcRef) -> bool) -> Option<String> {
+    match (r.phase, r.init, r.prepared_by) {
+        (Phase::Running, Some(i), _) if !alive(&i) => {
+            Some(format!("its container init (pid {}) is gone", i.pid))
+        }
+        (Phase::Prepared, _, Some(p)) if !alive(&p) => Some(format!(
+            "the runtime (pid {}) that reserved it is gone and recorded no container init",
+            p.pid
+        )),
+        _ => None,
+    }
+}
+
 /// Why a reservation is kept, or `None` when it should be freed (with the reason).
 pub fn verdict(r: &Reservation, w: &World) -> Result<&'static str, String> {
+    if r.kind == HolderKind::Oci {
+        return match oci_stale(r, w.alive) {
+            None => Ok("its OCI container (or the runtime creating it) is alive"),
+            Some(why) => Err(why),
+        };
+    }
     if w.active.contains(&r.uuid) {
         return Ok("domain is running");
     }
@@ -59,6 +81,7 @@ mod tests {
         updated: i64,
     ) -> Reservation {
         Reservation {
+            kind: Default::default(),
             domain: format!("d{uuid}"),
             uuid: uuid.into(),
             gpus: vec![format!("0000:{uuid}:00.0")],

@@ -49,6 +49,36 @@ pub enum Phase {
     Running,
 }
 
+/// Which front door a holder came through: a libvirt LXC domain (keyed by its UUID) or an
+/// OCI container (keyed by its container ID). State files written before OCI support have no
+/// `kind`: their reservations are libvirt's, and libvirt's are still written without it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HolderKind {
+    #[default]
+    Libvirt,
+    Oci,
+}
+
+impl HolderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HolderKind::Libvirt => "libvirt",
+            HolderKind::Oci => "oci",
+        }
+    }
+    fn is_libvirt(&self) -> bool {
+        *self == HolderKind::Libvirt
+    }
+    /// How messages name a holder of this kind: `domain 'web1'`, `container 'ID'`.
+    pub fn who(self, name: &str) -> String {
+        match self {
+            HolderKind::Libvirt => format!("domain '{name}'"),
+            HolderKind::Oci => format!("container '{name}'"),
+        }
+    }
+}
+
 /// A node granted and created for a container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,6 +101,10 @@ impl From<&DevNode> for Node {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Reservation {
+    /// libvirt (absent in the file) or OCI.
+    #[serde(default, skip_serializing_if = "HolderKind::is_libvirt")]
+    pub kind: HolderKind,
+    /// The domain name, or for an OCI container its ID.
     pub domain: String,
     pub uuid: String,
     /// PCI addresses, in index order.
@@ -93,6 +127,13 @@ pub struct Reservation {
     pub nodes: Vec<Node>,
 }
 
+impl Reservation {
+    /// How messages name its holder: `domain 'web1'`, `container 'ID'`.
+    pub fn who(&self) -> String {
+        self.kind.who(&self.domain)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct State {
@@ -111,7 +152,8 @@ impl Default for State {
 }
 
 impl State {
-    /// PCI address → holding domain's name, leaving out the reservation of `except` (a UUID).
+    /// PCI address → its holder as messages name it (`domain 'web1'`), leaving out the
+    /// reservation of `except` (a UUID or container ID).
     pub fn held(&self, except: Option<&str>) -> crate::alloc::Held {
         let mut h = crate::alloc::Held::new();
         for (uuid, r) in &self.reservations {
@@ -119,7 +161,7 @@ impl State {
                 continue;
             }
             for g in &r.gpus {
-                h.insert(g.clone(), r.domain.clone());
+                h.insert(g.clone(), r.who());
             }
         }
         h
@@ -482,6 +524,7 @@ mod tests {
 
     fn res(uuid: &str, gpus: &[&str]) -> Reservation {
         Reservation {
+            kind: Default::default(),
             domain: format!("d-{}", &uuid[..4]),
             uuid: uuid.into(),
             gpus: gpus.iter().map(|s| s.to_string()).collect(),
@@ -535,7 +578,7 @@ mod tests {
         assert_eq!(s.reservations[U1].gpus, vec!["0000:07:00.0"]);
         assert_eq!(
             s.held(None).get("0000:07:00.0").map(String::as_str),
-            Some("d-1111")
+            Some("domain 'd-1111'")
         );
         assert!(s.held(Some(U1)).is_empty());
         let file_mode = std::fs::metadata(store.path())

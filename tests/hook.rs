@@ -103,7 +103,7 @@ fn second_domain_beyond_free_fails_and_frees_nothing() {
     assert_fails(
         &o,
         "b",
-        "cannot reserve 2 GPUs: only 1 of the host's 2 matching GPUs is free: 1 held by 'a'",
+        "cannot reserve 2 GPUs: only 1 of the host's 2 matching GPUs is free: 1 held by domain 'a'",
     );
     assert_eq!(
         std::fs::read(&h.state).unwrap(),
@@ -392,7 +392,7 @@ fn stale_prepared_reservation_is_reclaimed() {
     assert_fails(
         &h.hook("third", "prepare", &domain("third", 3, &gpus(""))),
         "third",
-        "held by 'new'",
+        "held by domain 'new'",
     );
 }
 

@@ -344,7 +344,7 @@ fn more_than_free_fails(b: &mut Bed) {
     let e = b.start("gh-b").expect_err("gh-b must not start");
     assert!(e.contains("Hook script execution failed"), "{e}");
     assert!(
-        e.contains("gpuhook: domain 'gh-b': cannot reserve 2 GPUs: only 1 of the host's 2 matching GPUs is free: 1 held by 'gh-a'"),
+        e.contains("gpuhook: domain 'gh-b': cannot reserve 2 GPUs: only 1 of the host's 2 matching GPUs is free: 1 held by domain 'gh-a'"),
         "{e}"
     );
     assert_eq!(b.state_of("gh-b"), "shut off");
@@ -461,7 +461,7 @@ fn numa_placement_and_isolation(b: &mut Bed) {
     b.define(&spec("gh-n3", ""));
     let e = b.start("gh-n3").expect_err("host is full");
     assert!(
-        e.contains("only 0 of the host's 8 matching GPUs are free: 8 held by 'gh-n1', 'gh-n2'"),
+        e.contains("only 0 of the host's 8 matching GPUs are free: 8 held by domain 'gh-n1', domain 'gh-n2'"),
         "{e}"
     );
     let (n1, n2) = (b.ct("gh-n1"), b.ct("gh-n2"));
@@ -1092,6 +1092,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
     let fake =
         |n: u32, name: &str, gpu: &str, phase: Phase, prepared_by: Option<ProcRef>, age: i64| {
             Reservation {
+                kind: Default::default(),
                 domain: name.into(),
                 uuid: common::uuid(n),
                 gpus: vec![gpu.into()],

@@ -89,9 +89,9 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
     let verb = if dry_run { "would free" } else { "freed" };
     for (r, why) in &freed {
         let line = format!(
-            "{verb} {} of domain '{}' ({}): {why}",
+            "{verb} {} of {} ({}): {why}",
             r.gpus.join(","),
-            r.domain,
+            r.who(),
             r.uuid
         );
         println!("{line}");

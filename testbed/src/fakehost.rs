@@ -582,6 +582,7 @@ pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
                 st.reservations.insert(
                     uuid.clone(),
                     Reservation {
+                        kind: Default::default(),
                         domain: format!("bulk{i}"),
                         uuid,
                         gpus: vec![format!("0001:{:02x}:{:02x}.0", i / 32, i % 32)],

@@ -1,0 +1,508 @@
+//! The OCI side of a request, pure (bytes in, values out): what a bundle's `config.json`
+//! asks for (annotations `gpuhook.io/…`, else `GPUHOOK_…` in `process.env`), the container
+//! user namespace's id mapping, and the edits that hand the reserved GPUs to the real runtime
+//! (`linux.devices`, `linux.resources.devices`, a `createRuntime` and a `poststop` hook). The
+//! runtime then makes the nodes and the cgroup rules itself, in cgroup v1, v2 and through
+//! systemd alike. [`crate::runtime`] is the front door that reads and writes the files.
+
+use crate::container::NodeSpec;
+use crate::ids::normalize_pci;
+use crate::metadata::{self, GpusBuilder};
+use crate::request::{DeviceSel, IdMap, IdRange, Request};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+pub const ANNOTATION_PREFIX: &str = "gpuhook.io/";
+pub const ENV_PREFIX: &str = "GPUHOOK_";
+/// The request keys, as annotations (`gpuhook.io/KEY`) and env (`GPUHOOK_KEY`, upper case).
+pub const KEYS: &str = "gpus, arch, vendor, model, devices, capabilities, mode, uid, gid, driver";
+const MAX_VALUE: usize = 4096;
+const MAX_DEVICES: usize = 256;
+
+/// Whether `config.json`'s bytes could hold a request at all: the pass-through path for every
+/// other container costs this one search.
+pub fn mentions_request(config: &[u8]) -> bool {
+    let has = |n: &[u8]| config.windows(n.len()).any(|w| w == n);
+    has(ANNOTATION_PREFIX.as_bytes()) || has(ENV_PREFIX.as_bytes())
+}
+
+/// What a bundle asks for.
+#[derive(Debug)]
+pub struct Bundle {
+    /// The whole `config.json`, kept to be edited and written back.
+    pub config: Value,
+    /// `None`: no `gpuhook.io/` annotation and no `GPUHOOK_` variable.
+    pub request: Option<Request>,
+    /// The container's user namespace (`linux.uidMappings`/`gidMappings`); empty without one.
+    pub idmap: IdMap,
+}
+
+/// Parses `config.json`; an error names the fault in one line.
+pub fn parse(config: &[u8]) -> Result<Bundle, String> {
+    let config: Value = serde_json::from_slice(config)
+        .map_err(|e| format!("config.json is not valid JSON: {e}"))?;
+    if !config.is_object() {
+        return Err("config.json is not a JSON object".into());
+    }
+    let mut pairs: BTreeMap<String, (String, String)> = BTreeMap::new();
+    if let Some(a) = config.get("annotations") {
+        let a = a
+            .as_object()
+            .ok_or("config.json: \"annotations\" is not an object")?;
+        for (k, v) in a {
+            if let Some(key) = k.strip_prefix(ANNOTATION_PREFIX) {
+                let v = v
+                    .as_str()
+                    .ok_or_else(|| format!("annotation '{k}' is not a string"))?;
+                pairs.insert(
+                    key.to_string(),
+                    (format!("annotation '{k}'"), v.to_string()),
+                );
+            }
+        }
+    }
+    if pairs.is_empty() {
+        // No annotation: the same keys as environment variables (the last one wins, as in
+        // the process's environment).
+        let env = config.pointer("/process/env").and_then(Value::as_array);
+        for e in env.into_iter().flatten() {
+            let Some(e) = e.as_str() else { continue };
+            let Some((k, v)) = e.split_once('=') else {
+                continue;
+            };
+            if let Some(key) = k.strip_prefix(ENV_PREFIX) {
+                pairs.insert(
+                    key.to_ascii_lowercase(),
+                    (format!("environment variable {k}"), v.to_string()),
+                );
+            }
+        }
+    }
+    let idmap = IdMap {
+        uid: id_ranges(&config, "uidMappings")?,
+        gid: id_ranges(&config, "gidMappings")?,
+    };
+    let request = if pairs.is_empty() {
+        None
+    } else {
+        let r = request(&pairs)?;
+        if idmap.host_uid(r.uid).is_none() {
+            return Err(format!("uid {} is not mapped by linux.uidMappings", r.uid));
+        }
+        if idmap.host_gid(r.gid).is_none() {
+            return Err(format!("gid {} is not mapped by linux.gidMappings", r.gid));
+        }
+        Some(r)
+    };
+    Ok(Bundle {
+        config,
+        request,
+        idmap,
+    })
+}
+
+/// The request from its keys (`gpus`, `arch`, …) with where each came from, validated as the
+/// domain XML's attributes are.
+fn request(pairs: &BTreeMap<String, (String, String)>) -> Result<Request, String> {
+    let mut g = GpusBuilder::default();
+    for (key, (src, v)) in pairs {
+        if v.len() > MAX_VALUE {
+            return Err(format!("{src} is longer than {MAX_VALUE} bytes"));
+        }
+        let known = match key.as_str() {
+            "gpus" => metadata::set_attr(&mut g, "count", v),
+            "count" => Ok(false),
+            "devices" => devices(v).map(|d| {
+                g.devices.extend(d);
+                true
+            }),
+            "driver" => match v.trim() {
+                "none" => Ok(true),
+                "cdi" => Err("driver 'cdi' (the host driver's user space from CDI specs) is not supported by this gpuhook yet; use 'none'".into()),
+                other => Err(format!("unknown driver '{other}' (known: none, cdi)")),
+            },
+            k => metadata::set_attr(&mut g, k, v),
+        };
+        match known {
+            Ok(true) => {}
+            Ok(false) => return Err(format!("unknown key: {src} (known: {KEYS})")),
+            Err(m) => return Err(format!("{src}: {m}")),
+        }
+    }
+    metadata::build_request(g).map_err(|e| e.0)
+}
+
+/// `gpuhook.io/devices`: a comma list of PCI addresses, GPU UUIDs or indices.
+fn devices(v: &str) -> Result<Vec<DeviceSel>, String> {
+    let mut out = Vec::new();
+    for item in v.split(',').map(str::trim) {
+        if item.is_empty() {
+            return Err(format!("empty entry in '{v}'"));
+        }
+        let sel = if item.bytes().all(|b| b.is_ascii_digit()) {
+            DeviceSel::Index(
+                item.parse()
+                    .map_err(|_| format!("device index '{item}' is out of range"))?,
+            )
+        } else if let Some(p) = normalize_pci(item) {
+            DeviceSel::Pci(p)
+        } else if item.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            DeviceSel::Uuid(item.to_ascii_lowercase())
+        } else {
+            return Err(format!(
+                "'{item}' is neither a PCI address (0000:3b:00.0), a GPU UUID (GPU-…) nor an index"
+            ));
+        };
+        out.push(sel);
+        if out.len() > MAX_DEVICES {
+            return Err(format!("more than {MAX_DEVICES} devices"));
+        }
+    }
+    Ok(out)
+}
+
+/// `linux.uidMappings` or `gidMappings` as id ranges (container id → host id).
+fn id_ranges(config: &Value, which: &str) -> Result<Vec<IdRange>, String> {
+    let Some(v) = config.pointer(&format!("/linux/{which}")) else {
+        return Ok(Vec::new());
+    };
+    let bad =
+        || format!("config.json: linux.{which} is not a list of {{containerID, hostID, size}}");
+    let field = |m: &Map<String, Value>, k: &str| {
+        m.get(k)
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(bad)
+    };
+    v.as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|m| {
+            let m = m.as_object().ok_or_else(bad)?;
+            Ok(IdRange {
+                start: field(m, "containerID")?,
+                target: field(m, "hostID")?,
+                count: field(m, "size")?,
+            })
+        })
+        .collect()
+}
+
+/// How the runtime runs gpuhook at its hooks: this binary, and the config it was given.
+#[derive(Debug, Clone)]
+pub struct HookCmd {
+    pub path: String,
+    pub env: Vec<String>,
+}
+
+/// The `oci-hook` stages gpuhook adds.
+pub const CREATE_RUNTIME: &str = "create-runtime";
+pub const POSTSTOP: &str = "poststop";
+
+fn object<'a>(
+    parent: &'a mut Value,
+    key: &str,
+    what: &str,
+) -> Result<&'a mut Map<String, Value>, String> {
+    let m = parent
+        .as_object_mut()
+        .ok_or_else(|| format!("config.json: {what} is not an object"))?;
+    m.entry(key)
+        .or_insert_with(|| Value::Object(Map::new()))
+        .as_object_mut()
+        .ok_or_else(|| format!("config.json: {what}.{key} is not an object"))
+}
+
+fn array<'a>(
+    parent: &'a mut Map<String, Value>,
+    key: &str,
+    what: &str,
+) -> Result<&'a mut Vec<Value>, String> {
+    parent
+        .entry(key)
+        .or_insert_with(|| Value::Array(Vec::new()))
+        .as_array_mut()
+        .ok_or_else(|| format!("config.json: {what}.{key} is not a list"))
+}
+
+/// Adds the nodes (a `linux.devices` entry and an exact `c MAJ:MIN rw` allow rule each) and
+/// gpuhook's two hooks; everything else is kept. A device the config already had at one of
+/// the paths is replaced (its number would not be the reserved GPU's).
+pub fn edit(config: &mut Value, nodes: &[NodeSpec], hook: &HookCmd) -> Result<(), String> {
+    let linux = object(config, "linux", "the config")?;
+    let devs = array(linux, "devices", "linux")?;
+    devs.retain(|d| {
+        !nodes
+            .iter()
+            .any(|n| d.get("path").and_then(Value::as_str) == Some(n.path.as_str()))
+    });
+    devs.extend(nodes.iter().map(|n| {
+        json!({"path": n.path, "type": "c", "major": n.major, "minor": n.minor,
+               "fileMode": n.mode, "uid": n.uid, "gid": n.gid})
+    }));
+    let res = linux
+        .entry("resources")
+        .or_insert_with(|| Value::Object(Map::new()))
+        .as_object_mut()
+        .ok_or("config.json: linux.resources is not an object")?;
+    array(res, "devices", "linux.resources")?.extend(nodes.iter().map(
+        |n| json!({"allow": true, "type": "c", "major": n.major, "minor": n.minor, "access": "rw"}),
+    ));
+    let hooks = object(config, "hooks", "the config")?;
+    for (stage, arg) in [("createRuntime", CREATE_RUNTIME), ("poststop", POSTSTOP)] {
+        let mut h = json!({"path": hook.path, "args": [hook.path, "oci-hook", arg]});
+        if !hook.env.is_empty() {
+            h["env"] = json!(hook.env);
+        }
+        array(hooks, stage, "hooks")?.push(h);
+    }
+    Ok(())
+}
+
+/// What the runtime passes an OCI hook on stdin (runtime-spec "state").
+#[derive(Debug, serde::Deserialize)]
+pub struct HookState {
+    pub id: String,
+    #[serde(default)]
+    pub pid: Option<i32>,
+}
+
+/// Whether `id` is a container ID gpuhook keeps in its state: what runc and crun accept
+/// (letters, digits, `_+-.`), at most 1024 bytes.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 1024
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'+' | b'-' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::Field;
+
+    fn cfg(annotations: Value, env: &[&str]) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "env": env, "cwd": "/"},
+            "root": {"path": "rootfs"},
+            "annotations": annotations,
+            "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]},
+                      "namespaces": [{"type": "pid"}, {"type": "mount"}]}
+        }))
+        .unwrap()
+    }
+
+    fn req(annotations: Value, env: &[&str]) -> Result<Option<Request>, String> {
+        parse(&cfg(annotations, env)).map(|b| b.request)
+    }
+
+    #[test]
+    fn annotations_are_the_xml_vocabulary() {
+        let r = req(
+            json!({"gpuhook.io/gpus": "2", "gpuhook.io/arch": "Hopper", "gpuhook.io/vendor": "nvidia",
+                   "gpuhook.io/mode": "0660", "gpuhook.io/uid": "1000", "gpuhook.io/capabilities": "compute",
+                   "gpuhook.io/driver": "none", "io.podman.annotations.label": "x"}),
+            &[],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.count, 2);
+        assert_eq!((r.mode, r.uid, r.gid), (Some(0o660), 1000, 0));
+        assert!(!r.capabilities.utility);
+        assert!(r.filters.iter().any(|f| f.field == Field::Arch));
+        assert!(r.filters.iter().any(|f| f.field == Field::Vendor));
+        let r = req(
+            json!({"gpuhook.io/devices": "0000:3B:00.0, GPU-ABC-1,3"}),
+            &[],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            r.devices,
+            vec![
+                DeviceSel::Pci("0000:3b:00.0".into()),
+                DeviceSel::Uuid("gpu-abc-1".into()),
+                DeviceSel::Index(3)
+            ]
+        );
+        assert_eq!(r.count, 3);
+    }
+
+    #[test]
+    fn env_only_without_annotations() {
+        let r = req(
+            json!({}),
+            &[
+                "PATH=/bin",
+                "GPUHOOK_GPUS=1",
+                "GPUHOOK_GPUS=3",
+                "GPUHOOK_ARCH=ampere",
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.count, 3);
+        // Annotations win: the env is not read then.
+        let r = req(
+            json!({"gpuhook.io/gpus": "1"}),
+            &["GPUHOOK_GPUS=5", "GPUHOOK_BOGUS=1"],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.count, 1);
+        assert_eq!(
+            req(json!({"other": "gpuhook.io/"}), &["A=GPUHOOK_GPUS"]).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_one_line_errors() {
+        for (a, env, needle) in [
+            (
+                json!({"gpuhook.io/gpu": "1"}),
+                vec![],
+                "unknown key: annotation 'gpuhook.io/gpu'",
+            ),
+            (
+                json!({"gpuhook.io/gpus": "0"}),
+                vec![],
+                "annotation 'gpuhook.io/gpus'",
+            ),
+            (
+                json!({"gpuhook.io/gpus": "two"}),
+                vec![],
+                "annotation 'gpuhook.io/gpus'",
+            ),
+            (json!({"gpuhook.io/count": "1"}), vec![], "unknown key"),
+            (
+                json!({"gpuhook.io/vendor": "3dfx"}),
+                vec![],
+                "unknown vendor '3dfx'",
+            ),
+            (json!({"gpuhook.io/mode": "4755"}), vec![], "setuid"),
+            (json!({"gpuhook.io/gpus": 2}), vec![], "is not a string"),
+            (
+                json!({"gpuhook.io/devices": "0000:3b:00.0,,1"}),
+                vec![],
+                "empty entry",
+            ),
+            (
+                json!({"gpuhook.io/devices": "../x"}),
+                vec![],
+                "neither a PCI address",
+            ),
+            (
+                json!({"gpuhook.io/gpus": "1", "gpuhook.io/devices": "0,1"}),
+                vec![],
+                "less than",
+            ),
+            (json!({"gpuhook.io/driver": "cdi"}), vec![], "not supported"),
+            (
+                json!({}),
+                vec!["GPUHOOK_ARCH="],
+                "environment variable GPUHOOK_ARCH: empty architecture",
+            ),
+            (
+                json!({}),
+                vec!["GPUHOOK_FOO=1"],
+                "unknown key: environment variable GPUHOOK_FOO",
+            ),
+        ] {
+            let env: Vec<&str> = env;
+            let e = req(a.clone(), &env).expect_err(&format!("{a} {env:?} accepted"));
+            assert!(e.contains(needle), "{e:?} lacks {needle:?}");
+            assert!(!e.contains('\n'));
+        }
+        assert!(parse(b"{not json").unwrap_err().contains("not valid JSON"));
+        assert!(parse(b"[]").unwrap_err().contains("not a JSON object"));
+    }
+
+    #[test]
+    fn user_namespace_maps_the_owner() {
+        let mut c: Value =
+            serde_json::from_slice(&cfg(json!({"gpuhook.io/uid": "1000"}), &[])).unwrap();
+        c["linux"]["uidMappings"] = json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
+        c["linux"]["gidMappings"] = json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
+        let b = parse(&serde_json::to_vec(&c).unwrap()).unwrap();
+        assert_eq!(b.idmap.host_uid(1000), Some(101000));
+        c["annotations"]["gpuhook.io/uid"] = json!("70000");
+        let e = parse(&serde_json::to_vec(&c).unwrap()).unwrap_err();
+        assert!(
+            e.contains("uid 70000 is not mapped by linux.uidMappings"),
+            "{e}"
+        );
+        c["linux"]["uidMappings"] = json!("x");
+        assert!(parse(&serde_json::to_vec(&c).unwrap()).is_err());
+    }
+
+    #[test]
+    fn edit_adds_nodes_rules_and_hooks_and_keeps_the_rest() {
+        let mut c: Value =
+            serde_json::from_slice(&cfg(json!({"gpuhook.io/gpus": "1"}), &[])).unwrap();
+        c["linux"]["devices"] = json!([{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 3},
+                                        {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]);
+        let before = c.clone();
+        let n = |p: &str, minor| NodeSpec {
+            path: p.into(),
+            major: 195,
+            minor,
+            mode: 0o666,
+            uid: 0,
+            gid: 0,
+        };
+        let hook = HookCmd {
+            path: "/usr/bin/gpuhook".into(),
+            env: vec!["GPUHOOK_CONFIG=/etc/x.json".into()],
+        };
+        edit(
+            &mut c,
+            &[n("/dev/nvidia0", 0), n("/dev/nvidiactl", 255)],
+            &hook,
+        )
+        .unwrap();
+        let devs = c["linux"]["devices"].as_array().unwrap();
+        assert_eq!(devs.len(), 3, "{devs:?}");
+        assert!(
+            devs.contains(&json!({"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}))
+        );
+        assert!(devs.contains(
+            &json!({"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0,
+                                      "fileMode": 438, "uid": 0, "gid": 0})
+        ));
+        let rules = c["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(rules[0], json!({"allow": false, "access": "rwm"}));
+        assert_eq!(
+            rules[2],
+            json!({"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rw"})
+        );
+        assert_eq!(
+            c["hooks"]["createRuntime"][0]["args"],
+            json!(["/usr/bin/gpuhook", "oci-hook", "create-runtime"])
+        );
+        assert_eq!(
+            c["hooks"]["poststop"][0]["env"],
+            json!(["GPUHOOK_CONFIG=/etc/x.json"])
+        );
+        for k in ["process", "root", "annotations", "ociVersion"] {
+            assert_eq!(c[k], before[k]);
+        }
+        assert_eq!(c["linux"]["namespaces"], before["linux"]["namespaces"]);
+        let mut bad = json!({"linux": []});
+        assert!(edit(&mut bad, &[], &hook).is_err());
+    }
+
+    #[test]
+    fn container_ids() {
+        for ok in ["abc", "0123456789abcdef", "my_ctr-1.2+x"] {
+            assert!(valid_id(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "a b", "x\n", &"a".repeat(1025)] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+    }
+}

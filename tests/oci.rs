@@ -1,0 +1,710 @@
+//! The OCI front door under real engines: `gpuhook-runtime` wrapping runc and crun, driven by
+//! podman and by plain `runc run`, on fake GPU hosts (real char-device nodes whose major no
+//! driver owns: a process allowed by its device cgroup gets ENXIO opening one, a process
+//! denied gets EPERM). cgroup v1 is this machine's layout; cgroup v2 runs in a private mount
+//! namespace whose `/sys/fs/cgroup` is a cgroup2 mount (crun refuses the hybrid layout).
+//!
+//! Facts of this VM the harness works round (shared/GPU-NOTES.md): `podman run` needs lower
+//! rlimits (no CAP_SYS_RESOURCE), and crun cannot raise RLIMIT_MEMLOCK, so crun runs with a
+//! tiny LD_PRELOAD shim (built here with `cc`) that ignores that one EPERM.
+
+mod common;
+
+use common::{assert_ok, stderr, Host};
+use serde_json::{json, Value};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use testbed::FakeHost;
+
+const RUNC: &str = "/usr/sbin/runc";
+const CRUN: &str = "/usr/bin/crun";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cgroup {
+    V1,
+    V2,
+}
+
+/// A fake host, gpuhook-runtime on it, a busybox root filesystem.
+struct Oci {
+    host: Host,
+    /// What engines are pointed at: a script that sets the config and execs the link.
+    runtime: PathBuf,
+    /// `gpuhook-runtime`, a symlink to the binary under test.
+    link: PathBuf,
+    rootfs: PathBuf,
+}
+
+fn memlock_shim(dir: &Path) -> PathBuf {
+    let src = dir.join("memlock.c");
+    let so = dir.join("memlock.so");
+    std::fs::write(
+        &src,
+        r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <sys/resource.h>
+/* This VM lacks CAP_SYS_RESOURCE: crun's raise of RLIMIT_MEMLOCK fails. */
+int setrlimit(__rlimit_resource_t r, const struct rlimit *l) {
+    int (*real)(__rlimit_resource_t, const struct rlimit *) = dlsym(RTLD_NEXT, "setrlimit");
+    int rc = real(r, l);
+    if (rc != 0 && errno == EPERM && r == RLIMIT_MEMLOCK) return 0;
+    return rc;
+}
+"#,
+    )
+    .unwrap();
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("cc");
+    assert_ok(&o);
+    so
+}
+
+fn busybox_rootfs(root: &Path) -> PathBuf {
+    let r = root.join("rootfs");
+    for d in ["bin", "dev", "proc", "sys", "tmp", "etc", "sync"] {
+        std::fs::create_dir_all(r.join(d)).unwrap();
+    }
+    std::fs::copy("/usr/bin/busybox", r.join("bin/busybox")).expect("busybox-static");
+    for a in [
+        "sh", "cat", "ls", "mknod", "stat", "echo", "sleep", "grep", "test", "[", "id", "true",
+    ] {
+        std::os::unix::fs::symlink("busybox", r.join("bin").join(a)).unwrap();
+    }
+    std::fs::write(r.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
+    r
+}
+
+impl Oci {
+    fn new(fake: FakeHost, real: &str) -> Oci {
+        let real = real.to_string();
+        let host = Host::with(fake, move |c| c["oci_runtime"] = json!(real));
+        let root = host.root().to_path_buf();
+        let link = root.join("gpuhook-runtime");
+        std::os::unix::fs::symlink(common::bin(), &link).unwrap();
+        let preload = if real_is_crun(&host) {
+            format!("LD_PRELOAD={} ", memlock_shim(&root).display())
+        } else {
+            String::new()
+        };
+        let runtime = root.join("runtime.sh");
+        std::fs::write(
+            &runtime,
+            format!(
+                "#!/bin/sh\n{preload}GPUHOOK_CONFIG={} exec {} \"$@\"\n",
+                host.config.display(),
+                link.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let rootfs = busybox_rootfs(&root);
+        Oci {
+            host,
+            runtime,
+            link,
+            rootfs,
+        }
+    }
+
+    /// The state's reservations (empty when there is no state file yet).
+    fn reservations(&self) -> Vec<Value> {
+        self.host.list()["reservations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// `podman run` of the busybox rootfs with `script`, through gpuhook-runtime.
+    fn podman(&self, cg: Cgroup, extra: &[&str], script: &str) -> Command {
+        let mut c = in_cgroup(cg, "podman");
+        if cg == Cgroup::V2 {
+            c.args(["--cgroup-manager", "cgroupfs"]);
+        }
+        c.arg("--runtime").arg(&self.runtime).args([
+            "run",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--cap-add",
+            "mknod",
+        ]);
+        if cg == Cgroup::V2 {
+            // That cgroup2 mount has no controllers (they are v1's on this host).
+            c.args(["--pids-limit", "-1"]);
+        }
+        c.args(extra)
+            .arg("--rootfs")
+            .arg(&self.rootfs)
+            .args(["sh", "-c", script]);
+        c
+    }
+
+    /// A runc bundle (from `runc spec`) for the rootfs running `script`, with annotations.
+    fn bundle(&self, name: &str, annotations: Value, script: &str) -> PathBuf {
+        let b = self.host.root().join(name);
+        std::fs::create_dir_all(&b).unwrap();
+        let _ = std::fs::remove_file(b.join("config.json"));
+        let o = Command::new(RUNC)
+            .args(["spec", "--bundle"])
+            .arg(&b)
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let p = b.join("config.json");
+        let mut c: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        c["root"] = json!({"path": self.rootfs, "readonly": false});
+        c["process"]["terminal"] = json!(false);
+        c["process"]["args"] = json!(["sh", "-c", script]);
+        for k in ["bounding", "effective", "permitted"] {
+            c["process"]["capabilities"][k]
+                .as_array_mut()
+                .unwrap()
+                .push(json!("CAP_MKNOD"));
+        }
+        c["annotations"] = annotations;
+        std::fs::write(&p, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+        b
+    }
+
+    /// `gpuhook-runtime --root ROOT ARGS…` (runc's own command line).
+    fn wrapper(&self, cg: Cgroup, args: &[&str]) -> Command {
+        let mut c = in_cgroup(cg, self.link.to_str().unwrap());
+        c.env("GPUHOOK_CONFIG", &self.host.config)
+            .arg("--root")
+            .arg(self.host.root().join(format!("runc-root-{cg:?}")))
+            .args(args);
+        if real_is_crun(&self.host) {
+            c.env("LD_PRELOAD", self.host.root().join("memlock.so"));
+        }
+        c
+    }
+}
+
+fn real_is_crun(h: &Host) -> bool {
+    let c: Value = serde_json::from_slice(&std::fs::read(&h.config).unwrap()).unwrap();
+    c["oci_runtime"] == json!(CRUN)
+}
+
+/// `prog` run in this cgroup layout: as is (v1), or in a private mount namespace whose
+/// `/sys/fs/cgroup` is the cgroup2 hierarchy alone.
+fn in_cgroup(cg: Cgroup, prog: &str) -> Command {
+    match cg {
+        Cgroup::V1 => Command::new(prog),
+        Cgroup::V2 => {
+            let mut c = Command::new("unshare");
+            c.args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "umount -R /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"",
+                "sh",
+                prog,
+            ]);
+            c
+        }
+    }
+}
+
+/// A script that says, for each `major:minor`, whether the container's device cgroup lets it
+/// open such a node (`open`: ENXIO, no driver behind the fake major) or not (`denied`:
+/// EPERM), through a node it makes itself; and lists the GPU nodes it was given.
+fn probe(numbers: &[&str]) -> String {
+    let mut s = String::from("for n in /dev/nvidia*; do [ -c $n ] && echo \"node $n $(stat -c '%t:%T %a %u %g' $n)\"; done; ");
+    for (i, mm) in numbers.iter().enumerate() {
+        let (ma, mi) = mm.split_once(':').unwrap();
+        s.push_str(&format!(
+            "mknod /dev/probe{i} c {ma} {mi}; if cat /dev/probe{i} 2>&1 | grep -q 'No such device or address'; then echo 'dev {mm} open'; else echo 'dev {mm} denied'; fi; "
+        ));
+    }
+    s
+}
+
+fn out(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn assert_probe(o: &Output, open: &[&str], denied: &[&str]) {
+    let text = out(o);
+    for mm in open {
+        assert!(
+            text.contains(&format!("dev {mm} open")),
+            "{mm} not open: {text}\nstderr: {}",
+            stderr(o)
+        );
+    }
+    for mm in denied {
+        assert!(
+            text.contains(&format!("dev {mm} denied")),
+            "{mm} not denied: {text}"
+        );
+    }
+}
+
+/// Asserts the wrapper's refusal: exit 1 (podman: its own status 126 naming the runtime's
+/// error), one `gpuhook: container 'ID': …` line with `needle`.
+fn assert_refused(o: &Output, needle: &str) {
+    let e = stderr(o);
+    assert!(!o.status.success(), "accepted: {e}");
+    let line = e
+        .lines()
+        .find(|l| l.contains("gpuhook: container '"))
+        .unwrap_or_else(|| panic!("no gpuhook line naming the container: {e}"));
+    assert!(line.contains(needle), "{line:?} lacks {needle:?}");
+}
+
+#[test]
+fn runc_bundle_gets_exactly_its_gpu_in_cgroup_v1_and_v2() {
+    for cg in [Cgroup::V1, Cgroup::V2] {
+        let o = Oci::new(FakeHost::blueprint(), RUNC);
+        let b = o.bundle(
+            "b1",
+            json!({"gpuhook.io/gpus": "1", "gpuhook.io/uid": "1000", "gpuhook.io/gid": "44",
+                   "gpuhook.io/mode": "0660", "org.example/other": "kept"}),
+            &probe(&["195:0", "195:255", "195:1"]),
+        );
+        let r = o
+            .wrapper(cg, &["run", "--bundle", b.to_str().unwrap(), "gpu-runc-1"])
+            .output()
+            .unwrap();
+        assert_ok(&r);
+        assert_probe(&r, &["195:0", "195:255"], &["195:1"]);
+        let text = out(&r);
+        assert!(
+            text.contains("node /dev/nvidia0 c3:0 660 1000 44"),
+            "{cg:?}: {text}"
+        );
+        assert!(!text.contains("/dev/nvidia1"), "{text}");
+        // The runtime ran the poststop hook: nothing is held.
+        assert_eq!(o.reservations(), Vec::<Value>::new(), "{cg:?}");
+        // The config kept what it had, and got gpuhook's entries.
+        let c: Value =
+            serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+        assert_eq!(c["annotations"]["org.example/other"], json!("kept"));
+        assert_eq!(
+            c["hooks"]["createRuntime"][0]["args"][2],
+            json!("create-runtime")
+        );
+        assert!(c["linux"]["resources"]["devices"]
+            .as_array()
+            .unwrap()
+            .contains(
+                &json!({"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rw"})
+            ));
+    }
+}
+
+#[test]
+fn without_a_request_everything_passes_through() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let b = o.bundle("plain", json!({"org.example/x": "1"}), "ls /dev; exit 7");
+    let before = std::fs::read(b.join("config.json")).unwrap();
+    let r = o
+        .wrapper(Cgroup::V1, &["run", "-b", b.to_str().unwrap(), "plain-1"])
+        .output()
+        .unwrap();
+    // The runtime's status, untouched config, no GPU node, no state written.
+    assert_eq!(r.status.code(), Some(7), "{}", stderr(&r));
+    assert!(!out(&r).contains("nvidia"), "{}", out(&r));
+    assert_eq!(std::fs::read(b.join("config.json")).unwrap(), before);
+    assert!(!o.host.state.exists());
+    // Other commands: the real runtime's own answer.
+    let mine = o.wrapper(Cgroup::V1, &["--version"]).output().unwrap();
+    let real = Command::new(RUNC).arg("--version").output().unwrap();
+    assert_eq!(
+        (mine.status.code(), out(&mine)),
+        (real.status.code(), out(&real))
+    );
+}
+
+#[test]
+fn bad_requests_are_refused_before_the_runtime_runs() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    // A "runtime" that only says it was called.
+    let marker = o.host.root().join("runtime-was-called");
+    let fake = o.host.root().join("fake-runtime");
+    std::fs::write(&fake, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&o.host.config).unwrap()).unwrap();
+    cfg["oci_runtime"] = json!(fake);
+    common::write_config(&o.host.config, &cfg.to_string());
+    for (ann, needle) in [
+        (
+            json!({"gpuhook.io/gpus": "two"}),
+            "annotation 'gpuhook.io/gpus'",
+        ),
+        (
+            json!({"gpuhook.io/gpu": "1"}),
+            "unknown key: annotation 'gpuhook.io/gpu'",
+        ),
+        (
+            json!({"gpuhook.io/gpus": "3"}),
+            "cannot reserve 3 GPUs: only 2 of the host's 2",
+        ),
+        (json!({"gpuhook.io/arch": "hopper"}), "arch == hopper"),
+        (
+            json!({"gpuhook.io/devices": "0000:99:00.0"}),
+            "no GPU with pci 0000:99:00.0",
+        ),
+        (
+            json!({"gpuhook.io/uid": "5"}),
+            "gid 40 is not mapped by linux.gidMappings",
+        ),
+    ] {
+        let mut ann = ann;
+        let b = o.bundle("bad", json!({}), "true");
+        let p = b.join("config.json");
+        let mut c: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        if ann.get("gpuhook.io/uid").is_some() {
+            // A user namespace that does not map the asked-for owner.
+            c["linux"]["uidMappings"] =
+                json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
+            c["linux"]["gidMappings"] = json!([{"containerID": 0, "hostID": 100000, "size": 10}]);
+            ann["gpuhook.io/gid"] = json!("40");
+        }
+        c["annotations"] = ann.clone();
+        std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
+        let before = std::fs::read(&p).unwrap();
+        let r = o
+            .wrapper(
+                Cgroup::V1,
+                &["create", "--bundle", b.to_str().unwrap(), "bad-1"],
+            )
+            .output()
+            .unwrap();
+        assert_eq!(r.status.code(), Some(1), "{ann}: {}", stderr(&r));
+        let e = stderr(&r);
+        assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+        assert!(e.starts_with("gpuhook: container 'bad-1': "), "{e}");
+        assert!(e.contains(needle), "{ann}: {e:?} lacks {needle:?}");
+        assert!(!marker.exists(), "{ann}: the runtime was called");
+        assert_eq!(std::fs::read(&p).unwrap(), before, "{ann}: config changed");
+        assert!(o.reservations().is_empty(), "{ann}: {:?}", o.reservations());
+    }
+    // A good request calls it (so the marker above could appear).
+    let b = o.bundle("good", json!({"gpuhook.io/gpus": "1"}), "true");
+    let r = o
+        .wrapper(
+            Cgroup::V1,
+            &["create", "--bundle", b.to_str().unwrap(), "good-1"],
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    assert!(marker.exists());
+}
+
+#[test]
+fn podman_with_runc_v1_and_crun_v2() {
+    for (real, cg) in [(RUNC, Cgroup::V1), (CRUN, Cgroup::V2)] {
+        let o = Oci::new(FakeHost::blueprint(), real);
+        let r = o
+            .podman(
+                cg,
+                &[
+                    "--rm",
+                    "--annotation",
+                    "gpuhook.io/gpus=1",
+                    "--annotation",
+                    "gpuhook.io/devices=1",
+                ],
+                &probe(&["195:1", "195:0"]),
+            )
+            .output()
+            .unwrap();
+        assert_ok(&r);
+        assert_probe(&r, &["195:1"], &["195:0"]);
+        assert!(
+            out(&r).contains("node /dev/nvidia1 c3:1 666 0 0"),
+            "{real}: {}",
+            out(&r)
+        );
+        assert!(
+            o.reservations().is_empty(),
+            "{real}: {:?}",
+            o.reservations()
+        );
+        // The same keys as environment variables.
+        let r = o
+            .podman(
+                cg,
+                &["--rm", "--env", "GPUHOOK_GPUS=2"],
+                &probe(&["195:0", "195:1"]),
+            )
+            .output()
+            .unwrap();
+        assert_ok(&r);
+        assert_probe(&r, &["195:0", "195:1"], &[]);
+        // A container without a request gets no GPU.
+        let r = o
+            .podman(cg, &["--rm"], &probe(&["195:0"]))
+            .output()
+            .unwrap();
+        assert_ok(&r);
+        assert_probe(&r, &[], &["195:0"]);
+        assert!(!out(&r).contains("node /dev/nvidia"), "{}", out(&r));
+    }
+}
+
+fn podman_rm(id: &str) {
+    let _ = Command::new("podman")
+        .args(["rm", "-f", "-t", "0", id])
+        .output();
+}
+
+/// One libvirt domain (its `prepare` hook, as libvirtd runs it) and podman containers
+/// contend for the two GPUs of one host: each refusal names the other door's holder.
+#[test]
+fn libvirt_domain_and_podman_container_share_one_pool() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let xml = common::domain("vm1", 1, &common::gpus("count='1'"));
+    assert_ok(&o.host.hook("vm1", "prepare", &xml));
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &["--rm", "--annotation", "gpuhook.io/gpus=2"],
+            "true",
+        )
+        .output()
+        .unwrap();
+    assert_refused(&r, "1 held by domain 'vm1'");
+    // One GPU is left: the container gets it (not the domain's).
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[
+                "-d",
+                "--name",
+                "gh-oci-share",
+                "--annotation",
+                "gpuhook.io/gpus=1",
+            ],
+            "sleep 60",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    let list = o.host.list();
+    let held: Vec<(String, String)> = list["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["holder"]["kind"].as_str().unwrap_or("-").to_string(),
+                g["holder"]["domain"].as_str().unwrap_or("-").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        held,
+        vec![("libvirt".into(), "vm1".into()), ("oci".into(), id.clone())],
+        "{list}"
+    );
+    let running = &list["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "oci")
+        .unwrap()["phase"];
+    assert_eq!(running, "running");
+    // The domain's second start wants both: refused, naming the container.
+    let xml2 = common::domain("vm2", 2, &common::gpus("count='1'"));
+    let e = o.host.hook("vm2", "prepare", &xml2);
+    common::assert_fails(
+        &e,
+        "vm2",
+        &format!("held by domain 'vm1', container '{id}'"),
+    );
+    // podman rm -f: the runtime's delete (and poststop) free the container's GPU at once.
+    podman_rm(&id);
+    let kinds: Vec<String> = o
+        .reservations()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kinds, vec!["libvirt"]);
+    assert_ok(&o.host.hook("vm2", "prepare", &xml2));
+}
+
+/// 32 `podman run`s at once on a 4-GPU host: exactly 4 get a GPU, the others are refused
+/// with one line, and nothing stays held or half-made afterwards.
+#[test]
+fn thirty_two_concurrent_podman_runs_four_winners_no_leaks() {
+    let o = Oci::new(FakeHost::wide(4), RUNC);
+    let sync = o.host.root().join("sync");
+    std::fs::create_dir_all(&sync).unwrap();
+    let release = sync.join("go");
+    let vol = format!("{}:/sync", sync.display());
+    // Winners wait (up to 60 s) until every loser has been refused.
+    let script = "n=0; while [ ! -e /sync/go ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; ls /dev | grep -c '^nvidia[0-9]'";
+    let children: Vec<_> = (0..32)
+        .map(|i| {
+            o.podman(
+                Cgroup::V1,
+                &[
+                    "--rm",
+                    "--name",
+                    &format!("gh-oci-race-{i}"),
+                    "-v",
+                    &vol,
+                    "--annotation",
+                    "gpuhook.io/gpus=1",
+                ],
+                script,
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let mut children: Vec<Option<std::process::Child>> = children.into_iter().map(Some).collect();
+    let mut results: Vec<Option<Output>> = (0..32).map(|_| None).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut released = false;
+    while results.iter().any(Option::is_none) && Instant::now() < deadline {
+        for i in 0..32 {
+            if let Some(c) = children[i].as_mut() {
+                if c.try_wait().unwrap().is_some() {
+                    results[i] = Some(children[i].take().unwrap().wait_with_output().unwrap());
+                }
+            }
+        }
+        let refused = results
+            .iter()
+            .flatten()
+            .filter(|r| !r.status.success())
+            .count();
+        if !released && refused >= 28 {
+            std::fs::write(&release, "").unwrap();
+            released = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if !released {
+        std::fs::write(&release, "").unwrap();
+    }
+    for c in children.iter_mut().flatten() {
+        let _ = c.kill();
+    }
+    let results: Vec<Output> = results
+        .into_iter()
+        .map(|r| r.expect("a podman run did not finish in 120 s"))
+        .collect();
+    let winners: Vec<&Output> = results.iter().filter(|r| r.status.success()).collect();
+    assert_eq!(winners.len(), 4, "winners: {}", winners.len());
+    for w in &winners {
+        assert_eq!(out(w).trim(), "1", "a winner saw other GPUs: {}", out(w));
+    }
+    for l in results.iter().filter(|r| !r.status.success()) {
+        assert_refused(
+            l,
+            "cannot reserve 1 GPU: only 0 of the host's 4 matching GPUs are free",
+        );
+    }
+    assert!(
+        o.reservations().is_empty(),
+        "leaked: {:?}",
+        o.reservations()
+    );
+    let ps = Command::new("podman")
+        .args(["ps", "-a", "--filter", "name=gh-oci-race", "-q"])
+        .output()
+        .unwrap();
+    assert_eq!(out(&ps).trim(), "", "containers left");
+}
+
+/// Crashes between reserve and start, and a container killed with SIGKILL: the next request
+/// that needs the GPUs gets them (stale rules), and `list` says who held what before.
+#[test]
+fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
+    // (a) The runtime SIGKILLed in the middle of `create` (a stand-in runtime that hangs
+    // where runc would make the container): the reservation names a dead runtime.
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let hang = o.host.root().join("hanging-runtime");
+    std::fs::write(&hang, "#!/bin/sh\nexec sleep 60\n").unwrap();
+    std::fs::set_permissions(&hang, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let good_cfg: Value = serde_json::from_slice(&std::fs::read(&o.host.config).unwrap()).unwrap();
+    let mut cfg = good_cfg.clone();
+    cfg["oci_runtime"] = json!(hang);
+    common::write_config(&o.host.config, &cfg.to_string());
+    let b = o.bundle("crash", json!({"gpuhook.io/gpus": "2"}), "true");
+    let mut child = o
+        .wrapper(
+            Cgroup::V1,
+            &["create", "--bundle", b.to_str().unwrap(), "crash-1"],
+        )
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while o.reservations().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = o.reservations();
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(
+        (r[0]["kind"].as_str(), r[0]["phase"].as_str()),
+        (Some("oci"), Some("prepared"))
+    );
+    assert_eq!(r[0]["stale"], Value::Null);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = o.reservations();
+    assert!(
+        r[0]["stale"].as_str().unwrap().contains("the runtime"),
+        "{r:?}"
+    );
+    common::write_config(&o.host.config, &good_cfg.to_string());
+    // (b) The next container that needs both GPUs gets them; it is then SIGKILLed.
+    let b2 = o.bundle("killed", json!({"gpuhook.io/gpus": "2"}), "sleep 60");
+    let r = o
+        .wrapper(
+            Cgroup::V1,
+            &["run", "-d", "--bundle", b2.to_str().unwrap(), "killed-1"],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(r.success());
+    let r = o.reservations();
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(
+        (r[0]["domain"].as_str(), r[0]["phase"].as_str()),
+        (Some("killed-1"), Some("running"))
+    );
+    let pid = r[0]["init_pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while o.reservations()[0]["stale"].is_null() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(o.reservations()[0]["stale"]
+        .as_str()
+        .unwrap()
+        .contains("init"));
+    // Nobody deleted it; a libvirt domain that needs both GPUs gets them.
+    let xml = common::domain("vm-after", 3, &common::gpus("count='2'"));
+    assert_ok(&o.host.hook("vm-after", "prepare", &xml));
+    let _ = o
+        .wrapper(Cgroup::V1, &["delete", "--force", "killed-1"])
+        .output();
+    // The domain's reservation survives the container's late delete.
+    let kinds: Vec<Value> = o.reservations().iter().map(|r| r["kind"].clone()).collect();
+    assert_eq!(kinds, vec![json!("libvirt")]);
+}
