@@ -10,6 +10,7 @@ rm -rf target/dist
 cargo run --release --locked -q -p xtask -- dist target/dist
 mkdir -p target/dist/bin
 cp "$hook" target/release/gpuhook-libvirt target/dist/bin/
+ln -sfn gpuhook target/dist/bin/gpuhook-runtime
 gzip -9nf target/dist/man/*.1
 cargo deb --no-build --no-strip -p gpuhook -o target/dist/
 cargo generate-rpm -p . -o target/dist/

@@ -44,3 +44,17 @@ gpuhook_runtime_dir() {
     fi
     [ -d /run/gpuhook ] || install -d -m 0700 /run/gpuhook
 }
+
+# The .rpm's /usr/bin/gpuhook-runtime (the .deb ships it as a link): made here, never over a
+# file that is not gpuhook's.
+gpuhook_install_runtime_link() {
+    if [ ! -e /usr/bin/gpuhook-runtime ] && [ ! -L /usr/bin/gpuhook-runtime ]; then
+        ln -s gpuhook /usr/bin/gpuhook-runtime
+    fi
+}
+
+gpuhook_remove_runtime_link() {
+    if [ -L /usr/bin/gpuhook-runtime ] && [ "$(readlink /usr/bin/gpuhook-runtime)" = gpuhook ]; then
+        rm -f /usr/bin/gpuhook-runtime
+    fi
+}

@@ -23,7 +23,8 @@ rm -rf "$work" && mkdir -p "$work"
 rpm -qlp "$rpm" | tee "$work/rpm-files"
 for f in /usr/bin/gpuhook /usr/bin/gpuhook-libvirt /etc/gpuhook/config.json /usr/lib/tmpfiles.d/gpuhook.conf \
          /usr/lib/systemd/system/gpuhook-reconcile.service /usr/lib/systemd/system/gpuhook-reconcile.timer \
-         /usr/share/man/man1/gpuhook.1.gz /usr/share/man/man1/gpuhook-libvirt.1.gz /usr/share/doc/gpuhook/README.md; do
+         /usr/share/man/man1/gpuhook.1.gz /usr/share/man/man1/gpuhook-libvirt.1.gz /usr/share/doc/gpuhook/README.md \
+         /usr/share/gpuhook/engines/podman-containers.conf /usr/share/gpuhook/engines/docker-daemon.json; do
     has "$f" "$work/rpm-files"
 done
 rpm -qp --configfiles "$rpm" | tee "$work/rpm-conf"
@@ -31,7 +32,8 @@ has /etc/gpuhook/config.json "$work/rpm-conf"
 rpm -qp --requires "$rpm" | tee "$work/rpm-req"
 grep -q '^libvirt-libs >= 6.5.0' "$work/rpm-req" || fail "rpm does not require libvirt-libs"
 rpm -qp --scripts "$rpm" | tee "$work/rpm-scripts"
-for s in gpuhook_install_hook gpuhook_remove_hook gpuhook_restart_libvirt 'systemctl enable --now gpuhook-reconcile.timer'; do
+for s in gpuhook_install_hook gpuhook_remove_hook gpuhook_restart_libvirt 'systemctl enable --now gpuhook-reconcile.timer' \
+         gpuhook_install_runtime_link gpuhook_remove_runtime_link; do
     grep -q "$s" "$work/rpm-scripts" || fail "rpm scripts lack $s"
 done
 
@@ -58,6 +60,16 @@ done
 zcat /usr/share/man/man1/gpuhook.1.gz | grep -q 'gpuhook' || fail "bad man page"
 /usr/bin/gpuhook --version
 /usr/bin/gpuhook-libvirt --version
+step "gpuhook-runtime: a link to gpuhook that runs the real runtime (crun, else runc)"
+[ "$(readlink /usr/bin/gpuhook-runtime)" = gpuhook ] || fail "/usr/bin/gpuhook-runtime is not a link to gpuhook"
+dpkg -S /usr/bin/gpuhook-runtime | grep -q '^gpuhook:' || fail "gpuhook-runtime is not the package's"
+real=$(for r in /usr/bin/crun /usr/sbin/crun /usr/bin/runc /usr/sbin/runc; do [ -x "$r" ] && echo "$r" && break; done)
+[ "$(/usr/bin/gpuhook-runtime --version)" = "$("$real" --version)" ] || fail "gpuhook-runtime --version is not $real's"
+for f in podman-containers.conf docker-daemon.json crio-gpuhook.conf containerd-config.toml; do
+    grep -q /usr/bin/gpuhook-runtime "/usr/share/gpuhook/engines/$f" || fail "engine snippet $f"
+done
+step "OCI suite (podman, runc, crun, docker) against the installed binary"
+GPUHOOK_TEST_BIN=/usr/bin/gpuhook cargo test --locked -q --test oci
 step "the static hook ignores LD_PRELOAD (nvidia-container-toolkit CVE-2025-23266 class)"
 printf '#include <stdio.h>\n__attribute__((constructor)) static void evil(void) { FILE *f = fopen("%s/preloaded", "w"); if (f) fclose(f); }\n' "$work" > "$work/evil.c"
 gcc -shared -fPIC -o "$work/evil.so" "$work/evil.c"
@@ -93,7 +105,7 @@ cmp /run/gpuhook/state.json "$work/state.before" || fail "upgrade changed the st
 
 step "remove takes the hook away and keeps the config"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq gpuhook >/dev/null
-[ ! -e /usr/bin/gpuhook ] || fail "binary left"
+[ ! -e /usr/bin/gpuhook ] && [ ! -L /usr/bin/gpuhook-runtime ] || fail "binary or runtime link left"
 [ ! -e /etc/libvirt/hooks/lxc ] && [ ! -L /etc/libvirt/hooks/lxc ] || fail "hook left after remove"
 [ -f /etc/gpuhook/config.json ] || fail "config removed on remove"
 

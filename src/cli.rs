@@ -430,3 +430,39 @@ fn release(domain: &str) -> Result<i32, Error> {
     }
     Ok(0)
 }
+
+/// `gpuhook-runtime`'s manual page (the wrapper itself takes runc's command line unparsed).
+pub fn runtime_command() -> clap::Command {
+    // --help and --version are the real runtime's.
+    clap::Command::new("gpuhook-runtime")
+        .disable_help_flag(true)
+        .disable_version_flag(true)
+        .about("OCI runtime wrapper that hands reserved GPUs to podman, docker, containerd and CRI-O containers")
+        .long_about("\
+gpuhook-runtime (a link to gpuhook) is called by container engines exactly as they call runc; \
+it runs the real runtime (config key oci_runtime, else the first crun or runc in /usr/bin, \
+/usr/sbin, /usr/local/bin, /usr/local/sbin) with the same arguments, environment and file \
+descriptors, and returns its exit status.\n\n\
+On create or run of a bundle whose config.json asks for GPUs (annotations gpuhook.io/gpus, \
+gpuhook.io/arch, gpuhook.io/vendor, gpuhook.io/model, gpuhook.io/devices, \
+gpuhook.io/capabilities, gpuhook.io/mode, gpuhook.io/uid, gpuhook.io/gid, gpuhook.io/driver; \
+else the same keys as GPUHOOK_GPUS=… in process.env) it reserves them in the GPU pool it \
+shares with the libvirt hook (key: the container ID), adds each node to linux.devices with an \
+exact rw allow rule in linux.resources.devices, and adds a createRuntime hook (records the \
+container's init) and a poststop hook (frees). On delete it frees too. A request that cannot \
+be met is one line on stderr and in the runtime's --log, exit 1, and the real runtime is not \
+called. Every other call passes through untouched.")
+        .arg(
+            clap::Arg::new("args")
+                .value_name("RUNTIME-ARGS")
+                .num_args(0..)
+                .trailing_var_arg(true)
+                .allow_hyphen_values(true)
+                .help("The real runtime's command line, e.g. --root /run/runc create --bundle DIR ID"),
+        )
+        .after_help("\
+Examples:\n  \
+podman run --runtime /usr/bin/gpuhook-runtime --annotation gpuhook.io/gpus=1 IMAGE\n  \
+docker run --runtime gpuhook -e GPUHOOK_GPUS=2 -e GPUHOOK_ARCH=hopper IMAGE\n\
+Engine snippets: /usr/share/gpuhook/engines/. gpuhook list shows holders with kind oci.")
+}

@@ -132,6 +132,18 @@ fn reserve_by(h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Vec<Node
                     r.who()
                 )));
             }
+            // A second `create` of a running container's ID (an engine's retry; the runtime
+            // will refuse it) must not turn that container's reservation back into one
+            // whose runtime is about to exit, which would make its GPUs reclaimable.
+            if let (HolderKind::Oci, Phase::Running, Some(i)) = (r.kind, r.phase, r.init) {
+                if i.alive() {
+                    return Err(Error::other(format!(
+                        "a container with this ID already runs with GPUs {} (init {})",
+                        r.gpus.join(","),
+                        i.pid
+                    )));
+                }
+            }
         }
         if let Some(r) = st.reservations.get_mut(h.id) {
             inv.settle(&cfg, &r.gpus);

@@ -48,6 +48,10 @@ pub struct Invocation {
     pub bundle: Option<PathBuf>,
     /// crun's `--config FILE` (`-f`): the config instead of `BUNDLE/config.json`.
     pub config: Option<PathBuf>,
+    /// The global `--log FILE` and `--log-format` (`text`, `json`): where engines read the
+    /// runtime's error from (containerd's shim reads nothing else).
+    pub log: Option<PathBuf>,
+    pub log_format: Option<String>,
 }
 
 /// Global options that take a value (runc, crun).
@@ -81,7 +85,18 @@ impl Invocation {
             .peekable();
         // Global options, up to the command.
         while let Some(a) = it.next() {
-            if a == "--rootless" {
+            let (name, inline) = match a.split_once('=') {
+                Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+                _ => (a.as_str(), None),
+            };
+            if matches!(name, "--log" | "--log-format") {
+                let v = if inline.is_some() { inline } else { it.next() };
+                if name == "--log" {
+                    inv.log = v.map(PathBuf::from);
+                } else {
+                    inv.log_format = v;
+                }
+            } else if a == "--rootless" {
                 // runc: `--rootless VALUE`; crun: `--rootless[=VALUE]`.
                 if it
                     .peek()
@@ -125,6 +140,27 @@ impl Invocation {
         inv
     }
 
+    /// Appends the refusal to the runtime's `--log` as runc writes its own errors there
+    /// (logrus JSON or text lines): docker and containerd show the last error of that file.
+    pub fn log_error(&self, msg: &str) {
+        let Some(path) = &self.log else { return };
+        let msg = format!("gpuhook: {}", crate::error::one_line(msg, 2000));
+        let time = crate::state::now_rfc3339();
+        let line = if self.log_format.as_deref() == Some("json") {
+            serde_json::json!({"level": "error", "msg": msg, "time": time}).to_string()
+        } else {
+            format!(
+                "time=\"{time}\" level=error msg={}",
+                serde_json::Value::from(msg)
+            )
+        };
+        let _ = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .and_then(|mut f| writeln!(f, "{line}"));
+    }
+
     /// The bundle's `config.json` (relative paths are the runtime's working directory's).
     pub fn config_path(&self) -> PathBuf {
         match (&self.config, &self.bundle) {
@@ -155,7 +191,9 @@ pub fn main(args: &[OsString]) -> i32 {
         Some("create") | Some("run") => {
             if let Err(e) = prepare_bundle(&inv) {
                 let who = HolderKind::Oci.who(inv.id.as_deref().unwrap_or("?"));
-                log::error(&format!("{who}: {e}"));
+                let msg = format!("{who}: {e}");
+                log::error(&msg);
+                inv.log_error(&msg);
                 return 1;
             }
             let code = exec(&runtime, args);
@@ -464,6 +502,8 @@ mod tests {
         assert_eq!(i.command.as_deref(), Some("create"));
         assert_eq!(i.id.as_deref(), Some("abc123"));
         assert_eq!(i.config_path(), PathBuf::from("/b/userdata/config.json"));
+        assert_eq!(i.log, Some(PathBuf::from("/x/log.json")));
+        assert_eq!(i.log_format.as_deref(), Some("json"));
         // docker/containerd (shim) style, with = forms; crun's --config.
         let i = p(&[
             "--root=/r",

@@ -124,11 +124,22 @@ impl Oci {
 
     /// `podman run` of the busybox rootfs with `script`, through gpuhook-runtime.
     fn podman(&self, cg: Cgroup, extra: &[&str], script: &str) -> Command {
+        self.podman_with(cg, self.runtime.as_os_str(), extra, script)
+    }
+
+    /// The same with `--runtime` given as `runtime` (a path, or a name from containers.conf).
+    fn podman_with(
+        &self,
+        cg: Cgroup,
+        runtime: &std::ffi::OsStr,
+        extra: &[&str],
+        script: &str,
+    ) -> Command {
         let mut c = in_cgroup(cg, "podman");
         if cg == Cgroup::V2 {
             c.args(["--cgroup-manager", "cgroupfs"]);
         }
-        c.arg("--runtime").arg(&self.runtime).args([
+        c.arg("--runtime").arg(runtime).args([
             "run",
             "--network",
             "none",
@@ -447,6 +458,20 @@ fn podman_with_runc_v1_and_crun_v2() {
             .unwrap();
         assert_ok(&r);
         assert_probe(&r, &["195:0", "195:1"], &[]);
+        // The runtime as the package's containers.conf snippet names it.
+        let conf = snippet(&o, "podman-containers.conf", o.host.root());
+        let r = o
+            .podman_with(
+                cg,
+                "gpuhook".as_ref(),
+                &["--rm", "--annotation", "gpuhook.io/gpus=1"],
+                &probe(&["195:0"]),
+            )
+            .env("CONTAINERS_CONF", &conf)
+            .output()
+            .unwrap();
+        assert_ok(&r);
+        assert_probe(&r, &["195:0"], &[]);
         // A container without a request gets no GPU.
         let r = o
             .podman(cg, &["--rm"], &probe(&["195:0"]))
@@ -469,6 +494,7 @@ fn podman_rm(id: &str) {
 #[test]
 fn libvirt_domain_and_podman_container_share_one_pool() {
     let o = Oci::new(FakeHost::blueprint(), RUNC);
+    podman_rm("gh-oci-share");
     let xml = common::domain("vm1", 1, &common::gpus("count='1'"));
     assert_ok(&o.host.hook("vm1", "prepare", &xml));
     let r = o
@@ -545,6 +571,9 @@ fn libvirt_domain_and_podman_container_share_one_pool() {
 #[test]
 fn thirty_two_concurrent_podman_runs_four_winners_no_leaks() {
     let o = Oci::new(FakeHost::wide(4), RUNC);
+    for i in 0..32 {
+        podman_rm(&format!("gh-oci-race-{i}"));
+    }
     let sync = o.host.root().join("sync");
     std::fs::create_dir_all(&sync).unwrap();
     let release = sync.join("go");
@@ -688,7 +717,18 @@ fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
         (r[0]["domain"].as_str(), r[0]["phase"].as_str()),
         (Some("killed-1"), Some("running"))
     );
-    let pid = r[0]["init_pid"].as_i64().unwrap() as i32;
+    // A second create of the running container's ID is refused by gpuhook (its runtime would
+    // refuse it too) and leaves the reservation as it was.
+    let again = o
+        .wrapper(
+            Cgroup::V1,
+            &["create", "--bundle", b2.to_str().unwrap(), "killed-1"],
+        )
+        .output()
+        .unwrap();
+    assert_refused(&again, "already runs with GPUs");
+    assert_eq!(o.reservations()[0]["phase"], "running");
+    let pid = o.reservations()[0]["init_pid"].as_i64().unwrap() as i32;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while o.reservations()[0]["stale"].is_null() && Instant::now() < deadline {
@@ -707,4 +747,214 @@ fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
     // The domain's reservation survives the container's late delete.
     let kinds: Vec<Value> = o.reservations().iter().map(|r| r["kind"].clone()).collect();
     assert_eq!(kinds, vec![json!("libvirt")]);
+}
+
+/// podman's conmon SIGKILLed, then the container's init: nobody is left to run the
+/// runtime's delete, and the next request that needs the GPU still gets it.
+#[test]
+fn conmon_killed_then_init_killed_frees_on_next_request() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    podman_rm("gh-oci-conmon");
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[
+                "-d",
+                "--name",
+                "gh-oci-conmon",
+                "--annotation",
+                "gpuhook.io/gpus=2",
+            ],
+            "sleep 60",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    let inspect = |f: &str| -> i32 {
+        let o = Command::new("podman")
+            .args(["inspect", "--format", f, &id])
+            .output()
+            .unwrap();
+        out(&o).trim().parse().unwrap()
+    };
+    let (conmon, init) = (inspect("{{.State.ConmonPid}}"), inspect("{{.State.Pid}}"));
+    use nix::sys::signal::{kill, SIGKILL};
+    use nix::unistd::Pid;
+    kill(Pid::from_raw(conmon), SIGKILL).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // The container outlives its conmon: its GPUs stay its own.
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &["--rm", "--annotation", "gpuhook.io/gpus=1"],
+            "true",
+        )
+        .output()
+        .unwrap();
+    assert_refused(&r, &format!("held by container '{id}'"));
+    kill(Pid::from_raw(init), SIGKILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = o
+            .podman(
+                Cgroup::V1,
+                &["--rm", "--annotation", "gpuhook.io/gpus=2"],
+                &probe(&["195:0", "195:1"]),
+            )
+            .output()
+            .unwrap();
+        if r.status.success() {
+            assert_probe(&r, &["195:0", "195:1"], &[]);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "GPUs never freed: {}",
+            stderr(&r)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
+/// One of the engine snippets the package ships (`hooks/`), with `/usr/bin/gpuhook-runtime`
+/// replaced by this test's wrapper, written into `dir`.
+fn snippet(o: &Oci, name: &str, dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("hooks")
+            .join(name),
+    )
+    .unwrap();
+    assert!(text.contains("/usr/bin/gpuhook-runtime"), "{name}");
+    let p = dir.join(name);
+    std::fs::write(
+        &p,
+        text.replace("/usr/bin/gpuhook-runtime", o.runtime.to_str().unwrap()),
+    )
+    .unwrap();
+    p
+}
+
+/// A dockerd of this test's own (its own data, exec root and socket), with gpuhook-runtime
+/// added as runtime `gpuhook`; stopped when dropped.
+struct Docker {
+    child: std::process::Child,
+    sock: String,
+}
+
+impl Docker {
+    fn start(o: &Oci) -> Docker {
+        let d = o.host.root().join("docker");
+        std::fs::create_dir_all(&d).unwrap();
+        let sock = format!("unix://{}/docker.sock", d.display());
+        let log = std::fs::File::create(d.join("dockerd.log")).unwrap();
+        let child = Command::new("dockerd")
+            .arg("--data-root")
+            .arg(d.join("data"))
+            .arg("--exec-root")
+            .arg(d.join("exec"))
+            .arg("--pidfile")
+            .arg(d.join("docker.pid"))
+            .args(["-H", &sock, "--iptables=false", "--ip6tables=false"])
+            .args(["--bridge=none", "--storage-driver", "vfs"])
+            // The package's snippet (hooks/docker-daemon.json), pointed at this test's wrapper.
+            .arg("--config-file")
+            .arg(snippet(o, "docker-daemon.json", &d))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("dockerd (Debian package docker.io)");
+        let dk = Docker { child, sock };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !dk.cli(&["info"]).output().unwrap().status.success() {
+            assert!(
+                Instant::now() < deadline,
+                "dockerd did not start: {}",
+                std::fs::read_to_string(d.join("dockerd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The image: the busybox rootfs, imported from a tarball (no registry).
+        let tar = Command::new("tar")
+            .arg("-C")
+            .arg(&o.rootfs)
+            .args(["-c", "."])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut tar = tar;
+        let imp = dk
+            .cli(&["import", "-", "gh-busybox:test"])
+            .stdin(tar.stdout.take().unwrap())
+            .output()
+            .unwrap();
+        assert_ok(&imp);
+        assert!(tar.wait().unwrap().success());
+        dk
+    }
+
+    fn cli(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("docker");
+        c.env("DOCKER_HOST", &self.sock).args(args);
+        c
+    }
+
+    fn run(&self, env: &[&str], script: &str) -> Output {
+        let mut c = self.cli(&[
+            "run",
+            "--rm",
+            "--runtime",
+            "gpuhook",
+            "--network",
+            "none",
+            "--cap-add",
+            "MKNOD",
+        ]);
+        for e in env {
+            c.args(["-e", e]);
+        }
+        c.args(["gh-busybox:test", "sh", "-c", script])
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Docker {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// docker (dockerd --add-runtime) with runc: docker 20.10 has no `--annotation`, so the
+/// request comes as environment variables; a refusal reaches the docker user through the
+/// runtime's `--log` file, which containerd's shim reads.
+#[test]
+fn docker_with_runc() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let dk = Docker::start(&o);
+    let r = dk.run(
+        &["GPUHOOK_GPUS=1", "GPUHOOK_DEVICES=1"],
+        &probe(&["195:1", "195:0"]),
+    );
+    assert_ok(&r);
+    assert_probe(&r, &["195:1"], &["195:0"]);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    let r = dk.run(&["GPUHOOK_GPUS=3"], "true");
+    assert_refused(
+        &r,
+        "cannot reserve 3 GPUs: only 2 of the host's 2 matching GPUs are free",
+    );
+    let r = dk.run(&[], &probe(&["195:0"]));
+    assert_ok(&r);
+    assert_probe(&r, &[], &["195:0"]);
+    assert!(!o.host.state.exists() || o.reservations().is_empty());
+    let ps = dk.cli(&["ps", "-aq"]).output().unwrap();
+    assert_eq!(out(&ps).trim(), "");
 }

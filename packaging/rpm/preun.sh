@@ -4,4 +4,5 @@ if [ "$1" -eq 0 ]; then
     fi
     . /usr/share/gpuhook/hook-install.sh
     gpuhook_remove_hook
+    gpuhook_remove_runtime_link
 fi

@@ -1,5 +1,6 @@
-//! Developer tasks: `cargo run -p xtask -- dist DIR` writes the man pages and shell
-//! completions of both binaries, generated from their clap definitions.
+//! Developer tasks: `cargo run -p xtask -- dist DIR` writes the man pages (gpuhook,
+//! gpuhook-libvirt, gpuhook-runtime) and the shell completions of both binaries, generated
+//! from their clap definitions.
 
 use clap::CommandFactory;
 use std::path::Path;
@@ -44,5 +45,12 @@ fn dist(dir: &Path) -> std::io::Result<()> {
             clap_complete::generate_to(sh, &mut c, &name, dir.join("completions"))?;
         }
     }
+    let mut buf = Vec::new();
+    clap_mangen::Man::new(gpuhook::cli::runtime_command())
+        .date("2026-11-30")
+        .source(format!("gpuhook {}", env!("CARGO_PKG_VERSION")))
+        .manual("gpuhook")
+        .render(&mut buf)?;
+    std::fs::write(dir.join("man/gpuhook-runtime.1"), buf)?;
     Ok(())
 }
