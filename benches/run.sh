@@ -1,6 +1,7 @@
 #!/bin/sh
 # Benchmarks (docs/BENCHMARKS.md): builds the static hook as shipped and a static no-op,
-# then runs benches/hook.rs, which measures gpuhook against both baselines in one run.
+# then runs benches/hook.rs, which measures gpuhook against both baselines in one run,
+# and benches/runtime.rs (gpuhook-runtime against the runtime called directly).
 set -eu
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -12,3 +13,4 @@ gcc -O2 -static -o target/bench/rss benches/rss.c
 echo "machine: $(nproc) CPU ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(uname -r), $(free -g | awk '/Mem:/{print $2}') GiB"
 BENCH_HOOK="$hook" BENCH_NOOP="$PWD/target/bench/noop" \
 BENCH_SHELL="$PWD/hooks/lxc-shell-baseline.sh" BENCH_RSS="$PWD/target/bench/rss" cargo bench --locked --bench hook -- "$@"
+BENCH_HOOK="$hook" BENCH_NOOP="$PWD/target/bench/noop" cargo bench --locked --bench runtime

@@ -50,9 +50,9 @@ pub enum Command {
         #[arg(default_value = "-", value_name = "FILE|-")]
         file: String,
     },
-    /// Free a domain's GPU reservation
+    /// Free a domain's or an OCI container's GPU reservation
     Release {
-        /// Domain name or UUID
+        /// Domain name or UUID, or container ID
         domain: String,
     },
     /// Run the libvirt hook explicitly (domain XML on standard input)
@@ -406,25 +406,16 @@ fn release(domain: &str) -> Result<i32, Error> {
         )
     })?;
     if freed.is_empty() {
-        println!("domain '{domain}' holds no GPUs; nothing to release");
+        println!("'{domain}' holds no GPUs; nothing to release");
     }
     for r in freed {
-        println!(
-            "released {} of domain '{}' ({})",
-            r.gpus.join(","),
-            r.domain,
-            r.uuid
-        );
-        log::info(&format!(
-            "operator released {} of domain '{}' ({})",
-            r.gpus.join(","),
-            r.domain,
-            r.uuid
-        ));
+        let line = format!("released {} of {} ({})", r.gpus.join(","), r.who(), r.uuid);
+        println!("{line}");
+        log::info(&format!("operator {line}"));
         if r.init.is_some_and(|i| i.alive()) {
             log::warn(&format!(
-                "the container of '{}' still runs and keeps its device access until it stops",
-                r.domain
+                "{} still runs and keeps its device access until it stops",
+                r.who()
             ));
         }
     }

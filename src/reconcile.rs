@@ -128,4 +128,44 @@ mod tests {
             Ok("its container init is still alive")
         );
     }
+
+    /// OCI containers are never libvirt's: kept while their init (or the runtime creating
+    /// them) lives, however old, whatever libvirt runs; freed when that is gone.
+    #[test]
+    fn oci_containers_by_their_own_rule() {
+        let now = 1_800_000_000;
+        let mut st = State::default();
+        for r in [
+            res("11", Phase::Running, Some(10), Some(30), now - 86_400), // init alive
+            res("12", Phase::Running, Some(12), Some(30), now),          // init dead
+            res("13", Phase::Prepared, None, Some(20), now - 86_400),    // runtime creating
+            res("14", Phase::Prepared, None, Some(21), now),             // runtime gone
+        ] {
+            let mut r = r;
+            r.kind = HolderKind::Oci;
+            st.reservations.insert(r.uuid.clone(), r);
+        }
+        let active: HashSet<String> = ["12".to_string()].into();
+        let alive = |p: &ProcRef| [10, 20].contains(&p.pid);
+        let w = World {
+            active: &active,
+            now,
+            alive: &alive,
+        };
+        let freed: Vec<(String, String)> = plan(&st, &w);
+        assert_eq!(
+            freed,
+            [
+                (
+                    "12".to_string(),
+                    "its container init (pid 12) is gone".to_string()
+                ),
+                (
+                    "14".to_string(),
+                    "the runtime (pid 21) that reserved it is gone and recorded no container init"
+                        .to_string()
+                )
+            ]
+        );
+    }
 }

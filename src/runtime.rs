@@ -315,8 +315,8 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(v)
 }
 
-/// Edits the config and replaces it atomically (temp file in the same directory, fsync,
-/// rename), with the old file's permissions.
+/// Edits the config and replaces it atomically (temp file in the same directory, rename),
+/// with the old file's permissions.
 fn write_config(
     path: &Path,
     mut config: serde_json::Value,
@@ -352,7 +352,8 @@ fn write_config(
             .open(&tmp)?;
         f.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
         f.write_all(&bytes)?;
-        f.sync_all()?;
+        // No fsync: the rename is what makes the edit atomic for the runtime reading it;
+        // a bundle does not outlive a host crash (engines make a new one).
         std::fs::rename(&tmp, path)
     })();
     if let Err(e) = result {

@@ -744,9 +744,52 @@ fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
     let _ = o
         .wrapper(Cgroup::V1, &["delete", "--force", "killed-1"])
         .output();
-    // The domain's reservation survives the container's late delete.
+    // A container whose ID is the domain's UUID (a valid runc ID) cannot take its key,
+    // and its delete does not free the domain's reservation.
+    let uuid = common::uuid(3);
+    let b3 = o.bundle("collide", json!({"gpuhook.io/gpus": "1"}), "true");
+    let r = o
+        .wrapper(
+            Cgroup::V1,
+            &["create", "--bundle", b3.to_str().unwrap(), &uuid],
+        )
+        .output()
+        .unwrap();
+    assert_refused(&r, "is already the key of domain 'vm-after''s reservation");
+    let _ = o.wrapper(Cgroup::V1, &["delete", &uuid]).output();
+    // The domain's reservation survives the containers' deletes.
     let kinds: Vec<Value> = o.reservations().iter().map(|r| r["kind"].clone()).collect();
     assert_eq!(kinds, vec![json!("libvirt")]);
+    // And the reverse: a libvirt stop hook for a domain whose UUID is a (created, not yet
+    // started) container's ID leaves the container's reservation alone.
+    assert_ok(&o.host.hook("vm-after", "stopped", &xml));
+    let id5 = common::uuid(5);
+    let b5 = o.bundle("created", json!({"gpuhook.io/gpus": "1"}), "true");
+    let r = o
+        .wrapper(
+            Cgroup::V1,
+            &["create", "--bundle", b5.to_str().unwrap(), &id5],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(r.success());
+    let xml5 = common::domain("vm-five", 5, &common::gpus("count='1'"));
+    assert_ok(&o.host.hook("vm-five", "stopped", &xml5));
+    let held: Vec<(Value, Value)> = o
+        .reservations()
+        .iter()
+        .map(|r| (r["kind"].clone(), r["phase"].clone()))
+        .collect();
+    assert_eq!(held, vec![(json!("oci"), json!("running"))]);
+    let r = o
+        .wrapper(Cgroup::V1, &["delete", "--force", &id5])
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
 /// podman's conmon SIGKILLed, then the container's init: nobody is left to run the

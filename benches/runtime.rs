@@ -1,0 +1,278 @@
+//! gpuhook-runtime's cost, against baselines measured in the same run, interleaved:
+//!
+//! 1. the wrapper alone: `create` through gpuhook-runtime vs the "real runtime" called
+//!    directly, where the real runtime is a static no-op (so the difference is the
+//!    wrapper's own work: the config read, and with a request the reservation and the
+//!    `config.json` rewrite), with and without a request;
+//! 2. the same with the real runc: `create` + `delete` of a busybox bundle, direct vs
+//!    through the wrapper with a request;
+//! 3. `podman run --rm` of a busybox rootfs (podman + runc), with one GPU vs without.
+//!
+//! Run with `make bench` (benches/run.sh). Needs root, runc, podman, busybox-static.
+//! Prints a Markdown report; no assertion on time.
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use testbed::FakeHost;
+
+fn env_path(k: &str) -> PathBuf {
+    PathBuf::from(std::env::var_os(k).unwrap_or_else(|| panic!("{k} is not set (run make bench)")))
+}
+
+/// Runs `c` to its exit (stdio to /dev/null: a created container's init keeps what it
+/// inherits open until it starts), returns how long it took.
+fn timed(c: &mut Command) -> Duration {
+    let t = Instant::now();
+    let st = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("spawn");
+    let d = t.elapsed();
+    assert!(st.success(), "{c:?} failed: {st}");
+    d
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    link: PathBuf,
+    rootfs: PathBuf,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+fn setup(fake: FakeHost, hook: &Path) -> Setup {
+    let dir = tempfile::Builder::new()
+        .prefix("gpuhook-bench-rt-")
+        .tempdir()
+        .unwrap();
+    // State and bundles live on tmpfs on a real host (/run/gpuhook; podman's and
+    // containerd's bundles under /run): the same here.
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "mode=0700", "bench-rt"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount tmpfs");
+    let paths = fake.create(&dir.path().join("host")).unwrap();
+    let cfg = paths.config(&dir.path().join("run/state.json"));
+    let config = dir.path().join("config.json");
+    write_config(&config, &cfg);
+    let link = dir.path().join("gpuhook-runtime");
+    std::os::unix::fs::symlink(hook, &link).unwrap();
+    let rootfs = dir.path().join("rootfs");
+    for d in ["bin", "dev", "proc", "sys", "tmp", "etc"] {
+        std::fs::create_dir_all(rootfs.join(d)).unwrap();
+    }
+    std::fs::copy("/usr/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+    for a in ["sh", "true", "ls"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(a)).unwrap();
+    }
+    Setup {
+        dir,
+        config,
+        link,
+        rootfs,
+    }
+}
+
+fn write_config(p: &Path, v: &Value) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(p, v.to_string()).unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+fn set_runtime(s: &Setup, runtime: &Path) {
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+    c["oci_runtime"] = json!(runtime);
+    write_config(&s.config, &c);
+}
+
+/// A bundle from `runc spec`, running `true`, with these annotations.
+fn bundle(s: &Setup, name: &str, annotations: Value) -> (PathBuf, Vec<u8>) {
+    let b = s.dir.path().join(name);
+    std::fs::create_dir_all(&b).unwrap();
+    let o = Command::new("runc")
+        .args(["spec", "--bundle"])
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let p = b.join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    c["root"] = json!({"path": s.rootfs, "readonly": true});
+    c["process"]["terminal"] = json!(false);
+    c["process"]["args"] = json!(["true"]);
+    c["annotations"] = annotations;
+    let bytes = serde_json::to_vec_pretty(&c).unwrap();
+    std::fs::write(&p, &bytes).unwrap();
+    (b, bytes)
+}
+
+fn main() {
+    // `cargo bench` passes --bench; nothing to filter.
+    let hook = env_path("BENCH_HOOK");
+    let noop = env_path("BENCH_NOOP");
+    let n: usize = std::env::var("BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    println!("## gpuhook-runtime (interleaved, medians)\n");
+
+    // 1. The wrapper alone, over a no-op runtime.
+    let s = setup(FakeHost::blueprint(), &hook);
+    set_runtime(&s, &noop);
+    let (plain, _) = bundle(&s, "plain", json!({"org.example/x": "1"}));
+    let (gpu, gpu_bytes) = bundle(&s, "gpu", json!({"gpuhook.io/gpus": "1"}));
+    let wrapper = |b: &Path, id: &str, cmd: &str| {
+        let mut c = Command::new(&s.link);
+        c.env("GPUHOOK_CONFIG", &s.config)
+            .args(["--root", "/run/gpuhook-bench", cmd, "--bundle"])
+            .arg(b)
+            .arg(id);
+        c
+    };
+    let (mut direct, mut pass, mut req) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        direct.push(timed(
+            Command::new(&noop)
+                .args(["--root", "/run/gpuhook-bench", "create", "--bundle"])
+                .arg(&plain)
+                .arg("c"),
+        ));
+        pass.push(timed(&mut wrapper(&plain, "c", "create")));
+        std::fs::write(gpu.join("config.json"), &gpu_bytes).unwrap();
+        let id = format!("bench-{i}");
+        req.push(timed(&mut wrapper(&gpu, &id, "create")));
+        // Untimed: the delete frees the reservation (the no-op made no container).
+        timed(&mut wrapper(&gpu, &id, "delete"));
+    }
+    let (d, p, r) = (median(&mut direct), median(&mut pass), median(&mut req));
+    println!("Over a static no-op runtime, {n} rounds (the wrapper's own cost):\n");
+    println!("| `create` | median ms | over the runtime alone |");
+    println!("|---|---|---|");
+    println!("| the runtime called directly | {} | — |", ms(d));
+    println!(
+        "| gpuhook-runtime, bundle without a request | {} | +{} ms |",
+        ms(p),
+        ms(p.saturating_sub(d))
+    );
+    println!(
+        "| gpuhook-runtime, bundle asking for 1 GPU (reserve + config.json rewrite) | {} | +{} ms |",
+        ms(r),
+        ms(r.saturating_sub(d))
+    );
+
+    // 2. Real runc: create + delete.
+    let runc = PathBuf::from("/usr/sbin/runc");
+    set_runtime(&s, &runc);
+    let rounds = (n / 4).max(10);
+    let (mut rd, mut rw) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        let id = format!("rd-{i}");
+        let t = Instant::now();
+        timed(
+            Command::new(&runc)
+                .args(["--root", "/run/gpuhook-bench", "create", "--bundle"])
+                .arg(&plain)
+                .arg(&id),
+        );
+        timed(Command::new(&runc).args(["--root", "/run/gpuhook-bench", "delete", "--force", &id]));
+        rd.push(t.elapsed());
+        std::fs::write(gpu.join("config.json"), &gpu_bytes).unwrap();
+        let id = format!("rw-{i}");
+        let t = Instant::now();
+        timed(&mut wrapper(&gpu, &id, "create"));
+        let mut del = Command::new(&s.link);
+        del.env("GPUHOOK_CONFIG", &s.config).args([
+            "--root",
+            "/run/gpuhook-bench",
+            "delete",
+            "--force",
+            &id,
+        ]);
+        timed(&mut del);
+        rw.push(t.elapsed());
+    }
+    let (a, b) = (median(&mut rd), median(&mut rw));
+    println!(
+        "\nWith runc 1.1 (`create` + `delete --force` of a busybox bundle), {rounds} rounds:\n"
+    );
+    println!("| | median ms |");
+    println!("|---|---|");
+    println!("| runc directly, no GPU | {} |", ms(a));
+    println!(
+        "| gpuhook-runtime → runc, 1 GPU (nodes, rules, two hooks) | {} (+{} ms, {:.2}×) |",
+        ms(b),
+        ms(b.saturating_sub(a)),
+        b.as_secs_f64() / a.as_secs_f64()
+    );
+
+    // 3. podman run --rm.
+    let script = s.dir.path().join("runtime.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nGPUHOOK_CONFIG={} exec {} \"$@\"\n",
+            s.config.display(),
+            s.link.display()
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let podman = |gpu: bool| {
+        let mut c = Command::new("podman");
+        c.arg("--runtime").arg(&script).args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ]);
+        if gpu {
+            c.args(["--annotation", "gpuhook.io/gpus=1"]);
+        }
+        c.arg("--rootfs").arg(&s.rootfs).arg("true");
+        c
+    };
+    let rounds = (n / 10).max(10);
+    let (mut pn, mut pg) = (Vec::new(), Vec::new());
+    timed(&mut podman(false));
+    for _ in 0..rounds {
+        pn.push(timed(&mut podman(false)));
+        pg.push(timed(&mut podman(true)));
+    }
+    let (a, b) = (median(&mut pn), median(&mut pg));
+    println!("\n`podman run --rm` (podman 4.3 + runc, busybox rootfs, through gpuhook-runtime), {rounds} rounds:\n");
+    println!("| | median ms |");
+    println!("|---|---|");
+    println!("| without GPUs | {} |", ms(a));
+    println!(
+        "| with 1 GPU | {} ({:.3}×) |",
+        ms(b),
+        b.as_secs_f64() / a.as_secs_f64()
+    );
+}
