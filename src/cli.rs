@@ -78,6 +78,10 @@ pub enum Command {
     OciHook {
         /// create-runtime or poststop
         stage: String,
+        /// The reservation it belongs to (PID.START of the create that made it)
+        token: Option<String>,
+        /// What that create added to the config (read back from the config, not used here)
+        added: Option<String>,
     },
 }
 
@@ -188,7 +192,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::Check { file } => report(check(&file)),
         Command::Release { domain } => report(release(&domain)),
         Command::Runtime { args } => crate::runtime::main(&args),
-        Command::OciHook { stage } => crate::runtime::oci_hook(&stage),
+        Command::OciHook { stage, token, .. } => crate::runtime::oci_hook(&stage, token.as_deref()),
     }
 }
 

@@ -42,6 +42,7 @@ struct Raw {
     overrides: BTreeMap<String, Override>,
     pci_ids: Option<PathBuf>,
     oci_runtime: Option<PathBuf>,
+    oci_env_requests: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +63,8 @@ pub struct Config {
     pub pci_ids: Option<PathBuf>,
     /// The real OCI runtime `gpuhook-runtime` runs; `None`: the first crun, runc found.
     pub oci_runtime: Option<PathBuf>,
+    /// Whether `GPUHOOK_…` variables in an OCI container's env are a request (default yes).
+    pub oci_env_requests: bool,
 }
 
 impl Default for Config {
@@ -77,6 +80,7 @@ impl Default for Config {
             by_id: BTreeMap::new(),
             pci_ids: None,
             oci_runtime: None,
+            oci_env_requests: true,
         }
     }
 }
@@ -126,6 +130,7 @@ impl Config {
                 c.state_file
             )));
         }
+        c.oci_env_requests = raw.oci_env_requests.unwrap_or(true);
         for (key, val, slot) in [
             ("pci_ids", raw.pci_ids, &mut c.pci_ids),
             ("oci_runtime", raw.oci_runtime, &mut c.oci_runtime),

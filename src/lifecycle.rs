@@ -112,9 +112,12 @@ pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
 /// `create` of an OCI container: reserves as [`reserve`] does, for a process that will
 /// become the runtime (the wrapper execs it: when it is gone with no init recorded, the
 /// reservation is stale), and returns the nodes the container gets, owned by the request's
-/// container-side uid and gid (the runtime makes them). Nothing is reserved on error.
-pub fn reserve_nodes(h: &Holder, req: &Request) -> Result<Vec<NodeSpec>, Error> {
-    reserve_by(h, req, ProcRef::of(std::process::id() as i32))
+/// container-side uid and gid (the runtime makes them), and the reserving process (the
+/// token its hooks carry). Nothing is reserved on error.
+pub fn reserve_nodes(h: &Holder, req: &Request) -> Result<(Vec<NodeSpec>, ProcRef), Error> {
+    let me = ProcRef::of(std::process::id() as i32)
+        .ok_or_else(|| Error::other("cannot read this process's own start time"))?;
+    reserve_by(h, req, Some(me)).map(|n| (n, me))
 }
 
 fn reserve_by(h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Vec<NodeSpec>, Error> {
@@ -132,16 +135,27 @@ fn reserve_by(h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Vec<Node
                     r.who()
                 )));
             }
-            // A second `create` of a running container's ID (an engine's retry; the runtime
-            // will refuse it) must not turn that container's reservation back into one
-            // whose runtime is about to exit, which would make its GPUs reclaimable.
-            if let (HolderKind::Oci, Phase::Running, Some(i)) = (r.kind, r.phase, r.init) {
-                if i.alive() {
-                    return Err(Error::other(format!(
-                        "a container with this ID already runs with GPUs {} (init {})",
-                        r.gpus.join(","),
-                        i.pid
-                    )));
+            // A second `create` of a container ID that holds GPUs (an engine's retry, another
+            // runtime root, a race) must neither take over nor move a reservation whose
+            // container runs or is being created: refused while that init, or that `create`,
+            // lives. A stale one is taken over.
+            if r.kind == HolderKind::Oci {
+                match (r.phase, r.init, r.prepared_by) {
+                    (Phase::Running, Some(i), _) if i.alive() => {
+                        return Err(Error::other(format!(
+                            "a container with this ID already runs with GPUs {} (init {})",
+                            r.gpus.join(","),
+                            i.pid
+                        )))
+                    }
+                    (Phase::Prepared, _, Some(p)) if Some(p) != by && p.alive() => {
+                        return Err(Error::other(format!(
+                            "another create of this container ID holds GPUs {} (runtime pid {})",
+                            r.gpus.join(","),
+                            p.pid
+                        )))
+                    }
+                    _ => {}
                 }
             }
         }
@@ -238,17 +252,21 @@ fn oci_nodes(
 }
 
 /// An OCI container's init exists (its `createRuntime` hook): the reservation is running and
-/// stale once that init is gone. An error when the container holds no reservation.
-pub fn record_init(h: &Holder, init: ProcRef) -> Result<(), Error> {
+/// stale once that init is gone. `by` is the process that reserved it (the hook's token): a
+/// hook left from another `create` of the same ID acts on nothing. An error when the
+/// container holds no such reservation.
+pub fn record_init(h: &Holder, by: ProcRef, init: ProcRef) -> Result<(), Error> {
     let cfg = Config::load()?;
     let now = now_rfc3339();
     let gpus = store(&cfg).update(|st| -> Result<_, Error> {
         let r = st
             .reservations
             .get_mut(h.id)
-            .filter(|r| r.kind == h.kind)
+            .filter(|r| r.kind == h.kind && r.prepared_by == Some(by))
             .ok_or_else(|| {
-                Error::other("holds no GPU reservation (was it released or reclaimed?)")
+                Error::other(
+                    "holds no GPU reservation made by this create (was it released or reclaimed?)",
+                )
             })?;
         r.phase = Phase::Running;
         r.init = Some(init);
@@ -734,9 +752,19 @@ fn still_allowed(cg: &dyn DeviceCgroup, inv: &Inventory, gpus: &[String]) -> Vec
 /// `stopped`/`release`/`delete`: frees the reservation the state holds under `id` for a
 /// holder of this kind (whatever the holder's request says now); returns it, if there was one.
 pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
+    free_if(cfg, kind, id, |_| true)
+}
+
+/// [`free`] only when `cond` holds for the reservation, decided under the lock.
+pub fn free_if(
+    cfg: &Config,
+    kind: HolderKind,
+    id: &str,
+    cond: impl FnOnce(&Reservation) -> bool,
+) -> Result<Option<Reservation>, Error> {
     store(cfg).update(|s| {
         Ok::<_, Error>(match s.reservations.get(id) {
-            Some(r) if r.kind == kind => s.reservations.remove(id),
+            Some(r) if r.kind == kind && cond(r) => s.reservations.remove(id),
             _ => None,
         })
     })

@@ -19,11 +19,36 @@ pub const KEYS: &str = "gpus, arch, vendor, model, devices, capabilities, mode, 
 const MAX_VALUE: usize = 4096;
 const MAX_DEVICES: usize = 256;
 
-/// Whether `config.json`'s bytes could hold a request at all: the pass-through path for every
-/// other container costs this one search.
+/// The word that marks gpuhook's hooks in a `config.json` (`[PATH, "oci-hook", STAGE, TOKEN,
+/// ADDED]`): ADDED lists what that edit added (`MAJ:MIN:PATH`, comma-separated), so that a
+/// bundle used again (`runc run` of the same directory) is cleaned of it before it is edited
+/// again, or passed on without it.
+pub const HOOK_WORD: &str = "oci-hook";
+const STAGES: [&str; 2] = ["createRuntime", "poststop"];
+/// gpuhook's own variables, which a container's environment may carry (it is not a request).
+const ENV_NOT_KEYS: [&str; 2] = ["CONFIG", "VERBOSE"];
+
+/// Whether `config.json`'s bytes could hold a request, or gpuhook's earlier edits, at all:
+/// the pass-through path for every other container costs this one search.
 pub fn mentions_request(config: &[u8]) -> bool {
     let has = |n: &[u8]| config.windows(n.len()).any(|w| w == n);
-    has(ANNOTATION_PREFIX.as_bytes()) || has(ENV_PREFIX.as_bytes())
+    has(ANNOTATION_PREFIX.as_bytes())
+        || has(ENV_PREFIX.as_bytes())
+        || has(format!("\"{HOOK_WORD}\"").as_bytes())
+}
+
+/// How the host reads requests (config keys).
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// `GPUHOOK_…` variables in `process.env` are a request (config `oci_env_requests`,
+    /// default true): an image's `ENV` can then ask for GPUs.
+    pub env_requests: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy { env_requests: true }
+    }
 }
 
 /// What a bundle asks for.
@@ -35,10 +60,35 @@ pub struct Bundle {
     pub request: Option<Request>,
     /// The container's user namespace (`linux.uidMappings`/`gidMappings`); empty without one.
     pub idmap: IdMap,
+    /// The config holds gpuhook's additions from an earlier `create` of this bundle.
+    pub edited: bool,
+}
+
+/// Whether the config is a Kubernetes pod's sandbox ("pause") container: pod annotations
+/// reach it too (containerd's `pod_annotations`), and it never gets GPUs.
+fn is_sandbox(config: &Value) -> bool {
+    [
+        "/annotations/io.kubernetes.cri.container-type",
+        "/annotations/io.kubernetes.cri-o.ContainerType",
+    ]
+    .iter()
+    .any(|p| config.pointer(p) == Some(&json!("sandbox")))
+}
+
+/// Whether the container has a PID namespace of its own (a `pid` entry without `path`): its
+/// init's exit then ends every process in it, which is when gpuhook frees its GPUs.
+fn own_pid_namespace(config: &Value) -> bool {
+    config
+        .pointer("/linux/namespaces")
+        .and_then(Value::as_array)
+        .is_some_and(|ns| {
+            ns.iter()
+                .any(|n| n.get("type") == Some(&json!("pid")) && n.get("path").is_none())
+        })
 }
 
 /// Parses `config.json`; an error names the fault in one line.
-pub fn parse(config: &[u8]) -> Result<Bundle, String> {
+pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, String> {
     let config: Value = serde_json::from_slice(config)
         .map_err(|e| format!("config.json is not valid JSON: {e}"))?;
     if !config.is_object() {
@@ -61,7 +111,7 @@ pub fn parse(config: &[u8]) -> Result<Bundle, String> {
             }
         }
     }
-    if pairs.is_empty() {
+    if pairs.is_empty() && policy.env_requests {
         // No annotation: the same keys as environment variables (the last one wins, as in
         // the process's environment).
         let env = config.pointer("/process/env").and_then(Value::as_array);
@@ -70,7 +120,10 @@ pub fn parse(config: &[u8]) -> Result<Bundle, String> {
             let Some((k, v)) = e.split_once('=') else {
                 continue;
             };
-            if let Some(key) = k.strip_prefix(ENV_PREFIX) {
+            if let Some(key) = k
+                .strip_prefix(ENV_PREFIX)
+                .filter(|k| !ENV_NOT_KEYS.contains(k))
+            {
                 pairs.insert(
                     key.to_ascii_lowercase(),
                     (format!("environment variable {k}"), v.to_string()),
@@ -82,10 +135,14 @@ pub fn parse(config: &[u8]) -> Result<Bundle, String> {
         uid: id_ranges(&config, "uidMappings")?,
         gid: id_ranges(&config, "gidMappings")?,
     };
-    let request = if pairs.is_empty() {
+    let edited = !our_hooks(&config).is_empty();
+    let request = if pairs.is_empty() || is_sandbox(&config) {
         None
     } else {
         let r = request(&pairs)?;
+        if !own_pid_namespace(&config) {
+            return Err("a GPU container needs a PID namespace of its own (gpuhook frees its GPUs when its init exits; with the host's or a joined PID namespace its other processes would keep them)".into());
+        }
         if idmap.host_uid(r.uid).is_none() {
             return Err(format!("uid {} is not mapped by linux.uidMappings", r.uid));
         }
@@ -98,6 +155,7 @@ pub fn parse(config: &[u8]) -> Result<Bundle, String> {
         config,
         request,
         idmap,
+        edited,
     })
 }
 
@@ -193,6 +251,9 @@ fn id_ranges(config: &Value, which: &str) -> Result<Vec<IdRange>, String> {
 pub struct HookCmd {
     pub path: String,
     pub env: Vec<String>,
+    /// Which reservation the hooks belong to (the reserving process, `PID.START`): a hook
+    /// left from an earlier `create` of the same ID or bundle acts on nothing else.
+    pub token: String,
 }
 
 /// The `oci-hook` stages gpuhook adds.
@@ -225,21 +286,52 @@ fn array<'a>(
         .ok_or_else(|| format!("config.json: {what}.{key} is not a list"))
 }
 
-/// Adds the nodes (a `linux.devices` entry and an exact `c MAJ:MIN rw` allow rule each) and
-/// gpuhook's two hooks; everything else is kept. A device the config already had at one of
-/// the paths is replaced (its number would not be the reserved GPU's).
-pub fn edit(config: &mut Value, nodes: &[NodeSpec], hook: &HookCmd) -> Result<(), String> {
+/// Whether the container gets a user namespace of its own (`linux.namespaces` has `user`):
+/// the runtime cannot `mknod` there, and bind-mounts the host's node of the same path.
+pub fn has_user_namespace(config: &Value) -> bool {
+    config
+        .pointer("/linux/namespaces")
+        .and_then(Value::as_array)
+        .is_some_and(|ns| ns.iter().any(|n| n.get("type") == Some(&json!("user"))))
+}
+
+/// Adds the nodes and gpuhook's two hooks; everything else is kept. Each node gets an exact
+/// `c MAJ:MIN rw` allow rule and either a `linux.devices` entry (the runtime makes it) or,
+/// when `binds` names a node gpuhook made for it (a user-namespaced container, where the
+/// runtime cannot make nodes), a bind mount of that node. A device or mount the config
+/// already had at one of the paths is replaced (its number would not be the reserved GPU's).
+pub fn edit(
+    config: &mut Value,
+    nodes: &[NodeSpec],
+    binds: Option<&[String]>,
+    hook: &HookCmd,
+) -> Result<(), String> {
+    strip(config)?;
+    let ours = |v: &Value, key: &str| {
+        nodes
+            .iter()
+            .any(|n| v.get(key).and_then(Value::as_str) == Some(n.path.as_str()))
+    };
+    if let Some(srcs) = binds {
+        let root = config
+            .as_object_mut()
+            .ok_or("config.json: the config is not an object")?;
+        let mounts = array(root, "mounts", "the config")?;
+        mounts.retain(|m| !ours(m, "destination"));
+        mounts.extend(nodes.iter().zip(srcs).map(|(n, src)| {
+            json!({"destination": n.path, "type": "bind", "source": src,
+                   "options": ["bind", "nosuid", "noexec"]})
+        }));
+    }
     let linux = object(config, "linux", "the config")?;
     let devs = array(linux, "devices", "linux")?;
-    devs.retain(|d| {
-        !nodes
-            .iter()
-            .any(|n| d.get("path").and_then(Value::as_str) == Some(n.path.as_str()))
-    });
-    devs.extend(nodes.iter().map(|n| {
-        json!({"path": n.path, "type": "c", "major": n.major, "minor": n.minor,
-               "fileMode": n.mode, "uid": n.uid, "gid": n.gid})
-    }));
+    devs.retain(|d| !ours(d, "path"));
+    if binds.is_none() {
+        devs.extend(nodes.iter().map(|n| {
+            json!({"path": n.path, "type": "c", "major": n.major, "minor": n.minor,
+                   "fileMode": n.mode, "uid": n.uid, "gid": n.gid})
+        }));
+    }
     let res = linux
         .entry("resources")
         .or_insert_with(|| Value::Object(Map::new()))
@@ -248,15 +340,93 @@ pub fn edit(config: &mut Value, nodes: &[NodeSpec], hook: &HookCmd) -> Result<()
     array(res, "devices", "linux.resources")?.extend(nodes.iter().map(
         |n| json!({"allow": true, "type": "c", "major": n.major, "minor": n.minor, "access": "rw"}),
     ));
+    let added: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("{}:{}:{}", n.major, n.minor, n.path))
+        .collect();
     let hooks = object(config, "hooks", "the config")?;
     for (stage, arg) in [("createRuntime", CREATE_RUNTIME), ("poststop", POSTSTOP)] {
-        let mut h = json!({"path": hook.path, "args": [hook.path, "oci-hook", arg]});
+        let mut h = json!({"path": hook.path,
+                           "args": [hook.path, HOOK_WORD, arg, hook.token, added.join(",")]});
         if !hook.env.is_empty() {
             h["env"] = json!(hook.env);
         }
         array(hooks, stage, "hooks")?.push(h);
     }
     Ok(())
+}
+
+fn is_our_hook(h: &Value) -> bool {
+    h.pointer("/args/1") == Some(&json!(HOOK_WORD))
+}
+
+/// gpuhook's hooks in the config.
+fn our_hooks(config: &Value) -> Vec<&Value> {
+    STAGES
+        .iter()
+        .filter_map(|s| {
+            config
+                .pointer(&format!("/hooks/{s}"))
+                .and_then(Value::as_array)
+        })
+        .flatten()
+        .filter(|h| is_our_hook(h))
+        .collect()
+}
+
+/// Takes out what earlier edits added (listed in gpuhook's hooks): their devices, allow
+/// rules, bind mounts and the hooks themselves. Returns whether there was anything.
+pub fn strip(config: &mut Value) -> Result<bool, String> {
+    let ours = our_hooks(config);
+    if ours.is_empty() {
+        return Ok(false);
+    }
+    let lists: Vec<String> = ours
+        .iter()
+        .filter_map(|h| h.pointer("/args/4").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect();
+    let added: Vec<(u64, u64, String)> = lists
+        .iter()
+        .flat_map(|l| l.split(','))
+        .filter_map(|e| {
+            let mut it = e.splitn(3, ':');
+            Some((
+                it.next()?.parse().ok()?,
+                it.next()?.parse().ok()?,
+                it.next()?.to_string(),
+            ))
+        })
+        .collect();
+    let is_path = |v: &Value, key: &str| {
+        let p = v.get(key).and_then(Value::as_str);
+        added.iter().any(|(_, _, a)| Some(a.as_str()) == p)
+    };
+    let is_rule = |v: &Value| {
+        added.iter().any(|(ma, mi, _)| {
+            *v == json!({"allow": true, "type": "c", "major": ma, "minor": mi, "access": "rw"})
+        })
+    };
+    let retain = |v: Option<&mut Value>, keep: &dyn Fn(&Value) -> bool| {
+        if let Some(a) = v.and_then(Value::as_array_mut) {
+            a.retain(|x| keep(x));
+        }
+    };
+    retain(config.pointer_mut("/mounts"), &|m| {
+        !is_path(m, "destination")
+    });
+    retain(config.pointer_mut("/linux/devices"), &|d| {
+        !is_path(d, "path")
+    });
+    retain(config.pointer_mut("/linux/resources/devices"), &|r| {
+        !is_rule(r)
+    });
+    for stage in STAGES {
+        retain(config.pointer_mut(&format!("/hooks/{stage}")), &|h| {
+            !is_our_hook(h)
+        });
+    }
+    Ok(true)
 }
 
 /// What the runtime passes an OCI hook on stdin (runtime-spec "state").
@@ -297,7 +467,7 @@ mod tests {
     }
 
     fn req(annotations: Value, env: &[&str]) -> Result<Option<Request>, String> {
-        parse(&cfg(annotations, env)).map(|b| b.request)
+        parse(&cfg(annotations, env), Policy::default()).map(|b| b.request)
     }
 
     #[test]
@@ -418,8 +588,11 @@ mod tests {
             assert!(e.contains(needle), "{e:?} lacks {needle:?}");
             assert!(!e.contains('\n'));
         }
-        assert!(parse(b"{not json").unwrap_err().contains("not valid JSON"));
-        assert!(parse(b"[]").unwrap_err().contains("not a JSON object"));
+        let p = Policy::default();
+        assert!(parse(b"{not json", p)
+            .unwrap_err()
+            .contains("not valid JSON"));
+        assert!(parse(b"[]", p).unwrap_err().contains("not a JSON object"));
     }
 
     #[test]
@@ -428,16 +601,17 @@ mod tests {
             serde_json::from_slice(&cfg(json!({"gpuhook.io/uid": "1000"}), &[])).unwrap();
         c["linux"]["uidMappings"] = json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
         c["linux"]["gidMappings"] = json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
-        let b = parse(&serde_json::to_vec(&c).unwrap()).unwrap();
+        let p = Policy::default();
+        let b = parse(&serde_json::to_vec(&c).unwrap(), p).unwrap();
         assert_eq!(b.idmap.host_uid(1000), Some(101000));
         c["annotations"]["gpuhook.io/uid"] = json!("70000");
-        let e = parse(&serde_json::to_vec(&c).unwrap()).unwrap_err();
+        let e = parse(&serde_json::to_vec(&c).unwrap(), p).unwrap_err();
         assert!(
             e.contains("uid 70000 is not mapped by linux.uidMappings"),
             "{e}"
         );
         c["linux"]["uidMappings"] = json!("x");
-        assert!(parse(&serde_json::to_vec(&c).unwrap()).is_err());
+        assert!(parse(&serde_json::to_vec(&c).unwrap(), p).is_err());
     }
 
     #[test]
@@ -458,10 +632,12 @@ mod tests {
         let hook = HookCmd {
             path: "/usr/bin/gpuhook".into(),
             env: vec!["GPUHOOK_CONFIG=/etc/x.json".into()],
+            token: "42.7".into(),
         };
         edit(
             &mut c,
             &[n("/dev/nvidia0", 0), n("/dev/nvidiactl", 255)],
+            None,
             &hook,
         )
         .unwrap();
@@ -482,18 +658,135 @@ mod tests {
         );
         assert_eq!(
             c["hooks"]["createRuntime"][0]["args"],
-            json!(["/usr/bin/gpuhook", "oci-hook", "create-runtime"])
+            json!([
+                "/usr/bin/gpuhook",
+                "oci-hook",
+                "create-runtime",
+                "42.7",
+                "195:0:/dev/nvidia0,195:255:/dev/nvidiactl"
+            ])
         );
         assert_eq!(
             c["hooks"]["poststop"][0]["env"],
             json!(["GPUHOOK_CONFIG=/etc/x.json"])
+        );
+        assert_eq!(
+            c["hooks"]["poststop"][0]["args"][4],
+            json!("195:0:/dev/nvidia0,195:255:/dev/nvidiactl")
         );
         for k in ["process", "root", "annotations", "ociVersion"] {
             assert_eq!(c[k], before[k]);
         }
         assert_eq!(c["linux"]["namespaces"], before["linux"]["namespaces"]);
         let mut bad = json!({"linux": []});
-        assert!(edit(&mut bad, &[], &hook).is_err());
+        assert!(edit(&mut bad, &[], None, &hook).is_err());
+        // A user-namespaced container: bind mounts of gpuhook's nodes instead of devices.
+        let mut c: Value = serde_json::from_slice(&cfg(json!({}), &[])).unwrap();
+        c["linux"]["namespaces"] = json!([{"type": "user"}, {"type": "mount"}]);
+        c["mounts"] = json!([{"destination": "/proc", "type": "proc", "source": "proc"},
+                             {"destination": "/dev/nvidia0", "type": "bind", "source": "/x"}]);
+        assert!(has_user_namespace(&c));
+        let srcs = vec!["/run/gpuhook/nodes/c1/0-nvidia0".to_string()];
+        edit(&mut c, &[n("/dev/nvidia0", 0)], Some(&srcs), &hook).unwrap();
+        assert_eq!(
+            c["mounts"],
+            json!([{"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": "/dev/nvidia0", "type": "bind", "source": srcs[0],
+                    "options": ["bind", "nosuid", "noexec"]}])
+        );
+        assert_eq!(c["linux"]["devices"], json!([]));
+        assert_eq!(c["linux"]["resources"]["devices"][1]["minor"], json!(0));
+    }
+
+    /// A bundle edited before (`runc run` of the same directory again) is cleaned of every
+    /// earlier addition before the new ones: no access to the GPU of the last run.
+    #[test]
+    fn a_second_edit_replaces_the_first() {
+        let mut c: Value =
+            serde_json::from_slice(&cfg(json!({"gpuhook.io/gpus": "1"}), &[])).unwrap();
+        c["linux"]["resources"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"allow": true, "type": "c", "major": 10, "minor": 200, "access": "rw"}));
+        let before = c.clone();
+        let n = |p: &str, minor| NodeSpec {
+            path: p.into(),
+            major: 195,
+            minor,
+            mode: 0o666,
+            uid: 0,
+            gid: 0,
+        };
+        let hook = |t: &str| HookCmd {
+            path: "/usr/bin/gpuhook".into(),
+            env: vec![],
+            token: t.into(),
+        };
+        edit(
+            &mut c,
+            &[n("/dev/nvidia0", 0), n("/dev/nvidiactl", 255)],
+            None,
+            &hook("1.1"),
+        )
+        .unwrap();
+        assert!(c["hooks"]["poststop"][0]["args"][4]
+            .as_str()
+            .unwrap()
+            .contains("195:0:/dev/nvidia0"));
+        edit(
+            &mut c,
+            &[n("/dev/nvidia1", 1), n("/dev/nvidiactl", 255)],
+            None,
+            &hook("2.2"),
+        )
+        .unwrap();
+        let text = c.to_string();
+        assert!(!text.contains("\"minor\":0,"), "GPU 0 left: {text}");
+        assert_eq!(c["hooks"]["createRuntime"].as_array().unwrap().len(), 1);
+        assert_eq!(c["hooks"]["poststop"][0]["args"][3], json!("2.2"));
+        assert_eq!(c["linux"]["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            c["linux"]["resources"]["devices"].as_array().unwrap().len(),
+            4
+        );
+        // Stripped, the config is what it was (a bundle whose request was taken away).
+        assert!(strip(&mut c).unwrap());
+        assert_eq!(c["linux"]["devices"], json!([]));
+        assert_eq!(c["hooks"], json!({"createRuntime": [], "poststop": []}));
+        c.as_object_mut().unwrap().remove("hooks");
+        c["linux"].as_object_mut().unwrap().remove("devices");
+        assert_eq!(c, before);
+        assert!(!strip(&mut c).unwrap());
+    }
+
+    #[test]
+    fn sandboxes_host_pid_namespaces_and_env_policy() {
+        let mut c: Value =
+            serde_json::from_slice(&cfg(json!({"gpuhook.io/gpus": "1"}), &[])).unwrap();
+        let p = Policy::default();
+        let bytes = |c: &Value| serde_json::to_vec(c).unwrap();
+        // A pod's sandbox gets no GPU, whatever the pod's annotations say.
+        let mut sb = c.clone();
+        sb["annotations"]["io.kubernetes.cri.container-type"] = json!("sandbox");
+        assert!(parse(&bytes(&sb), p).unwrap().request.is_none());
+        sb["annotations"]["io.kubernetes.cri.container-type"] = json!("container");
+        assert!(parse(&bytes(&sb), p).unwrap().request.is_some());
+        // The host's PID namespace, or a joined one: refused.
+        c["linux"]["namespaces"] = json!([{"type": "mount"}]);
+        assert!(parse(&bytes(&c), p)
+            .unwrap_err()
+            .contains("PID namespace of its own"));
+        c["linux"]["namespaces"] = json!([{"type": "pid", "path": "/proc/1/ns/pid"}]);
+        assert!(parse(&bytes(&c), p).is_err());
+        // Env requests off: the env is not a request; gpuhook's own variables never are.
+        let env = cfg(json!({}), &["GPUHOOK_GPUS=1"]);
+        let off = Policy {
+            env_requests: false,
+        };
+        assert!(parse(&env, off).unwrap().request.is_none());
+        assert!(parse(&env, p).unwrap().request.is_some());
+        let own = cfg(json!({}), &["GPUHOOK_CONFIG=/x", "GPUHOOK_VERBOSE=1"]);
+        assert!(parse(&own, p).unwrap().request.is_none());
     }
 
     #[test]

@@ -21,10 +21,11 @@ use crate::log;
 use crate::oci::{self, HookCmd};
 use crate::procfs::ProcRef;
 use crate::request::IdMap;
+use crate::state::Reservation;
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The file name engines are pointed at.
@@ -111,8 +112,16 @@ impl Invocation {
                 break;
             }
         }
+        let creates = matches!(inv.command.as_deref(), Some("create" | "run"));
         let mut positional_only = false;
         while let Some(a) = it.next() {
+            // Go's flag parsing (runc) takes `-bundle` for `--bundle`.
+            let a = if !positional_only && a.len() > 2 && a.starts_with('-') && !a.starts_with("--")
+            {
+                format!("-{a}")
+            } else {
+                a
+            };
             if positional_only || !a.starts_with('-') || a == "-" {
                 if inv.id.is_none() {
                     inv.id = Some(a);
@@ -127,7 +136,10 @@ impl Invocation {
                 Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
                 _ => (a.clone(), None),
             };
-            if !COMMAND_VALUED.contains(&name.as_str()) {
+            // `-f` is crun's `--config` for create/run, `--force` elsewhere.
+            let valued = COMMAND_VALUED.contains(&name.as_str())
+                && (creates || !matches!(name.as_str(), "-f" | "--config"));
+            if !valued {
                 continue;
             }
             let value = inline.or_else(|| it.next());
@@ -175,21 +187,28 @@ impl Invocation {
 /// `gpuhook-runtime ARGS…` (or `gpuhook runtime -- ARGS…`): `args` are the runtime's.
 pub fn main(args: &[OsString]) -> i32 {
     let inv = Invocation::parse(args);
-    let cfg = Config::load();
-    let runtime = match real_runtime(cfg.as_ref().ok()) {
+    // A config that exists but cannot be trusted or read names no runtime: guessing one
+    // (another sandbox, another state directory) would be worse than refusing.
+    let cfg = match Config::load() {
+        Ok(c) => c,
+        Err(e) => {
+            let msg = format!("{e}; refusing to guess which OCI runtime to run");
+            log::error(&msg);
+            inv.log_error(&msg);
+            return 127;
+        }
+    };
+    let runtime = match real_runtime(&cfg) {
         Ok(r) => r,
         Err(e) => {
-            // Without a config the default runtime still runs other containers.
-            log::error(&match &cfg {
-                Err(c) => format!("{e} ({c})"),
-                Ok(_) => e,
-            });
+            log::error(&e);
+            inv.log_error(&e);
             return 127;
         }
     };
     match inv.command.as_deref() {
         Some("create") | Some("run") => {
-            if let Err(e) = prepare_bundle(&inv) {
+            if let Err(e) = prepare_bundle(&inv, &cfg) {
                 let who = HolderKind::Oci.who(inv.id.as_deref().unwrap_or("?"));
                 let msg = format!("{who}: {e}");
                 log::error(&msg);
@@ -198,25 +217,25 @@ pub fn main(args: &[OsString]) -> i32 {
             }
             let code = exec(&runtime, args);
             // exec returned: the runtime could not be started; nothing may stay reserved.
-            if let (Some(id), Ok(c)) = (&inv.id, &cfg) {
-                let _ = lifecycle::free(c, HolderKind::Oci, id);
+            if let Some(id) = &inv.id {
+                let _ = free_all(&cfg, id);
             }
             code
         }
-        Some("delete") => delete(&runtime, args, &inv),
+        Some("delete") => delete(&cfg, &runtime, args, &inv),
         _ => exec(&runtime, args),
     }
 }
 
 /// The real runtime: config `oci_runtime`, else the first `crun`, `runc` in the usual places.
 /// Never gpuhook itself (that would exec in a loop).
-fn real_runtime(cfg: Option<&Config>) -> Result<PathBuf, String> {
+fn real_runtime(cfg: &Config) -> Result<PathBuf, String> {
     let me = std::fs::canonicalize("/proc/self/exe").ok();
     let usable = |p: &Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
             && std::fs::canonicalize(p).ok() != me
     };
-    if let Some(p) = cfg.and_then(|c| c.oci_runtime.as_ref()) {
+    if let Some(p) = &cfg.oci_runtime {
         return if usable(p) {
             Ok(p.clone())
         } else {
@@ -261,17 +280,31 @@ fn exec(runtime: &Path, args: &[OsString]) -> i32 {
 
 /// `create`/`run`: when the bundle asks for GPUs, reserve them and hand them to the runtime
 /// through `config.json`. Nothing is left reserved or written on error.
-fn prepare_bundle(inv: &Invocation) -> Result<(), Error> {
+fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<(), Error> {
     let path = inv.config_path();
     // One read; a bundle the runtime cannot read either is the runtime's to report.
-    let Ok(bytes) = read_bounded(&path) else {
+    let Ok((bytes, whole)) = read_bounded(&path) else {
         return Ok(());
     };
     if !oci::mentions_request(&bytes) {
         return Ok(());
     }
-    let b = oci::parse(&bytes).map_err(Error::Other)?;
+    if !whole {
+        return Err(Error::other(format!(
+            "{} is larger than {} MiB",
+            path.display(),
+            MAX_CONFIG >> 20
+        )));
+    }
+    let policy = oci::Policy {
+        env_requests: cfg.oci_env_requests,
+    };
+    let mut b = oci::parse(&bytes, policy).map_err(Error::Other)?;
     let Some(req) = b.request else {
+        // A bundle used again without its request: what gpuhook added before goes.
+        if b.edited && oci::strip(&mut b.config).map_err(Error::Other)? {
+            replace_config(&path, &b.config)?;
+        }
         return Ok(());
     };
     let id = inv
@@ -279,19 +312,26 @@ fn prepare_bundle(inv: &Invocation) -> Result<(), Error> {
         .as_deref()
         .filter(|i| oci::valid_id(i))
         .ok_or_else(|| Error::other("no valid container ID on the runtime's command line"))?;
-    // The runtime makes the nodes: the owner is the container-side id (it maps them).
-    let ids = IdMap::default();
+    // Without a user namespace the runtime makes the nodes, owned by the container-side ids.
+    // With one it cannot (it would bind-mount the host's node, owned by host root): gpuhook
+    // makes them, owned by the host ids the request's ids map to, as for libvirt's <idmap>.
+    let userns = oci::has_user_namespace(&b.config);
+    let identity = IdMap::default();
     let h = Holder {
         kind: HolderKind::Oci,
         name: id,
         id,
-        idmap: &ids,
+        idmap: if userns { &b.idmap } else { &identity },
     };
-    let nodes = lifecycle::reserve_nodes(&h, &req)?;
-    let written = write_config(&path, b.config, &nodes);
+    let (nodes, by) = lifecycle::reserve_nodes(&h, &req)?;
+    let written = if userns {
+        make_private_nodes(cfg, id, &nodes)
+            .and_then(|srcs| write_config(&path, b.config, &nodes, Some(&srcs), by))
+    } else {
+        write_config(&path, b.config, &nodes, None, by)
+    };
     if let Err(e) = written {
-        let cfg = Config::load()?;
-        lifecycle::free(&cfg, HolderKind::Oci, id)?;
+        free_all(cfg, id)?;
         return Err(e);
     }
     log::info(&format!(
@@ -307,12 +347,99 @@ fn prepare_bundle(inv: &Invocation) -> Result<(), Error> {
     Ok(())
 }
 
-fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+/// Reads a regular file up to [`MAX_CONFIG`] (opened without blocking: a FIFO in its place
+/// is not waited on); `true` when that was all of it.
+fn read_bounded(path: &Path) -> std::io::Result<(Vec<u8>, bool)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
     let mut v = Vec::with_capacity(32 * 1024);
-    std::fs::File::open(path)?
-        .take(MAX_CONFIG)
-        .read_to_end(&mut v)?;
-    Ok(v)
+    f.take(MAX_CONFIG + 1).read_to_end(&mut v)?;
+    let whole = v.len() as u64 <= MAX_CONFIG;
+    Ok((v, whole))
+}
+
+/// Where gpuhook makes the nodes of a user-namespaced container: beside the state (root
+/// only, on tmpfs), one directory per container ID.
+fn private_nodes_dir(cfg: &Config, id: &str) -> PathBuf {
+    let dir = cfg.state_file.parent().unwrap_or(Path::new("/run/gpuhook"));
+    dir.join("nodes").join(id)
+}
+
+/// Makes the nodes (numbers from the host's nodes, owner and mode from the request mapped
+/// through the container's user namespace) for the runtime to bind-mount; returns their
+/// paths. Whatever the directory held is replaced; directories of IDs the state no longer
+/// holds (containers reclaimed as stale) are removed on the way.
+fn make_private_nodes(cfg: &Config, id: &str, nodes: &[NodeSpec]) -> Result<Vec<String>, Error> {
+    use nix::sys::stat::{mknod, Mode, SFlag};
+    let dir = private_nodes_dir(cfg, id);
+    let io = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
+        Error::other(format!("cannot {what} {}: {e}", p.display()))
+    };
+    let parent = dir.parent().unwrap_or(&dir).to_path_buf();
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&parent)
+        .map_err(|e| io("create", &parent, &e))?;
+    sweep_private_nodes(cfg, &parent, id);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| io("create", &dir, &e))?;
+    let mut out = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let base = Path::new(&n.path)
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let p = dir.join(format!("{i}-{base}"));
+        mknod(
+            &p,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o600),
+            libc::makedev(n.major, n.minor),
+        )
+        .map_err(|e| io("make node", &p, &e))?;
+        std::os::unix::fs::chown(&p, Some(n.uid), Some(n.gid)).map_err(|e| io("chown", &p, &e))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(n.mode & 0o777))
+            .map_err(|e| io("chmod", &p, &e))?;
+        out.push(p.to_string_lossy().into_owned());
+    }
+    Ok(out)
+}
+
+/// Removes node directories whose container holds no reservation any more.
+fn sweep_private_nodes(cfg: &Config, parent: &Path, keep: &str) {
+    let Ok(st) = crate::state::Store::new(&cfg.state_file).read() else {
+        return;
+    };
+    for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name != keep && !st.reservations.contains_key(&name) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Frees the container's reservation and removes the nodes gpuhook made for it.
+fn free_all(cfg: &Config, id: &str) -> Result<Option<Reservation>, Error> {
+    let r = lifecycle::free(cfg, HolderKind::Oci, id);
+    remove_private_nodes(cfg, id);
+    r
+}
+
+fn remove_private_nodes(cfg: &Config, id: &str) {
+    let dir = private_nodes_dir(cfg, id);
+    if dir.exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 /// Edits the config and replaces it atomically (temp file in the same directory, rename),
@@ -321,19 +448,35 @@ fn write_config(
     path: &Path,
     mut config: serde_json::Value,
     nodes: &[NodeSpec],
+    binds: Option<&[String]>,
+    by: ProcRef,
 ) -> Result<(), Error> {
-    let exe = std::env::current_exe()
-        .map_err(|e| Error::other(format!("cannot find gpuhook's own path: {e}")))?;
+    let exe = own_path()?;
     let mut env = Vec::new();
     if let Some(c) = std::env::var_os(crate::config::ENV).filter(|c| Path::new(c).is_absolute()) {
         env.push(format!("{}={}", crate::config::ENV, c.to_string_lossy()));
     }
     let hook = HookCmd {
-        path: exe.to_string_lossy().into_owned(),
+        path: exe,
         env,
+        token: format!("{}.{}", by.pid, by.start_time),
     };
-    oci::edit(&mut config, nodes, &hook).map_err(Error::Other)?;
-    let bytes = serde_json::to_vec(&config).map_err(|e| Error::other(e.to_string()))?;
+    oci::edit(&mut config, nodes, binds, &hook).map_err(Error::Other)?;
+    replace_config(path, &config)
+}
+
+/// This binary's path for the hooks: `/proc/self/exe` (during a package upgrade the running
+/// file may be replaced: the kernel then appends " (deleted)", and the path names the new one).
+fn own_path() -> Result<String, Error> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::other(format!("cannot find gpuhook's own path: {e}")))?;
+    let exe = exe.to_string_lossy();
+    Ok(exe.strip_suffix(" (deleted)").unwrap_or(&exe).to_string())
+}
+
+/// Replaces `config.json` atomically (temp file beside it, the old mode, rename).
+fn replace_config(path: &Path, config: &serde_json::Value) -> Result<(), Error> {
+    let bytes = serde_json::to_vec(config).map_err(|e| Error::other(e.to_string()))?;
     let io = |what: &str, e: std::io::Error| {
         Error::other(format!("cannot {what} {}: {e}", path.display()))
     };
@@ -363,9 +506,11 @@ fn write_config(
     Ok(())
 }
 
-/// `delete`: runs the real runtime, then frees the container's reservation when the runtime
-/// deleted it, or when its holder is gone anyway (stale). The runtime's status is returned.
-fn delete(runtime: &Path, args: &[OsString], inv: &Invocation) -> i32 {
+/// `delete`: runs the real runtime, then frees the container's reservation if its holder is
+/// gone (its init dead, or its `create` dead before recording one). The runtime's exit status
+/// alone proves nothing (`runc delete --force` of an ID another runtime root holds exits 0).
+/// The runtime's status is returned.
+fn delete(cfg: &Config, runtime: &Path, args: &[OsString], inv: &Invocation) -> i32 {
     let status = std::process::Command::new(runtime).args(args).status();
     let code = match &status {
         Ok(s) => s
@@ -380,34 +525,23 @@ fn delete(runtime: &Path, args: &[OsString], inv: &Invocation) -> i32 {
         }
     };
     if let Some(id) = inv.id.as_deref().filter(|i| oci::valid_id(i)) {
-        release(id, code == 0, "delete");
+        release(cfg, id, "delete", |r| lifecycle::stale_reason(r).is_some());
     }
     code
 }
 
-/// Frees the container's reservation (`deleted`: its runtime says it is gone; otherwise only
-/// when the reservation is stale). Errors are logged: the caller's status stands.
-fn release(id: &str, deleted: bool, stage: &str) {
-    let Ok(cfg) = Config::load() else {
-        return;
-    };
-    if !lifecycle::may_hold(&cfg, id) {
+/// Frees the container's reservation when `cond` holds for it (decided under the lock).
+/// Errors are logged: the caller's status stands.
+fn release(cfg: &Config, id: &str, stage: &str, cond: impl FnOnce(&Reservation) -> bool) {
+    if !lifecycle::may_hold(cfg, id) {
         return;
     }
     let who = HolderKind::Oci.who(id);
-    if !deleted {
-        let stale = crate::state::Store::new(&cfg.state_file)
-            .read()
-            .ok()
-            .and_then(|st| st.reservations.get(id).cloned())
-            .filter(|r| r.kind == HolderKind::Oci)
-            .and_then(|r| lifecycle::stale_reason(&r));
-        if stale.is_none() {
-            return;
+    match lifecycle::free_if(cfg, HolderKind::Oci, id, cond) {
+        Ok(Some(r)) => {
+            remove_private_nodes(cfg, id);
+            log::info(&format!("{who}: {stage}: freed {}", r.gpus.join(",")))
         }
-    }
-    match lifecycle::free(&cfg, HolderKind::Oci, id) {
-        Ok(Some(r)) => log::info(&format!("{who}: {stage}: freed {}", r.gpus.join(","))),
         Ok(None) => {}
         Err(e) => log::error(&format!("{who}: {stage}: cannot free its GPUs: {e}")),
     }
@@ -415,7 +549,7 @@ fn release(id: &str, deleted: bool, stage: &str) {
 
 /// `gpuhook oci-hook STAGE`: the hooks gpuhook adds to a GPU container's config; the
 /// runtime's state JSON (`id`, `pid`) on stdin.
-pub fn oci_hook(stage: &str) -> i32 {
+pub fn oci_hook(stage: &str, token: Option<&str>) -> i32 {
     let mut buf = Vec::new();
     if let Err(e) = std::io::stdin().take(1 << 20).read_to_end(&mut buf) {
         log::error(&format!(
@@ -437,6 +571,19 @@ pub fn oci_hook(stage: &str) -> i32 {
         return 1;
     }
     let who = HolderKind::Oci.who(&state.id);
+    // Which reservation the hook belongs to: the `create` that made it.
+    let by = token.and_then(|t| t.split_once('.')).and_then(|(p, s)| {
+        Some(ProcRef {
+            pid: p.parse().ok()?,
+            start_time: s.parse().ok()?,
+        })
+    });
+    let Some(by) = by else {
+        log::error(&format!(
+            "{who}: oci-hook {stage}: no valid reservation token"
+        ));
+        return 1;
+    };
     match stage {
         oci::CREATE_RUNTIME => {
             let ids = IdMap::default();
@@ -450,7 +597,7 @@ pub fn oci_hook(stage: &str) -> i32 {
                 .pid
                 .and_then(ProcRef::of)
                 .ok_or_else(|| Error::other("the runtime passed no live container init PID"))
-                .and_then(|init| lifecycle::record_init(&h, init));
+                .and_then(|init| lifecycle::record_init(&h, by, init));
             match recorded {
                 Ok(()) => 0,
                 Err(e) => {
@@ -460,7 +607,10 @@ pub fn oci_hook(stage: &str) -> i32 {
             }
         }
         oci::POSTSTOP => {
-            release(&state.id, true, "poststop");
+            // The runtime runs it once the container stopped; only for this create's own.
+            if let Ok(cfg) = Config::load() {
+                release(&cfg, &state.id, "poststop", |r| r.prepared_by == Some(by));
+            }
             0
         }
         other => {

@@ -69,7 +69,7 @@ int setrlimit(__rlimit_resource_t r, const struct rlimit *l) {
 
 fn busybox_rootfs(root: &Path) -> PathBuf {
     let r = root.join("rootfs");
-    for d in ["bin", "dev", "proc", "sys", "tmp", "etc", "sync"] {
+    for d in ["bin", "dev", "proc", "sys", "tmp", "etc", "sync", "run"] {
         std::fs::create_dir_all(r.join(d)).unwrap();
     }
     std::fs::copy("/usr/bin/busybox", r.join("bin/busybox")).expect("busybox-static");
@@ -314,7 +314,103 @@ fn runc_bundle_gets_exactly_its_gpu_in_cgroup_v1_and_v2() {
             .contains(
                 &json!({"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rw"})
             ));
+        // The same bundle run again asking for the other GPU: the first run's additions are
+        // gone (no access to GPU 0, one pair of hooks); then without a request: no GPU.
+        let mut c = c;
+        c["annotations"] = json!({"gpuhook.io/devices": "1", "org.example/other": "kept"});
+        std::fs::write(b.join("config.json"), serde_json::to_vec(&c).unwrap()).unwrap();
+        let r = o
+            .wrapper(cg, &["run", "--bundle", b.to_str().unwrap(), "gpu-runc-2"])
+            .output()
+            .unwrap();
+        assert_ok(&r);
+        assert_probe(&r, &["195:1", "195:255"], &["195:0"]);
+        let c: Value =
+            serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+        assert_eq!(c["hooks"]["poststop"].as_array().unwrap().len(), 1, "{c}");
+        let mut c = c;
+        c["annotations"] = json!({"org.example/other": "kept"});
+        std::fs::write(b.join("config.json"), serde_json::to_vec(&c).unwrap()).unwrap();
+        let r = o
+            .wrapper(cg, &["run", "--bundle", b.to_str().unwrap(), "gpu-runc-3"])
+            .output()
+            .unwrap();
+        assert_ok(&r);
+        assert_probe(&r, &[], &["195:1", "195:0", "195:255"]);
+        assert!(!out(&r).contains("node /dev/nvidia"), "{}", out(&r));
+        assert_eq!(o.reservations(), Vec::<Value>::new(), "{cg:?}");
     }
+}
+
+/// A user-namespaced container (podman --uidmap): gpuhook makes the nodes, owned by the
+/// host ids the request's uid/gid map to, and the runtime bind-mounts them; the container
+/// sees its own ids, as with libvirt's <idmap>.
+#[test]
+fn user_namespaced_podman_container_owns_its_nodes() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    // A root filesystem the container's root (host uid 100000) owns, as podman's own
+    // --userns images are.
+    let st = Command::new("chown")
+        .args(["-R", "-h", "100000:100000"])
+        .arg(&o.rootfs)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[
+                "--rm",
+                "--uidmap",
+                "0:100000:65536",
+                "--gidmap",
+                "0:100000:65536",
+                "--annotation",
+                "gpuhook.io/gpus=1",
+                "--annotation",
+                "gpuhook.io/uid=1000",
+                "--annotation",
+                "gpuhook.io/gid=44",
+                "--annotation",
+                "gpuhook.io/mode=0600",
+            ],
+            // mknod is not allowed in a user namespace: the given node is opened itself.
+            "ls -ln /dev | grep nvidia0; cat /dev/nvidia0; cat /proc/self/uid_map",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let text = out(&r);
+    assert!(text.contains("0     100000      65536"), "{text}");
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("crw------- 1 1000 44 195, 0"), "{text}");
+    assert!(
+        stderr(&r).contains("can't open '/dev/nvidia0': No such device or address"),
+        "{}",
+        stderr(&r)
+    );
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    let nodes = o.host.state.parent().unwrap().join("nodes");
+    let left: Vec<_> = std::fs::read_dir(&nodes).unwrap().flatten().collect();
+    assert!(left.is_empty(), "nodes left: {left:?}");
+    // A uid the container's namespace does not map: refused.
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[
+                "--rm",
+                "--uidmap",
+                "0:100000:1000",
+                "--gidmap",
+                "0:100000:1000",
+                "--annotation",
+                "gpuhook.io/uid=1000",
+            ],
+            "true",
+        )
+        .output()
+        .unwrap();
+    assert_refused(&r, "uid 1000 is not mapped by linux.uidMappings");
 }
 
 #[test]
@@ -404,6 +500,61 @@ fn bad_requests_are_refused_before_the_runtime_runs() {
         assert_eq!(std::fs::read(&p).unwrap(), before, "{ann}: config changed");
         assert!(o.reservations().is_empty(), "{ann}: {:?}", o.reservations());
     }
+    // The host's PID namespace: refused (its init's exit would not end its other processes).
+    let b = o.bundle("hostpid", json!({"gpuhook.io/gpus": "1"}), "true");
+    let p = b.join("config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    c["linux"]["namespaces"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|n| n["type"] != "pid");
+    std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
+    let r = o
+        .wrapper(
+            Cgroup::V1,
+            &["create", "--bundle", b.to_str().unwrap(), "hostpid-1"],
+        )
+        .output()
+        .unwrap();
+    assert_refused(&r, "needs a PID namespace of its own");
+    assert!(!marker.exists());
+    // A config that exists but is broken names no runtime: nothing is run, even for a
+    // container without a request, and the refusal goes to the runtime's --log too.
+    let good_cfg = std::fs::read_to_string(&o.host.config).unwrap();
+    common::write_config(&o.host.config, "{\"oci_runtme\": \"/usr/sbin/runc\"}");
+    let log = o.host.root().join("runtime-log.json");
+    let b = o.bundle("plain", json!({}), "true");
+    let r = o
+        .wrapper(
+            Cgroup::V1,
+            &[
+                "--log",
+                log.to_str().unwrap(),
+                "--log-format",
+                "json",
+                "create",
+                "--bundle",
+                b.to_str().unwrap(),
+                "plain-1",
+            ],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(127), "{}", stderr(&r));
+    assert!(
+        stderr(&r).contains("refusing to guess which OCI runtime"),
+        "{}",
+        stderr(&r)
+    );
+    assert!(!marker.exists());
+    let logged: Value =
+        serde_json::from_str(std::fs::read_to_string(&log).unwrap().trim()).unwrap();
+    assert_eq!(logged["level"], "error");
+    assert!(
+        logged["msg"].as_str().unwrap().contains("unknown field"),
+        "{logged}"
+    );
+    common::write_config(&o.host.config, &good_cfg);
     // A good request calls it (so the marker above could appear).
     let b = o.bundle("good", json!({"gpuhook.io/gpus": "1"}), "true");
     let r = o
@@ -483,10 +634,28 @@ fn podman_with_runc_v1_and_crun_v2() {
     }
 }
 
+/// Removes a podman container, waiting (up to 20 s) while podman still tidies it up.
 fn podman_rm(id: &str) {
-    let _ = Command::new("podman")
-        .args(["rm", "-f", "-t", "0", id])
-        .output();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let _ = Command::new("podman")
+            .args(["rm", "-f", "-t", "0", id])
+            .output();
+        let left = Command::new("podman")
+            .args(["ps", "-a", "-q", "--filter", &format!("name=^{id}$")])
+            .output()
+            .unwrap();
+        let by_id = Command::new("podman")
+            .args(["ps", "-a", "-q", "--filter", &format!("id={id}")])
+            .output()
+            .unwrap();
+        if (out(&left).trim().is_empty() && out(&by_id).trim().is_empty())
+            || Instant::now() > deadline
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// One libvirt domain (its `prepare` hook, as libvirtd runs it) and podman containers
@@ -690,6 +859,18 @@ fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
         (Some("oci"), Some("prepared"))
     );
     assert_eq!(r[0]["stale"], Value::Null);
+    // Another create of the same ID meanwhile (another runtime root, a retry) is refused:
+    // it neither takes the GPUs over nor moves the reservation.
+    let b1 = o.bundle("crash-other", json!({"gpuhook.io/gpus": "1"}), "true");
+    let again = o
+        .wrapper(
+            Cgroup::V1,
+            &["create", "--bundle", b1.to_str().unwrap(), "crash-1"],
+        )
+        .output()
+        .unwrap();
+    assert_refused(&again, "another create of this container ID holds GPUs");
+    assert_eq!(o.reservations(), r);
     child.kill().unwrap();
     child.wait().unwrap();
     let r = o.reservations();
@@ -727,6 +908,16 @@ fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
         .output()
         .unwrap();
     assert_refused(&again, "already runs with GPUs");
+    assert_eq!(o.reservations()[0]["phase"], "running");
+    // `delete --force` of that ID under another runtime root exits 0 (runc knows no such
+    // container there): the running container keeps its GPUs.
+    let mut other = Command::new(&o.link);
+    other
+        .env("GPUHOOK_CONFIG", &o.host.config)
+        .args(["--root"])
+        .arg(o.host.root().join("another-root"))
+        .args(["delete", "--force", "killed-1"]);
+    assert_ok(&other.output().unwrap());
     assert_eq!(o.reservations()[0]["phase"], "running");
     let pid = o.reservations()[0]["init_pid"].as_i64().unwrap() as i32;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
