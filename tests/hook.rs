@@ -520,7 +520,7 @@ fn list_json_schema() {
     );
     assert_eq!(
         g["holder"],
-        serde_json::json!({"domain": "m", "uuid": uuid(1), "phase": "prepared"})
+        serde_json::json!({"kind": "libvirt", "domain": "m", "uuid": uuid(1), "phase": "prepared"})
     );
     assert_eq!(l["gpus"][1]["uuid"].as_str().unwrap().len(), 40);
     assert_eq!(l["gpus"][1]["holder"], serde_json::Value::Null);

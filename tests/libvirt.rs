@@ -373,6 +373,94 @@ fn more_than_free_fails(b: &mut Bed) {
     assert!(!b.devices_list(&c).contains(&"c 195:0 rw".to_string()));
 }
 
+/// A real libvirt LXC domain and podman containers (through gpuhook-runtime on the same
+/// config and state) contend for the blueprint's two GPUs: each door's refusal names the
+/// other's holder, and a freed GPU goes to the other door.
+fn libvirt_and_podman_contend(b: &mut Bed) {
+    b.use_host_with(FakeHost::blueprint(), |c| {
+        c["oci_runtime"] = serde_json::json!("/usr/sbin/runc")
+    });
+    b.define_start(&spec("gh-lx", r#"count="1""#));
+    let dir = b.work.join("oci");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("rootfs/bin")).unwrap();
+    for d in ["dev", "proc", "sys", "tmp", "etc", "run"] {
+        std::fs::create_dir_all(dir.join("rootfs").join(d)).unwrap();
+    }
+    std::fs::copy("/usr/bin/busybox", dir.join("rootfs/bin/busybox")).expect("busybox-static");
+    for a in ["sh", "sleep", "ls", "true"] {
+        std::os::unix::fs::symlink("busybox", dir.join("rootfs/bin").join(a)).unwrap();
+    }
+    let link = dir.join("gpuhook-runtime");
+    std::os::unix::fs::symlink(common::bin(), &link).unwrap();
+    let rt = dir.join("runtime.sh");
+    std::fs::write(
+        &rt,
+        format!(
+            "#!/bin/sh\nGPUHOOK_CONFIG={} exec {} \"$@\"\n",
+            b.config().display(),
+            link.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&rt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let podman = |extra: &[&str], cmd: &str| {
+        Command::new("podman")
+            .arg("--runtime")
+            .arg(&rt)
+            .args(["run", "--network", "none", "--ulimit", "nofile=1024:1024"])
+            .args(["--ulimit", "nproc=1024:1024"])
+            .args(extra)
+            .arg("--rootfs")
+            .arg(dir.join("rootfs"))
+            .args(["sh", "-c", cmd])
+            .output()
+            .expect("podman")
+    };
+    let _ = Command::new("podman")
+        .args(["rm", "-f", "-t", "0", "gh-oci-lx"])
+        .output();
+    let r = podman(&["--rm", "--annotation", "gpuhook.io/gpus=2"], "true");
+    let e = common::stderr(&r);
+    assert!(!r.status.success(), "{e}");
+    assert!(
+        e.contains("cannot reserve 2 GPUs: only 1 of the host's 2 matching GPUs is free: 1 held by domain 'gh-lx'"),
+        "{e}"
+    );
+    let r = podman(
+        &[
+            "-d",
+            "--name",
+            "gh-oci-lx",
+            "--annotation",
+            "gpuhook.io/gpus=1",
+        ],
+        "sleep 60",
+    );
+    assert!(r.status.success(), "{}", common::stderr(&r));
+    let id = String::from_utf8_lossy(&r.stdout).trim().to_string();
+    let h = b.holders();
+    assert_eq!(h.get("gh-lx").map(Vec::len), Some(1), "{h:?}");
+    assert_eq!(h.get(&id).map(Vec::len), Some(1), "{h:?}");
+    assert_ne!(h["gh-lx"], h[&id]);
+    b.define(&spec("gh-lx2", r#"count="1""#));
+    let e = b.start("gh-lx2").expect_err("no GPU is free");
+    assert!(
+        e.contains(&format!("held by domain 'gh-lx', container '{id}'")),
+        "{e}"
+    );
+    // The container goes: its GPU is the next domain's.
+    let _ = Command::new("podman")
+        .args(["rm", "-f", "-t", "0", &id])
+        .output();
+    b.start("gh-lx2").expect("gh-lx2 gets the container's GPU");
+    let h = b.holders();
+    assert_eq!(h.keys().collect::<Vec<_>>(), ["gh-lx", "gh-lx2"]);
+    b.d.virsh_ok(&["destroy", "gh-lx"]).unwrap();
+    b.d.virsh_ok(&["destroy", "gh-lx2"]).unwrap();
+    assert!(b.holders().is_empty());
+}
+
 fn plain_domain_untouched(b: &mut Bed) {
     b.use_host(FakeHost::blueprint());
     let plain = DomainSpec::new(
@@ -1407,6 +1495,7 @@ const CASES: &[(&str, Case)] = &[
     ("blueprint_flavor", blueprint_flavor),
     ("more_than_free_fails", more_than_free_fails),
     ("plain_domain_untouched", plain_domain_untouched),
+    ("libvirt_and_podman_contend", libvirt_and_podman_contend),
     ("reconnect_keeps_and_repairs", reconnect_keeps_and_repairs),
     ("numa_placement_and_isolation", numa_placement_and_isolation),
     ("three_vendors", three_vendors),
