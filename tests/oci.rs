@@ -188,6 +188,13 @@ impl Oci {
         b
     }
 
+    /// `gpuhook-runtime create --bundle B ID` in cgroup v1, run to its end.
+    fn create(&self, b: &Path, id: &str) -> Output {
+        self.wrapper(Cgroup::V1, &["create", "--bundle", b.to_str().unwrap(), id])
+            .output()
+            .unwrap()
+    }
+
     /// `gpuhook-runtime --root ROOT ARGS…` (runc's own command line).
     fn wrapper(&self, cg: Cgroup, args: &[&str]) -> Command {
         let mut c = in_cgroup(cg, self.link.to_str().unwrap());
@@ -484,13 +491,7 @@ fn bad_requests_are_refused_before_the_runtime_runs() {
         c["annotations"] = ann.clone();
         std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
         let before = std::fs::read(&p).unwrap();
-        let r = o
-            .wrapper(
-                Cgroup::V1,
-                &["create", "--bundle", b.to_str().unwrap(), "bad-1"],
-            )
-            .output()
-            .unwrap();
+        let r = o.create(&b, "bad-1");
         assert_eq!(r.status.code(), Some(1), "{ann}: {}", stderr(&r));
         let e = stderr(&r);
         assert_eq!(e.trim_end().lines().count(), 1, "{e}");
@@ -509,13 +510,7 @@ fn bad_requests_are_refused_before_the_runtime_runs() {
         .unwrap()
         .retain(|n| n["type"] != "pid");
     std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
-    let r = o
-        .wrapper(
-            Cgroup::V1,
-            &["create", "--bundle", b.to_str().unwrap(), "hostpid-1"],
-        )
-        .output()
-        .unwrap();
+    let r = o.create(&b, "hostpid-1");
     assert_refused(&r, "needs a PID namespace of its own");
     assert!(!marker.exists());
     // A config that exists but is broken names no runtime: nothing is run, even for a
@@ -557,13 +552,7 @@ fn bad_requests_are_refused_before_the_runtime_runs() {
     common::write_config(&o.host.config, &good_cfg);
     // A good request calls it (so the marker above could appear).
     let b = o.bundle("good", json!({"gpuhook.io/gpus": "1"}), "true");
-    let r = o
-        .wrapper(
-            Cgroup::V1,
-            &["create", "--bundle", b.to_str().unwrap(), "good-1"],
-        )
-        .output()
-        .unwrap();
+    let r = o.create(&b, "good-1");
     assert_ok(&r);
     assert!(marker.exists());
 }
@@ -862,13 +851,7 @@ fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
     // Another create of the same ID meanwhile (another runtime root, a retry) is refused:
     // it neither takes the GPUs over nor moves the reservation.
     let b1 = o.bundle("crash-other", json!({"gpuhook.io/gpus": "1"}), "true");
-    let again = o
-        .wrapper(
-            Cgroup::V1,
-            &["create", "--bundle", b1.to_str().unwrap(), "crash-1"],
-        )
-        .output()
-        .unwrap();
+    let again = o.create(&b1, "crash-1");
     assert_refused(&again, "another create of this container ID holds GPUs");
     assert_eq!(o.reservations(), r);
     child.kill().unwrap();
@@ -900,13 +883,7 @@ fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
     );
     // A second create of the running container's ID is refused by gpuhook (its runtime would
     // refuse it too) and leaves the reservation as it was.
-    let again = o
-        .wrapper(
-            Cgroup::V1,
-            &["create", "--bundle", b2.to_str().unwrap(), "killed-1"],
-        )
-        .output()
-        .unwrap();
+    let again = o.create(&b2, "killed-1");
     assert_refused(&again, "already runs with GPUs");
     assert_eq!(o.reservations()[0]["phase"], "running");
     // `delete --force` of that ID under another runtime root exits 0 (runc knows no such
@@ -939,13 +916,7 @@ fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
     // and its delete does not free the domain's reservation.
     let uuid = common::uuid(3);
     let b3 = o.bundle("collide", json!({"gpuhook.io/gpus": "1"}), "true");
-    let r = o
-        .wrapper(
-            Cgroup::V1,
-            &["create", "--bundle", b3.to_str().unwrap(), &uuid],
-        )
-        .output()
-        .unwrap();
+    let r = o.create(&b3, &uuid);
     assert_refused(&r, "is already the key of domain 'vm-after''s reservation");
     let _ = o.wrapper(Cgroup::V1, &["delete", &uuid]).output();
     // The domain's reservation survives the containers' deletes.
