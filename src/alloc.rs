@@ -256,9 +256,7 @@ pub(crate) mod tests {
             nodes: vec![(
                 Role::Nvidia,
                 crate::inventory::DevNode {
-                    path: format!("/dev/nvidia{index}"),
-                    major: 195,
-                    minor: index as u32,
+                    node: crate::node::Node::new(format!("/dev/nvidia{index}"), 195, index as u32),
                     mode: 0o666,
                 },
             )],

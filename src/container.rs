@@ -9,6 +9,7 @@
 //! is not already the right character device. It keeps only the capabilities it needs, and
 //! undoes what it created when a later node fails.
 
+use crate::node::Node;
 use crate::procfs::{self, ProcRef};
 use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
@@ -175,15 +176,21 @@ fn init_child(controller: i32, pid: i32) -> Option<ProcRef> {
     (is_init && procfs::ppid(pid) == Some(controller) && p.alive()).then_some(p)
 }
 
-/// A node to create in the container: its path there, number, mode and host-side owner.
+/// A node to create in the container: the [`Node`] (path there, number), its mode and
+/// host-side owner.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeSpec {
-    pub path: String,
-    pub major: u32,
-    pub minor: u32,
+    pub node: Node,
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
+}
+
+impl std::ops::Deref for NodeSpec {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        &self.node
+    }
 }
 
 impl NodeSpec {

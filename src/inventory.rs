@@ -5,6 +5,7 @@
 use crate::arch::{self, PciIds};
 use crate::config::Config;
 use crate::ids::{normalize_pci, Vendor};
+use crate::node::Node;
 use crate::request::Capabilities;
 use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
 use nix::sys::stat::{fstatat, Mode};
@@ -19,17 +20,22 @@ use std::path::{Path, PathBuf};
 #[error("inventory: {0}")]
 pub struct InventoryError(pub String);
 
-/// A character device node: where it is in the container's `/dev`, and its number and mode
-/// as `stat` of the host node gives them.
+/// A host's device node: the [`Node`] a container gets (path in its `/dev`, number) and the
+/// mode, as `stat` of the host node gives them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct DevNode {
-    /// Path inside the container, e.g. `/dev/nvidia0`, `/dev/dri/renderD128`.
-    pub path: String,
-    pub major: u32,
-    pub minor: u32,
+    #[serde(flatten)]
+    pub node: Node,
     /// Permission bits of the host node.
     #[serde(skip)]
     pub mode: u32,
+}
+
+impl std::ops::Deref for DevNode {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        &self.node
+    }
 }
 
 /// Why a node comes with a GPU.
@@ -291,9 +297,11 @@ impl DevRoot<'_> {
             return Err(format!("{} is not a character device", p.display()));
         }
         Ok(DevNode {
-            path: format!("/dev/{rel}"),
-            major: libc::major(st.st_rdev),
-            minor: libc::minor(st.st_rdev),
+            node: Node::new(
+                format!("/dev/{rel}"),
+                libc::major(st.st_rdev),
+                libc::minor(st.st_rdev),
+            ),
             mode: st.st_mode & 0o777,
         })
     }

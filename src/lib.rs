@@ -23,6 +23,7 @@ pub mod inventory;
 pub mod lifecycle;
 pub mod log;
 pub mod metadata;
+pub mod node;
 pub mod oci;
 pub mod procfs;
 pub mod reconcile;

@@ -38,30 +38,20 @@ fn store(cfg: &Config) -> Store {
     Store::new(&cfg.state_file)
 }
 
-/// Why a reservation is stale (its holder is gone), if it is.
+/// Why a reservation is stale (its holder is gone), if it is: [`crate::reconcile::stale`]
+/// on this host's processes.
 pub fn stale_reason(r: &Reservation) -> Option<String> {
-    match r.phase {
-        Phase::Running => match r.init {
-            Some(i) if !i.alive() => Some(format!("its container init (pid {}) is gone", i.pid)),
-            _ => None,
+    crate::reconcile::stale(
+        r,
+        &crate::reconcile::Seen {
+            alive: &|p| p.alive(),
+            controller: &controller_running,
         },
-        Phase::Prepared => match (r.kind, r.prepared_by) {
-            (HolderKind::Libvirt, Some(p)) if !p.alive() && !controller_running(&r.domain) => {
-                Some(format!(
-                    "it was prepared by pid {} which is gone, and no container of it runs",
-                    p.pid
-                ))
-            }
-            // The wrapper execs the real runtime in its own process: when that `create` is
-            // gone and no init was recorded, the container never came to be.
-            (HolderKind::Oci, _) => crate::reconcile::oci_stale(r, &|p| p.alive()),
-            _ => None,
-        },
-    }
+    )
 }
 
 /// Whether libvirt's controller for the domain runs (`/run/libvirt/lxc/NAME.pid`).
-fn controller_running(name: &str) -> bool {
+pub fn controller_running(name: &str) -> bool {
     container::pidfile_controller(name)
         .ok()
         .and_then(procfs::comm)
@@ -344,9 +334,7 @@ fn node_specs(
         .into_iter()
         .map(|n| NodeSpec {
             mode: req.mode.unwrap_or(n.mode),
-            path: n.path,
-            major: n.major,
-            minor: n.minor,
+            node: n.node,
             uid,
             gid,
         })
@@ -354,14 +342,7 @@ fn node_specs(
 }
 
 fn as_nodes(specs: &[NodeSpec]) -> Vec<Node> {
-    specs
-        .iter()
-        .map(|s| Node {
-            path: s.path.clone(),
-            major: s.major,
-            minor: s.minor,
-        })
-        .collect()
+    specs.iter().map(|s| s.node.clone()).collect()
 }
 
 /// What one `apply` changed, so it can be undone.
@@ -655,10 +636,7 @@ fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<String>, S
     let mut out = Vec::new();
     for g in &inv.gpus {
         for (_, n) in &g.nodes {
-            if cg
-                .grants_exactly(&Node::from(n))
-                .map_err(|e| e.to_string())?
-            {
+            if cg.grants_exactly(&n.node).map_err(|e| e.to_string())? {
                 out.push(g.pci.clone());
                 break;
             }
@@ -717,7 +695,7 @@ fn adopt(
 fn own_nodes<'a>(inv: &'a Inventory, gpus: &'a [String]) -> impl Iterator<Item = Node> + 'a {
     gpus.iter()
         .filter_map(|p| inv.by_pci(p))
-        .flat_map(|g| g.nodes.iter().map(|(_, n)| Node::from(n)))
+        .flat_map(|g| g.nodes.iter().map(|(_, n)| n.node.clone()))
 }
 
 /// Takes away the container's access to GPUs it was granted but does not hold: every node of

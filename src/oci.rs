@@ -466,6 +466,16 @@ mod tests {
         .unwrap()
     }
 
+    /// An NVIDIA node (major 195) for a container, mode 0666, owned by root.
+    fn n(path: &str, minor: u32) -> NodeSpec {
+        NodeSpec {
+            node: crate::node::Node::new(path, 195, minor),
+            mode: 0o666,
+            uid: 0,
+            gid: 0,
+        }
+    }
+
     fn req(annotations: Value, env: &[&str]) -> Result<Option<Request>, String> {
         parse(&cfg(annotations, env), Policy::default()).map(|b| b.request)
     }
@@ -621,14 +631,6 @@ mod tests {
         c["linux"]["devices"] = json!([{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 3},
                                         {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]);
         let before = c.clone();
-        let n = |p: &str, minor| NodeSpec {
-            path: p.into(),
-            major: 195,
-            minor,
-            mode: 0o666,
-            uid: 0,
-            gid: 0,
-        };
         let hook = HookCmd {
             path: "/usr/bin/gpuhook".into(),
             env: vec!["GPUHOOK_CONFIG=/etc/x.json".into()],
@@ -709,14 +711,6 @@ mod tests {
             .unwrap()
             .push(json!({"allow": true, "type": "c", "major": 10, "minor": 200, "access": "rw"}));
         let before = c.clone();
-        let n = |p: &str, minor| NodeSpec {
-            path: p.into(),
-            major: 195,
-            minor,
-            mode: 0o666,
-            uid: 0,
-            gid: 0,
-        };
         let hook = |t: &str| HookCmd {
             path: "/usr/bin/gpuhook".into(),
             env: vec![],

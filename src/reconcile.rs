@@ -11,34 +11,56 @@ use std::collections::HashSet;
 /// starts an LXC container in well under a second).
 pub const PREPARE_GRACE_SECS: i64 = 600;
 
+/// What staleness is decided from; injected so the rule is testable.
+pub struct Seen<'a> {
+    /// Whether a process (PID + start time) still lives.
+    pub alive: &'a dyn Fn(&ProcRef) -> bool,
+    /// Whether libvirt's controller for a domain (by name) runs.
+    pub controller: &'a dyn Fn(&str) -> bool,
+}
+
 /// What reconcile knows of the world; the functions are injected so the decision is testable.
 pub struct World<'a> {
     /// UUIDs of the domains libvirt runs.
     pub active: &'a HashSet<String>,
     pub now: i64,
-    pub alive: &'a dyn Fn(&ProcRef) -> bool,
+    pub seen: Seen<'a>,
 }
 
-/// Why an OCI container's reservation is stale, if it is: its recorded init is gone, or no
-/// init was recorded and the runtime process that reserved it (the wrapper became it) is
-/// gone. libvirt's view of domains has nothing to say about it.
-pub fn oci_stale(r: &Reservation, alive: &dyn Fn(&ProcRef) -> bool) -> Option<String> {
-    match (r.phase, r.init, r.prepared_by) {
-        (Phase::Running, Some(i), _) if !alive(&i) => {
-            Some(format!("its container init (pid {}) is gone", i.pid))
-        }
-        (Phase::Prepared, _, Some(p)) if !alive(&p) => Some(format!(
-            "the runtime (pid {}) that reserved it is gone and recorded no container init",
-            p.pid
-        )),
-        _ => None,
+/// The one staleness rule, for every front door: why a reservation's holder is gone, if it
+/// is. A running one: its recorded init is gone. A prepared one: the process that reserved
+/// is gone (libvirtd for a domain, and no controller of the domain runs; the runtime the
+/// wrapper became for an OCI container, which recorded no init).
+pub fn stale(r: &Reservation, seen: &Seen) -> Option<String> {
+    match (r.phase, r.kind) {
+        (Phase::Running, _) => match r.init {
+            Some(i) if !(seen.alive)(&i) => {
+                Some(format!("its container init (pid {}) is gone", i.pid))
+            }
+            _ => None,
+        },
+        (Phase::Prepared, HolderKind::Libvirt) => match r.prepared_by {
+            Some(p) if !(seen.alive)(&p) && !(seen.controller)(&r.domain) => Some(format!(
+                "it was prepared by pid {} which is gone, and no container of it runs",
+                p.pid
+            )),
+            _ => None,
+        },
+        (Phase::Prepared, HolderKind::Oci) => match r.prepared_by {
+            Some(p) if !(seen.alive)(&p) => Some(format!(
+                "the runtime (pid {}) that reserved it is gone and recorded no container init",
+                p.pid
+            )),
+            _ => None,
+        },
     }
 }
 
-/// Why a reservation is kept, or `None` when it should be freed (with the reason).
+/// Why a reservation is kept, or `None` when it should be freed (with the reason): the
+/// staleness rule, and what libvirt says runs. An OCI container is never libvirt's to judge.
 pub fn verdict(r: &Reservation, w: &World) -> Result<&'static str, String> {
     if r.kind == HolderKind::Oci {
-        return match oci_stale(r, w.alive) {
+        return match stale(r, &w.seen) {
             None => Ok("its OCI container (or the runtime creating it) is alive"),
             Some(why) => Err(why),
         };
@@ -46,12 +68,15 @@ pub fn verdict(r: &Reservation, w: &World) -> Result<&'static str, String> {
     if w.active.contains(&r.uuid) {
         return Ok("domain is running");
     }
-    if r.init.is_some_and(|i| (w.alive)(&i)) {
+    if let Some(why) = stale(r, &w.seen) {
+        return Err(why);
+    }
+    if r.init.is_some_and(|i| (w.seen.alive)(&i)) {
         return Ok("its container init is still alive");
     }
     if r.phase == Phase::Prepared {
         let age = parse_rfc3339(&r.updated).map_or(i64::MAX, |t| w.now - t);
-        let preparer_alive = r.prepared_by.is_some_and(|p| (w.alive)(&p));
+        let preparer_alive = r.prepared_by.is_some_and(|p| (w.seen.alive)(&p));
         if preparer_alive && age < PREPARE_GRACE_SECS {
             return Ok("domain is between prepare and started");
         }
@@ -115,7 +140,10 @@ mod tests {
         let w = World {
             active: &active,
             now,
-            alive: &alive,
+            seen: Seen {
+                alive: &alive,
+                controller: &|_| false,
+            },
         };
         let freed: Vec<String> = plan(&st, &w).into_iter().map(|(u, _)| u).collect();
         assert_eq!(freed, ["03", "05", "06"]);
@@ -127,6 +155,38 @@ mod tests {
             verdict(&st.reservations["02"], &w),
             Ok("its container init is still alive")
         );
+    }
+
+    /// The one rule, for both kinds: a running holder by its init; a prepared domain by its
+    /// libvirtd and controller; a prepared container by the runtime that reserved.
+    #[test]
+    fn one_staleness_rule() {
+        let now = 1_800_000_000;
+        let alive = |p: &ProcRef| p.pid == 10;
+        let ctl = |name: &str| name == "d21";
+        let seen = Seen {
+            alive: &alive,
+            controller: &ctl,
+        };
+        let lv = |uuid: &str, phase, init, prep| res(uuid, phase, init, prep, now);
+        let oci = |uuid: &str, phase, init, prep| {
+            let mut r = res(uuid, phase, init, prep, now);
+            r.kind = HolderKind::Oci;
+            r
+        };
+        let cases = [
+            (lv("20", Phase::Running, Some(10), None), false),
+            (lv("20", Phase::Running, Some(11), None), true),
+            (lv("21", Phase::Prepared, None, Some(11)), false), // controller d21 runs
+            (lv("22", Phase::Prepared, None, Some(11)), true),
+            (lv("22", Phase::Prepared, None, Some(10)), false),
+            (oci("21", Phase::Prepared, None, Some(11)), true), // no controller for containers
+            (oci("23", Phase::Prepared, None, Some(10)), false),
+            (oci("23", Phase::Running, Some(11), Some(10)), true),
+        ];
+        for (r, want) in cases {
+            assert_eq!(stale(&r, &seen).is_some(), want, "{r:?}");
+        }
     }
 
     /// OCI containers are never libvirt's: kept while their init (or the runtime creating
@@ -150,7 +210,10 @@ mod tests {
         let w = World {
             active: &active,
             now,
-            alive: &alive,
+            seen: Seen {
+                alive: &alive,
+                controller: &|_| false,
+            },
         };
         let freed: Vec<(String, String)> = plan(&st, &w);
         assert_eq!(

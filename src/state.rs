@@ -9,7 +9,6 @@
 //! owned by root (the caller) and not writable by group or others, and a file that does not
 //! parse, or has another version, is an error naming it — never silently reset.
 
-use crate::inventory::DevNode;
 use crate::procfs::ProcRef;
 use nix::errno::Errno;
 use nix::fcntl::{openat, renameat, OFlag};
@@ -79,24 +78,8 @@ impl HolderKind {
     }
 }
 
-/// A node granted and created for a container.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Node {
-    pub path: String,
-    pub major: u32,
-    pub minor: u32,
-}
-
-impl From<&DevNode> for Node {
-    fn from(n: &DevNode) -> Node {
-        Node {
-            path: n.path.clone(),
-            major: n.major,
-            minor: n.minor,
-        }
-    }
-}
+/// A node granted and created for a container: the one node type.
+pub use crate::node::Node;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -65,7 +65,10 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
     let world = reconcile::World {
         active: &active,
         now,
-        alive: &alive,
+        seen: reconcile::Seen {
+            alive: &alive,
+            controller: &gpuhook::lifecycle::controller_running,
+        },
     };
     let freed = if dry_run {
         let st = store.read().map_err(|e| e.to_string())?;
