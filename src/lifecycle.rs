@@ -32,6 +32,14 @@ impl Holder<'_> {
     pub fn who(&self) -> String {
         self.kind.who(self.name)
     }
+
+    /// How messages name its uid and gid mappings.
+    fn idmap_names(&self) -> (&'static str, &'static str) {
+        match self.kind {
+            HolderKind::Libvirt => (crate::metadata::IDMAP, crate::metadata::IDMAP),
+            HolderKind::Oci => ("linux.uidMappings", "linux.gidMappings"),
+        }
+    }
 }
 
 fn store(cfg: &Config) -> Store {
@@ -321,14 +329,10 @@ fn node_specs(
             )));
         }
     }
-    let uid = h
+    let (uid, gid) = h
         .idmap
-        .host_uid(req.uid)
-        .ok_or_else(|| Error::other(format!("uid {} is not mapped by <idmap>", req.uid)))?;
-    let gid = h
-        .idmap
-        .host_gid(req.gid)
-        .ok_or_else(|| Error::other(format!("gid {} is not mapped by <idmap>", req.gid)))?;
+        .owner(req.uid, req.gid, h.idmap_names())
+        .map_err(Error::Other)?;
     Ok(inv
         .nodes_for(gpus, req.capabilities)
         .into_iter()

@@ -20,6 +20,8 @@ pub const NS: &str = "urn:gpuhook:gpu:1";
 
 /// Upper bound on the domain XML the hook accepts (libvirt's own limit is 10 MiB).
 pub const MAX_XML: usize = 16 << 20;
+/// How errors name a domain's id mapping.
+pub const IDMAP: &str = "the domain's <idmap>";
 const MAX_DEVICES: usize = 256;
 const MAX_EXTRA_SPECS: usize = 64;
 const MAX_VALUE: usize = 256;
@@ -243,18 +245,9 @@ impl Parser {
             .take()
             .ok_or_else(|| ParseError::new("domain XML has no <uuid>"))?;
         if let Some(r) = &request {
-            if self.idmap.host_uid(r.uid).is_none() {
-                return err(format!(
-                    "uid {} is not mapped by the domain's <idmap>",
-                    r.uid
-                ));
-            }
-            if self.idmap.host_gid(r.gid).is_none() {
-                return err(format!(
-                    "gid {} is not mapped by the domain's <idmap>",
-                    r.gid
-                ));
-            }
+            self.idmap
+                .owner(r.uid, r.gid, (IDMAP, IDMAP))
+                .map_err(ParseError::new)?;
         }
         Ok(Domain {
             name,

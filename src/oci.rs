@@ -143,12 +143,7 @@ pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, String> {
         if !own_pid_namespace(&config) {
             return Err("a GPU container needs a PID namespace of its own (gpuhook frees its GPUs when its init exits; with the host's or a joined PID namespace its other processes would keep them)".into());
         }
-        if idmap.host_uid(r.uid).is_none() {
-            return Err(format!("uid {} is not mapped by linux.uidMappings", r.uid));
-        }
-        if idmap.host_gid(r.gid).is_none() {
-            return Err(format!("gid {} is not mapped by linux.gidMappings", r.gid));
-        }
+        idmap.owner(r.uid, r.gid, ("linux.uidMappings", "linux.gidMappings"))?;
         Some(r)
     };
     Ok(Bundle {

@@ -163,6 +163,19 @@ fn map_id(ranges: &[IdRange], id: u32) -> Option<u32> {
 }
 
 impl IdMap {
+    /// The host owner of nodes the container sees owned by `uid`:`gid`: the one id-mapping
+    /// check of every front door. `what` names the mapping in the error (`<idmap>`,
+    /// `linux.uidMappings`…): `uid 7 is not mapped by the domain's <idmap>`.
+    pub fn owner(&self, uid: u32, gid: u32, what: (&str, &str)) -> Result<(u32, u32), String> {
+        let u = self
+            .host_uid(uid)
+            .ok_or_else(|| format!("uid {uid} is not mapped by {}", what.0))?;
+        let g = self
+            .host_gid(gid)
+            .ok_or_else(|| format!("gid {gid} is not mapped by {}", what.1))?;
+        Ok((u, g))
+    }
+
     /// Host uid of container uid `id` (identity without `<idmap>`).
     pub fn host_uid(&self, id: u32) -> Option<u32> {
         map_id(&self.uid, id)
