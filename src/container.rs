@@ -20,12 +20,29 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ContainerError(pub String);
+/// Why work on a container failed, as a value the caller decides on (it crosses the fork
+/// from the helper as a serde value); still one line for the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum ContainerError {
+    /// The container's init is gone: its mount namespace, `/dev` and cgroup went with it, so
+    /// nothing of it is left to act on or undo; `cause`: what failed because of it.
+    #[error("container init {pid} exited{}", cause.as_ref().map(|c| format!(" ({c})")).unwrap_or_default())]
+    InitGone { pid: i32, cause: Option<String> },
+    /// The container's `/dev` refused gpuhook (something mounted over it, a symlink or a
+    /// foreign node in the way, no space): the container's doing, refused with rollback.
+    #[error("{0}")]
+    Refused(String),
+    /// Finding the container, or gpuhook's own helper machinery (fork, pipe, reply, time).
+    #[error("{0}")]
+    Other(String),
+}
 
 fn cerr<T>(m: impl Into<String>) -> Result<T, ContainerError> {
-    Err(ContainerError(m.into()))
+    Err(ContainerError::Other(m.into()))
+}
+
+fn gone(pid: i32, cause: Option<String>) -> ContainerError {
+    ContainerError::InitGone { pid, cause }
 }
 
 /// A running container: its libvirt_lxc controller, its init, and the identity of the
@@ -86,14 +103,14 @@ pub fn dev_mount(mounts: &[procfs::Mount], name: &str) -> Result<(String, u64), 
 /// private copy).
 pub fn controller_dev(name: &str, controller: i32) -> Result<DevTmpfs, ContainerError> {
     let mounts = procfs::mounts(Some(controller)).ok_or_else(|| {
-        ContainerError(format!(
+        ContainerError::Other(format!(
             "controller {controller}: cannot read its mountinfo"
         ))
     })?;
-    let (at, dev) = dev_mount(&mounts, name).map_err(ContainerError)?;
+    let (at, dev) = dev_mount(&mounts, name).map_err(ContainerError::Other)?;
     let p = format!("/proc/{controller}/root{at}");
     let st = nix::sys::stat::lstat(p.as_str())
-        .map_err(|e| ContainerError(format!("controller {controller}: {at}: {e}")))?;
+        .map_err(|e| ContainerError::Other(format!("controller {controller}: {at}: {e}")))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_dev != dev {
         return cerr(format!(
             "controller {controller}: {at} is not the tmpfs its mountinfo lists"
@@ -116,11 +133,12 @@ pub fn pidfile_controller(name: &str) -> Result<i32, ContainerError> {
         return cerr(format!("unsafe domain name {name:?}"));
     }
     let p = format!("/run/libvirt/lxc/{name}.pid");
-    let s = std::fs::read_to_string(&p)
-        .map_err(|e| ContainerError(format!("domain XML has no id and {p} cannot be read: {e}")))?;
+    let s = std::fs::read_to_string(&p).map_err(|e| {
+        ContainerError::Other(format!("domain XML has no id and {p} cannot be read: {e}"))
+    })?;
     s.trim()
         .parse::<i32>()
-        .map_err(|_| ContainerError(format!("{p} holds no PID")))
+        .map_err(|_| ContainerError::Other(format!("{p} holds no PID")))
 }
 
 /// Finds the container of a running domain. `id` is `<domain id=…>` (the controller's
@@ -146,7 +164,7 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
                 if init.alive() {
                     e
                 } else {
-                    ContainerError(format!("container init {} exited ({e})", init.pid))
+                    gone(init.pid, Some(e.to_string()))
                 }
             })?;
             Ok(Container {
@@ -243,7 +261,7 @@ enum Job {
 enum Reply {
     Made(Made),
     Removed,
-    Failed(String),
+    Failed(ContainerError),
 }
 
 /// How long the child may take. Operations are a few syscalls on a tmpfs; the bound only
@@ -255,7 +273,7 @@ const CHILD_TIMEOUT: Duration = Duration::from_secs(20);
 pub fn create_nodes(ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError> {
     match run(ct, &Job::Create(nodes.to_vec()))? {
         Reply::Made(m) => Ok(m),
-        Reply::Failed(e) => Err(ContainerError(e)),
+        Reply::Failed(e) => Err(e),
         _ => cerr("unexpected reply from container helper"),
     }
 }
@@ -275,7 +293,7 @@ pub fn remove_nodes(
         },
     )? {
         Reply::Removed => Ok(()),
-        Reply::Failed(e) => Err(ContainerError(e)),
+        Reply::Failed(e) => Err(e),
         _ => cerr("unexpected reply from container helper"),
     }
 }
@@ -288,19 +306,14 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
         OFlag::O_RDONLY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| {
-        ContainerError(format!(
-            "container init {} is gone ({ns_path}: {e})",
-            init.pid
-        ))
-    })?;
+    .map_err(|e| gone(init.pid, Some(format!("{ns_path}: {e}"))))?;
     // The namespace we hold is the init's only if the PID was not reused meanwhile.
     if !init.alive() {
-        return cerr(format!("container init {} exited", init.pid));
+        return Err(gone(init.pid, None));
     }
     let own = nix::sys::stat::stat("/proc/self/ns/mnt")
-        .map_err(|e| ContainerError(format!("/proc/self/ns/mnt: {e}")))?;
-    let theirs = fstat(&ns).map_err(|e| ContainerError(format!("{ns_path}: {e}")))?;
+        .map_err(|e| ContainerError::Other(format!("/proc/self/ns/mnt: {e}")))?;
+    let theirs = fstat(&ns).map_err(|e| ContainerError::Other(format!("{ns_path}: {e}")))?;
     if own.st_ino == theirs.st_ino && own.st_dev == theirs.st_dev {
         return cerr(format!(
             "container init {} shares the host's mount namespace; refusing",
@@ -308,21 +321,21 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
         ));
     }
     let host_dev =
-        nix::sys::stat::stat("/dev").map_err(|e| ContainerError(format!("/dev: {e}")))?;
-    let (rd, wr) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| ContainerError(format!("pipe: {e}")))?;
+        nix::sys::stat::stat("/dev").map_err(|e| ContainerError::Other(format!("/dev: {e}")))?;
+    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+        .map_err(|e| ContainerError::Other(format!("pipe: {e}")))?;
     let payload = serde_json::to_vec(job).expect("job serializes");
     // SAFETY: a child forked from a multi-threaded process may find locks held by threads
     // that do not exist in it. The gpuhook binary is single-threaded (its C `main` starts no
     // Rust runtime and nothing spawns a thread). In any caller, the child takes no lock but
     // malloc's, which glibc makes fork-safe: it only makes syscalls, allocates, serializes
     // and leaves with _exit, never returning into the caller's code.
-    match unsafe { nix::unistd::fork() }.map_err(|e| ContainerError(format!("fork: {e}")))? {
+    match unsafe { nix::unistd::fork() }.map_err(|e| ContainerError::Other(format!("fork: {e}")))? {
         nix::unistd::ForkResult::Child => {
             drop(rd);
             let reply = match child(&ns, (host_dev.st_dev, host_dev.st_ino), ct.dev, &payload) {
                 Ok(r) => r,
-                Err(e) => Reply::Failed(e),
+                Err(e) => Reply::Failed(ContainerError::Other(e)),
             };
             let bytes = serde_json::to_vec(&reply).unwrap_or_default();
             let mut f = std::fs::File::from(wr);
@@ -344,8 +357,16 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
                 Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => {}
                 other => return cerr(format!("container helper failed: {other:?}")),
             }
-            serde_json::from_slice(&out)
-                .map_err(|e| ContainerError(format!("container helper reply: {e}")))
+            let reply: Reply = serde_json::from_slice(&out)
+                .map_err(|e| ContainerError::Other(format!("container helper reply: {e}")))?;
+            // A failure because the init exited meanwhile (its namespace and /dev went under
+            // the helper) is said as that: the caller decides on the cause, not the symptom.
+            Ok(match reply {
+                Reply::Failed(e) if !init.alive() => {
+                    Reply::Failed(gone(init.pid, Some(e.to_string())))
+                }
+                r => r,
+            })
         }
     }
 }
@@ -414,11 +435,12 @@ fn child(
     .map_err(|e| format!("container /: {e}"))?;
     let dev = open_dir(&root, "dev").map_err(|e| format!("container /dev {e}"))?;
     let st = fstat(&dev).map_err(|e| format!("container /dev: {e}"))?;
+    let refused = |m: String| Ok(Reply::Failed(ContainerError::Refused(m)));
     if (st.st_dev, st.st_ino) == host_dev {
-        return Err("container /dev is the host's /dev; refusing to write there".into());
+        return refused("container /dev is the host's /dev; refusing to write there".into());
     }
     if (st.st_dev, st.st_ino) != (libvirt_dev.dev, libvirt_dev.ino) {
-        return Err(format!(
+        return refused(format!(
             "container /dev is not the tmpfs libvirt made for it (found device {}:{} inode {}, want {}:{} inode {}): something is mounted over /dev or /; refusing to write there",
             libc::major(st.st_dev),
             libc::minor(st.st_dev),
@@ -443,7 +465,7 @@ fn child(
                             .map(|(n, _)| n.clone())
                             .collect();
                         remove(&dev, dev_fs, &created, &made.dirs);
-                        return Ok(Reply::Failed(e));
+                        return Ok(Reply::Failed(ContainerError::Refused(e)));
                     }
                 }
             }
@@ -702,6 +724,28 @@ fn remove(dev: &OwnedFd, dev_fs: u64, nodes: &[NodeSpec], dirs: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The helper's errors cross the fork as values and read as one line.
+    #[test]
+    fn errors_are_values_across_the_fork() {
+        for e in [
+            gone(42, None),
+            gone(42, Some("/dev/nvidia0: No such file or directory".into())),
+            ContainerError::Refused(
+                "container /dev is the host's /dev; refusing to write there".into(),
+            ),
+            ContainerError::Other("fork: EAGAIN".into()),
+        ] {
+            let reply = Reply::Failed(e.clone());
+            let back: Reply = serde_json::from_slice(&serde_json::to_vec(&reply).unwrap()).unwrap();
+            assert!(matches!(back, Reply::Failed(ref x) if *x == e), "{back:?}");
+        }
+        assert_eq!(gone(7, None).to_string(), "container init 7 exited");
+        assert_eq!(
+            gone(7, Some("setns: ENOENT".into())).to_string(),
+            "container init 7 exited (setns: ENOENT)"
+        );
+    }
 
     fn mount(point: &str, fs: &str, root: &str, dev: u64) -> procfs::Mount {
         procfs::Mount {

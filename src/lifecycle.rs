@@ -424,17 +424,19 @@ pub fn activate(
     inv.settle(&cfg, &r.gpus);
     let ct = find()?;
     let specs = node_specs(h, req, &inv, &r.gpus)?;
-    // A failure because the init exited meanwhile (its /proc entry, cgroup or mount
-    // namespace vanished under us) says so first: that is the cause an operator needs.
-    let applied = apply(&ct, &specs).map_err(|e| {
-        if ct.init.alive() {
-            e
-        } else {
-            Error::other(format!(
-                "container init {} exited during started ({e})",
-                ct.init.pid
-            ))
-        }
+    // A failure because the init exited meanwhile says so first: that is the cause an
+    // operator needs. The container helper says it as a value; a cgroup that vanished with
+    // the init is recognized by looking at the init.
+    let applied = apply(&ct, &specs).map_err(|e| match e {
+        Error::Container(ContainerError::InitGone { pid, cause }) => Error::other(format!(
+            "container init {pid} exited during started{}",
+            cause.map(|c| format!(" ({c})")).unwrap_or_default()
+        )),
+        e if !ct.init.alive() => Error::other(format!(
+            "container init {} exited during started ({e})",
+            ct.init.pid
+        )),
+        e => e,
     })?;
     let now = now_rfc3339();
     let recorded = st.update(|s| -> Result<(), Error> {
