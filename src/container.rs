@@ -9,12 +9,12 @@
 //! is not already the right character device. It keeps only the capabilities it needs, and
 //! undoes what it created when a later node fails.
 
+use crate::devdir::{self, Sys};
 use crate::node::Node;
 use crate::procfs::{self, ProcRef};
 use nix::errno::Errno;
-use nix::fcntl::{openat, OFlag};
-use nix::sys::stat::{fstat, fstatat, mkdirat, mknodat, Mode, SFlag};
-use nix::unistd::{unlinkat, UnlinkatFlags};
+use nix::fcntl::OFlag;
+use nix::sys::stat::{fstat, Mode};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -212,11 +212,11 @@ impl std::ops::Deref for NodeSpec {
 }
 
 impl NodeSpec {
-    fn rdev(&self) -> u64 {
+    pub(crate) fn rdev(&self) -> u64 {
         libc::makedev(self.major, self.minor)
     }
     /// Components under `/dev`, each a plain name.
-    fn components(&self) -> Result<Vec<&str>, String> {
+    pub(crate) fn components(&self) -> Result<Vec<&str>, String> {
         let rest = self
             .path
             .strip_prefix("/dev/")
@@ -433,7 +433,7 @@ fn child(
         Mode::empty(),
     )
     .map_err(|e| format!("container /: {e}"))?;
-    let dev = open_dir(&root, "dev").map_err(|e| format!("container /dev {e}"))?;
+    let dev = devdir::open_dir(&Sys, &root, "dev").map_err(|e| format!("container /dev {e}"))?;
     let st = fstat(&dev).map_err(|e| format!("container /dev: {e}"))?;
     let refused = |m: String| Ok(Reply::Failed(ContainerError::Refused(m)));
     if (st.st_dev, st.st_ino) == host_dev {
@@ -455,7 +455,7 @@ fn child(
         Job::Create(nodes) => {
             let mut made = Made::default();
             for (i, n) in nodes.iter().enumerate() {
-                match create_one(&dev, dev_fs, n, &mut made.dirs) {
+                match devdir::create_one(&Sys, &dev, dev_fs, n, &mut made.dirs) {
                     Ok(o) => made.outcomes.push(o),
                     Err(e) => {
                         let created: Vec<NodeSpec> = nodes[..i]
@@ -464,7 +464,7 @@ fn child(
                             .filter(|(_, o)| **o == Outcome::Created)
                             .map(|(n, _)| n.clone())
                             .collect();
-                        remove(&dev, dev_fs, &created, &made.dirs);
+                        devdir::remove(&Sys, &dev, dev_fs, &created, &made.dirs);
                         return Ok(Reply::Failed(ContainerError::Refused(e)));
                     }
                 }
@@ -472,7 +472,7 @@ fn child(
             Reply::Made(made)
         }
         Job::Remove { nodes, dirs } => {
-            remove(&dev, dev_fs, &nodes, &dirs);
+            devdir::remove(&Sys, &dev, dev_fs, &nodes, &dirs);
             Reply::Removed
         }
     })
@@ -502,225 +502,6 @@ fn drop_capabilities() -> Result<(), String> {
 
 /// Opens a directory entry without following a symlink. Errors read "is a symlink; …",
 /// "is a regular file, not a directory", ": <errno>".
-fn open_dir(parent: &OwnedFd, name: &str) -> Result<OwnedFd, String> {
-    openat(
-        parent,
-        name,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        // O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR (or ELOOP): say what it is.
-        Errno::ELOOP | Errno::ENOTDIR => {
-            match fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
-                    "is a symlink; refusing to follow it".to_owned()
-                }
-                Ok(st) => format!("is {}, not a directory", describe(&st)),
-                Err(e) => format!(": {e}"),
-            }
-        }
-        e => format!(": {e}"),
-    })
-}
-
-/// What kind of thing an `fstatat` found, for messages.
-fn describe(st: &libc::stat) -> String {
-    match st.st_mode & libc::S_IFMT {
-        libc::S_IFLNK => "a symlink".into(),
-        libc::S_IFREG => "a regular file".into(),
-        libc::S_IFDIR => "a directory".into(),
-        libc::S_IFBLK => "a block device".into(),
-        libc::S_IFIFO => "a FIFO".into(),
-        libc::S_IFSOCK => "a socket".into(),
-        libc::S_IFCHR => format!(
-            "the character device {}:{}",
-            libc::major(st.st_rdev),
-            libc::minor(st.st_rdev)
-        ),
-        _ => "something unknown".into(),
-    }
-}
-
-fn is_node(st: &libc::stat, n: &NodeSpec) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == n.rdev()
-}
-
-/// Walks to the directory holding the node; creates missing directories when `dirs` is given.
-fn walk_parent<'a>(
-    dev: &OwnedFd,
-    dev_fs: u64,
-    n: &'a NodeSpec,
-    mut dirs: Option<&mut Vec<String>>,
-) -> Result<Option<(OwnedFd, &'a str)>, String> {
-    let comps = n.components()?;
-    let (leaf, parents) = comps
-        .split_last()
-        .ok_or_else(|| format!("bad node path {}", n.path))?;
-    let mut cur = dev.try_clone().map_err(|e| format!("dup: {e}"))?;
-    let mut at = String::from("/dev");
-    for c in parents {
-        at = format!("{at}/{c}");
-        let next = match open_dir(&cur, c) {
-            Ok(fd) => fd,
-            Err(_)
-                if matches!(
-                    fstatat(&cur, *c, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW),
-                    Err(Errno::ENOENT)
-                ) =>
-            {
-                let Some(d) = dirs.as_deref_mut() else {
-                    return Ok(None);
-                };
-                match mkdirat(&cur, *c, Mode::from_bits_truncate(0o755)) {
-                    Ok(()) => d.push(at.clone()),
-                    Err(Errno::EEXIST) => {}
-                    Err(e) => return Err(format!("cannot create container {at}: {e}")),
-                }
-                open_dir(&cur, c).map_err(|e| format!("container {at} {e}"))?
-            }
-            Err(e) => return Err(format!("container {at} {e}")),
-        };
-        let st = fstat(&next).map_err(|e| format!("container {at}: {e}"))?;
-        if st.st_dev != dev_fs {
-            return Err(format!("container {at} is another mount; refusing"));
-        }
-        cur = next;
-    }
-    Ok(Some((cur, leaf)))
-}
-
-fn create_one(
-    dev: &OwnedFd,
-    dev_fs: u64,
-    n: &NodeSpec,
-    dirs: &mut Vec<String>,
-) -> Result<Outcome, String> {
-    let (dir, leaf) = walk_parent(dev, dev_fs, n, Some(dirs))?.expect("dirs given");
-    let nofollow = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
-    match fstatat(&dir, leaf, nofollow) {
-        Ok(st) if is_node(&st, n) => return Ok(Outcome::Existing),
-        Ok(st) => {
-            return Err(format!(
-                "container {} is {} (not the character device {}:{}); refusing to replace it",
-                n.path,
-                describe(&st),
-                n.major,
-                n.minor
-            ))
-        }
-        Err(Errno::ENOENT) => {}
-        Err(e) => return Err(format!("container {}: {e}", n.path)),
-    }
-    if n.mode & !0o777 != 0 {
-        return Err(format!("bad mode {:o} for {}", n.mode, n.path));
-    }
-    mknodat(
-        &dir,
-        leaf,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(n.mode),
-        n.rdev(),
-    )
-    .map_err(|e| {
-        format!(
-            "cannot create container {} ({}:{}): {e}",
-            n.path, n.major, n.minor
-        )
-    })?;
-    // From here on, act on the node we made through a descriptor that names it, never by path.
-    let done = (|| {
-        let fd = openat(
-            &dir,
-            leaf,
-            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| format!("container {} vanished after mknod: {e}", n.path))?;
-        let st = fstat(&fd).map_err(|e| format!("container {}: {e}", n.path))?;
-        if !is_node(&st, n) {
-            return Err(format!(
-                "container {} was swapped for {} while being created",
-                n.path,
-                describe(&st)
-            ));
-        }
-        // SAFETY: fchownat on a valid O_PATH descriptor with AT_EMPTY_PATH touches that inode.
-        let r = unsafe {
-            libc::fchownat(
-                fd.as_raw_fd(),
-                c"".as_ptr(),
-                n.uid,
-                n.gid,
-                libc::AT_EMPTY_PATH,
-            )
-        };
-        Errno::result(r).map_err(|e| {
-            format!(
-                "cannot chown container {} to {}:{}: {e}",
-                n.path, n.uid, n.gid
-            )
-        })?;
-        let st = fstat(&fd).map_err(|e| format!("container {}: {e}", n.path))?;
-        if st.st_mode & 0o7777 != n.mode {
-            return Err(format!(
-                "container {} has mode {:o}, wanted {:o}",
-                n.path,
-                st.st_mode & 0o7777,
-                n.mode
-            ));
-        }
-        Ok(())
-    })();
-    if let Err(e) = done {
-        remove(dev, dev_fs, std::slice::from_ref(n), &[]);
-        return Err(e);
-    }
-    Ok(Outcome::Created)
-}
-
-fn remove(dev: &OwnedFd, dev_fs: u64, nodes: &[NodeSpec], dirs: &[String]) {
-    for n in nodes.iter().rev() {
-        let Ok(Some((dir, leaf))) = walk_parent(dev, dev_fs, n, None) else {
-            continue;
-        };
-        match fstatat(&dir, leaf, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) if is_node(&st, n) => {
-                let _ = unlinkat(&dir, leaf, UnlinkatFlags::NoRemoveDir);
-            }
-            _ => {}
-        }
-    }
-    for d in dirs.iter().rev() {
-        let Some(rel) = d.strip_prefix("/dev/") else {
-            continue;
-        };
-        let comps: Vec<&str> = rel.split('/').collect();
-        let (leaf, parents) = match comps.split_last() {
-            Some(x) => x,
-            None => continue,
-        };
-        let mut cur = match dev.try_clone() {
-            Ok(c) => c,
-            Err(_) => continue,
-        };
-        let mut ok = true;
-        for c in parents {
-            match open_dir(&cur, c) {
-                Ok(fd) => cur = fd,
-                Err(_) => {
-                    ok = false;
-                    break;
-                }
-            }
-        }
-        if ok {
-            // Only an empty directory goes; a symlink put in its place is not a directory.
-            let _ = unlinkat(&cur, *leaf, UnlinkatFlags::RemoveDir);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod config;
 pub mod container;
+pub mod devdir;
 pub mod error;
 pub mod extra_specs;
 pub mod hook;
