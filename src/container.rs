@@ -11,7 +11,7 @@
 
 use crate::devdir::{self, Sys};
 use crate::node::Node;
-use crate::procfs::{self, ProcRef};
+use crate::procfs::{self, Proc, ProcRef};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, Mode};
@@ -155,7 +155,7 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
     }
     let inits: Vec<ProcRef> = procfs::children(controller)
         .into_iter()
-        .filter_map(|c| init_child(controller, c))
+        .filter_map(|c| init_child(&procfs::HOST, controller, c))
         .collect();
     match inits.as_slice() {
         [init] => {
@@ -187,11 +187,11 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
 /// namespace. Its identity (start time) is read first and checked again after the facts, with
 /// its parent: had it exited and its PID been reused between the reads, the facts could be
 /// another process's, and that process is not the controller's child.
-fn init_child(controller: i32, pid: i32) -> Option<ProcRef> {
-    let p = ProcRef::of(pid)?;
-    let ns = procfs::nspid(pid);
+fn init_child(proc: &Proc, controller: i32, pid: i32) -> Option<ProcRef> {
+    let p = proc.proc_ref(pid)?;
+    let ns = proc.nspid(pid);
     let is_init = ns.len() >= 2 && ns.last() == Some(&1);
-    (is_init && procfs::ppid(pid) == Some(controller) && p.alive()).then_some(p)
+    (is_init && proc.ppid(pid) == Some(controller) && proc.alive(&p)).then_some(p)
 }
 
 /// A node to create in the container: the [`Node`] (path there, number), its mode and
@@ -566,6 +566,72 @@ mod tests {
         assert_eq!(dev_mount(&v, "t1").unwrap().1, 5);
     }
 
+    /// A written-out `/proc`: each process's `stat` (state, parent, flags, start time),
+    /// `status` (`NSpid`) and its threads.
+    /// pid, state, parent, start time, `NSpid`, threads.
+    type FakeProc<'a> = (i32, &'a str, i32, u64, &'a str, &'a [i32]);
+
+    fn fake_proc(procs: &[FakeProc]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (pid, state, ppid, start, nspid, threads) in procs {
+            let p = d.path().join(pid.to_string());
+            std::fs::create_dir_all(p.join("task")).unwrap();
+            // Fields after "(comm)": state ppid pgrp session tty tpgid flags … starttime (22nd).
+            let mut f: Vec<String> = vec![state.to_string(), ppid.to_string()];
+            f.extend(["1", "1", "0", "-1", "4194560"].map(String::from));
+            f.extend((0..12).map(|_| "0".to_string()));
+            f.push(start.to_string());
+            let stat = format!("{pid} (init (x)) {}\n", f.join(" "));
+            std::fs::write(p.join("stat"), &stat).unwrap();
+            std::fs::write(p.join("status"), format!("Name:\tinit\nNSpid:\t{nspid}\n")).unwrap();
+            for t in *threads {
+                let td = p.join("task").join(t.to_string());
+                std::fs::create_dir_all(&td).unwrap();
+                std::fs::write(
+                    td.join("stat"),
+                    if t == pid {
+                        stat.clone()
+                    } else {
+                        stat.replacen(&format!(") {state} "), ") R ", 1)
+                    },
+                )
+                .unwrap();
+            }
+        }
+        d
+    }
+
+    /// The init is decided from `/proc` facts alone: PID 1 of a nested PID namespace, child of
+    /// the controller, running; a zombie leader lives on while another thread runs.
+    #[test]
+    fn init_from_a_written_out_proc() {
+        let d = fake_proc(&[
+            (100, "S", 1, 5, "100", &[100]),           // the controller
+            (200, "S", 100, 7, "200 1", &[200]),       // its container init
+            (201, "S", 100, 8, "201", &[201]),         // a plain child
+            (202, "S", 55, 9, "202 1", &[202]),        // an init, not the controller's
+            (203, "Z", 100, 10, "203 1", &[203]),      // an exited init
+            (204, "Z", 100, 11, "204 1", &[204, 205]), // leader exited, another thread runs
+        ]);
+        let root = d.path().to_str().unwrap().to_string();
+        let proc = Proc { root: &root };
+        let got: Vec<Option<i32>> = [200, 201, 202, 203, 204, 299]
+            .iter()
+            .map(|c| init_child(&proc, 100, *c).map(|p| p.pid))
+            .collect();
+        assert_eq!(got, [Some(200), None, None, None, Some(204), None]);
+        // The same PID with another start time is another process.
+        let old = ProcRef {
+            pid: 200,
+            start_time: 6,
+        };
+        assert!(!proc.alive(&old));
+        assert!(proc.alive(&ProcRef {
+            pid: 200,
+            start_time: 7
+        }));
+    }
+
     /// Only a child of the controller that is PID 1 of its own PID namespace is the init.
     #[test]
     fn init_is_the_controllers_pid_namespace_init() {
@@ -575,7 +641,7 @@ mod tests {
             .spawn()
             .unwrap();
         assert_eq!(
-            init_child(me, plain.id() as i32),
+            init_child(&procfs::HOST, me, plain.id() as i32),
             None,
             "not a PID-namespace init"
         );
@@ -593,10 +659,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         let init = init.expect("unshare's child");
-        let got = init_child(unshare, init).expect("PID 1 of its namespace, child of unshare");
+        let got = init_child(&procfs::HOST, unshare, init)
+            .expect("PID 1 of its namespace, child of unshare");
         assert_eq!(got.pid, init);
         assert_eq!(
-            init_child(me, init),
+            init_child(&procfs::HOST, me, init),
             None,
             "not our child: parentage is checked"
         );

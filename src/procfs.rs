@@ -1,6 +1,8 @@
-//! Process facts from the real `/proc` (never the config's `proc` root, which describes GPU
-//! drivers): identity (PID + start time, so a reused PID is not mistaken for the old
-//! process), children, PID-namespace ids.
+//! Process facts from a `/proc` ([`Proc`]; [`HOST`] is the real one, never the config's
+//! `proc` root, which describes GPU drivers): identity (PID + start time, so a reused PID is
+//! not mistaken for the old process), children, PID-namespace ids, mounts. The root is passed
+//! in, so that the decisions made from these facts (which child is a container's init, whether
+//! a holder is gone) are tested on written-out `/proc` trees. The free functions read [`HOST`].
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -13,9 +15,112 @@ pub struct ProcRef {
     pub start_time: u64,
 }
 
+/// A `/proc` to read process facts from.
+#[derive(Debug, Clone, Copy)]
+pub struct Proc<'a> {
+    pub root: &'a str,
+}
+
+/// The host's `/proc`.
+pub const HOST: Proc<'static> = Proc { root: "/proc" };
+
+impl Proc<'_> {
+    fn path(&self, pid: i32, file: &str) -> String {
+        format!("{}/{pid}/{file}", self.root)
+    }
+
+    fn pid_stat(&self, pid: i32) -> Option<Vec<String>> {
+        if pid <= 0 {
+            return None;
+        }
+        stat_fields(&self.path(pid, "stat"))
+    }
+
+    pub fn start_time(&self, pid: i32) -> Option<u64> {
+        self.pid_stat(pid)?.get(19)?.parse().ok()
+    }
+
+    /// The parent PID (`stat` field 4).
+    pub fn ppid(&self, pid: i32) -> Option<i32> {
+        self.pid_stat(pid)?.get(1)?.parse().ok()
+    }
+
+    pub fn proc_ref(&self, pid: i32) -> Option<ProcRef> {
+        self.start_time(pid)
+            .map(|start_time| ProcRef { pid, start_time })
+    }
+
+    /// See [`ProcRef::alive`].
+    pub fn alive(&self, r: &ProcRef) -> bool {
+        let Some(f) = self.pid_stat(r.pid) else {
+            return false;
+        };
+        if f.get(19).and_then(|s| s.parse().ok()) != Some(r.start_time) {
+            return false;
+        }
+        running(&f) || self.other_thread_runs(r.pid)
+    }
+
+    fn other_thread_runs(&self, pid: i32) -> bool {
+        let Ok(tasks) = std::fs::read_dir(self.path(pid, "task")) else {
+            return false;
+        };
+        tasks.flatten().any(|t| {
+            t.file_name().to_str() != Some(&pid.to_string())
+                && stat_fields(&t.path().join("stat").to_string_lossy())
+                    .is_some_and(|f| running(&f))
+        })
+    }
+
+    /// Direct children of a process (all its threads').
+    pub fn children(&self, pid: i32) -> Vec<i32> {
+        let mut out = Vec::new();
+        if let Ok(tasks) = std::fs::read_dir(self.path(pid, "task")) {
+            for t in tasks.flatten() {
+                if let Some(s) = read(t.path().join("children")) {
+                    out.extend(s.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// `NSpid:` of `status`: the PID in each nested PID namespace, outermost first.
+    pub fn nspid(&self, pid: i32) -> Vec<i32> {
+        read(self.path(pid, "status"))
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    l.strip_prefix("NSpid:").map(|v| {
+                        v.split_whitespace()
+                            .filter_map(|x| x.parse().ok())
+                            .collect()
+                    })
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn comm(&self, pid: i32) -> Option<String> {
+        read(self.path(pid, "comm")).map(|s| s.trim_end().to_owned())
+    }
+
+    /// A process's mount table (`None`: this process's own).
+    pub fn mounts(&self, pid: Option<i32>) -> Option<Vec<Mount>> {
+        let p = match pid {
+            Some(pid) => self.path(pid, "mountinfo"),
+            None => format!("{}/self/mountinfo", self.root),
+        };
+        // Any user may mount (FUSE) at a path that is not UTF-8, and mounts propagate: such
+        // a line must not hide the others.
+        read_bytes(p).map(|t| parse_mountinfo(&String::from_utf8_lossy(&t)))
+    }
+}
+
 impl ProcRef {
     pub fn of(pid: i32) -> Option<ProcRef> {
-        start_time(pid).map(|start_time| ProcRef { pid, start_time })
+        HOST.proc_ref(pid)
     }
     /// Whether this very process still exists and is not on its way out: one of its threads
     /// runs, not a zombie and not exiting (`PF_EXITING`, set before the kernel takes a task
@@ -24,24 +129,7 @@ impl ProcRef {
     /// and go on in another thread (the leader then shows as a zombie), and such a container
     /// must not look gone.
     pub fn alive(&self) -> bool {
-        let Some(f) = pid_stat(self.pid) else {
-            return false;
-        };
-        if f.get(19).and_then(|s| s.parse().ok()) != Some(self.start_time) {
-            return false;
-        }
-        running(&f) || self.other_thread_runs()
-    }
-
-    fn other_thread_runs(&self) -> bool {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
-            return false;
-        };
-        tasks.flatten().any(|t| {
-            t.file_name().to_str() != Some(&self.pid.to_string())
-                && stat_fields(&t.path().join("stat").to_string_lossy())
-                    .is_some_and(|f| running(&f))
-        })
+        HOST.alive(self)
     }
 }
 
@@ -87,54 +175,27 @@ fn stat_fields(path: &str) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
-fn pid_stat(pid: i32) -> Option<Vec<String>> {
-    if pid <= 0 {
-        return None;
-    }
-    stat_fields(&format!("/proc/{pid}/stat"))
-}
-
 pub fn start_time(pid: i32) -> Option<u64> {
-    pid_stat(pid)?.get(19)?.parse().ok()
+    HOST.start_time(pid)
 }
 
 /// The parent PID (`/proc/PID/stat` field 4).
 pub fn ppid(pid: i32) -> Option<i32> {
-    pid_stat(pid)?.get(1)?.parse().ok()
+    HOST.ppid(pid)
 }
 
 /// Direct children of a process (all its threads).
 pub fn children(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Some(s) = read(t.path().join("children")) {
-                out.extend(s.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
-            }
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
+    HOST.children(pid)
 }
 
 /// `NSpid:` of `/proc/PID/status`: the PID in each nested PID namespace, outermost first.
 pub fn nspid(pid: i32) -> Vec<i32> {
-    read(format!("/proc/{pid}/status"))
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("NSpid:").map(|v| {
-                    v.split_whitespace()
-                        .filter_map(|x| x.parse().ok())
-                        .collect()
-                })
-            })
-        })
-        .unwrap_or_default()
+    HOST.nspid(pid)
 }
 
 pub fn comm(pid: i32) -> Option<String> {
-    read(format!("/proc/{pid}/comm")).map(|s| s.trim_end().to_owned())
+    HOST.comm(pid)
 }
 
 /// One line of a `mountinfo` file (`proc(5)`).
@@ -171,13 +232,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
 
 /// The mounts of a process's mount namespace (`/proc/PID/mountinfo`, or our own for `None`).
 pub fn mounts(pid: Option<i32>) -> Option<Vec<Mount>> {
-    let p = match pid {
-        Some(pid) => format!("/proc/{pid}/mountinfo"),
-        None => "/proc/self/mountinfo".to_owned(),
-    };
-    // Any user may mount (FUSE) at a path that is not UTF-8, and mounts propagate: such a
-    // line must not hide the others.
-    read_bytes(p).map(|t| parse_mountinfo(&String::from_utf8_lossy(&t)))
+    HOST.mounts(pid)
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -260,7 +315,12 @@ mod tests {
         // Wait until the main thread is gone (the leader shows as a zombie).
         let mut leader_gone = false;
         for _ in 0..200 {
-            if pid_stat(pid).and_then(|f| f.first().cloned()).as_deref() == Some("Z") {
+            if HOST
+                .pid_stat(pid)
+                .and_then(|f| f.first().cloned())
+                .as_deref()
+                == Some("Z")
+            {
                 leader_gone = true;
                 break;
             }
