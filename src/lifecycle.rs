@@ -736,22 +736,21 @@ fn still_allowed(cg: &dyn DeviceCgroup, inv: &Inventory, gpus: &[String]) -> Vec
 /// `stopped`/`release`/`delete`: frees the reservation the state holds under `id` for a
 /// holder of this kind (whatever the holder's request says now); returns it, if there was one.
 pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
-    free_if(cfg, kind, id, |_| true)
-}
-
-/// [`free`] only when `cond` holds for the reservation, decided under the lock.
-pub fn free_if(
-    cfg: &Config,
-    kind: HolderKind,
-    id: &str,
-    cond: impl FnOnce(&Reservation) -> bool,
-) -> Result<Option<Reservation>, Error> {
     store(cfg).update(|s| {
         Ok::<_, Error>(match s.reservations.get(id) {
-            Some(r) if r.kind == kind && cond(r) => s.reservations.remove(id),
+            Some(r) if r.kind == kind => s.reservations.remove(id),
             _ => None,
         })
     })
+}
+
+/// Runs `f` on the state under its lock (written back only when it changed): for a front
+/// door's own bookkeeping that must not race a reserve or a free.
+pub fn with_state<T>(
+    cfg: &Config,
+    f: impl FnOnce(&mut State) -> Result<T, Error>,
+) -> Result<T, Error> {
+    store(cfg).update(f)
 }
 
 /// Whether the state's bytes name `id`: a look without lock or parse, for a front door with

@@ -291,10 +291,13 @@ pub fn has_user_namespace(config: &Value) -> bool {
 }
 
 /// Adds the nodes and gpuhook's two hooks; everything else is kept. Each node gets an exact
-/// `c MAJ:MIN rw` allow rule and either a `linux.devices` entry (the runtime makes it) or,
-/// when `binds` names a node gpuhook made for it (a user-namespaced container, where the
-/// runtime cannot make nodes), a bind mount of that node. A device or mount the config
-/// already had at one of the paths is replaced (its number would not be the reserved GPU's).
+/// `c MAJ:MIN rw` allow rule (unless the config already has that very rule) and either a
+/// `linux.devices` entry (the runtime makes it) or, when `binds` names a node gpuhook made for
+/// it (a user-namespaced container, where the runtime cannot make nodes), a bind mount of
+/// that node. A device already in the config with the same path and number is the user's and
+/// stays; one with another number, or a mount at a node's path, is refused (it would shadow
+/// the reserved GPU). The hooks list exactly what was added (`n:MAJ:MIN:PATH` for a device or
+/// mount, `r:MAJ:MIN` for a rule), so that [`strip`] takes out that and nothing else.
 pub fn edit(
     config: &mut Value,
     nodes: &[NodeSpec],
@@ -302,43 +305,65 @@ pub fn edit(
     hook: &HookCmd,
 ) -> Result<(), String> {
     strip(config)?;
-    let ours = |v: &Value, key: &str| {
-        nodes
-            .iter()
-            .any(|n| v.get(key).and_then(Value::as_str) == Some(n.path.as_str()))
-    };
+    let mut added: Vec<String> = Vec::new();
     if let Some(srcs) = binds {
         let root = config
             .as_object_mut()
             .ok_or("config.json: the config is not an object")?;
         let mounts = array(root, "mounts", "the config")?;
-        mounts.retain(|m| !ours(m, "destination"));
-        mounts.extend(nodes.iter().zip(srcs).map(|(n, src)| {
-            json!({"destination": n.path, "type": "bind", "source": src,
-                   "options": ["bind", "nosuid", "noexec"]})
-        }));
+        for (n, src) in nodes.iter().zip(srcs) {
+            if mounts
+                .iter()
+                .any(|m| m.get("destination").and_then(Value::as_str) == Some(n.path.as_str()))
+            {
+                return Err(format!(
+                    "config.json already mounts something at {}; refusing to shadow it",
+                    n.path
+                ));
+            }
+            mounts.push(json!({"destination": n.path, "type": "bind", "source": src,
+                               "options": ["bind", "nosuid", "noexec"]}));
+            added.push(format!("n:{}:{}:{}", n.major, n.minor, n.path));
+        }
     }
     let linux = object(config, "linux", "the config")?;
     let devs = array(linux, "devices", "linux")?;
-    devs.retain(|d| !ours(d, "path"));
-    if binds.is_none() {
-        devs.extend(nodes.iter().map(|n| {
-            json!({"path": n.path, "type": "c", "major": n.major, "minor": n.minor,
-                   "fileMode": n.mode, "uid": n.uid, "gid": n.gid})
-        }));
+    for n in nodes {
+        let theirs = devs
+            .iter()
+            .find(|d| d.get("path").and_then(Value::as_str) == Some(n.path.as_str()));
+        match theirs {
+            Some(d) if device_number(d) == Some((n.major, n.minor)) && binds.is_none() => {}
+            Some(d) => {
+                return Err(format!(
+                    "config.json already has a device at {} ({}); refusing to replace it",
+                    n.path,
+                    device_number(d).map_or("?".into(), |(a, b)| format!("{a}:{b}"))
+                ))
+            }
+            None if binds.is_none() => {
+                devs.push(
+                    json!({"path": n.path, "type": "c", "major": n.major, "minor": n.minor,
+                                 "fileMode": n.mode, "uid": n.uid, "gid": n.gid}),
+                );
+                added.push(format!("n:{}:{}:{}", n.major, n.minor, n.path));
+            }
+            None => {}
+        }
     }
     let res = linux
         .entry("resources")
         .or_insert_with(|| Value::Object(Map::new()))
         .as_object_mut()
         .ok_or("config.json: linux.resources is not an object")?;
-    array(res, "devices", "linux.resources")?.extend(nodes.iter().map(
-        |n| json!({"allow": true, "type": "c", "major": n.major, "minor": n.minor, "access": "rw"}),
-    ));
-    let added: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("{}:{}:{}", n.major, n.minor, n.path))
-        .collect();
+    let rules = array(res, "devices", "linux.resources")?;
+    for n in nodes {
+        let rule = allow_rule(n.major, n.minor);
+        if !rules.contains(&rule) {
+            rules.push(rule);
+            added.push(format!("r:{}:{}", n.major, n.minor));
+        }
+    }
     let hooks = object(config, "hooks", "the config")?;
     for (stage, arg) in [("createRuntime", CREATE_RUNTIME), ("poststop", POSTSTOP)] {
         let mut h = json!({"path": hook.path,
@@ -351,8 +376,25 @@ pub fn edit(
     Ok(())
 }
 
+fn allow_rule(major: u32, minor: u32) -> Value {
+    json!({"allow": true, "type": "c", "major": major, "minor": minor, "access": "rw"})
+}
+
+fn device_number(d: &Value) -> Option<(u32, u32)> {
+    let n = |k: &str| {
+        d.get(k)
+            .and_then(Value::as_u64)
+            .and_then(|x| u32::try_from(x).ok())
+    };
+    Some((n("major")?, n("minor")?))
+}
+
+/// gpuhook's own hook: `[PATH, "oci-hook", …]` run by the program `gpuhook` itself.
 fn is_our_hook(h: &Value) -> bool {
+    let path = h.get("path").and_then(Value::as_str);
     h.pointer("/args/1") == Some(&json!(HOOK_WORD))
+        && h.pointer("/args/0").and_then(Value::as_str) == path
+        && path.is_some_and(|p| std::path::Path::new(p).file_name() == Some("gpuhook".as_ref()))
 }
 
 /// gpuhook's hooks in the config.
@@ -369,57 +411,74 @@ fn our_hooks(config: &Value) -> Vec<&Value> {
         .collect()
 }
 
-/// Takes out what earlier edits added (listed in gpuhook's hooks): their devices, allow
-/// rules, bind mounts and the hooks themselves. Returns whether there was anything.
+/// Takes out what earlier edits added, as their hooks list it: those devices and bind mounts
+/// (at that path, with that number), one instance of each of those rules (the last: gpuhook
+/// appended it), and the hooks themselves. Returns whether there was anything.
 pub fn strip(config: &mut Value) -> Result<bool, String> {
     let ours = our_hooks(config);
     if ours.is_empty() {
         return Ok(false);
     }
+    // Both hooks of an edit carry the same list: one hook's lists are all of them.
     let lists: Vec<String> = ours
         .iter()
+        .filter(|h| h.pointer("/args/2") == Some(&json!(POSTSTOP)))
         .filter_map(|h| h.pointer("/args/4").and_then(Value::as_str))
         .map(str::to_owned)
         .collect();
-    let added: Vec<(u64, u64, String)> = lists
-        .iter()
-        .flat_map(|l| l.split(','))
-        .filter_map(|e| {
-            let mut it = e.splitn(3, ':');
-            Some((
-                it.next()?.parse().ok()?,
-                it.next()?.parse().ok()?,
-                it.next()?.to_string(),
-            ))
-        })
-        .collect();
-    let is_path = |v: &Value, key: &str| {
-        let p = v.get(key).and_then(Value::as_str);
-        added.iter().any(|(_, _, a)| Some(a.as_str()) == p)
-    };
-    let is_rule = |v: &Value| {
-        added.iter().any(|(ma, mi, _)| {
-            *v == json!({"allow": true, "type": "c", "major": ma, "minor": mi, "access": "rw"})
-        })
-    };
-    let retain = |v: Option<&mut Value>, keep: &dyn Fn(&Value) -> bool| {
-        if let Some(a) = v.and_then(Value::as_array_mut) {
-            a.retain(|x| keep(x));
+    let mut nodes: Vec<(u32, u32, String)> = Vec::new();
+    let mut rules: Vec<(u32, u32)> = Vec::new();
+    for e in lists.iter().flat_map(|l| l.split(',')) {
+        let mut it = e.splitn(4, ':');
+        let (kind, a, b) = (it.next(), it.next(), it.next());
+        let (Some(a), Some(b)) = (
+            a.and_then(|x| x.parse().ok()),
+            b.and_then(|x| x.parse().ok()),
+        ) else {
+            continue;
+        };
+        match (kind, it.next()) {
+            (Some("n"), Some(p)) => nodes.push((a, b, p.to_string())),
+            (Some("r"), None) => rules.push((a, b)),
+            _ => {}
         }
+    }
+    let is_node = |v: &Value, key: &str| {
+        let p = v.get(key).and_then(Value::as_str);
+        nodes.iter().any(|(_, _, a)| Some(a.as_str()) == p)
     };
-    retain(config.pointer_mut("/mounts"), &|m| {
-        !is_path(m, "destination")
-    });
-    retain(config.pointer_mut("/linux/devices"), &|d| {
-        !is_path(d, "path")
-    });
-    retain(config.pointer_mut("/linux/resources/devices"), &|r| {
-        !is_rule(r)
-    });
-    for stage in STAGES {
-        retain(config.pointer_mut(&format!("/hooks/{stage}")), &|h| {
-            !is_our_hook(h)
+    if let Some(a) = config.pointer_mut("/mounts").and_then(Value::as_array_mut) {
+        a.retain(|m| !(is_node(m, "destination") && m.get("type") == Some(&json!("bind"))));
+    }
+    if let Some(a) = config
+        .pointer_mut("/linux/devices")
+        .and_then(Value::as_array_mut)
+    {
+        a.retain(|d| {
+            !nodes.iter().any(|(ma, mi, p)| {
+                d.get("path").and_then(Value::as_str) == Some(p.as_str())
+                    && device_number(d) == Some((*ma, *mi))
+            })
         });
+    }
+    if let Some(a) = config
+        .pointer_mut("/linux/resources/devices")
+        .and_then(Value::as_array_mut)
+    {
+        for (ma, mi) in &rules {
+            let rule = allow_rule(*ma, *mi);
+            if let Some(k) = a.iter().rposition(|r| *r == rule) {
+                a.remove(k);
+            }
+        }
+    }
+    for stage in STAGES {
+        if let Some(a) = config
+            .pointer_mut(&format!("/hooks/{stage}"))
+            .and_then(Value::as_array_mut)
+        {
+            a.retain(|h| !is_our_hook(h));
+        }
     }
     Ok(true)
 }
@@ -623,14 +682,23 @@ mod tests {
     fn edit_adds_nodes_rules_and_hooks_and_keeps_the_rest() {
         let mut c: Value =
             serde_json::from_slice(&cfg(json!({"gpuhook.io/gpus": "1"}), &[])).unwrap();
-        c["linux"]["devices"] = json!([{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 3},
-                                        {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]);
-        let before = c.clone();
         let hook = HookCmd {
             path: "/usr/bin/gpuhook".into(),
             env: vec!["GPUHOOK_CONFIG=/etc/x.json".into()],
             token: "42.7".into(),
         };
+        // A device of the user's at a node's path with another number is refused: it would
+        // shadow the reserved GPU.
+        c["linux"]["devices"] =
+            json!([{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 3}]);
+        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], None, &hook).unwrap_err();
+        assert!(
+            e.contains("already has a device at /dev/nvidia0 (1:3)"),
+            "{e}"
+        );
+        c["linux"]["devices"] =
+            json!([{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]);
+        let before = c.clone();
         edit(
             &mut c,
             &[n("/dev/nvidia0", 0), n("/dev/nvidiactl", 255)],
@@ -640,6 +708,7 @@ mod tests {
         .unwrap();
         let devs = c["linux"]["devices"].as_array().unwrap();
         assert_eq!(devs.len(), 3, "{devs:?}");
+        let listed = "n:195:0:/dev/nvidia0,n:195:255:/dev/nvidiactl,r:195:0,r:195:255";
         assert!(
             devs.contains(&json!({"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}))
         );
@@ -660,17 +729,14 @@ mod tests {
                 "oci-hook",
                 "create-runtime",
                 "42.7",
-                "195:0:/dev/nvidia0,195:255:/dev/nvidiactl"
+                listed
             ])
         );
         assert_eq!(
             c["hooks"]["poststop"][0]["env"],
             json!(["GPUHOOK_CONFIG=/etc/x.json"])
         );
-        assert_eq!(
-            c["hooks"]["poststop"][0]["args"][4],
-            json!("195:0:/dev/nvidia0,195:255:/dev/nvidiactl")
-        );
+        assert_eq!(c["hooks"]["poststop"][0]["args"][4], json!(listed));
         for k in ["process", "root", "annotations", "ociVersion"] {
             assert_eq!(c[k], before[k]);
         }
@@ -684,6 +750,12 @@ mod tests {
                              {"destination": "/dev/nvidia0", "type": "bind", "source": "/x"}]);
         assert!(has_user_namespace(&c));
         let srcs = vec!["/run/gpuhook/nodes/c1/0-nvidia0".to_string()];
+        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], Some(&srcs), &hook).unwrap_err();
+        assert!(
+            e.contains("already mounts something at /dev/nvidia0"),
+            "{e}"
+        );
+        c["mounts"] = json!([{"destination": "/proc", "type": "proc", "source": "proc"}]);
         edit(&mut c, &[n("/dev/nvidia0", 0)], Some(&srcs), &hook).unwrap();
         assert_eq!(
             c["mounts"],
@@ -705,6 +777,13 @@ mod tests {
             .as_array_mut()
             .unwrap()
             .push(json!({"allow": true, "type": "c", "major": 10, "minor": 200, "access": "rw"}));
+        // The user's own rule and device for the control node: theirs, kept through strips.
+        c["linux"]["resources"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rw"}));
+        c["linux"]["devices"] =
+            json!([{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]);
         let before = c.clone();
         let hook = |t: &str| HookCmd {
             path: "/usr/bin/gpuhook".into(),
@@ -718,10 +797,11 @@ mod tests {
             &hook("1.1"),
         )
         .unwrap();
-        assert!(c["hooks"]["poststop"][0]["args"][4]
-            .as_str()
-            .unwrap()
-            .contains("195:0:/dev/nvidia0"));
+        // The control node's device and rule were the user's already: not listed as ours.
+        assert_eq!(
+            c["hooks"]["poststop"][0]["args"][4],
+            json!("n:195:0:/dev/nvidia0,r:195:0")
+        );
         edit(
             &mut c,
             &[n("/dev/nvidia1", 1), n("/dev/nvidiactl", 255)],
@@ -740,11 +820,9 @@ mod tests {
         );
         // Stripped, the config is what it was (a bundle whose request was taken away).
         assert!(strip(&mut c).unwrap());
-        assert_eq!(c["linux"]["devices"], json!([]));
         assert_eq!(c["hooks"], json!({"createRuntime": [], "poststop": []}));
         c.as_object_mut().unwrap().remove("hooks");
-        c["linux"].as_object_mut().unwrap().remove("devices");
-        assert_eq!(c, before);
+        assert_eq!(c, before, "the user's own device and rules are kept");
         assert!(!strip(&mut c).unwrap());
     }
 

@@ -25,7 +25,7 @@ use crate::state::Reservation;
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The file name engines are pointed at.
@@ -208,17 +208,21 @@ pub fn main(args: &[OsString]) -> i32 {
     };
     match inv.command.as_deref() {
         Some("create") | Some("run") => {
-            if let Err(e) = prepare_bundle(&inv, &cfg) {
-                let who = HolderKind::Oci.who(inv.id.as_deref().unwrap_or("?"));
-                let msg = format!("{who}: {e}");
-                log::error(&msg);
-                inv.log_error(&msg);
-                return 1;
-            }
+            let reserved = match prepare_bundle(&inv, &cfg) {
+                Ok(r) => r,
+                Err(e) => {
+                    let who = HolderKind::Oci.who(inv.id.as_deref().unwrap_or("?"));
+                    let msg = format!("{who}: {e}");
+                    log::error(&msg);
+                    inv.log_error(&msg);
+                    return 1;
+                }
+            };
             let code = exec(&runtime, args);
-            // exec returned: the runtime could not be started; nothing may stay reserved.
-            if let Some(id) = &inv.id {
-                let _ = free_all(&cfg, id);
+            // exec returned: the runtime could not be started; what this call reserved (and
+            // only that: the ID may be another live container's) must not stay reserved.
+            if let (Some(id), Some(by)) = (&inv.id, reserved) {
+                let _ = free_oci(&cfg, id, |r| r.prepared_by == Some(by));
             }
             code
         }
@@ -279,15 +283,16 @@ fn exec(runtime: &Path, args: &[OsString]) -> i32 {
 }
 
 /// `create`/`run`: when the bundle asks for GPUs, reserve them and hand them to the runtime
-/// through `config.json`. Nothing is left reserved or written on error.
-fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<(), Error> {
+/// through `config.json`; returns the reserving process (the hooks' token) when it did.
+/// Nothing is left reserved or written on error.
+fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Error> {
     let path = inv.config_path();
     // One read; a bundle the runtime cannot read either is the runtime's to report.
     let Ok((bytes, whole)) = read_bounded(&path) else {
-        return Ok(());
+        return Ok(None);
     };
     if !oci::mentions_request(&bytes) {
-        return Ok(());
+        return Ok(None);
     }
     if !whole {
         return Err(Error::other(format!(
@@ -305,7 +310,7 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<(), Error> {
         if b.edited && oci::strip(&mut b.config).map_err(Error::Other)? {
             replace_config(&path, &b.config)?;
         }
-        return Ok(());
+        return Ok(None);
     };
     let id = inv
         .id
@@ -325,13 +330,13 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<(), Error> {
     };
     let (nodes, by) = lifecycle::reserve_nodes(&h, &req)?;
     let written = if userns {
-        make_private_nodes(cfg, id, &nodes)
+        make_private_nodes(cfg, id, by, &nodes)
             .and_then(|srcs| write_config(&path, b.config, &nodes, Some(&srcs), by))
     } else {
         write_config(&path, b.config, &nodes, None, by)
     };
     if let Err(e) = written {
-        free_all(cfg, id)?;
+        free_oci(cfg, id, |r| r.prepared_by == Some(by))?;
         return Err(e);
     }
     log::info(&format!(
@@ -344,7 +349,7 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<(), Error> {
             .join(" "),
         path.display()
     ));
-    Ok(())
+    Ok(Some(by))
 }
 
 /// Reads a regular file up to [`MAX_CONFIG`] (opened without blocking: a FIFO in its place
@@ -364,82 +369,108 @@ fn read_bounded(path: &Path) -> std::io::Result<(Vec<u8>, bool)> {
     Ok((v, whole))
 }
 
-/// Where gpuhook makes the nodes of a user-namespaced container: beside the state (root
+/// Where gpuhook makes the nodes of user-namespaced containers: beside the state (root
 /// only, on tmpfs), one directory per container ID.
-fn private_nodes_dir(cfg: &Config, id: &str) -> PathBuf {
-    let dir = cfg.state_file.parent().unwrap_or(Path::new("/run/gpuhook"));
-    dir.join("nodes").join(id)
+fn nodes_root(cfg: &Config) -> PathBuf {
+    cfg.state_file
+        .parent()
+        .unwrap_or(Path::new("/run/gpuhook"))
+        .join("nodes")
 }
 
 /// Makes the nodes (numbers from the host's nodes, owner and mode from the request mapped
 /// through the container's user namespace) for the runtime to bind-mount; returns their
-/// paths. Whatever the directory held is replaced; directories of IDs the state no longer
-/// holds (containers reclaimed as stale) are removed on the way.
-fn make_private_nodes(cfg: &Config, id: &str, nodes: &[NodeSpec]) -> Result<Vec<String>, Error> {
+/// paths. All under the state lock, so that no free or sweep races it: only while the ID's
+/// reservation is still this create's (`by`); directories of IDs that hold no container
+/// reservation are removed on the way.
+fn make_private_nodes(
+    cfg: &Config,
+    id: &str,
+    by: ProcRef,
+    nodes: &[NodeSpec],
+) -> Result<Vec<String>, Error> {
     use nix::sys::stat::{mknod, Mode, SFlag};
-    let dir = private_nodes_dir(cfg, id);
-    let io = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
-        Error::other(format!("cannot {what} {}: {e}", p.display()))
-    };
-    let parent = dir.parent().unwrap_or(&dir).to_path_buf();
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .recursive(true)
-        .create(&parent)
-        .map_err(|e| io("create", &parent, &e))?;
-    sweep_private_nodes(cfg, &parent, id);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| io("create", &dir, &e))?;
-    let mut out = Vec::new();
-    for (i, n) in nodes.iter().enumerate() {
-        let base = Path::new(&n.path)
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let p = dir.join(format!("{i}-{base}"));
-        mknod(
-            &p,
-            SFlag::S_IFCHR,
-            Mode::from_bits_truncate(0o600),
-            libc::makedev(n.major, n.minor),
-        )
-        .map_err(|e| io("make node", &p, &e))?;
-        std::os::unix::fs::chown(&p, Some(n.uid), Some(n.gid)).map_err(|e| io("chown", &p, &e))?;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(n.mode & 0o777))
-            .map_err(|e| io("chmod", &p, &e))?;
-        out.push(p.to_string_lossy().into_owned());
-    }
-    Ok(out)
+    lifecycle::with_state(cfg, |st| {
+        if !st
+            .reservations
+            .get(id)
+            .is_some_and(|r| r.kind == HolderKind::Oci && r.prepared_by == Some(by))
+        {
+            return Err(Error::other("its reservation was released meanwhile"));
+        }
+        let io = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
+            Error::other(format!("cannot {what} {}: {e}", p.display()))
+        };
+        let root = nodes_root(cfg);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&root)
+            .map_err(|e| io("create", &root, &e))?;
+        sweep(cfg, st);
+        let dir = root.join(id);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| io("create", &dir, &e))?;
+        let mut out = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let base = Path::new(&n.path)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let p = dir.join(format!("{i}-{base}"));
+            mknod(
+                &p,
+                SFlag::S_IFCHR,
+                Mode::from_bits_truncate(0o600),
+                libc::makedev(n.major, n.minor),
+            )
+            .map_err(|e| io("make node", &p, &e))?;
+            std::os::unix::fs::chown(&p, Some(n.uid), Some(n.gid))
+                .map_err(|e| io("chown", &p, &e))?;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(n.mode & 0o777))
+                .map_err(|e| io("chmod", &p, &e))?;
+            out.push(p.to_string_lossy().into_owned());
+        }
+        Ok(out)
+    })
 }
 
-/// Removes node directories whose container holds no reservation any more.
-fn sweep_private_nodes(cfg: &Config, parent: &Path, keep: &str) {
-    let Ok(st) = crate::state::Store::new(&cfg.state_file).read() else {
+/// Removes the node directories of IDs that hold no container reservation (freed, released
+/// by an operator, reclaimed as stale). Called under the state lock.
+fn sweep(cfg: &Config, st: &crate::state::State) {
+    let Ok(entries) = std::fs::read_dir(nodes_root(cfg)) else {
         return;
     };
-    for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+    for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name != keep && !st.reservations.contains_key(&name) {
+        if !st
+            .reservations
+            .get(&name)
+            .is_some_and(|r| r.kind == HolderKind::Oci)
+        {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }
 
-/// Frees the container's reservation and removes the nodes gpuhook made for it.
-fn free_all(cfg: &Config, id: &str) -> Result<Option<Reservation>, Error> {
-    let r = lifecycle::free(cfg, HolderKind::Oci, id);
-    remove_private_nodes(cfg, id);
-    r
-}
-
-fn remove_private_nodes(cfg: &Config, id: &str) {
-    let dir = private_nodes_dir(cfg, id);
-    if dir.exists() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+/// Frees the container's reservation when `cond` holds for it, and removes node directories
+/// nobody holds any more, in one locked step.
+fn free_oci(
+    cfg: &Config,
+    id: &str,
+    cond: impl FnOnce(&Reservation) -> bool,
+) -> Result<Option<Reservation>, Error> {
+    lifecycle::with_state(cfg, |st| {
+        let freed = match st.reservations.get(id) {
+            Some(r) if r.kind == HolderKind::Oci && cond(r) => st.reservations.remove(id),
+            _ => None,
+        };
+        sweep(cfg, st);
+        Ok(freed)
+    })
 }
 
 /// Edits the config and replaces it atomically (temp file in the same directory, rename),
@@ -480,10 +511,9 @@ fn replace_config(path: &Path, config: &serde_json::Value) -> Result<(), Error> 
     let io = |what: &str, e: std::io::Error| {
         Error::other(format!("cannot {what} {}: {e}", path.display()))
     };
-    let mode = std::fs::metadata(path)
-        .map_err(|e| io("read", e))?
-        .permissions()
-        .mode();
+    let md = std::fs::metadata(path).map_err(|e| io("read", e))?;
+    let mode = md.permissions().mode();
+    let owner = (md.uid(), md.gid());
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".gpuhook.tmp");
     let tmp = PathBuf::from(tmp);
@@ -493,6 +523,7 @@ fn replace_config(path: &Path, config: &serde_json::Value) -> Result<(), Error> 
             .write(true)
             .create_new(true)
             .open(&tmp)?;
+        std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1))?;
         f.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
         f.write_all(&bytes)?;
         // No fsync: the rename is what makes the edit atomic for the runtime reading it;
@@ -533,15 +564,14 @@ fn delete(cfg: &Config, runtime: &Path, args: &[OsString], inv: &Invocation) -> 
 /// Frees the container's reservation when `cond` holds for it (decided under the lock).
 /// Errors are logged: the caller's status stands.
 fn release(cfg: &Config, id: &str, stage: &str, cond: impl FnOnce(&Reservation) -> bool) {
-    if !lifecycle::may_hold(cfg, id) {
+    // Nothing held and no nodes left (an operator's `gpuhook release` frees the reservation
+    // but cannot remove a running container's nodes): nothing to do.
+    if !lifecycle::may_hold(cfg, id) && !nodes_root(cfg).join(id).exists() {
         return;
     }
     let who = HolderKind::Oci.who(id);
-    match lifecycle::free_if(cfg, HolderKind::Oci, id, cond) {
-        Ok(Some(r)) => {
-            remove_private_nodes(cfg, id);
-            log::info(&format!("{who}: {stage}: freed {}", r.gpus.join(",")))
-        }
+    match free_oci(cfg, id, cond) {
+        Ok(Some(r)) => log::info(&format!("{who}: {stage}: freed {}", r.gpus.join(","))),
         Ok(None) => {}
         Err(e) => log::error(&format!("{who}: {stage}: cannot free its GPUs: {e}")),
     }

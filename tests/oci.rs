@@ -400,6 +400,37 @@ fn user_namespaced_podman_container_owns_its_nodes() {
     let nodes = o.host.state.parent().unwrap().join("nodes");
     let left: Vec<_> = std::fs::read_dir(&nodes).unwrap().flatten().collect();
     assert!(left.is_empty(), "nodes left: {left:?}");
+    // An operator's `gpuhook release` of a running one frees the reservation; its nodes go at
+    // the container's removal (swept: the state no longer names it).
+    podman_rm("gh-oci-userns");
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[
+                "-d",
+                "--name",
+                "gh-oci-userns",
+                "--uidmap",
+                "0:100000:65536",
+                "--gidmap",
+                "0:100000:65536",
+                "--annotation",
+                "gpuhook.io/gpus=1",
+            ],
+            "sleep 60",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    assert!(nodes.join(&id).is_dir());
+    assert_ok(&o.host.cmd().args(["release", &id]).output().unwrap());
+    podman_rm(&id);
+    let left: Vec<_> = std::fs::read_dir(&nodes).unwrap().flatten().collect();
+    assert!(
+        left.is_empty(),
+        "nodes left after release and removal: {left:?}"
+    );
     // A uid the container's namespace does not map: refused.
     let r = o
         .podman(
@@ -885,6 +916,23 @@ fn crashed_runtimes_and_killed_containers_leave_nothing_held() {
     // refuse it too) and leaves the reservation as it was.
     let again = o.create(&b2, "killed-1");
     assert_refused(&again, "already runs with GPUs");
+    assert_eq!(o.reservations()[0]["phase"], "running");
+    // A create of that ID without a request whose runtime cannot be executed (a missing
+    // interpreter: ENOENT at exec) reserved nothing, and frees nothing.
+    let broken = o.host.root().join("broken-runtime");
+    std::fs::write(&broken, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut bad_cfg = good_cfg.clone();
+    bad_cfg["oci_runtime"] = json!(broken);
+    let bad_path = o.host.root().join("broken-config.json");
+    common::write_config(&bad_path, &bad_cfg.to_string());
+    let plain = o.bundle("plain-again", json!({}), "true");
+    let r = Command::new(&o.link)
+        .env("GPUHOOK_CONFIG", &bad_path)
+        .args(["create", "--bundle", plain.to_str().unwrap(), "killed-1"])
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(127), "{}", stderr(&r));
     assert_eq!(o.reservations()[0]["phase"], "running");
     // `delete --force` of that ID under another runtime root exits 0 (runc knows no such
     // container there): the running container keeps its GPUs.
