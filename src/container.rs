@@ -215,21 +215,6 @@ impl NodeSpec {
     pub(crate) fn rdev(&self) -> u64 {
         libc::makedev(self.major, self.minor)
     }
-    /// Components under `/dev`, each a plain name.
-    pub(crate) fn components(&self) -> Result<Vec<&str>, String> {
-        let rest = self
-            .path
-            .strip_prefix("/dev/")
-            .ok_or_else(|| format!("node path {} is not under /dev", self.path))?;
-        let comps: Vec<&str> = rest.split('/').collect();
-        if comps
-            .iter()
-            .any(|c| c.is_empty() || *c == "." || *c == ".." || c.contains('\0'))
-        {
-            return Err(format!("bad node path {}", self.path));
-        }
-        Ok(comps)
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

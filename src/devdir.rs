@@ -152,18 +152,35 @@ fn is_node(st: &Stat, n: &NodeSpec) -> bool {
     st.kind == libc::S_IFCHR && st.rdev == n.rdev()
 }
 
-/// Walks to the directory holding the node; creates missing directories when `dirs` is given.
+/// The components of a path under `/dev`, each a plain name.
+fn components(path: &str) -> Result<Vec<&str>, String> {
+    let rest = path
+        .strip_prefix("/dev/")
+        .ok_or_else(|| format!("node path {path} is not under /dev"))?;
+    let comps: Vec<&str> = rest.split('/').collect();
+    if comps
+        .iter()
+        .any(|c| c.is_empty() || *c == "." || *c == ".." || c.contains('\0'))
+    {
+        return Err(format!("bad node path {path}"));
+    }
+    Ok(comps)
+}
+
+/// The one walk: from `/dev` to the directory holding `path`'s last component, one
+/// component at a time, never through a symlink or onto another mount; missing directories
+/// are created (and recorded) when `dirs` is given, else the walk ends with `None`.
 fn walk_parent<'a, D: DirOps>(
     ops: &D,
     dev: &D::Dir,
     dev_fs: u64,
-    n: &'a NodeSpec,
+    path: &'a str,
     mut dirs: Option<&mut Vec<String>>,
 ) -> Result<Option<(D::Dir, &'a str)>, String> {
-    let comps = n.components()?;
+    let comps = components(path)?;
     let (leaf, parents) = comps
         .split_last()
-        .ok_or_else(|| format!("bad node path {}", n.path))?;
+        .ok_or_else(|| format!("bad node path {path}"))?;
     let mut cur = ops.dup(dev).map_err(|e| format!("dup: {e}"))?;
     let mut at = String::from("/dev");
     for c in parents {
@@ -203,7 +220,7 @@ pub fn create_one<D: DirOps>(
     n: &NodeSpec,
     dirs: &mut Vec<String>,
 ) -> Result<Outcome, String> {
-    let (dir, leaf) = walk_parent(ops, dev, dev_fs, n, Some(dirs))?.expect("dirs given");
+    let (dir, leaf) = walk_parent(ops, dev, dev_fs, &n.path, Some(dirs))?.expect("dirs given");
     match ops.lstat(&dir, leaf) {
         Ok(st) if is_node(&st, n) => return Ok(Outcome::Existing),
         Ok(st) => {
@@ -270,7 +287,7 @@ pub fn create_one<D: DirOps>(
 /// empty ones, never through a symlink), last made first.
 pub fn remove<D: DirOps>(ops: &D, dev: &D::Dir, dev_fs: u64, nodes: &[NodeSpec], dirs: &[String]) {
     for n in nodes.iter().rev() {
-        let Ok(Some((dir, leaf))) = walk_parent(ops, dev, dev_fs, n, None) else {
+        let Ok(Some((dir, leaf))) = walk_parent(ops, dev, dev_fs, &n.path, None) else {
             continue;
         };
         match ops.lstat(&dir, leaf) {
@@ -281,29 +298,9 @@ pub fn remove<D: DirOps>(ops: &D, dev: &D::Dir, dev_fs: u64, nodes: &[NodeSpec],
         }
     }
     for d in dirs.iter().rev() {
-        let Some(rel) = d.strip_prefix("/dev/") else {
-            continue;
-        };
-        let comps: Vec<&str> = rel.split('/').collect();
-        let Some((leaf, parents)) = comps.split_last() else {
-            continue;
-        };
-        let Ok(mut cur) = ops.dup(dev) else {
-            continue;
-        };
-        let mut ok = true;
-        for c in parents {
-            match open_dir(ops, &cur, c) {
-                Ok(d) => cur = d,
-                Err(_) => {
-                    ok = false;
-                    break;
-                }
-            }
-        }
-        if ok {
-            // Only an empty directory goes; a symlink put in its place is not a directory.
-            let _ = ops.unlink(&cur, leaf, true);
+        // Only an empty directory goes; a symlink put in its place is not a directory.
+        if let Ok(Some((parent, leaf))) = walk_parent(ops, dev, dev_fs, d, None) {
+            let _ = ops.unlink(&parent, leaf, true);
         }
     }
 }

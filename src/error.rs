@@ -24,6 +24,13 @@ pub enum Error {
     Container(#[from] ContainerError),
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    /// A failure whose rollback could not undo everything: what is left is said on the same
+    /// line, and kept as a value for callers.
+    #[error("{error}{}", crate::cgroup::rollback_note(left))]
+    RollbackIncomplete {
+        error: Box<Error>,
+        left: Vec<String>,
+    },
     #[error("{0}")]
     Other(String),
 }

@@ -389,7 +389,10 @@ fn with_rollback(e: Error, left: &[String]) -> Error {
     if left.is_empty() {
         e
     } else {
-        Error::other(format!("{e}{}", cgroup::rollback_note(left)))
+        Error::RollbackIncomplete {
+            error: Box::new(e),
+            left: left.to_vec(),
+        }
     }
 }
 
@@ -428,6 +431,15 @@ pub fn activate(
     // operator needs. The container helper says it as a value; a cgroup that vanished with
     // the init is recognized by looking at the init.
     let applied = apply(&ct, &specs).map_err(|e| match e {
+        // The init is gone: so are its cgroup and /dev, and nothing is left to roll back.
+        Error::RollbackIncomplete { error, .. }
+            if matches!(*error, Error::Container(ContainerError::InitGone { .. })) =>
+        {
+            *error
+        }
+        e => e,
+    });
+    let applied = applied.map_err(|e| match e {
         Error::Container(ContainerError::InitGone { pid, cause }) => Error::other(format!(
             "container init {pid} exited during started{}",
             cause.map(|c| format!(" ({c})")).unwrap_or_default()
