@@ -24,7 +24,8 @@ rpm -qlp "$rpm" | tee "$work/rpm-files"
 for f in /usr/bin/gpuhook /usr/bin/gpuhook-libvirt /etc/gpuhook/config.json /usr/lib/tmpfiles.d/gpuhook.conf \
          /usr/lib/systemd/system/gpuhook-reconcile.service /usr/lib/systemd/system/gpuhook-reconcile.timer \
          /usr/share/man/man1/gpuhook.1.gz /usr/share/man/man1/gpuhook-libvirt.1.gz /usr/share/doc/gpuhook/README.md \
-         /usr/share/gpuhook/engines/podman-containers.conf /usr/share/gpuhook/engines/docker-daemon.json; do
+         /usr/share/gpuhook/engines/podman-containers.conf /usr/share/gpuhook/engines/docker-daemon.json \
+         /usr/lib/systemd/system/gpuhook-metrics.service /usr/lib/systemd/system/gpuhook-metrics.timer; do
     has "$f" "$work/rpm-files"
 done
 rpm -qp --configfiles "$rpm" | tee "$work/rpm-conf"
@@ -79,7 +80,8 @@ LD_PRELOAD="$work/evil.so" /usr/bin/gpuhook --version >/dev/null
 LD_PRELOAD="$work/evil.so" /bin/true
 [ -e "$work/preloaded" ] || fail "the LD_PRELOAD probe itself does not work"
 step "systemd-analyze verify"
-systemd-analyze verify /lib/systemd/system/gpuhook-reconcile.service /lib/systemd/system/gpuhook-reconcile.timer
+systemd-analyze verify /lib/systemd/system/gpuhook-reconcile.service /lib/systemd/system/gpuhook-reconcile.timer \
+    /lib/systemd/system/gpuhook-metrics.service /lib/systemd/system/gpuhook-metrics.timer
 
 step "real-libvirtd suite against the installed hook"
 GPUHOOK_TEST_HOOK=installed GPUHOOK_TEST_BIN=/usr/bin/gpuhook GPUHOOK_TEST_LIBVIRT_BIN=/usr/bin/gpuhook-libvirt \

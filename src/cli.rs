@@ -67,6 +67,13 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         extra: Vec<String>,
     },
+    /// Write the GPUs and reservations as Prometheus metrics (node_exporter textfile format)
+    Metrics {
+        /// Replace this file atomically instead of printing (e.g.
+        /// /var/lib/prometheus/node-exporter/gpuhook.prom)
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
     /// Run as the OCI runtime wrapper (what gpuhook-runtime does): gpuhook runtime -- ARGS
     Runtime {
         /// The real runtime's arguments (runc's command line)
@@ -191,9 +198,45 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::List { json } => report(list(json)),
         Command::Check { file } => report(check(&file)),
         Command::Release { domain } => report(release(&domain)),
+        Command::Metrics { output } => report(metrics(output.as_deref())),
         Command::Runtime { args } => crate::runtime::main(&args),
         Command::OciHook { stage, token, .. } => crate::runtime::oci_hook(&stage, token.as_deref()),
     }
+}
+
+fn metrics(output: Option<&std::path::Path>) -> Result<i32, Error> {
+    let (_, inv, st) = load()?;
+    let text = crate::metrics::render(&inv, &st);
+    let Some(path) = output else {
+        print!("{text}");
+        return Ok(0);
+    };
+    // node_exporter may read at any moment: a temp file beside it, then rename.
+    let io = |e: std::io::Error| Error::other(format!("{}: {e}", path.display()));
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::other(format!("{}: names no file", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+            .map_err(io)?;
+        f.write_all(text.as_bytes()).map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(e)
+    })?;
+    Ok(0)
 }
 
 fn report(r: Result<i32, Error>) -> i32 {

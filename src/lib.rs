@@ -24,6 +24,7 @@ pub mod inventory;
 pub mod lifecycle;
 pub mod log;
 pub mod metadata;
+pub mod metrics;
 pub mod node;
 pub mod oci;
 pub mod procfs;

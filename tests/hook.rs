@@ -675,3 +675,61 @@ fn unusable_gpu_found_late_is_skipped() {
     ));
     assert_eq!(h.holders()["c"].len(), 1);
 }
+
+/// `gpuhook metrics`: what Prometheus's own checker accepts, with the values the host and
+/// the state hold (a model name that needs escaping included), written atomically.
+#[test]
+fn metrics_for_node_exporter() {
+    let h = Host::with(FakeHost::blueprint(), |c| {
+        c["overrides"] = serde_json::json!({"0000:08:00.0": {"model": "Tesla \"M2050\" \\ rev"}});
+    });
+    assert_ok(&h.hook("a", "prepare", &domain("a", 1, &gpus("count='1'"))));
+    let o = h.cmd().arg("metrics").output().unwrap();
+    assert_ok(&o);
+    let text = String::from_utf8(o.stdout).unwrap();
+    for line in [
+        r#"gpuhook_gpu_info{pci="0000:07:00.0",index="0",vendor="nvidia",model="Tesla M2050",arch="fermi",numa_node=""} 1"#,
+        r#"gpuhook_gpu_info{pci="0000:08:00.0",index="1",vendor="nvidia",model="Tesla \"M2050\" \\ rev",arch="fermi",numa_node=""} 1"#,
+        r#"gpuhook_gpu_reserved{pci="0000:07:00.0",kind="libvirt",holder="a"} 1"#,
+        r#"gpuhook_gpu_reserved{pci="0000:08:00.0",kind="",holder=""} 0"#,
+        r#"gpuhook_gpu_usable{pci="0000:08:00.0"} 1"#,
+        r#"gpuhook_reservations{kind="libvirt",phase="prepared"} 1"#,
+        r#"gpuhook_reservations{kind="oci",phase="running"} 0"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+    }
+    // Prometheus's promtool (Debian package prometheus) finds nothing to say.
+    let check = run_with_stdin(
+        std::process::Command::new("promtool").args(["check", "metrics"]),
+        &text,
+    );
+    assert!(
+        check.status.success() && check.stdout.is_empty(),
+        "promtool: {} {}",
+        String::from_utf8_lossy(&check.stdout),
+        stderr(&check)
+    );
+    // --output replaces the file atomically: mode 0644, no temp file left.
+    let dir = h.root().join("textfile");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("gpuhook.prom");
+    std::fs::write(&out, "old").unwrap();
+    assert_ok(
+        &h.cmd()
+            .args(["metrics", "--output"])
+            .arg(&out)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), text);
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names, [std::ffi::OsString::from("gpuhook.prom")]);
+}

@@ -1,0 +1,125 @@
+//! `gpuhook metrics`: the host's GPUs and reservations in the Prometheus text exposition
+//! format (version 0.0.4), for node_exporter's textfile collector. Pure: inventory and state
+//! in, text out; the CLI writes it (atomically with `--output`).
+
+use crate::inventory::Inventory;
+use crate::state::{HolderKind, Phase, State};
+use std::fmt::Write;
+
+/// A label value, escaped as the exposition format wants (`\`, `"`, newline).
+fn esc(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn family(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+}
+
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: u64) {
+    let l: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", esc(v)))
+        .collect();
+    let _ = writeln!(out, "{name}{{{}}} {value}", l.join(","));
+}
+
+/// The exposition text.
+pub fn render(inv: &Inventory, st: &State) -> String {
+    let mut out = String::new();
+    family(
+        &mut out,
+        "gpuhook_gpu_info",
+        "A GPU of this host, as gpuhook sees it (value 1).",
+    );
+    for g in &inv.gpus {
+        let numa = g.numa_node.map(|n| n.to_string()).unwrap_or_default();
+        sample(
+            &mut out,
+            "gpuhook_gpu_info",
+            &[
+                ("pci", &g.pci),
+                ("index", &g.index.to_string()),
+                ("vendor", g.vendor.as_str()),
+                ("model", &g.model),
+                ("arch", g.arch.as_deref().unwrap_or("")),
+                ("numa_node", &numa),
+            ],
+            1,
+        );
+    }
+    family(
+        &mut out,
+        "gpuhook_gpu_reserved",
+        "Whether the GPU is reserved (1) and by which holder (kind libvirt or oci; empty when free).",
+    );
+    for g in &inv.gpus {
+        let (kind, holder, v) = match st.holder_of(&g.pci) {
+            Some(r) => (r.kind.as_str(), r.domain.as_str(), 1),
+            None => ("", "", 0),
+        };
+        sample(
+            &mut out,
+            "gpuhook_gpu_reserved",
+            &[("pci", &g.pci), ("kind", kind), ("holder", holder)],
+            v,
+        );
+    }
+    family(
+        &mut out,
+        "gpuhook_gpu_usable",
+        "Whether the GPU can be given to a container (present, driver and node usable, not excluded).",
+    );
+    for g in &inv.gpus {
+        sample(
+            &mut out,
+            "gpuhook_gpu_usable",
+            &[("pci", &g.pci)],
+            u64::from(g.usable()),
+        );
+    }
+    family(
+        &mut out,
+        "gpuhook_reservations",
+        "Reservations in the state, by holder kind and phase.",
+    );
+    for kind in [HolderKind::Libvirt, HolderKind::Oci] {
+        for (phase, name) in [(Phase::Prepared, "prepared"), (Phase::Running, "running")] {
+            let n = st
+                .reservations
+                .values()
+                .filter(|r| r.kind == kind && r.phase == phase)
+                .count();
+            sample(
+                &mut out,
+                "gpuhook_reservations",
+                &[("kind", kind.as_str()), ("phase", name)],
+                n as u64,
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(esc(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(esc("x\ny"), "x\\ny");
+        let mut s = String::new();
+        sample(&mut s, "m", &[("model", "Tesla \"M\"")], 1);
+        assert_eq!(s, "m{model=\"Tesla \\\"M\\\"\"} 1\n");
+    }
+}
