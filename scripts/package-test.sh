@@ -81,7 +81,8 @@ LD_PRELOAD="$work/evil.so" /bin/true
 [ -e "$work/preloaded" ] || fail "the LD_PRELOAD probe itself does not work"
 step "systemd-analyze verify"
 systemd-analyze verify /lib/systemd/system/gpuhook-reconcile.service /lib/systemd/system/gpuhook-reconcile.timer \
-    /lib/systemd/system/gpuhook-metrics.service /lib/systemd/system/gpuhook-metrics.timer
+    /lib/systemd/system/gpuhook-metrics.service /lib/systemd/system/gpuhook-metrics.timer \
+    /lib/systemd/system/gpuhook-placement.service
 
 step "real-libvirtd suite against the installed hook"
 GPUHOOK_TEST_HOOK=installed GPUHOOK_TEST_BIN=/usr/bin/gpuhook GPUHOOK_TEST_LIBVIRT_BIN=/usr/bin/gpuhook-libvirt \

@@ -100,24 +100,37 @@ pub fn builtin(vendor: u16, device: u16) -> Option<(&'static str, &'static str)>
         .map(|e| (e.2, e.3))
 }
 
+/// Every architecture name gpuhook knows (the built-in table and the chip prefixes).
+pub fn known_names() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = TABLE
+        .iter()
+        .map(|e| e.2)
+        .chain(CHIP_PREFIXES.iter().map(|p| p.1))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+const CHIP_PREFIXES: [(&str, &str); 12] = [
+    ("GB", "blackwell"),
+    ("GH", "hopper"),
+    ("AD", "ada"),
+    ("GA", "ampere"),
+    ("TU", "turing"),
+    ("GV", "volta"),
+    ("GP", "pascal"),
+    ("GM", "maxwell"),
+    ("GK", "kepler"),
+    ("GF", "fermi"),
+    ("GT", "tesla"),
+    ("G8", "tesla"),
+];
+
 /// NVIDIA architecture from a chip name's prefix (`GF100GL` → fermi).
 pub fn nvidia_arch_from_chip(chip: &str) -> Option<&'static str> {
-    const PREFIXES: [(&str, &str); 12] = [
-        ("GB", "blackwell"),
-        ("GH", "hopper"),
-        ("AD", "ada"),
-        ("GA", "ampere"),
-        ("TU", "turing"),
-        ("GV", "volta"),
-        ("GP", "pascal"),
-        ("GM", "maxwell"),
-        ("GK", "kepler"),
-        ("GF", "fermi"),
-        ("GT", "tesla"),
-        ("G8", "tesla"),
-    ];
     let chip = chip.trim_start();
-    PREFIXES
+    CHIP_PREFIXES
         .iter()
         .find(|(p, _)| {
             chip.starts_with(p) && chip[p.len()..].starts_with(|c: char| c.is_ascii_digit())

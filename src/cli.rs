@@ -74,6 +74,14 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Write this host's GPUs as an OpenStack Nova provider config (Placement inventories
+    /// CUSTOM_GPU_<ARCH> and traits)
+    Placement {
+        /// Replace this file atomically instead of printing (e.g.
+        /// /etc/nova/provider_config/gpuhook.yaml)
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
     /// Run as the OCI runtime wrapper (what gpuhook-runtime does): gpuhook runtime -- ARGS
     Runtime {
         /// The real runtime's arguments (runc's command line)
@@ -199,6 +207,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::Check { file } => report(check(&file)),
         Command::Release { domain } => report(release(&domain)),
         Command::Metrics { output } => report(metrics(output.as_deref())),
+        Command::Placement { output } => report(placement(output.as_deref())),
         Command::Runtime { args } => crate::runtime::main(&args),
         Command::OciHook { stage, token, .. } => crate::runtime::oci_hook(&stage, token.as_deref()),
     }
@@ -206,12 +215,29 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
 
 fn metrics(output: Option<&std::path::Path>) -> Result<i32, Error> {
     let (_, inv, st) = load()?;
-    let text = crate::metrics::render(&inv, &st);
+    emit(&crate::metrics::render(&inv, &st), output)
+}
+
+fn placement(output: Option<&std::path::Path>) -> Result<i32, Error> {
+    let cfg = Config::load()?;
+    let inv = inventory::scan(&cfg)?;
+    for g in inv.gpus.iter().filter(|g| g.arch.is_none()) {
+        log::warn(&format!(
+            "GPU {} ({}) has no known architecture: no Placement inventory for it (name one in the config's overrides)",
+            g.pci, g.model
+        ));
+    }
+    emit(&crate::placement::render(&inv), output)
+}
+
+/// Prints `text`, or replaces `output` with it atomically.
+fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, Error> {
     let Some(path) = output else {
         print!("{text}");
         return Ok(0);
     };
-    // node_exporter may read at any moment: a temp file beside it, then rename.
+    // Readers (node_exporter, nova-compute) may read at any moment: a temp file beside it,
+    // then a rename.
     let io = |e: std::io::Error| Error::other(format!("{}: {e}", path.display()));
     let name = path
         .file_name()

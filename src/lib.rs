@@ -27,6 +27,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod node;
 pub mod oci;
+pub mod placement;
 pub mod procfs;
 pub mod reconcile;
 pub mod request;
