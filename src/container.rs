@@ -150,12 +150,14 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
         Some(pid) if pid > 0 => pid,
         _ => pidfile_controller(name)?,
     };
-    if procfs::start_time(controller).is_none() {
+    let proc = &procfs::HOST;
+    if proc.start_time(controller).is_none() {
         return cerr(format!("controller process {controller} does not exist"));
     }
-    let inits: Vec<ProcRef> = procfs::children(controller)
+    let inits: Vec<ProcRef> = proc
+        .children(controller)
         .into_iter()
-        .filter_map(|c| init_child(&procfs::HOST, controller, c))
+        .filter_map(|c| init_child(proc, controller, c))
         .collect();
     match inits.as_slice() {
         [init] => {
@@ -637,7 +639,7 @@ mod tests {
         let unshare = ns.id() as i32;
         let mut init = None;
         for _ in 0..100 {
-            if let Some(c) = procfs::children(unshare).first() {
+            if let Some(c) = procfs::HOST.children(unshare).first() {
                 init = Some(*c);
                 break;
             }

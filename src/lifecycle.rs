@@ -104,26 +104,34 @@ fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
 /// fits), reclaiming stale reservations only when the request does not fit otherwise. The
 /// reservation is abandoned when libvirtd (the hook's parent) is gone with no container.
 pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
-    reserve_by(h, req, procfs::parent()).map(|_| ())
+    reserve_by(&Config::load()?, h, req, procfs::parent()).map(|_| ())
 }
 
 /// `create` of an OCI container: reserves as [`reserve`] does, for a process that will
 /// become the runtime (the wrapper execs it: when it is gone with no init recorded, the
 /// reservation is stale), and returns the nodes the container gets, owned by the request's
 /// container-side uid and gid (the runtime makes them), and the reserving process (the
-/// token its hooks carry). Nothing is reserved on error.
-pub fn reserve_nodes(h: &Holder, req: &Request) -> Result<(Vec<NodeSpec>, ProcRef), Error> {
+/// token its hooks carry). Nothing is reserved on error. `cfg`: the config the front door
+/// already loaded.
+pub fn reserve_nodes(
+    cfg: &Config,
+    h: &Holder,
+    req: &Request,
+) -> Result<(Vec<NodeSpec>, ProcRef), Error> {
     let me = ProcRef::of(std::process::id() as i32)
         .ok_or_else(|| Error::other("cannot read this process's own start time"))?;
-    reserve_by(h, req, Some(me)).map(|n| (n, me))
+    reserve_by(cfg, h, req, Some(me)).map(|n| (n, me))
 }
 
-fn reserve_by(h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Vec<NodeSpec>, Error> {
-    let cfg = Config::load()?;
-    let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
-    let parent = by;
+fn reserve_by(
+    cfg: &Config,
+    h: &Holder,
+    req: &Request,
+    by: Option<ProcRef>,
+) -> Result<Vec<NodeSpec>, Error> {
+    let mut inv = inventory::scan_with(cfg, Scan::for_request(req))?;
     let now = now_rfc3339();
-    let (gpus, notes, specs) = store(&cfg).update(|st| -> Result<_, Error> {
+    let (gpus, notes, specs) = store(cfg).update(|st| -> Result<_, Error> {
         let mut notes = Vec::new();
         if let Some(r) = st.reservations.get(h.id) {
             if r.kind != h.kind {
@@ -158,10 +166,10 @@ fn reserve_by(h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Vec<Node
             }
         }
         if let Some(r) = st.reservations.get_mut(h.id) {
-            inv.settle(&cfg, &r.gpus);
+            inv.settle(cfg, &r.gpus);
             if satisfies(&inv, &r.gpus, req) {
                 r.phase = Phase::Prepared;
-                r.prepared_by = parent;
+                r.prepared_by = by;
                 r.init = None;
                 r.controller = None;
                 r.nodes.clear();
@@ -198,7 +206,7 @@ fn reserve_by(h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Vec<Node
                     continue;
                 }
             };
-            inv.settle(&cfg, &g);
+            inv.settle(cfg, &g);
             if g.iter().all(|p| inv.by_pci(p).is_some_and(|x| x.usable())) {
                 break g;
             }
@@ -215,7 +223,7 @@ fn reserve_by(h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Vec<Node
                 request: req.to_string(),
                 created: now.clone(),
                 updated: now.clone(),
-                prepared_by: parent,
+                prepared_by: by,
                 controller: None,
                 init: None,
                 nodes: as_nodes(&specs),

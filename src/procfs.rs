@@ -175,25 +175,6 @@ fn stat_fields(path: &str) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
-pub fn start_time(pid: i32) -> Option<u64> {
-    HOST.start_time(pid)
-}
-
-/// The parent PID (`/proc/PID/stat` field 4).
-pub fn ppid(pid: i32) -> Option<i32> {
-    HOST.ppid(pid)
-}
-
-/// Direct children of a process (all its threads).
-pub fn children(pid: i32) -> Vec<i32> {
-    HOST.children(pid)
-}
-
-/// `NSpid:` of `/proc/PID/status`: the PID in each nested PID namespace, outermost first.
-pub fn nspid(pid: i32) -> Vec<i32> {
-    HOST.nspid(pid)
-}
-
 pub fn comm(pid: i32) -> Option<String> {
     HOST.comm(pid)
 }
@@ -351,12 +332,15 @@ mod tests {
             .arg("5")
             .spawn()
             .unwrap();
-        let kids = children(std::process::id() as i32);
+        let kids = HOST.children(std::process::id() as i32);
         assert!(kids.contains(&(child.id() as i32)), "{kids:?}");
         let c = ProcRef::of(child.id() as i32).unwrap();
-        assert_eq!(nspid(child.id() as i32), vec![child.id() as i32]);
+        assert_eq!(HOST.nspid(child.id() as i32), vec![child.id() as i32]);
         assert_eq!(comm(child.id() as i32).as_deref(), Some("sleep"));
-        assert_eq!(ppid(child.id() as i32), Some(std::process::id() as i32));
+        assert_eq!(
+            HOST.ppid(child.id() as i32),
+            Some(std::process::id() as i32)
+        );
         child.kill().unwrap();
         // A zombie is not alive.
         std::thread::sleep(std::time::Duration::from_millis(50));

@@ -152,6 +152,13 @@ impl Invocation {
         inv
     }
 
+    /// Says `msg` (syslog, stderr, the runtime's `--log`); returns `code`, the exit status.
+    fn fail(&self, msg: &str, code: i32) -> i32 {
+        log::error(msg);
+        self.log_error(msg);
+        code
+    }
+
     /// Appends the refusal to the runtime's `--log` as runc writes its own errors there
     /// (logrus JSON or text lines): docker and containerd show the last error of that file.
     pub fn log_error(&self, msg: &str) {
@@ -192,19 +199,15 @@ pub fn main(args: &[OsString]) -> i32 {
     let cfg = match Config::load() {
         Ok(c) => c,
         Err(e) => {
-            let msg = format!("{e}; refusing to guess which OCI runtime to run");
-            log::error(&msg);
-            inv.log_error(&msg);
-            return 127;
+            return inv.fail(
+                &format!("{e}; refusing to guess which OCI runtime to run"),
+                127,
+            )
         }
     };
     let runtime = match real_runtime(&cfg) {
         Ok(r) => r,
-        Err(e) => {
-            log::error(&e);
-            inv.log_error(&e);
-            return 127;
-        }
+        Err(e) => return inv.fail(&e, 127),
     };
     match inv.command.as_deref() {
         Some("create") | Some("run") => {
@@ -212,10 +215,7 @@ pub fn main(args: &[OsString]) -> i32 {
                 Ok(r) => r,
                 Err(e) => {
                     let who = HolderKind::Oci.who(inv.id.as_deref().unwrap_or("?"));
-                    let msg = format!("{who}: {e}");
-                    log::error(&msg);
-                    inv.log_error(&msg);
-                    return 1;
+                    return inv.fail(&format!("{who}: {e}"), 1);
                 }
             };
             let code = exec(&runtime, args);
@@ -328,7 +328,7 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
         id,
         idmap: if userns { &b.idmap } else { &identity },
     };
-    let (nodes, by) = lifecycle::reserve_nodes(&h, &req)?;
+    let (nodes, by) = lifecycle::reserve_nodes(cfg, &h, &req)?;
     let written = if userns {
         make_private_nodes(cfg, id, by, &nodes)
             .and_then(|srcs| write_config(&path, b.config, &nodes, Some(&srcs), by))
