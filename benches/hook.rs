@@ -142,7 +142,14 @@ fn interleaved(n: usize, setup: impl FnMut(), a: &Cmd, b: &Cmd) -> (f64, f64) {
 fn interleaved_stats(n: usize, mut setup: impl FnMut(), a: &Cmd, b: &Cmd) -> (Stats, Stats) {
     let (mut wa, mut wb) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n + 4 {
-        for (c, w) in [(a, &mut wa), (b, &mut wb)] {
+        // Which goes first alternates: on this VM the second of two back-to-back process
+        // runs is measurably slower (two builds that run the same instructions within 1 %
+        // read 1.07–1.10× apart when always run in the same order).
+        let mut round = [(a, &mut wa), (b, &mut wb)];
+        if i % 2 == 1 {
+            round.reverse();
+        }
+        for (c, w) in round {
             setup();
             let s = run(c, None);
             assert!(s.ok, "a measured run failed: {}", s.err);
@@ -190,6 +197,18 @@ fn domain(name: &str, n: u32, meta: &str, id: Option<i32>) -> String {
     format!(
         "<domain type='lxc'{id}>\n  <name>{name}</name>\n  <uuid>{n:08x}-0000-4000-8000-{n:012x}</uuid>\n  <metadata>\n    {meta}\n  </metadata>\n  <memory unit='KiB'>1048576</memory>\n  <currentMemory unit='KiB'>1048576</currentMemory>\n  <vcpu placement='static'>2</vcpu>\n  <resource>\n    <partition>/machine</partition>\n  </resource>\n  <os>\n    <type arch='x86_64'>exe</type>\n    <init>/sbin/init</init>\n  </os>\n  <clock offset='utc'/>\n  <on_poweroff>destroy</on_poweroff>\n  <on_reboot>restart</on_reboot>\n  <on_crash>destroy</on_crash>\n  <devices>\n    <emulator>/usr/lib/libvirt/libvirt_lxc</emulator>\n    <filesystem type='mount' accessmode='passthrough'>\n      <source dir='/var/lib/lxc/{name}/rootfs'/>\n      <target dir='/'/>\n    </filesystem>\n    <interface type='network'>\n      <mac address='52:54:00:4a:1b:2c'/>\n      <source network='default'/>\n    </interface>\n    <console type='pty'>\n      <target type='lxc' port='0'/>\n    </console>\n  </devices>\n</domain>\n"
     )
+}
+
+/// A Nova instance's domain (tests/fixtures/nova-lxc-domain.xml: Nova 34's metadata as
+/// libvirt formats it) of a flavor with these extra specs.
+fn nova_domain(flavor: &str, specs: &[(&str, &str)]) -> String {
+    let specs: String = specs
+        .iter()
+        .map(|(k, v)| format!("          <nova:extraSpec name=\"{k}\">{v}</nova:extraSpec>\n"))
+        .collect();
+    include_str!("../tests/fixtures/nova-lxc-domain.xml")
+        .replace("@FLAVOR@", flavor)
+        .replace("@EXTRA_SPECS@", &specs)
 }
 
 const ONE: &str = r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"/>"#;
@@ -374,13 +393,29 @@ fn main() {
         .status()
         .unwrap();
     assert!(mounted.success(), "mount tmpfs");
+    // Every binary measured runs from one directory: on this VM the same binary started
+    // from the source tree (/work/…) took 130–180 µs longer than a copy in /tmp, which
+    // would bias any comparison between binaries kept in different places.
+    std::fs::create_dir_all(work.join("bin")).unwrap();
+    let place = |p: &Path, name: &str| -> PathBuf {
+        let to = work.join("bin").join(name);
+        std::fs::copy(p, &to).unwrap_or_else(|e| panic!("copy {}: {e}", p.display()));
+        to
+    };
+    let bins = Bins {
+        hook: place(&bins.hook, "gpuhook"),
+        noop: place(&bins.noop, "noop"),
+        shell: place(&bins.shell, "lxc-shell-baseline.sh"),
+    };
+    let baseline_path =
+        std::env::var_os("BENCH_BASELINE").map(|p| place(Path::new(&p), "gpuhook-baseline"));
     let mut rep = Report {
         rows: vec![],
         json: vec![],
     };
     // Another gpuhook build to compare this one with, row by row, runs interleaved.
-    let baseline = std::env::var_os("BENCH_BASELINE").map(|p| Bins {
-        hook: PathBuf::from(p),
+    let baseline = baseline_path.map(|p| Bins {
+        hook: p,
         noop: bins.noop.clone(),
         shell: bins.shell.clone(),
     });
@@ -426,6 +461,48 @@ fn main() {
                 || {},
                 &h16.hook(base, "web", "prepare", &plain),
                 &h16.hook(&bins, "web", "prepare", &plain),
+            ),
+        );
+    }
+
+    // 1a. A Nova instance without GPU keys: Nova's whole metadata (flavor with its extra
+    // specs, image properties, owner, ports) as Nova 34 writes it, in libvirt's formatting.
+    let nova_plain = nova_domain(
+        "m1.small",
+        &[
+            ("hw:cpu_policy", "shared"),
+            ("hw_rng:allowed", "True"),
+            ("quota:cpu_shares", "1024"),
+            ("aggregate_instance_extra_specs:ssd", "true"),
+            ("trait:CUSTOM_GPU_ARCH_FERMI", "forbidden"),
+        ],
+    );
+    let nova_row = format!(
+        "Nova instance without GPU keys (`prepare`, {:.1} KB XML)",
+        nova_plain.len() as f64 / 1024.0
+    );
+    let (noop_nova, mut hook_nova) = interleaved_stats(
+        n,
+        || {},
+        &h16.noop(&bins, "instance-0000002a", "prepare", &nova_plain),
+        &h16.hook(&bins, "instance-0000002a", "prepare", &nova_plain),
+    );
+    hook_nova.maxrss_kb = bench
+        .measure(
+            4,
+            || {},
+            &h16.hook(&bins, "instance-0000002a", "prepare", &nova_plain),
+        )
+        .maxrss_kb;
+    rep.row(&nova_row, hook_nova, Some(noop_nova), None);
+    if let Some(base) = &baseline {
+        ab.row(
+            &nova_row,
+            interleaved(
+                n,
+                || {},
+                &h16.hook(base, "instance-0000002a", "prepare", &nova_plain),
+                &h16.hook(&bins, "instance-0000002a", "prepare", &nova_plain),
             ),
         );
     }
@@ -502,6 +579,27 @@ fn main() {
         );
         must(&hr);
     }
+
+    // 2b. The same through a Nova flavor's Placement form, `resources:CUSTOM_GPU_AMPERE=2`.
+    let nova_g2 = nova_domain(
+        "g1.ampere2",
+        &[
+            ("hw:cpu_policy", "shared"),
+            ("resources:CUSTOM_GPU_AMPERE", "2"),
+        ],
+    );
+    let (np, nr) = (
+        h16.hook(&bins, "instance-0000002a", "prepare", &nova_g2),
+        h16.hook(&bins, "instance-0000002a", "release", &nova_g2),
+    );
+    let nova_p = bench.measure(n, || must(&nr), &np);
+    rep.row(
+        "`prepare`, 2 of 16 GPUs, Nova flavor `resources:CUSTOM_GPU_AMPERE=2`",
+        nova_p,
+        Some(noop_g2),
+        None,
+    );
+    must(&nr);
 
     // 3. How cost grows: reservations in the state, GPUs on the host.
     for k in [200u32, 1000] {

@@ -425,7 +425,7 @@ fn check(file: &str) -> Result<i32, Error> {
         return Ok(0);
     };
     let (_, inv, st) = load()?;
-    println!("domain '{}' asks for {req}", dom.name);
+    println!("domain '{}' asks for {req} ({})", dom.name, dom.source);
     let (gpus, verb) = match st.reservations.get(&dom.uuid) {
         Some(r) => (r.gpus.clone(), "holds"),
         None => match alloc::allocate(&inv.gpus, &st.held(None), req) {

@@ -21,6 +21,10 @@ pub enum Op {
     Ge(String),
     Contains(String),
     OneOf(Vec<String>),
+    /// The GPU's architecture as Placement names it (`CUSTOM_GPU_FERMI`): the form a flavor's
+    /// `resources:CUSTOM_GPU_<ARCH>` names, matched by [`crate::placement::custom_name`] so
+    /// that the hook takes exactly the GPUs `gpuhook placement` counted in that class.
+    Class(String),
 }
 
 impl Op {
@@ -28,6 +32,9 @@ impl Op {
     /// as in Nova where a missing capability fails every operator.
     pub fn matches(&self, value: Option<&str>) -> bool {
         let Some(value) = value else { return false };
+        if let Op::Class(c) = self {
+            return crate::placement::custom_name("GPU_", value) == *c;
+        }
         let v = value.to_ascii_lowercase();
         match self {
             Op::Eq(x) => v == *x,
@@ -38,6 +45,7 @@ impl Op {
             Op::Ge(x) => v.as_str() >= x.as_str(),
             Op::Contains(x) => v.contains(x.as_str()),
             Op::OneOf(xs) => xs.contains(&v),
+            Op::Class(_) => false,
         }
     }
 }
@@ -53,6 +61,7 @@ impl fmt::Display for Op {
             Op::Ge(x) => write!(f, ">= {x}"),
             Op::Contains(x) => write!(f, "contains {x}"),
             Op::OneOf(xs) => write!(f, "one of {}", xs.join("|")),
+            Op::Class(c) => write!(f, "in resource class {c}"),
         }
     }
 }
@@ -120,6 +129,29 @@ pub fn parse_positive_count(s: &str) -> Result<u32, String> {
         Ok(n) if n <= MAX_COUNT => Ok(n),
         _ => Err(format!("count {s} is too large (at most {MAX_COUNT})")),
     }
+}
+
+/// The resource class of a Placement request key, `resources[GROUP]:CUSTOM_GPU_<ARCH>`
+/// (Nova's granular groups: `resources1:…`, `resources_gpu:…`), when `key` is one that
+/// names GPUs; `None` for every other key (`resources:VCPU`, `hw:…`).
+pub fn gpu_resource_class(key: &str) -> Option<&str> {
+    let (group, class) = key.split_once(':')?;
+    let suffix = group.strip_prefix("resources")?;
+    let group_ok = suffix.len() <= 64
+        && suffix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    (group_ok && class.starts_with("CUSTOM_GPU_")).then_some(class)
+}
+
+/// The amount of a `resources…:CLASS` key: a whole number as Nova takes it; `0` drops the
+/// resource from the request (Nova's way to unset an inherited one).
+pub fn parse_amount(value: &str) -> Result<u32, String> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b == b'0') {
+        return Ok(0);
+    }
+    parse_positive_count(v)
 }
 
 /// Parses the value of a string key (`gpu_arch`, `gpu_model`, `gpu_vendor`).
@@ -229,6 +261,51 @@ mod tests {
         assert!(parse_string_op("s==").is_err());
         assert!(parse_string_op("<or>").is_err());
         assert!(parse_string_op("  ").is_err());
+    }
+
+    #[test]
+    fn placement_keys() {
+        assert_eq!(
+            gpu_resource_class("resources:CUSTOM_GPU_FERMI"),
+            Some("CUSTOM_GPU_FERMI")
+        );
+        assert_eq!(
+            gpu_resource_class("resources1:CUSTOM_GPU_XE_HPC"),
+            Some("CUSTOM_GPU_XE_HPC")
+        );
+        assert_eq!(
+            gpu_resource_class("resources_gpu-a:CUSTOM_GPU_A"),
+            Some("CUSTOM_GPU_A")
+        );
+        for other in [
+            "resources:VCPU",
+            "resources:CUSTOM_GPUX",
+            "resources:VGPU",
+            "trait:CUSTOM_GPU_ARCH_FERMI",
+            "hw:cpu_policy",
+            "resources/x:CUSTOM_GPU_FERMI",
+            "xresources:CUSTOM_GPU_FERMI",
+            "gpus",
+        ] {
+            assert_eq!(gpu_resource_class(other), None, "{other}");
+        }
+        assert_eq!(parse_amount(" 2 "), Ok(2));
+        assert_eq!(parse_amount("0"), Ok(0));
+        assert_eq!(parse_amount("00"), Ok(0));
+        assert!(parse_amount("-1").is_err());
+        assert!(parse_amount("two").is_err());
+        assert!(parse_amount("").is_err());
+        assert!(parse_amount("2000").is_err());
+    }
+
+    #[test]
+    fn class_matching() {
+        let c = Op::Class("CUSTOM_GPU_XE_HPC".into());
+        assert!(c.matches(Some("xe-hpc")));
+        assert!(!c.matches(Some("xe")));
+        assert!(!c.matches(None));
+        assert!(Op::Class("CUSTOM_GPU_FERMI".into()).matches(Some("Fermi")));
+        assert_eq!(c.to_string(), "in resource class CUSTOM_GPU_XE_HPC");
     }
 
     #[test]

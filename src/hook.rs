@@ -46,7 +46,7 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
         stop(name, op, xml);
         return 0;
     }
-    if !metadata::mentions_gpuhook(xml) {
+    if !metadata::may_request(xml) {
         return 0;
     }
     let must_succeed = matches!(op, "prepare" | "start" | "started");
@@ -60,6 +60,21 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
     let Some(req) = dom.request.clone() else {
         return 0;
     };
+    if op == "prepare" {
+        match &dom.source {
+            metadata::Source::Nova { .. } => log::info(&format!(
+                "domain '{}': GPU request from {}: {req}",
+                dom.name, dom.source
+            )),
+            metadata::Source::Gpuhook {
+                nova_ignored: Some(flavor),
+            } => log::info(&format!(
+                "domain '{}': the gpuhook <gpus> element is the request; Nova flavor '{flavor}' GPU extra specs are not read",
+                dom.name
+            )),
+            _ => {}
+        }
+    }
     let h = holder(&dom);
     let find = || container::find(&dom.name, dom.id);
     let result = match op {
@@ -107,7 +122,7 @@ fn holder(dom: &Domain) -> Holder<'_> {
 /// does not name costs a config read and one look at the state's bytes; trouble with either
 /// is said only for a domain whose XML asks for GPUs (others are none of gpuhook's business).
 fn stop(name: &str, op: &str, xml: &[u8]) {
-    let asks = metadata::mentions_gpuhook(xml);
+    let asks = metadata::may_request(xml);
     let fail = |e: &dyn std::fmt::Display| {
         if asks {
             log::error(&format!("domain '{name}': {op}: cannot free its GPUs: {e}"));

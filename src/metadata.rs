@@ -3,7 +3,11 @@
 //! PID while running) and `<idmap>`.
 //!
 //! Parsing is strict inside gpuhook's own element (unknown attributes, children, duplicate
-//! or contradictory values are errors) and blind to every other namespace.
+//! or contradictory values are errors) and blind to every other namespace but one: Nova's
+//! flavor metadata (`<nova:instance><nova:flavor><nova:extraSpecs><nova:extraSpec name=…>`),
+//! whose GPU keys (the blueprint's `gpus`, `gpu_arch`, `gpu_model`, `gpu_vendor` and
+//! Placement's `resources[N]:CUSTOM_GPU_<ARCH>`) are a request when the domain has no gpuhook
+//! element. Everything else of Nova's is left unread.
 
 use crate::error::one_line;
 use crate::extra_specs::{self, Op};
@@ -17,6 +21,9 @@ use quick_xml::XmlVersion;
 
 /// gpuhook's XML namespace.
 pub const NS: &str = "urn:gpuhook:gpu:1";
+/// Nova's metadata namespace without its version (`…/nova/1.1` since 2015): the elements
+/// gpuhook reads have kept their shape across versions.
+pub const NOVA_NS_PREFIX: &str = "http://openstack.org/xmlns/libvirt/nova/";
 
 /// Upper bound on the domain XML the hook accepts (libvirt's own limit is 10 MiB).
 pub const MAX_XML: usize = 16 << 20;
@@ -42,16 +49,63 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ParseError> {
     Err(ParseError::new(msg))
 }
 
-/// Whether the document mentions gpuhook's namespace at all. libvirt formats the XML
-/// itself (no DTD, no entities), so a document without this string has no gpuhook
-/// element: the hook can leave at once without parsing anything.
+/// Whether the document mentions gpuhook's namespace.
 pub fn mentions_gpuhook(xml: &[u8]) -> bool {
     find(xml, NS.as_bytes()).is_some()
 }
 
-/// Where `needle` first occurs in `hay`.
+/// Whether the document may ask for GPUs: it mentions gpuhook's namespace, or Nova's and a
+/// GPU key of a flavor (`"gpus"`, `"gpu_…`, `"resources…:CUSTOM_GPU_…`). libvirt formats the
+/// XML itself (no DTD, no entities; libxml2 writes attribute values as they are, quoted), so
+/// a document without these strings has no request: the hook can leave at once without
+/// parsing anything. A false positive only costs a parse.
+pub fn may_request(xml: &[u8]) -> bool {
+    if mentions_gpuhook(xml) {
+        return true;
+    }
+    let Some(nova) = find(xml, NOVA_NS_PREFIX.as_bytes()) else {
+        return false;
+    };
+    // One pass over what follows Nova's namespace: an attribute value (or text) that opens
+    // with a GPU key. Nova's elements come after the declaration of its namespace.
+    let rest = &xml[nova..];
+    rest.iter()
+        .enumerate()
+        .any(|(i, &q)| (q == b'"' || q == b'\'') && nova_gpu_key_at(&rest[i + 1..], q))
+}
+
+/// Whether `v` (what follows a quote `q`) opens with a flavor's GPU key: `gpus` closed by
+/// the quote, `gpu_`, or `resources[GROUP]:CUSTOM_GPU_`.
+fn nova_gpu_key_at(v: &[u8], q: u8) -> bool {
+    if let Some(r) = v.strip_prefix(b"gpu") {
+        return r.first() == Some(&b'_') || (r.first() == Some(&b's') && r.get(1) == Some(&q));
+    }
+    let Some(group) = v.strip_prefix(b"resources") else {
+        return false;
+    };
+    let n = group
+        .iter()
+        .take(65)
+        .take_while(|&&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        .count();
+    group[n..].starts_with(b":CUSTOM_GPU_")
+}
+
+/// Where `needle` first occurs in `hay`. A plain scan: SIMD search crates detect CPU
+/// features at first use, and on VMs where CPUID traps to the hypervisor that alone costs
+/// more than scanning a domain XML (measured: +190 µs per hook run, docs/BENCHMARKS.md).
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    let (&first, rest) = needle.split_first()?;
+    let last = hay.len().checked_sub(needle.len())?;
+    let mut i = 0;
+    while i <= last {
+        let at = i + hay[i..=last].iter().position(|&b| b == first)?;
+        if hay[at + 1..at + needle.len()] == *rest {
+            return Some(at);
+        }
+        i = at + 1;
+    }
+    None
 }
 
 /// The domain's UUID without parsing the document: the text of its first `<uuid>` element.
@@ -73,6 +127,30 @@ pub struct Domain {
     pub id: Option<i32>,
     pub idmap: IdMap,
     pub request: Option<Request>,
+    /// Where the request came from.
+    pub source: Source,
+}
+
+/// Which part of the domain XML asked for GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// No request.
+    None,
+    /// gpuhook's `<gpus>` element; `Some(flavor)` when a Nova flavor's GPU keys were there
+    /// too and were not read (the element wins).
+    Gpuhook { nova_ignored: Option<String> },
+    /// The extra specs of this Nova flavor.
+    Nova { flavor: String },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::None => write!(f, "no request"),
+            Source::Gpuhook { .. } => write!(f, "gpuhook <gpus> element"),
+            Source::Nova { flavor } => write!(f, "Nova flavor '{flavor}' extra specs"),
+        }
+    }
 }
 
 /// Parses a domain XML. Errors are one line, without the domain name (callers add it).
@@ -100,6 +178,11 @@ enum Ctx {
     ExtraSpec,
     Idmap,
     IdmapEntry,
+    NovaInstance,
+    NovaFlavor,
+    NovaExtraSpecs,
+    /// A flavor extra spec with a GPU key: its text is read.
+    NovaExtraSpec,
     /// Anything else: skipped, with its whole subtree.
     Other,
 }
@@ -117,6 +200,23 @@ pub(crate) struct GpusBuilder {
     spec_keys: Vec<String>,
     current_spec: Option<String>,
     text: String,
+    /// `resources[N]:CUSTOM_GPU_<ARCH>` keys: (key, class, amount > 0).
+    resources: Vec<(String, String, u32)>,
+}
+
+/// A Nova flavor's GPU extra specs, as read from `<nova:extraSpecs>`.
+#[derive(Default)]
+struct NovaSpecs {
+    flavor: Option<String>,
+    specs: Vec<(String, String)>,
+    current: Option<String>,
+    text: String,
+}
+
+/// Whether a flavor extra spec is one gpuhook reads.
+fn nova_gpu_key(key: &str) -> bool {
+    matches!(key, "gpus" | "gpu_arch" | "gpu_model" | "gpu_vendor")
+        || extra_specs::gpu_resource_class(key).is_some()
 }
 
 #[derive(Default)]
@@ -128,6 +228,7 @@ struct Parser {
     idmap: IdMap,
     gpus: Option<GpusBuilder>,
     seen_gpus: bool,
+    nova: NovaSpecs,
     text: String,
     saw_root: bool,
 }
@@ -178,6 +279,10 @@ impl Parser {
         matches!(ns, ResolveResult::Bound(Namespace(n)) if *n == NS)
     }
 
+    fn in_nova_ns(ns: &ResolveResult) -> bool {
+        matches!(ns, ResolveResult::Bound(Namespace(n)) if n.starts_with(NOVA_NS_PREFIX))
+    }
+
     fn run(mut self, text: &str) -> Result<Domain, ParseError> {
         let mut reader = NsReader::from_str(text);
         reader.config_mut().check_end_names = true;
@@ -185,15 +290,22 @@ impl Parser {
             let (ns, ev) = reader
                 .read_resolved_event()
                 .map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
-            let ns_is_ours = Self::in_ns(&ns);
-            let ns_is_none = matches!(ns, ResolveResult::Unbound);
+            let ns = if Self::in_ns(&ns) {
+                Ns::Ours
+            } else if matches!(ns, ResolveResult::Unbound) {
+                Ns::None
+            } else if Self::in_nova_ns(&ns) {
+                Ns::Nova
+            } else {
+                Ns::Other
+            };
             match ev {
                 Event::Start(e) => {
-                    let ctx = self.open(&reader, &e, ns_is_ours, ns_is_none)?;
+                    let ctx = self.open(&reader, &e, ns)?;
                     self.stack.push(ctx);
                 }
                 Event::Empty(e) => {
-                    let ctx = self.open(&reader, &e, ns_is_ours, ns_is_none)?;
+                    let ctx = self.open(&reader, &e, ns)?;
                     self.stack.push(ctx);
                     self.close()?;
                 }
@@ -235,7 +347,30 @@ impl Parser {
         if !self.stack.is_empty() {
             return err("malformed XML: unexpected end of document");
         }
-        let request = self.gpus.take().map(build_request).transpose()?;
+        let nova_flavor = self
+            .nova
+            .flavor
+            .take()
+            .unwrap_or_else(|| "(unnamed)".into());
+        let (request, source) = match self.gpus.take() {
+            Some(g) => (
+                Some(build_request(g)?),
+                Source::Gpuhook {
+                    nova_ignored: (!self.nova.specs.is_empty()).then_some(nova_flavor),
+                },
+            ),
+            None => match nova_request(&self.nova.specs)
+                .map_err(|e| ParseError::new(format!("Nova flavor '{nova_flavor}': {e}")))?
+            {
+                Some(r) => (
+                    Some(r),
+                    Source::Nova {
+                        flavor: nova_flavor,
+                    },
+                ),
+                None => (None, Source::None),
+            },
+        };
         let name = self
             .name
             .take()
@@ -255,6 +390,7 @@ impl Parser {
             id: self.id,
             idmap: self.idmap,
             request,
+            source,
         })
     }
 
@@ -273,6 +409,15 @@ impl Parser {
                 }
                 g.text.push_str(s);
             }
+            Some(Ctx::NovaExtraSpec) => {
+                if self.nova.text.len() + s.len() > MAX_VALUE {
+                    return err(format!(
+                        "Nova flavor extra spec '{}' is longer than {MAX_VALUE} bytes",
+                        self.nova.current.as_deref().unwrap_or_default()
+                    ));
+                }
+                self.nova.text.push_str(s);
+            }
             Some(Ctx::Gpus) | Some(Ctx::Device) if !s.trim().is_empty() => {
                 return err(format!(
                     "unexpected text '{}' in gpuhook element",
@@ -288,9 +433,9 @@ impl Parser {
         &mut self,
         reader: &NsReader<&[u8]>,
         e: &BytesStart,
-        ours: bool,
-        no_ns: bool,
+        ns: Ns,
     ) -> Result<Ctx, ParseError> {
+        let (ours, no_ns, nova) = (ns == Ns::Ours, ns == Ns::None, ns == Ns::Nova);
         let local = e.local_name();
         let local = local.as_ref();
         let parent = self.top();
@@ -420,6 +565,38 @@ impl Parser {
                     e.name().as_ref()
                 ))
             }
+            // Nova's flavor metadata: only the path to its extra specs is followed, leniently
+            // (Nova's elements are Nova's business); nothing else of Nova's is read.
+            Some(Ctx::Metadata) if nova && local == "instance" => Ctx::NovaInstance,
+            Some(Ctx::NovaInstance) if nova && local == "flavor" => {
+                if self.nova.flavor.is_none() {
+                    self.nova.flavor = lenient_attr(e, "name");
+                }
+                Ctx::NovaFlavor
+            }
+            Some(Ctx::NovaFlavor) if nova && local == "extraSpecs" => Ctx::NovaExtraSpecs,
+            Some(Ctx::NovaExtraSpecs) if nova && local == "extraSpec" => {
+                match lenient_attr(e, "name") {
+                    Some(key) if nova_gpu_key(&key) => {
+                        if self.nova.specs.len() >= MAX_EXTRA_SPECS {
+                            return err(format!(
+                                "more than {MAX_EXTRA_SPECS} GPU extra specs in the Nova flavor"
+                            ));
+                        }
+                        self.nova.current = Some(key);
+                        self.nova.text.clear();
+                        Ctx::NovaExtraSpec
+                    }
+                    _ => Ctx::Other,
+                }
+            }
+            Some(Ctx::NovaExtraSpec) => {
+                return err(format!(
+                    "unexpected element <{}> inside Nova flavor extra spec '{}'",
+                    e.name().as_ref(),
+                    self.nova.current.as_deref().unwrap_or_default()
+                ))
+            }
             _ => Ctx::Other,
         };
         Ok(ctx)
@@ -450,10 +627,48 @@ impl Parser {
                 let value = std::mem::take(&mut g.text);
                 apply_extra_spec(g, &key, &value)?;
             }
+            Ctx::NovaExtraSpec => {
+                let key = self.nova.current.take().unwrap_or_default();
+                if self.nova.specs.iter().any(|(k, _)| *k == key) {
+                    return err(format!("Nova flavor extra spec '{key}' is given twice"));
+                }
+                let value = std::mem::take(&mut self.nova.text);
+                self.nova.specs.push((key, value));
+            }
             _ => {}
         }
         Ok(())
     }
+}
+
+/// The namespace of an element, as the parser tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ns {
+    Ours,
+    Nova,
+    None,
+    Other,
+}
+
+/// An unqualified attribute of someone else's element, unescaped; `None` when absent or not
+/// readable (Nova's elements never fail a domain: only their GPU keys are gpuhook's).
+fn lenient_attr(e: &BytesStart, name: &str) -> Option<String> {
+    let a = e.try_get_attribute(name).ok()??;
+    let v = a.normalized_value(XmlVersion::Implicit1_0).ok()?;
+    (v.len() <= MAX_VALUE).then(|| v.into_owned())
+}
+
+/// The request a Nova flavor's GPU extra specs make, read as the same keys in a gpuhook
+/// `<extra_spec>` are; `None` when they ask for nothing (`resources:CUSTOM_GPU_X=0`).
+fn nova_request(specs: &[(String, String)]) -> Result<Option<Request>, ParseError> {
+    let mut g = GpusBuilder::default();
+    for (k, v) in specs {
+        apply_extra_spec(&mut g, k, v)?;
+    }
+    if g.spec_count.is_none() && g.filters.is_empty() && g.resources.is_empty() {
+        return Ok(None);
+    }
+    build_request(g).map(Some)
 }
 
 fn is_xmlns(key: &str) -> bool {
@@ -601,6 +816,18 @@ fn parse_device(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<DeviceSel, P
 
 fn apply_extra_spec(g: &mut GpusBuilder, key: &str, value: &str) -> Result<(), ParseError> {
     let bad = |m: String| ParseError::new(format!("extra_spec '{key}' ('{}'): {m}", value.trim()));
+    if let Some(class) = extra_specs::gpu_resource_class(key) {
+        if !crate::placement::valid_custom_name(class) {
+            return Err(bad(format!(
+                "'{class}' is not a Placement resource class name (CUSTOM_[A-Z0-9_]+)"
+            )));
+        }
+        let n = extra_specs::parse_amount(value).map_err(bad)?;
+        if n > 0 {
+            g.resources.push((key.to_owned(), class.to_owned(), n));
+        }
+        return Ok(());
+    }
     match key {
         "gpus" => {
             let n = extra_specs::parse_count(value).map_err(bad)?;
@@ -633,16 +860,54 @@ fn apply_extra_spec(g: &mut GpusBuilder, key: &str, value: &str) -> Result<(), P
     Ok(())
 }
 
-pub(crate) fn build_request(g: GpusBuilder) -> Result<Request, ParseError> {
+pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     let n = g.devices.len() as u32;
-    let count = match (g.count_attr, &g.spec_count) {
-        (Some(a), Some((s, raw))) if a != *s => {
-            return err(format!("count='{a}' contradicts extra_spec gpus '{raw}'"))
+    // Placement's resources: one class (one architecture), amounts added up.
+    let mut resources: Option<(u32, String)> = None;
+    if let Some((_, class, _)) = g.resources.first() {
+        let class = class.clone();
+        if let Some((_, other, _)) = g.resources.iter().find(|(_, c, _)| *c != class) {
+            return err(format!(
+                "resources ask for GPUs of two classes ({class}, {other}); one request takes GPUs of one class"
+            ));
         }
-        (Some(a), _) => a,
-        (None, Some((s, _))) => *s,
-        (None, None) => n.max(1),
-    };
+        let total: u32 = g.resources.iter().map(|(_, _, a)| *a).sum();
+        let keys: Vec<String> = g
+            .resources
+            .iter()
+            .map(|(k, _, a)| format!("{k}={a}"))
+            .collect();
+        if total > extra_specs::MAX_COUNT {
+            return err(format!(
+                "resources ({}) ask for {total} GPUs (at most {})",
+                keys.join(", "),
+                extra_specs::MAX_COUNT
+            ));
+        }
+        g.filters.push(Filter {
+            field: Field::Arch,
+            op: Op::Class(class),
+        });
+        resources = Some((total, keys.join(", ")));
+    }
+    let mut count: Option<(u32, String)> = None;
+    for (c, what) in [
+        g.count_attr.map(|a| (a, format!("count='{a}'"))),
+        g.spec_count
+            .as_ref()
+            .map(|(s, raw)| (*s, format!("extra_spec gpus '{raw}'"))),
+        resources.map(|(t, keys)| (t, format!("resources ({keys})"))),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        match &count {
+            Some((c0, what0)) if *c0 != c => return err(format!("{what0} contradicts {what}")),
+            Some(_) => {}
+            None => count = Some((c, what)),
+        }
+    }
+    let count = count.map_or(n.max(1), |(c, _)| c);
     if count < n {
         return err(format!(
             "count {count} is less than the {n} <device> children"
@@ -1042,11 +1307,213 @@ mod tests {
     }
 
     #[test]
+    fn plain_search() {
+        assert_eq!(find(b"abcabd", b"abd"), Some(3));
+        assert_eq!(find(b"abcabd", b"abcabd"), Some(0));
+        assert_eq!(find(b"abcab", b"abd"), None);
+        assert_eq!(find(b"ab", b"abc"), None);
+        assert_eq!(find(b"", b"a"), None);
+        assert_eq!(find(b"abc", b""), None);
+        assert_eq!(find(b"xaxa", b"ax"), Some(1));
+        assert_eq!(find(b"a", b"a"), Some(0));
+    }
+
+    #[test]
     fn mentions() {
-        assert!(mentions_gpuhook(
+        assert!(may_request(
             dom(r#"<g:gpus xmlns:g="urn:gpuhook:gpu:1"/>"#).as_bytes()
         ));
-        assert!(!mentions_gpuhook(dom("").as_bytes()));
+        assert!(!may_request(dom("").as_bytes()));
+    }
+
+    /// A Nova LXC domain as libvirt hands it to the hook: its metadata written by Nova 34's
+    /// own `LibvirtDriver._get_guest_config_meta` (tests/openstack/nova_domain.py).
+    fn nova(flavor: &str, specs: &[(&str, &str)]) -> String {
+        let specs: String = specs
+            .iter()
+            .map(|(k, v)| format!("          <nova:extraSpec name=\"{k}\">{v}</nova:extraSpec>\n"))
+            .collect();
+        include_str!("../tests/fixtures/nova-lxc-domain.xml")
+            .replace("@FLAVOR@", flavor)
+            .replace("@EXTRA_SPECS@", &specs)
+    }
+
+    fn nova_req(specs: &[(&str, &str)]) -> Result<Option<Request>, ParseError> {
+        parse_domain(nova("g1.test", specs).as_bytes()).map(|d| d.request)
+    }
+
+    #[test]
+    fn nova_blueprint_keys() {
+        let d = parse_domain(
+            nova(
+                "cg1.xlarge",
+                &[
+                    ("hw:cpu_policy", "shared"),
+                    ("gpus", "= 2"),
+                    ("gpu_arch", "s== fermi"),
+                    ("gpu_model", "&lt;in&gt; M2050"),
+                    ("hypervisor_type", "s== lxc"),
+                ],
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let r = d.request.unwrap();
+        assert_eq!(r.count, 2);
+        assert_eq!(r.to_string(), "2 GPUs, arch == fermi, model contains m2050");
+        assert_eq!(
+            d.source,
+            Source::Nova {
+                flavor: "cg1.xlarge".into()
+            }
+        );
+        assert_eq!(d.name, "instance-0000002a");
+        assert_eq!(d.id, Some(24817));
+    }
+
+    #[test]
+    fn nova_placement_resources() {
+        let r = nova_req(&[("resources:CUSTOM_GPU_FERMI", "2")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.count, 2);
+        assert_eq!(
+            r.filters,
+            vec![Filter {
+                field: Field::Arch,
+                op: Op::Class("CUSTOM_GPU_FERMI".into())
+            }]
+        );
+        // Granular groups of one class add up; the blueprint's keys may say the same.
+        let r = nova_req(&[
+            ("resources1:CUSTOM_GPU_HOPPER", "2"),
+            ("resources2:CUSTOM_GPU_HOPPER", " 1 "),
+            ("gpus", "= 3"),
+            ("gpu_vendor", "s== nvidia"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.count, 3);
+        assert_eq!(
+            r.to_string(),
+            "3 GPUs, vendor == nvidia, arch in resource class CUSTOM_GPU_HOPPER"
+        );
+        // `0` takes a resource out of a flavor's request: nothing is asked.
+        assert_eq!(nova_req(&[("resources:CUSTOM_GPU_FERMI", "0")]), Ok(None));
+    }
+
+    #[test]
+    fn nova_without_gpu_keys_is_no_request() {
+        let plain = nova(
+            "m1.small",
+            &[
+                ("hw:cpu_policy", "shared"),
+                ("resources:VCPU", "1"),
+                ("trait:CUSTOM_GPU_ARCH_FERMI", "required"),
+                ("gpu", "2"),
+                ("pci_passthrough:alias", "gpu:1"),
+            ],
+        );
+        let d = parse_domain(plain.as_bytes()).unwrap();
+        assert_eq!((d.request, d.source), (None, Source::None));
+        // And the hook's cheap exit does not even parse a Nova domain without GPU keys
+        // (`trait:CUSTOM_GPU_ARCH_…` names a trait, not a resource).
+        assert!(!may_request(
+            nova("m1.small", &[("hw:cpu_policy", "shared")]).as_bytes()
+        ));
+        assert!(!may_request(
+            nova("gpu.large", &[("trait:CUSTOM_GPU_ARCH_FERMI", "required")]).as_bytes()
+        ));
+        for k in [
+            "gpus",
+            "gpu_arch",
+            "resources:CUSTOM_GPU_FERMI",
+            "resources3:CUSTOM_GPU_X",
+        ] {
+            assert!(may_request(nova("f", &[(k, "1")]).as_bytes()), "{k}");
+        }
+        // Nova's image properties and other elements are not the flavor's extra specs.
+        let image = plain.replace(
+            r#"<nova:property name="hw_architecture">"#,
+            r#"<nova:property name="gpus">"#,
+        );
+        assert_eq!(parse_domain(image.as_bytes()).unwrap().request, None);
+    }
+
+    #[test]
+    fn gpuhook_element_wins_over_nova() {
+        let x = nova("cg1.xlarge", &[("gpus", "= 2")]).replace(
+            "<metadata>",
+            r#"<metadata><gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="1"/>"#,
+        );
+        let d = parse_domain(x.as_bytes()).unwrap();
+        assert_eq!(d.request.unwrap().count, 1);
+        assert_eq!(
+            d.source,
+            Source::Gpuhook {
+                nova_ignored: Some("cg1.xlarge".into())
+            }
+        );
+    }
+
+    #[test]
+    fn nova_faults_are_one_line_and_name_the_flavor() {
+        for (specs, needle) in [
+            (vec![("gpus", "two")], "extra_spec 'gpus' ('two')"),
+            (vec![("gpus", "!= 2")], "does not name a number"),
+            (
+                vec![("gpu_vendor", "s== matrox")],
+                "unknown vendor 'matrox'",
+            ),
+            (vec![("resources:CUSTOM_GPU_FERMI", "-1")], "negative"),
+            (
+                vec![("resources:CUSTOM_GPU_fermi", "1")],
+                "not a Placement resource class",
+            ),
+            (
+                vec![("resources:CUSTOM_GPU_FERMI", "2"), ("gpus", "= 3")],
+                "extra_spec gpus '= 3' contradicts resources (resources:CUSTOM_GPU_FERMI=2)",
+            ),
+            (
+                vec![
+                    ("resources1:CUSTOM_GPU_FERMI", "1"),
+                    ("resources2:CUSTOM_GPU_KEPLER", "1"),
+                ],
+                "two classes (CUSTOM_GPU_FERMI, CUSTOM_GPU_KEPLER)",
+            ),
+            (
+                vec![
+                    ("resources1:CUSTOM_GPU_FERMI", "1000"),
+                    ("resources2:CUSTOM_GPU_FERMI", "1000"),
+                ],
+                "at most 1024",
+            ),
+        ] {
+            let e = nova_req(&specs).unwrap_err();
+            assert!(e.0.starts_with("Nova flavor 'g1.test': "), "{e}");
+            assert!(e.0.contains(needle), "{e} lacks {needle}");
+            assert!(!e.0.contains('\n'));
+        }
+        let twice = nova("f", &[("gpus", "1"), ("gpus", "2")]);
+        assert!(parse_domain(twice.as_bytes())
+            .unwrap_err()
+            .0
+            .contains("'gpus' is given twice"));
+        let long = nova("f", &[("gpus", &"1".repeat(300))]);
+        assert!(parse_domain(long.as_bytes())
+            .unwrap_err()
+            .0
+            .contains("longer than"));
+    }
+
+    #[test]
+    fn placement_resources_in_the_gpuhook_element() {
+        let r = req(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"><gpu:extra_spec name="resources:CUSTOM_GPU_AMPERE">2</gpu:extra_spec></gpu:gpus>"#).unwrap();
+        assert_eq!(r.count, 2);
+        fails(
+            r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="1"><gpu:extra_spec name="resources:CUSTOM_GPU_AMPERE">2</gpu:extra_spec></gpu:gpus>"#,
+            "count='1' contradicts resources",
+        );
     }
 
     #[test]

@@ -490,6 +490,58 @@ fn plain_domain_untouched(b: &mut Bed) {
     assert!(!b.state().exists());
 }
 
+/// Domains as Nova's libvirt driver writes them (its own metadata classes, from PyPI): a
+/// flavor with Placement's `resources:CUSTOM_GPU_FERMI=2` gets both Fermi GPUs, one without
+/// GPU keys starts untouched beside it, and the GPUs are free again after destroy.
+fn nova_flavor_through_libvirt(b: &mut Bed) {
+    b.use_host(FakeHost::blueprint());
+    let init = b.work.join("nova-init.sh");
+    std::fs::write(&init, "#!/bin/sh\nwhile :; do sleep 1; done\n").unwrap();
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let init = init.to_str().unwrap();
+    let gpu = common::nova_domain(
+        "gh-nova-g1",
+        &common::uuid(0x4e0a),
+        init,
+        "g1.fermi2",
+        &serde_json::json!({"resources:CUSTOM_GPU_FERMI": "2", "hw:cpu_policy": "shared"}),
+    );
+    let plain = common::nova_domain(
+        "gh-nova-m1",
+        &common::uuid(0x4e0b),
+        init,
+        "m1.small",
+        &serde_json::json!({"hw:cpu_policy": "shared"}),
+    );
+    b.d.define(&gpu).expect("define");
+    b.d.define(&plain).expect("define");
+    b.start("gh-nova-g1").expect("start the GPU flavor");
+    b.start("gh-nova-m1").expect("start the plain flavor");
+    assert_eq!(b.holders()["gh-nova-g1"], ["0000:07:00.0", "0000:08:00.0"]);
+    assert_eq!(
+        b.reservation("gh-nova-g1").unwrap()["request"],
+        "2 GPUs, arch in resource class CUSTOM_GPU_FERMI"
+    );
+    let ct = b.ct("gh-nova-g1");
+    let n = b.nodes(&ct);
+    assert_eq!(
+        (n.get("/dev/nvidia0"), n.get("/dev/nvidia1")),
+        (Some(&(195, 0)), Some(&(195, 1)))
+    );
+    let r = b.open_in(&ct, &["/dev/nvidia0", "/dev/nvidia1"]);
+    assert_eq!(r, vec![Err(Errno::ENXIO), Err(Errno::ENXIO)]);
+    let m1 = b.ct("gh-nova-m1");
+    assert!(
+        b.dev(&m1).is_empty(),
+        "no GPU node in the plain flavor's container"
+    );
+    expect_list(&b.devices_list(&m1), &[]);
+    assert_eq!(b.holders().len(), 1);
+    b.d.virsh_ok(&["destroy", "gh-nova-g1"]).unwrap();
+    b.d.virsh_ok(&["destroy", "gh-nova-m1"]).unwrap();
+    assert!(b.holders().is_empty(), "destroy frees");
+}
+
 fn reconnect_keeps_and_repairs(b: &mut Bed) {
     b.use_host(FakeHost::blueprint());
     b.define_start(&spec("gh-r", ""));
@@ -1495,6 +1547,7 @@ const CASES: &[(&str, Case)] = &[
     ("blueprint_flavor", blueprint_flavor),
     ("more_than_free_fails", more_than_free_fails),
     ("plain_domain_untouched", plain_domain_untouched),
+    ("nova_flavor_through_libvirt", nova_flavor_through_libvirt),
     ("libvirt_and_podman_contend", libvirt_and_podman_contend),
     ("reconnect_keeps_and_repairs", reconnect_keeps_and_repairs),
     ("numa_placement_and_isolation", numa_placement_and_isolation),

@@ -1,38 +1,18 @@
-//! OpenStack: `gpuhook placement`'s provider config read by Nova's own loader
-//! (`nova.compute.provider_config.get_provider_configs`, Nova 34.0.0 from PyPI, in a
-//! virtualenv this test makes once under `target/openstack-venv`).
+//! OpenStack, against its own code (Nova 34.0.0 and openstack-placement 16.0.0 from PyPI,
+//! in a virtualenv made once under `target/openstack-venv`):
+//! - domain XML written by Nova's own metadata classes drives the hook (the blueprint's
+//!   extra specs, Placement's `resources:CUSTOM_GPU_FERMI=2`, a flavor without GPUs);
+//! - `gpuhook placement`'s provider config is read by Nova's own loader;
+//! - a real Placement service gets three fake hosts' provider configs as Nova's resource
+//!   tracker applies them, and its allocation candidates are exactly the hosts with the
+//!   GPUs free, before and after the scheduler's claims.
 
 mod common;
 
 use common::{assert_ok, Host};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::process::Command;
 use testbed::FakeHost;
-
-const NOVA: &str = "nova==34.0.0";
-
-/// The cached virtualenv with Nova (made on first use; a marker says it is complete).
-fn venv() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/openstack-venv");
-    let marker = dir.join(NOVA);
-    if !marker.exists() {
-        let _ = std::fs::remove_dir_all(&dir);
-        let o = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&dir)
-            .output()
-            .expect("python3");
-        assert_ok(&o);
-        let o = Command::new(dir.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check", NOVA])
-            .output()
-            .expect("pip");
-        assert_ok(&o);
-        std::fs::write(&marker, "").unwrap();
-    }
-    dir
-}
 
 /// Loads the provider configs of `dir` with Nova's own code; returns them as JSON.
 const LOAD: &str = r#"
@@ -45,7 +25,7 @@ print(json.dumps(provider_config.get_provider_configs(sys.argv[1]), default=str)
 
 #[test]
 fn nova_loads_the_provider_config() {
-    let py = venv().join("bin/python");
+    let py = common::openstack_venv().join("bin/python");
     let h = Host::with(FakeHost::mixed(), |c| {
         c["exclude"] = serde_json::json!(["0000:31:00.0"]);
     });
@@ -131,4 +111,218 @@ fn nova_loads_the_provider_config() {
         .output()
         .unwrap();
     assert!(!o.status.success(), "Nova accepted a bad trait");
+}
+
+/// Nova's XML for an instance of `flavor` with these extra specs, as domain `n`.
+fn nova_xml(name: &str, n: u32, flavor: &str, specs: Value) -> String {
+    common::nova_domain(name, &common::uuid(n), "/bin/sh", flavor, &specs)
+}
+
+/// `hook NAME OP` with GPUHOOK_VERBOSE (information on stderr too).
+fn hook_verbose(h: &Host, name: &str, op: &str, xml: &str) -> std::process::Output {
+    let subop = if op == "stopped" { "end" } else { "begin" };
+    common::run_with_stdin(
+        h.cmd()
+            .env("GPUHOOK_VERBOSE", "1")
+            .args(["hook", name, op, subop, "-"]),
+        xml,
+    )
+}
+
+#[test]
+fn nova_flavors_are_requests() {
+    let h = Host::new(FakeHost::blueprint());
+    let both = ["0000:07:00.0", "0000:08:00.0"];
+    // The blueprint's flavor, verbatim, among Nova's other extra specs.
+    let cg1 = nova_xml(
+        "instance-00000001",
+        1,
+        "cg1.xlarge",
+        serde_json::json!({"gpus": "= 2", "gpu_arch": "s== fermi", "hw:cpu_policy": "shared",
+                           "hypervisor_type": "s== lxc"}),
+    );
+    assert!(
+        cg1.contains("<nova:extraSpec name=\"gpus\">= 2</nova:extraSpec>"),
+        "{cg1}"
+    );
+    let o = hook_verbose(&h, "instance-00000001", "prepare", &cg1);
+    assert_ok(&o);
+    let log = common::stderr(&o);
+    assert!(
+        log.contains("domain 'instance-00000001': GPU request from Nova flavor 'cg1.xlarge' extra specs: 2 GPUs, arch == fermi"),
+        "{log}"
+    );
+    assert_eq!(h.holders()["instance-00000001"], both);
+    // Placement's form: the flavor's resource class, while the GPUs are held: refused, one line.
+    let g1 = nova_xml(
+        "instance-00000002",
+        2,
+        "g1.fermi2",
+        serde_json::json!({"resources:CUSTOM_GPU_FERMI": "2", "hw:mem_page_size": "any"}),
+    );
+    common::assert_fails(
+        &h.hook("instance-00000002", "prepare", &g1),
+        "instance-00000002",
+        "arch in resource class CUSTOM_GPU_FERMI",
+    );
+    assert_ok(&h.hook("instance-00000001", "stopped", &cg1));
+    assert_ok(&h.hook("instance-00000002", "prepare", &g1));
+    assert_eq!(h.holders()["instance-00000002"], both);
+    let list = h.list();
+    assert_eq!(
+        list["reservations"][0]["request"],
+        "2 GPUs, arch in resource class CUSTOM_GPU_FERMI"
+    );
+    assert_ok(&h.hook("instance-00000002", "stopped", &g1));
+    // A class this host has none of.
+    common::assert_fails(
+        &h.hook(
+            "instance-00000003",
+            "prepare",
+            &nova_xml(
+                "instance-00000003",
+                3,
+                "g1.hopper1",
+                serde_json::json!({"resources1:CUSTOM_GPU_HOPPER": "1"}),
+            ),
+        ),
+        "instance-00000003",
+        "CUSTOM_GPU_HOPPER",
+    );
+    // A flavor's bad GPU key: one line naming the flavor; nothing reserved.
+    common::assert_fails(
+        &h.hook(
+            "instance-00000004",
+            "prepare",
+            &nova_xml(
+                "instance-00000004",
+                4,
+                "g1.bad",
+                serde_json::json!({"gpus": "!= 2"}),
+            ),
+        ),
+        "instance-00000004",
+        "Nova flavor 'g1.bad': extra_spec 'gpus' ('!= 2')",
+    );
+    // A Nova instance without GPU keys: left alone, not a word, nothing held; at every step.
+    let m1 = nova_xml(
+        "instance-00000005",
+        5,
+        "m1.small",
+        serde_json::json!({"hw:cpu_policy": "shared", "trait:CUSTOM_GPU_ARCH_FERMI": "forbidden",
+                           "resources:VCPU": "1"}),
+    );
+    for op in ["prepare", "start", "started", "stopped", "release"] {
+        let o = hook_verbose(&h, "instance-00000005", op, &m1);
+        assert_ok(&o);
+        assert_eq!(common::stderr(&o), "", "{op}");
+    }
+    assert!(h.holders().is_empty());
+}
+
+/// Four Tesla M2090 (Fermi) on a host of `wide`'s shape.
+fn fermi4() -> FakeHost {
+    let mut f = FakeHost::wide(4);
+    f.name = "fermi4".into();
+    for d in &mut f.devices {
+        d.device = 0x1091;
+        if let testbed::fakehost::Driver::Nvidia { model, .. } = &mut d.driver {
+            *model = "Tesla M2090".into();
+        }
+    }
+    f
+}
+
+#[test]
+fn placement_schedules_by_free_gpus() {
+    // cn-a: two Fermi; cn-b: four Fermi, one excluded by the operator; cn-c: eight Hopper.
+    let a = Host::new(FakeHost::blueprint());
+    let b4 = fermi4();
+    let excluded = b4.devices[0].pci.clone();
+    let b = Host::with(b4, |c| c["exclude"] = serde_json::json!([excluded]));
+    let c = Host::new(FakeHost::dgx8());
+    let work = tempfile::Builder::new()
+        .prefix("gpuhook-placement-")
+        .tempdir()
+        .unwrap();
+    let mut args = vec![];
+    for (name, h) in [("cn-a", &a), ("cn-b", &b), ("cn-c", &c)] {
+        let dir = work.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_ok(
+            &h.cmd()
+                .args(["placement", "--output"])
+                .arg(dir.join("gpuhook.yaml"))
+                .output()
+                .unwrap(),
+        );
+        args.push(format!("{name}={}", dir.display()));
+    }
+    let step = |op: &str, host: &str, res: &str| serde_json::json!({"op": op, "host": host, "resources": res});
+    let plan = Value::Array(vec![
+        step("candidates", "", "CUSTOM_GPU_FERMI:2"),
+        step("claim", "cn-a", "CUSTOM_GPU_FERMI:2"),
+        step("candidates", "", "CUSTOM_GPU_FERMI:2"),
+        step("claim", "cn-b", "CUSTOM_GPU_FERMI:2"),
+        step("candidates", "", "CUSTOM_GPU_FERMI:2"),
+        step("candidates", "", "CUSTOM_GPU_FERMI:1"),
+        step("claim", "cn-a", "CUSTOM_GPU_FERMI:1"),
+        step("candidates", "", "CUSTOM_GPU_HOPPER:8"),
+        step("candidates", "", "CUSTOM_GPU_HOPPER:9"),
+    ]);
+    let mut argv = vec![work.path().to_str().unwrap().to_owned(), plan.to_string()];
+    argv.extend(args);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let out: Value =
+        serde_json::from_str(&common::openstack_script("placement.py", &argv)).unwrap();
+    assert_eq!(
+        out["steps"],
+        serde_json::json!([
+            ["cn-a", "cn-b"], // two Fermi free on cn-a, three on cn-b
+            true,
+            ["cn-b"], // cn-a's two are allocated
+            true,
+            [], // cn-b has one left
+            ["cn-b"],
+            false, // nothing left on cn-a
+            ["cn-c"],
+            []
+        ]),
+        "{out}"
+    );
+    let p = &out["providers"];
+    assert_eq!(p["cn-b"]["inventories"]["CUSTOM_GPU_FERMI"]["total"], 4);
+    assert_eq!(p["cn-b"]["inventories"]["CUSTOM_GPU_FERMI"]["reserved"], 1);
+    assert_eq!(p["cn-c"]["inventories"]["CUSTOM_GPU_HOPPER"]["total"], 8);
+    for t in [
+        "CUSTOM_GPU_VENDOR_NVIDIA",
+        "CUSTOM_GPU_ARCH_FERMI",
+        "COMPUTE_NODE",
+    ] {
+        assert!(
+            p["cn-a"]["traits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x == t),
+            "{p}"
+        );
+    }
+    assert!(p["cn-c"]["traits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x == "CUSTOM_GPU_ARCH_HOPPER"));
+    // The instance Placement put on cn-a: its hook reserves the two Fermi GPUs.
+    let xml = nova_xml(
+        "instance-0000000a",
+        10,
+        "g1.fermi2",
+        serde_json::json!({"resources:CUSTOM_GPU_FERMI": "2"}),
+    );
+    assert_ok(&a.hook("instance-0000000a", "prepare", &xml));
+    assert_eq!(
+        a.holders()["instance-0000000a"],
+        ["0000:07:00.0", "0000:08:00.0"]
+    );
 }

@@ -168,3 +168,64 @@ pub fn assert_ok(o: &Output) {
         stderr(o)
     );
 }
+
+/// What the OpenStack tests install from PyPI, pinned.
+pub const OPENSTACK: [&str; 2] = ["nova==34.0.0", "openstack-placement==16.0.0"];
+
+/// The cached virtualenv with Nova and Placement (`target/openstack-venv`, made on first
+/// use; a marker names what it holds, so a change of pins remakes it). One maker at a time.
+pub fn openstack_venv() -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/openstack-venv");
+    let marker = dir.join(OPENSTACK.join("+"));
+    if !marker.exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        let o = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&dir)
+            .output()
+            .expect("python3");
+        assert_ok(&o);
+        let o = Command::new(dir.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .args(OPENSTACK)
+            .output()
+            .expect("pip");
+        assert_ok(&o);
+        std::fs::write(&marker, "").unwrap();
+    }
+    dir
+}
+
+/// Runs one of the scripts in tests/openstack/ with the venv's Python; its stdout.
+pub fn openstack_script(script: &str, args: &[&str]) -> String {
+    let py = openstack_venv().join("bin/python");
+    let o = Command::new(py)
+        .arg(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/openstack")
+                .join(script),
+        )
+        .args(args)
+        .env("PYTHONWARNINGS", "ignore")
+        .output()
+        .expect("python");
+    assert_ok(&o);
+    String::from_utf8(o.stdout).expect("utf-8")
+}
+
+/// The domain XML Nova's libvirt driver writes for an LXC instance of a flavor with these
+/// extra specs (tests/openstack/nova_domain.py: Nova's own metadata classes).
+pub fn nova_domain(
+    name: &str,
+    uuid: &str,
+    init: &str,
+    flavor: &str,
+    specs: &serde_json::Value,
+) -> String {
+    openstack_script(
+        "nova_domain.py",
+        &[name, uuid, init, flavor, &specs.to_string()],
+    )
+}
