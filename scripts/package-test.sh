@@ -25,7 +25,8 @@ for f in /usr/bin/gpuhook /usr/bin/gpuhook-libvirt /etc/gpuhook/config.json /usr
          /usr/lib/systemd/system/gpuhook-reconcile.service /usr/lib/systemd/system/gpuhook-reconcile.timer \
          /usr/share/man/man1/gpuhook.1.gz /usr/share/man/man1/gpuhook-libvirt.1.gz /usr/share/doc/gpuhook/README.md \
          /usr/share/gpuhook/engines/podman-containers.conf /usr/share/gpuhook/engines/docker-daemon.json \
-         /usr/lib/systemd/system/gpuhook-metrics.service /usr/lib/systemd/system/gpuhook-metrics.timer; do
+         /usr/lib/systemd/system/gpuhook-metrics.service /usr/lib/systemd/system/gpuhook-metrics.timer \
+         /usr/lib/systemd/system/gpuhook-health.service /usr/lib/systemd/system/gpuhook-health.timer; do
     has "$f" "$work/rpm-files"
 done
 rpm -qp --configfiles "$rpm" | tee "$work/rpm-conf"
@@ -82,7 +83,8 @@ LD_PRELOAD="$work/evil.so" /bin/true
 step "systemd-analyze verify"
 systemd-analyze verify /lib/systemd/system/gpuhook-reconcile.service /lib/systemd/system/gpuhook-reconcile.timer \
     /lib/systemd/system/gpuhook-metrics.service /lib/systemd/system/gpuhook-metrics.timer \
-    /lib/systemd/system/gpuhook-placement.service
+    /lib/systemd/system/gpuhook-placement.service \
+    /lib/systemd/system/gpuhook-health.service /lib/systemd/system/gpuhook-health.timer
 
 step "real-libvirtd suite against the installed hook"
 GPUHOOK_TEST_HOOK=installed GPUHOOK_TEST_BIN=/usr/bin/gpuhook GPUHOOK_TEST_LIBVIRT_BIN=/usr/bin/gpuhook-libvirt \

@@ -263,6 +263,8 @@ pub(crate) mod tests {
             excluded: false,
             problem: None,
             pending: false,
+            driver: Some("nvidia".into()),
+            link: None,
         }
     }
 

@@ -82,6 +82,11 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// GPU health: quarantine GPUs the kernel log reports NVIDIA Xid errors for, or lift it
+    Health {
+        #[command(subcommand)]
+        action: HealthAction,
+    },
     /// Run as the OCI runtime wrapper (what gpuhook-runtime does): gpuhook runtime -- ARGS
     Runtime {
         /// The real runtime's arguments (runc's command line)
@@ -97,6 +102,18 @@ pub enum Command {
         token: Option<String>,
         /// What that create added to the config (read back from the config, not used here)
         added: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HealthAction {
+    /// Read the kernel log records (<dev>/kmsg) the last scan did not, and quarantine the
+    /// GPUs of Xid 48, 63, 64, 74, 79, 92, 94, 95, 119 and 120 (gpuhook-health.timer runs it)
+    Scan,
+    /// Return a quarantined GPU to service
+    Clear {
+        /// Its PCI address (0000:3b:00.0)
+        pci: String,
     },
 }
 
@@ -208,9 +225,47 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::Release { domain } => report(release(&domain)),
         Command::Metrics { output } => report(metrics(output.as_deref())),
         Command::Placement { output } => report(placement(output.as_deref())),
+        Command::Health { action } => report(health(action)),
         Command::Runtime { args } => crate::runtime::main(&args),
         Command::OciHook { stage, token, .. } => crate::runtime::oci_hook(&stage, token.as_deref()),
     }
+}
+
+fn health(action: HealthAction) -> Result<i32, Error> {
+    let cfg = Config::load()?;
+    match action {
+        HealthAction::Scan => {
+            let r = crate::health::scan(&cfg)?;
+            for (pci, q) in &r.quarantined {
+                log::warn(&format!(
+                    "GPU {pci} quarantined: Xid {} ({}): {}",
+                    q.xid, q.reason, q.message
+                ));
+            }
+            for m in &r.unmatched {
+                log::warn(&format!("an Xid for no GPU of this host: {m}"));
+            }
+            println!(
+                "{} new kernel log record{} read, {} GPU{} quarantined",
+                r.new_records,
+                if r.new_records == 1 { "" } else { "s" },
+                r.quarantined.len(),
+                if r.quarantined.len() == 1 { "" } else { "s" },
+            );
+        }
+        HealthAction::Clear { pci } => {
+            let q = crate::health::clear(&cfg, &pci)?;
+            log::info(&format!(
+                "GPU {pci}: quarantine lifted (it was for Xid {}, {}, since {})",
+                q.xid, q.reason, q.since
+            ));
+            println!(
+                "GPU {pci} is back in service (quarantined since {} for Xid {})",
+                q.since, q.xid
+            );
+        }
+    }
+    Ok(0)
 }
 
 fn metrics(output: Option<&std::path::Path>) -> Result<i32, Error> {
@@ -220,7 +275,12 @@ fn metrics(output: Option<&std::path::Path>) -> Result<i32, Error> {
 
 fn placement(output: Option<&std::path::Path>) -> Result<i32, Error> {
     let cfg = Config::load()?;
-    let inv = inventory::scan(&cfg)?;
+    let mut inv = inventory::scan(&cfg)?;
+    // Quarantined GPUs count as reserved, as unusable ones do.
+    match Store::new(&cfg.state_file).read() {
+        Ok(st) => crate::health::apply(&mut inv, &st),
+        Err(e) => log::warn(&format!("quarantined GPUs not known: {e}")),
+    }
     for g in inv.gpus.iter().filter(|g| g.arch.is_none()) {
         log::warn(&format!(
             "GPU {} ({}) has no known architecture: no Placement inventory for it (name one in the config's overrides)",
@@ -277,8 +337,9 @@ fn report(r: Result<i32, Error>) -> i32 {
 
 fn load() -> Result<(Config, Inventory, State), Error> {
     let cfg = Config::load()?;
-    let inv = inventory::scan(&cfg)?;
+    let mut inv = inventory::scan(&cfg)?;
     let st = Store::new(&cfg.state_file).read()?;
+    crate::health::apply(&mut inv, &st);
     Ok((cfg, inv, st))
 }
 
@@ -311,6 +372,13 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                 "parent": g.parent,
                 "nodes": g.nodes.iter().map(|(_, n)| n).collect::<Vec<_>>(),
                 "problem": g.problem,
+                "driver": g.driver,
+                "quarantine": st.quarantine.get(&g.pci),
+                "link": g.link.as_ref().map(|l| json!({
+                    "speed": l.speed, "max_speed": l.max_speed,
+                    "width": l.width, "max_width": l.max_width,
+                    "degraded": l.degraded(),
+                })),
             })
         })
         .collect();
@@ -361,6 +429,10 @@ fn list(as_json: bool) -> Result<i32, Error> {
                     Some(p) => format!("unusable: {p}"),
                     None => "free".into(),
                 },
+            };
+            let holder = match &g.link {
+                Some(l) if l.degraded() => format!("{holder} [link {l}]"),
+                _ => holder,
             };
             [
                 g.index.to_string(),

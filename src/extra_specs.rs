@@ -87,6 +87,13 @@ fn split_op(value: &str) -> Option<(&str, &str)> {
 /// all reserve exactly N. Operators that do not name one count (`!=`, `<=`, `<in>`, …)
 /// are refused rather than guessed.
 pub fn parse_count(value: &str) -> Result<u32, String> {
+    parse_count_bound(value).map(|(n, _)| n)
+}
+
+/// [`parse_count`], and whether Nova reads the value as "at least N" (`= N`, `>= N`):
+/// beside Placement's `resources…` keys, which name the number, that is a lower bound.
+pub fn parse_count_bound(value: &str) -> Result<(u32, bool), String> {
+    let at_least = matches!(split_op(value), Some(("=" | ">=", _)));
     let operand = match split_op(value) {
         Some((op @ ("=" | "==" | ">=" | "s=="), rest)) => {
             if rest.is_empty() {
@@ -101,7 +108,7 @@ pub fn parse_count(value: &str) -> Result<u32, String> {
         }
         None => value.trim(),
     };
-    parse_positive_count(operand)
+    parse_positive_count(operand).map(|n| (n, at_least))
 }
 
 /// Largest number of GPUs one domain may ask for. Hosts have tens; this bound keeps
@@ -144,14 +151,29 @@ pub fn gpu_resource_class(key: &str) -> Option<&str> {
     (group_ok && class.starts_with("CUSTOM_GPU_")).then_some(class)
 }
 
-/// The amount of a `resources…:CLASS` key: a whole number as Nova takes it; `0` drops the
-/// resource from the request (Nova's way to unset an inherited one).
+/// The amount of a `resources…:CLASS` key, read as Nova reads it (Python's `int()`: an
+/// optional sign, `_` between digits); `0` drops the resource from the request (Nova's way
+/// to unset an inherited one).
 pub fn parse_amount(value: &str) -> Result<u32, String> {
     let v = value.trim();
-    if !v.is_empty() && v.bytes().all(|b| b == b'0') {
+    let (neg, body) = match v.as_bytes().first() {
+        Some(b'-') => (true, &v[1..]),
+        Some(b'+') => (false, &v[1..]),
+        _ => (false, v),
+    };
+    let underscores_ok = !body.starts_with('_') && !body.ends_with('_') && !body.contains("__");
+    let digits: String = body.chars().filter(|c| *c != '_').collect();
+    if !underscores_ok || digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("amount '{v}' is not a whole number"));
+    }
+    let digits = digits.trim_start_matches('0');
+    if digits.is_empty() {
         return Ok(0);
     }
-    parse_positive_count(v)
+    if neg {
+        return Err(format!("amount '{v}' is negative"));
+    }
+    parse_positive_count(digits)
 }
 
 /// Parses the value of a string key (`gpu_arch`, `gpu_model`, `gpu_vendor`).
@@ -289,13 +311,29 @@ mod tests {
         ] {
             assert_eq!(gpu_resource_class(other), None, "{other}");
         }
-        assert_eq!(parse_amount(" 2 "), Ok(2));
-        assert_eq!(parse_amount("0"), Ok(0));
-        assert_eq!(parse_amount("00"), Ok(0));
-        assert!(parse_amount("-1").is_err());
-        assert!(parse_amount("two").is_err());
-        assert!(parse_amount("").is_err());
-        assert!(parse_amount("2000").is_err());
+        // As Python's int() reads them, which is what Nova does.
+        for (v, n) in [
+            (" 2 ", 2),
+            ("0", 0),
+            ("00", 0),
+            ("-0", 0),
+            ("+0", 0),
+            ("0_0", 0),
+            ("+2", 2),
+            ("1_0", 10),
+        ] {
+            assert_eq!(parse_amount(v), Ok(n), "{v}");
+        }
+        for bad in [
+            "-1", "two", "", "2000", "_1", "1_", "1__0", "+", "-", "1.0", "２",
+        ] {
+            assert!(parse_amount(bad).is_err(), "{bad}");
+        }
+        assert!(parse_amount("-1").unwrap_err().contains("negative"));
+        assert_eq!(parse_count_bound("= 2"), Ok((2, true)));
+        assert_eq!(parse_count_bound(">= 2"), Ok((2, true)));
+        assert_eq!(parse_count_bound("== 2"), Ok((2, false)));
+        assert_eq!(parse_count_bound("2"), Ok((2, false)));
     }
 
     #[test]

@@ -68,8 +68,8 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
             )),
             metadata::Source::Gpuhook {
                 nova_ignored: Some(flavor),
-            } => log::info(&format!(
-                "domain '{}': the gpuhook <gpus> element is the request; Nova flavor '{flavor}' GPU extra specs are not read",
+            } => log::warn(&format!(
+                "domain '{}': the gpuhook <gpus> element is the request; Nova flavor '{flavor}' GPU extra specs are not read (Placement may have allocated otherwise)",
                 dom.name
             )),
             _ => {}

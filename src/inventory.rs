@@ -70,6 +70,46 @@ pub struct Gpu {
     pub problem: Option<String>,
     /// Driver details not read yet (lazy scan); see [`Inventory::settle`].
     pub pending: bool,
+    /// The PCI driver bound to it (`nvidia`, `amdgpu`, `vfio-pci`, …).
+    pub driver: Option<String>,
+    /// Its PCIe link, read for listings only.
+    pub link: Option<Link>,
+}
+
+/// A PCIe link as sysfs shows it (`current_link_speed` `16.0 GT/s PCIe`, `…_width` `16`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Link {
+    pub speed: String,
+    pub max_speed: String,
+    pub width: u32,
+    pub max_width: u32,
+}
+
+impl Link {
+    fn gts(s: &str) -> Option<f64> {
+        s.split_whitespace().next()?.parse().ok()
+    }
+
+    /// Below its maximum speed or width. (An idle NVIDIA GPU lowers its link speed to save
+    /// power, so a slow link is shown, never held against the GPU.)
+    pub fn degraded(&self) -> bool {
+        self.width < self.max_width
+            || matches!((Self::gts(&self.speed), Self::gts(&self.max_speed)), (Some(a), Some(b)) if a < b)
+    }
+}
+
+impl std::fmt::Display for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let short = |s: &str| s.trim_end_matches(" PCIe").to_owned();
+        write!(
+            f,
+            "PCIe {} x{} of {} x{}",
+            short(&self.speed),
+            self.width,
+            short(&self.max_speed),
+            self.max_width
+        )
+    }
 }
 
 impl Gpu {
@@ -131,6 +171,9 @@ impl Control {
 pub struct Inventory {
     pub gpus: Vec<Gpu>,
     pub controls: Vec<(Control, DevNode)>,
+    /// PCI functions a lazy scan did not look at: unbound or passthrough functions of a GPU
+    /// vendor, which may be GPUs that cannot be used. A full scan has none.
+    pub deferred: usize,
 }
 
 impl Inventory {
@@ -234,7 +277,10 @@ pub struct Scan {
     pub caps: Option<Capabilities>,
     /// Leave NVIDIA driver details (model, UUID, device minor and node) for
     /// [`Inventory::settle`] on the GPUs actually chosen: the scan then costs a few reads
-    /// per GPU, whatever the host holds.
+    /// per GPU, whatever the host holds. A lazy scan also leaves out the PCI functions that
+    /// can be no usable GPU (unbound, or parked for passthrough) when the kernel's
+    /// `/proc/bus/pci/devices` says so without a look at each ([`Inventory::deferred`]):
+    /// they count only in GPU indices and in the reasons a refusal gives.
     pub lazy: bool,
 }
 
@@ -258,7 +304,12 @@ impl Scan {
                 .any(|d| matches!(d, crate::request::DeviceSel::Uuid(_)));
         Scan {
             caps: Some(req.capabilities),
-            lazy: !eager,
+            // An index names a GPU by its place among all GPUs: every function is looked at.
+            lazy: !eager
+                && !req
+                    .devices
+                    .iter()
+                    .any(|d| matches!(d, crate::request::DeviceSel::Index(_))),
         }
     }
 
@@ -325,15 +376,133 @@ const GPU_DRIVERS: [&str; 7] = [
 /// Whether a PCI function can be a GPU, from one `readlink` of its `driver` link (a third of
 /// what reading its class costs): unbound, or bound to a GPU (or passthrough) driver. A server
 /// lists hundreds of functions that are none (ports, NICs, drives), all bound to their drivers.
-fn may_be_gpu(devices: BorrowedFd, name: &str) -> bool {
+/// `Some(driver)`: it may be a GPU, bound to `driver` (`None`: unbound).
+fn may_be_gpu(devices: BorrowedFd, name: &str) -> Option<Option<String>> {
     match readlinkat(devices, format!("{name}/driver").as_str()) {
         Ok(target) => {
             let t = target.as_bytes();
             let drv = t.rsplit(|b| *b == b'/').next().unwrap_or(t);
-            GPU_DRIVERS.iter().any(|g| g.as_bytes() == drv) || drv.windows(4).any(|w| w == b"vfio")
+            (GPU_DRIVERS.iter().any(|g| g.as_bytes() == drv)
+                || drv.windows(4).any(|w| w == b"vfio"))
+            .then(|| Some(String::from_utf8_lossy(drv).into_owned()))
         }
-        Err(_) => true,
+        Err(_) => Some(None),
     }
+}
+
+/// Why a GPU's PCI config space says it is gone: the first dword reads as all ones (a
+/// device that fell off the bus answers every read so) or cannot be read. A missing file
+/// (not a real sysfs) says nothing.
+fn config_space_problem(devices: BorrowedFd, pci: &str) -> Option<String> {
+    let fd = match openat(
+        devices,
+        format!("{pci}/config").as_str(),
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ENOENT) => return None,
+        Err(e) => {
+            return Some(format!(
+                "its PCI config space cannot be read: {}",
+                std::io::Error::from(e)
+            ))
+        }
+    };
+    let mut id = [0u8; 4];
+    match nix::unistd::read(&fd, &mut id) {
+        Ok(4) if id == [0xff; 4] => {
+            Some("its PCI config space reads as all ones: fallen off the bus".into())
+        }
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "its PCI config space cannot be read: {}",
+            std::io::Error::from(e)
+        )),
+    }
+}
+
+/// The PCIe link of a device, when sysfs shows one.
+fn read_link(devices: BorrowedFd, name: &str) -> Option<Link> {
+    let at = |a: &str| read_at(devices, &format!("{name}/{a}")).map(|s| s.trim().to_owned());
+    Some(Link {
+        speed: at("current_link_speed")?,
+        max_speed: at("max_link_speed")?,
+        width: at("current_link_width")?.parse().ok()?,
+        max_width: at("max_link_width")?.parse().ok()?,
+    })
+}
+
+/// GPU drivers that bind display or accelerator functions only: a function bound to one is
+/// a GPU without a look at its class.
+const DISPLAY_DRIVERS: [&str; 6] = ["nvidia", "nouveau", "amdgpu", "radeon", "i915", "xe"];
+
+/// What the kernel's `/proc/bus/pci/devices` tells of one PCI function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Listed {
+    /// No GPU: another vendor's, or bound to a driver that is no GPU's.
+    NoGpu,
+    /// Bound to a GPU driver: (vendor, device, driver).
+    Gpu(u16, u16, String),
+    /// Unbound, or bound to a passthrough driver: a GPU only if its class says so.
+    Maybe,
+}
+
+/// `/proc/bus/pci/devices` (one line per function: `BBDF`, `VVVVDDDD`, IRQ, 7 BAR starts,
+/// 7 sizes, driver name or empty; tab-separated, `drivers/pci/proc.c`), by bus and devfn,
+/// sorted. It has no PCI domain: a key that two domains share maps to `None` (look at each).
+fn proc_pci_devices(proc: &Path) -> Option<Vec<(u16, Option<Listed>)>> {
+    let f = fs::File::open(proc.join("bus/pci/devices")).ok()?;
+    let mut text = Vec::with_capacity(96 * 1024);
+    f.take(16 << 20).read_to_end(&mut text).ok()?;
+    let hex = |b: &[u8]| -> Option<u32> {
+        b.iter()
+            .try_fold(0u32, |n, c| Some(n << 4 | (*c as char).to_digit(16)?))
+    };
+    let mut m: Vec<(u16, Option<Listed>)> = Vec::with_capacity(256);
+    let mut rest = &text[..];
+    // The kernel's fixed layout is read by position: "BBDF\tVVVVDDDD\tIRQ", then 14 fields
+    // "\t%16llx" (17 bytes each), then "\tDRIVER\n". Anything else: not used at all.
+    while !rest.is_empty() {
+        let irq_end = 14 + rest.get(14..)?.iter().take(12).position(|&c| c == b'\t')?;
+        let bars = rest.get(irq_end..irq_end + 14 * 17 + 1)?;
+        if rest[4] != b'\t' || rest[13] != b'\t' || (0..=14).any(|k| bars[k * 17] != b'\t') {
+            return None;
+        }
+        let key = hex(&rest[..4])? as u16;
+        let id = hex(&rest[5..13])?;
+        let tail = &rest[irq_end + 14 * 17 + 1..];
+        let nl = tail.iter().take(64).position(|&c| c == b'\n')?;
+        let driver = std::str::from_utf8(&tail[..nl]).ok()?.trim();
+        rest = &tail[nl + 1..];
+        let (vendor, device) = ((id >> 16) as u16, id as u16);
+        let listed = match driver {
+            _ if Vendor::from_pci_id(vendor).is_none() => Listed::NoGpu,
+            "" => Listed::Maybe,
+            d if DISPLAY_DRIVERS.contains(&d) => Listed::Gpu(vendor, device, d.to_owned()),
+            d if GPU_DRIVERS.contains(&d) || d.contains("vfio") => Listed::Maybe,
+            _ => Listed::NoGpu,
+        };
+        m.push((key, Some(listed)));
+    }
+    m.sort_by_key(|(k, _)| *k);
+    // The same key twice: two PCI domains, not told apart here.
+    let mut out: Vec<(u16, Option<Listed>)> = Vec::with_capacity(m.len());
+    for (k, l) in m {
+        match out.last_mut() {
+            Some((last, seen)) if *last == k => *seen = None,
+            _ => out.push((k, l)),
+        }
+    }
+    Some(out)
+}
+
+/// The `/proc/bus/pci/devices` key of a normalized PCI address (`0000:3b:00.0`).
+fn bus_devfn(pci: &str) -> Option<u16> {
+    let b = u8::from_str_radix(pci.get(5..7)?, 16).ok()?;
+    let d = u8::from_str_radix(pci.get(8..10)?, 16).ok()?;
+    let f = u8::from_str_radix(pci.get(11..12)?, 16).ok()?;
+    Some(u16::from(b) << 8 | u16::from(d) << 3 | u16::from(f))
 }
 
 /// Class, vendor and device of a PCI device: from its `uevent` in one read
@@ -389,30 +558,56 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
             std::io::Error::from(e)
         ))
     })?;
-    let names: Vec<std::ffi::OsString> = dir
-        .iter()
-        .flatten()
-        .map(|e| std::ffi::OsStr::from_bytes(e.file_name().to_bytes()).to_owned())
-        .collect();
+    // A lazy scan skips what the kernel's list already rules out, and looks no closer at
+    // functions that can be no usable GPU: without even a copy of their names.
+    let listed = if what.lazy {
+        proc_pci_devices(&cfg.proc)
+    } else {
+        None
+    };
+    let mut deferred = 0;
+    let mut names: Vec<(std::ffi::OsString, Option<Listed>)> = Vec::new();
+    for e in dir.iter().flatten() {
+        let raw = e.file_name().to_bytes();
+        let known = listed.as_ref().and_then(|l| {
+            let key = bus_devfn(std::str::from_utf8(raw).ok()?)?;
+            l.binary_search_by_key(&key, |(k, _)| *k)
+                .ok()
+                .and_then(|i| l[i].1.clone())
+        });
+        match known {
+            Some(Listed::NoGpu) => continue,
+            Some(Listed::Maybe) => {
+                deferred += 1;
+                continue;
+            }
+            _ => names.push((std::ffi::OsStr::from_bytes(raw).to_owned(), known)),
+        }
+    }
     let dirfd = dir.as_fd();
     struct Found {
         pci: String,
         name: String,
         vendor: u16,
         device: u16,
+        driver: Option<String>,
     }
     let mut found: Vec<Found> = Vec::new();
-    for name in names {
+    for (name, known) in names {
         let Some(name) = name.to_str().map(str::to_owned) else {
             continue;
         };
         let Some(pci) = normalize_pci(&name) else {
             continue;
         };
-        if !may_be_gpu(dirfd, &name) {
-            continue;
-        }
-        let Some((class, vendor, device)) = pci_ids(dirfd, &name) else {
+        let (driver, ids) = match known {
+            Some(Listed::Gpu(v, d, drv)) => (Some(drv), Some((DISPLAY_CLASSES[0], v, d))),
+            _ => match may_be_gpu(dirfd, &name) {
+                Some(driver) => (driver, None),
+                None => continue,
+            },
+        };
+        let Some((class, vendor, device)) = ids.or_else(|| pci_ids(dirfd, &name)) else {
             continue;
         };
         if !is_gpu(class, vendor) {
@@ -423,6 +618,7 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
             name,
             vendor,
             device,
+            driver,
         });
     }
     found.sort_by(|a, b| a.pci.cmp(&b.pci));
@@ -438,7 +634,10 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
     };
 
     let mut pci_ids_db = PciIds::new(cfg.pci_ids.as_deref());
-    let mut inv = Inventory::default();
+    let mut inv = Inventory {
+        deferred,
+        ..Inventory::default()
+    };
     for (index, f) in found.into_iter().enumerate() {
         let vendor = Vendor::from_pci_id(f.vendor).expect("filtered above");
         let numa_node = read_at(dirfd, &format!("{}/numa_node", f.name))
@@ -469,6 +668,12 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
             nodes: vec![],
             problem: None,
             pending: false,
+            driver: f.driver,
+            link: if what.caps.is_none() {
+                read_link(dirfd, &f.name)
+            } else {
+                None
+            },
         };
         let sys_dir = devices.join(&f.name);
         match vendor {
@@ -478,6 +683,7 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
                 } else {
                     nvidia_details(
                         &mut gpu,
+                        dirfd,
                         nv_gpus.as_ref().map(|f| f.as_fd()),
                         &nv_gpus_path,
                         &dev,
@@ -487,7 +693,12 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
                     add_drm_nodes(&dev, &sys_dir, &mut gpu, false);
                 }
             }
-            Vendor::Amd | Vendor::Intel => add_drm_nodes(&dev, &sys_dir, &mut gpu, true),
+            Vendor::Amd | Vendor::Intel => {
+                add_drm_nodes(&dev, &sys_dir, &mut gpu, true);
+                if let Some(p) = config_space_problem(dirfd, &gpu.pci) {
+                    gpu.problem = Some(p);
+                }
+            }
         }
         let ov = cfg.override_for(&gpu.pci, f.vendor, f.device);
         let builtin = arch::builtin(f.vendor, f.device);
@@ -524,14 +735,31 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
 
 /// The NVIDIA driver's facts of one GPU (model, UUID, device minor → `/dev/nvidiaN`), or the
 /// problem that makes it unusable.
-fn nvidia_details(gpu: &mut Gpu, nv_gpus: Option<BorrowedFd>, nv_gpus_path: &Path, dev: &DevRoot) {
+fn nvidia_details(
+    gpu: &mut Gpu,
+    devices: BorrowedFd,
+    nv_gpus: Option<BorrowedFd>,
+    nv_gpus_path: &Path,
+    dev: &DevRoot,
+) {
     gpu.pending = false;
+    if let Some(p) = config_space_problem(devices, &gpu.pci) {
+        gpu.problem = Some(p);
+        return;
+    }
     let info_path = nv_gpus_path.join(&gpu.pci).join("information");
     let Some(text) = nv_gpus.and_then(|fd| read_at(fd, &format!("{}/information", gpu.pci))) else {
-        gpu.problem = Some(format!(
-            "NVIDIA driver has no {} (driver not loaded?)",
-            info_path.display()
-        ));
+        gpu.problem = Some(match gpu.driver.as_deref() {
+            Some("nvidia") => format!(
+                "bound to the nvidia driver, which no longer lists it (no {}): fallen off the bus, or the driver failed it",
+                info_path.display()
+            ),
+            Some(other) => format!("bound to {other}, not to the nvidia driver"),
+            None => format!(
+                "NVIDIA driver has no {} (driver not loaded?)",
+                info_path.display()
+            ),
+        });
         return;
     };
     let info = parse_nvidia_information(&text);
@@ -564,13 +792,26 @@ impl Inventory {
         };
         let nv_gpus_path = cfg.proc.join("driver/nvidia/gpus");
         let nv_gpus = open_dir(&nv_gpus_path);
+        let Some(devices) = open_dir(&cfg.sysfs.join("bus/pci/devices")) else {
+            for g in self.gpus.iter_mut().filter(|g| g.pending) {
+                g.pending = false;
+                g.problem = Some("sysfs PCI devices cannot be opened".into());
+            }
+            return;
+        };
         for g in self
             .gpus
             .iter_mut()
             .filter(|g| g.pending && pcis.contains(&g.pci))
         {
             let model = g.model.clone();
-            nvidia_details(g, nv_gpus.as_ref().map(|f| f.as_fd()), &nv_gpus_path, &dev);
+            nvidia_details(
+                g,
+                devices.as_fd(),
+                nv_gpus.as_ref().map(|f| f.as_fd()),
+                &nv_gpus_path,
+                &dev,
+            );
             // An operator's override still wins over the driver's model name.
             if cfg
                 .override_for(&g.pci, g.vendor_id, g.device_id)
@@ -667,10 +908,73 @@ mod tests {
             }
         }
         let fd = open_dir(d.path()).unwrap();
-        let may: Vec<bool> = (1..=7)
+        let may: Vec<Option<Option<String>>> = (1..=7)
             .map(|i| may_be_gpu(fd.as_fd(), &format!("0000:0{i}:00.0")))
             .collect();
-        assert_eq!(may, [true, true, true, true, false, false, false]);
+        let some = |d: &str| Some(Some(d.to_owned()));
+        assert_eq!(
+            may,
+            [
+                some("nvidia"),
+                some("vfio-pci"),
+                some("nvgrace_gpu_vfio_pci"),
+                Some(None),
+                None,
+                None,
+                None
+            ]
+        );
+    }
+
+    #[test]
+    fn kernel_pci_list() {
+        assert_eq!(bus_devfn("0000:3b:00.1"), Some(0x3b01));
+        assert_eq!(bus_devfn("0000:00:1f.7"), Some(0x00ff));
+        assert_eq!(bus_devfn("0001:c8:02.0"), Some(0xc810));
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("bus/pci")).unwrap();
+        let line = |bdf: &str, id: &str, drv: &str| {
+            format!("{bdf}\t{id}\t0{}\t{drv}\n", "\t               0".repeat(14))
+        };
+        let text = [
+            line("3b00", "10de2330", "nvidia"),        // a GPU, bound
+            line("3b01", "10de22e8", "snd_hda_intel"), // its audio function
+            line("3c00", "10de2330", ""),              // a GPU without its driver
+            line("3d00", "10de2330", "vfio-pci"),      // parked for passthrough
+            line("0008", "1af41045", "virtio-pci"),
+            line("1f00", "80860b00", ""), // an Intel function, unbound: class unknown
+            line("4100", "15b3101d", "mlx5_core"),
+            line("c810", "10de2330", "nvidia"), // the same bus/devfn in two PCI domains
+            line("c810", "80861572", "i40e"),
+        ]
+        .concat();
+        std::fs::write(d.path().join("bus/pci/devices"), text).unwrap();
+        let list = proc_pci_devices(d.path()).unwrap();
+        let m: std::collections::HashMap<u16, Option<Listed>> = list.into_iter().collect();
+        assert_eq!(
+            m[&0x3b00],
+            Some(Listed::Gpu(0x10de, 0x2330, "nvidia".into()))
+        );
+        assert_eq!(m[&0x3b01], Some(Listed::NoGpu));
+        assert_eq!(m[&0x3c00], Some(Listed::Maybe));
+        assert_eq!(m[&0x3d00], Some(Listed::Maybe));
+        assert_eq!(m[&0x0008], Some(Listed::NoGpu));
+        assert_eq!(m[&0x1f00], Some(Listed::Maybe));
+        assert_eq!(m[&0x4100], Some(Listed::NoGpu));
+        assert_eq!(
+            m[&0xc810], None,
+            "ambiguous without the domain: look at each"
+        );
+        // What this machine's kernel writes parses too.
+        if Path::new("/proc/bus/pci/devices").exists() {
+            let real = proc_pci_devices(Path::new("/proc")).expect("the kernel's own list");
+            assert!(!real.is_empty());
+        }
+        std::fs::write(d.path().join("bus/pci/devices"), "zz\tyy\n").unwrap();
+        assert!(
+            proc_pci_devices(d.path()).is_none(),
+            "not the kernel's format: unused"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod container;
 pub mod devdir;
 pub mod error;
 pub mod extra_specs;
+pub mod health;
 pub mod hook;
 pub mod ids;
 pub mod inventory;

@@ -132,6 +132,8 @@ fn reserve_by(
     let mut inv = inventory::scan_with(cfg, Scan::for_request(req))?;
     let now = now_rfc3339();
     let (gpus, notes, specs) = store(cfg).update(|st| -> Result<_, Error> {
+        // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
+        crate::health::apply(&mut inv, st);
         let mut notes = Vec::new();
         if let Some(r) = st.reservations.get(h.id) {
             if r.kind != h.kind {
@@ -193,17 +195,16 @@ fn reserve_by(
             let g = match alloc::allocate(&inv.gpus, &st.held(None), req) {
                 Ok(g) => g,
                 Err(e) => {
-                    if !notes.is_empty() {
-                        return Err(e.into());
-                    }
                     // Stale reservations (holder gone) are reclaimed only when the request
                     // does not fit otherwise: the common path reads no /proc file per
                     // reservation.
-                    notes = reclaim_stale(st);
                     if notes.is_empty() {
-                        return Err(e.into());
+                        notes = reclaim_stale(st);
+                        if !notes.is_empty() {
+                            continue;
+                        }
                     }
-                    continue;
+                    return Err(refusal(cfg, req, st, e, inv.deferred).into());
                 }
             };
             inv.settle(cfg, &g);
@@ -295,11 +296,41 @@ fn reservation(st: &State, h: &Holder) -> Result<Reservation, Error> {
         .ok_or_else(|| Error::other("holds no GPU reservation (did the prepare hook run? is gpuhook installed at libvirtd's start?)"))
 }
 
+/// The refusal for a request that does not fit. A lazy scan left out the functions that can
+/// be no usable GPU: their reasons belong in the refusal, so the host is looked at whole
+/// (only on this path) and the choice made again for its words.
+fn refusal(
+    cfg: &Config,
+    req: &Request,
+    st: &State,
+    e: alloc::AllocError,
+    deferred: usize,
+) -> alloc::AllocError {
+    if deferred == 0 {
+        return e;
+    }
+    let full = Scan {
+        caps: Some(req.capabilities),
+        lazy: false,
+    };
+    match inventory::scan_with(cfg, full) {
+        Ok(mut inv) => {
+            crate::health::apply(&mut inv, st);
+            alloc::allocate(&inv.gpus, &st.held(None), req)
+                .err()
+                .unwrap_or(e)
+        }
+        Err(_) => e,
+    }
+}
+
 /// `start`: checks that the holder's reservation still stands on this host.
 pub fn confirm(h: &Holder, req: &Request) -> Result<(), Error> {
     let cfg = Config::load()?;
-    let r = reservation(&store(&cfg).read()?, h)?;
+    let st = store(&cfg).read()?;
+    let r = reservation(&st, h)?;
     let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
+    crate::health::apply(&mut inv, &st);
     inv.settle(&cfg, &r.gpus);
     for p in &r.gpus {
         let g = inv
@@ -797,6 +828,7 @@ mod tests {
         let inv = Inventory {
             gpus: dgx(),
             controls: vec![],
+            deferred: 0,
         };
         let none = alloc::Held::new();
         // Nothing granted: reserve afresh.
@@ -829,6 +861,7 @@ mod tests {
         let inv = Inventory {
             gpus: dgx(),
             controls: vec![],
+            deferred: 0,
         };
         let mut r = req(2);
         r.devices = vec![DeviceSel::Index(0)];

@@ -190,7 +190,8 @@ enum Ctx {
 #[derive(Default)]
 pub(crate) struct GpusBuilder {
     count_attr: Option<u32>,
-    spec_count: Option<(u32, String)>,
+    /// The `gpus` key: (N, its text, whether Nova reads it as "at least N").
+    spec_count: Option<(u32, String, bool)>,
     filters: Vec<Filter>,
     pub(crate) devices: Vec<DeviceSel>,
     capabilities: Option<Capabilities>,
@@ -665,7 +666,9 @@ fn nova_request(specs: &[(String, String)]) -> Result<Option<Request>, ParseErro
     for (k, v) in specs {
         apply_extra_spec(&mut g, k, v)?;
     }
-    if g.spec_count.is_none() && g.filters.is_empty() && g.resources.is_empty() {
+    // A flavor asks for GPUs by a number: `gpus`, or a `resources…` key that is not 0.
+    // The other keys only narrow such a request (Nova treats them as scheduling filters).
+    if g.spec_count.is_none() && g.resources.is_empty() {
         return Ok(None);
     }
     build_request(g).map(Some)
@@ -830,8 +833,8 @@ fn apply_extra_spec(g: &mut GpusBuilder, key: &str, value: &str) -> Result<(), P
     }
     match key {
         "gpus" => {
-            let n = extra_specs::parse_count(value).map_err(bad)?;
-            g.spec_count = Some((n, value.trim().to_owned()));
+            let (n, at_least) = extra_specs::parse_count_bound(value).map_err(bad)?;
+            g.spec_count = Some((n, value.trim().to_owned(), at_least));
         }
         "gpu_arch" | "gpu_model" | "gpu_vendor" => {
             let op = extra_specs::parse_string_op(value).map_err(bad)?;
@@ -890,12 +893,24 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
         });
         resources = Some((total, keys.join(", ")));
     }
+    // Beside Placement's number, `gpus = N` / `>= N` is what Nova makes of it: at least N.
+    let spec = match (&g.spec_count, &resources) {
+        (Some((s, raw, true)), Some((t, keys))) => {
+            if t < s {
+                return err(format!(
+                    "resources ({keys}) ask for {t} GPU{}, fewer than extra_spec gpus '{raw}'",
+                    if *t == 1 { "" } else { "s" }
+                ));
+            }
+            None
+        }
+        (Some((s, raw, _)), _) => Some((*s, format!("extra_spec gpus '{raw}'"))),
+        (None, _) => None,
+    };
     let mut count: Option<(u32, String)> = None;
     for (c, what) in [
         g.count_attr.map(|a| (a, format!("count='{a}'"))),
-        g.spec_count
-            .as_ref()
-            .map(|(s, raw)| (*s, format!("extra_spec gpus '{raw}'"))),
+        spec,
         resources.map(|(t, keys)| (t, format!("resources ({keys})"))),
     ]
     .into_iter()
@@ -1398,8 +1413,26 @@ mod tests {
             r.to_string(),
             "3 GPUs, vendor == nvidia, arch in resource class CUSTOM_GPU_HOPPER"
         );
-        // `0` takes a resource out of a flavor's request: nothing is asked.
+        // `0` takes a resource out of a flavor's request: nothing is asked, and the keys that
+        // only narrow a request ask for nothing on their own (Placement allocated nothing).
         assert_eq!(nova_req(&[("resources:CUSTOM_GPU_FERMI", "0")]), Ok(None));
+        assert_eq!(
+            nova_req(&[
+                ("resources:CUSTOM_GPU_FERMI", "-0"),
+                ("gpu_vendor", "s== nvidia")
+            ]),
+            Ok(None)
+        );
+        assert_eq!(nova_req(&[("gpu_arch", "s== fermi")]), Ok(None));
+        // Nova's "at least N" beside Placement's number; Python's int() forms.
+        let r = nova_req(&[("resources:CUSTOM_GPU_FERMI", "+2"), ("gpus", ">= 1")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.count, 2);
+        let r = nova_req(&[("resources:CUSTOM_GPU_FERMI", "1_0"), ("gpus", "= 10")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.count, 10);
     }
 
     #[test]
@@ -1472,7 +1505,11 @@ mod tests {
             ),
             (
                 vec![("resources:CUSTOM_GPU_FERMI", "2"), ("gpus", "= 3")],
-                "extra_spec gpus '= 3' contradicts resources (resources:CUSTOM_GPU_FERMI=2)",
+                "resources (resources:CUSTOM_GPU_FERMI=2) ask for 2 GPUs, fewer than extra_spec gpus '= 3'",
+            ),
+            (
+                vec![("resources:CUSTOM_GPU_FERMI", "2"), ("gpus", "== 3")],
+                "extra_spec gpus '== 3' contradicts resources (resources:CUSTOM_GPU_FERMI=2)",
             ),
             (
                 vec![

@@ -89,6 +89,38 @@ pub fn render(inv: &Inventory, st: &State) -> String {
     }
     family(
         &mut out,
+        "gpuhook_gpu_quarantined",
+        "Whether the GPU is quarantined after an NVIDIA Xid error (gpuhook health scan); xid names it.",
+    );
+    for g in &inv.gpus {
+        let q = st.quarantine.get(&g.pci);
+        let xid = q.map(|q| q.xid.to_string()).unwrap_or_default();
+        sample(
+            &mut out,
+            "gpuhook_gpu_quarantined",
+            &[("pci", &g.pci), ("xid", &xid)],
+            u64::from(q.is_some()),
+        );
+    }
+    if inv.gpus.iter().any(|g| g.link.is_some()) {
+        family(
+            &mut out,
+            "gpuhook_gpu_link_degraded",
+            "Whether the GPU's PCIe link runs below its maximum speed or width (idle GPUs lower their speed).",
+        );
+        for g in &inv.gpus {
+            if let Some(l) = &g.link {
+                sample(
+                    &mut out,
+                    "gpuhook_gpu_link_degraded",
+                    &[("pci", &g.pci)],
+                    u64::from(l.degraded()),
+                );
+            }
+        }
+    }
+    family(
+        &mut out,
         "gpuhook_reservations",
         "Reservations in the state, by holder kind and phase.",
     );

@@ -123,6 +123,32 @@ pub struct State {
     pub version: u32,
     /// Keyed by domain UUID.
     pub reservations: BTreeMap<String, Reservation>,
+    /// GPUs out of service after an Xid error (`gpuhook health scan`), by PCI address.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub quarantine: BTreeMap<String, Quarantine>,
+    /// Where `gpuhook health scan` stopped reading the kernel log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kmsg: Option<KmsgMark>,
+}
+
+/// Why a GPU is out of service, and since when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quarantine {
+    pub xid: u32,
+    /// What the Xid means.
+    pub reason: String,
+    /// The kernel log line (bounded).
+    pub message: String,
+    pub since: String,
+}
+
+/// The last kernel log record `health scan` read, in which boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KmsgMark {
+    pub boot_id: String,
+    pub seq: u64,
 }
 
 impl Default for State {
@@ -130,6 +156,8 @@ impl Default for State {
         State {
             version: VERSION,
             reservations: BTreeMap::new(),
+            quarantine: BTreeMap::new(),
+            kmsg: None,
         }
     }
 }
@@ -206,7 +234,16 @@ impl State {
             v.push(b':');
             serde_json::to_writer(&mut v, r).expect("state serializes");
         }
-        v.extend_from_slice(b"\n}}\n");
+        v.extend_from_slice(b"\n}");
+        if !self.quarantine.is_empty() {
+            v.extend_from_slice(b",\n\"quarantine\":");
+            serde_json::to_writer(&mut v, &self.quarantine).expect("state serializes");
+        }
+        if let Some(m) = &self.kmsg {
+            v.extend_from_slice(b",\n\"kmsg\":");
+            serde_json::to_writer(&mut v, m).expect("state serializes");
+        }
+        v.extend_from_slice(b"}\n");
         v
     }
 }
@@ -462,7 +499,7 @@ impl Store {
         // Written only when it changed (no file and nothing reserved: nothing to write).
         let bytes = state.to_bytes();
         let changed = match &before {
-            None => !state.reservations.is_empty(),
+            None => state != State::default(),
             Some(old) => *old != bytes,
         };
         if changed {
@@ -580,6 +617,41 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn quarantine_and_kmsg_mark_roundtrip() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let store = Store::new(&d.path().join("state.json"));
+        // Only a quarantine, no reservation: still written.
+        store
+            .update(|st| -> Result<(), StateError> {
+                st.quarantine.insert(
+                    "0000:1a:00.0".into(),
+                    Quarantine {
+                        xid: 79,
+                        reason: "GPU has fallen off the bus".into(),
+                        message: "NVRM: Xid (PCI:0000:1a:00): 79, \"quoted\"".into(),
+                        since: "2026-12-01T00:00:00Z".into(),
+                    },
+                );
+                st.kmsg = Some(KmsgMark {
+                    boot_id: "b".into(),
+                    seq: 42,
+                });
+                Ok(())
+            })
+            .unwrap();
+        let st = store.read().unwrap();
+        assert_eq!(st.quarantine["0000:1a:00.0"].xid, 79);
+        assert_eq!(st.kmsg.as_ref().map(|m| m.seq), Some(42));
+        assert_eq!(State::parse(&st.to_bytes(), "x").unwrap(), st);
+        // Without them the file keeps its old shape.
+        assert_eq!(
+            State::default().to_bytes(),
+            b"{\"version\":1,\"reservations\":{\n}}\n"
+        );
     }
 
     #[test]

@@ -657,7 +657,8 @@ fn reconnect_survives_broken_config() {
 #[test]
 fn unusable_gpu_found_late_is_skipped() {
     let h = Host::new(FakeHost::dgx8());
-    // The GPU a 1-GPU request would get first (index 0) lost its driver entry.
+    // The GPU a 1-GPU request would get first (index 0) lost its driver entry: still bound
+    // to the nvidia driver, which no longer lists it (what a GPU that fell off the bus shows).
     std::fs::remove_file(
         h.root()
             .join("host/proc/driver/nvidia/gpus/0000:18:00.0/information"),
@@ -666,7 +667,11 @@ fn unusable_gpu_found_late_is_skipped() {
     assert_ok(&h.hook("a", "prepare", &domain("a", 1, &gpus(""))));
     assert_eq!(h.holders()["a"], ["0000:1a:00.0"]);
     let o = h.hook("b", "prepare", &domain("b", 2, &gpus(r#"count="7""#)));
-    assert_fails(&o, "b", "1 unusable (0000:18:00.0: NVIDIA driver has no");
+    assert_fails(
+        &o,
+        "b",
+        "1 unusable (0000:18:00.0: bound to the nvidia driver, which no longer lists it",
+    );
     // A model filter needs the driver's model names: read for every GPU up front.
     assert_ok(&h.hook(
         "c",
@@ -674,6 +679,37 @@ fn unusable_gpu_found_late_is_skipped() {
         &domain("c", 3, &gpus(r#"model="H100 80GB HBM3""#)),
     ));
     assert_eq!(h.holders()["c"].len(), 1);
+}
+
+/// A GPU without its driver, among 200 other PCI functions: `prepare` does not look at it
+/// (the kernel's PCI list says it is unbound), yet indices stay those of `list` and a
+/// refusal still names it with its reason.
+#[test]
+fn unbound_gpu_skipped_but_counted() {
+    let mut fake = FakeHost::wide(8).with_other_functions(200);
+    let d = fake
+        .devices
+        .iter_mut()
+        .find(|d| d.pci == "0000:10:00.0")
+        .unwrap();
+    d.driver = testbed::fakehost::Driver::None;
+    let h = Host::new(fake);
+    let list = h.list();
+    assert_eq!(list["gpus"][0]["pci"], "0000:10:00.0");
+    assert!(list["gpus"][0]["problem"]
+        .as_str()
+        .unwrap()
+        .contains("driver not loaded"));
+    assert_eq!(list["gpus"][1]["pci"], "0000:13:00.0");
+    let by_index = format!(r#"<gpu:gpus {NS}><gpu:device index="1"/></gpu:gpus>"#);
+    assert_ok(&h.hook("i", "prepare", &domain("i", 1, &by_index)));
+    assert_eq!(h.holders()["i"], ["0000:13:00.0"]);
+    assert_ok(&h.hook("a", "prepare", &domain("a", 2, &gpus(""))));
+    assert_fails(
+        &h.hook("b", "prepare", &domain("b", 3, &gpus(r#"count="7""#))),
+        "b",
+        "only 5 of the host's 8 matching GPUs are free: 2 held by domain 'i', domain 'a', 1 unusable (0000:10:00.0: NVIDIA driver has no",
+    );
 }
 
 /// `gpuhook metrics`: what Prometheus's own checker accepts, with the values the host and

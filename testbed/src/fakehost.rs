@@ -428,6 +428,11 @@ impl FakeHost {
         fs::create_dir_all(p.sysfs.join("bus/pci/devices"))?;
         fs::create_dir_all(p.sysfs.join("bus/pci/drivers"))?;
         fs::create_dir_all(p.proc.join("driver"))?;
+        fs::create_dir_all(p.proc.join("sys/kernel/random"))?;
+        fs::write(
+            p.proc.join("sys/kernel/random/boot_id"),
+            "0f4a9a4e-5a4c-4b61-9d3b-2b1c0f5e8a71\n",
+        )?;
         fs::create_dir_all(p.dev.join("dri/by-path"))?;
         let mut any_nvidia = false;
         for d in &self.devices {
@@ -443,6 +448,23 @@ impl FakeHost {
             w("numa_node", format!("{}\n", d.numa))?;
             w("revision", "0xa1\n".into())?;
             w("enable", "1\n".into())?;
+            // The standard header of the config space (what root reads of `config`):
+            // ids, command, status, revision, class, subsystem; the rest zero.
+            let mut cfg = [0u8; 256];
+            cfg[0..2].copy_from_slice(&d.vendor.to_le_bytes());
+            cfg[2..4].copy_from_slice(&d.device.to_le_bytes());
+            cfg[4..6].copy_from_slice(&0x0406u16.to_le_bytes());
+            cfg[6..8].copy_from_slice(&0x0010u16.to_le_bytes());
+            cfg[8] = 0xa1;
+            cfg[9..12].copy_from_slice(&d.class.to_le_bytes()[..3]);
+            cfg[0x2c..0x2e].copy_from_slice(&d.subsystem.0.to_le_bytes());
+            cfg[0x2e..0x30].copy_from_slice(&d.subsystem.1.to_le_bytes());
+            fs::write(dir.join("config"), cfg)?;
+            // A PCIe Gen4 x16 link at full speed.
+            w("current_link_speed", "16.0 GT/s PCIe\n".into())?;
+            w("max_link_speed", "16.0 GT/s PCIe\n".into())?;
+            w("current_link_width", "16\n".into())?;
+            w("max_link_width", "16\n".into())?;
             let driver = match &d.driver {
                 Driver::Nvidia { .. } => "DRIVER=nvidia\n",
                 Driver::Drm { .. } if d.vendor == 0x1002 => "DRIVER=amdgpu\n",
@@ -514,6 +536,42 @@ impl FakeHost {
                 Driver::None => {}
             }
         }
+        // The kernel's list of PCI functions, in its own format (drivers/pci/proc.c): bus and
+        // devfn, vendor and device, IRQ, 7 BAR starts, 7 sizes, the bound driver's name.
+        let mut list = String::new();
+        for d in &self.devices {
+            let n = |i: usize| u8::from_str_radix(&d.pci[i..i + 2], 16).unwrap_or(0);
+            let (bus, dev, func) = (n(5), n(8), d.pci[11..12].parse::<u8>().unwrap_or(0));
+            let driver = match &d.driver {
+                Driver::Nvidia { .. } => "nvidia",
+                Driver::Drm { .. } if d.vendor == 0x1002 => "amdgpu",
+                Driver::Drm { .. } => "xe",
+                Driver::Other(name) => name,
+                Driver::None => "",
+            };
+            list.push_str(&format!(
+                "{bus:02x}{:02x}\t{:04x}{:04x}\t{:x}",
+                dev << 3 | func,
+                d.vendor,
+                d.device,
+                if driver.is_empty() {
+                    0
+                } else {
+                    64 + u32::from(bus) % 100
+                }
+            ));
+            for i in 0..14 {
+                let v: u64 = match i {
+                    0 if !driver.is_empty() => 0xfb00_0000 + (u64::from(bus) << 20),
+                    7 if !driver.is_empty() => 0x100_0000,
+                    _ => 0,
+                };
+                list.push_str(&format!("\t{v:16x}"));
+            }
+            list.push_str(&format!("\t{driver}\n"));
+        }
+        fs::create_dir_all(p.proc.join("bus/pci"))?;
+        fs::write(p.proc.join("bus/pci/devices"), list)?;
         if any_nvidia {
             fs::write(p.proc.join("driver/nvidia/version"), "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 18:56:32 UTC 2023\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")?;
         }

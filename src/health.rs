@@ -1,0 +1,299 @@
+//! GPU health from the kernel log: NVIDIA Xid errors that mean a GPU must not be handed out
+//! again (fallen off the bus, uncorrectable ECC, NVLink, GSP failures) quarantine it in the
+//! state; `gpuhook health scan` (run by `gpuhook-health.timer`) reads the records the last
+//! scan did not, `gpuhook health clear PCI` lifts a quarantine. A quarantined GPU is
+//! unusable for every front door ([`apply`]), with the Xid as its reason.
+//!
+//! The PCI-level checks (config space that reads as all ones, a driver that no longer lists
+//! a GPU bound to it, the driver's `GPU Excluded`) and the link shown in `list` are the
+//! inventory's: they are read where the GPU is looked at.
+
+use crate::config::Config;
+use crate::error::{one_line, Error};
+use crate::ids::normalize_pci;
+use crate::inventory::{self, Inventory, Scan};
+use crate::state::{now_rfc3339, KmsgMark, Quarantine, State, Store};
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+/// The Xids that take a GPU out of service (NVIDIA's Xid catalogue: hardware faults that
+/// need a reset or a field look, not an application's error), with what they mean.
+pub const QUARANTINE_XIDS: [(u32, &str); 10] = [
+    (48, "double-bit ECC error"),
+    (63, "ECC page retirement or row remapping recorded"),
+    (64, "ECC page retirement or row remapping failed"),
+    (74, "NVLink error"),
+    (79, "GPU has fallen off the bus"),
+    (92, "high single-bit ECC error rate"),
+    (94, "contained ECC error"),
+    (95, "uncontained ECC error"),
+    (119, "GSP RPC timeout"),
+    (120, "GSP error"),
+];
+
+/// What an Xid means, when it is one that quarantines.
+pub fn quarantining(xid: u32) -> Option<&'static str> {
+    QUARANTINE_XIDS
+        .iter()
+        .find(|(x, _)| *x == xid)
+        .map(|(_, w)| *w)
+}
+
+/// At most this much of the kernel log is read per scan (the kernel's ring buffer is
+/// 128 KiB–32 MiB; records beyond are left for the next scan).
+pub const MAX_READ: usize = 32 << 20;
+
+/// One kernel log record as `/dev/kmsg` hands it out: `PRIO,SEQ,USEC,FLAGS[,…];MESSAGE`,
+/// then continuation lines that start with a space (`SUBSYSTEM=pci`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub seq: u64,
+    pub msg: String,
+}
+
+/// The records in `text` (one read of `/dev/kmsg` each, or a file of them); continuation
+/// and malformed lines are skipped.
+pub fn parse_records(text: &str) -> Vec<Record> {
+    text.lines()
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| {
+            let (head, msg) = l.split_once(';')?;
+            let mut f = head.split(',');
+            let _prio: u32 = f.next()?.parse().ok()?;
+            let seq: u64 = f.next()?.parse().ok()?;
+            Some(Record {
+                seq,
+                msg: msg.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// An NVIDIA Xid event: `NVRM: Xid (PCI:0000:3b:00): 79, pid=…, name=…, GPU has fallen off
+/// the bus.` (older drivers: `NVRM: Xid (0000:3b:00): 79, …`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Xid {
+    /// Domain, bus and device of the GPU, as `0000:3b:00`: the GPU is function 0 of it.
+    pub bus: String,
+    pub code: u32,
+}
+
+pub fn parse_xid(msg: &str) -> Option<Xid> {
+    let at = msg.find("NVRM: Xid (")?;
+    let rest = &msg[at + "NVRM: Xid (".len()..];
+    let (inside, after) = rest.split_once(')')?;
+    let addr = inside.strip_prefix("PCI:").unwrap_or(inside);
+    // With the function or without it, with the domain or without it.
+    let bdf = if addr.matches(':').count() == 1 {
+        format!("0000:{addr}")
+    } else {
+        addr.to_owned()
+    };
+    let pci = if bdf.contains('.') {
+        bdf
+    } else {
+        format!("{bdf}.0")
+    };
+    let pci = normalize_pci(&pci)?;
+    let code = after.strip_prefix(':')?.trim_start();
+    let digits: String = code.chars().take_while(char::is_ascii_digit).collect();
+    Some(Xid {
+        bus: pci[..pci.len() - 2].to_owned(),
+        code: digits.parse().ok()?,
+    })
+}
+
+/// Reads what the kernel log holds, without blocking: from a `/dev/kmsg`-like device (one
+/// record per read, `EAGAIN` at the end, `EPIPE` when records were overwritten while we
+/// read) or a regular file (the tests' fixtures). At most [`MAX_READ`] bytes.
+pub fn read_kmsg(path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::other(format!("{}: {}", path.display(), std::io::Error::from(e))))?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    while out.len() < MAX_READ {
+        match nix::unistd::read(&fd, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(Errno::EAGAIN) => break,
+            Err(Errno::EPIPE) | Err(Errno::EINTR) => continue,
+            Err(e) => {
+                return Err(Error::other(format!(
+                    "{}: {}",
+                    path.display(),
+                    std::io::Error::from(e)
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What a scan did.
+#[derive(Debug, Default)]
+pub struct ScanReport {
+    /// Records read that the last scan had not seen.
+    pub new_records: usize,
+    /// GPUs quarantined by this scan.
+    pub quarantined: Vec<(String, Quarantine)>,
+    /// Quarantining Xids for a bus where this host lists no GPU.
+    pub unmatched: Vec<String>,
+}
+
+/// The kernel's boot id (`<proc>/sys/kernel/random/boot_id`): sequence numbers of the kernel
+/// log restart at each boot.
+fn boot_id(cfg: &Config) -> String {
+    std::fs::read_to_string(cfg.proc.join("sys/kernel/random/boot_id"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Reads the kernel log (`<dev>/kmsg`) from where the last scan stopped and quarantines the
+/// GPUs its Xid errors name.
+pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
+    let path = cfg.dev.join("kmsg");
+    let text = read_kmsg(&path)?;
+    let records = parse_records(&String::from_utf8_lossy(&text));
+    let boot = boot_id(cfg);
+    let inv = inventory::scan_with(
+        cfg,
+        Scan {
+            caps: Some(Default::default()),
+            lazy: true,
+        },
+    )?;
+    let now = now_rfc3339();
+    Store::new(&cfg.state_file).update(|st| -> Result<ScanReport, Error> {
+        let from = match &st.kmsg {
+            Some(m) if m.boot_id == boot => Some(m.seq),
+            _ => None,
+        };
+        let mut rep = ScanReport::default();
+        let mut last = from;
+        for r in records.iter().filter(|r| from.is_none_or(|f| r.seq > f)) {
+            rep.new_records += 1;
+            last = Some(last.map_or(r.seq, |l| l.max(r.seq)));
+            let Some(x) = parse_xid(&r.msg) else {
+                continue;
+            };
+            let Some(reason) = quarantining(x.code) else {
+                continue;
+            };
+            let Some(g) = inv
+                .gpus
+                .iter()
+                .find(|g| g.pci.strip_suffix(".0") == Some(x.bus.as_str()))
+            else {
+                rep.unmatched.push(one_line(&r.msg, 300));
+                continue;
+            };
+            if st.quarantine.contains_key(&g.pci) {
+                continue;
+            }
+            let q = Quarantine {
+                xid: x.code,
+                reason: reason.into(),
+                message: one_line(&r.msg, 300),
+                since: now.clone(),
+            };
+            st.quarantine.insert(g.pci.clone(), q.clone());
+            rep.quarantined.push((g.pci.clone(), q));
+        }
+        if let Some(seq) = last {
+            st.kmsg = Some(KmsgMark { boot_id: boot, seq });
+        }
+        Ok(rep)
+    })
+}
+
+/// Lifts the quarantine of the GPU at `pci`.
+pub fn clear(cfg: &Config, pci: &str) -> Result<Quarantine, Error> {
+    let p = normalize_pci(pci)
+        .ok_or_else(|| Error::other(format!("'{pci}' is not a PCI address like 0000:3b:00.0")))?;
+    Store::new(&cfg.state_file).update(|st| {
+        st.quarantine
+            .remove(&p)
+            .ok_or_else(|| Error::other(format!("GPU {p} is not quarantined")))
+    })
+}
+
+/// Marks the quarantined GPUs of `inv` unusable, with the Xid as the reason.
+pub fn apply(inv: &mut Inventory, st: &State) {
+    if st.quarantine.is_empty() {
+        return;
+    }
+    for g in &mut inv.gpus {
+        if let Some(q) = st.quarantine.get(&g.pci) {
+            g.problem = Some(format!(
+                "quarantined after Xid {} ({}) at {}; `gpuhook health clear {}` returns it",
+                q.xid, q.reason, q.since, g.pci
+            ));
+            g.pending = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records as /dev/kmsg hands them out on a host with an H100 that fell off the bus
+    /// (driver 535), with the continuation lines the kernel adds for device messages.
+    const KMSG: &str = "6,1520,4213561000,-;nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms  535.129.03\n\
+4,1523,4213563121,-;NVRM: Xid (PCI:0000:1a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:1a:00.0\n\
+4,1524,4213563200,-;NVRM: GPU 0000:1a:00.0: GPU has fallen off the bus.\n\
+3,1530,4213999000,-;NVRM: Xid (PCI:0000:40:00): 13, pid=2811, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address\n\
+4,1531,4214000100,c;NVRM: Xid (0000:42:00): 48, pid=2811, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n\
+garbage line\n";
+
+    #[test]
+    fn records_and_xids() {
+        let r = parse_records(KMSG);
+        assert_eq!(
+            r.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            [1520, 1523, 1524, 1530, 1531]
+        );
+        let x: Vec<Xid> = r.iter().filter_map(|r| parse_xid(&r.msg)).collect();
+        assert_eq!(
+            x,
+            [
+                Xid {
+                    bus: "0000:1a:00".into(),
+                    code: 79
+                },
+                Xid {
+                    bus: "0000:40:00".into(),
+                    code: 13
+                },
+                Xid {
+                    bus: "0000:42:00".into(),
+                    code: 48
+                },
+            ]
+        );
+        assert_eq!(quarantining(79), Some("GPU has fallen off the bus"));
+        assert_eq!(quarantining(13), None, "an application's fault");
+        assert_eq!(quarantining(31), None);
+        assert_eq!(
+            parse_xid("NVRM: Xid (PCI:3b:00): 94, pid=1, Contained"),
+            Some(Xid {
+                bus: "0000:3b:00".into(),
+                code: 94
+            })
+        );
+        for bad in [
+            "NVRM: Xid (PCI:zz:00): 79, x",
+            "NVRM: Xid (PCI:0000:3b:00): x79",
+            "NVRM: Xid (PCI:0000:3b:00) 79",
+            "NVRM: Xid",
+            "Xid (PCI:0000:3b:00): 79",
+        ] {
+            assert_eq!(parse_xid(bad), None, "{bad}");
+        }
+    }
+}
