@@ -213,6 +213,7 @@ fn nova_domain(flavor: &str, specs: &[(&str, &str)]) -> String {
 
 const ONE: &str = r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"/>"#;
 const TWO: &str = r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="2"/>"#;
+const MIG_ONE: &str = r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" mig="yes"/>"#;
 /// PCI functions beside the GPUs on the "realistic server" row: a two-socket GPU server
 /// lists 150–300 (root and switch ports, NICs, NVMe, chipset).
 const OTHER_FUNCTIONS: usize = 200;
@@ -630,6 +631,26 @@ fn main() {
     let s = bench.measure(n, || must(&r), &p);
     rep.row(
         &format!("`prepare`, 2 of 16 GPUs, host with {OTHER_FUNCTIONS} other PCI functions"),
+        s,
+        Some(noop_g2),
+        None,
+    );
+    // MIG: 8 GPUs of 7 instances each (and the same 200 other functions): one instance.
+    let hm = Host::new(
+        &work,
+        "mig8x7-other",
+        FakeHost::wide(8)
+            .all_mig7()
+            .with_other_functions(OTHER_FUNCTIONS),
+    );
+    let m1 = domain("mig1", 4, MIG_ONE, None);
+    let (p, r) = (
+        hm.hook(&bins, "mig1", "prepare", &m1),
+        hm.hook(&bins, "mig1", "release", &m1),
+    );
+    let s = bench.measure(n, || must(&r), &p);
+    rep.row(
+        &format!("`prepare`, 1 MIG instance, 8 GPUs × 7 instances, {OTHER_FUNCTIONS} other PCI functions"),
         s,
         Some(noop_g2),
         None,

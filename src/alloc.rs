@@ -41,8 +41,22 @@ pub fn resolve<'a>(gpus: &'a [Gpu], sel: &DeviceSel) -> Option<&'a Gpu> {
     })
 }
 
-/// Chooses `req.count` GPUs. Returns their PCI addresses in index order.
+/// Who holds any of the GPU: the whole GPU, or one of its MIG instances.
+pub fn busy<'a>(held: &'a Held, pci: &str) -> Option<&'a str> {
+    held.get(pci).map(String::as_str).or_else(|| {
+        held.range(format!("{pci}/")..)
+            .next()
+            .filter(|(k, _)| k.starts_with(pci) && k[pci.len()..].starts_with('/'))
+            .map(|(_, v)| v.as_str())
+    })
+}
+
+/// Chooses `req.count` GPUs (or MIG instances, for a MIG request). Returns their PCI
+/// addresses (instance ids `PCI/giG/ciC`) in index order.
 pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>, AllocError> {
+    if req.mig {
+        return allocate_migs(gpus, held, req);
+    }
     let mut chosen: Vec<&Gpu> = Vec::new();
     for sel in &req.devices {
         let g = resolve(gpus, sel)
@@ -65,7 +79,14 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>,
                 g.pci
             )));
         }
-        if let Some(h) = held.get(&g.pci) {
+        if !g.migs.is_empty() {
+            return Err(AllocError(format!(
+                "GPU {} ({sel}) is in MIG mode with {} instances: ask for them (mig='yes')",
+                g.pci,
+                g.migs.len()
+            )));
+        }
+        if let Some(h) = busy(held, &g.pci) {
             return Err(AllocError(format!("GPU {} ({sel}) is held by {h}", g.pci)));
         }
         if let Some(f) = req
@@ -86,7 +107,12 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>,
     let want = req.count as usize - chosen.len();
     let candidates: Vec<&Gpu> = gpus
         .iter()
-        .filter(|g| g.usable() && !held.contains_key(&g.pci) && matches(g, &req.filters))
+        .filter(|g| {
+            g.usable()
+                && g.migs.is_empty()
+                && busy(held, &g.pci).is_none()
+                && matches(g, &req.filters)
+        })
         .filter(|g| !chosen.iter().any(|c| c.pci == g.pci))
         .collect();
     if candidates.len() < want {
@@ -121,6 +147,15 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
     if n_excl > 0 {
         why.push(format!("{n_excl} excluded"));
     }
+    let n_mig = matching
+        .iter()
+        .filter(|g| !g.migs.is_empty() && !held.contains_key(&g.pci))
+        .count();
+    if n_mig > 0 {
+        why.push(format!(
+            "{n_mig} in MIG mode (handed out as instances: mig='yes')"
+        ));
+    }
     let unusable: Vec<&&Gpu> = matching
         .iter()
         .filter(|g| !g.excluded && g.problem.is_some())
@@ -144,6 +179,141 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
         if matching.len() == 1 { "" } else { "s" },
         if free == 1 { "is" } else { "are" },
     ))
+}
+
+/// Chooses `req.count` MIG compute instances: the exact ones the request names, then free
+/// instances of usable, matching GPUs that no one holds whole; packed (the GPU with the
+/// fewest free instances that suffices, else the fullest first), so that other GPUs keep
+/// theirs together.
+pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>, AllocError> {
+    let mut chosen: Vec<(usize, String)> = Vec::new();
+    for sel in &req.migs {
+        let g = resolve(gpus, &sel.gpu)
+            .ok_or_else(|| AllocError(format!("no GPU with {} on this host", sel.gpu)))?;
+        let m = g
+            .migs
+            .iter()
+            .find(|m| m.gi == sel.gi && m.ci == sel.ci)
+            .ok_or_else(|| {
+                AllocError(format!(
+                    "GPU {} has no MIG instance gi {} ci {} ({sel})",
+                    g.pci, sel.gi, sel.ci
+                ))
+            })?;
+        let id = m.id(&g.pci);
+        if chosen.iter().any(|(_, c)| *c == id) {
+            return Err(AllocError(format!("{sel} is named twice")));
+        }
+        if let Some(p) = g
+            .problem
+            .as_deref()
+            .or(g.excluded.then_some("excluded by the host config"))
+        {
+            return Err(AllocError(format!(
+                "GPU {} ({sel}) cannot be used: {p}",
+                g.pci
+            )));
+        }
+        if let Some(h) = held.get(&g.pci) {
+            return Err(AllocError(format!(
+                "GPU {} ({sel}) is held whole by {h}",
+                g.pci
+            )));
+        }
+        if let Some(h) = held.get(&id) {
+            return Err(AllocError(format!("{id} ({sel}) is held by {h}")));
+        }
+        if let Some(f) = req
+            .filters
+            .iter()
+            .find(|f| !f.op.matches(field_value(g, f.field)))
+        {
+            return Err(AllocError(format!(
+                "GPU {} ({sel}) does not match {f}",
+                g.pci
+            )));
+        }
+        chosen.push((g.index, id));
+    }
+    let want = req.count as usize - chosen.len();
+    let eligible = |g: &&Gpu| g.usable() && !held.contains_key(&g.pci) && matches(g, &req.filters);
+    let mut groups: Vec<(usize, Vec<String>)> = gpus
+        .iter()
+        .filter(eligible)
+        .map(|g| {
+            let free: Vec<String> = g
+                .migs
+                .iter()
+                .map(|m| m.id(&g.pci))
+                .filter(|id| !held.contains_key(id) && !chosen.iter().any(|(_, c)| c == id))
+                .collect();
+            (g.index, free)
+        })
+        .filter(|(_, f)| !f.is_empty())
+        .collect();
+    let free: usize = groups.iter().map(|(_, f)| f.len()).sum();
+    if free < want {
+        let total: usize = gpus
+            .iter()
+            .filter(|g| matches(g, &req.filters))
+            .map(|g| g.migs.len())
+            .sum();
+        let holders: std::collections::BTreeSet<&str> = gpus
+            .iter()
+            .filter(|g| matches(g, &req.filters))
+            .flat_map(|g| g.migs.iter().map(|m| m.id(&g.pci)))
+            .filter_map(|id| held.get(&id).map(String::as_str))
+            .collect();
+        let mut why = Vec::new();
+        if !holders.is_empty() {
+            why.push(format!(
+                "held by {}",
+                holders.into_iter().collect::<Vec<_>>().join(", ")
+            ));
+        }
+        if let Some(g) = gpus
+            .iter()
+            .find(|g| matches(g, &req.filters) && !g.migs.is_empty() && !g.usable())
+        {
+            why.push(format!(
+                "{} unusable: {}",
+                g.pci,
+                g.problem.as_deref().unwrap_or("excluded")
+            ));
+        }
+        return Err(AllocError(format!(
+            "cannot reserve {req}: only {} of the host's {total} MIG instance{} on matching GPUs {} free{}",
+            free + chosen.len(),
+            if total == 1 { "" } else { "s" },
+            if free + chosen.len() == 1 { "is" } else { "are" },
+            if why.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", why.join("; "))
+            }
+        )));
+    }
+    // The smallest group that suffices; else the fullest groups first.
+    let pick = |gr: &mut Vec<(usize, Vec<String>)>| -> Vec<(usize, String)> {
+        if want == 0 {
+            return vec![];
+        }
+        if let Some((i, ids)) = gr
+            .iter()
+            .filter(|(_, f)| f.len() >= want)
+            .min_by_key(|(i, f)| (f.len(), *i))
+        {
+            return ids.iter().take(want).map(|id| (*i, id.clone())).collect();
+        }
+        gr.sort_by(|(ia, a), (ib, b)| b.len().cmp(&a.len()).then(ia.cmp(ib)));
+        gr.iter()
+            .flat_map(|(i, ids)| ids.iter().map(move |id| (*i, id.clone())))
+            .take(want)
+            .collect()
+    };
+    chosen.extend(pick(&mut groups));
+    chosen.sort();
+    Ok(chosen.into_iter().map(|(_, id)| id).collect())
 }
 
 /// Groups GPUs by a key, keeping index order inside each group.
@@ -264,6 +434,7 @@ pub(crate) mod tests {
             problem: None,
             pending: false,
             driver: Some("nvidia".into()),
+            migs: vec![],
             link: None,
         }
     }
@@ -292,6 +463,8 @@ pub(crate) mod tests {
             mode: None,
             uid: 0,
             gid: 0,
+            mig: false,
+            migs: vec![],
         }
     }
 
@@ -306,6 +479,75 @@ pub(crate) mod tests {
         for p in pcis {
             h.insert(p.clone(), format!("domain '{who}'"));
         }
+    }
+
+    fn with_migs(mut g: Gpu, layout: &[(u32, u32)]) -> Gpu {
+        let cap = |m: u32| crate::inventory::DevNode {
+            node: crate::node::Node::new(format!("/dev/nvidia-caps/nvidia-cap{m}"), 236, m),
+            mode: 0o444,
+        };
+        g.migs = layout
+            .iter()
+            .map(|&(gi, ci)| crate::inventory::Mig {
+                gi,
+                ci,
+                gi_cap: cap(gi * 9),
+                ci_cap: cap(gi * 9 + 1 + ci),
+            })
+            .collect();
+        g
+    }
+
+    #[test]
+    fn mig_instances_packed_and_never_whole() {
+        let mut gs = dgx();
+        gs[0] = with_migs(gs[0].clone(), &[(7, 0), (8, 0), (9, 0)]);
+        gs[1] = with_migs(gs[1].clone(), &[(1, 0), (2, 0)]);
+        let mut held = Held::new();
+        let mut r = req(2);
+        r.mig = true;
+        // Best fit: the GPU whose free instances just suffice.
+        assert_eq!(
+            allocate(&gs, &held, &r).unwrap(),
+            ["0000:11:00.0/gi1/ci0", "0000:11:00.0/gi2/ci0"]
+        );
+        held.insert("0000:11:00.0/gi1/ci0".into(), "domain 'x'".into());
+        assert_eq!(
+            allocate(&gs, &held, &r).unwrap(),
+            ["0000:10:00.0/gi7/ci0", "0000:10:00.0/gi8/ci0"]
+        );
+        // Four: none suffices alone; the fullest first.
+        r.count = 4;
+        assert_eq!(allocate(&gs, &held, &r).unwrap().len(), 4);
+        r.count = 5;
+        assert!(allocate(&gs, &held, &r).unwrap_err().0.contains(
+            "only 4 of the host's 5 MIG instances on matching GPUs are free: held by domain 'x'"
+        ));
+        // Whole GPUs: never one with instances, nor one whose instance is held.
+        assert_eq!(busy(&held, "0000:11:00.0"), Some("domain 'x'"));
+        assert_eq!(busy(&held, "0000:10:00.0"), None);
+        assert_eq!(busy(&held, "0000:11:00.00"), None);
+        let whole = allocate(&gs, &held, &req(6)).unwrap();
+        assert!(
+            !whole.contains(&"0000:10:00.0".to_string())
+                && !whole.contains(&"0000:11:00.0".to_string())
+        );
+        assert!(allocate(&gs, &held, &req(7))
+            .unwrap_err()
+            .0
+            .contains("2 in MIG mode"));
+        // A GPU held whole gives no instance.
+        held.insert("0000:10:00.0".into(), "domain 'w'".into());
+        r.count = 1;
+        r.migs = vec![crate::request::MigSel {
+            gpu: DeviceSel::Index(0),
+            gi: 7,
+            ci: 0,
+        }];
+        assert!(allocate(&gs, &held, &r)
+            .unwrap_err()
+            .0
+            .contains("is held whole by domain 'w'"));
     }
 
     #[test]

@@ -373,6 +373,16 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                 "nodes": g.nodes.iter().map(|(_, n)| n).collect::<Vec<_>>(),
                 "problem": g.problem,
                 "driver": g.driver,
+                "migs": g.migs.iter().map(|m| {
+                    let id = m.id(&g.pci);
+                    json!({
+                        "gi": m.gi, "ci": m.ci, "id": id,
+                        "nodes": [&m.gi_cap.node, &m.ci_cap.node],
+                        "holder": st.holder_of(&id).map(|r| json!({
+                            "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase,
+                        })),
+                    })
+                }).collect::<Vec<_>>(),
                 "quarantine": st.quarantine.get(&g.pci),
                 "link": g.link.as_ref().map(|l| json!({
                     "speed": l.speed, "max_speed": l.max_speed,
@@ -427,6 +437,26 @@ fn list(as_json: bool) -> Result<i32, Error> {
                 None if g.excluded => "excluded".into(),
                 None => match &g.problem {
                     Some(p) => format!("unusable: {p}"),
+                    None if !g.migs.is_empty() => {
+                        let held: Vec<String> = g
+                            .migs
+                            .iter()
+                            .filter_map(|m| {
+                                st.holder_of(&m.id(&g.pci))
+                                    .map(|r| format!("gi{}/ci{} {}", m.gi, m.ci, r.domain))
+                            })
+                            .collect();
+                        format!(
+                            "MIG: {} of {} instances free{}",
+                            g.migs.len() - held.len(),
+                            g.migs.len(),
+                            if held.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" ({})", held.join(", "))
+                            }
+                        )
+                    }
                     None => "free".into(),
                 },
             };
@@ -514,7 +544,7 @@ fn check(file: &str) -> Result<i32, Error> {
             println!(
                 "  {} {} {} {} (NUMA {})",
                 g.index,
-                g.pci,
+                p,
                 g.model,
                 g.arch.as_deref().unwrap_or("-"),
                 g.numa_node.map_or("-".into(), |n| n.to_string())

@@ -72,8 +72,34 @@ pub struct Gpu {
     pub pending: bool,
     /// The PCI driver bound to it (`nvidia`, `amdgpu`, `vfio-pci`, …).
     pub driver: Option<String>,
+    /// Its MIG compute instances (read with the NVIDIA driver's details): while it has any,
+    /// they are the units it is handed out in, never the whole GPU.
+    pub migs: Vec<Mig>,
     /// Its PCIe link, read for listings only.
     pub link: Option<Link>,
+}
+
+/// A MIG compute instance: the parent GPU's node plus the access capabilities of its GPU
+/// instance and compute instance (`/dev/nvidia-caps/nvidia-cap<m>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mig {
+    pub gi: u32,
+    pub ci: u32,
+    pub gi_cap: DevNode,
+    pub ci_cap: DevNode,
+}
+
+impl Mig {
+    /// The instance's name in reservations: `0000:3b:00.0/gi1/ci0`.
+    pub fn id(&self, pci: &str) -> String {
+        format!("{pci}/gi{}/ci{}", self.gi, self.ci)
+    }
+}
+
+/// The PCI address of a reserved unit: a whole GPU (`0000:3b:00.0`) or a MIG instance of it
+/// (`0000:3b:00.0/gi1/ci0`).
+pub fn unit_pci(unit: &str) -> &str {
+    unit.split_once('/').map_or(unit, |(p, _)| p)
 }
 
 /// A PCIe link as sysfs shows it (`current_link_speed` `16.0 GT/s PCIe`, `…_width` `16`).
@@ -177,18 +203,32 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// The GPU of a PCI address, or of a reserved unit (a MIG instance's is its GPU).
     pub fn by_pci(&self, pci: &str) -> Option<&Gpu> {
+        let pci = unit_pci(pci);
         self.gpus.iter().find(|g| g.pci == pci)
+    }
+
+    /// The MIG instance a unit id names, with its GPU.
+    pub fn mig(&self, unit: &str) -> Option<(&Gpu, &Mig)> {
+        let g = self.by_pci(unit)?;
+        g.migs.iter().find(|m| m.id(&g.pci) == unit).map(|m| (g, m))
     }
 
     /// Every node a container holding `gpus` (PCI addresses) gets: the GPUs' own nodes, then
     /// the control nodes their vendors need for the capabilities, each once, in a stable order.
     pub fn nodes_for(&self, gpus: &[String], caps: Capabilities) -> Vec<DevNode> {
         let chosen: Vec<&Gpu> = gpus.iter().filter_map(|p| self.by_pci(p)).collect();
-        let mut out: Vec<DevNode> = chosen
-            .iter()
-            .flat_map(|g| g.nodes_for(caps).cloned())
-            .collect();
+        let mut out: Vec<DevNode> = Vec::new();
+        for u in gpus {
+            let Some(g) = self.by_pci(u) else { continue };
+            out.extend(g.nodes_for(caps).cloned());
+            // A MIG instance: its parent's node, then its two access capabilities.
+            if let Some((_, m)) = self.mig(u) {
+                out.push(m.gi_cap.clone());
+                out.push(m.ci_cap.clone());
+            }
+        }
         for (ctl, node) in &self.controls {
             if chosen.iter().any(|g| ctl.wanted(g.vendor, caps)) {
                 out.push(node.clone());
@@ -294,22 +334,17 @@ impl Scan {
     /// What a hook run for this request needs. Lazy unless the request looks at what only
     /// the driver tells (the model name, GPU UUIDs).
     pub fn for_request(req: &crate::request::Request) -> Scan {
+        use crate::request::DeviceSel;
+        let sels = || req.devices.iter().chain(req.migs.iter().map(|m| &m.gpu));
         let eager = req
             .filters
             .iter()
             .any(|f| f.field == crate::request::Field::Model)
-            || req
-                .devices
-                .iter()
-                .any(|d| matches!(d, crate::request::DeviceSel::Uuid(_)));
+            || sels().any(|d| matches!(d, DeviceSel::Uuid(_)));
         Scan {
             caps: Some(req.capabilities),
             // An index names a GPU by its place among all GPUs: every function is looked at.
-            lazy: !eager
-                && !req
-                    .devices
-                    .iter()
-                    .any(|d| matches!(d, crate::request::DeviceSel::Index(_))),
+            lazy: !eager && !sels().any(|d| matches!(d, DeviceSel::Index(_))),
         }
     }
 
@@ -331,6 +366,8 @@ impl Scan {
 struct DevRoot<'a> {
     path: &'a Path,
     fd: Option<OwnedFd>,
+    /// The proc root (`/proc/devices` names the `nvidia-caps` major).
+    proc: &'a Path,
 }
 
 impl DevRoot<'_> {
@@ -354,6 +391,37 @@ impl DevRoot<'_> {
                 libc::minor(st.st_rdev),
             ),
             mode: st.st_mode & 0o777,
+        })
+    }
+}
+
+impl DevRoot<'_> {
+    /// `/dev/nvidia-caps/nvidia-cap<m>`: the host's node when it has one (`stat`), else the
+    /// number from the `nvidia-caps` major of `/proc/devices` (nvidia-modprobe makes these
+    /// nodes on demand: a host may lack them).
+    fn cap_node(&self, minor: u32, mode: u32) -> Result<DevNode, String> {
+        let rel = format!("nvidia-caps/nvidia-cap{minor}");
+        if let Ok(n) = self.node(&rel) {
+            return Ok(n);
+        }
+        let devices = self.proc.join("devices");
+        let major = fs::read_to_string(&devices)
+            .ok()
+            .and_then(|t| {
+                t.lines().find_map(|l| {
+                    let (n, name) = l.trim().split_once(' ')?;
+                    (name.trim() == "nvidia-caps").then(|| n.parse().ok())?
+                })
+            })
+            .ok_or_else(|| {
+                format!(
+                    "no /dev/{rel} and no nvidia-caps major in {}",
+                    devices.display()
+                )
+            })?;
+        Ok(DevNode {
+            node: Node::new(format!("/dev/{rel}"), major, minor),
+            mode,
         })
     }
 }
@@ -625,6 +693,7 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
     let dev = DevRoot {
         path: &cfg.dev,
         fd: open_dir(&cfg.dev),
+        proc: &cfg.proc,
     };
     let nv_gpus_path = cfg.proc.join("driver/nvidia/gpus");
     let nv_gpus = if found.iter().any(|f| f.vendor == 0x10de) {
@@ -669,6 +738,7 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
             problem: None,
             pending: false,
             driver: f.driver,
+            migs: vec![],
             link: if what.caps.is_none() {
                 read_link(dirfd, &f.name)
             } else {
@@ -772,23 +842,93 @@ fn nvidia_details(
     }
     match info.minor {
         None => gpu.problem = Some(format!("no Device Minor in {}", info_path.display())),
-        Some(m) => match dev.node(&format!("nvidia{m}")) {
-            Ok(n) => gpu.nodes.insert(0, (Role::Nvidia, n)),
-            Err(e) => gpu.problem = Some(e),
-        },
+        Some(m) => {
+            match dev.node(&format!("nvidia{m}")) {
+                Ok(n) => gpu.nodes.insert(0, (Role::Nvidia, n)),
+                Err(e) => gpu.problem = Some(e),
+            }
+            match read_migs(nv_gpus_path, m, dev) {
+                Ok(migs) => gpu.migs = migs,
+                Err(e) => gpu.problem = Some(e),
+            }
+        }
     }
+}
+
+/// `DeviceFileMinor:` and `DeviceFileMode:` of a capability's procfs `access` file
+/// (`nv-caps.c`: `DeviceFileMinor: 3\nDeviceFileMode: 292\nDeviceFileModify: 1\n`).
+fn cap_access(text: &str) -> Option<(u32, u32)> {
+    let mut minor = None;
+    let mut mode = 0o444;
+    for line in text.lines() {
+        match line.split_once(':') {
+            Some(("DeviceFileMinor", v)) => minor = v.trim().parse().ok(),
+            Some(("DeviceFileMode", v)) => mode = v.trim().parse::<u32>().ok()? & 0o777,
+            _ => {}
+        }
+    }
+    Some((minor?, mode))
+}
+
+/// The MIG compute instances of the GPU whose device minor is `minor`, from the driver's
+/// `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/ci<C>/access` files, in (gi, ci)
+/// order; none when the GPU has no MIG directory. The capability nodes are the host's
+/// `/dev/nvidia-caps/nvidia-cap<m>` (`stat`ed), else made from the `nvidia-caps` major in
+/// `/proc/devices` and the access file's mode.
+fn read_migs(nv_gpus_path: &Path, minor: u32, dev: &DevRoot) -> Result<Vec<Mig>, String> {
+    // <proc>/driver/nvidia/gpus → <proc>/driver/nvidia/capabilities/gpu<minor>/mig
+    let base = nv_gpus_path
+        .with_file_name("capabilities")
+        .join(format!("gpu{minor}/mig"));
+    let Ok(rd) = fs::read_dir(&base) else {
+        return Ok(vec![]);
+    };
+    let num = |name: &str, prefix: &str| -> Option<u32> { name.strip_prefix(prefix)?.parse().ok() };
+    let cap = |dir: &Path| -> Result<DevNode, String> {
+        let p = dir.join("access");
+        let text = fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let (m, mode) =
+            cap_access(&text).ok_or_else(|| format!("{}: no DeviceFileMinor", p.display()))?;
+        dev.cap_node(m, mode)
+    };
+    let mut out = Vec::new();
+    let mut gis: Vec<(u32, PathBuf)> = rd
+        .flatten()
+        .filter_map(|e| Some((num(e.file_name().to_str()?, "gi")?, e.path())))
+        .collect();
+    gis.sort();
+    for (gi, gdir) in gis {
+        let gi_cap = cap(&gdir)?;
+        let mut cis: Vec<(u32, PathBuf)> = fs::read_dir(&gdir)
+            .map_err(|e| format!("{}: {e}", gdir.display()))?
+            .flatten()
+            .filter_map(|e| Some((num(e.file_name().to_str()?, "ci")?, e.path())))
+            .collect();
+        cis.sort();
+        for (ci, cdir) in cis {
+            out.push(Mig {
+                gi,
+                ci,
+                gi_cap: gi_cap.clone(),
+                ci_cap: cap(&cdir)?,
+            });
+        }
+    }
+    Ok(out)
 }
 
 impl Inventory {
     /// Reads what a lazy scan left out for these GPUs (PCI addresses): after it, each of
     /// them is either usable with its nodes, or has its problem.
     pub fn settle(&mut self, cfg: &Config, pcis: &[String]) {
-        if !self.gpus.iter().any(|g| g.pending && pcis.contains(&g.pci)) {
+        let wanted = |g: &Gpu| g.pending && pcis.iter().any(|p| unit_pci(p) == g.pci);
+        if !self.gpus.iter().any(wanted) {
             return;
         }
         let dev = DevRoot {
             path: &cfg.dev,
             fd: open_dir(&cfg.dev),
+            proc: &cfg.proc,
         };
         let nv_gpus_path = cfg.proc.join("driver/nvidia/gpus");
         let nv_gpus = open_dir(&nv_gpus_path);
@@ -799,11 +939,7 @@ impl Inventory {
             }
             return;
         };
-        for g in self
-            .gpus
-            .iter_mut()
-            .filter(|g| g.pending && pcis.contains(&g.pci))
-        {
+        for g in self.gpus.iter_mut().filter(|g| wanted(g)) {
             let model = g.model.clone();
             nvidia_details(
                 g,

@@ -87,17 +87,74 @@ fn reclaim_stale(st: &mut State) -> Vec<String> {
         .collect()
 }
 
+/// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
+/// mode, or a MIG instance that exists on a usable GPU.
+fn unit_ok(inv: &Inventory, unit: &str) -> bool {
+    if unit.contains('/') {
+        inv.mig(unit).is_some_and(|(g, _)| g.usable())
+    } else {
+        inv.by_pci(unit)
+            .is_some_and(|g| g.usable() && g.migs.is_empty())
+    }
+}
+
 /// Whether an existing reservation still fits the request on this inventory.
 fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
     gpus.len() == req.count as usize
         && gpus.iter().all(|p| {
-            inv.by_pci(p)
-                .is_some_and(|g| g.usable() && alloc::matches(g, &req.filters))
+            p.contains('/') == req.mig
+                && unit_ok(inv, p)
+                && inv
+                    .by_pci(p)
+                    .is_some_and(|g| alloc::matches(g, &req.filters))
         })
         && req
             .devices
             .iter()
             .all(|sel| alloc::resolve(&inv.gpus, sel).is_some_and(|g| gpus.contains(&g.pci)))
+        && req.migs.iter().all(|sel| {
+            alloc::resolve(&inv.gpus, &sel.gpu)
+                .is_some_and(|g| gpus.contains(&format!("{}/gi{}/ci{}", g.pci, sel.gi, sel.ci)))
+        })
+}
+
+/// A MIG request looks at GPUs' instances (the driver's details) one GPU at a time, the
+/// GPUs it names first, until it knows enough free instances: not at every GPU's.
+fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &Request) {
+    let named: Vec<String> = req
+        .migs
+        .iter()
+        .filter_map(|m| alloc::resolve(&inv.gpus, &m.gpu).map(|g| g.pci.clone()))
+        .collect();
+    inv.settle(cfg, &named);
+    let free_on = |inv: &Inventory, p: &str| {
+        inv.by_pci(p).map_or(0, |g| {
+            g.migs
+                .iter()
+                .filter(|m| !held.contains_key(&m.id(&g.pci)))
+                .count()
+        })
+    };
+    let mut free: usize = named.iter().map(|p| free_on(inv, p)).sum();
+    let order: Vec<String> = inv
+        .gpus
+        .iter()
+        .filter(|g| {
+            g.vendor == crate::ids::Vendor::Nvidia
+                && g.usable()
+                && !held.contains_key(&g.pci)
+                && !named.contains(&g.pci)
+                && alloc::matches(g, &req.filters)
+        })
+        .map(|g| g.pci.clone())
+        .collect();
+    for p in order {
+        if free >= req.count as usize {
+            break;
+        }
+        inv.settle(cfg, std::slice::from_ref(&p));
+        free += free_on(inv, &p);
+    }
 }
 
 /// `prepare`: reserves GPUs for the holder (or keeps the reservation it has, if it still
@@ -190,7 +247,11 @@ fn reserve_by(
         // Stale reservations (holder gone) are reclaimed only when the request does not fit
         // otherwise: the common path reads no /proc file per reservation.
         // A lazy scan left the NVIDIA driver's details of the chosen GPUs for now: a chosen
-        // GPU that turns out unusable is marked, and the choice made again without it.
+        // GPU that turns out unusable (or in MIG mode) is marked, and the choice made again
+        // without it.
+        if req.mig {
+            settle_for_migs(cfg, &mut inv, &st.held(None), req);
+        }
         let gpus = loop {
             let g = match alloc::allocate(&inv.gpus, &st.held(None), req) {
                 Ok(g) => g,
@@ -208,7 +269,7 @@ fn reserve_by(
                 }
             };
             inv.settle(cfg, &g);
-            if g.iter().all(|p| inv.by_pci(p).is_some_and(|x| x.usable())) {
+            if g.iter().all(|p| unit_ok(&inv, p)) {
                 break g;
             }
         };
@@ -306,7 +367,8 @@ fn refusal(
     e: alloc::AllocError,
     deferred: usize,
 ) -> alloc::AllocError {
-    if deferred == 0 {
+    // A MIG request looked at the instances of only as many GPUs as it needed.
+    if deferred == 0 && !req.mig {
         return e;
     }
     let full = Scan {
@@ -344,6 +406,11 @@ pub fn confirm(h: &Holder, req: &Request) -> Result<(), Error> {
         if g.excluded {
             return Err(Error::other(format!(
                 "reserved GPU {p} is now excluded by the host config"
+            )));
+        }
+        if p.contains('/') && inv.mig(p).is_none() {
+            return Err(Error::other(format!(
+                "reserved MIG instance {p} no longer exists"
             )));
         }
     }

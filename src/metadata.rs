@@ -12,7 +12,7 @@
 use crate::error::one_line;
 use crate::extra_specs::{self, Op};
 use crate::ids::{normalize_pci, normalize_uuid, Vendor};
-use crate::request::{Capabilities, DeviceSel, Field, Filter, IdMap, IdRange, Request};
+use crate::request::{Capabilities, DeviceSel, Field, Filter, IdMap, IdRange, MigSel, Request};
 use quick_xml::escape::resolve_predefined_entity;
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::name::{Namespace, ResolveResult};
@@ -175,6 +175,7 @@ enum Ctx {
     Metadata,
     Gpus,
     Device,
+    Mig,
     ExtraSpec,
     Idmap,
     IdmapEntry,
@@ -203,6 +204,10 @@ pub(crate) struct GpusBuilder {
     text: String,
     /// `resources[N]:CUSTOM_GPU_<ARCH>` keys: (key, class, amount > 0).
     resources: Vec<(String, String, u32)>,
+    /// `mig="yes|no"`.
+    mig: Option<bool>,
+    /// `<mig>` children.
+    migs: Vec<MigSel>,
 }
 
 /// A Nova flavor's GPU extra specs, as read from `<nova:extraSpecs>`.
@@ -419,7 +424,7 @@ impl Parser {
                 }
                 self.nova.text.push_str(s);
             }
-            Some(Ctx::Gpus) | Some(Ctx::Device) if !s.trim().is_empty() => {
+            Some(Ctx::Gpus) | Some(Ctx::Device) | Some(Ctx::Mig) if !s.trim().is_empty() => {
                 return err(format!(
                     "unexpected text '{}' in gpuhook element",
                     s.trim().chars().take(40).collect::<String>()
@@ -521,6 +526,17 @@ impl Parser {
                         g.devices.push(d);
                         Ctx::Device
                     }
+                    "mig" => {
+                        if g.migs.len() >= MAX_DEVICES {
+                            return err(format!("more than {MAX_DEVICES} <mig> children"));
+                        }
+                        let m = parse_mig(reader, e)?;
+                        if g.migs.contains(&m) {
+                            return err(format!("{m} is named twice"));
+                        }
+                        g.migs.push(m);
+                        Ctx::Mig
+                    }
                     "extra_spec" => {
                         if g.spec_keys.len() >= MAX_EXTRA_SPECS {
                             return err(format!("more than {MAX_EXTRA_SPECS} <extra_spec> children"));
@@ -554,13 +570,13 @@ impl Parser {
                     }
                     other => {
                         return err(format!(
-                            "unknown gpuhook element <{}> inside <gpus> (expected <device> or <extra_spec>)",
+                            "unknown gpuhook element <{}> inside <gpus> (expected <device>, <mig> or <extra_spec>)",
                             other
                         ))
                     }
                 }
             }
-            Some(Ctx::Device) | Some(Ctx::ExtraSpec) => {
+            Some(Ctx::Device) | Some(Ctx::Mig) | Some(Ctx::ExtraSpec) => {
                 return err(format!(
                     "unexpected element <{}> inside a gpuhook element",
                     e.name().as_ref()
@@ -719,7 +735,7 @@ fn parse_gpus_attrs(
             Ok(true) => {}
             Ok(false) => {
                 return err(format!(
-                    "unknown attribute '{}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid)",
+                    "unknown attribute '{}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid, mig)",
                     key.as_ref()
                 ))
             }
@@ -769,6 +785,13 @@ pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, 
             });
         }
         "capabilities" => g.capabilities = Some(Capabilities::parse(v)?),
+        "mig" => {
+            g.mig = Some(match v.trim().to_ascii_lowercase().as_str() {
+                "yes" | "true" | "1" => true,
+                "no" | "false" | "0" => false,
+                _ => return Err(format!("mig '{v}' is not yes or no")),
+            })
+        }
         "mode" => g.mode = Some(parse_mode(v).map_err(|e| e.0)?),
         "uid" => g.uid = Some(parse_u32("uid", v).map_err(|e| e.0)?),
         "gid" => g.gid = Some(parse_u32("gid", v).map_err(|e| e.0)?),
@@ -815,6 +838,47 @@ fn parse_device(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<DeviceSel, P
         sel = Some(this);
     }
     sel.ok_or_else(|| ParseError::new("<device> must name one of pci, uuid, index"))
+}
+
+/// `<gpu:mig pci|uuid|index="…" gi="G" ci="C"/>`.
+fn parse_mig(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<MigSel, ParseError> {
+    let (mut gpu, mut gi, mut ci) = (None, None, None);
+    let mut fake = BytesStart::new("device");
+    for a in e.attributes() {
+        let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
+        if is_xmlns(a.key.as_ref()) {
+            continue;
+        }
+        let (ans, key) = reader.resolver().resolve_attribute(a.key);
+        if !matches!(ans, ResolveResult::Unbound) {
+            return err(format!("unknown attribute '{}' on <mig>", a.key.as_ref()));
+        }
+        let v = attr_value(&a)?;
+        match key.as_ref() {
+            "gi" => gi = Some(parse_u32("mig gi", &v)?),
+            "ci" => ci = Some(parse_u32("mig ci", &v)?),
+            k @ ("pci" | "uuid" | "index") => {
+                if gpu.is_some() {
+                    return err("<mig> must name its GPU by exactly one of pci, uuid, index");
+                }
+                gpu = Some(());
+                fake.push_attribute((k, v.as_str()));
+            }
+            other => {
+                return err(format!(
+                    "unknown attribute '{other}' on <mig> (known: pci, uuid, index, gi, ci)"
+                ))
+            }
+        }
+    }
+    if gpu.is_none() {
+        return err("<mig> must name its GPU by one of pci, uuid, index");
+    }
+    let gpu = parse_device(reader, &fake)?;
+    match (gi, ci) {
+        (Some(gi), Some(ci)) => Ok(MigSel { gpu, gi, ci }),
+        _ => err("<mig> needs gi and ci (its GPU instance and compute instance)"),
+    }
 }
 
 fn apply_extra_spec(g: &mut GpusBuilder, key: &str, value: &str) -> Result<(), ParseError> {
@@ -864,7 +928,17 @@ fn apply_extra_spec(g: &mut GpusBuilder, key: &str, value: &str) -> Result<(), P
 }
 
 pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
-    let n = g.devices.len() as u32;
+    if g.mig == Some(false) && !g.migs.is_empty() {
+        return err("<mig> children ask for MIG instances, but mig='no'");
+    }
+    let mig = g.mig.unwrap_or(false) || !g.migs.is_empty();
+    if mig && !g.devices.is_empty() {
+        return err("a request is either whole GPUs (<device>) or MIG instances (mig='yes', <mig>), not both");
+    }
+    if mig && !g.resources.is_empty() {
+        return err("Placement's CUSTOM_GPU_<ARCH> classes count whole GPUs, not MIG instances");
+    }
+    let n = (g.devices.len() + g.migs.len()) as u32;
     // Placement's resources: one class (one architecture), amounts added up.
     let mut resources: Option<(u32, String)> = None;
     if let Some((_, class, _)) = g.resources.first() {
@@ -925,7 +999,8 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     let count = count.map_or(n.max(1), |(c, _)| c);
     if count < n {
         return err(format!(
-            "count {count} is less than the {n} <device> children"
+            "count {count} is less than the {n} <{}> children",
+            if mig { "mig" } else { "device" }
         ));
     }
     Ok(Request {
@@ -936,6 +1011,8 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
         mode: g.mode,
         uid: g.uid.unwrap_or(0),
         gid: g.gid.unwrap_or(0),
+        mig,
+        migs: g.migs,
     })
 }
 

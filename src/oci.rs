@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 pub const ANNOTATION_PREFIX: &str = "gpuhook.io/";
 pub const ENV_PREFIX: &str = "GPUHOOK_";
 /// The request keys, as annotations (`gpuhook.io/KEY`) and env (`GPUHOOK_KEY`, upper case).
-pub const KEYS: &str = "gpus, arch, vendor, model, devices, capabilities, mode, uid, gid, driver";
+pub const KEYS: &str =
+    "gpus, arch, vendor, model, devices, capabilities, mode, uid, gid, mig, driver";
 const MAX_VALUE: usize = 4096;
 const MAX_DEVICES: usize = 256;
 
@@ -549,6 +550,27 @@ mod tests {
         assert!(!r.capabilities.utility);
         assert!(r.filters.iter().any(|f| f.field == Field::Arch));
         assert!(r.filters.iter().any(|f| f.field == Field::Vendor));
+        assert!(!r.mig);
+        // MIG instances, as annotation or env.
+        let r = req(
+            json!({"gpuhook.io/mig": "yes", "gpuhook.io/gpus": "3"}),
+            &[],
+        )
+        .unwrap()
+        .unwrap();
+        assert!(r.mig && r.count == 3);
+        assert_eq!(r.to_string(), "3 MIG instances");
+        let r = req(json!({}), &["GPUHOOK_MIG=yes"]).unwrap().unwrap();
+        assert!(r.mig && r.count == 1);
+        assert!(req(json!({"gpuhook.io/mig": "some"}), &[])
+            .unwrap_err()
+            .contains("annotation 'gpuhook.io/mig': mig 'some' is not yes or no"));
+        assert!(req(
+            json!({"gpuhook.io/mig": "yes", "gpuhook.io/devices": "0000:3b:00.0"}),
+            &[]
+        )
+        .unwrap_err()
+        .contains("either whole GPUs"));
         let r = req(
             json!({"gpuhook.io/devices": "0000:3B:00.0, GPU-ABC-1,3"}),
             &[],

@@ -4,7 +4,7 @@
 //! YAML text out.
 //!
 //! One inventory `CUSTOM_GPU_<ARCH>` per architecture present: `total` its GPUs, `reserved`
-//! the excluded or unusable ones, `min_unit` 1, `max_unit` total, `step_size` 1,
+//! the excluded or unusable ones and those in MIG mode, `min_unit` 1, `max_unit` total, `step_size` 1,
 //! `allocation_ratio` 1.0; traits `CUSTOM_GPU_VENDOR_<VENDOR>` and `CUSTOM_GPU_ARCH_<ARCH>`.
 //! GPUs of unknown architecture get no inventory (a flavor cannot name them).
 
@@ -46,7 +46,8 @@ fn per_arch(inv: &Inventory) -> BTreeMap<String, (u32, u32)> {
         };
         let e = m.entry(custom_name("GPU_", arch)).or_default();
         e.0 += 1;
-        if !g.usable() {
+        // Unusable, or in MIG mode (handed out as instances, never whole): not for flavors.
+        if !g.usable() || !g.migs.is_empty() {
             e.1 += 1;
         }
     }

@@ -55,6 +55,21 @@ impl fmt::Display for DeviceSel {
     }
 }
 
+/// A MIG compute instance named by a `<gpu:mig>` child: its GPU, GPU instance (`gi`) and
+/// compute instance (`ci`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigSel {
+    pub gpu: DeviceSel,
+    pub gi: u32,
+    pub ci: u32,
+}
+
+impl fmt::Display for MigSel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MIG {} gi {} ci {}", self.gpu, self.gi, self.ci)
+    }
+}
+
 /// Which control and extra nodes come with the GPUs (`capabilities`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
@@ -118,14 +133,19 @@ pub struct Request {
     /// Container-side owner of the created nodes (mapped through `<idmap>`).
     pub uid: u32,
     pub gid: u32,
+    /// MIG compute instances instead of whole GPUs (`mig="yes"`): `count` of them, from
+    /// GPUs that match the filters, and the exact ones of `migs`.
+    pub mig: bool,
+    pub migs: Vec<MigSel>,
 }
 
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} GPU{}",
+            "{} {}{}",
             self.count,
+            if self.mig { "MIG instance" } else { "GPU" },
             if self.count == 1 { "" } else { "s" }
         )?;
         for flt in &self.filters {
@@ -133,6 +153,9 @@ impl fmt::Display for Request {
         }
         for d in &self.devices {
             write!(f, ", {d}")?;
+        }
+        for m in &self.migs {
+            write!(f, ", {m}")?;
         }
         Ok(())
     }

@@ -159,7 +159,7 @@ impl Bed {
 
     /// GPU-ish entries of the container's /dev (nvidia*, kfd, dri/*).
     fn dev(&self, ct: &Container) -> BTreeMap<String, Entry> {
-        let o = self.sh_in(ct, "for f in /dev/nvidia* /dev/kfd /dev/dri /dev/dri/*; do [ -e \"$f\" ] || [ -L \"$f\" ] && stat -c '%n|%F|%t|%T|%u|%g|%a' \"$f\"; done; true");
+        let o = self.sh_in(ct, "for f in /dev/nvidia* /dev/nvidia-caps/* /dev/kfd /dev/dri /dev/dri/*; do [ -e \"$f\" ] || [ -L \"$f\" ] && stat -c '%n|%F|%t|%T|%u|%g|%a' \"$f\"; done; true");
         String::from_utf8_lossy(&o.stdout)
             .lines()
             .filter_map(|l| {
@@ -540,6 +540,92 @@ fn nova_flavor_through_libvirt(b: &mut Bed) {
     b.d.virsh_ok(&["destroy", "gh-nova-g1"]).unwrap();
     b.d.virsh_ok(&["destroy", "gh-nova-m1"]).unwrap();
     assert!(b.holders().is_empty(), "destroy frees");
+}
+
+/// Two containers on MIG slices of one H100: each sees its GPU's node and only its own
+/// instance's two capability nodes; the other's, and the management capabilities
+/// (`nvidia-cap1` config, `nvidia-cap2` monitor), are refused by its device cgroup.
+fn mig_slices_of_one_gpu(b: &mut Bed) {
+    use testbed::fakehost::{mig_minor, CAPS_MAJOR};
+    b.use_host(FakeHost::dgx8_mig());
+    let slice = |name: &str, gi: u32| {
+        DomainSpec::new(
+            name,
+            &format!(
+                r#"<gpu:gpus {META_NS}><gpu:mig pci="0000:1a:00.0" gi="{gi}" ci="0"/></gpu:gpus>"#
+            ),
+        )
+    };
+    b.define_start(&slice("gh-mig-a", 1));
+    b.define_start(&slice("gh-mig-b", 2));
+    let cap = |m: u32| format!("/dev/nvidia-caps/nvidia-cap{m}");
+    for (name, mine, other) in [("gh-mig-a", 1, 2), ("gh-mig-b", 2, 1)] {
+        let ct = b.ct(name);
+        let (g, c) = (mig_minor(3, mine, None), mig_minor(3, mine, Some(0)));
+        let (og, oc) = (mig_minor(3, other, None), mig_minor(3, other, Some(0)));
+        let want: BTreeMap<String, (u32, u32)> = [
+            ("/dev/nvidia3".to_string(), (195, 3)),
+            (cap(g), (CAPS_MAJOR, g)),
+            (cap(c), (CAPS_MAJOR, c)),
+            ("/dev/nvidiactl".to_string(), (195, 255)),
+            ("/dev/nvidia-uvm".to_string(), (509, 0)),
+            ("/dev/nvidia-uvm-tools".to_string(), (509, 1)),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(b.nodes(&ct), want, "{name}");
+        let grants = [
+            "c 195:3 rw".to_string(),
+            format!("c {CAPS_MAJOR}:{g} rw"),
+            format!("c {CAPS_MAJOR}:{c} rw"),
+            "c 195:255 rw".into(),
+            "c 509:0 rw".into(),
+            "c 509:1 rw".into(),
+        ];
+        let grants: Vec<&str> = grants.iter().map(String::as_str).collect();
+        expect_list(&b.devices_list(&ct), &grants);
+        // The other instance's capabilities and the management ones, made inside by root.
+        let mk = b.sh_in(
+            &ct,
+            &format!(
+                "mknod /dev/nvidia-caps/nvidia-cap{og} c {CAPS_MAJOR} {og} && mknod /dev/nvidia-caps/nvidia-cap{oc} c {CAPS_MAJOR} {oc} && mknod /dev/nvidia-caps/nvidia-cap1 c {CAPS_MAJOR} 1 && mknod /dev/nvidia-caps/nvidia-cap2 c {CAPS_MAJOR} 2"
+            ),
+        );
+        assert!(mk.status.success(), "{}", common::stderr(&mk));
+        let paths = [cap(g), cap(c), cap(og), cap(oc), cap(1), cap(2)];
+        let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+        assert_eq!(
+            b.open_in(&ct, &paths),
+            vec![
+                Err(Errno::ENXIO),
+                Err(Errno::ENXIO),
+                Err(Errno::EPERM),
+                Err(Errno::EPERM),
+                Err(Errno::EPERM),
+                Err(Errno::EPERM)
+            ],
+            "{name}"
+        );
+    }
+    // libvirtd restarts: reconnect keeps both reservations and repairs a lost capability.
+    let ct = b.ct("gh-mig-a");
+    let lost = mig_minor(3, 1, Some(0));
+    let o = b.sh_in(&ct, &format!("rm /dev/nvidia-caps/nvidia-cap{lost}"));
+    assert!(o.status.success());
+    b.d.restart().unwrap();
+    assert_eq!(b.state_of("gh-mig-a"), "running");
+    assert_eq!(
+        b.reservation("gh-mig-a").unwrap()["gpus"],
+        serde_json::json!(["0000:1a:00.0/gi1/ci0"])
+    );
+    assert_eq!(b.nodes(&ct)[&cap(lost)], (CAPS_MAJOR, lost));
+    // The GPU itself is not handed out whole meanwhile.
+    b.define(&spec("gh-whole", r#"count="6""#));
+    let e = b.start("gh-whole").expect_err("a MIG GPU given whole");
+    assert!(e.contains("3 in MIG mode"), "{e}");
+    b.d.virsh_ok(&["destroy", "gh-mig-a"]).unwrap();
+    b.d.virsh_ok(&["destroy", "gh-mig-b"]).unwrap();
+    assert!(b.reservation("gh-mig-a").is_none() && b.reservation("gh-mig-b").is_none());
 }
 
 fn reconnect_keeps_and_repairs(b: &mut Bed) {
@@ -1548,6 +1634,7 @@ const CASES: &[(&str, Case)] = &[
     ("more_than_free_fails", more_than_free_fails),
     ("plain_domain_untouched", plain_domain_untouched),
     ("nova_flavor_through_libvirt", nova_flavor_through_libvirt),
+    ("mig_slices_of_one_gpu", mig_slices_of_one_gpu),
     ("libvirt_and_podman_contend", libvirt_and_podman_contend),
     ("reconnect_keeps_and_repairs", reconnect_keeps_and_repairs),
     ("numa_placement_and_isolation", numa_placement_and_isolation),

@@ -20,6 +20,18 @@ pub const UVM_MAJOR: u32 = 509;
 pub const KFD_MAJOR: u32 = 510;
 pub const NVIDIA_MAJOR: u32 = 195;
 pub const DRM_MAJOR: u32 = 226;
+/// A GPU's MIG layout: its GPU instances, each with its compute instances.
+pub type MigLayout = Vec<(u32, Vec<u32>)>;
+
+/// `nvidia-caps` as `/proc/devices` lists it on a MIG host.
+pub const CAPS_MAJOR: u32 = 236;
+
+/// The driver's capability minors (`/proc/driver/nvidia-caps/mig-minors`): `config` 1,
+/// `monitor` 2, then per GPU (device minor) 15 GPU instances of 1 access + 8 compute
+/// instances each.
+pub fn mig_minor(gpu: u32, gi: u32, ci: Option<u32>) -> u32 {
+    3 + gpu * 135 + gi * 9 + ci.map_or(0, |c| 1 + c)
+}
 
 #[derive(Debug, Clone)]
 pub enum Driver {
@@ -59,6 +71,8 @@ pub struct FakeHost {
     pub nvidia_controls: bool,
     /// `/dev/kfd` present.
     pub kfd: bool,
+    /// GPUs in MIG mode: PCI address → its GPU instances, each with its compute instances.
+    pub mig: Vec<(String, MigLayout)>,
 }
 
 /// Where a created fake host's roots are.
@@ -180,6 +194,7 @@ impl FakeHost {
             ],
             nvidia_controls: true,
             kfd: false,
+            mig: vec![],
         }
     }
 
@@ -242,6 +257,7 @@ impl FakeHost {
             devices: d,
             nvidia_controls: true,
             kfd: false,
+            mig: vec![],
         }
     }
 
@@ -307,6 +323,7 @@ impl FakeHost {
             ],
             nvidia_controls: true,
             kfd: true,
+            mig: vec![],
         }
     }
 
@@ -356,6 +373,7 @@ impl FakeHost {
             ],
             nvidia_controls: true,
             kfd: true,
+            mig: vec![],
         }
     }
 
@@ -384,7 +402,66 @@ impl FakeHost {
             devices: d,
             nvidia_controls: true,
             kfd: false,
+            mig: vec![],
         }
+    }
+
+    /// Puts a GPU in MIG mode with these GPU instances and their compute instances (as
+    /// `nvidia-smi mig -cgi … -C` leaves them).
+    pub fn with_mig(mut self, pci: &str, layout: &[(u32, &[u32])]) -> FakeHost {
+        self.mig.push((
+            pci.into(),
+            layout.iter().map(|(g, cs)| (*g, cs.to_vec())).collect(),
+        ));
+        self
+    }
+
+    /// The 8×H100 host with mixed MIG layouts, from `nvidia-smi mig` profiles of an
+    /// H100 80GB: 0000:18:00.0 as seven 1g.10gb (GPU instances 7–13), 0000:1a:00.0 as two
+    /// 3g.40gb (1, 2), 0000:40:00.0 as a 4g.40gb split in two compute instances, a
+    /// 2g.20gb and a 1g.10gb; the other five whole.
+    pub fn dgx8_mig() -> FakeHost {
+        FakeHost::dgx8()
+            .with_mig(
+                "0000:18:00.0",
+                &[
+                    (7, &[0]),
+                    (8, &[0]),
+                    (9, &[0]),
+                    (10, &[0]),
+                    (11, &[0]),
+                    (12, &[0]),
+                    (13, &[0]),
+                ],
+            )
+            .with_mig("0000:1a:00.0", &[(1, &[0]), (2, &[0])])
+            .with_mig("0000:40:00.0", &[(1, &[0, 1]), (5, &[0]), (13, &[0])])
+    }
+
+    /// Every NVIDIA GPU of the host as seven 1g instances (the benchmark's 8×7 layout).
+    pub fn all_mig7(mut self) -> FakeHost {
+        let pcis: Vec<String> = self
+            .devices
+            .iter()
+            .filter(|d| matches!(d.driver, Driver::Nvidia { .. }))
+            .map(|d| d.pci.clone())
+            .collect();
+        for p in pcis {
+            self = self.with_mig(
+                &p,
+                &[
+                    (7, &[0]),
+                    (8, &[0]),
+                    (9, &[0]),
+                    (10, &[0]),
+                    (11, &[0]),
+                    (12, &[0]),
+                    (13, &[0]),
+                ],
+            );
+        }
+        self.name.push_str("-mig7");
+        self
     }
 
     /// Adds `n` PCI functions that are not GPUs, as a real server lists beside its GPUs
@@ -583,6 +660,99 @@ impl FakeHost {
         }
         if self.kfd {
             node(&p.dev.join("kfd"), KFD_MAJOR, 0, 0o660, 109)?;
+        }
+        if any_nvidia {
+            // The driver's capabilities (nv-caps.c): the management ones, the minors table,
+            // and per MIG GPU its instances' access files; the nodes nvidia-modprobe makes.
+            let caps = p.proc.join("driver/nvidia/capabilities");
+            let access = |dir: &Path, m: u32, mode: u32| -> io::Result<()> {
+                fs::create_dir_all(dir)?;
+                fs::write(
+                    dir.join("access"),
+                    format!("DeviceFileMinor: {m}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"),
+                )
+            };
+            fs::create_dir_all(caps.join("mig"))?;
+            fs::write(
+                caps.join("mig/config"),
+                "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n",
+            )?;
+            fs::write(
+                caps.join("mig/monitor"),
+                "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+            )?;
+            let mut minors = String::from("config 1\nmonitor 2\n");
+            for g in 0..8 {
+                for gi in 0..15 {
+                    minors.push_str(&format!(
+                        "gpu{g}/gi{gi}/access {}\n",
+                        mig_minor(g, gi, None)
+                    ));
+                    for ci in 0..8 {
+                        minors.push_str(&format!(
+                            "gpu{g}/gi{gi}/ci{ci}/access {}\n",
+                            mig_minor(g, gi, Some(ci))
+                        ));
+                    }
+                }
+            }
+            fs::create_dir_all(p.proc.join("driver/nvidia-caps"))?;
+            fs::write(p.proc.join("driver/nvidia-caps/mig-minors"), minors)?;
+            fs::write(
+                p.proc.join("devices"),
+                format!("Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n 10 misc\n{NVIDIA_MAJOR} nvidia-frontend\n{DRM_MAJOR} drm\n{CAPS_MAJOR} nvidia-caps\n{UVM_MAJOR} nvidia-uvm\n\nBlock devices:\n  8 sd\n259 blkext\n"),
+            )?;
+            fs::create_dir_all(p.dev.join("nvidia-caps"))?;
+            node(
+                &p.dev.join("nvidia-caps/nvidia-cap1"),
+                CAPS_MAJOR,
+                1,
+                0o400,
+                0,
+            )?;
+            node(
+                &p.dev.join("nvidia-caps/nvidia-cap2"),
+                CAPS_MAJOR,
+                2,
+                0o444,
+                0,
+            )?;
+            for (pci, layout) in &self.mig {
+                let Some(minor) = self
+                    .devices
+                    .iter()
+                    .find(|d| d.pci == *pci)
+                    .and_then(|d| match d.driver {
+                        Driver::Nvidia { minor, .. } => Some(minor),
+                        _ => None,
+                    })
+                else {
+                    continue;
+                };
+                for (gi, cis) in layout {
+                    let gdir = caps.join(format!("gpu{minor}/mig/gi{gi}"));
+                    let gm = mig_minor(minor, *gi, None);
+                    access(&gdir, gm, 292)?;
+                    node(
+                        &p.dev.join(format!("nvidia-caps/nvidia-cap{gm}")),
+                        CAPS_MAJOR,
+                        gm,
+                        0o444,
+                        0,
+                    )?;
+                    for ci in cis {
+                        let cm = mig_minor(minor, *gi, Some(*ci));
+                        access(&gdir.join(format!("ci{ci}")), cm, 292)?;
+                        node(
+                            &p.dev.join(format!("nvidia-caps/nvidia-cap{cm}")),
+                            CAPS_MAJOR,
+                            cm,
+                            0o444,
+                            0,
+                        )?;
+                    }
+                }
+            }
         }
         Ok(p)
     }

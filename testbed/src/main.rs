@@ -1,7 +1,7 @@
 //! `gpuhook-testbed`: fake GPU hosts and the end-to-end demo.
 //!
 //! ```text
-//! gpuhook-testbed fakehost PROFILE DIR     blueprint | dgx8 | mixed | mi300 | wideN, each +M for M other PCI functions; writes DIR/config.json
+//! gpuhook-testbed fakehost PROFILE DIR     blueprint | dgx8 | dgx8-mig | mixed | mi300 | wideN, each -mig7 for 7 MIG instances per GPU and +M for M other PCI functions; writes DIR/config.json
 //! gpuhook-testbed demo --hook BIN [--workdir DIR]
 //! ```
 
@@ -19,11 +19,15 @@ fn profile(name: &str) -> Option<FakeHost> {
     if let Some((base, other)) = name.split_once('+') {
         return Some(profile(base)?.with_other_functions(other.parse().ok()?));
     }
+    if let Some(base) = name.strip_suffix("-mig7") {
+        return Some(profile(base)?.all_mig7());
+    }
     Some(match name {
         "blueprint" => FakeHost::blueprint(),
         "dgx8" => FakeHost::dgx8(),
         "mixed" => FakeHost::mixed(),
         "mi300" => FakeHost::mi300(),
+        "dgx8-mig" => FakeHost::dgx8_mig(),
         w if w.starts_with("wide") => FakeHost::wide(w[4..].parse().ok()?),
         _ => return None,
     })
