@@ -245,6 +245,11 @@ fn health(action: HealthAction) -> Result<i32, Error> {
             for m in &r.unmatched {
                 log::warn(&format!("an Xid for no GPU of this host: {m}"));
             }
+            for m in &r.forged {
+                log::warn(&format!(
+                    "an Xid line written into the kernel log from userspace, ignored: {m}"
+                ));
+            }
             println!(
                 "{} new kernel log record{} read, {} GPU{} quarantined",
                 r.new_records,

@@ -48,8 +48,19 @@ pub const MAX_READ: usize = 32 << 20;
 /// then continuation lines that start with a space (`SUBSYSTEM=pci`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
+    /// `facility << 3 | level`: the kernel's own records have facility 0; a record written
+    /// to `/dev/kmsg` from userspace gets facility `user` (1) or another one, never 0
+    /// (`devkmsg_write`), so an `NVRM:` line from userspace is told apart.
+    pub prio: u32,
     pub seq: u64,
     pub msg: String,
+}
+
+impl Record {
+    /// Logged by the kernel (facility 0), not written into the log from userspace.
+    pub fn from_kernel(&self) -> bool {
+        self.prio >> 3 == 0
+    }
 }
 
 /// The records in `text` (one read of `/dev/kmsg` each, or a file of them); continuation
@@ -60,9 +71,10 @@ pub fn parse_records(text: &str) -> Vec<Record> {
         .filter_map(|l| {
             let (head, msg) = l.split_once(';')?;
             let mut f = head.split(',');
-            let _prio: u32 = f.next()?.parse().ok()?;
+            let prio: u32 = f.next()?.parse().ok()?;
             let seq: u64 = f.next()?.parse().ok()?;
             Some(Record {
+                prio,
                 seq,
                 msg: msg.to_owned(),
             })
@@ -143,6 +155,8 @@ pub struct ScanReport {
     pub quarantined: Vec<(String, Quarantine)>,
     /// Quarantining Xids for a bus where this host lists no GPU.
     pub unmatched: Vec<String>,
+    /// Xid lines written into the log from userspace (not the driver's): ignored.
+    pub forged: Vec<String>,
 }
 
 /// The kernel's boot id (`<proc>/sys/kernel/random/boot_id`): sequence numbers of the kernel
@@ -181,6 +195,10 @@ pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
             let Some(x) = parse_xid(&r.msg) else {
                 continue;
             };
+            if !r.from_kernel() {
+                rep.forged.push(one_line(&r.msg, 300));
+                continue;
+            }
             let Some(reason) = quarantining(x.code) else {
                 continue;
             };
@@ -258,6 +276,10 @@ garbage line\n";
             r.iter().map(|r| r.seq).collect::<Vec<_>>(),
             [1520, 1523, 1524, 1530, 1531]
         );
+        assert!(r.iter().all(Record::from_kernel));
+        // What `echo '<4>NVRM: Xid …' > /dev/kmsg` leaves: facility user (12 = 1 << 3 | 4).
+        let forged = parse_records("12,1600,4215000000,-;NVRM: Xid (PCI:0000:1a:00): 79, x\n");
+        assert!(!forged[0].from_kernel());
         let x: Vec<Xid> = r.iter().filter_map(|r| parse_xid(&r.msg)).collect();
         assert_eq!(
             x,

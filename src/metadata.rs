@@ -510,31 +510,17 @@ impl Parser {
                 let g = self.gpus.as_mut().expect("inside gpus");
                 if !ours {
                     return err(format!(
-                        "unexpected element <{}> inside gpuhook <gpus> (only gpuhook <device> and <extra_spec>)",
+                        "unexpected element <{}> inside gpuhook <gpus> (only gpuhook <device>, <mig> and <extra_spec>)",
                         e.name().as_ref()
                     ));
                 }
                 match local {
                     "device" => {
-                        if g.devices.len() >= MAX_DEVICES {
-                            return err(format!("more than {MAX_DEVICES} <device> children"));
-                        }
-                        let d = parse_device(reader, e)?;
-                        if g.devices.contains(&d) {
-                            return err(format!("device {d} is named twice"));
-                        }
-                        g.devices.push(d);
+                        push_unique(&mut g.devices, parse_device(reader, e)?, "device")?;
                         Ctx::Device
                     }
                     "mig" => {
-                        if g.migs.len() >= MAX_DEVICES {
-                            return err(format!("more than {MAX_DEVICES} <mig> children"));
-                        }
-                        let m = parse_mig(reader, e)?;
-                        if g.migs.contains(&m) {
-                            return err(format!("{m} is named twice"));
-                        }
-                        g.migs.push(m);
+                        push_unique(&mut g.migs, parse_mig(reader, e)?, "mig")?;
                         Ctx::Mig
                     }
                     "extra_spec" => {
@@ -688,6 +674,23 @@ fn nova_request(specs: &[(String, String)]) -> Result<Option<Request>, ParseErro
         return Ok(None);
     }
     build_request(g).map(Some)
+}
+
+/// Adds a `<device>` or `<mig>` child's selector: each at most once, at most
+/// [`MAX_DEVICES`] of them.
+fn push_unique<T: PartialEq + std::fmt::Display>(
+    v: &mut Vec<T>,
+    x: T,
+    what: &str,
+) -> Result<(), ParseError> {
+    if v.len() >= MAX_DEVICES {
+        return err(format!("more than {MAX_DEVICES} <{what}> children"));
+    }
+    if v.contains(&x) {
+        return err(format!("{what} {x} is named twice"));
+    }
+    v.push(x);
+    Ok(())
 }
 
 fn is_xmlns(key: &str) -> bool {

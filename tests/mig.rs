@@ -5,20 +5,12 @@
 mod common;
 
 use common::{assert_fails, assert_ok, domain, gpus, Host};
-use serde_json::Value;
 use testbed::fakehost::{mig_minor, CAPS_MAJOR};
 use testbed::FakeHost;
 
 const NS: &str = r#"xmlns:gpu="urn:gpuhook:gpu:1""#;
 
-fn gpu<'a>(list: &'a Value, pci: &str) -> &'a Value {
-    list["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["pci"] == pci)
-        .unwrap()
-}
+use common::gpu_of as gpu;
 
 fn held(h: &Host, name: &str) -> Vec<String> {
     h.list()["reservations"]

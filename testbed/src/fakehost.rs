@@ -20,6 +20,17 @@ pub const UVM_MAJOR: u32 = 509;
 pub const KFD_MAJOR: u32 = 510;
 pub const NVIDIA_MAJOR: u32 = 195;
 pub const DRM_MAJOR: u32 = 226;
+/// An H100 80GB as seven 1g.10gb: GPU instances 7–13, one compute instance each.
+pub const SEVEN_1G: &[(u32, &[u32])] = &[
+    (7, &[0]),
+    (8, &[0]),
+    (9, &[0]),
+    (10, &[0]),
+    (11, &[0]),
+    (12, &[0]),
+    (13, &[0]),
+];
+
 /// A GPU's MIG layout: its GPU instances, each with its compute instances.
 pub type MigLayout = Vec<(u32, Vec<u32>)>;
 
@@ -422,18 +433,7 @@ impl FakeHost {
     /// 2g.20gb and a 1g.10gb; the other five whole.
     pub fn dgx8_mig() -> FakeHost {
         FakeHost::dgx8()
-            .with_mig(
-                "0000:18:00.0",
-                &[
-                    (7, &[0]),
-                    (8, &[0]),
-                    (9, &[0]),
-                    (10, &[0]),
-                    (11, &[0]),
-                    (12, &[0]),
-                    (13, &[0]),
-                ],
-            )
+            .with_mig("0000:18:00.0", SEVEN_1G)
             .with_mig("0000:1a:00.0", &[(1, &[0]), (2, &[0])])
             .with_mig("0000:40:00.0", &[(1, &[0, 1]), (5, &[0]), (13, &[0])])
     }
@@ -447,18 +447,7 @@ impl FakeHost {
             .map(|d| d.pci.clone())
             .collect();
         for p in pcis {
-            self = self.with_mig(
-                &p,
-                &[
-                    (7, &[0]),
-                    (8, &[0]),
-                    (9, &[0]),
-                    (10, &[0]),
-                    (11, &[0]),
-                    (12, &[0]),
-                    (13, &[0]),
-                ],
-            );
+            self = self.with_mig(&p, SEVEN_1G);
         }
         self.name.push_str("-mig7");
         self

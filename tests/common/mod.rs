@@ -229,3 +229,13 @@ pub fn nova_domain(
         &[name, uuid, init, flavor, &specs.to_string()],
     )
 }
+
+/// The GPU at `pci` in a `list --json` output.
+pub fn gpu_of<'a>(list: &'a serde_json::Value, pci: &str) -> &'a serde_json::Value {
+    list["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .find(|g| g["pci"] == pci)
+        .unwrap_or_else(|| panic!("no GPU {pci} listed"))
+}
