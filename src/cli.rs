@@ -242,8 +242,10 @@ fn health(action: HealthAction) -> Result<i32, Error> {
                     q.xid, q.reason, q.message
                 ));
             }
-            for m in &r.unmatched {
-                log::warn(&format!("an Xid for no GPU of this host: {m}"));
+            for p in &r.unlisted {
+                log::warn(&format!(
+                    "{p} is not a GPU this host lists now (unbound, being reset, removed?): its quarantine holds when it is one again"
+                ));
             }
             for m in &r.forged {
                 log::warn(&format!(

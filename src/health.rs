@@ -40,9 +40,12 @@ pub fn quarantining(xid: u32) -> Option<&'static str> {
         .map(|(_, w)| *w)
 }
 
-/// At most this much of the kernel log is read per scan (the kernel's ring buffer is
-/// 128 KiB–32 MiB; records beyond are left for the next scan).
+/// At most this much of new kernel log records is taken per scan (records beyond are left
+/// for the next scan); records the last scan read are passed over without counting, up to
+/// [`MAX_SKIP`].
 pub const MAX_READ: usize = 32 << 20;
+/// A bound on all that one scan reads (`log_buf_len` can be set above 32 MiB).
+pub const MAX_SKIP: usize = 1 << 30;
 
 /// One kernel log record as `/dev/kmsg` hands it out: `PRIO,SEQ,USEC,FLAGS[,…];MESSAGE`,
 /// then continuation lines that start with a space (`SUBSYSTEM=pci`).
@@ -91,9 +94,11 @@ pub struct Xid {
     pub code: u32,
 }
 
+/// Only a message that *starts* so: the driver's own printk does, while a kernel message
+/// that echoes a string a user chose (`tmpfs: Unknown parameter 'NVRM: Xid …'`, from an
+/// unprivileged `mount` in a user namespace) does not.
 pub fn parse_xid(msg: &str) -> Option<Xid> {
-    let at = msg.find("NVRM: Xid (")?;
-    let rest = &msg[at + "NVRM: Xid (".len()..];
+    let rest = msg.strip_prefix("NVRM: Xid (")?;
     let (inside, after) = rest.split_once(')')?;
     let addr = inside.strip_prefix("PCI:").unwrap_or(inside);
     // With the function or without it, with the domain or without it.
@@ -116,10 +121,11 @@ pub fn parse_xid(msg: &str) -> Option<Xid> {
     })
 }
 
-/// Reads what the kernel log holds, without blocking: from a `/dev/kmsg`-like device (one
-/// record per read, `EAGAIN` at the end, `EPIPE` when records were overwritten while we
-/// read) or a regular file (the tests' fixtures). At most [`MAX_READ`] bytes.
-pub fn read_kmsg(path: &std::path::Path) -> Result<Vec<u8>, Error> {
+/// Reads the kernel log's records after sequence number `after` (all with `None`), without
+/// blocking: from a `/dev/kmsg`-like device (one record per read, `EAGAIN` at the end,
+/// `EPIPE` when records were overwritten while we read) or a regular file (the tests'
+/// fixtures, split into lines here). New records up to [`MAX_READ`] bytes.
+pub fn read_kmsg(path: &std::path::Path, after: Option<u64>) -> Result<Vec<Record>, Error> {
     let fd = nix::fcntl::open(
         path,
         OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
@@ -127,11 +133,13 @@ pub fn read_kmsg(path: &std::path::Path) -> Result<Vec<u8>, Error> {
     )
     .map_err(|e| Error::other(format!("{}: {}", path.display(), std::io::Error::from(e))))?;
     let mut out = Vec::new();
+    let (mut taken, mut total) = (0usize, 0usize);
+    let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 16 * 1024];
-    while out.len() < MAX_READ {
-        match nix::unistd::read(&fd, &mut buf) {
+    while taken < MAX_READ && total < MAX_SKIP {
+        let n = match nix::unistd::read(&fd, &mut buf) {
             Ok(0) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Ok(n) => n,
             Err(Errno::EAGAIN) => break,
             Err(Errno::EPIPE) | Err(Errno::EINTR) => continue,
             Err(e) => {
@@ -140,6 +148,19 @@ pub fn read_kmsg(path: &std::path::Path) -> Result<Vec<u8>, Error> {
                     path.display(),
                     std::io::Error::from(e)
                 )))
+            }
+        };
+        total += n;
+        pending.extend_from_slice(&buf[..n]);
+        // Whole lines only (a file's read may end inside one).
+        let Some(end) = pending.iter().rposition(|&c| c == b'\n') else {
+            continue;
+        };
+        let lines: Vec<u8> = pending.drain(..=end).collect();
+        for r in parse_records(&String::from_utf8_lossy(&lines)) {
+            if after.is_none_or(|a| r.seq > a) {
+                taken += r.msg.len();
+                out.push(r);
             }
         }
     }
@@ -153,8 +174,9 @@ pub struct ScanReport {
     pub new_records: usize,
     /// GPUs quarantined by this scan.
     pub quarantined: Vec<(String, Quarantine)>,
-    /// Quarantining Xids for a bus where this host lists no GPU.
-    pub unmatched: Vec<String>,
+    /// Of those, addresses this host does not list as a GPU now (unbound, being reset,
+    /// removed): quarantined all the same, in effect when it is a GPU again.
+    pub unlisted: Vec<String>,
     /// Xid lines written into the log from userspace (not the driver's): ignored.
     pub forged: Vec<String>,
 }
@@ -170,10 +192,14 @@ fn boot_id(cfg: &Config) -> String {
 /// Reads the kernel log (`<dev>/kmsg`) from where the last scan stopped and quarantines the
 /// GPUs its Xid errors name.
 pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
-    let path = cfg.dev.join("kmsg");
-    let text = read_kmsg(&path)?;
-    let records = parse_records(&String::from_utf8_lossy(&text));
+    let store = Store::new(&cfg.state_file);
     let boot = boot_id(cfg);
+    let mark = |st: &State| match &st.kmsg {
+        Some(m) if m.boot_id == boot => Some(m.seq),
+        _ => None,
+    };
+    // The records after the last scan's mark (read again under the lock below).
+    let records = read_kmsg(&cfg.dev.join("kmsg"), mark(&store.read()?))?;
     let inv = inventory::scan_with(
         cfg,
         Scan {
@@ -182,11 +208,8 @@ pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
         },
     )?;
     let now = now_rfc3339();
-    Store::new(&cfg.state_file).update(|st| -> Result<ScanReport, Error> {
-        let from = match &st.kmsg {
-            Some(m) if m.boot_id == boot => Some(m.seq),
-            _ => None,
-        };
+    store.update(|st| -> Result<ScanReport, Error> {
+        let from = mark(st);
         let mut rep = ScanReport::default();
         let mut last = from;
         for r in records.iter().filter(|r| from.is_none_or(|f| r.seq > f)) {
@@ -202,16 +225,13 @@ pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
             let Some(reason) = quarantining(x.code) else {
                 continue;
             };
-            let Some(g) = inv
-                .gpus
-                .iter()
-                .find(|g| g.pci.strip_suffix(".0") == Some(x.bus.as_str()))
-            else {
-                rep.unmatched.push(one_line(&r.msg, 300));
+            // The GPU is function 0 of the bus and device the driver names.
+            let pci = format!("{}.0", x.bus);
+            if st.quarantine.contains_key(&pci) {
                 continue;
-            };
-            if st.quarantine.contains_key(&g.pci) {
-                continue;
+            }
+            if inv.by_pci(&pci).is_none() {
+                rep.unlisted.push(pci.clone());
             }
             let q = Quarantine {
                 xid: x.code,
@@ -219,11 +239,14 @@ pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
                 message: one_line(&r.msg, 300),
                 since: now.clone(),
             };
-            st.quarantine.insert(g.pci.clone(), q.clone());
-            rep.quarantined.push((g.pci.clone(), q));
+            st.quarantine.insert(pci.clone(), q.clone());
+            rep.quarantined.push((pci, q));
         }
         if let Some(seq) = last {
-            st.kmsg = Some(KmsgMark { boot_id: boot, seq });
+            st.kmsg = Some(KmsgMark {
+                boot_id: boot.clone(),
+                seq,
+            });
         }
         Ok(rep)
     })
@@ -269,6 +292,43 @@ mod tests {
 4,1531,4214000100,c;NVRM: Xid (0000:42:00): 48, pid=2811, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n\
 garbage line\n";
 
+    /// A log larger than one scan takes: records the last scan read are passed over without
+    /// counting, so the newest are reached.
+    #[test]
+    fn big_logs_reach_the_newest_records() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("kmsg");
+        let mut text = String::with_capacity(46 << 20);
+        let mut seq = 0u64;
+        while text.len() < 44 << 20 {
+            seq += 1;
+            text.push_str(&format!(
+                "6,{seq},{},-;mlx5_core 0000:41:00.0 eth0: Link up, 100000 Mbps, full duplex, flow control off, FEC RS-FEC (544,514), autoneg on\n",
+                seq * 1000
+            ));
+        }
+        text.push_str(&format!(
+            "4,{},999999999,-;NVRM: Xid (PCI:0000:1a:00): 79, pid=0, GPU has fallen off the bus.\n",
+            seq + 1
+        ));
+        std::fs::write(&p, &text).unwrap();
+        // The first scan takes what it can; a scan after the mark just before the Xid gets it.
+        let first = read_kmsg(&p, None).unwrap();
+        assert!(first.len() < seq as usize, "{} of {seq}", first.len());
+        let r = read_kmsg(&p, Some(seq)).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(parse_xid(&r[0].msg).unwrap().code, 79);
+        // From the first scan's mark, scans move forward until the Xid.
+        let mut mark = first.last().unwrap().seq;
+        let mut found = false;
+        for _ in 0..4 {
+            let r = read_kmsg(&p, Some(mark)).unwrap();
+            found |= r.iter().any(|x| parse_xid(&x.msg).is_some());
+            mark = r.last().map_or(mark, |x| x.seq);
+        }
+        assert!(found);
+    }
+
     #[test]
     fn records_and_xids() {
         let r = parse_records(KMSG);
@@ -277,6 +337,11 @@ garbage line\n";
             [1520, 1523, 1524, 1530, 1531]
         );
         assert!(r.iter().all(Record::from_kernel));
+        // A kernel message that echoes a user's string is not the driver's.
+        let echoed = parse_records(
+            "3,346,5000,-;tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:18:00): 79'\n",
+        );
+        assert!(echoed[0].from_kernel() && parse_xid(&echoed[0].msg).is_none());
         // What `echo '<4>NVRM: Xid …' > /dev/kmsg` leaves: facility user (12 = 1 << 3 | 4).
         let forged = parse_records("12,1600,4215000000,-;NVRM: Xid (PCI:0000:1a:00): 79, x\n");
         assert!(!forged[0].from_kernel());

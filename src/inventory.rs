@@ -222,12 +222,20 @@ impl Inventory {
         let mut out: Vec<DevNode> = Vec::new();
         for u in gpus {
             let Some(g) = self.by_pci(u) else { continue };
-            out.extend(g.nodes_for(caps).cloned());
-            // A MIG instance: its parent's node, then its two access capabilities.
+            // A MIG instance: its GPU's `/dev/nvidiaN` (none of the GPU's DRM nodes, which
+            // every holder of an instance would share), then its two access capabilities.
             if let Some((_, m)) = self.mig(u) {
+                out.extend(
+                    g.nodes
+                        .iter()
+                        .filter(|(r, _)| *r == Role::Nvidia)
+                        .map(|(_, n)| n.clone()),
+                );
                 out.push(m.gi_cap.clone());
                 out.push(m.ci_cap.clone());
+                continue;
             }
+            out.extend(g.nodes_for(caps).cloned());
         }
         for (ctl, node) in &self.controls {
             if chosen.iter().any(|g| ctl.wanted(g.vendor, caps)) {

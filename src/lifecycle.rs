@@ -428,6 +428,12 @@ fn node_specs(
         let g = inv
             .by_pci(p)
             .ok_or_else(|| Error::other(format!("reserved GPU {p} is no longer on the host")))?;
+        // An instance deleted (or MIG mode left) since: its GPU's node alone would be more.
+        if p.contains('/') && inv.mig(p).is_none() {
+            return Err(Error::other(format!(
+                "reserved MIG instance {p} no longer exists"
+            )));
+        }
         if g.nodes.is_empty() {
             return Err(Error::other(format!(
                 "GPU {p} has no device node: {}",
@@ -659,17 +665,20 @@ pub fn readopt(
             Some(r) => r.gpus.clone(),
             None => {
                 let held = st.held(Some(h.id));
+                // A top-up never takes a quarantined GPU.
+                let mut healthy = inv.clone();
+                crate::health::apply(&mut healthy, st);
                 match granted
                     .as_ref()
                     .map_err(|e| Error::other(e.clone()))
-                    .and_then(|g| adopt(req, &inv, &held, g))
+                    .and_then(|g| adopt(req, &healthy, &held, g))
                 {
                     Ok((g, ignored)) => {
                         // Access the state does not account for would let two containers
                         // share a GPU: taken away before the lock lets anyone reserve it.
                         // (`granted` came from the cgroup: it is open.)
                         if let Ok(c) = cg.as_mut() {
-                            if let Err(e) = deny_left_out(&mut **c, &inv, &ignored) {
+                            if let Err(e) = deny_left_out(&mut **c, &inv, &ignored, &g) {
                                 return Ok(Err(e));
                             }
                         }
@@ -759,6 +768,19 @@ pub fn readopt(
 fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for g in &inv.gpus {
+        // A GPU in MIG mode: its instances, by their compute instance's capability (the
+        // parent's node comes with every instance of it).
+        if !g.migs.is_empty() {
+            for m in &g.migs {
+                if cg
+                    .grants_exactly(&m.ci_cap.node)
+                    .map_err(|e| e.to_string())?
+                {
+                    out.push(m.id(&g.pci));
+                }
+            }
+            continue;
+        }
         for (_, n) in &g.nodes {
             if cg.grants_exactly(&n.node).map_err(|e| e.to_string())? {
                 out.push(g.pci.clone());
@@ -782,11 +804,51 @@ fn adopt(
     granted: &[String],
 ) -> Result<(Vec<String>, Vec<String>), Error> {
     for p in granted {
-        if let Some(h) = held.get(p) {
+        // An instance held, or its GPU held whole; a GPU held whole or by an instance.
+        let h = if p.contains('/') {
+            held.get(p)
+                .or_else(|| held.get(inventory::unit_pci(p)))
+                .map(String::as_str)
+        } else {
+            alloc::busy(held, p)
+        };
+        if let Some(h) = h {
             return Err(Error::other(format!(
                 "it uses GPU {p}, which is reserved by {h}"
             )));
         }
+    }
+    if req.mig {
+        let named: Vec<String> = req
+            .migs
+            .iter()
+            .filter_map(|s| {
+                alloc::resolve(&inv.gpus, &s.gpu)
+                    .map(|g| format!("{}/gi{}/ci{}", g.pci, s.gi, s.ci))
+            })
+            .collect();
+        let room = (req.count as usize).saturating_sub(req.migs.len());
+        let mut want = req.clone();
+        want.migs.extend(
+            granted
+                .iter()
+                .filter(|p| !named.contains(p))
+                .filter_map(|p| inv.mig(p))
+                .filter(|(g, _)| g.usable() && alloc::matches(g, &req.filters))
+                .take(room)
+                .map(|(g, m)| crate::request::MigSel {
+                    gpu: DeviceSel::Pci(g.pci.clone()),
+                    gi: m.gi,
+                    ci: m.ci,
+                }),
+        );
+        let units = alloc::allocate(&inv.gpus, held, &want)?;
+        let left_out = granted
+            .iter()
+            .filter(|p| !units.contains(p))
+            .cloned()
+            .collect();
+        return Ok((units, left_out));
     }
     let named: Vec<&str> = req
         .devices
@@ -796,7 +858,7 @@ fn adopt(
     let room = (req.count as usize).saturating_sub(req.devices.len());
     let fill: Vec<&String> = granted
         .iter()
-        .filter(|p| !named.contains(&p.as_str()))
+        .filter(|p| !p.contains('/') && !named.contains(&p.as_str()))
         .filter(|p| {
             inv.by_pci(p)
                 .is_some_and(|g| g.usable() && alloc::matches(g, &req.filters))
@@ -815,28 +877,43 @@ fn adopt(
     Ok((gpus, left_out))
 }
 
-/// The own nodes of these GPUs.
+/// The own nodes of these units: a whole GPU's nodes; a MIG instance's two capabilities
+/// (its GPU's node serves every instance of it).
 fn own_nodes<'a>(inv: &'a Inventory, gpus: &'a [String]) -> impl Iterator<Item = Node> + 'a {
-    gpus.iter()
-        .filter_map(|p| inv.by_pci(p))
-        .flat_map(|g| g.nodes.iter().map(|(_, n)| n.node.clone()))
+    gpus.iter().flat_map(move |p| -> Vec<Node> {
+        match inv.mig(p) {
+            Some((_, m)) => vec![m.gi_cap.node.clone(), m.ci_cap.node.clone()],
+            None if p.contains('/') => vec![],
+            None => inv
+                .by_pci(p)
+                .map(|g| g.nodes.iter().map(|(_, n)| n.node.clone()).collect())
+                .unwrap_or_default(),
+        }
+    })
 }
 
 /// Takes away the container's access to GPUs it was granted but does not hold: every node of
 /// their own (shared control nodes stay). One deny each on the domain cgroup (v1 passes it
 /// down to every cgroup below): cheap enough to run under the state lock. An error when one
 /// fails (the container cannot then be made consistent).
-fn deny_left_out(cg: &mut dyn DeviceCgroup, inv: &Inventory, gpus: &[String]) -> Result<(), Error> {
+fn deny_left_out(
+    cg: &mut dyn DeviceCgroup,
+    inv: &Inventory,
+    gpus: &[String],
+    kept: &[String],
+) -> Result<(), Error> {
     if gpus.is_empty() {
         return Ok(());
     }
+    // A GPU instance's capability that a kept compute instance of it still needs stays.
+    let keep: Vec<Node> = own_nodes(inv, kept).collect();
     let cannot = |e: &dyn std::fmt::Display| {
         Error::other(format!(
             "its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {e}",
             gpus.join(",")
         ))
     };
-    for node in own_nodes(inv, gpus) {
+    for node in own_nodes(inv, gpus).filter(|n| !keep.contains(n)) {
         cg.deny(&node).map_err(|e| cannot(&e))?;
     }
     Ok(())
@@ -918,6 +995,51 @@ mod tests {
         held.insert(pci(5), "domain 'other'".into());
         let e = adopt(&req(1), &inv, &held, &pcis(&[5])).unwrap_err();
         assert!(e.to_string().contains("reserved by domain 'other'"), "{e}");
+    }
+
+    /// The state lost a MIG container's reservation: its grants name the instance it uses
+    /// (by the compute instance's capability), never another, and a held one is a conflict.
+    #[test]
+    fn mig_adoption_takes_the_granted_instances() {
+        let cap = |m: u32| crate::inventory::DevNode {
+            node: Node::new(format!("/dev/nvidia-caps/nvidia-cap{m}"), 236, m),
+            mode: 0o444,
+        };
+        let mut gpus = dgx();
+        gpus[0].migs = [(1u32, 0u32), (2, 0), (7, 0)]
+            .iter()
+            .map(|&(gi, ci)| crate::inventory::Mig {
+                gi,
+                ci,
+                gi_cap: cap(gi * 9),
+                ci_cap: cap(gi * 9 + 1 + ci),
+            })
+            .collect();
+        let inv = Inventory {
+            gpus,
+            controls: vec![],
+            deferred: 0,
+        };
+        let unit = |gi: u32| format!("{}/gi{gi}/ci0", pci(0));
+        let mut r = req(1);
+        r.mig = true;
+        let mut held = alloc::Held::new();
+        held.insert(unit(1), "domain 'other'".into());
+        // It uses gi2: exactly that one, whatever packing would prefer.
+        let (g, out) = adopt(&r, &inv, &held, &[unit(2)]).unwrap();
+        assert_eq!((g, out), (vec![unit(2)], vec![]));
+        // It uses an instance another holds: cannot be reconciled.
+        let e = adopt(&r, &inv, &held, &[unit(1)]).unwrap_err();
+        assert!(e.to_string().contains("reserved by domain 'other'"), "{e}");
+        // Two granted for one asked: one kept, the other's capabilities to take away.
+        let (g, out) = adopt(&r, &inv, &held, &[unit(2), unit(7)]).unwrap();
+        assert_eq!((g, out), (vec![unit(2)], vec![unit(7)]));
+        let gone: Vec<Node> = own_nodes(&inv, &[unit(7)]).collect();
+        assert_eq!(gone, [cap(63).node, cap(64).node], "not the GPU's own node");
+        // The GPU held whole by another: its instances are no one else's.
+        let mut whole = alloc::Held::new();
+        whole.insert(pci(0), "domain 'w'".into());
+        assert!(adopt(&r, &inv, &whole, &[unit(2)]).is_err());
     }
 
     /// A request naming index 0 with count 2 was topped up with GPU 2 (GPU 1 was held then);

@@ -619,6 +619,18 @@ fn mig_slices_of_one_gpu(b: &mut Bed) {
         serde_json::json!(["0000:1a:00.0/gi1/ci0"])
     );
     assert_eq!(b.nodes(&ct)[&cap(lost)], (CAPS_MAJOR, lost));
+    // The state file lost: reconnect re-adopts, from each container's grants, exactly the
+    // instance it uses (not the one packing would choose).
+    std::fs::remove_file(b.state()).unwrap();
+    b.d.restart().unwrap();
+    for (name, gi) in [("gh-mig-a", 1), ("gh-mig-b", 2)] {
+        assert_eq!(b.state_of(name), "running");
+        assert_eq!(
+            b.reservation(name).unwrap()["gpus"],
+            serde_json::json!([format!("0000:1a:00.0/gi{gi}/ci0")]),
+            "{name}"
+        );
+    }
     // The GPU itself is not handed out whole meanwhile.
     b.define(&spec("gh-whole", r#"count="6""#));
     let e = b.start("gh-whole").expect_err("a MIG GPU given whole");
