@@ -349,6 +349,55 @@ fn runc_bundle_gets_exactly_its_gpu_in_cgroup_v1_and_v2() {
     }
 }
 
+/// `gpuhook.io/mig=yes` through runc, cgroup v1 and v2: the container gets its MIG
+/// instance's GPU node and two capability nodes, and nothing of the other instances or
+/// the management capabilities.
+#[test]
+fn runc_bundle_gets_a_mig_instance() {
+    use testbed::fakehost::{mig_minor, CAPS_MAJOR};
+    for cg in [Cgroup::V1, Cgroup::V2] {
+        let o = Oci::new(FakeHost::dgx8_mig(), RUNC);
+        // The first GPU with a free instance: 0000:18:00.0 (/dev/nvidia2), gi 7.
+        let (g, c) = (mig_minor(2, 7, None), mig_minor(2, 7, Some(0)));
+        let (og, oc) = (mig_minor(2, 8, None), mig_minor(2, 8, Some(0)));
+        let mine = [
+            "195:2".to_string(),
+            format!("{CAPS_MAJOR}:{g}"),
+            format!("{CAPS_MAJOR}:{c}"),
+        ];
+        let others = [
+            format!("{CAPS_MAJOR}:{og}"),
+            format!("{CAPS_MAJOR}:{oc}"),
+            format!("{CAPS_MAJOR}:1"),
+            format!("{CAPS_MAJOR}:2"),
+            "195:3".to_string(),
+        ];
+        let all: Vec<&str> = mine.iter().chain(&others).map(String::as_str).collect();
+        let b = o.bundle(
+            "m1",
+            json!({"gpuhook.io/mig": "yes"}),
+            &format!("echo caps: $(ls /dev/nvidia-caps); {}", probe(&all)),
+        );
+        let r = o
+            .wrapper(
+                cg,
+                &["run", "--bundle", b.to_str().unwrap(), "gpu-runc-mig"],
+            )
+            .output()
+            .unwrap();
+        assert_ok(&r);
+        let mine: Vec<&str> = mine.iter().map(String::as_str).collect();
+        let others: Vec<&str> = others.iter().map(String::as_str).collect();
+        assert_probe(&r, &mine, &others);
+        assert!(
+            out(&r).contains(&format!("caps: nvidia-cap{g} nvidia-cap{c}\n")),
+            "{cg:?}: {}",
+            out(&r)
+        );
+        assert_eq!(o.reservations(), Vec::<Value>::new(), "{cg:?}");
+    }
+}
+
 /// A user-namespaced container (podman --uidmap): gpuhook makes the nodes, owned by the
 /// host ids the request's uid/gid map to, and the runtime bind-mounts them; the container
 /// sees its own ids, as with libvirt's <idmap>.

@@ -202,7 +202,19 @@ fn sigkill_during_updates() {
         // (No hook runs now: a temp file after the kill is this process's half-written one.)
         let _ = std::fs::remove_file(&tmp_path);
         let mut child = spawn_hook(&h, "victim", op, &victim);
-        std::thread::sleep(Duration::from_micros(rnd() % span_us));
+        if i % 4 == 3 {
+            // Every fourth kill aims at the write itself: as soon as the temp file shows.
+            // (Random points alone hit a window of a few hundred µs in ~0.5 % of kills.)
+            let t = Instant::now();
+            while !tmp_path.exists()
+                && t.elapsed() < Duration::from_secs(5)
+                && matches!(child.try_wait(), Ok(None))
+            {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::sleep(Duration::from_micros(rnd() % span_us));
+        }
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id() as i32),
             nix::sys::signal::Signal::SIGKILL,
@@ -252,7 +264,7 @@ fn sigkill_during_updates() {
         Store::new(&h.state).read().unwrap().reservations.len(),
         keep.len() + 1 + usize::from(check_state(&h).contains_key("victim"))
     );
-    eprintln!("sigkill: {kills} hook processes killed at random points (0-{span_us} us) of prepare/release on a 1,000-reservation state: {killed_mid_write} left a half-written temp file, {committed} had committed, {not_committed} had not; never torn, nothing lost, lock always free");
+    eprintln!("sigkill: {kills} hook processes killed at random points (0-{span_us} us; a quarter as the temp file appears) of prepare/release on a 1,000-reservation state: {killed_mid_write} left a half-written temp file, {committed} had committed, {not_committed} had not; never torn, nothing lost, lock always free");
     assert!(
         killed_mid_write > 0,
         "no kill landed inside a write: the test proves less than it claims"
