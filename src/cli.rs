@@ -156,7 +156,7 @@ pub enum LibvirtCommand {
         #[command(flatten)]
         request: RequestArgs,
         /// Remove the GPU request instead
-        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid"])]
+        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid", "mig"])]
         clear: bool,
         /// Also change the live definition of a running domain (its GPUs change only at its
         /// next start either way; the live request guides reconnect)
@@ -195,6 +195,9 @@ pub struct RequestArgs {
     /// Container-side owner gid of the nodes
     #[arg(long)]
     pub gid: Option<u32>,
+    /// MIG compute instances instead of whole GPUs (--count of them)
+    #[arg(long)]
+    pub mig: bool,
 }
 
 pub fn main(args: Vec<std::ffi::OsString>) -> i32 {

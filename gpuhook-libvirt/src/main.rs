@@ -142,6 +142,7 @@ fn element_in(a: &RequestArgs, root: &str, decl: &str) -> String {
     add("mode", &a.mode);
     add("uid", &a.uid.map(|c| c.to_string()));
     add("gid", &a.gid.map(|c| c.to_string()));
+    add("mig", &a.mig.then(|| "yes".to_string()));
     let children: String = a
         .device
         .iter()
@@ -276,5 +277,20 @@ mod tests {
             .unwrap();
         assert_eq!(r.count, 2);
         assert_eq!(r.devices.len(), 2);
+        // --mig: instances.
+        let m = RequestArgs {
+            count: Some(3),
+            mig: true,
+            ..Default::default()
+        };
+        let dom = with_request(
+            "<domain type='lxc'><name>x</name><uuid>155e2a6a-e7c9-40ab-9e0e-8fd8636abd19</uuid></domain>",
+            &stored_element(&m),
+        );
+        let r = metadata::parse_domain(dom.as_bytes())
+            .unwrap()
+            .request
+            .unwrap();
+        assert!(r.mig && r.count == 3, "{r}");
     }
 }
