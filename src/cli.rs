@@ -142,6 +142,8 @@ pub struct LibvirtCli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per run: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum LibvirtCommand {
     /// Free reservations of domains libvirt no longer runs
     Reconcile {
