@@ -102,6 +102,34 @@ pub fn render(inv: &Inventory, st: &State) -> String {
             u64::from(q.is_some()),
         );
     }
+    if inv.gpus.iter().any(|g| !g.migs.is_empty()) {
+        family(
+            &mut out,
+            "gpuhook_mig_reserved",
+            "Whether a MIG compute instance is reserved (1) and by which holder (empty when free).",
+        );
+        for g in &inv.gpus {
+            for m in &g.migs {
+                let id = m.id(&g.pci);
+                let (kind, holder, v) = match st.holder_of(&id) {
+                    Some(r) => (r.kind.as_str(), r.domain.as_str(), 1),
+                    None => ("", "", 0),
+                };
+                sample(
+                    &mut out,
+                    "gpuhook_mig_reserved",
+                    &[
+                        ("pci", &g.pci),
+                        ("gi", &m.gi.to_string()),
+                        ("ci", &m.ci.to_string()),
+                        ("kind", kind),
+                        ("holder", holder),
+                    ],
+                    v,
+                );
+            }
+        }
+    }
     if inv.gpus.iter().any(|g| g.link.is_some()) {
         family(
             &mut out,

@@ -152,6 +152,27 @@ fn whole_gpus_and_instances_never_mix() {
         .filter(|m| m["holder"].is_null())
         .count();
     assert_eq!(free_on_18, 2);
+    // Metrics: each instance and its holder; Prometheus's own checker accepts them.
+    let m = h.cmd().arg("metrics").output().unwrap();
+    assert_ok(&m);
+    let text = String::from_utf8_lossy(&m.stdout).into_owned();
+    assert!(
+        text.contains(
+            r#"gpuhook_mig_reserved{pci="0000:40:00.0",gi="1",ci="1",kind="libvirt",holder="b"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(text
+        .contains(r#"gpuhook_mig_reserved{pci="0000:18:00.0",gi="7",ci="0",kind="",holder=""} 0"#));
+    let check = common::run_with_stdin(
+        std::process::Command::new("promtool").args(["check", "metrics"]),
+        &text,
+    );
+    assert!(
+        check.status.success() && check.stdout.is_empty(),
+        "promtool: {}",
+        common::stderr(&check)
+    );
 }
 
 /// What a container holding an instance gets: its GPU's node, its two access capability
