@@ -481,18 +481,23 @@ pub(crate) mod tests {
         }
     }
 
-    fn with_migs(mut g: Gpu, layout: &[(u32, u32)]) -> Gpu {
-        let cap = |m: u32| crate::inventory::DevNode {
+    /// `/dev/nvidia-caps/nvidia-cap<m>` as a test host has it.
+    pub(crate) fn cap_node(m: u32) -> crate::inventory::DevNode {
+        crate::inventory::DevNode {
             node: crate::node::Node::new(format!("/dev/nvidia-caps/nvidia-cap{m}"), 236, m),
             mode: 0o444,
-        };
+        }
+    }
+
+    /// `g` in MIG mode with these (gi, ci) instances (capability minors `gi*9`, `gi*9+1+ci`).
+    pub(crate) fn with_migs(mut g: Gpu, layout: &[(u32, u32)]) -> Gpu {
         g.migs = layout
             .iter()
             .map(|&(gi, ci)| crate::inventory::Mig {
                 gi,
                 ci,
-                gi_cap: cap(gi * 9),
-                ci_cap: cap(gi * 9 + 1 + ci),
+                gi_cap: cap_node(gi * 9),
+                ci_cap: cap_node(gi * 9 + 1 + ci),
             })
             .collect();
         g

@@ -957,7 +957,7 @@ pub fn may_hold(cfg: &Config, id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::tests::{dgx, req};
+    use crate::alloc::tests::{cap_node, dgx, req, with_migs};
 
     fn pci(i: usize) -> String {
         format!("0000:{:02x}:00.0", 0x10 + i)
@@ -1001,20 +1001,8 @@ mod tests {
     /// (by the compute instance's capability), never another, and a held one is a conflict.
     #[test]
     fn mig_adoption_takes_the_granted_instances() {
-        let cap = |m: u32| crate::inventory::DevNode {
-            node: Node::new(format!("/dev/nvidia-caps/nvidia-cap{m}"), 236, m),
-            mode: 0o444,
-        };
         let mut gpus = dgx();
-        gpus[0].migs = [(1u32, 0u32), (2, 0), (7, 0)]
-            .iter()
-            .map(|&(gi, ci)| crate::inventory::Mig {
-                gi,
-                ci,
-                gi_cap: cap(gi * 9),
-                ci_cap: cap(gi * 9 + 1 + ci),
-            })
-            .collect();
+        gpus[0] = with_migs(gpus[0].clone(), &[(1, 0), (2, 0), (7, 0)]);
         let inv = Inventory {
             gpus,
             controls: vec![],
@@ -1035,7 +1023,11 @@ mod tests {
         let (g, out) = adopt(&r, &inv, &held, &[unit(2), unit(7)]).unwrap();
         assert_eq!((g, out), (vec![unit(2)], vec![unit(7)]));
         let gone: Vec<Node> = own_nodes(&inv, &[unit(7)]).collect();
-        assert_eq!(gone, [cap(63).node, cap(64).node], "not the GPU's own node");
+        assert_eq!(
+            gone,
+            [cap_node(63).node, cap_node(64).node],
+            "not the GPU's own node"
+        );
         // The GPU held whole by another: its instances are no one else's.
         let mut whole = alloc::Held::new();
         whole.insert(pci(0), "domain 'w'".into());

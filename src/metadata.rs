@@ -528,22 +528,13 @@ impl Parser {
                             return err(format!("more than {MAX_EXTRA_SPECS} <extra_spec> children"));
                         }
                         let mut name = None;
-                        for a in e.attributes() {
-                            let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
-                            if is_xmlns(a.key.as_ref()) {
-                                continue;
+                        each_attr(reader, e, "extra_spec", |key, a| {
+                            if key != "name" {
+                                return err(format!("unknown attribute '{key}' on <extra_spec>"));
                             }
-                            let (ans, key) = reader.resolver().resolve_attribute(a.key);
-                            match (ans, key.as_ref()) {
-                                (ResolveResult::Unbound, "name") => name = Some(attr_value(&a)?),
-                                _ => {
-                                    return err(format!(
-                                        "unknown attribute '{}' on <extra_spec>",
-                                        a.key.as_ref()
-                                    ))
-                                }
-                            }
-                        }
+                            name = Some(attr_value(a)?);
+                            Ok(())
+                        })?;
                         let name = name
                             .ok_or_else(|| ParseError::new("<extra_spec> without name"))?;
                         if g.spec_keys.contains(&name) {
@@ -719,10 +710,13 @@ fn parse_idmap_entry(e: &BytesStart) -> Result<IdRange, ParseError> {
     }
 }
 
-fn parse_gpus_attrs(
+/// Each attribute of gpuhook's element `<elem>` but namespace declarations: one in another
+/// namespace is an error naming the element; `f` gets the local name and the attribute.
+fn each_attr(
     reader: &NsReader<&[u8]>,
     e: &BytesStart,
-    g: &mut GpusBuilder,
+    elem: &str,
+    mut f: impl FnMut(&str, &quick_xml::events::attributes::Attribute) -> Result<(), ParseError>,
 ) -> Result<(), ParseError> {
     for a in e.attributes() {
         let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
@@ -731,21 +725,31 @@ fn parse_gpus_attrs(
         }
         let (ans, key) = reader.resolver().resolve_attribute(a.key);
         if !matches!(ans, ResolveResult::Unbound) {
-            return err(format!("unknown attribute '{}' on <gpus>", a.key.as_ref()));
+            return err(format!(
+                "unknown attribute '{}' on <{elem}>",
+                a.key.as_ref()
+            ));
         }
-        let v = attr_value(&a)?;
-        match set_attr(g, key.as_ref(), &v) {
-            Ok(true) => {}
-            Ok(false) => {
-                return err(format!(
-                    "unknown attribute '{}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid, mig)",
-                    key.as_ref()
-                ))
-            }
-            Err(m) => return err(format!("<gpus {}>: {m}", key.as_ref())),
-        }
+        f(key.as_ref(), &a)?;
     }
     Ok(())
+}
+
+fn parse_gpus_attrs(
+    reader: &NsReader<&[u8]>,
+    e: &BytesStart,
+    g: &mut GpusBuilder,
+) -> Result<(), ParseError> {
+    each_attr(reader, e, "gpus", |key, a| {
+        let v = attr_value(a)?;
+        match set_attr(g, key, &v) {
+            Ok(true) => Ok(()),
+            Ok(false) => err(format!(
+                "unknown attribute '{key}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid, mig)"
+            )),
+            Err(m) => err(format!("<gpus {key}>: {m}")),
+        }
+    })
 }
 
 /// Applies one request attribute, whichever front door it came through (`<gpus KEY='…'>`,
@@ -812,28 +816,15 @@ fn parse_device(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<DeviceSel, P
         }
         let (ans, key) = reader.resolver().resolve_attribute(a.key);
         let v = attr_value(&a)?;
-        let this = match (ans, key.as_ref()) {
-            (ResolveResult::Unbound, "pci") => {
-                DeviceSel::Pci(normalize_pci(&v).ok_or_else(|| {
-                    ParseError::new(format!(
-                        "<device pci='{v}'> is not a PCI address like 0000:3b:00.0"
-                    ))
-                })?)
-            }
-            (ResolveResult::Unbound, "uuid") => {
-                let u = v.trim();
-                if u.is_empty() || !u.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-                    return err(format!("<device uuid='{v}'> is not a GPU UUID like GPU-…"));
-                }
-                DeviceSel::Uuid(u.to_ascii_lowercase())
-            }
-            (ResolveResult::Unbound, "index") => DeviceSel::Index(parse_u32("device index", &v)?),
-            _ => {
-                return err(format!(
-                    "unknown attribute '{}' on <device> (known: pci, uuid, index)",
-                    a.key.as_ref()
-                ))
-            }
+        let named = match ans {
+            ResolveResult::Unbound => device_sel(key.as_ref(), &v)?,
+            _ => None,
+        };
+        let Some(this) = named else {
+            return err(format!(
+                "unknown attribute '{}' on <device> (known: pci, uuid, index)",
+                a.key.as_ref()
+            ));
         };
         if sel.is_some() {
             return err("<device> must name exactly one of pci, uuid, index");
@@ -843,41 +834,51 @@ fn parse_device(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<DeviceSel, P
     sel.ok_or_else(|| ParseError::new("<device> must name one of pci, uuid, index"))
 }
 
+/// The GPU a `pci`, `uuid` or `index` attribute (of `<device>` or `<mig>`) names; `None` for
+/// another attribute.
+fn device_sel(key: &str, v: &str) -> Result<Option<DeviceSel>, ParseError> {
+    Ok(Some(match key {
+        "pci" => DeviceSel::Pci(normalize_pci(v).ok_or_else(|| {
+            ParseError::new(format!(
+                "<device pci='{v}'> is not a PCI address like 0000:3b:00.0"
+            ))
+        })?),
+        "uuid" => {
+            let u = v.trim();
+            if u.is_empty() || !u.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                return err(format!("<device uuid='{v}'> is not a GPU UUID like GPU-…"));
+            }
+            DeviceSel::Uuid(u.to_ascii_lowercase())
+        }
+        "index" => DeviceSel::Index(parse_u32("device index", v)?),
+        _ => return Ok(None),
+    }))
+}
+
 /// `<gpu:mig pci|uuid|index="…" gi="G" ci="C"/>`.
 fn parse_mig(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<MigSel, ParseError> {
     let (mut gpu, mut gi, mut ci) = (None, None, None);
-    let mut fake = BytesStart::new("device");
-    for a in e.attributes() {
-        let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
-        if is_xmlns(a.key.as_ref()) {
-            continue;
-        }
-        let (ans, key) = reader.resolver().resolve_attribute(a.key);
-        if !matches!(ans, ResolveResult::Unbound) {
-            return err(format!("unknown attribute '{}' on <mig>", a.key.as_ref()));
-        }
-        let v = attr_value(&a)?;
-        match key.as_ref() {
+    each_attr(reader, e, "mig", |key, a| {
+        let v = attr_value(a)?;
+        match key {
             "gi" => gi = Some(parse_u32("mig gi", &v)?),
             "ci" => ci = Some(parse_u32("mig ci", &v)?),
-            k @ ("pci" | "uuid" | "index") => {
-                if gpu.is_some() {
-                    return err("<mig> must name its GPU by exactly one of pci, uuid, index");
+            _ => match device_sel(key, &v)? {
+                Some(_) if gpu.is_some() => {
+                    return err("<mig> must name its GPU by exactly one of pci, uuid, index")
                 }
-                gpu = Some(());
-                fake.push_attribute((k, v.as_str()));
-            }
-            other => {
-                return err(format!(
-                    "unknown attribute '{other}' on <mig> (known: pci, uuid, index, gi, ci)"
-                ))
-            }
+                Some(sel) => gpu = Some(sel),
+                None => {
+                    return err(format!(
+                        "unknown attribute '{key}' on <mig> (known: pci, uuid, index, gi, ci)"
+                    ))
+                }
+            },
         }
-    }
-    if gpu.is_none() {
-        return err("<mig> must name its GPU by one of pci, uuid, index");
-    }
-    let gpu = parse_device(reader, &fake)?;
+        Ok(())
+    })?;
+    let gpu =
+        gpu.ok_or_else(|| ParseError::new("<mig> must name its GPU by one of pci, uuid, index"))?;
     match (gi, ci) {
         (Some(gi), Some(ci)) => Ok(MigSel { gpu, gi, ci }),
         _ => err("<mig> needs gi and ci (its GPU instance and compute instance)"),
