@@ -465,6 +465,7 @@ pub(crate) mod tests {
             gid: 0,
             mig: false,
             migs: vec![],
+            driver: None,
         }
     }
 

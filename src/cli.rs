@@ -96,11 +96,12 @@ pub enum Command {
     /// An OCI hook gpuhook-runtime adds to GPU containers (container state on stdin)
     #[command(hide = true)]
     OciHook {
-        /// create-runtime or poststop
+        /// create-runtime, cdi or poststop
         stage: String,
         /// The reservation it belongs to (PID.START of the create that made it)
         token: Option<String>,
-        /// What that create added to the config (read back from the config, not used here)
+        /// What that create added to the config (read back from the config, not used here);
+        /// for cdi, the work in the container's root (JSON)
         added: Option<String>,
     },
 }
@@ -158,7 +159,7 @@ pub enum LibvirtCommand {
         #[command(flatten)]
         request: RequestArgs,
         /// Remove the GPU request instead
-        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid", "mig"])]
+        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid", "mig", "driver"])]
         clear: bool,
         /// Also change the live definition of a running domain (its GPUs change only at its
         /// next start either way; the live request guides reconnect)
@@ -200,6 +201,9 @@ pub struct RequestArgs {
     /// MIG compute instances instead of whole GPUs (--count of them)
     #[arg(long)]
     pub mig: bool,
+    /// The host driver's user space: none (nodes only) or cdi (from the vendor's CDI spec)
+    #[arg(long, value_parser = ["none", "cdi"])]
+    pub driver: Option<String>,
 }
 
 pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
@@ -232,7 +236,11 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::Placement { output } => report(placement(output.as_deref())),
         Command::Health { action } => report(health(action)),
         Command::Runtime { args } => crate::runtime::main(&args),
-        Command::OciHook { stage, token, .. } => crate::runtime::oci_hook(&stage, token.as_deref()),
+        Command::OciHook {
+            stage,
+            token,
+            added,
+        } => crate::runtime::oci_hook(&stage, token.as_deref(), added.as_deref()),
     }
 }
 

@@ -43,6 +43,8 @@ struct Raw {
     pci_ids: Option<PathBuf>,
     oci_runtime: Option<PathBuf>,
     oci_env_requests: Option<bool>,
+    cdi_spec_dirs: Option<Vec<PathBuf>>,
+    driver: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +67,10 @@ pub struct Config {
     pub oci_runtime: Option<PathBuf>,
     /// Whether `GPUHOOK_…` variables in an OCI container's env are a request (default yes).
     pub oci_env_requests: bool,
+    /// Where CDI specs are, lowest priority first (`/etc/cdi`, `/var/run/cdi`).
+    pub cdi_spec_dirs: Vec<PathBuf>,
+    /// The driver user space a request gets when it does not say (`none`).
+    pub driver: crate::request::Driver,
 }
 
 impl Default for Config {
@@ -81,6 +87,8 @@ impl Default for Config {
             pci_ids: None,
             oci_runtime: None,
             oci_env_requests: true,
+            cdi_spec_dirs: crate::cdi::DEFAULT_DIRS.iter().map(PathBuf::from).collect(),
+            driver: crate::request::Driver::None,
         }
     }
 }
@@ -141,6 +149,18 @@ impl Config {
                 }
                 *slot = Some(p);
             }
+        }
+        if let Some(dirs) = raw.cdi_spec_dirs {
+            if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
+                return Err(e(format!(
+                    "\"cdi_spec_dirs\" must hold absolute paths, not {d:?}"
+                )));
+            }
+            c.cdi_spec_dirs = dirs;
+        }
+        if let Some(d) = raw.driver {
+            c.driver =
+                crate::request::Driver::parse(&d).map_err(|m| e(format!("\"driver\": {m}")))?;
         }
         for x in &raw.exclude {
             let a = normalize_pci(x).ok_or_else(|| {

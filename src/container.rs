@@ -12,6 +12,7 @@
 use crate::devdir::{self, Sys};
 use crate::node::Node;
 use crate::procfs::{self, Proc, ProcRef};
+use crate::rootfs;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, Mode};
@@ -242,12 +243,21 @@ enum Job {
         nodes: Vec<NodeSpec>,
         dirs: Vec<String>,
     },
+    /// CDI: mounts, links and the linker cache in the container's root, acting as its root
+    /// (`owner`).
+    Inject(crate::cdi::Plan, rootfs::Owner),
+    Uninject(rootfs::Done, rootfs::Owner),
+    /// Which of these mounts are no longer in place.
+    Check(Vec<rootfs::Mounted>),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Reply {
     Made(Made),
     Removed,
+    Injected(rootfs::Done),
+    /// What could not be undone, or the mounts no longer in place.
+    Left(Vec<String>),
     Failed(ContainerError),
 }
 
@@ -280,6 +290,45 @@ pub fn remove_nodes(
         },
     )? {
         Reply::Removed => Ok(()),
+        Reply::Failed(e) => Err(e),
+        _ => cerr("unexpected reply from container helper"),
+    }
+}
+
+/// Applies a CDI plan's mounts, links and linker cache in the container's root (its mount
+/// sources cloned in the host's namespace first); on failure undoes what it did.
+pub fn inject(
+    ct: &Container,
+    plan: &crate::cdi::Plan,
+    owner: rootfs::Owner,
+) -> Result<rootfs::Done, ContainerError> {
+    match run(ct, &Job::Inject(plan.clone(), owner))? {
+        Reply::Injected(d) => Ok(d),
+        Reply::Failed(e) => Err(e),
+        _ => cerr("unexpected reply from container helper"),
+    }
+}
+
+/// Takes back what [`inject`] did; returns what could not be.
+pub fn uninject(
+    ct: &Container,
+    done: &rootfs::Done,
+    owner: rootfs::Owner,
+) -> Result<Vec<String>, ContainerError> {
+    match run(ct, &Job::Uninject(done.clone(), owner))? {
+        Reply::Left(l) => Ok(l),
+        Reply::Failed(e) => Err(e),
+        _ => cerr("unexpected reply from container helper"),
+    }
+}
+
+/// The mounts of `mounted` no longer in place in the container.
+pub fn check_mounts(
+    ct: &Container,
+    mounted: &[rootfs::Mounted],
+) -> Result<Vec<String>, ContainerError> {
+    match run(ct, &Job::Check(mounted.to_vec()))? {
+        Reply::Left(l) => Ok(l),
         Reply::Failed(e) => Err(e),
         _ => cerr("unexpected reply from container helper"),
     }
@@ -320,7 +369,13 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
     match unsafe { nix::unistd::fork() }.map_err(|e| ContainerError::Other(format!("fork: {e}")))? {
         nix::unistd::ForkResult::Child => {
             drop(rd);
-            let reply = match child(&ns, (host_dev.st_dev, host_dev.st_ino), ct.dev, &payload) {
+            let reply = match child(
+                &ns,
+                init.pid,
+                (host_dev.st_dev, host_dev.st_ino),
+                ct.dev,
+                &payload,
+            ) {
                 Ok(r) => r,
                 Err(e) => Reply::Failed(ContainerError::Other(e)),
             };
@@ -400,6 +455,7 @@ fn read_with_deadline(fd: OwnedFd, limit: Duration) -> Result<Vec<u8>, Container
 
 fn child(
     ns: &OwnedFd,
+    init: i32,
     host_dev: (u64, u64),
     libvirt_dev: DevTmpfs,
     payload: &[u8],
@@ -410,9 +466,52 @@ fn child(
         libc::prctl(libc::PR_SET_DUMPABLE, 0);
     }
     let job: Job = serde_json::from_slice(payload).map_err(|e| format!("job: {e}"))?;
+    // What an injection needs from the host's side: the sources, cloned and made read-only
+    // while detached, and the host's ldconfig.
+    let mut trees = Vec::new();
+    let mut ldconfig = None;
+    let mut others = Vec::new();
+    if let Job::Inject(plan, _) = &job {
+        match rootfs::open_trees(&plan.mounts) {
+            Ok(t) => trees = t,
+            Err(e) => return Ok(Reply::Failed(ContainerError::Refused(e))),
+        }
+        if !plan.ld_folders.is_empty() {
+            match rootfs::host_ldconfig() {
+                Ok(l) => ldconfig = Some(l),
+                Err(e) => return Ok(Reply::Failed(ContainerError::Refused(e))),
+            }
+            // ldconfig runs in the container's namespaces, not the host's.
+            use nix::sched::CloneFlags as F;
+            for (name, kind) in [
+                ("pid", F::CLONE_NEWPID),
+                ("net", F::CLONE_NEWNET),
+                ("ipc", F::CLONE_NEWIPC),
+                ("uts", F::CLONE_NEWUTS),
+            ] {
+                let path = format!("/proc/{init}/ns/{name}");
+                let theirs = nix::fcntl::open(
+                    path.as_str(),
+                    OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| format!("{path}: {e}"))?;
+                let same = nix::sys::stat::stat(format!("/proc/self/ns/{name}").as_str())
+                    .ok()
+                    .zip(fstat(&theirs).ok())
+                    .is_some_and(|(a, b)| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino));
+                if !same {
+                    others.push((theirs, kind));
+                }
+            }
+        }
+    }
     nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("setns into the container's mount namespace: {e}"))?;
-    drop_capabilities()?;
+    match &job {
+        Job::Inject(_, owner) | Job::Uninject(_, owner) => rootfs::act_as(*owner)?,
+        _ => drop_capabilities()?,
+    }
     nix::sys::stat::umask(Mode::empty());
     let root = nix::fcntl::open(
         "/",
@@ -462,11 +561,36 @@ fn child(
             devdir::remove(&Sys, &dev, dev_fs, &nodes, &dirs);
             Reply::Removed
         }
+        Job::Inject(plan, owner) => {
+            let mut done = rootfs::Done::default();
+            match rootfs::apply(
+                &root,
+                trees,
+                &plan,
+                ldconfig.as_ref(),
+                owner,
+                &others,
+                &mut done,
+            ) {
+                Ok(()) => Reply::Injected(done),
+                Err(e) => {
+                    let left = rootfs::undo(&root, &done);
+                    let note = if left.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (rollback left: {})", left.join("; "))
+                    };
+                    Reply::Failed(ContainerError::Refused(format!("{e}{note}")))
+                }
+            }
+        }
+        Job::Uninject(done, _) => Reply::Left(rootfs::undo(&root, &done)),
+        Job::Check(mounted) => Reply::Left(rootfs::missing(&root, &mounted)),
     })
 }
 
 /// Keeps only what making nodes needs: mknod, chown, and reaching into directories the
-/// container's root owns.
+/// container's root owns (work in its root: [`rootfs::act_as`]).
 fn drop_capabilities() -> Result<(), String> {
     use caps::{CapSet, Capability};
     let want: caps::CapsHashSet = [
@@ -478,6 +602,7 @@ fn drop_capabilities() -> Result<(), String> {
     ]
     .into_iter()
     .collect();
+
     let have =
         caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;
     let keep: caps::CapsHashSet = want.intersection(&have).copied().collect();

@@ -11,6 +11,7 @@
 
 pub mod alloc;
 pub mod arch;
+pub mod cdi;
 pub mod cgroup;
 pub mod cli;
 pub mod config;
@@ -32,6 +33,7 @@ pub mod placement;
 pub mod procfs;
 pub mod reconcile;
 pub mod request;
+pub mod rootfs;
 pub mod runtime;
 pub mod state;
 

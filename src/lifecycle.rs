@@ -5,6 +5,7 @@
 //! says how to find its running container, and maps the results to its own exit codes.
 
 use crate::alloc;
+use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
 use crate::config::Config;
 use crate::container::{self, Container, ContainerError, NodeSpec, Outcome};
@@ -12,7 +13,7 @@ use crate::error::Error;
 use crate::inventory::{self, Inventory, Scan};
 use crate::log;
 use crate::procfs::{self, ProcRef};
-use crate::request::{DeviceSel, IdMap, Request};
+use crate::request::{DeviceSel, Driver, IdMap, Request};
 use crate::state::{now_rfc3339, Node, Phase, Reservation, State, Store};
 
 pub use crate::state::HolderKind;
@@ -174,7 +175,7 @@ pub fn reserve_nodes(
     cfg: &Config,
     h: &Holder,
     req: &Request,
-) -> Result<(Vec<NodeSpec>, ProcRef), Error> {
+) -> Result<(Prepared, ProcRef), Error> {
     let me = ProcRef::of(std::process::id() as i32)
         .ok_or_else(|| Error::other("cannot read this process's own start time"))?;
     reserve_by(cfg, h, req, Some(me)).map(|n| (n, me))
@@ -185,8 +186,8 @@ fn reserve_by(
     h: &Holder,
     req: &Request,
     by: Option<ProcRef>,
-) -> Result<Vec<NodeSpec>, Error> {
-    let mut inv = inventory::scan_with(cfg, Scan::for_request(req))?;
+) -> Result<Prepared, Error> {
+    let mut inv = inventory::scan_with(cfg, scan_for(cfg, req))?;
     let now = now_rfc3339();
     let (gpus, notes, specs) = store(cfg).update(|st| -> Result<_, Error> {
         // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
@@ -236,9 +237,10 @@ fn reserve_by(
                 r.request = req.to_string();
                 r.updated = now.clone();
                 let gpus = r.gpus.clone();
-                let specs = oci_nodes(h, req, &inv, &gpus)?;
+                let specs = oci_nodes(cfg, h, req, &inv, &gpus)?;
                 if let Some(r) = st.reservations.get_mut(h.id) {
-                    r.nodes = as_nodes(&specs);
+                    r.nodes = as_nodes(&specs.0);
+                    r.mounts.clear();
                 }
                 return Ok((gpus, notes, specs));
             }
@@ -273,7 +275,7 @@ fn reserve_by(
                 break g;
             }
         };
-        let specs = oci_nodes(h, req, &inv, &gpus)?;
+        let specs = oci_nodes(cfg, h, req, &inv, &gpus)?;
         st.reservations.insert(
             h.id.to_string(),
             Reservation {
@@ -288,7 +290,8 @@ fn reserve_by(
                 prepared_by: by,
                 controller: None,
                 init: None,
-                nodes: as_nodes(&specs),
+                nodes: as_nodes(&specs.0),
+                mounts: Vec::new(),
             },
         );
         Ok((gpus, notes, specs))
@@ -305,19 +308,35 @@ fn reserve_by(
     Ok(specs)
 }
 
-/// An OCI container's nodes are decided at `create` (the runtime makes them from its
-/// config); a libvirt domain's at `started`, in the running container.
+/// An OCI container's nodes (and CDI edits) are decided at `create` (the runtime makes them
+/// from its config); a libvirt domain's at `started`, in the running container — but its
+/// CDI specs are checked at `prepare` too, so that a request that cannot get its driver's
+/// files reserves nothing.
 fn oci_nodes(
+    cfg: &Config,
     h: &Holder,
     req: &Request,
     inv: &Inventory,
     gpus: &[String],
-) -> Result<Vec<NodeSpec>, Error> {
-    match h.kind {
-        HolderKind::Oci => node_specs(h, req, inv, gpus),
-        HolderKind::Libvirt => Ok(Vec::new()),
+) -> Result<Prepared, Error> {
+    let cdi = req.driver.unwrap_or(cfg.driver) == Driver::Cdi;
+    if h.kind == HolderKind::Libvirt && !cdi {
+        return Ok((Vec::new(), None));
     }
+    let mut specs = node_specs(h, req, inv, gpus)?;
+    let plan = cdi_plan(cfg, h, req, inv, gpus, &specs)?;
+    if h.kind == HolderKind::Libvirt {
+        return Ok((Vec::new(), plan.map(|p| p.0)));
+    }
+    let plan = plan.map(|(p, extra)| {
+        specs.extend(extra);
+        p
+    });
+    Ok((specs, plan))
 }
+
+/// The nodes an OCI container gets, and its CDI edits.
+pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
 
 /// An OCI container's init exists (its `createRuntime` hook): the reservation is running and
 /// stale once that init is gone. `by` is the process that reserved it (the hook's token): a
@@ -391,7 +410,7 @@ pub fn confirm(h: &Holder, req: &Request) -> Result<(), Error> {
     let cfg = Config::load()?;
     let st = store(&cfg).read()?;
     let r = reservation(&st, h)?;
-    let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
+    let mut inv = inventory::scan_with(&cfg, scan_for(&cfg, req))?;
     crate::health::apply(&mut inv, &st);
     inv.settle(&cfg, &r.gpus);
     for p in &r.gpus {
@@ -455,6 +474,95 @@ fn node_specs(
             gid,
         })
         .collect())
+}
+
+/// What of the host a request reads: with the driver's user space (CDI), every node of every
+/// GPU (a spec's device is matched to GPUs by all their nodes, DRM ones included), not only
+/// those its capabilities give.
+fn scan_for(cfg: &Config, req: &Request) -> Scan {
+    let mut s = Scan::for_request(req);
+    if req.driver.unwrap_or(cfg.driver) == Driver::Cdi {
+        s.caps = None;
+    }
+    s
+}
+
+/// The edits of the vendors' CDI specs for the container's units, when its request (or the
+/// host default) asks for the driver's user space (`driver="cdi"`); `specs`: the nodes
+/// gpuhook grants it anyway. The spec's extra nodes come back as node specs owned as `specs`
+/// are. An error (no spec, a bad one, one for another driver) is one line naming the file.
+fn cdi_plan(
+    cfg: &Config,
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[String],
+    specs: &[NodeSpec],
+) -> Result<Option<(cdi::Plan, Vec<NodeSpec>)>, Error> {
+    if req.driver.unwrap_or(cfg.driver) != Driver::Cdi {
+        return Ok(None);
+    }
+    let num = |n: &Node| (n.major, n.minor);
+    let mut units = cdi::Units {
+        granted: specs.iter().map(|s| num(s)).collect(),
+        ..Default::default()
+    };
+    for u in gpus {
+        let Some(g) = inv.by_pci(u) else { continue };
+        units.vendors.push(g.vendor);
+        let own = match inv.mig(u) {
+            Some((_, m)) => vec![num(&m.gi_cap), num(&m.ci_cap)],
+            None => g.nodes.iter().map(|(_, n)| num(n)).collect(),
+        };
+        units.own.push(cdi::Unit {
+            id: u.clone(),
+            vendor: g.vendor,
+            nodes: own,
+        });
+    }
+    for g in &inv.gpus {
+        if !gpus.contains(&g.pci) {
+            units.foreign.extend(g.nodes.iter().map(|(_, n)| num(n)));
+        }
+        for m in &g.migs {
+            if !gpus.contains(&m.id(&g.pci)) {
+                units.foreign.extend([num(&m.gi_cap), num(&m.ci_cap)]);
+            }
+        }
+    }
+    let granted = units.granted.clone();
+    units.foreign.retain(|n| !granted.contains(n));
+    let kinds: Vec<&str> = units.vendors.iter().map(|v| cdi::kind_of(*v)).collect();
+    let who = |e: String| Error::other(e);
+    let loaded = cdi::load(&cfg.cdi_spec_dirs, &kinds).map_err(who)?;
+    let version = std::fs::read_to_string(cfg.proc.join("driver/nvidia/version"))
+        .ok()
+        .and_then(|t| cdi::nvidia_version(&t));
+    let host = cdi::Host {
+        dev: &cfg.dev,
+        nvidia_version: version,
+        dirs: &cfg.cdi_spec_dirs,
+    };
+    let plan = cdi::plan(&loaded, &units, &host).map_err(who)?;
+    let (uid, gid) = specs.first().map_or_else(
+        || {
+            h.idmap
+                .owner(req.uid, req.gid, h.idmap_names())
+                .unwrap_or((0, 0))
+        },
+        |s| (s.uid, s.gid),
+    );
+    let extra = plan
+        .nodes
+        .iter()
+        .map(|n| NodeSpec {
+            node: n.node.clone(),
+            mode: req.mode.unwrap_or(n.mode),
+            uid,
+            gid,
+        })
+        .collect();
+    Ok(Some((plan, extra)))
 }
 
 fn as_nodes(specs: &[NodeSpec]) -> Vec<Node> {
@@ -535,10 +643,14 @@ pub fn activate(
     let cfg = Config::load()?;
     let st = store(&cfg);
     let r = reservation(&st.read()?, h)?;
-    let mut inv = inventory::scan_with(&cfg, Scan::for_request(req))?;
+    let mut inv = inventory::scan_with(&cfg, scan_for(&cfg, req))?;
     inv.settle(&cfg, &r.gpus);
     let ct = find()?;
-    let specs = node_specs(h, req, &inv, &r.gpus)?;
+    let mut specs = node_specs(h, req, &inv, &r.gpus)?;
+    let plan = cdi_plan(&cfg, h, req, &inv, &r.gpus, &specs)?.map(|(p, extra)| {
+        specs.extend(extra);
+        p
+    });
     // A failure because the init exited meanwhile says so first: that is the cause an
     // operator needs. The container helper says it as a value; a cgroup that vanished with
     // the init is recognized by looking at the init.
@@ -562,6 +674,18 @@ pub fn activate(
         )),
         e => e,
     })?;
+    // The driver's files: mounted, linked and cached in the container's root (undone there
+    // on failure; then the nodes and grants are undone too).
+    let done = match plan
+        .as_ref()
+        .filter(|p| !p.mounts.is_empty() || p.writes_rootfs())
+    {
+        Some(p) => match container::inject(&ct, p, root_owner(h)) {
+            Ok(d) => Some(d),
+            Err(e) => return Err(with_rollback(e.into(), &undo(&ct, applied))),
+        },
+        None => None,
+    };
     let now = now_rfc3339();
     let recorded = st.update(|s| -> Result<(), Error> {
         let cur = s.reservations.get_mut(h.id).ok_or_else(|| {
@@ -576,11 +700,23 @@ pub fn activate(
         cur.controller = Some(ct.controller);
         cur.init = Some(ct.init);
         cur.nodes = as_nodes(&specs);
+        cur.mounts = done.as_ref().map(|d| d.mounted.clone()).unwrap_or_default();
         cur.updated = now;
         Ok(())
     });
     if let Err(e) = recorded {
-        return Err(with_rollback(e, &undo(&ct, applied)));
+        let mut left = Vec::new();
+        if let Some(d) = &done {
+            match container::uninject(&ct, d, root_owner(h)) {
+                Ok(l) => left.extend(l),
+                Err(e) => left.push(format!("driver files: {e}")),
+            }
+        }
+        left.extend(undo(&ct, applied));
+        return Err(with_rollback(e, &left));
+    }
+    if let Some(p) = &plan {
+        log_cdi(h, p, done.as_ref());
     }
     log::info(&format!(
         "{}: granted and created {} in container (init {})",
@@ -593,6 +729,53 @@ pub fn activate(
         ct.init.pid
     ));
     Ok(())
+}
+
+/// The host ids of the container's root (through its `<idmap>`; unmapped: nobody).
+fn root_owner(h: &Holder) -> crate::rootfs::Owner {
+    crate::rootfs::Owner {
+        uid: h.idmap.host_uid(0).unwrap_or(65534),
+        gid: h.idmap.host_gid(0).unwrap_or(65534),
+    }
+}
+
+/// What a libvirt container got from the CDI specs, and what of them gpuhook does not do
+/// for libvirt (other hooks: the container's process already runs; its environment).
+fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::rootfs::Done>) {
+    log::info(&format!(
+        "{}: driver files from {} ({}): {} mount(s), {} link(s), linker cache {}",
+        h.who(),
+        p.specs.join(", "),
+        p.devices.join(" "),
+        done.map_or(0, |d| d.mounted.len()),
+        done.map_or(0, |d| d.links.len()),
+        if p.ld_folders.is_empty() {
+            "not asked".to_string()
+        } else {
+            format!("updated for {}", p.ld_folders.join(" "))
+        }
+    ));
+    for n in done.map(|d| d.notes.as_slice()).unwrap_or_default() {
+        log::info(&format!("{}: {n}", h.who()));
+    }
+    if !p.hooks.is_empty() {
+        log::info(&format!(
+            "{}: CDI hooks not run for a libvirt container: {}",
+            h.who(),
+            p.hooks
+                .iter()
+                .map(|k| format!("{} {}", k.stage, k.args.join(" ")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    if !p.env.is_empty() {
+        log::info(&format!(
+            "{}: CDI environment not set in a running libvirt container: {}",
+            h.who(),
+            p.env.join(" ")
+        ));
+    }
 }
 
 /// How [`readopt`] ended; the front door decides what it means for the container (libvirt
@@ -656,7 +839,7 @@ pub fn readopt(
     };
     let now = now_rfc3339();
     let mut adopted = None;
-    type Decided = Result<(Vec<String>, Vec<NodeSpec>), Error>;
+    type Decided = Result<(Vec<String>, Vec<NodeSpec>, Vec<crate::rootfs::Mounted>), Error>;
     let decided = store(&cfg).update(|st| -> Result<Decided, Error> {
         for n in reclaim_stale(st) {
             log::info(&n);
@@ -689,10 +872,20 @@ pub fn readopt(
                 }
             }
         };
-        let specs = match node_specs(h, req, &inv, &gpus) {
+        let mut specs = match node_specs(h, req, &inv, &gpus) {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
         };
+        // The nodes a CDI spec gives come back too (a spec that went bad since is said,
+        // and the container keeps what it has).
+        match cdi_plan(&cfg, h, req, &inv, &gpus, &specs) {
+            Ok(Some((_, extra))) => specs.extend(extra),
+            Ok(None) => {}
+            Err(e) => log::warn(&format!(
+                "{}: reconnect: its CDI spec's nodes are not re-made: {e}",
+                h.who()
+            )),
+        }
         let r = st
             .reservations
             .entry(h.id.to_string())
@@ -709,15 +902,16 @@ pub fn readopt(
                 controller: None,
                 init: None,
                 nodes: vec![],
+                mounts: vec![],
             });
         r.phase = Phase::Running;
         r.controller = Some(ct.controller);
         r.init = Some(ct.init);
         r.nodes = as_nodes(&specs);
         r.updated = now.clone();
-        Ok(Ok((gpus, specs)))
+        Ok(Ok((gpus, specs, r.mounts.clone())))
     });
-    let (gpus, specs) = match decided {
+    let (gpus, specs, mounts) = match decided {
         Err(e) => return soft("cannot update the state", &e),
         Ok(Err(e)) => return fatal(e),
         Ok(Ok(d)) => d,
@@ -740,6 +934,24 @@ pub fn readopt(
                 )
             }
         ));
+    }
+    // The driver files mounted at `started`: a container's root may unmount them (its own
+    // business); said, never a reason to stop it.
+    if !mounts.is_empty() {
+        match container::check_mounts(&ct, &mounts) {
+            Ok(gone) if gone.is_empty() => {}
+            Ok(gone) => log::warn(&format!(
+                "{}: reconnect: {} of {} CDI driver mount(s) are no longer in place: {}",
+                h.who(),
+                gone.len(),
+                mounts.len(),
+                gone.join(" ")
+            )),
+            Err(e) => log::warn(&format!(
+                "{}: reconnect: cannot check its CDI driver mounts: {e}",
+                h.who()
+            )),
+        }
     }
     match apply(&ct, &specs) {
         Ok(a) => {

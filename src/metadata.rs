@@ -208,6 +208,8 @@ pub(crate) struct GpusBuilder {
     mig: Option<bool>,
     /// `<mig>` children.
     migs: Vec<MigSel>,
+    /// `driver="none|cdi"`.
+    driver: Option<crate::request::Driver>,
 }
 
 /// A Nova flavor's GPU extra specs, as read from `<nova:extraSpecs>`.
@@ -745,7 +747,7 @@ fn parse_gpus_attrs(
         match set_attr(g, key, &v) {
             Ok(true) => Ok(()),
             Ok(false) => err(format!(
-                "unknown attribute '{key}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid, mig)"
+                "unknown attribute '{key}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid, mig, driver)"
             )),
             Err(m) => err(format!("<gpus {key}>: {m}")),
         }
@@ -800,6 +802,7 @@ pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, 
             })
         }
         "mode" => g.mode = Some(parse_mode(v).map_err(|e| e.0)?),
+        "driver" => g.driver = Some(crate::request::Driver::parse(v)?),
         "uid" => g.uid = Some(parse_u32("uid", v).map_err(|e| e.0)?),
         "gid" => g.gid = Some(parse_u32("gid", v).map_err(|e| e.0)?),
         _ => return Ok(false),
@@ -1017,6 +1020,7 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
         gid: g.gid.unwrap_or(0),
         mig,
         migs: g.migs,
+        driver: g.driver,
     })
 }
 

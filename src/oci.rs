@@ -25,7 +25,18 @@ const MAX_DEVICES: usize = 256;
 /// bundle used again (`runc run` of the same directory) is cleaned of it before it is edited
 /// again, or passed on without it.
 pub const HOOK_WORD: &str = "oci-hook";
-const STAGES: [&str; 2] = ["createRuntime", "poststop"];
+/// Every OCI hook stage (gpuhook's own hooks, and CDI hooks it passes on, may be in any).
+const STAGES: [&str; 6] = [
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+];
+
+/// The mark on a CDI hook gpuhook passed on to the runtime (in its env), for [`strip`].
+const CDI_MARK: &str = "GPUHOOK_CDI=1";
 /// gpuhook's own variables, which a container's environment may carry (it is not a request).
 const ENV_NOT_KEYS: [&str; 2] = ["CONFIG", "VERBOSE"];
 
@@ -170,11 +181,6 @@ fn request(pairs: &BTreeMap<String, (String, String)>) -> Result<Request, String
                 g.devices.extend(d);
                 true
             }),
-            "driver" => match v.trim() {
-                "none" => Ok(true),
-                "cdi" => Err("driver 'cdi' (the host driver's user space from CDI specs) is not supported by this gpuhook yet; use 'none'".into()),
-                other => Err(format!("unknown driver '{other}' (known: none, cdi)")),
-            },
             k => metadata::set_attr(&mut g, k, v),
         };
         match known {
@@ -255,6 +261,18 @@ pub struct HookCmd {
 /// The `oci-hook` stages gpuhook adds.
 pub const CREATE_RUNTIME: &str = "create-runtime";
 pub const POSTSTOP: &str = "poststop";
+/// `createContainer`: gpuhook's own `create-symlinks` and `update-ldcache` in the rootfs.
+pub const CDI: &str = "cdi";
+
+/// What gpuhook's `cdi` hook does in the container's root (its one argument, as JSON).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CdiWork {
+    /// The container's root filesystem (absolute, as the runtime mounts it).
+    pub root: String,
+    pub links: Vec<crate::cdi::Link>,
+    pub folders: Vec<String>,
+}
 
 fn object<'a>(
     parent: &'a mut Value,
@@ -304,6 +322,7 @@ pub fn edit(
     nodes: &[NodeSpec],
     binds: Option<&[String]>,
     hook: &HookCmd,
+    cdi: Option<(&crate::cdi::Plan, &str)>,
 ) -> Result<(), String> {
     strip(config)?;
     let mut added: Vec<String> = Vec::new();
@@ -365,6 +384,9 @@ pub fn edit(
             added.push(format!("r:{}:{}", n.major, n.minor));
         }
     }
+    if let Some((plan, root)) = cdi {
+        edit_cdi(config, plan, root, hook, &mut added)?;
+    }
     let hooks = object(config, "hooks", "the config")?;
     for (stage, arg) in [("createRuntime", CREATE_RUNTIME), ("poststop", POSTSTOP)] {
         let mut h = json!({"path": hook.path,
@@ -373,6 +395,122 @@ pub fn edit(
             h["env"] = json!(hook.env);
         }
         array(hooks, stage, "hooks")?.push(h);
+    }
+    Ok(())
+}
+
+/// A CDI plan's mounts (read-only unless the spec said `rw`, always `nosuid,nodev`), its
+/// environment (a name the config already sets keeps the config's value), additional groups,
+/// the hooks gpuhook passes on (marked), and gpuhook's own `cdi` hook first in
+/// `createContainer` for the symlinks and the linker cache. `added` lists the mounts
+/// (`m:0:0:PATH`) and variables (`e:0:0:NAME`) for [`strip`].
+fn edit_cdi(
+    config: &mut Value,
+    plan: &crate::cdi::Plan,
+    root: &str,
+    hook: &HookCmd,
+    added: &mut Vec<String>,
+) -> Result<(), String> {
+    let top = config
+        .as_object_mut()
+        .ok_or("config.json: the config is not an object")?;
+    let mounts = array(top, "mounts", "the config")?;
+    for m in &plan.mounts {
+        if mounts
+            .iter()
+            .any(|x| x.get("destination").and_then(Value::as_str) == Some(m.target.as_str()))
+        {
+            return Err(format!(
+                "config.json already mounts something at {}; refusing to shadow it with the driver's {}",
+                m.target, m.source
+            ));
+        }
+        let mut opts = vec![
+            if m.recursive { "rbind" } else { "bind" },
+            if m.rw { "rw" } else { "ro" },
+            "nosuid",
+            "nodev",
+            "rprivate",
+        ];
+        if m.noexec {
+            opts.push("noexec");
+        }
+        // `ro,nosuid,nodev` reach the top mount only: submounts of an `rbind` get them
+        // through the recursive attributes (runc ≥ 1.1, crun ≥ 1.4: mount_setattr).
+        if m.recursive {
+            opts.extend(["rnosuid", "rnodev"]);
+            if !m.rw {
+                opts.push("rro");
+            }
+            if m.noexec {
+                opts.push("rnoexec");
+            }
+        }
+        mounts.push(
+            json!({"destination": m.target, "type": "bind", "source": m.source,
+                           "options": opts}),
+        );
+        added.push(format!("m:0:0:{}", m.target));
+    }
+    let process = object(config, "process", "the config")?;
+    let env = array(process, "env", "process")?;
+    for e in &plan.env {
+        let name = e.split_once('=').map_or(e.as_str(), |(n, _)| n);
+        let set = env.iter().any(|x| {
+            x.as_str()
+                .and_then(|x| x.split_once('='))
+                .is_some_and(|(n, _)| n == name)
+        });
+        if !set {
+            env.push(json!(e));
+            added.push(format!("e:0:0:{name}"));
+        }
+    }
+    if !plan.additional_gids.is_empty() {
+        let user = object(config, "process", "the config").and_then(|p| {
+            p.entry("user")
+                .or_insert_with(|| json!({"uid": 0, "gid": 0}))
+                .as_object_mut()
+                .ok_or_else(|| "config.json: process.user is not an object".to_string())
+        })?;
+        let gids = array(user, "additionalGids", "process.user")?;
+        for g in &plan.additional_gids {
+            if !gids.contains(&json!(g)) {
+                gids.push(json!(g));
+                added.push(format!("g:{g}:0"));
+            }
+        }
+    }
+    let hooks = object(config, "hooks", "the config")?;
+    for h in &plan.hooks {
+        if !std::path::Path::new(&h.path).is_file() {
+            return Err(format!(
+                "CDI hook {} ({}) is not on this host",
+                h.path,
+                h.args.get(1).map_or("", String::as_str)
+            ));
+        }
+        let mut env = h.env.clone();
+        env.push(CDI_MARK.into());
+        let mut v = json!({"path": h.path, "args": h.args, "env": env});
+        if let Some(t) = h.timeout {
+            v["timeout"] = json!(t);
+        }
+        array(hooks, &h.stage, "hooks")?.push(v);
+    }
+    if plan.writes_rootfs() {
+        let work = CdiWork {
+            root: root.to_string(),
+            links: plan.links.clone(),
+            folders: plan.ld_folders.clone(),
+        };
+        let arg = serde_json::to_string(&work).map_err(|e| e.to_string())?;
+        let mut h = json!({"path": hook.path,
+                           "args": [hook.path, HOOK_WORD, CDI, hook.token, arg]});
+        if !hook.env.is_empty() {
+            h["env"] = json!(hook.env);
+        }
+        array(hooks, "createContainer", "hooks")?.insert(0, h);
     }
     Ok(())
 }
@@ -429,6 +567,9 @@ pub fn strip(config: &mut Value) -> Result<bool, String> {
         .collect();
     let mut nodes: Vec<(u32, u32, String)> = Vec::new();
     let mut rules: Vec<(u32, u32)> = Vec::new();
+    let mut binds: Vec<String> = Vec::new();
+    let mut envs: Vec<String> = Vec::new();
+    let mut gids: Vec<u32> = Vec::new();
     for e in lists.iter().flat_map(|l| l.split(',')) {
         let mut it = e.splitn(4, ':');
         let (kind, a, b) = (it.next(), it.next(), it.next());
@@ -440,7 +581,10 @@ pub fn strip(config: &mut Value) -> Result<bool, String> {
         };
         match (kind, it.next()) {
             (Some("n"), Some(p)) => nodes.push((a, b, p.to_string())),
+            (Some("m"), Some(p)) => binds.push(p.to_string()),
+            (Some("e"), Some(p)) => envs.push(p.to_string()),
             (Some("r"), None) => rules.push((a, b)),
+            (Some("g"), None) => gids.push(a),
             _ => {}
         }
     }
@@ -449,7 +593,34 @@ pub fn strip(config: &mut Value) -> Result<bool, String> {
         nodes.iter().any(|(_, _, a)| Some(a.as_str()) == p)
     };
     if let Some(a) = config.pointer_mut("/mounts").and_then(Value::as_array_mut) {
-        a.retain(|m| !(is_node(m, "destination") && m.get("type") == Some(&json!("bind"))));
+        a.retain(|m| {
+            let dest = m.get("destination").and_then(Value::as_str);
+            let ours = is_node(m, "destination") || binds.iter().any(|b| Some(b.as_str()) == dest);
+            !(ours && m.get("type") == Some(&json!("bind")))
+        });
+    }
+    if let Some(a) = config
+        .pointer_mut("/process/user/additionalGids")
+        .and_then(Value::as_array_mut)
+    {
+        a.retain(|g| {
+            !g.as_u64()
+                .is_some_and(|g| gids.iter().any(|x| u64::from(*x) == g))
+        });
+    }
+    if let Some(a) = config
+        .pointer_mut("/process/env")
+        .and_then(Value::as_array_mut)
+    {
+        for name in &envs {
+            let prefix = format!("{name}=");
+            if let Some(k) = a
+                .iter()
+                .rposition(|v| v.as_str().is_some_and(|v| v.starts_with(&prefix)))
+            {
+                a.remove(k);
+            }
+        }
     }
     if let Some(a) = config
         .pointer_mut("/linux/devices")
@@ -478,7 +649,13 @@ pub fn strip(config: &mut Value) -> Result<bool, String> {
             .pointer_mut(&format!("/hooks/{stage}"))
             .and_then(Value::as_array_mut)
         {
-            a.retain(|h| !is_our_hook(h));
+            a.retain(|h| {
+                let passed = h
+                    .get("env")
+                    .and_then(Value::as_array)
+                    .is_some_and(|e| e.contains(&json!(CDI_MARK)));
+                !is_our_hook(h) && !passed
+            });
         }
     }
     Ok(true)
@@ -657,7 +834,11 @@ mod tests {
                 vec![],
                 "less than",
             ),
-            (json!({"gpuhook.io/driver": "cdi"}), vec![], "not supported"),
+            (
+                json!({"gpuhook.io/driver": "nvidia"}),
+                vec![],
+                "unknown driver 'nvidia' (known: none, cdi)",
+            ),
             (
                 json!({}),
                 vec!["GPUHOOK_ARCH="],
@@ -713,7 +894,7 @@ mod tests {
         // shadow the reserved GPU.
         c["linux"]["devices"] =
             json!([{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 3}]);
-        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], None, &hook).unwrap_err();
+        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], None, &hook, None).unwrap_err();
         assert!(
             e.contains("already has a device at /dev/nvidia0 (1:3)"),
             "{e}"
@@ -726,6 +907,7 @@ mod tests {
             &[n("/dev/nvidia0", 0), n("/dev/nvidiactl", 255)],
             None,
             &hook,
+            None,
         )
         .unwrap();
         let devs = c["linux"]["devices"].as_array().unwrap();
@@ -764,7 +946,7 @@ mod tests {
         }
         assert_eq!(c["linux"]["namespaces"], before["linux"]["namespaces"]);
         let mut bad = json!({"linux": []});
-        assert!(edit(&mut bad, &[], None, &hook).is_err());
+        assert!(edit(&mut bad, &[], None, &hook, None).is_err());
         // A user-namespaced container: bind mounts of gpuhook's nodes instead of devices.
         let mut c: Value = serde_json::from_slice(&cfg(json!({}), &[])).unwrap();
         c["linux"]["namespaces"] = json!([{"type": "user"}, {"type": "mount"}]);
@@ -772,13 +954,13 @@ mod tests {
                              {"destination": "/dev/nvidia0", "type": "bind", "source": "/x"}]);
         assert!(has_user_namespace(&c));
         let srcs = vec!["/run/gpuhook/nodes/c1/0-nvidia0".to_string()];
-        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], Some(&srcs), &hook).unwrap_err();
+        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], Some(&srcs), &hook, None).unwrap_err();
         assert!(
             e.contains("already mounts something at /dev/nvidia0"),
             "{e}"
         );
         c["mounts"] = json!([{"destination": "/proc", "type": "proc", "source": "proc"}]);
-        edit(&mut c, &[n("/dev/nvidia0", 0)], Some(&srcs), &hook).unwrap();
+        edit(&mut c, &[n("/dev/nvidia0", 0)], Some(&srcs), &hook, None).unwrap();
         assert_eq!(
             c["mounts"],
             json!([{"destination": "/proc", "type": "proc", "source": "proc"},
@@ -817,6 +999,7 @@ mod tests {
             &[n("/dev/nvidia0", 0), n("/dev/nvidiactl", 255)],
             None,
             &hook("1.1"),
+            None,
         )
         .unwrap();
         // The control node's device and rule were the user's already: not listed as ours.
@@ -829,6 +1012,7 @@ mod tests {
             &[n("/dev/nvidia1", 1), n("/dev/nvidiactl", 255)],
             None,
             &hook("2.2"),
+            None,
         )
         .unwrap();
         let text = c.to_string();

@@ -118,6 +118,7 @@ mod tests {
             controller: None,
             init: init.map(|pid| ProcRef { pid, start_time: 1 }),
             nodes: vec![],
+            mounts: vec![],
         }
     }
 

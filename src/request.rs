@@ -137,6 +137,29 @@ pub struct Request {
     /// GPUs that match the filters, and the exact ones of `migs`.
     pub mig: bool,
     pub migs: Vec<MigSel>,
+    /// The host driver's user space (`driver="cdi"`); `None`: the host config's default.
+    pub driver: Option<Driver>,
+}
+
+/// What of the host driver a container gets besides its GPUs' nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Driver {
+    /// The nodes only (a container that shares the host's root filesystem has the rest).
+    #[default]
+    None,
+    /// The vendor's CDI spec: driver libraries, binaries, firmware mounted in, its hooks.
+    Cdi,
+}
+
+impl Driver {
+    pub fn parse(v: &str) -> Result<Driver, String> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(Driver::None),
+            "cdi" => Ok(Driver::Cdi),
+            other => Err(format!("unknown driver '{other}' (known: none, cdi)")),
+        }
+    }
 }
 
 impl fmt::Display for Request {
@@ -156,6 +179,9 @@ impl fmt::Display for Request {
         }
         for m in &self.migs {
             write!(f, ", {m}")?;
+        }
+        if self.driver == Some(Driver::Cdi) {
+            write!(f, ", driver cdi")?;
         }
         Ok(())
     }

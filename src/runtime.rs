@@ -328,12 +328,17 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
         id,
         idmap: if userns { &b.idmap } else { &identity },
     };
-    let (nodes, by) = lifecycle::reserve_nodes(cfg, &h, &req)?;
+    let ((nodes, plan), by) = lifecycle::reserve_nodes(cfg, &h, &req)?;
+    let cdi = match &plan {
+        Some(p) => Some((p, container_root(&path, &b.config, p)?)),
+        None => None,
+    };
+    let cdi = cdi.as_ref().map(|(p, r)| (*p, r.as_str()));
     let written = if userns {
         make_private_nodes(cfg, id, by, &nodes)
-            .and_then(|srcs| write_config(&path, b.config, &nodes, Some(&srcs), by))
+            .and_then(|srcs| write_config(&path, b.config, &nodes, Some(&srcs), by, cdi))
     } else {
-        write_config(&path, b.config, &nodes, None, by)
+        write_config(&path, b.config, &nodes, None, by, cdi)
     };
     if let Err(e) = written {
         free_oci(cfg, id, |r| r.prepared_by == Some(by))?;
@@ -350,6 +355,93 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
         path.display()
     ));
     Ok(Some(by))
+}
+
+/// `createContainer` (the runtime has made the container's mounts, before it enters the
+/// root): the CDI `create-symlinks` and `update-ldcache` in the container's root, as the
+/// libvirt door does them ([`crate::rootfs`]); undone on failure. Returns what was left as
+/// it was, for the log.
+fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
+    let work: oci::CdiWork = arg
+        .ok_or("no work given".to_string())
+        .and_then(|a| serde_json::from_str(a).map_err(|e| format!("bad work: {e}")))?;
+    if !Path::new(&work.root).is_absolute() {
+        return Err(format!("container root {} is not absolute", work.root));
+    }
+    for p in work.links.iter().map(|l| &l.link).chain(&work.folders) {
+        crate::cdi::container_path(p, "path")?;
+    }
+    let root = nix::fcntl::open(
+        work.root.as_str(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("container root {}: {e}", work.root))?;
+    let plan = crate::cdi::Plan {
+        links: work.links,
+        ld_folders: work.folders,
+        ..Default::default()
+    };
+    let ld = if plan.ld_folders.is_empty() {
+        None
+    } else {
+        Some(crate::rootfs::host_ldconfig()?)
+    };
+    // Before the runtime enters the root nothing of the container has run: its root's
+    // owner is what the engine made it (the container's root, mapped).
+    let st = nix::sys::stat::fstat(&root).map_err(|e| format!("container root: {e}"))?;
+    let owner = crate::rootfs::Owner {
+        uid: st.st_uid,
+        gid: st.st_gid,
+    };
+    crate::rootfs::act_as(owner)?;
+    let mut done = crate::rootfs::Done::default();
+    match crate::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[], &mut done) {
+        Ok(()) => Ok(done.notes),
+        Err(e) => {
+            crate::rootfs::undo(&root, &done);
+            Err(e)
+        }
+    }
+}
+
+/// The container's root filesystem as the runtime will mount it (`root.path`, relative to the
+/// bundle), checked for what the CDI plan puts there: a directory on the way to a mount or a
+/// link that is a symlink (the image pointed it elsewhere) is refused, as in the libvirt door.
+fn container_root(
+    config_path: &Path,
+    config: &serde_json::Value,
+    plan: &crate::cdi::Plan,
+) -> Result<String, Error> {
+    let root = config
+        .pointer("/root/path")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| Error::other("config.json has no root.path"))?;
+    let bundle = config_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let root = bundle.join(root);
+    let root = std::fs::canonicalize(&root)
+        .map_err(|e| Error::other(format!("container root {}: {e}", root.display())))?;
+    let fd = nix::fcntl::open(
+        &root,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| Error::other(format!("container root {}: {e}", root.display())))?;
+    use crate::rootfs::{check_path, parent_leaf};
+    for m in &plan.mounts {
+        let (dir, leaf) = parent_leaf(&m.target);
+        check_path(&fd, dir, Some(leaf)).map_err(Error::Other)?;
+    }
+    for l in &plan.links {
+        check_path(&fd, parent_leaf(&l.link).0, None).map_err(Error::Other)?;
+    }
+    for f in &plan.ld_folders {
+        check_path(&fd, f, None).map_err(Error::Other)?;
+    }
+    Ok(root.to_string_lossy().into_owned())
 }
 
 /// Reads a regular file up to [`MAX_CONFIG`] (opened without blocking: a FIFO in its place
@@ -481,6 +573,7 @@ fn write_config(
     nodes: &[NodeSpec],
     binds: Option<&[String]>,
     by: ProcRef,
+    cdi: Option<(&crate::cdi::Plan, &str)>,
 ) -> Result<(), Error> {
     let exe = own_path()?;
     let mut env = Vec::new();
@@ -492,7 +585,7 @@ fn write_config(
         env,
         token: format!("{}.{}", by.pid, by.start_time),
     };
-    oci::edit(&mut config, nodes, binds, &hook).map_err(Error::Other)?;
+    oci::edit(&mut config, nodes, binds, &hook, cdi).map_err(Error::Other)?;
     replace_config(path, &config)
 }
 
@@ -579,7 +672,7 @@ fn release(cfg: &Config, id: &str, stage: &str, cond: impl FnOnce(&Reservation) 
 
 /// `gpuhook oci-hook STAGE`: the hooks gpuhook adds to a GPU container's config; the
 /// runtime's state JSON (`id`, `pid`) on stdin.
-pub fn oci_hook(stage: &str, token: Option<&str>) -> i32 {
+pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
     let mut buf = Vec::new();
     if let Err(e) = std::io::stdin().take(1 << 20).read_to_end(&mut buf) {
         log::error(&format!(
@@ -636,6 +729,18 @@ pub fn oci_hook(stage: &str, token: Option<&str>) -> i32 {
                 }
             }
         }
+        oci::CDI => match cdi_hook(arg) {
+            Ok(notes) => {
+                for n in notes {
+                    log::info(&format!("{who}: {n}"));
+                }
+                0
+            }
+            Err(e) => {
+                log::error(&format!("{who}: createContainer: {e}"));
+                1
+            }
+        },
         oci::POSTSTOP => {
             // The runtime runs it once the container stopped; only for this create's own.
             if let Ok(cfg) = Config::load() {

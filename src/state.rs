@@ -108,6 +108,10 @@ pub struct Reservation {
     pub init: Option<ProcRef>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<Node>,
+    /// The driver files gpuhook mounted into a libvirt container from CDI specs (`reconnect`
+    /// checks they are still in place).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<crate::rootfs::Mounted>,
 }
 
 impl Reservation {
@@ -556,6 +560,7 @@ mod tests {
             controller: None,
             init: None,
             nodes: vec![],
+            mounts: vec![],
         }
     }
 

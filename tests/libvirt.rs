@@ -12,7 +12,7 @@ mod common;
 
 use gpuhook::container::Container;
 use nix::errno::Errno;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -1345,6 +1345,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                     start_time: 1,
                 }),
                 nodes: vec![],
+                mounts: vec![],
             }
         };
     Store::new(&b.state())
@@ -1641,7 +1642,251 @@ fn grants_reach_sub_cgroups(b: &mut Bed) {
 
 type Case = fn(&mut Bed);
 
+/// A host with CDI: the fake driver's spec (as `nvidia-ctk cdi generate` writes it) in the
+/// second of two spec directories; the driver; a fresh root filesystem at `rootfs`.
+fn cdi_host(b: &mut Bed, rootfs: &str) -> (testbed::driver::FakeDriver, PathBuf) {
+    let fake = FakeHost::blueprint();
+    let cdi = b.work.join(format!("cdi{}", b.hosts + 1));
+    let (etc, run) = (cdi.join("etc"), cdi.join("run"));
+    let p = b.use_host_with(fake.clone(), |c| c["cdi_spec_dirs"] = json!([etc, run]));
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::create_dir_all(&run).unwrap();
+    let drv = common::fake_driver();
+    common::write_config(&run.join("nvidia.yaml"), &drv.nvidia_spec(&fake, &p));
+    let dir = b.work.join(rootfs);
+    let _ = std::fs::remove_dir_all(&dir);
+    (drv, testbed::driver::rootfs(&dir).expect("rootfs"))
+}
+
+fn with_rootfs(name: &str, attrs: &str, rootfs: &Path, ro: bool) -> DomainSpec {
+    let mut s = spec(name, attrs);
+    s.rootfs = Some((rootfs.to_path_buf(), ro));
+    s
+}
+
+/// What the CDI checks inside a container print.
+const CDI_PROBE: &str = r#"L=/usr/lib/x86_64-linux-gnu
+grep " $L/libcuda.so.535.129.03 " /proc/1/mounts
+ls -l $L/libcuda.so.1 $L/libcuda.so
+/sbin/ldconfig -p | grep libcuda.so.1
+nvidia-smi
+cuda-probe
+if echo x > $L/libcuda.so.535.129.03; then echo WRITABLE; fi
+cat /etc/ld.so.conf.d/00-gpuhook-cdi.conf"#;
+
+fn assert_cdi_probe(s: &str) {
+    let lib = s
+        .lines()
+        .find(|l| l.contains("libcuda.so.535.129.03 "))
+        .unwrap_or_else(|| panic!("libcuda not mounted: {s}"));
+    assert!(lib.contains(" ro,nosuid,nodev"), "{lib}");
+    assert!(s.contains("libcuda.so.1 -> libcuda.so.535.129.03"), "{s}");
+    assert!(s.contains("libcuda.so -> libcuda.so.1"), "{s}");
+    assert!(
+        s.contains("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "{s}"
+    );
+    assert!(
+        s.contains("GPU 0: /dev/nvidia0") && s.contains("1 GPUs"),
+        "{s}"
+    );
+    assert!(s.contains("dlopen libcuda.so.1: ok"), "{s}");
+    assert!(!s.contains("WRITABLE"), "{s}");
+}
+
+/// The host's own mounts under `dir` (none may appear: the container's mounts stay in it).
+fn host_mounts_under(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&*dir.to_string_lossy()))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A libvirt LXC container with its own root filesystem asks `driver="cdi"`: at `started`
+/// gpuhook mounts the driver's files into the running container (mount API, read-only,
+/// nosuid, nodev), makes the spec's links and the linker cache; nvidia-smi, ldconfig -p and
+/// dlopen("libcuda.so.1") work inside, and nothing is mounted on the host's side.
+/// `reconnect` re-checks the mounts (one the container took away is said, not fatal); a
+/// second start works again.
+fn cdi_own_rootfs(b: &mut Bed) {
+    let (_drv, rootfs) = cdi_host(b, "cdi-rootfs");
+    b.define_start(&with_rootfs("gh-cdi", r#"driver="cdi""#, &rootfs, false));
+    let ct = b.ct("gh-cdi");
+    let o = b.sh_in(&ct, CDI_PROBE);
+    assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
+    assert_eq!(b.nodes(&ct).get("/dev/nvidia-modeset"), Some(&(195, 254)));
+    assert!(
+        host_mounts_under(&rootfs).is_empty(),
+        "{:?}",
+        host_mounts_under(&rootfs)
+    );
+    let st: Value = serde_json::from_slice(&std::fs::read(b.state()).unwrap()).unwrap();
+    let r = st["reservations"]
+        .as_object()
+        .and_then(|m| m.values().find(|r| r["domain"] == "gh-cdi"))
+        .expect("reservation");
+    assert!(r["mounts"].as_array().is_some_and(|m| m.len() > 10), "{r}");
+    // reconnect: all in place; then one taken away by the container: said, container kept.
+    common::assert_ok(&b.hook_direct("gh-cdi", "reconnect"));
+    let o = b.sh_in(&ct, "umount /usr/bin/nvidia-smi");
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let o = b.hook_direct("gh-cdi", "reconnect");
+    common::assert_ok(&o);
+    assert!(
+        common::stderr(&o).contains("1 of ") && common::stderr(&o).contains("/usr/bin/nvidia-smi"),
+        "{}",
+        common::stderr(&o)
+    );
+    // Stop and start again: the mount points gpuhook made are reused. Meanwhile the
+    // container left a FIFO at gpuhook's ld.so.conf.d name (an open for writing would hang
+    // or fail) and a symlink to one of its files at its ld.so.conf: gpuhook never opens
+    // what is there, it renames a new file over it.
+    b.d.virsh_ok(&["destroy", "gh-cdi"]).unwrap();
+    assert!(b.wait_shut_off("gh-cdi"));
+    let conf = rootfs.join("etc/ld.so.conf.d/00-gpuhook-cdi.conf");
+    std::fs::remove_file(&conf).unwrap();
+    nix::unistd::mkfifo(&conf, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    std::fs::write(rootfs.join("etc/victim"), "keep\n").unwrap();
+    std::fs::remove_file(rootfs.join("etc/ld.so.conf")).unwrap();
+    std::os::unix::fs::symlink("/etc/victim", rootfs.join("etc/ld.so.conf")).unwrap();
+    b.start("gh-cdi").expect("second start");
+    assert!(std::fs::symlink_metadata(&conf).unwrap().is_file());
+    assert_eq!(
+        std::fs::read_to_string(&conf).unwrap(),
+        "/usr/lib/x86_64-linux-gnu\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(rootfs.join("etc/victim")).unwrap(),
+        "keep\n"
+    );
+    let ct = b.ct("gh-cdi");
+    let o = b.sh_in(&ct, CDI_PROBE);
+    assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
+    b.d.virsh_ok(&["destroy", "gh-cdi"]).unwrap();
+    assert!(b.wait_shut_off("gh-cdi"));
+    assert!(b.holders().is_empty());
+}
+
+/// A container with a user namespace (`<idmap>`: its root is host uid 100000) and its own
+/// root owned by that uid: gpuhook acts there as that uid (file-system ids, no capability
+/// over file permissions), so what it creates is the container root's, and ldconfig runs as
+/// it; CUDA's libraries are found inside.
+fn cdi_idmapped_rootfs(b: &mut Bed) {
+    let (_drv, rootfs) = cdi_host(b, "cdi-idmap");
+    let o = Command::new("chown")
+        .args(["-hR", "100000:100000"])
+        .arg(&rootfs)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let mut s = with_rootfs("gh-cdi-map", r#"driver="cdi""#, &rootfs, false);
+    s.idmap = Some(100000);
+    b.define_start(&s);
+    let ct = b.ct("gh-cdi-map");
+    let o = b.sh_in(&ct, CDI_PROBE);
+    assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
+    use std::os::unix::fs::MetadataExt;
+    for p in [
+        "usr/lib/x86_64-linux-gnu/libcuda.so",
+        "etc/ld.so.conf.d/00-gpuhook-cdi.conf",
+        "etc/ld.so.cache",
+        "usr/share/nvidia",
+    ] {
+        if let Ok(m) = std::fs::symlink_metadata(rootfs.join(p)) {
+            assert_eq!((m.uid(), m.gid()), (100000, 100000), "{p}");
+        }
+    }
+    // A mount point file gpuhook made (seen from the host side, under the mount).
+    let m = std::fs::symlink_metadata(rootfs.join("usr/bin/nvidia-smi")).unwrap();
+    assert_eq!(m.uid(), 100000);
+    b.d.virsh_ok(&["destroy", "gh-cdi-map"]).unwrap();
+    assert!(b.wait_shut_off("gh-cdi-map"));
+}
+
+/// A hostile or broken root filesystem: `/usr/lib` a symlink, the root read-only, the root
+/// full. Each refused at `started` with one line naming the cause; libvirt stops the domain,
+/// nothing stays reserved, nothing of gpuhook is left in the root, nothing written outside.
+fn cdi_hostile_rootfs(b: &mut Bed) {
+    // Symlinked /usr/lib (to a directory of the rootfs: followed, the libraries would land
+    // there).
+    let (_drv, rootfs) = cdi_host(b, "cdi-evil");
+    std::fs::create_dir_all(rootfs.join("elsewhere")).unwrap();
+    std::fs::remove_dir_all(rootfs.join("usr/lib")).unwrap();
+    std::os::unix::fs::symlink("/elsewhere", rootfs.join("usr/lib")).unwrap();
+    b.define(&with_rootfs(
+        "gh-cdi-evil",
+        r#"driver="cdi""#,
+        &rootfs,
+        false,
+    ));
+    let e = b.start("gh-cdi-evil").unwrap_err();
+    assert!(
+        e.contains("container /usr/lib is a symlink; refusing to follow it"),
+        "{e}"
+    );
+    assert!(b.wait_shut_off("gh-cdi-evil"));
+    assert!(b.holders().is_empty(), "{:?}", b.holders());
+    assert!(std::fs::read_dir(rootfs.join("elsewhere"))
+        .unwrap()
+        .next()
+        .is_none());
+    assert!(host_mounts_under(&rootfs).is_empty());
+    // A read-only root: nothing can be made there.
+    let (_drv, rootfs) = cdi_host(b, "cdi-ro");
+    b.define(&with_rootfs("gh-cdi-ro", r#"driver="cdi""#, &rootfs, true));
+    let e = b.start("gh-cdi-ro").unwrap_err();
+    assert!(e.contains("Read-only file system"), "{e}");
+    assert!(b.wait_shut_off("gh-cdi-ro"));
+    assert!(b.holders().is_empty(), "{:?}", b.holders());
+    // A full root (a small tmpfs): the linker cache cannot be written; what was made
+    // (mount points, links) is taken away again.
+    let (_drv, src) = cdi_host(b, "cdi-full-src");
+    // (The tmpfs is mounted where libvirtd sees it: in its private mount namespace.)
+    let full = b.work.join("cdi-full");
+    std::fs::create_dir_all(&full).unwrap();
+    let daemon = b.d.pid().expect("libvirtd runs");
+    let o = testbed::shell_in(
+        daemon,
+        &format!(
+            "mount -t tmpfs -o size=16m tmpfs {f} && cp -a {}/. {f}/ && (dd if=/dev/zero of={f}/fill bs=64k 2>/dev/null; true)",
+            src.display(),
+            f = full.display()
+        ),
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let before = tree(daemon, &full);
+    b.define(&with_rootfs("gh-cdi-full", r#"driver="cdi""#, &full, false));
+    let e = b.start("gh-cdi-full").unwrap_err();
+    assert!(e.contains("No space left on device"), "{e}");
+    assert!(b.wait_shut_off("gh-cdi-full"));
+    assert!(b.holders().is_empty(), "{:?}", b.holders());
+    assert_eq!(tree(daemon, &full), before, "rolled back");
+    let _ = testbed::shell_in(daemon, &format!("umount {}", full.display())).output();
+}
+
+/// Every path under `dir` as process `pid` sees it (for "nothing changed").
+fn tree(pid: i32, dir: &Path) -> Vec<String> {
+    let o = testbed::shell_in(pid, &format!("find {}", dir.display()))
+        .output()
+        .unwrap();
+    // (libvirt's own pivot directory aside.)
+    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.ends_with("/.oldroot"))
+        .map(str::to_owned)
+        .collect();
+    v.sort();
+    v
+}
+
 const CASES: &[(&str, Case)] = &[
+    ("cdi_own_rootfs", cdi_own_rootfs),
+    ("cdi_hostile_rootfs", cdi_hostile_rootfs),
+    ("cdi_idmapped_rootfs", cdi_idmapped_rootfs),
     ("blueprint_flavor", blueprint_flavor),
     ("more_than_free_fails", more_than_free_fails),
     ("plain_domain_untouched", plain_domain_untouched),

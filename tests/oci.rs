@@ -1260,3 +1260,200 @@ fn docker_with_runc() {
     let ps = dk.cli(&["ps", "-aq"]).output().unwrap();
     assert_eq!(out(&ps).trim(), "");
 }
+
+/// `podman run` through gpuhook-runtime of `rootfs` (not the busybox one) with `script`.
+fn podman_rootfs(o: &Oci, rootfs: &Path, extra: &[&str], script: &str) -> Output {
+    let mut c = in_cgroup(Cgroup::V1, "podman");
+    c.arg("--runtime").arg(&o.runtime).args([
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+    ]);
+    c.args(extra)
+        .arg("--rootfs")
+        .arg(rootfs)
+        .args(["sh", "-c", script]);
+    c.output().unwrap()
+}
+
+/// A container with its own root filesystem gets the host driver's user space from the CDI
+/// spec `nvidia-ctk cdi generate` writes: the libraries, nvidia-smi, firmware and socket
+/// mounted read-only, nosuid, nodev at the spec's paths, the symlinks and the linker cache
+/// made by gpuhook (ldconfig -p and dlopen("libcuda.so.1") work inside), the hooks gpuhook
+/// does not do itself passed to runc, the spec's environment set; only its own GPU.
+#[test]
+fn podman_rootfs_gets_the_driver_from_cdi() {
+    let fake = FakeHost::blueprint();
+    let o = Oci::new(fake.clone(), RUNC);
+    let drv = o.host.with_cdi(&fake);
+    let rootfs = testbed::driver::rootfs(&o.host.root().join("cdi-rootfs")).unwrap();
+    let marker = format!("gh-{}", std::process::id());
+    let script = format!(
+        r#"L=/usr/lib/x86_64-linux-gnu
+grep " $L/libcuda.so.535.129.03 " /proc/mounts
+grep " /lib/firmware/nvidia/535.129.03/gsp_ga10x.bin " /proc/mounts
+ls -l $L/libcuda.so.1 $L/libcuda.so
+/sbin/ldconfig -p | grep libcuda
+nvidia-smi
+cuda-probe
+if echo x > $L/libcuda.so.535.129.03; then echo WRITABLE; fi
+cat /etc/ld.so.conf.d/00-gpuhook-cdi.conf
+echo "env $NVIDIA_VISIBLE_DEVICES $NVIDIA_CTK_LIBCUDA_DIR {marker}"
+ls /dev"#
+    );
+    let r = podman_rootfs(
+        &o,
+        &rootfs,
+        &[
+            "--annotation",
+            "gpuhook.io/gpus=1",
+            "--annotation",
+            "gpuhook.io/driver=cdi",
+        ],
+        &script,
+    );
+    let s = out(&r);
+    assert!(r.status.success(), "{s}");
+    let lib_mount = s
+        .lines()
+        .find(|l| l.contains("libcuda.so.535.129.03 "))
+        .unwrap_or_else(|| panic!("libcuda not mounted: {s}"));
+    assert!(lib_mount.contains(" ro,nosuid,nodev"), "{lib_mount}");
+    assert!(s.contains("gsp_ga10x.bin"), "{s}");
+    assert!(s.contains("libcuda.so.1 -> libcuda.so.535.129.03"), "{s}");
+    assert!(s.contains("libcuda.so -> libcuda.so.1"), "{s}");
+    assert!(
+        s.contains("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "{s}"
+    );
+    assert!(
+        s.contains("GPU 0: /dev/nvidia0") && s.contains("1 GPUs"),
+        "{s}"
+    );
+    assert!(!s.contains("/dev/nvidia1"), "{s}");
+    assert!(s.contains("dlopen libcuda.so.1: ok"), "{s}");
+    assert!(!s.contains("WRITABLE"), "{s}");
+    assert!(s.contains("/usr/lib/x86_64-linux-gnu\n"), "{s}");
+    assert!(
+        s.contains(&format!("env void /usr/lib/x86_64-linux-gnu {marker}")),
+        "{s}"
+    );
+    // The spec's control nodes, nvidia-modeset included.
+    for n in [
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia-modeset",
+    ] {
+        assert!(s.lines().any(|l| l == n), "{n}: {s}");
+    }
+    // The hooks gpuhook does not do itself ran (as runc runs createContainer hooks).
+    let log = std::fs::read_to_string(drv.root.join("cdi-hook.log")).unwrap_or_default();
+    for h in [
+        "enable-cuda-compat --host-driver-version=535.129.03",
+        "disable-device-node-modification",
+    ] {
+        assert!(log.contains(h), "{h}: {log}");
+    }
+    assert!(
+        !log.contains("create-symlinks") && !log.contains("update-ldcache"),
+        "{log}"
+    );
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
+/// A hostile image: `/usr/lib` a symlink to the host's-looking `/etc` (the createContainer
+/// hook runs before the runtime enters the root: followed, it would write on the host).
+/// Refused before the runtime runs, nothing reserved; a bad spec the same.
+#[test]
+fn cdi_refuses_symlinked_rootfs_and_bad_specs() {
+    let fake = FakeHost::blueprint();
+    let o = Oci::new(fake.clone(), RUNC);
+    o.host.with_cdi(&fake);
+    let rootfs = testbed::driver::rootfs(&o.host.root().join("cdi-rootfs")).unwrap();
+    std::fs::create_dir_all(rootfs.join("elsewhere")).unwrap();
+    std::fs::remove_dir_all(rootfs.join("usr/lib")).unwrap();
+    std::os::unix::fs::symlink("/elsewhere", rootfs.join("usr/lib")).unwrap();
+    let ann = [
+        "--annotation",
+        "gpuhook.io/gpus=1",
+        "--annotation",
+        "gpuhook.io/driver=cdi",
+    ];
+    let r = podman_rootfs(&o, &rootfs, &ann, "true");
+    assert_refused(&r, "container /usr/lib is a symlink; refusing to follow it");
+    assert!(o.reservations().is_empty());
+    assert!(std::fs::read_dir(rootfs.join("elsewhere"))
+        .unwrap()
+        .next()
+        .is_none());
+    // A spec for another driver version: one line, nothing started or reserved.
+    let good = testbed::driver::rootfs(&o.host.root().join("cdi-rootfs2")).unwrap();
+    let spec = o.host.root().join("cdi/run/nvidia.yaml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    common::write_config(&spec, &text.replace("535.129.03", "550.54.15"));
+    let r = podman_rootfs(&o, &good, &ann, "echo STARTED");
+    assert!(!out(&r).contains("STARTED"));
+    assert_refused(&r, "the spec is for another driver");
+    assert!(o.reservations().is_empty());
+    // No spec at all.
+    std::fs::remove_file(&spec).unwrap();
+    let r = podman_rootfs(&o, &good, &ann, "echo STARTED");
+    assert_refused(&r, "no CDI spec for nvidia.com/gpu in");
+    assert!(o.reservations().is_empty());
+}
+
+/// An `amd-ctk cdi generate`-shaped JSON spec on a host with NVIDIA, AMD and Intel GPUs:
+/// an AMD request with `driver=cdi` gets its GPU's card and render nodes and `/dev/kfd`
+/// from the spec (numbers checked against the host's nodes), nothing of the other AMD
+/// GPU; an NVIDIA request on the same host, which has no NVIDIA spec, is refused in one
+/// line naming the generator.
+#[test]
+fn cdi_amd_json_spec() {
+    let fake = FakeHost::mixed();
+    let o = Oci::new(fake.clone(), RUNC);
+    let run = o.host.root().join("cdi/run");
+    std::fs::create_dir_all(&run).unwrap();
+    common::write_config(
+        &run.join("amd.json"),
+        &testbed::driver::amd_spec(&fake, &o.host.paths),
+    );
+    o.host
+        .edit_config(|c| c["cdi_spec_dirs"] = json!(["/nonexistent/etc/cdi", run]));
+    let ann = |vendor: &str| {
+        vec![
+            "--rm".to_string(),
+            "--annotation".into(),
+            format!("gpuhook.io/vendor={vendor}"),
+            "--annotation".into(),
+            "gpuhook.io/driver=cdi".into(),
+        ]
+    };
+    let a = ann("amd");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let r = o
+        .podman(Cgroup::V1, &a, "ls /dev /dev/dri")
+        .output()
+        .unwrap();
+    let s = out(&r);
+    assert!(r.status.success(), "{s}{}", stderr(&r));
+    assert!(s.lines().any(|l| l == "kfd"), "{s}");
+    let dri: Vec<&str> = s
+        .lines()
+        .filter(|l| l.starts_with("card") || l.starts_with("renderD"))
+        .collect();
+    assert_eq!(dri.len(), 2, "its card and render node only: {s}");
+    let n = ann("nvidia");
+    let n: Vec<&str> = n.iter().map(String::as_str).collect();
+    let r = o.podman(Cgroup::V1, &n, "true").output().unwrap();
+    assert_refused(
+        &r,
+        "no CDI spec for nvidia.com/gpu in /nonexistent/etc/cdi, ",
+    );
+    assert!(o.reservations().is_empty());
+}

@@ -143,6 +143,7 @@ fn element_in(a: &RequestArgs, root: &str, decl: &str) -> String {
     add("uid", &a.uid.map(|c| c.to_string()));
     add("gid", &a.gid.map(|c| c.to_string()));
     add("mig", &a.mig.then(|| "yes".to_string()));
+    add("driver", &a.driver);
     let children: String = a
         .device
         .iter()

@@ -811,6 +811,7 @@ pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
                         controller: Some(1),
                         init: Some(me),
                         nodes: vec![],
+                        mounts: vec![],
                     },
                 );
             }

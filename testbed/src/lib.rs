@@ -7,4 +7,5 @@ pub mod libvirtd;
 pub use fakehost::{FakeHost, HostPaths};
 pub use libvirtd::{shell_in, Daemon, DomainSpec, Hook};
 pub mod bpfprog;
+pub mod driver;
 pub mod probe;

@@ -201,6 +201,11 @@ exec /usr/sbin/libvirtd --pid-file "$D/libvirtd.pid"
         }
     }
 
+    /// The daemon's process (in its private mount namespace), while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
     /// Stops the daemon (running containers stay, as on a real host).
     pub fn stop(&mut self) -> Result<(), String> {
         let pid = match self.child.as_ref() {
@@ -325,6 +330,9 @@ pub struct DomainSpec {
     pub init: String,
     /// `<idmap>` mapping container 0.. to this host id (65536 ids).
     pub idmap: Option<u32>,
+    /// A root filesystem of its own (`<filesystem type='mount'>` at `/`), read-only when
+    /// the flag says so.
+    pub rootfs: Option<(PathBuf, bool)>,
 }
 
 impl DomainSpec {
@@ -335,6 +343,7 @@ impl DomainSpec {
             metadata: metadata.into(),
             init: "while :; do sleep 1; done".into(),
             idmap: None,
+            rootfs: None,
         }
     }
 
@@ -354,8 +363,19 @@ impl DomainSpec {
             // A user namespace cannot mount sysfs for a network namespace it does not own.
             .map(|t| format!("  <features><privnet/></features>\n  <idmap>\n    <uid start='0' target='{t}' count='65536'/>\n    <gid start='0' target='{t}' count='65536'/>\n  </idmap>\n"))
             .unwrap_or_default();
+        let fs = self
+            .rootfs
+            .as_ref()
+            .map(|(dir, ro)| {
+                format!(
+                    "<filesystem type='mount'><source dir='{}'/><target dir='/'/>{}</filesystem>",
+                    esc(&dir.to_string_lossy()),
+                    if *ro { "<readonly/>" } else { "" }
+                )
+            })
+            .unwrap_or_default();
         format!(
-            "<domain type='lxc'>\n  <name>{}</name>\n{uuid}  <memory unit='KiB'>65536</memory>\n  <vcpu>1</vcpu>\n  <metadata>{}</metadata>\n  <os>\n    <type>exe</type>\n    <init>/bin/sh</init>\n    <initarg>-c</initarg>\n    <initarg>{}</initarg>\n  </os>\n{idmap}  <devices><console type='pty'/></devices>\n</domain>\n",
+            "<domain type='lxc'>\n  <name>{}</name>\n{uuid}  <memory unit='KiB'>65536</memory>\n  <vcpu>1</vcpu>\n  <metadata>{}</metadata>\n  <os>\n    <type>exe</type>\n    <init>/bin/sh</init>\n    <initarg>-c</initarg>\n    <initarg>{}</initarg>\n  </os>\n{idmap}  <devices>{fs}<console type='pty'/></devices>\n</domain>\n",
             self.name,
             self.metadata,
             esc(&self.init)

@@ -28,6 +28,7 @@ pub struct Host {
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
     pub state: PathBuf,
+    pub paths: testbed::HostPaths,
 }
 
 impl Host {
@@ -48,7 +49,36 @@ impl Host {
         edit(&mut cfg);
         let config = dir.path().join("config.json");
         write_config(&config, &cfg.to_string());
-        Host { dir, config, state }
+        Host {
+            dir,
+            config,
+            state,
+            paths,
+        }
+    }
+
+    /// Changes the config JSON in place.
+    pub fn edit_config(&self, edit: impl FnOnce(&mut serde_json::Value)) {
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&self.config).expect("config")).expect("json");
+        edit(&mut cfg);
+        write_config(&self.config, &cfg.to_string());
+    }
+
+    /// CDI for this host: the fake NVIDIA driver's spec (as `nvidia-ctk cdi generate` writes
+    /// it) in ROOT/cdi/run (the config's second, winning, spec directory; ROOT/cdi/etc the
+    /// first). Returns the driver.
+    pub fn with_cdi(&self, fake: &FakeHost) -> testbed::driver::FakeDriver {
+        let drv = fake_driver();
+        let (etc, run) = (self.root().join("cdi/etc"), self.root().join("cdi/run"));
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::create_dir_all(&run).unwrap();
+        write_config(
+            &run.join("nvidia.yaml"),
+            &drv.nvidia_spec(fake, &self.paths),
+        );
+        self.edit_config(|c| c["cdi_spec_dirs"] = serde_json::json!([etc, run]));
+        drv
     }
 
     pub fn root(&self) -> &Path {
@@ -94,6 +124,16 @@ impl Host {
         }
         m
     }
+}
+
+/// The fake NVIDIA driver user space (real ELF libraries named like driver 535.129.03, a
+/// fake nvidia-smi), built once per target directory.
+pub fn fake_driver() -> testbed::driver::FakeDriver {
+    testbed::driver::FakeDriver::install(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-nvidia-driver"),
+        "535.129.03",
+    )
+    .expect("fake NVIDIA driver")
 }
 
 pub fn write_config(path: &Path, text: &str) {

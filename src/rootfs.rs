@@ -1,0 +1,753 @@
+//! Work inside a container's root filesystem for CDI ([`crate::cdi::Plan`]): bind mounts of
+//! the host driver's files, `create-symlinks` and `update-ldcache`.
+//!
+//! Every path in the container is walked from its root one component at a time with
+//! `O_NOFOLLOW` (a symlink the container made is refused, never followed), missing
+//! directories and mount-point files are created as the walk goes (and listed, for
+//! rollback), and the final act is on a descriptor: `move_mount` onto an `O_PATH` handle,
+//! `symlinkat`/`openat` in a held directory. Mounts use the mount API: the source is cloned
+//! in the host's mount namespace (`open_tree(OPEN_TREE_CLONE)`), made read-only, `nosuid`,
+//! `nodev` and private while still detached (`mount_setattr`), and only then moved into the
+//! container (`move_mount`) — never visible writable. The linker cache is built by the host's
+//! static `ldconfig` run inside the container's root, without capabilities, as the owner of
+//! that root: nothing of the container is ever run or loaded by gpuhook.
+
+use crate::cdi::{BindMount, Plan};
+use crate::devdir::{self, Sys};
+use nix::errno::Errno;
+use nix::fcntl::{openat, AtFlags, OFlag};
+use nix::sys::stat::{fstat, fstatat, mkdirat, Mode};
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+/// The file gpuhook writes into the container's `/etc/ld.so.conf.d` (LXD writes
+/// `00-lxdcdi.conf`, nvidia-cdi-hook `00-nvcr-*.conf`).
+pub const LD_CONF: &str = "00-gpuhook-cdi.conf";
+
+/// How long the container's `ldconfig` may take.
+const LDCONFIG_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a host's static `ldconfig` is (Ubuntu's `/sbin/ldconfig` is a script around
+/// `ldconfig.real`).
+const LDCONFIGS: [&str; 4] = [
+    "/sbin/ldconfig.real",
+    "/usr/sbin/ldconfig.real",
+    "/sbin/ldconfig",
+    "/usr/sbin/ldconfig",
+];
+
+/// One mount gpuhook made: where, and the identity of what it mounted (to unmount only that).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mounted {
+    pub target: String,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// What was done in a container's root, for rollback and later checks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Done {
+    pub mounted: Vec<Mounted>,
+    /// Directories and mount-point files created, in creation order.
+    pub created: Vec<String>,
+    /// Symlinks created.
+    pub links: Vec<String>,
+    /// Whether gpuhook created its `ld.so.conf.d` file.
+    pub conf: bool,
+    /// What was left as it was (an existing file at a link's place), for the log.
+    pub notes: Vec<String>,
+}
+
+// ---- the mount API (Linux 5.2; mount_setattr 5.12) ----
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// A detached copy of a mount's source, its attributes set: ready to be moved into a
+/// container. Call in the host's mount namespace.
+pub struct Tree {
+    fd: OwnedFd,
+    dev: u64,
+    ino: u64,
+}
+
+/// Clones each mount's source (in this, the host's, mount namespace) and sets its
+/// attributes while it is detached.
+pub fn open_trees(mounts: &[BindMount]) -> Result<Vec<Tree>, String> {
+    mounts.iter().map(open_tree).collect()
+}
+
+fn open_tree(m: &BindMount) -> Result<Tree, String> {
+    let src = CString::new(m.source.as_str()).map_err(|_| format!("{}: NUL in path", m.source))?;
+    let mut flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    if m.recursive {
+        flags |= AT_RECURSIVE;
+    }
+    // SAFETY: open_tree with a valid C string; the returned descriptor is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, src.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(format!("cannot clone {}: {}", m.source, Errno::last()));
+    }
+    // SAFETY: a fresh descriptor the kernel just returned, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    if !m.rw {
+        set |= MOUNT_ATTR_RDONLY;
+    }
+    if m.noexec {
+        set |= MOUNT_ATTR_NOEXEC;
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    let mut at = libc::AT_EMPTY_PATH as libc::c_uint;
+    if m.recursive {
+        at |= AT_RECURSIVE;
+    }
+    // SAFETY: mount_setattr on our descriptor with an empty path and a correctly sized struct.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            at,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r < 0 {
+        return Err(format!(
+            "cannot make {} read-only, nosuid, nodev: {}",
+            m.source,
+            Errno::last()
+        ));
+    }
+    let st = fstat(&fd).map_err(|e| format!("{}: {e}", m.source))?;
+    Ok(Tree {
+        fd,
+        dev: st.st_dev,
+        ino: st.st_ino,
+    })
+}
+
+/// The host's static `ldconfig`, opened (to be run inside a container's root). One that
+/// needs a program interpreter would load the container's `ld.so`: refused.
+pub fn host_ldconfig() -> Result<OwnedFd, String> {
+    let path = LDCONFIGS
+        .iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .ok_or_else(|| {
+            format!(
+                "no ldconfig on the host (looked at {})",
+                LDCONFIGS.join(", ")
+            )
+        })?;
+    let f = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
+    if has_interpreter(&f).map_err(|e| format!("{path}: {e}"))? {
+        return Err(format!(
+            "the host's {path} is dynamically linked: run inside a container it would load the container's libraries; gpuhook needs a static ldconfig"
+        ));
+    }
+    Ok(OwnedFd::from(f))
+}
+
+/// Whether a 64-bit ELF file has a `PT_INTERP` program header.
+fn has_interpreter(f: &std::fs::File) -> Result<bool, String> {
+    let mut h = [0u8; 64];
+    f.read_exact_at(&mut h, 0).map_err(|e| e.to_string())?;
+    if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+        return Err("not a 64-bit little-endian ELF file".into());
+    }
+    let phoff = u64::from_le_bytes(h[0x20..0x28].try_into().expect("8 bytes"));
+    let phentsize = u64::from(u16::from_le_bytes([h[0x36], h[0x37]]));
+    let phnum = u64::from(u16::from_le_bytes([h[0x38], h[0x39]]));
+    if phentsize < 4 {
+        return Err("bad program header size".into());
+    }
+    for i in 0..phnum {
+        let mut t = [0u8; 4];
+        f.read_exact_at(&mut t, phoff + i * phentsize)
+            .map_err(|e| e.to_string())?;
+        if u32::from_le_bytes(t) == 3 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+// ---- in the container's root ----
+
+/// Walks `rel` (a relative path, components joined by `/`) from `root`, creating missing
+/// directories (recorded in `done`) when `create`; never follows a symlink.
+fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<OwnedFd, String> {
+    let mut dir = root
+        .try_clone()
+        .map_err(|e| format!("container root: {e}"))?;
+    let mut path = String::new();
+    for c in rel.split('/').filter(|c| !c.is_empty()) {
+        path.push('/');
+        path.push_str(c);
+        match devdir::open_dir(&Sys, &dir, c) {
+            Ok(d) => dir = d,
+            Err(_)
+                if create
+                    && fstatat(&dir, c, AtFlags::AT_SYMLINK_NOFOLLOW) == Err(Errno::ENOENT) =>
+            {
+                mkdirat(&dir, c, Mode::from_bits_truncate(0o755))
+                    .map_err(|e| format!("cannot create {path} in the container: {e}"))?;
+                done.created.push(path.clone());
+                dir =
+                    devdir::open_dir(&Sys, &dir, c).map_err(|e| format!("container {path} {e}"))?;
+            }
+            Err(e) => return Err(format!("container {path} {e}")),
+        }
+    }
+    Ok(dir)
+}
+
+/// Checks, without changing anything, that the directories of `dir` (absolute, in the root)
+/// that exist are directories, not symlinks; `leaf`: also that `dir/leaf`, if it exists, is
+/// not a symlink. For the OCI door, before the runtime mounts there.
+pub fn check_path(root: &OwnedFd, dir: &str, leaf: Option<&str>) -> Result<(), String> {
+    let mut d = root
+        .try_clone()
+        .map_err(|e| format!("container root: {e}"))?;
+    let mut path = String::new();
+    for c in dir.split('/').filter(|c| !c.is_empty()) {
+        path.push('/');
+        path.push_str(c);
+        match devdir::open_dir(&Sys, &d, c) {
+            Ok(x) => d = x,
+            Err(_) if fstatat(&d, c, AtFlags::AT_SYMLINK_NOFOLLOW) == Err(Errno::ENOENT) => {
+                return Ok(())
+            }
+            Err(e) => return Err(format!("container {path} {e}")),
+        }
+    }
+    if let Some(l) = leaf {
+        if fstatat(&d, l, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFLNK)
+        {
+            return Err(format!(
+                "container {path}/{l} is a symlink; refusing to mount over it"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The directory and last component of an absolute container path.
+pub fn parent_leaf(path: &str) -> (&str, &str) {
+    split(path)
+}
+
+/// `/a/b/c` → (`a/b`, `c`).
+fn split(path: &str) -> (&str, &str) {
+    let p = path.trim_start_matches('/');
+    match p.rsplit_once('/') {
+        Some((a, b)) => (a, b),
+        None => ("", p),
+    }
+}
+
+/// The ids gpuhook acts as in a container's root: its root's (container uid and gid 0, mapped
+/// through the container's user namespace; the host's root without one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// From here on, acts on files as the container's root does: file-system ids `owner`, and
+/// no capability that overrides file permissions or ownership (`CAP_DAC_*`, `CAP_FOWNER`,
+/// `CAP_CHOWN`, `CAP_MKNOD` go). Kept: mounting (`move_mount`, `umount`) and what starting
+/// `ldconfig` takes (chroot, changing ids, the bounding set). What gpuhook creates is then
+/// the container root's without a `chown`, and a directory the container's root could not
+/// write (a read-only share mounted over `/usr/lib`), gpuhook cannot either.
+pub fn act_as(owner: Owner) -> Result<(), String> {
+    use caps::{CapSet, Capability};
+    let want: caps::CapsHashSet = [
+        Capability::CAP_SYS_ADMIN,
+        Capability::CAP_SYS_CHROOT,
+        Capability::CAP_SETUID,
+        Capability::CAP_SETGID,
+        Capability::CAP_SETPCAP,
+    ]
+    .into_iter()
+    .collect();
+    let have =
+        caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;
+    let keep: caps::CapsHashSet = want.intersection(&have).copied().collect();
+    caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("dropping capabilities: {e}"))?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("dropping capabilities: {e}"))?;
+    caps::clear(None, CapSet::Inheritable).map_err(|e| format!("dropping capabilities: {e}"))?;
+    nix::unistd::setfsgid(owner.gid.into());
+    nix::unistd::setfsuid(owner.uid.into());
+    Ok(())
+}
+
+/// Applies the plan's mounts (`trees`, from [`open_trees`], in the same order), symlinks and
+/// linker cache in the container whose root is `root`, as [`act_as`] set up; `ns`: the
+/// container's namespaces `ldconfig` joins (pid, net, ipc, uts). On error, what was done so
+/// far is in `done` (for [`undo`]).
+pub fn apply(
+    root: &OwnedFd,
+    trees: Vec<Tree>,
+    plan: &Plan,
+    ldconfig: Option<&OwnedFd>,
+    owner: Owner,
+    ns: &[(OwnedFd, nix::sched::CloneFlags)],
+    done: &mut Done,
+) -> Result<(), String> {
+    for (t, m) in trees.into_iter().zip(&plan.mounts) {
+        mount_one(root, t, m, done)?;
+    }
+    for l in &plan.links {
+        let (parent, name) = split(&l.link);
+        let dir = walk(root, parent, true, done)?;
+        match nix::unistd::symlinkat(l.target.as_str(), &dir, name) {
+            Ok(()) => done.links.push(l.link.clone()),
+            Err(Errno::EEXIST) => {
+                let same = nix::fcntl::readlinkat(&dir, name)
+                    .ok()
+                    .is_some_and(|t| t.as_os_str() == l.target.as_str());
+                if !same {
+                    done.notes.push(format!(
+                        "{} exists in the container; left as it is (not a link to {})",
+                        l.link, l.target
+                    ));
+                }
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot create link {} in the container: {e}",
+                    l.link
+                ))
+            }
+        }
+    }
+    if !plan.ld_folders.is_empty() {
+        if let Some(ld) = ldconfig {
+            write_conf(root, &plan.ld_folders, done)?;
+            run_ldconfig(root, ld, &plan.ld_folders, owner, ns)?;
+        }
+    }
+    Ok(())
+}
+
+fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<(), String> {
+    let (parent, name) = split(&m.target);
+    let dir = walk(root, parent, true, done)?;
+    let want = if m.dir { libc::S_IFDIR } else { libc::S_IFREG };
+    match fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(s) => {
+            let kind = s.st_mode & libc::S_IFMT;
+            let fits = kind == want || (!m.dir && kind == libc::S_IFSOCK);
+            if !fits {
+                return Err(format!(
+                    "container {} is {}; refusing to mount {} there",
+                    m.target,
+                    match kind {
+                        libc::S_IFLNK => "a symlink",
+                        libc::S_IFDIR => "a directory",
+                        libc::S_IFREG => "a file",
+                        _ => "a special file",
+                    },
+                    m.source
+                ));
+            }
+        }
+        Err(Errno::ENOENT) => {
+            if m.dir {
+                mkdirat(&dir, name, Mode::from_bits_truncate(0o755))
+            } else {
+                openat(
+                    &dir,
+                    name,
+                    OFlag::O_CREAT
+                        | OFlag::O_EXCL
+                        | OFlag::O_WRONLY
+                        | OFlag::O_NOFOLLOW
+                        | OFlag::O_CLOEXEC,
+                    Mode::from_bits_truncate(0o644),
+                )
+                .map(drop)
+            }
+            .map_err(|e| format!("cannot create {} in the container: {e}", m.target))?;
+            done.created.push(m.target.clone());
+        }
+        Err(e) => return Err(format!("container {}: {e}", m.target)),
+    }
+    let target = openat(
+        &dir,
+        name,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("container {}: {e}", m.target))?;
+    let kind = fstat(&target).map(|s| s.st_mode & libc::S_IFMT);
+    if kind == Ok(libc::S_IFLNK) {
+        return Err(format!(
+            "container {} became a symlink; refusing to mount there",
+            m.target
+        ));
+    }
+    // SAFETY: move_mount between two descriptors we hold, with empty paths.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            t.fd.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(format!(
+            "cannot mount {} at {} in the container: {}",
+            m.source,
+            m.target,
+            Errno::last()
+        ));
+    }
+    done.mounted.push(Mounted {
+        target: m.target.clone(),
+        dev: t.dev,
+        ino: t.ino,
+    });
+    Ok(())
+}
+
+/// Writes gpuhook's `ld.so.conf.d` file: a new file under a temporary name (`O_EXCL`,
+/// `O_NOFOLLOW`: whatever the container put at any name is never opened), renamed over the
+/// final name (which replaces a file or node the container left there; a mount point there
+/// refuses). A root without `/etc/ld.so.conf` (busybox images) gets one that includes the
+/// directory, as nvidia-cdi-hook does.
+fn write_conf(root: &OwnedFd, folders: &[String], done: &mut Done) -> Result<(), String> {
+    let dir = walk(root, "etc/ld.so.conf.d", true, done)?;
+    let text: String = folders.iter().map(|d| format!("{d}\n")).collect();
+    let existed = fstatat(&dir, LD_CONF, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok();
+    replace_file(&dir, LD_CONF, &text)
+        .map_err(|e| format!("cannot write /etc/ld.so.conf.d/{LD_CONF} in the container: {e}"))?;
+    done.conf = !existed;
+    let etc = walk(root, "etc", false, done)?;
+    if fstatat(&etc, "ld.so.conf", AtFlags::AT_SYMLINK_NOFOLLOW) == Err(Errno::ENOENT) {
+        replace_file(&etc, "ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+            .map_err(|e| format!("cannot write /etc/ld.so.conf in the container: {e}"))?;
+        done.created.push("/etc/ld.so.conf".into());
+    }
+    Ok(())
+}
+
+/// `name` in `dir` becomes a new regular file holding `text` (temporary name, rename).
+fn replace_file(dir: &OwnedFd, name: &str, text: &str) -> Result<(), Errno> {
+    use std::io::Write;
+    let tmp = format!(".{name}.gpuhook-{}", std::process::id());
+    let fd = openat(
+        dir,
+        tmp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )?;
+    let written = std::fs::File::from(fd)
+        .write_all(text.as_bytes())
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
+    let r = written.and_then(|()| nix::fcntl::renameat(dir, tmp.as_str(), dir, name));
+    if r.is_err() {
+        let _ = nix::unistd::unlinkat(dir, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+    r
+}
+
+/// Limits on the container's `ldconfig`: address space, CPU seconds, file size, no core.
+const LDCONFIG_LIMITS: [(nix::sys::resource::Resource, u64); 4] = [
+    (nix::sys::resource::Resource::RLIMIT_AS, 1 << 30),
+    (nix::sys::resource::Resource::RLIMIT_CPU, 10),
+    (nix::sys::resource::Resource::RLIMIT_FSIZE, 256 << 20),
+    (nix::sys::resource::Resource::RLIMIT_CORE, 0),
+];
+
+/// Runs the host's `ldconfig` (opened before) with the container's root as its root, in the
+/// container's pid, net, ipc and uts namespaces (`ns`, when given), as the container's root
+/// (`owner`) with no capabilities, no environment, resource limits and a time limit.
+fn run_ldconfig(
+    root: &OwnedFd,
+    ldconfig: &OwnedFd,
+    folders: &[String],
+    owner: Owner,
+    ns: &[(OwnedFd, nix::sched::CloneFlags)],
+) -> Result<(), String> {
+    use nix::sched::CloneFlags;
+    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    let mut argv: Vec<CString> = vec![c"ldconfig".into()];
+    for f in folders {
+        argv.push(CString::new(f.as_str()).map_err(|_| "NUL in a folder".to_string())?);
+    }
+    let env: [CString; 0] = [];
+    // A pid namespace is joined by the children made after: ldconfig's.
+    for (fd, kind) in ns.iter().filter(|(_, k)| *k == CloneFlags::CLONE_NEWPID) {
+        nix::sched::setns(fd.as_fd(), *kind)
+            .map_err(|e| format!("joining the container's pid namespace: {e}"))?;
+    }
+    let parent = nix::unistd::getpid();
+    // SAFETY: the caller is single-threaded (the gpuhook binary, or its helper child); the
+    // child only makes syscalls and execs or _exits.
+    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
+        nix::unistd::ForkResult::Child => {
+            let fail = |what: &str, e: Errno| -> ! {
+                let msg = format!("{what}: {e}");
+                // SAFETY: write to our end of the pipe, then leave.
+                unsafe {
+                    libc::write(wr.as_raw_fd(), msg.as_ptr().cast(), msg.len());
+                    libc::_exit(127)
+                }
+            };
+            // SAFETY: plain syscalls on descriptors we own.
+            unsafe {
+                libc::dup2(wr.as_raw_fd(), 1);
+                libc::dup2(wr.as_raw_fd(), 2);
+                libc::close(0);
+            }
+            for (fd, kind) in ns.iter().filter(|(_, k)| *k != CloneFlags::CLONE_NEWPID) {
+                if let Err(e) = nix::sched::setns(fd.as_fd(), *kind) {
+                    fail("joining the container's namespaces", e)
+                }
+            }
+            for (r, v) in LDCONFIG_LIMITS {
+                if let Err(e) = nix::sys::resource::setrlimit(r, v, v) {
+                    fail("setrlimit", e)
+                }
+            }
+            if let Err(e) = nix::unistd::fchdir(root) {
+                fail("fchdir", e)
+            }
+            if let Err(e) = nix::unistd::chroot(".") {
+                fail("chroot", e)
+            }
+            if let Err(e) = nix::unistd::chdir("/") {
+                fail("chdir", e)
+            }
+            // No capabilities survive the exec, whatever the uid.
+            for c in caps::all() {
+                if caps::has_cap(None, caps::CapSet::Bounding, c).unwrap_or(false) {
+                    if let Err(e) = caps::drop(None, caps::CapSet::Bounding, c) {
+                        let _ = e;
+                        fail("dropping the bounding set", Errno::EPERM)
+                    }
+                }
+            }
+            let _ = caps::clear(None, caps::CapSet::Ambient);
+            let _ = caps::clear(None, caps::CapSet::Inheritable);
+            if let Err(e) = nix::unistd::setgroups(&[]) {
+                fail("setgroups", e)
+            }
+            if let Err(e) = nix::unistd::setgid(owner.gid.into()) {
+                fail("setgid", e)
+            }
+            if let Err(e) = nix::unistd::setuid(owner.uid.into()) {
+                fail("setuid", e)
+            }
+            if caps::clear(None, caps::CapSet::Effective).is_err()
+                || caps::clear(None, caps::CapSet::Permitted).is_err()
+            {
+                fail("dropping capabilities", Errno::EPERM)
+            }
+            // SAFETY: plain prctl calls. The parent-death signal is set after the id
+            // change (which resets it), and the parent checked to be still there.
+            unsafe {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            }
+            if nix::unistd::getppid() != parent && ns.is_empty() {
+                fail("parent gone", Errno::ESRCH)
+            }
+            let e = nix::unistd::fexecve(ldconfig.as_fd(), &argv, &env).unwrap_err();
+            fail("exec ldconfig", e)
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(wr);
+            let out = read_limited(rd, LDCONFIG_TIMEOUT);
+            if out.is_err() {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            }
+            let status = nix::sys::wait::waitpid(child, None);
+            let out = out?;
+            match status {
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
+                other => {
+                    let text = String::from_utf8_lossy(&out);
+                    let first = text.lines().next().unwrap_or("").trim();
+                    Err(format!(
+                        "ldconfig in the container failed ({}){}",
+                        match other {
+                            Ok(nix::sys::wait::WaitStatus::Exited(_, c)) => format!("exit {c}"),
+                            o => format!("{o:?}"),
+                        },
+                        if first.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {first}")
+                        }
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// Reads a pipe to its end, at most 64 KiB kept, within `limit`.
+fn read_limited(fd: OwnedFd, limit: Duration) -> Result<Vec<u8>, String> {
+    let deadline = Instant::now() + limit;
+    let mut f = std::fs::File::from(fd);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "ldconfig in the container did not finish within {}s; killed",
+                limit.as_secs()
+            ));
+        }
+        let mut pfd = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if r <= 0 {
+            continue;
+        }
+        match f.read(&mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) if out.len() < 65536 => out.extend_from_slice(&buf[..n]),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("reading ldconfig's output: {e}")),
+        }
+    }
+}
+
+/// Whether `m` is still mounted at its place (what is there is the inode gpuhook mounted).
+fn in_place(root: &OwnedFd, m: &Mounted) -> Result<(OwnedFd, bool), String> {
+    let (parent, name) = split(&m.target);
+    let mut scratch = Done::default();
+    let dir = walk(root, parent, false, &mut scratch)?;
+    let st = fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map_err(|e| format!("container {}: {e}", m.target))?;
+    Ok((dir, (st.st_dev, st.st_ino) == (m.dev, m.ino)))
+}
+
+/// The mounts of `done` no longer in place in the container (its root changed them).
+pub fn missing(root: &OwnedFd, mounted: &[Mounted]) -> Vec<String> {
+    mounted
+        .iter()
+        .filter(|m| !matches!(in_place(root, m), Ok((_, true))))
+        .map(|m| m.target.clone())
+        .collect()
+}
+
+/// Takes back what [`apply`] did (each thing only if it is still what gpuhook made);
+/// returns what could not be.
+pub fn undo(root: &OwnedFd, done: &Done) -> Vec<String> {
+    let mut left = Vec::new();
+    for m in done.mounted.iter().rev() {
+        match in_place(root, m) {
+            Ok((dir, true)) => {
+                let name = split(&m.target).1;
+                let r = nix::unistd::fchdir(&dir).and_then(|()| {
+                    nix::mount::umount2(
+                        name,
+                        nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,
+                    )
+                });
+                if let Err(e) = r {
+                    left.push(format!("mount {}: {e}", m.target));
+                }
+            }
+            Ok((_, false)) => {}
+            Err(e) => left.push(format!("mount {}: {e}", m.target)),
+        }
+    }
+    let _ = nix::unistd::fchdir(root);
+    for l in done.links.iter().rev() {
+        let (parent, name) = split(l);
+        let Ok(dir) = walk(root, parent, false, &mut Done::default()) else {
+            continue;
+        };
+        if fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+        {
+            let _ = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        }
+    }
+    if done.conf {
+        let (parent, name) = ("etc/ld.so.conf.d", LD_CONF);
+        if let Ok(dir) = walk(root, parent, false, &mut Done::default()) {
+            let _ = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        }
+    }
+    for c in done.created.iter().rev() {
+        let (parent, name) = split(c);
+        let Ok(dir) = walk(root, parent, false, &mut Done::default()) else {
+            continue;
+        };
+        match fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                let _ = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::RemoveDir);
+            }
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size == 0 => {
+                let _ = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+            }
+            _ => {}
+        }
+    }
+    left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_paths() {
+        assert_eq!(
+            split("/usr/lib/x/libcuda.so.1"),
+            ("usr/lib/x", "libcuda.so.1")
+        );
+        assert_eq!(split("/top"), ("", "top"));
+    }
+
+    #[test]
+    fn host_ldconfig_is_static() {
+        // The build machine's ldconfig (glibc builds it static-pie).
+        let fd = host_ldconfig().expect("a static ldconfig on this host");
+        assert!(!has_interpreter(&std::fs::File::from(fd)).unwrap());
+        // A dynamically linked program has an interpreter.
+        let sh = std::fs::File::open("/bin/sh").unwrap();
+        assert!(has_interpreter(&sh).unwrap());
+    }
+}
