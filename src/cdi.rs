@@ -700,15 +700,7 @@ impl Builder {
     }
 
     fn hook(&mut self, h: &SpecHook) -> Result<(), String> {
-        const STAGES: [&str; 6] = [
-            "prestart",
-            "createRuntime",
-            "createContainer",
-            "startContainer",
-            "poststart",
-            "poststop",
-        ];
-        if !STAGES.contains(&h.hook_name.as_str()) {
+        if !crate::oci::STAGES.contains(&h.hook_name.as_str()) {
             return Err(format!("hook stage '{}' is not an OCI hook", h.hook_name));
         }
         if !Path::new(&h.path).is_absolute() {

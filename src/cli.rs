@@ -546,7 +546,7 @@ fn check(file: &str) -> Result<i32, Error> {
         );
         return Ok(0);
     };
-    let (_, inv, st) = load()?;
+    let (cfg, inv, st) = load()?;
     println!("domain '{}' asks for {req} ({})", dom.name, dom.source);
     let (gpus, verb) = match st.reservations.get(&dom.uuid) {
         Some(r) => (r.gpus.clone(), "holds"),
@@ -580,7 +580,74 @@ fn check(file: &str) -> Result<i32, Error> {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    let h = crate::lifecycle::Holder {
+        kind: crate::lifecycle::HolderKind::Libvirt,
+        name: &dom.name,
+        id: &dom.uuid,
+        idmap: &dom.idmap,
+    };
+    match crate::lifecycle::cdi_preview(&cfg, &h, req, &inv, &gpus) {
+        Ok(None) => {}
+        Ok(Some(p)) => print_cdi(&p),
+        Err(e) => {
+            println!("driver cdi: {e}");
+            return Ok(1);
+        }
+    }
     Ok(0)
+}
+
+/// What a container gets from the CDI specs, for `check`.
+fn print_cdi(p: &crate::cdi::Plan) {
+    println!(
+        "driver cdi: from {} ({})",
+        p.specs.join(", "),
+        p.devices.join(" ")
+    );
+    let rw = p.mounts.iter().filter(|m| m.rw).count();
+    println!(
+        "  {} mount(s), read-only, nosuid, nodev{}",
+        p.mounts.len(),
+        if rw > 0 {
+            format!(" ({rw} read-write as the spec says)")
+        } else {
+            String::new()
+        }
+    );
+    for m in &p.mounts {
+        println!(
+            "    {} <- {}{}",
+            m.target,
+            m.source,
+            if m.rw { " (rw)" } else { "" }
+        );
+    }
+    if !p.nodes.is_empty() {
+        println!(
+            "  more nodes: {}",
+            p.nodes
+                .iter()
+                .map(|n| format!("{} ({}:{})", n.node.path, n.node.major, n.node.minor))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    for l in &p.links {
+        println!("  link {} -> {}", l.link, l.target);
+    }
+    if !p.ld_folders.is_empty() {
+        println!("  linker cache for {}", p.ld_folders.join(" "));
+    }
+    for k in &p.hooks {
+        println!(
+            "  hook {} {} (passed to an OCI runtime; logged for libvirt)",
+            k.stage,
+            k.args.join(" ")
+        );
+    }
+    if !p.env.is_empty() {
+        println!("  env {}", p.env.join(" "));
+    }
 }
 
 fn release(domain: &str) -> Result<i32, Error> {

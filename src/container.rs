@@ -414,6 +414,24 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
 }
 
 fn read_with_deadline(fd: OwnedFd, limit: Duration) -> Result<Vec<u8>, ContainerError> {
+    read_pipe(fd, limit, usize::MAX).map_err(|e| {
+        ContainerError::Other(match e {
+            None => format!(
+                "container helper did not finish within {}s; killed",
+                limit.as_secs()
+            ),
+            Some(e) => format!("reading container helper: {e}"),
+        })
+    })
+}
+
+/// Reads a pipe to its end within `limit`, keeping at most `max` bytes (the rest is read
+/// and dropped, so the writer never blocks). `Err(None)`: the time ran out.
+pub(crate) fn read_pipe(
+    fd: OwnedFd,
+    limit: Duration,
+    max: usize,
+) -> Result<Vec<u8>, Option<String>> {
     let deadline = Instant::now() + limit;
     let mut f = std::fs::File::from(fd);
     let mut out = Vec::new();
@@ -421,10 +439,7 @@ fn read_with_deadline(fd: OwnedFd, limit: Duration) -> Result<Vec<u8>, Container
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return cerr(format!(
-                "container helper did not finish within {}s; killed",
-                limit.as_secs()
-            ));
+            return Err(None);
         }
         let mut pfd = libc::pollfd {
             fd: f.as_raw_fd(),
@@ -437,16 +452,17 @@ fn read_with_deadline(fd: OwnedFd, limit: Duration) -> Result<Vec<u8>, Container
             if Errno::last() == Errno::EINTR {
                 continue;
             }
-            return cerr(format!("poll: {}", Errno::last()));
+            return Err(Some(format!("poll: {}", Errno::last())));
         }
         if r == 0 {
             continue;
         }
         match f.read(&mut buf) {
             Ok(0) => return Ok(out),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Ok(n) if out.len() < max => out.extend_from_slice(&buf[..n]),
+            Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return cerr(format!("reading container helper: {e}")),
+            Err(e) => return Err(Some(e.to_string())),
         }
     }
 }
@@ -592,20 +608,23 @@ fn child(
 /// Keeps only what making nodes needs: mknod, chown, and reaching into directories the
 /// container's root owns (work in its root: [`rootfs::act_as`]).
 fn drop_capabilities() -> Result<(), String> {
-    use caps::{CapSet, Capability};
-    let want: caps::CapsHashSet = [
+    use caps::Capability;
+    keep_only(&[
         Capability::CAP_MKNOD,
         Capability::CAP_CHOWN,
         Capability::CAP_FOWNER,
         Capability::CAP_DAC_OVERRIDE,
         Capability::CAP_DAC_READ_SEARCH,
-    ]
-    .into_iter()
-    .collect();
+    ])
+}
 
+/// Keeps of this process's capabilities only `want` (those it has), effective and
+/// permitted; none inheritable.
+pub(crate) fn keep_only(want: &[caps::Capability]) -> Result<(), String> {
+    use caps::CapSet;
     let have =
         caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;
-    let keep: caps::CapsHashSet = want.intersection(&have).copied().collect();
+    let keep: caps::CapsHashSet = want.iter().filter(|c| have.contains(c)).copied().collect();
     caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("dropping capabilities: {e}"))?;
     caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("dropping capabilities: {e}"))?;
     caps::clear(None, CapSet::Inheritable).map_err(|e| format!("dropping capabilities: {e}"))?;

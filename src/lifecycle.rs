@@ -476,6 +476,19 @@ fn node_specs(
         .collect())
 }
 
+/// What a container would get from the CDI specs for these GPUs (`gpuhook check`); `None`
+/// when its request does not ask for the driver's user space.
+pub fn cdi_preview(
+    cfg: &Config,
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[String],
+) -> Result<Option<cdi::Plan>, Error> {
+    let specs = node_specs(h, req, inv, gpus)?;
+    Ok(cdi_plan(cfg, h, req, inv, gpus, &specs)?.map(|(p, _)| p))
+}
+
 /// What of the host a request reads: with the driver's user space (CDI), every node of every
 /// GPU (a spec's device is matched to GPUs by all their nodes, DRM ones included), not only
 /// those its capabilities give.

@@ -26,7 +26,7 @@ const MAX_DEVICES: usize = 256;
 /// again, or passed on without it.
 pub const HOOK_WORD: &str = "oci-hook";
 /// Every OCI hook stage (gpuhook's own hooks, and CDI hooks it passes on, may be in any).
-const STAGES: [&str; 6] = [
+pub const STAGES: [&str; 6] = [
     "prestart",
     "createRuntime",
     "createContainer",

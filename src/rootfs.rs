@@ -19,10 +19,9 @@ use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, Mode};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
-use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The file gpuhook writes into the container's `/etc/ld.so.conf.d` (LXD writes
 /// `00-lxdcdi.conf`, nvidia-cdi-hook `00-nvcr-*.conf`).
@@ -286,22 +285,14 @@ pub struct Owner {
 /// the container root's without a `chown`, and a directory the container's root could not
 /// write (a read-only share mounted over `/usr/lib`), gpuhook cannot either.
 pub fn act_as(owner: Owner) -> Result<(), String> {
-    use caps::{CapSet, Capability};
-    let want: caps::CapsHashSet = [
+    use caps::Capability;
+    crate::container::keep_only(&[
         Capability::CAP_SYS_ADMIN,
         Capability::CAP_SYS_CHROOT,
         Capability::CAP_SETUID,
         Capability::CAP_SETGID,
         Capability::CAP_SETPCAP,
-    ]
-    .into_iter()
-    .collect();
-    let have =
-        caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;
-    let keep: caps::CapsHashSet = want.intersection(&have).copied().collect();
-    caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("dropping capabilities: {e}"))?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("dropping capabilities: {e}"))?;
-    caps::clear(None, CapSet::Inheritable).map_err(|e| format!("dropping capabilities: {e}"))?;
+    ])?;
     nix::unistd::setfsgid(owner.gid.into());
     nix::unistd::setfsuid(owner.uid.into());
     Ok(())
@@ -588,7 +579,14 @@ fn run_ldconfig(
         }
         nix::unistd::ForkResult::Parent { child } => {
             drop(wr);
-            let out = read_limited(rd, LDCONFIG_TIMEOUT);
+            let out =
+                crate::container::read_pipe(rd, LDCONFIG_TIMEOUT, 65536).map_err(|e| match e {
+                    None => format!(
+                        "ldconfig in the container did not finish within {}s; killed",
+                        LDCONFIG_TIMEOUT.as_secs()
+                    ),
+                    Some(e) => format!("reading ldconfig's output: {e}"),
+                });
             if out.is_err() {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
             }
@@ -613,40 +611,6 @@ fn run_ldconfig(
                     ))
                 }
             }
-        }
-    }
-}
-
-/// Reads a pipe to its end, at most 64 KiB kept, within `limit`.
-fn read_limited(fd: OwnedFd, limit: Duration) -> Result<Vec<u8>, String> {
-    let deadline = Instant::now() + limit;
-    let mut f = std::fs::File::from(fd);
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!(
-                "ldconfig in the container did not finish within {}s; killed",
-                limit.as_secs()
-            ));
-        }
-        let mut pfd = libc::pollfd {
-            fd: f.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if r <= 0 {
-            continue;
-        }
-        match f.read(&mut buf) {
-            Ok(0) => return Ok(out),
-            Ok(n) if out.len() < 65536 => out.extend_from_slice(&buf[..n]),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("reading ldconfig's output: {e}")),
         }
     }
 }

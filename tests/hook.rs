@@ -769,3 +769,53 @@ fn metrics_for_node_exporter() {
         .collect();
     assert_eq!(names, [std::ffi::OsString::from("gpuhook.prom")]);
 }
+
+/// `driver="cdi"` through the hook: without a spec `prepare` is refused in one line naming
+/// the directories and the generator, nothing reserved; `gpuhook check` shows what the
+/// container would get from the nvidia-ctk-shaped spec; a spec with an unknown field is
+/// refused naming the file.
+#[test]
+fn cdi_check_and_prepare() {
+    let fake = FakeHost::blueprint();
+    let h = Host::new(fake.clone());
+    let xml = domain("cdi1", 1, &gpus(r#"count="1" driver="cdi""#));
+    assert_fails(
+        &h.hook("cdi1", "prepare", &xml),
+        "cdi1",
+        "driver \"cdi\": no CDI spec for nvidia.com/gpu in /etc/cdi, /var/run/cdi; write one with `nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml`",
+    );
+    assert!(h.holders().is_empty());
+    h.with_cdi(&fake);
+    let o = run_with_stdin(h.cmd().args(["check", "-"]), &xml);
+    assert_ok(&o);
+    let s = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "asks for 1 GPU, driver cdi",
+        "driver cdi: from ",
+        "nvidia.com/gpu=0 nvidia.com/gpu=GPU-",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.535.129.03 <- ",
+        "more nodes: /dev/nvidia-modeset (195:254)",
+        "link /usr/lib/x86_64-linux-gnu/libcuda.so -> libcuda.so.1",
+        "linker cache for /usr/lib/x86_64-linux-gnu",
+        "hook createContainer nvidia-cdi-hook enable-cuda-compat",
+        "env NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu NVIDIA_VISIBLE_DEVICES=void",
+    ] {
+        assert!(s.contains(want), "{want}: {s}");
+    }
+    assert!(
+        !s.contains("nvidia.com/gpu=1") && !s.contains("=all"),
+        "{s}"
+    );
+    assert_ok(&h.hook("cdi1", "prepare", &xml));
+    assert_eq!(h.holders().len(), 1);
+    assert_ok(&h.hook("cdi1", "release", &xml));
+    let spec = h.root().join("cdi/run/nvidia.yaml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    write_config(&spec, &text.replacen("    env:\n", "    environment:\n", 1));
+    assert_fails(
+        &h.hook("cdi1", "prepare", &xml),
+        "cdi1",
+        "nvidia.yaml: containerEdits: unknown field `environment`",
+    );
+    assert!(h.holders().is_empty());
+}

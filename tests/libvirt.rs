@@ -1664,36 +1664,6 @@ fn with_rootfs(name: &str, attrs: &str, rootfs: &Path, ro: bool) -> DomainSpec {
     s
 }
 
-/// What the CDI checks inside a container print.
-const CDI_PROBE: &str = r#"L=/usr/lib/x86_64-linux-gnu
-grep " $L/libcuda.so.535.129.03 " /proc/1/mounts
-ls -l $L/libcuda.so.1 $L/libcuda.so
-/sbin/ldconfig -p | grep libcuda.so.1
-nvidia-smi
-cuda-probe
-if echo x > $L/libcuda.so.535.129.03; then echo WRITABLE; fi
-cat /etc/ld.so.conf.d/00-gpuhook-cdi.conf"#;
-
-fn assert_cdi_probe(s: &str) {
-    let lib = s
-        .lines()
-        .find(|l| l.contains("libcuda.so.535.129.03 "))
-        .unwrap_or_else(|| panic!("libcuda not mounted: {s}"));
-    assert!(lib.contains(" ro,nosuid,nodev"), "{lib}");
-    assert!(s.contains("libcuda.so.1 -> libcuda.so.535.129.03"), "{s}");
-    assert!(s.contains("libcuda.so -> libcuda.so.1"), "{s}");
-    assert!(
-        s.contains("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-        "{s}"
-    );
-    assert!(
-        s.contains("GPU 0: /dev/nvidia0") && s.contains("1 GPUs"),
-        "{s}"
-    );
-    assert!(s.contains("dlopen libcuda.so.1: ok"), "{s}");
-    assert!(!s.contains("WRITABLE"), "{s}");
-}
-
 /// The host's own mounts under `dir` (none may appear: the container's mounts stay in it).
 fn host_mounts_under(dir: &Path) -> Vec<String> {
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -1714,8 +1684,8 @@ fn cdi_own_rootfs(b: &mut Bed) {
     let (_drv, rootfs) = cdi_host(b, "cdi-rootfs");
     b.define_start(&with_rootfs("gh-cdi", r#"driver="cdi""#, &rootfs, false));
     let ct = b.ct("gh-cdi");
-    let o = b.sh_in(&ct, CDI_PROBE);
-    assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
+    let o = b.sh_in(&ct, common::CDI_PROBE);
+    common::assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
     assert_eq!(b.nodes(&ct).get("/dev/nvidia-modeset"), Some(&(195, 254)));
     assert!(
         host_mounts_under(&rootfs).is_empty(),
@@ -1762,8 +1732,8 @@ fn cdi_own_rootfs(b: &mut Bed) {
         "keep\n"
     );
     let ct = b.ct("gh-cdi");
-    let o = b.sh_in(&ct, CDI_PROBE);
-    assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
+    let o = b.sh_in(&ct, common::CDI_PROBE);
+    common::assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
     b.d.virsh_ok(&["destroy", "gh-cdi"]).unwrap();
     assert!(b.wait_shut_off("gh-cdi"));
     assert!(b.holders().is_empty());
@@ -1785,8 +1755,8 @@ fn cdi_idmapped_rootfs(b: &mut Bed) {
     s.idmap = Some(100000);
     b.define_start(&s);
     let ct = b.ct("gh-cdi-map");
-    let o = b.sh_in(&ct, CDI_PROBE);
-    assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
+    let o = b.sh_in(&ct, common::CDI_PROBE);
+    common::assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
     use std::os::unix::fs::MetadataExt;
     for p in [
         "usr/lib/x86_64-linux-gnu/libcuda.so",
@@ -1868,6 +1838,73 @@ fn cdi_hostile_rootfs(b: &mut Bed) {
     let _ = testbed::shell_in(daemon, &format!("umount {}", full.display())).output();
 }
 
+/// The container swaps a symlink (to its own `/elsewhere`) in and out at the place of the
+/// libraries' directory while `started` runs again and again: each run either does its work
+/// in the real directory or is refused with one line; nothing ever lands in `/elsewhere`,
+/// nothing outside the container changes. Then a spec for another driver: the next start
+/// is refused in one line naming the spec, and nothing stays reserved.
+fn cdi_swap_race(b: &mut Bed) {
+    let (_drv, rootfs) = cdi_host(b, "cdi-race");
+    std::fs::create_dir_all(rootfs.join("elsewhere")).unwrap();
+    b.define_start(&with_rootfs(
+        "gh-cdi-race",
+        r#"driver="cdi""#,
+        &rootfs,
+        false,
+    ));
+    let ct = b.ct("gh-cdi-race");
+    let host_before = tree(
+        std::process::id() as i32,
+        Path::new("/usr/lib/x86_64-linux-gnu"),
+    );
+    let mut swapper = testbed::shell_in(
+        ct.init.pid,
+        "B=/usr/bin/busybox; L=/usr/lib/x86_64-linux-gnu; while :; do $B mv $L /usr/lib/real && $B ln -s /elsewhere $L && $B rm $L && $B mv /usr/lib/real $L; done 2>/dev/null",
+    )
+    .spawn()
+    .unwrap();
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..12 {
+        let o = b.hook_direct("gh-cdi-race", "started");
+        let e = common::stderr(&o);
+        if o.status.success() {
+            ok += 1;
+        } else {
+            refused += 1;
+            assert_eq!(e.trim().lines().count(), 1, "{e}");
+            assert!(e.contains("gh-cdi-race"), "{e}");
+        }
+        let inside: Vec<_> = std::fs::read_dir(rootfs.join("elsewhere"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(inside.is_empty(), "followed the symlink: {inside:?}");
+    }
+    let _ = swapper.kill();
+    let _ = swapper.wait();
+    eprintln!("    swap race: {ok} started, {refused} refused");
+    assert_eq!(
+        tree(
+            std::process::id() as i32,
+            Path::new("/usr/lib/x86_64-linux-gnu")
+        ),
+        host_before
+    );
+    assert!(host_mounts_under(&rootfs).is_empty());
+    b.d.virsh_ok(&["destroy", "gh-cdi-race"]).unwrap();
+    assert!(b.wait_shut_off("gh-cdi-race"));
+    // A spec for another driver version: refused at prepare, one line, nothing reserved.
+    let spec = b.work.join(format!("cdi{}/run/nvidia.yaml", b.hosts));
+    let text = std::fs::read_to_string(&spec).unwrap();
+    common::write_config(&spec, &text.replace("535.129.03", "550.54.15"));
+    let e = b.start("gh-cdi-race").unwrap_err();
+    assert!(
+        e.contains("the host runs 535.129.03: the spec is for another driver"),
+        "{e}"
+    );
+    assert!(b.holders().is_empty(), "{:?}", b.holders());
+}
+
 /// Every path under `dir` as process `pid` sees it (for "nothing changed").
 fn tree(pid: i32, dir: &Path) -> Vec<String> {
     let o = testbed::shell_in(pid, &format!("find {}", dir.display()))
@@ -1887,6 +1924,7 @@ const CASES: &[(&str, Case)] = &[
     ("cdi_own_rootfs", cdi_own_rootfs),
     ("cdi_hostile_rootfs", cdi_hostile_rootfs),
     ("cdi_idmapped_rootfs", cdi_idmapped_rootfs),
+    ("cdi_swap_race", cdi_swap_race),
     ("blueprint_flavor", blueprint_flavor),
     ("more_than_free_fails", more_than_free_fails),
     ("plain_domain_untouched", plain_domain_untouched),

@@ -124,14 +124,16 @@ impl Oci {
 
     /// `podman run` of the busybox rootfs with `script`, through gpuhook-runtime.
     fn podman(&self, cg: Cgroup, extra: &[&str], script: &str) -> Command {
-        self.podman_with(cg, self.runtime.as_os_str(), extra, script)
+        self.podman_with(cg, self.runtime.as_os_str(), &self.rootfs, extra, script)
     }
 
-    /// The same with `--runtime` given as `runtime` (a path, or a name from containers.conf).
+    /// The same with `--runtime` given as `runtime` (a path, or a name from containers.conf)
+    /// and the root filesystem `rootfs`.
     fn podman_with(
         &self,
         cg: Cgroup,
         runtime: &std::ffi::OsStr,
+        rootfs: &Path,
         extra: &[&str],
         script: &str,
     ) -> Command {
@@ -156,7 +158,7 @@ impl Oci {
         }
         c.args(extra)
             .arg("--rootfs")
-            .arg(&self.rootfs)
+            .arg(rootfs)
             .args(["sh", "-c", script]);
         c
     }
@@ -684,6 +686,7 @@ fn podman_with_runc_v1_and_crun_v2() {
             .podman_with(
                 cg,
                 "gpuhook".as_ref(),
+                &o.rootfs,
                 &["--rm", "--annotation", "gpuhook.io/gpus=1"],
                 &probe(&["195:0"]),
             )
@@ -1261,24 +1264,13 @@ fn docker_with_runc() {
     assert_eq!(out(&ps).trim(), "");
 }
 
-/// `podman run` through gpuhook-runtime of `rootfs` (not the busybox one) with `script`.
+/// `podman run --rm` through gpuhook-runtime of `rootfs` (not the busybox one) with `script`.
 fn podman_rootfs(o: &Oci, rootfs: &Path, extra: &[&str], script: &str) -> Output {
-    let mut c = in_cgroup(Cgroup::V1, "podman");
-    c.arg("--runtime").arg(&o.runtime).args([
-        "run",
-        "--rm",
-        "--network",
-        "none",
-        "--ulimit",
-        "nofile=1024:1024",
-        "--ulimit",
-        "nproc=1024:1024",
-    ]);
-    c.args(extra)
-        .arg("--rootfs")
-        .arg(rootfs)
-        .args(["sh", "-c", script]);
-    c.output().unwrap()
+    let mut args = vec!["--rm"];
+    args.extend_from_slice(extra);
+    o.podman_with(Cgroup::V1, o.runtime.as_os_str(), rootfs, &args, script)
+        .output()
+        .unwrap()
 }
 
 /// A container with its own root filesystem gets the host driver's user space from the CDI
@@ -1294,17 +1286,8 @@ fn podman_rootfs_gets_the_driver_from_cdi() {
     let rootfs = testbed::driver::rootfs(&o.host.root().join("cdi-rootfs")).unwrap();
     let marker = format!("gh-{}", std::process::id());
     let script = format!(
-        r#"L=/usr/lib/x86_64-linux-gnu
-grep " $L/libcuda.so.535.129.03 " /proc/mounts
-grep " /lib/firmware/nvidia/535.129.03/gsp_ga10x.bin " /proc/mounts
-ls -l $L/libcuda.so.1 $L/libcuda.so
-/sbin/ldconfig -p | grep libcuda
-nvidia-smi
-cuda-probe
-if echo x > $L/libcuda.so.535.129.03; then echo WRITABLE; fi
-cat /etc/ld.so.conf.d/00-gpuhook-cdi.conf
-echo "env $NVIDIA_VISIBLE_DEVICES $NVIDIA_CTK_LIBCUDA_DIR {marker}"
-ls /dev"#
+        "{}\necho \"env $NVIDIA_VISIBLE_DEVICES $NVIDIA_CTK_LIBCUDA_DIR {marker}\"\nls /dev",
+        common::CDI_PROBE
     );
     let r = podman_rootfs(
         &o,
@@ -1319,26 +1302,7 @@ ls /dev"#
     );
     let s = out(&r);
     assert!(r.status.success(), "{s}");
-    let lib_mount = s
-        .lines()
-        .find(|l| l.contains("libcuda.so.535.129.03 "))
-        .unwrap_or_else(|| panic!("libcuda not mounted: {s}"));
-    assert!(lib_mount.contains(" ro,nosuid,nodev"), "{lib_mount}");
-    assert!(s.contains("gsp_ga10x.bin"), "{s}");
-    assert!(s.contains("libcuda.so.1 -> libcuda.so.535.129.03"), "{s}");
-    assert!(s.contains("libcuda.so -> libcuda.so.1"), "{s}");
-    assert!(
-        s.contains("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-        "{s}"
-    );
-    assert!(
-        s.contains("GPU 0: /dev/nvidia0") && s.contains("1 GPUs"),
-        "{s}"
-    );
-    assert!(!s.contains("/dev/nvidia1"), "{s}");
-    assert!(s.contains("dlopen libcuda.so.1: ok"), "{s}");
-    assert!(!s.contains("WRITABLE"), "{s}");
-    assert!(s.contains("/usr/lib/x86_64-linux-gnu\n"), "{s}");
+    common::assert_cdi_probe(&s);
     assert!(
         s.contains(&format!("env void /usr/lib/x86_64-linux-gnu {marker}")),
         "{s}"

@@ -136,6 +136,43 @@ pub fn fake_driver() -> testbed::driver::FakeDriver {
     .expect("fake NVIDIA driver")
 }
 
+/// What the CDI checks inside a container with the fake driver print (its init is pid 1).
+pub const CDI_PROBE: &str = r#"L=/usr/lib/x86_64-linux-gnu
+grep " $L/libcuda.so.535.129.03 " /proc/1/mounts
+grep " /lib/firmware/nvidia/535.129.03/gsp_ga10x.bin " /proc/1/mounts
+ls -l $L/libcuda.so.1 $L/libcuda.so
+/sbin/ldconfig -p | grep libcuda.so.1
+nvidia-smi
+cuda-probe
+if echo x > $L/libcuda.so.535.129.03; then echo WRITABLE; fi
+cat /etc/ld.so.conf.d/00-gpuhook-cdi.conf"#;
+
+/// The driver is there as the spec says: libcuda and the firmware mounted `ro,nosuid,nodev`,
+/// the links, the linker cache, nvidia-smi seeing exactly one GPU, `dlopen("libcuda.so.1")`,
+/// a library that cannot be written, gpuhook's `ld.so.conf.d` file.
+pub fn assert_cdi_probe(s: &str) {
+    let lib = s
+        .lines()
+        .find(|l| l.contains("libcuda.so.535.129.03 "))
+        .unwrap_or_else(|| panic!("libcuda not mounted: {s}"));
+    assert!(lib.contains(" ro,nosuid,nodev"), "{lib}");
+    assert!(s.contains("gsp_ga10x.bin"), "{s}");
+    assert!(s.contains("libcuda.so.1 -> libcuda.so.535.129.03"), "{s}");
+    assert!(s.contains("libcuda.so -> libcuda.so.1"), "{s}");
+    assert!(
+        s.contains("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "{s}"
+    );
+    assert!(
+        s.contains("GPU 0: /dev/nvidia0") && s.contains("1 GPUs"),
+        "{s}"
+    );
+    assert!(!s.contains("/dev/nvidia1"), "{s}");
+    assert!(s.contains("dlopen libcuda.so.1: ok"), "{s}");
+    assert!(!s.contains("WRITABLE"), "{s}");
+    assert!(s.contains("/usr/lib/x86_64-linux-gnu\n"), "{s}");
+}
+
 pub fn write_config(path: &Path, text: &str) {
     std::fs::write(path, text).expect("config");
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
