@@ -5,7 +5,7 @@ set -eu
 cd "$(dirname "$0")/../fuzz"
 export PATH="$HOME/.cargo/bin:$PATH"
 secs=${1:-20}
-for t in metadata extra_specs config state; do
+for t in metadata extra_specs config state cdi; do
     mkdir -p "corpus/$t"
     log=$(mktemp)
     if ! RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$t" "corpus/$t" -- -max_total_time="$secs" -max_len=8192 >"$log" 2>&1; then

@@ -282,12 +282,7 @@ fn read_spec(path: &Path, kinds: &[&str]) -> Result<Option<Spec>, String> {
     }
     let text = std::fs::read(path).map_err(|e| format!("CDI spec {name}: {e}"))?;
     let json = path.extension().is_some_and(|x| x == "json");
-    let parsed: Result<Spec, String> = if json {
-        serde_json::from_slice(&text).map_err(|e| e.to_string())
-    } else {
-        serde_yaml_ng::from_slice(&text).map_err(|e| e.to_string())
-    };
-    let spec = match parsed {
+    let spec = match parse(&text, json) {
         Ok(s) => s,
         Err(e) => {
             // Another vendor's broken spec is not this container's business.
@@ -303,6 +298,23 @@ fn read_spec(path: &Path, kinds: &[&str]) -> Result<Option<Spec>, String> {
     }
     check_spec(&spec).map_err(|e| format!("CDI spec {name}: {e}"))?;
     Ok(Some(spec))
+}
+
+/// A spec's text, strictly (unknown fields refused): JSON, or YAML (which JSON also is).
+pub fn parse(text: &[u8], json: bool) -> Result<Spec, String> {
+    if json {
+        serde_json::from_slice(text).map_err(|e| e.to_string())
+    } else {
+        serde_yaml_ng::from_slice(text).map_err(|e| e.to_string())
+    }
+}
+
+/// [`parse`], then the reference loader's checks of the whole spec (version, kind, device
+/// names).
+pub fn parse_checked(text: &[u8], json: bool) -> Result<Spec, String> {
+    let s = parse(text, json)?;
+    check_spec(&s)?;
+    Ok(s)
 }
 
 fn one_line(s: &str) -> String {
@@ -628,7 +640,7 @@ pub fn container_path<'a>(p: &'a str, what: &str) -> Result<&'a str, String> {
             .split('/')
             .any(|c| c.is_empty() || c == "." || c == "..")
         || p.contains(',')
-        || p.contains('\0')
+        || p.chars().any(char::is_control)
         || p.len() > 4096
     {
         return Err(format!("{what} '{p}' is not a plain absolute path"));

@@ -295,6 +295,37 @@ pub fn remove_nodes(
     }
 }
 
+/// The init's pid, net, ipc and uts namespaces that are not this process's own (the
+/// container's `ldconfig` joins them).
+fn container_namespaces(
+    pid: i32,
+) -> Result<Vec<(OwnedFd, nix::sched::CloneFlags)>, ContainerError> {
+    use nix::sched::CloneFlags as F;
+    let mut out = Vec::new();
+    for (name, kind) in [
+        ("pid", F::CLONE_NEWPID),
+        ("net", F::CLONE_NEWNET),
+        ("ipc", F::CLONE_NEWIPC),
+        ("uts", F::CLONE_NEWUTS),
+    ] {
+        let path = format!("/proc/{pid}/ns/{name}");
+        let theirs = nix::fcntl::open(
+            path.as_str(),
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| gone(pid, Some(format!("{path}: {e}"))))?;
+        let same = nix::sys::stat::stat(format!("/proc/self/ns/{name}").as_str())
+            .ok()
+            .zip(fstat(&theirs).ok())
+            .is_some_and(|(a, b)| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino));
+        if !same {
+            out.push((theirs, kind));
+        }
+    }
+    Ok(out)
+}
+
 /// Applies a CDI plan's mounts, links and linker cache in the container's root (its mount
 /// sources cloned in the host's namespace first); on failure undoes what it did.
 pub fn inject(
@@ -343,6 +374,12 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
         Mode::empty(),
     )
     .map_err(|e| gone(init.pid, Some(format!("{ns_path}: {e}"))))?;
+    // The namespaces the container's ldconfig joins, held with the mount namespace (before
+    // the check below that they are the init's).
+    let others = match job {
+        Job::Inject(p, _) if !p.ld_folders.is_empty() => container_namespaces(init.pid)?,
+        _ => Vec::new(),
+    };
     // The namespace we hold is the init's only if the PID was not reused meanwhile.
     if !init.alive() {
         return Err(gone(init.pid, None));
@@ -371,7 +408,7 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
             drop(rd);
             let reply = match child(
                 &ns,
-                init.pid,
+                others,
                 (host_dev.st_dev, host_dev.st_ino),
                 ct.dev,
                 &payload,
@@ -471,7 +508,7 @@ pub(crate) fn read_pipe(
 
 fn child(
     ns: &OwnedFd,
-    init: i32,
+    others: Vec<(OwnedFd, nix::sched::CloneFlags)>,
     host_dev: (u64, u64),
     libvirt_dev: DevTmpfs,
     payload: &[u8],
@@ -486,7 +523,6 @@ fn child(
     // while detached, and the host's ldconfig.
     let mut trees = Vec::new();
     let mut ldconfig = None;
-    let mut others = Vec::new();
     if let Job::Inject(plan, _) = &job {
         match rootfs::open_trees(&plan.mounts) {
             Ok(t) => trees = t,
@@ -497,35 +533,12 @@ fn child(
                 Ok(l) => ldconfig = Some(l),
                 Err(e) => return Ok(Reply::Failed(ContainerError::Refused(e))),
             }
-            // ldconfig runs in the container's namespaces, not the host's.
-            use nix::sched::CloneFlags as F;
-            for (name, kind) in [
-                ("pid", F::CLONE_NEWPID),
-                ("net", F::CLONE_NEWNET),
-                ("ipc", F::CLONE_NEWIPC),
-                ("uts", F::CLONE_NEWUTS),
-            ] {
-                let path = format!("/proc/{init}/ns/{name}");
-                let theirs = nix::fcntl::open(
-                    path.as_str(),
-                    OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| format!("{path}: {e}"))?;
-                let same = nix::sys::stat::stat(format!("/proc/self/ns/{name}").as_str())
-                    .ok()
-                    .zip(fstat(&theirs).ok())
-                    .is_some_and(|(a, b)| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino));
-                if !same {
-                    others.push((theirs, kind));
-                }
-            }
         }
     }
     nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("setns into the container's mount namespace: {e}"))?;
     match &job {
-        Job::Inject(_, owner) | Job::Uninject(_, owner) => rootfs::act_as(*owner)?,
+        Job::Inject(_, owner) | Job::Uninject(_, owner) => rootfs::act_as(*owner, true)?,
         _ => drop_capabilities()?,
     }
     nix::sys::stat::umask(Mode::empty());

@@ -505,7 +505,8 @@ fn edit_cdi(
             folders: plan.ld_folders.clone(),
         };
         let arg = serde_json::to_string(&work).map_err(|e| e.to_string())?;
-        let mut h = json!({"path": hook.path,
+        // A time limit the runtime enforces (gpuhook's own limit on ldconfig is 10 s).
+        let mut h = json!({"path": hook.path, "timeout": 30,
                            "args": [hook.path, HOOK_WORD, CDI, hook.token, arg]});
         if !hook.env.is_empty() {
             h["env"] = json!(hook.env);

@@ -55,8 +55,9 @@ pub struct Done {
     pub created: Vec<String>,
     /// Symlinks created.
     pub links: Vec<String>,
-    /// Whether gpuhook created its `ld.so.conf.d` file.
-    pub conf: bool,
+    /// Files gpuhook wrote that were not there before (its `ld.so.conf.d` file, an
+    /// `ld.so.conf` a root lacked).
+    pub written: Vec<String>,
     /// What was left as it was (an existing file at a link's place), for the log.
     pub notes: Vec<String>,
 }
@@ -207,7 +208,7 @@ fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<Owne
     for c in rel.split('/').filter(|c| !c.is_empty()) {
         path.push('/');
         path.push_str(c);
-        match devdir::open_dir(&Sys, &dir, c) {
+        match open_component(root, &dir, path.len() == c.len() + 1, c) {
             Ok(d) => dir = d,
             Err(_)
                 if create
@@ -225,6 +226,30 @@ fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<Owne
     Ok(dir)
 }
 
+/// The top-level links of a merged-`/usr` root (Debian ≥ 12, Ubuntu, Fedora images):
+/// `/lib -> usr/lib` and the like, the only symlinks on the way that gpuhook follows, and
+/// only to exactly there. nvidia-ctk on such a host writes `/lib/x86_64-linux-gnu/…` paths.
+const MERGED_USR: [&str; 6] = ["lib", "lib64", "lib32", "libx32", "bin", "sbin"];
+
+/// Opens directory `name` in `dir` without following a symlink, except, at the top of the
+/// root (`top`), a merged-`/usr` link to its `usr/` directory (walked itself one component
+/// at a time).
+fn open_component(root: &OwnedFd, dir: &OwnedFd, top: bool, name: &str) -> Result<OwnedFd, String> {
+    match devdir::open_dir(&Sys, dir, name) {
+        Ok(d) => Ok(d),
+        Err(e) if top && MERGED_USR.contains(&name) => {
+            let target = nix::fcntl::readlinkat(dir, name).map_err(|_| e.clone())?;
+            let t = target.to_string_lossy();
+            if t.trim_start_matches('/').trim_end_matches('/') != format!("usr/{name}") {
+                return Err(e);
+            }
+            let usr = devdir::open_dir(&Sys, root, "usr").map_err(|e| format!("(/usr {e})"))?;
+            devdir::open_dir(&Sys, &usr, name).map_err(|e| format!("(/usr/{name} {e})"))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Checks, without changing anything, that the directories of `dir` (absolute, in the root)
 /// that exist are directories, not symlinks; `leaf`: also that `dir/leaf`, if it exists, is
 /// not a symlink. For the OCI door, before the runtime mounts there.
@@ -236,7 +261,7 @@ pub fn check_path(root: &OwnedFd, dir: &str, leaf: Option<&str>) -> Result<(), S
     for c in dir.split('/').filter(|c| !c.is_empty()) {
         path.push('/');
         path.push_str(c);
-        match devdir::open_dir(&Sys, &d, c) {
+        match open_component(root, &d, path.len() == c.len() + 1, c) {
             Ok(x) => d = x,
             Err(_) if fstatat(&d, c, AtFlags::AT_SYMLINK_NOFOLLOW) == Err(Errno::ENOENT) => {
                 return Ok(())
@@ -284,17 +309,42 @@ pub struct Owner {
 /// `ldconfig` takes (chroot, changing ids, the bounding set). What gpuhook creates is then
 /// the container root's without a `chown`, and a directory the container's root could not
 /// write (a read-only share mounted over `/usr/lib`), gpuhook cannot either.
-pub fn act_as(owner: Owner) -> Result<(), String> {
+/// `mounts`: keep `CAP_SYS_ADMIN` (the libvirt door mounts and joins namespaces; the OCI
+/// hook does neither). `CAP_KILL` stays: the time limit on `ldconfig`, which runs as the
+/// container's root, must be able to end it.
+pub fn act_as(owner: Owner, mounts: bool) -> Result<(), String> {
     use caps::Capability;
-    crate::container::keep_only(&[
-        Capability::CAP_SYS_ADMIN,
+    let mut keep = vec![
         Capability::CAP_SYS_CHROOT,
         Capability::CAP_SETUID,
         Capability::CAP_SETGID,
         Capability::CAP_SETPCAP,
-    ])?;
+        Capability::CAP_KILL,
+    ];
+    if mounts {
+        keep.push(Capability::CAP_SYS_ADMIN);
+    }
+    // Supplementary groups count in permission checks too: none of the host's. (In a user
+    // namespace whose setgroups is denied there are none of the host's to drop.)
+    match nix::unistd::setgroups(&[]) {
+        Ok(()) | Err(Errno::EPERM) => {}
+        Err(e) => return Err(format!("setgroups: {e}")),
+    }
+    crate::container::keep_only(&keep)?;
+    // setfsuid/setfsgid say nothing on failure: the second call returns the id in force.
     nix::unistd::setfsgid(owner.gid.into());
+    let gid = nix::unistd::setfsgid(owner.gid.into());
     nix::unistd::setfsuid(owner.uid.into());
+    let uid = nix::unistd::setfsuid(owner.uid.into());
+    if (uid.as_raw(), gid.as_raw()) != (owner.uid, owner.gid) {
+        return Err(format!(
+            "cannot act as the container's root ({}:{}): file-system ids stayed {}:{}",
+            owner.uid,
+            owner.gid,
+            uid.as_raw(),
+            gid.as_raw()
+        ));
+    }
     Ok(())
 }
 
@@ -442,12 +492,14 @@ fn write_conf(root: &OwnedFd, folders: &[String], done: &mut Done) -> Result<(),
     let existed = fstatat(&dir, LD_CONF, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok();
     replace_file(&dir, LD_CONF, &text)
         .map_err(|e| format!("cannot write /etc/ld.so.conf.d/{LD_CONF} in the container: {e}"))?;
-    done.conf = !existed;
+    if !existed {
+        done.written.push(format!("/etc/ld.so.conf.d/{LD_CONF}"));
+    }
     let etc = walk(root, "etc", false, done)?;
     if fstatat(&etc, "ld.so.conf", AtFlags::AT_SYMLINK_NOFOLLOW) == Err(Errno::ENOENT) {
         replace_file(&etc, "ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
             .map_err(|e| format!("cannot write /etc/ld.so.conf in the container: {e}"))?;
-        done.created.push("/etc/ld.so.conf".into());
+        done.written.push("/etc/ld.so.conf".into());
     }
     Ok(())
 }
@@ -498,9 +550,11 @@ fn run_ldconfig(
     }
     let env: [CString; 0] = [];
     // A pid namespace is joined by the children made after: ldconfig's.
+    let mut joined_pid = false;
     for (fd, kind) in ns.iter().filter(|(_, k)| *k == CloneFlags::CLONE_NEWPID) {
         nix::sched::setns(fd.as_fd(), *kind)
             .map_err(|e| format!("joining the container's pid namespace: {e}"))?;
+        joined_pid = true;
     }
     let parent = nix::unistd::getpid();
     // SAFETY: the caller is single-threaded (the gpuhook binary, or its helper child); the
@@ -527,7 +581,9 @@ fn run_ldconfig(
                 }
             }
             for (r, v) in LDCONFIG_LIMITS {
-                if let Err(e) = nix::sys::resource::setrlimit(r, v, v) {
+                // Lowered only (raising a hard limit would need a capability it lacks).
+                let hard = nix::sys::resource::getrlimit(r).map_or(v, |(_, h)| h);
+                if let Err(e) = nix::sys::resource::setrlimit(r, v.min(hard), v.min(hard)) {
                     fail("setrlimit", e)
                 }
             }
@@ -565,13 +621,27 @@ fn run_ldconfig(
             {
                 fail("dropping capabilities", Errno::EPERM)
             }
+            // No new process (set after the id change: set before, it would fail the exec
+            // of a uid that already runs processes).
+            if let Err(e) =
+                nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, 0, 0)
+            {
+                fail("setrlimit", e)
+            }
             // SAFETY: plain prctl calls. The parent-death signal is set after the id
             // change (which resets it), and the parent checked to be still there.
             unsafe {
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             }
-            if nix::unistd::getppid() != parent && ns.is_empty() {
+            // In the container's pid namespace the parent (outside it) shows as 0.
+            let pp = nix::unistd::getppid();
+            let gone = if joined_pid {
+                pp.as_raw() != 0
+            } else {
+                pp != parent
+            };
+            if gone {
                 fail("parent gone", Errno::ESRCH)
             }
             let e = nix::unistd::fexecve(ldconfig.as_fd(), &argv, &env).unwrap_err();
@@ -657,20 +727,17 @@ pub fn undo(root: &OwnedFd, done: &Done) -> Vec<String> {
         }
     }
     let _ = nix::unistd::fchdir(root);
-    for l in done.links.iter().rev() {
-        let (parent, name) = split(l);
+    // Links, then the files gpuhook wrote: each only while it is still of that kind.
+    let kinds = done.links.iter().map(|l| (l, libc::S_IFLNK));
+    let written = done.written.iter().map(|w| (w, libc::S_IFREG));
+    for (path, kind) in kinds.rev().chain(written.rev()) {
+        let (parent, name) = split(path);
         let Ok(dir) = walk(root, parent, false, &mut Done::default()) else {
             continue;
         };
         if fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+            .is_ok_and(|st| st.st_mode & libc::S_IFMT == kind)
         {
-            let _ = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
-        }
-    }
-    if done.conf {
-        let (parent, name) = ("etc/ld.so.conf.d", LD_CONF);
-        if let Ok(dir) = walk(root, parent, false, &mut Done::default()) {
             let _ = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
         }
     }

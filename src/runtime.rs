@@ -330,7 +330,13 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
     };
     let ((nodes, plan), by) = lifecycle::reserve_nodes(cfg, &h, &req)?;
     let cdi = match &plan {
-        Some(p) => Some((p, container_root(&path, &b.config, p)?)),
+        Some(p) => match container_root(&path, &b.config, p) {
+            Ok(r) => Some((p, r)),
+            Err(e) => {
+                free_oci(cfg, id, |r| r.prepared_by == Some(by))?;
+                return Err(e);
+            }
+        },
         None => None,
     };
     let cdi = cdi.as_ref().map(|(p, r)| (*p, r.as_str()));
@@ -387,14 +393,10 @@ fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
     } else {
         Some(crate::rootfs::host_ldconfig()?)
     };
-    // Before the runtime enters the root nothing of the container has run: its root's
-    // owner is what the engine made it (the container's root, mapped).
-    let st = nix::sys::stat::fstat(&root).map_err(|e| format!("container root: {e}"))?;
-    let owner = crate::rootfs::Owner {
-        uid: st.st_uid,
-        gid: st.st_gid,
-    };
-    crate::rootfs::act_as(owner)?;
+    // The runtime runs this hook in the container's namespaces, user namespace included:
+    // uid 0 here is the container's root, whether or not it is host root.
+    let owner = crate::rootfs::Owner { uid: 0, gid: 0 };
+    crate::rootfs::act_as(owner, false)?;
     let mut done = crate::rootfs::Done::default();
     match crate::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[], &mut done) {
         Ok(()) => Ok(done.notes),

@@ -1739,6 +1739,32 @@ fn cdi_own_rootfs(b: &mut Bed) {
     assert!(b.holders().is_empty());
 }
 
+/// A merged-`/usr` root (`/lib -> usr/lib`, Debian 12 and Ubuntu images) and a spec written
+/// on a merged-`/usr` host (paths under `/lib/x86_64-linux-gnu`): gpuhook follows that one
+/// top-level link to exactly `usr/lib` (and no other symlink), the driver works inside.
+fn cdi_merged_usr(b: &mut Bed) {
+    let (_drv, rootfs) = cdi_host(b, "cdi-merged");
+    common::merge_usr(&rootfs);
+    let spec = b.work.join(format!("cdi{}/run/nvidia.yaml", b.hosts));
+    let text = std::fs::read_to_string(&spec).unwrap();
+    common::write_config(&spec, &common::spec_under_lib(&text));
+    b.define_start(&with_rootfs(
+        "gh-cdi-usr",
+        r#"driver="cdi""#,
+        &rootfs,
+        false,
+    ));
+    let ct = b.ct("gh-cdi-usr");
+    let o = b.sh_in(&ct, common::CDI_PROBE);
+    common::assert_cdi_merged(&String::from_utf8_lossy(&o.stdout));
+    assert!(rootfs
+        .join("usr/lib/x86_64-linux-gnu/libcuda.so")
+        .is_symlink());
+    assert!(host_mounts_under(&rootfs).is_empty());
+    b.d.virsh_ok(&["destroy", "gh-cdi-usr"]).unwrap();
+    assert!(b.wait_shut_off("gh-cdi-usr"));
+}
+
 /// A container with a user namespace (`<idmap>`: its root is host uid 100000) and its own
 /// root owned by that uid: gpuhook acts there as that uid (file-system ids, no capability
 /// over file permissions), so what it creates is the container root's, and ldconfig runs as
@@ -1925,6 +1951,7 @@ const CASES: &[(&str, Case)] = &[
     ("cdi_hostile_rootfs", cdi_hostile_rootfs),
     ("cdi_idmapped_rootfs", cdi_idmapped_rootfs),
     ("cdi_swap_race", cdi_swap_race),
+    ("cdi_merged_usr", cdi_merged_usr),
     ("blueprint_flavor", blueprint_flavor),
     ("more_than_free_fails", more_than_free_fails),
     ("plain_domain_untouched", plain_domain_untouched),

@@ -1264,6 +1264,14 @@ fn docker_with_runc() {
     assert_eq!(out(&ps).trim(), "");
 }
 
+/// podman's arguments asking for one GPU with the driver's user space.
+const CDI_ONE_GPU: [&str; 4] = [
+    "--annotation",
+    "gpuhook.io/gpus=1",
+    "--annotation",
+    "gpuhook.io/driver=cdi",
+];
+
 /// `podman run --rm` through gpuhook-runtime of `rootfs` (not the busybox one) with `script`.
 fn podman_rootfs(o: &Oci, rootfs: &Path, extra: &[&str], script: &str) -> Output {
     let mut args = vec!["--rm"];
@@ -1289,17 +1297,7 @@ fn podman_rootfs_gets_the_driver_from_cdi() {
         "{}\necho \"env $NVIDIA_VISIBLE_DEVICES $NVIDIA_CTK_LIBCUDA_DIR {marker}\"\nls /dev",
         common::CDI_PROBE
     );
-    let r = podman_rootfs(
-        &o,
-        &rootfs,
-        &[
-            "--annotation",
-            "gpuhook.io/gpus=1",
-            "--annotation",
-            "gpuhook.io/driver=cdi",
-        ],
-        &script,
-    );
+    let r = podman_rootfs(&o, &rootfs, &CDI_ONE_GPU, &script);
     let s = out(&r);
     assert!(r.status.success(), "{s}");
     common::assert_cdi_probe(&s);
@@ -1343,12 +1341,7 @@ fn cdi_refuses_symlinked_rootfs_and_bad_specs() {
     std::fs::create_dir_all(rootfs.join("elsewhere")).unwrap();
     std::fs::remove_dir_all(rootfs.join("usr/lib")).unwrap();
     std::os::unix::fs::symlink("/elsewhere", rootfs.join("usr/lib")).unwrap();
-    let ann = [
-        "--annotation",
-        "gpuhook.io/gpus=1",
-        "--annotation",
-        "gpuhook.io/driver=cdi",
-    ];
+    let ann = CDI_ONE_GPU;
     let r = podman_rootfs(&o, &rootfs, &ann, "true");
     assert_refused(&r, "container /usr/lib is a symlink; refusing to follow it");
     assert!(o.reservations().is_empty());
@@ -1420,4 +1413,23 @@ fn cdi_amd_json_spec() {
         "no CDI spec for nvidia.com/gpu in /nonexistent/etc/cdi, ",
     );
     assert!(o.reservations().is_empty());
+}
+
+/// A merged-`/usr` image and a spec from a merged-`/usr` host (paths under `/lib`): the
+/// runtime mounts through `/lib -> usr/lib`, gpuhook's hook follows exactly that link for the
+/// symlinks and the cache; the driver works inside.
+#[test]
+fn cdi_merged_usr_image() {
+    let fake = FakeHost::blueprint();
+    let o = Oci::new(fake.clone(), RUNC);
+    o.host.with_cdi(&fake);
+    let spec = o.host.root().join("cdi/run/nvidia.yaml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    common::write_config(&spec, &common::spec_under_lib(&text));
+    let rootfs = testbed::driver::rootfs(&o.host.root().join("cdi-rootfs")).unwrap();
+    common::merge_usr(&rootfs);
+    let r = podman_rootfs(&o, &rootfs, &CDI_ONE_GPU, common::CDI_PROBE);
+    let s = out(&r);
+    assert!(r.status.success(), "{s}{}", stderr(&r));
+    common::assert_cdi_merged(&s);
 }

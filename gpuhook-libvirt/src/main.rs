@@ -293,5 +293,20 @@ mod tests {
             .request
             .unwrap();
         assert!(r.mig && r.count == 3, "{r}");
+        // --driver cdi: the driver's user space.
+        let c = RequestArgs {
+            count: Some(1),
+            driver: Some("cdi".into()),
+            ..Default::default()
+        };
+        let dom = with_request(
+            "<domain type='lxc'><name>x</name><uuid>155e2a6a-e7c9-40ab-9e0e-8fd8636abd19</uuid></domain>",
+            &stored_element(&c),
+        );
+        let r = metadata::parse_domain(dom.as_bytes())
+            .unwrap()
+            .request
+            .unwrap();
+        assert_eq!(r.driver, Some(gpuhook::request::Driver::Cdi), "{r}");
     }
 }

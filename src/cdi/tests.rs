@@ -388,3 +388,47 @@ fn driver_version_from_proc() {
     );
     assert_eq!(nvidia_version("garbage"), None);
 }
+
+#[test]
+fn a_mig_instance_gets_its_own_device_only() {
+    // GPU 0 (/dev/null) in MIG mode; instance A's capabilities /dev/zero + /dev/full,
+    // instance B's /dev/random (1:8) + /dev/urandom (1:9). The container holds A: the
+    // parent node is granted, A's capabilities are its own, B's are foreign.
+    let devices = r#"    - name: "0"
+      containerEdits:
+        deviceNodes:
+            - path: /dev/null
+    - name: "0:0"
+      containerEdits:
+        deviceNodes:
+            - path: /dev/null
+            - path: /dev/zero
+            - path: /dev/full
+    - name: "0:1"
+      containerEdits:
+        deviceNodes:
+            - path: /dev/null
+            - path: /dev/random
+            - path: /dev/urandom"#;
+    let text = spec("", devices).replace("        - path: /dev/full\n    hooks:", "    hooks:");
+    let d = dirs(&[(0, "nvidia.yaml", &text)]);
+    let units = Units {
+        vendors: vec![Vendor::Nvidia],
+        own: vec![Unit {
+            id: "0000:3b:00.0/gi1/ci0".into(),
+            vendor: Vendor::Nvidia,
+            nodes: vec![(1, 5), (1, 7)],
+        }],
+        granted: [(1, 3), (1, 5), (1, 7)].into_iter().collect(),
+        foreign: [(1, 8), (1, 9)].into_iter().collect(),
+    };
+    let loaded = load(&d.dirs, &["nvidia.com/gpu"]).unwrap();
+    let host = Host {
+        dev: Path::new("/dev"),
+        nvidia_version: None,
+        dirs: &d.dirs,
+    };
+    let p = plan(&loaded, &units, &host).unwrap();
+    assert_eq!(p.devices, ["nvidia.com/gpu=0:0"]);
+    assert!(p.nodes.is_empty(), "{:?}", p.nodes);
+}

@@ -173,6 +173,48 @@ pub fn assert_cdi_probe(s: &str) {
     assert!(s.contains("/usr/lib/x86_64-linux-gnu\n"), "{s}");
 }
 
+/// Makes `rootfs` a merged-`/usr` root, as Debian 12 and Ubuntu images are: its
+/// `/lib/x86_64-linux-gnu` moves to `/usr/lib/x86_64-linux-gnu`, and `/lib` becomes the
+/// link `usr/lib`.
+pub fn merge_usr(rootfs: &Path) {
+    let (from, to) = (
+        rootfs.join("lib/x86_64-linux-gnu"),
+        rootfs.join("usr/lib/x86_64-linux-gnu"),
+    );
+    std::fs::create_dir_all(&to).unwrap();
+    for e in std::fs::read_dir(&from).unwrap() {
+        let e = e.unwrap();
+        std::fs::rename(e.path(), to.join(e.file_name())).unwrap();
+    }
+    std::fs::remove_dir_all(rootfs.join("lib")).unwrap();
+    std::os::unix::fs::symlink("usr/lib", rootfs.join("lib")).unwrap();
+}
+
+/// The spec as nvidia-ctk writes it on a merged-`/usr` host (Debian 12: ldconfig lists the
+/// libraries under `/lib/x86_64-linux-gnu`): container paths, links and the cache folder
+/// under `/lib`.
+pub fn spec_under_lib(text: &str) -> String {
+    text.replace("containerPath: /usr/lib/", "containerPath: /lib/")
+        .replace("::/usr/lib/", "::/lib/")
+        .replace("- /usr/lib/x86_64-linux-gnu\n", "- /lib/x86_64-linux-gnu\n")
+}
+
+/// What a merged-`/usr` container with the driver shows (see [`CDI_PROBE`]).
+pub fn assert_cdi_merged(s: &str) {
+    let lib = s
+        .lines()
+        .find(|l| l.contains("libcuda.so.535.129.03 "))
+        .unwrap_or_else(|| panic!("libcuda not mounted: {s}"));
+    assert!(lib.contains(" ro,nosuid,nodev"), "{lib}");
+    assert!(s.contains("libcuda.so.1 -> libcuda.so.535.129.03"), "{s}");
+    assert!(
+        s.contains("GPU 0: /dev/nvidia0") && s.contains("1 GPUs"),
+        "{s}"
+    );
+    assert!(s.contains("dlopen libcuda.so.1: ok"), "{s}");
+    assert!(!s.contains("WRITABLE"), "{s}");
+}
+
 pub fn write_config(path: &Path, text: &str) {
     std::fs::write(path, text).expect("config");
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
