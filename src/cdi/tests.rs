@@ -432,3 +432,31 @@ fn a_mig_instance_gets_its_own_device_only() {
     assert_eq!(p.devices, ["nvidia.com/gpu=0:0"]);
     assert!(p.nodes.is_empty(), "{:?}", p.nodes);
 }
+
+#[test]
+fn a_block_device_on_the_host_is_refused() {
+    // The spec says nothing of the type; the host node (made here, 7:0 like /dev/loop0)
+    // is a block device.
+    let d = dirs(&[]);
+    let node = d.dirs[0].join("blk");
+    nix::sys::stat::mknod(
+        &node,
+        nix::sys::stat::SFlag::S_IFBLK,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        libc::makedev(7, 0),
+    )
+    .expect("mknod (the tests run as root)");
+    let text = spec("", DEVICES).replace(
+        "        - path: /dev/full",
+        &format!(
+            "        - path: /dev/loop9\n          hostPath: {}",
+            node.display()
+        ),
+    );
+    std::fs::write(d.dirs[1].join("nvidia.yaml"), text).unwrap();
+    let e = plan_for(&d, &[GPU0], None).unwrap_err();
+    assert!(
+        e.contains("is a block device, not a character device"),
+        "{e}"
+    );
+}
