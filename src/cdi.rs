@@ -434,7 +434,7 @@ pub fn nvidia_version(text: &str) -> Option<String> {
 
 /// The edits of `specs` that belong to `units`. Errors are one line naming the spec file.
 pub fn plan(specs: &[Loaded], units: &Units, host: &Host) -> Result<Plan, String> {
-    let mut b = Builder::default();
+    let mut b = Plan::default();
     let mut vendors = units.vendors.clone();
     vendors.sort();
     vendors.dedup();
@@ -533,19 +533,6 @@ pub fn plan(specs: &[Loaded], units: &Units, host: &Host) -> Result<Plan, String
         }
     }
     b.finish()
-}
-
-#[derive(Default)]
-struct Builder {
-    specs: Vec<String>,
-    devices: Vec<String>,
-    nodes: Vec<ExtraNode>,
-    mounts: Vec<BindMount>,
-    links: Vec<Link>,
-    ld_folders: Vec<String>,
-    hooks: Vec<PassedHook>,
-    env: Vec<String>,
-    gids: Vec<u32>,
 }
 
 /// A device node of a spec: where it is in the container, its number (the host node's),
@@ -648,7 +635,8 @@ pub fn container_path<'a>(p: &'a str, what: &str) -> Result<&'a str, String> {
     Ok(rel)
 }
 
-impl Builder {
+/// Building a plan, edit by edit.
+impl Plan {
     fn add(
         &mut self,
         e: &Edits,
@@ -704,8 +692,8 @@ impl Builder {
             self.env.push(v.clone());
         }
         for g in e.additional_gids.as_deref().unwrap_or_default() {
-            if !self.gids.contains(g) {
-                self.gids.push(*g);
+            if !self.additional_gids.contains(g) {
+                self.additional_gids.push(*g);
             }
         }
         Ok(())
@@ -760,17 +748,7 @@ impl Builder {
                 ));
             }
         }
-        Ok(Plan {
-            specs: self.specs,
-            devices: self.devices,
-            nodes: self.nodes,
-            mounts: self.mounts,
-            links: self.links,
-            ld_folders: self.ld_folders,
-            hooks: self.hooks,
-            env: self.env,
-            additional_gids: self.gids,
-        })
+        Ok(self)
     }
 }
 

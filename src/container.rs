@@ -591,26 +591,9 @@ fn child(
             Reply::Removed
         }
         Job::Inject(plan, owner) => {
-            let mut done = rootfs::Done::default();
-            match rootfs::apply(
-                &root,
-                trees,
-                &plan,
-                ldconfig.as_ref(),
-                owner,
-                &others,
-                &mut done,
-            ) {
-                Ok(()) => Reply::Injected(done),
-                Err(e) => {
-                    let left = rootfs::undo(&root, &done);
-                    let note = if left.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (rollback left: {})", left.join("; "))
-                    };
-                    Reply::Failed(ContainerError::Refused(format!("{e}{note}")))
-                }
+            match rootfs::apply(&root, trees, &plan, ldconfig.as_ref(), owner, &others) {
+                Ok(done) => Reply::Injected(done),
+                Err(e) => Reply::Failed(ContainerError::Refused(e)),
             }
         }
         Job::Uninject(done, _) => Reply::Left(rootfs::undo(&root, &done)),

@@ -237,7 +237,7 @@ fn reserve_by(
                 r.request = req.to_string();
                 r.updated = now.clone();
                 let gpus = r.gpus.clone();
-                let specs = oci_nodes(cfg, h, req, &inv, &gpus)?;
+                let specs = prepared_edits(cfg, h, req, &inv, &gpus)?;
                 if let Some(r) = st.reservations.get_mut(h.id) {
                     r.nodes = as_nodes(&specs.0);
                     r.mounts.clear();
@@ -275,7 +275,7 @@ fn reserve_by(
                 break g;
             }
         };
-        let specs = oci_nodes(cfg, h, req, &inv, &gpus)?;
+        let specs = prepared_edits(cfg, h, req, &inv, &gpus)?;
         st.reservations.insert(
             h.id.to_string(),
             Reservation {
@@ -312,7 +312,7 @@ fn reserve_by(
 /// from its config); a libvirt domain's at `started`, in the running container — but its
 /// CDI specs are checked at `prepare` too, so that a request that cannot get its driver's
 /// files reserves nothing.
-fn oci_nodes(
+fn prepared_edits(
     cfg: &Config,
     h: &Holder,
     req: &Request,
@@ -557,14 +557,10 @@ fn cdi_plan(
         dirs: &cfg.cdi_spec_dirs,
     };
     let plan = cdi::plan(&loaded, &units, &host).map_err(who)?;
-    let (uid, gid) = specs.first().map_or_else(
-        || {
-            h.idmap
-                .owner(req.uid, req.gid, h.idmap_names())
-                .unwrap_or((0, 0))
-        },
-        |s| (s.uid, s.gid),
-    );
+    let (uid, gid) = h
+        .idmap
+        .owner(req.uid, req.gid, h.idmap_names())
+        .map_err(Error::Other)?;
     let extra = plan
         .nodes
         .iter()

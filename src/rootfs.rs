@@ -198,9 +198,26 @@ fn has_interpreter(f: &std::fs::File) -> Result<bool, String> {
 
 // ---- in the container's root ----
 
-/// Walks `rel` (a relative path, components joined by `/`) from `root`, creating missing
-/// directories (recorded in `done`) when `create`; never follows a symlink.
-fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<OwnedFd, String> {
+/// What [`walk_to`] does at a component that does not exist.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Missing {
+    /// Creates the directory (recorded in `done`).
+    Create,
+    /// Fails.
+    Fail,
+    /// Stops: nothing more to walk (`None`).
+    Stop,
+}
+
+/// Walks `rel` (a relative path, components joined by `/`) from `root`, never following a
+/// symlink (but a merged-`/usr` top-level link, [`open_component`]); a missing component
+/// as `missing` says. Returns the directory and its path in the container.
+fn walk_to(
+    root: &OwnedFd,
+    rel: &str,
+    missing: Missing,
+    done: &mut Done,
+) -> Result<Option<(OwnedFd, String)>, String> {
     let mut dir = root
         .try_clone()
         .map_err(|e| format!("container root: {e}"))?;
@@ -211,9 +228,12 @@ fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<Owne
         match open_component(root, &dir, path.len() == c.len() + 1, c) {
             Ok(d) => dir = d,
             Err(_)
-                if create
+                if missing != Missing::Fail
                     && fstatat(&dir, c, AtFlags::AT_SYMLINK_NOFOLLOW) == Err(Errno::ENOENT) =>
             {
+                if missing == Missing::Stop {
+                    return Ok(None);
+                }
                 mkdirat(&dir, c, Mode::from_bits_truncate(0o755))
                     .map_err(|e| format!("cannot create {path} in the container: {e}"))?;
                 done.created.push(path.clone());
@@ -223,7 +243,19 @@ fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<Owne
             Err(e) => return Err(format!("container {path} {e}")),
         }
     }
-    Ok(dir)
+    Ok(Some((dir, path)))
+}
+
+/// [`walk_to`], creating missing directories (`create`) or failing on them.
+fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<OwnedFd, String> {
+    let missing = if create {
+        Missing::Create
+    } else {
+        Missing::Fail
+    };
+    walk_to(root, rel, missing, done)?
+        .map(|(d, _)| d)
+        .ok_or_else(|| format!("container /{rel}: missing"))
 }
 
 /// The top-level links of a merged-`/usr` root (Debian ≥ 12, Ubuntu, Fedora images):
@@ -254,21 +286,9 @@ fn open_component(root: &OwnedFd, dir: &OwnedFd, top: bool, name: &str) -> Resul
 /// that exist are directories, not symlinks; `leaf`: also that `dir/leaf`, if it exists, is
 /// not a symlink. For the OCI door, before the runtime mounts there.
 pub fn check_path(root: &OwnedFd, dir: &str, leaf: Option<&str>) -> Result<(), String> {
-    let mut d = root
-        .try_clone()
-        .map_err(|e| format!("container root: {e}"))?;
-    let mut path = String::new();
-    for c in dir.split('/').filter(|c| !c.is_empty()) {
-        path.push('/');
-        path.push_str(c);
-        match open_component(root, &d, path.len() == c.len() + 1, c) {
-            Ok(x) => d = x,
-            Err(_) if fstatat(&d, c, AtFlags::AT_SYMLINK_NOFOLLOW) == Err(Errno::ENOENT) => {
-                return Ok(())
-            }
-            Err(e) => return Err(format!("container {path} {e}")),
-        }
-    }
+    let Some((d, path)) = walk_to(root, dir, Missing::Stop, &mut Done::default())? else {
+        return Ok(());
+    };
     if let Some(l) = leaf {
         if fstatat(&d, l, AtFlags::AT_SYMLINK_NOFOLLOW)
             .is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFLNK)
@@ -281,13 +301,8 @@ pub fn check_path(root: &OwnedFd, dir: &str, leaf: Option<&str>) -> Result<(), S
     Ok(())
 }
 
-/// The directory and last component of an absolute container path.
-pub fn parent_leaf(path: &str) -> (&str, &str) {
-    split(path)
-}
-
-/// `/a/b/c` → (`a/b`, `c`).
-fn split(path: &str) -> (&str, &str) {
+/// The directory and last component of an absolute container path: `/a/b/c` → (`a/b`, `c`).
+pub fn split(path: &str) -> (&str, &str) {
     let p = path.trim_start_matches('/');
     match p.rsplit_once('/') {
         Some((a, b)) => (a, b),
@@ -351,8 +366,30 @@ pub fn act_as(owner: Owner, mounts: bool) -> Result<(), String> {
 /// Applies the plan's mounts (`trees`, from [`open_trees`], in the same order), symlinks and
 /// linker cache in the container whose root is `root`, as [`act_as`] set up; `ns`: the
 /// container's namespaces `ldconfig` joins (pid, net, ipc, uts). On error, what was done so
-/// far is in `done` (for [`undo`]).
+/// far is undone ([`undo`]), and what could not be is said on the error's line.
 pub fn apply(
+    root: &OwnedFd,
+    trees: Vec<Tree>,
+    plan: &Plan,
+    ldconfig: Option<&OwnedFd>,
+    owner: Owner,
+    ns: &[(OwnedFd, nix::sched::CloneFlags)],
+) -> Result<Done, String> {
+    let mut done = Done::default();
+    match apply_into(root, trees, plan, ldconfig, owner, ns, &mut done) {
+        Ok(()) => Ok(done),
+        Err(e) => {
+            let left = undo(root, &done);
+            if left.is_empty() {
+                Err(e)
+            } else {
+                Err(format!("{e} (rollback left: {})", left.join("; ")))
+            }
+        }
+    }
+}
+
+fn apply_into(
     root: &OwnedFd,
     trees: Vec<Tree>,
     plan: &Plan,

@@ -397,14 +397,7 @@ fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
     // uid 0 here is the container's root, whether or not it is host root.
     let owner = crate::rootfs::Owner { uid: 0, gid: 0 };
     crate::rootfs::act_as(owner, false)?;
-    let mut done = crate::rootfs::Done::default();
-    match crate::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[], &mut done) {
-        Ok(()) => Ok(done.notes),
-        Err(e) => {
-            crate::rootfs::undo(&root, &done);
-            Err(e)
-        }
-    }
+    crate::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[]).map(|d| d.notes)
 }
 
 /// The container's root filesystem as the runtime will mount it (`root.path`, relative to the
@@ -432,13 +425,13 @@ fn container_root(
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|e| Error::other(format!("container root {}: {e}", root.display())))?;
-    use crate::rootfs::{check_path, parent_leaf};
+    use crate::rootfs::{check_path, split};
     for m in &plan.mounts {
-        let (dir, leaf) = parent_leaf(&m.target);
+        let (dir, leaf) = split(&m.target);
         check_path(&fd, dir, Some(leaf)).map_err(Error::Other)?;
     }
     for l in &plan.links {
-        check_path(&fd, parent_leaf(&l.link).0, None).map_err(Error::Other)?;
+        check_path(&fd, split(&l.link).0, None).map_err(Error::Other)?;
     }
     for f in &plan.ld_folders {
         check_path(&fd, f, None).map_err(Error::Other)?;
