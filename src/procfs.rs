@@ -30,8 +30,15 @@ impl Proc<'_> {
     }
 
     fn pid_stat(&self, pid: i32) -> Option<Vec<String>> {
+        match self.stat_of(pid) {
+            Stat::Fields(f) => Some(f),
+            Stat::Gone | Stat::Unparsed => None,
+        }
+    }
+
+    fn stat_of(&self, pid: i32) -> Stat {
         if pid <= 0 {
-            return None;
+            return Stat::Gone;
         }
         stat_fields(&self.path(pid, "stat"))
     }
@@ -52,8 +59,12 @@ impl Proc<'_> {
 
     /// See [`ProcRef::alive`].
     pub fn alive(&self, r: &ProcRef) -> bool {
-        let Some(f) = self.pid_stat(r.pid) else {
-            return false;
+        let f = match self.stat_of(r.pid) {
+            Stat::Fields(f) => f,
+            Stat::Gone => return false,
+            // There, but not understood: never taken for gone (its GPUs would go to the
+            // next tenant while it runs).
+            Stat::Unparsed => return true,
         };
         if f.get(19).and_then(|s| s.parse().ok()) != Some(r.start_time) {
             return false;
@@ -67,8 +78,11 @@ impl Proc<'_> {
         };
         tasks.flatten().any(|t| {
             t.file_name().to_str() != Some(&pid.to_string())
-                && stat_fields(&t.path().join("stat").to_string_lossy())
-                    .is_some_and(|f| running(&f))
+                && match stat_fields(&t.path().join("stat").to_string_lossy()) {
+                    Stat::Fields(f) => running(&f),
+                    Stat::Unparsed => true,
+                    Stat::Gone => false,
+                }
         })
     }
 
@@ -142,14 +156,20 @@ fn running(f: &[String]) -> bool {
             .is_some_and(|flags| flags & PF_EXITING == 0)
 }
 
-/// Reads a procfs file: no stat (procfs reports size 0), one buffer, until end of file.
+/// Reads a procfs text file: no stat (procfs reports size 0), one buffer, until end of file.
+/// Not UTF-8 is no failure: a process names itself with any bytes (`comm`, `status`'s
+/// `Name:`), and the fields read after it must still be read.
 fn read(p: impl AsRef<Path>) -> Option<String> {
-    String::from_utf8(read_bytes(p)?).ok()
+    read_bytes(p).map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
 fn read_bytes(p: impl AsRef<Path>) -> Option<Vec<u8>> {
+    read_raw(p).ok()
+}
+
+fn read_raw(p: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let mut f = std::fs::File::open(p).ok()?;
+    let mut f = std::fs::File::open(p)?;
     let mut buf = vec![0u8; 4096];
     let mut n = 0;
     loop {
@@ -160,19 +180,45 @@ fn read_bytes(p: impl AsRef<Path>) -> Option<Vec<u8>> {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return None,
+            Err(e) => return Err(e),
         }
     }
     buf.truncate(n);
-    Some(buf)
+    Ok(buf)
 }
 
-/// Fields of a `stat` file after the command name: [0] is the state, [1] the parent, [6]
-/// the flags, [19] the start time.
-fn stat_fields(path: &str) -> Option<Vec<String>> {
-    let s = read(path)?;
-    let rest = &s[s.rfind(')')? + 1..];
-    Some(rest.split_whitespace().map(str::to_owned).collect())
+/// What a task's `stat` file says.
+enum Stat {
+    /// No such task (the file cannot be opened or read: ENOENT, ESRCH).
+    Gone,
+    /// The fields after the command name: [0] is the state, [1] the parent, [6] the flags,
+    /// [19] the start time.
+    Fields(Vec<String>),
+    /// There, but not in the kernel's format.
+    Unparsed,
+}
+
+/// Reads a `stat` file as bytes: the command name (`comm`, any bytes the process chose,
+/// `)` and spaces included) ends at the last `)`; what follows is the kernel's ASCII.
+fn stat_fields(path: &str) -> Stat {
+    let b = match read_raw(path) {
+        Ok(b) => b,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
+            return Stat::Gone
+        }
+        Err(_) => return Stat::Unparsed,
+    };
+    let Some(close) = b.iter().rposition(|&c| c == b')') else {
+        return Stat::Unparsed;
+    };
+    let Ok(rest) = std::str::from_utf8(&b[close + 1..]) else {
+        return Stat::Unparsed;
+    };
+    let f: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
+    if f.len() < 20 {
+        return Stat::Unparsed;
+    }
+    Stat::Fields(f)
 }
 
 pub fn comm(pid: i32) -> Option<String> {
@@ -312,6 +358,56 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!p.alive());
+    }
+
+    /// A process that names itself with bytes that are not UTF-8 (any process may: its own
+    /// `comm`) is still read: its identity, liveness and PID-namespace ids. (Read as text,
+    /// its `stat` failed to parse and a running container's init looked gone.)
+    #[test]
+    fn a_name_that_is_not_utf8_is_read() {
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r"printf '\377\376) Z 1 ' > /proc/self/comm; while :; do sleep 1; done")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let mut renamed = false;
+        for _ in 0..200 {
+            if std::fs::read(format!("/proc/{pid}/comm")).unwrap_or_default() == b"\xff\xfe) Z 1 \n"
+            {
+                renamed = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(renamed, "the child did not rename itself");
+        let r = ProcRef::of(pid).expect("identity read");
+        assert!(r.alive(), "a running process with a strange name is alive");
+        assert_eq!(HOST.ppid(pid), Some(std::process::id() as i32));
+        assert_eq!(HOST.nspid(pid), vec![pid]);
+        assert!(HOST.comm(pid).is_some());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!r.alive());
+    }
+
+    /// A `stat` that is there but not in the kernel's format means alive, never gone; a
+    /// missing one means gone.
+    #[test]
+    fn unparsed_stat_is_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        std::fs::create_dir_all(dir.path().join("7")).unwrap();
+        std::fs::write(dir.path().join("7/stat"), b"7 (\xff no close paren").unwrap();
+        let p = Proc { root };
+        assert!(p.alive(&ProcRef {
+            pid: 7,
+            start_time: 1
+        }));
+        assert!(!p.alive(&ProcRef {
+            pid: 8,
+            start_time: 1
+        }));
     }
 
     #[test]

@@ -373,6 +373,47 @@ fn more_than_free_fails(b: &mut Bed) {
     assert!(!b.devices_list(&c).contains(&"c 195:0 rw".to_string()));
 }
 
+/// A running container's init names itself with bytes that are not UTF-8 (`printf` into
+/// its own `/proc/self/comm`, no privilege needed): it still holds both GPUs, a second
+/// domain is refused naming it, and `reconnect` keeps it. (Read as text, its `stat` did not
+/// parse, the init looked gone, and the next request took all of its GPUs.)
+fn renamed_init_keeps_its_gpus(b: &mut Bed) {
+    b.use_host(FakeHost::blueprint());
+    let go = b.work.join("rename-now");
+    let _ = std::fs::remove_file(&go);
+    let mut s = spec("gh-comm", r#"count="2""#);
+    s.init = format!(
+        r"while [ ! -e {} ]; do sleep 0.1; done; printf '\377\376' > /proc/self/comm; while :; do sleep 1; done",
+        go.display()
+    );
+    b.define_start(&s);
+    let ct = b.ct("gh-comm");
+    std::fs::write(&go, "").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read(format!("/proc/{}/comm", ct.init.pid)).unwrap_or_default() != b"\xff\xfe\n"
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the init did not rename itself"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    b.define(&spec("gh-comm2", r#"count="1""#));
+    let e = b.start("gh-comm2").expect_err("gh-comm2 must not start");
+    assert!(e.contains("held by domain 'gh-comm'"), "{e}");
+    assert_eq!(
+        b.holders().keys().collect::<Vec<_>>(),
+        ["gh-comm"],
+        "{:?}",
+        b.holders()
+    );
+    common::assert_ok(&b.hook_direct("gh-comm", "reconnect"));
+    assert_eq!(b.holders()["gh-comm"].len(), 2, "{:?}", b.holders());
+    b.d.virsh_ok(&["destroy", "gh-comm"]).unwrap();
+    assert!(b.wait_shut_off("gh-comm"));
+    assert!(b.holders().is_empty(), "{:?}", b.holders());
+}
+
 /// A real libvirt LXC domain and podman containers (through gpuhook-runtime on the same
 /// config and state) contend for the blueprint's two GPUs: each door's refusal names the
 /// other's holder, and a freed GPU goes to the other door.
@@ -1954,6 +1995,7 @@ const CASES: &[(&str, Case)] = &[
     ("cdi_merged_usr", cdi_merged_usr),
     ("blueprint_flavor", blueprint_flavor),
     ("more_than_free_fails", more_than_free_fails),
+    ("renamed_init_keeps_its_gpus", renamed_init_keeps_its_gpus),
     ("plain_domain_untouched", plain_domain_untouched),
     ("nova_flavor_through_libvirt", nova_flavor_through_libvirt),
     ("mig_slices_of_one_gpu", mig_slices_of_one_gpu),

@@ -1124,6 +1124,54 @@ fn conmon_killed_then_init_killed_frees_on_next_request() {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
+/// A container's init names itself with bytes that are not UTF-8 (no privilege needed):
+/// it still runs, so its GPUs stay its own. (Read as text, its `/proc/PID/stat` did not
+/// parse, the init looked gone and the next request reclaimed every GPU it held.)
+#[test]
+fn init_with_a_name_that_is_not_utf8_keeps_its_gpus() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    podman_rm("gh-oci-comm");
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[
+                "-d",
+                "--name",
+                "gh-oci-comm",
+                "--annotation",
+                "gpuhook.io/gpus=2",
+            ],
+            r"printf '\377\376' > /proc/self/comm; while :; do sleep 1; done",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    let o2 = Command::new("podman")
+        .args(["inspect", "--format", "{{.State.Pid}}", &id])
+        .output()
+        .unwrap();
+    let init: i32 = out(&o2).trim().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read(format!("/proc/{init}/comm")).unwrap_or_default() != b"\xff\xfe\n" {
+        assert!(Instant::now() < deadline, "the init did not rename itself");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &["--rm", "--annotation", "gpuhook.io/gpus=1"],
+            "true",
+        )
+        .output()
+        .unwrap();
+    assert_refused(&r, &format!("held by container '{id}'"));
+    let held = o.reservations();
+    assert_eq!(held.len(), 1, "{held:?}");
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
 /// One of the engine snippets the package ships (`hooks/`), with `/usr/bin/gpuhook-runtime`
 /// replaced by this test's wrapper, written into `dir`.
 fn snippet(o: &Oci, name: &str, dir: &Path) -> PathBuf {
