@@ -295,35 +295,22 @@ pub fn remove_nodes(
     }
 }
 
-/// The init's pid, net, ipc and uts namespaces that are not this process's own (the
-/// container's `ldconfig` joins them).
-fn container_namespaces(
-    pid: i32,
-) -> Result<Vec<(OwnedFd, nix::sched::CloneFlags)>, ContainerError> {
-    use nix::sched::CloneFlags as F;
-    let mut out = Vec::new();
-    for (name, kind) in [
-        ("pid", F::CLONE_NEWPID),
-        ("net", F::CLONE_NEWNET),
-        ("ipc", F::CLONE_NEWIPC),
-        ("uts", F::CLONE_NEWUTS),
-    ] {
-        let path = format!("/proc/{pid}/ns/{name}");
-        let theirs = nix::fcntl::open(
-            path.as_str(),
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| gone(pid, Some(format!("{path}: {e}"))))?;
-        let same = nix::sys::stat::stat(format!("/proc/self/ns/{name}").as_str())
-            .ok()
-            .zip(fstat(&theirs).ok())
-            .is_some_and(|(a, b)| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino));
-        if !same {
-            out.push((theirs, kind));
-        }
-    }
-    Ok(out)
+/// The `cgroup.procs` files of the init's cgroups, opened on the host for writing (the
+/// container's `ldconfig` joins them: [`rootfs::apply`]).
+fn container_cgroups(pid: i32) -> Result<Vec<OwnedFd>, ContainerError> {
+    let files =
+        crate::cgroup::procs_files(pid).map_err(|e| ContainerError::Other(e.to_string()))?;
+    files
+        .iter()
+        .map(|p| {
+            nix::fcntl::open(
+                p,
+                OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+                Mode::empty(),
+            )
+            .map_err(|e| ContainerError::Other(format!("{}: {e}", p.display())))
+        })
+        .collect()
 }
 
 /// Applies a CDI plan's mounts, links and linker cache in the container's root (its mount
@@ -374,10 +361,10 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
         Mode::empty(),
     )
     .map_err(|e| gone(init.pid, Some(format!("{ns_path}: {e}"))))?;
-    // The namespaces the container's ldconfig joins, held with the mount namespace (before
+    // The cgroups the container's ldconfig joins, opened with the mount namespace (before
     // the check below that they are the init's).
-    let others = match job {
-        Job::Inject(p, _) if !p.ld_folders.is_empty() => container_namespaces(init.pid)?,
+    let cgroups = match job {
+        Job::Inject(p, _) if !p.ld_folders.is_empty() => container_cgroups(init.pid)?,
         _ => Vec::new(),
     };
     // The namespace we hold is the init's only if the PID was not reused meanwhile.
@@ -408,7 +395,7 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
             drop(rd);
             let reply = match child(
                 &ns,
-                others,
+                cgroups,
                 (host_dev.st_dev, host_dev.st_ino),
                 ct.dev,
                 &payload,
@@ -508,7 +495,7 @@ pub(crate) fn read_pipe(
 
 fn child(
     ns: &OwnedFd,
-    others: Vec<(OwnedFd, nix::sched::CloneFlags)>,
+    cgroups: Vec<OwnedFd>,
     host_dev: (u64, u64),
     libvirt_dev: DevTmpfs,
     payload: &[u8],
@@ -591,7 +578,7 @@ fn child(
             Reply::Removed
         }
         Job::Inject(plan, owner) => {
-            match rootfs::apply(&root, trees, &plan, ldconfig.as_ref(), owner, &others) {
+            match rootfs::apply(&root, trees, &plan, ldconfig.as_ref(), owner, &cgroups) {
                 Ok(done) => Reply::Injected(done),
                 Err(e) => Reply::Failed(ContainerError::Refused(e)),
             }

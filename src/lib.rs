@@ -35,6 +35,7 @@ pub mod reconcile;
 pub mod request;
 pub mod rootfs;
 pub mod runtime;
+pub mod sandbox;
 pub mod state;
 
 pub use error::Error;

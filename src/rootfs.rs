@@ -19,7 +19,7 @@ use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, Mode};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
@@ -151,8 +151,9 @@ fn open_tree(m: &BindMount) -> Result<Tree, String> {
     })
 }
 
-/// The host's static `ldconfig`, opened (to be run inside a container's root). One that
-/// needs a program interpreter would load the container's `ld.so`: refused.
+/// The host's static `ldconfig`, as an exec-only copy ([`crate::sandbox::exec_only_copy`])
+/// to be run over a container's root. One that needs a program interpreter would load the
+/// container's `ld.so`: refused.
 pub fn host_ldconfig() -> Result<OwnedFd, String> {
     let path = LDCONFIGS
         .iter()
@@ -169,7 +170,7 @@ pub fn host_ldconfig() -> Result<OwnedFd, String> {
             "the host's {path} is dynamically linked: run inside a container it would load the container's libraries; gpuhook needs a static ldconfig"
         ));
     }
-    Ok(OwnedFd::from(f))
+    crate::sandbox::exec_only_copy(&f, "ldconfig").map_err(|e| format!("{path}: {e}"))
 }
 
 /// Whether a 64-bit ELF file has a `PT_INTERP` program header.
@@ -364,19 +365,20 @@ pub fn act_as(owner: Owner, mounts: bool) -> Result<(), String> {
 }
 
 /// Applies the plan's mounts (`trees`, from [`open_trees`], in the same order), symlinks and
-/// linker cache in the container whose root is `root`, as [`act_as`] set up; `ns`: the
-/// container's namespaces `ldconfig` joins (pid, net, ipc, uts). On error, what was done so
-/// far is undone ([`undo`]), and what could not be is said on the error's line.
+/// linker cache in the container whose root is `root`, as [`act_as`] set up; `cgroups`:
+/// the `cgroup.procs` files of the container's cgroups, which `ldconfig` joins
+/// ([`run_ldconfig`]). On error, what was done so far is undone ([`undo`]), and what could
+/// not be is said on the error's line.
 pub fn apply(
     root: &OwnedFd,
     trees: Vec<Tree>,
     plan: &Plan,
     ldconfig: Option<&OwnedFd>,
     owner: Owner,
-    ns: &[(OwnedFd, nix::sched::CloneFlags)],
+    cgroups: &[OwnedFd],
 ) -> Result<Done, String> {
     let mut done = Done::default();
-    match apply_into(root, trees, plan, ldconfig, owner, ns, &mut done) {
+    match apply_into(root, trees, plan, ldconfig, owner, cgroups, &mut done) {
         Ok(()) => Ok(done),
         Err(e) => {
             let left = undo(root, &done);
@@ -395,7 +397,7 @@ fn apply_into(
     plan: &Plan,
     ldconfig: Option<&OwnedFd>,
     owner: Owner,
-    ns: &[(OwnedFd, nix::sched::CloneFlags)],
+    cgroups: &[OwnedFd],
     done: &mut Done,
 ) -> Result<(), String> {
     for (t, m) in trees.into_iter().zip(&plan.mounts) {
@@ -428,7 +430,7 @@ fn apply_into(
     if !plan.ld_folders.is_empty() {
         if let Some(ld) = ldconfig {
             write_conf(root, &plan.ld_folders, done)?;
-            run_ldconfig(root, ld, &plan.ld_folders, owner, ns)?;
+            run_ldconfig(root, ld, &plan.ld_folders, owner, cgroups)?;
         }
     }
     Ok(())
@@ -543,6 +545,12 @@ fn write_conf(root: &OwnedFd, folders: &[String], done: &mut Done) -> Result<(),
 
 /// `name` in `dir` becomes a new regular file holding `text` (temporary name, rename).
 fn replace_file(dir: &OwnedFd, name: &str, text: &str) -> Result<(), Errno> {
+    replace_bytes(dir, name, text.as_bytes())
+}
+
+/// `name` in `dir` becomes a new regular file holding `bytes` (a temporary name made with
+/// `O_EXCL|O_NOFOLLOW`, renamed over `name`: what was at `name` is never opened).
+fn replace_bytes(dir: &OwnedFd, name: &str, text: &[u8]) -> Result<(), Errno> {
     use std::io::Write;
     let tmp = format!(".{name}.gpuhook-{}", std::process::id());
     let fd = openat(
@@ -552,7 +560,7 @@ fn replace_file(dir: &OwnedFd, name: &str, text: &str) -> Result<(), Errno> {
         Mode::from_bits_truncate(0o644),
     )?;
     let written = std::fs::File::from(fd)
-        .write_all(text.as_bytes())
+        .write_all(text)
         .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)));
     let r = written.and_then(|()| nix::fcntl::renameat(dir, tmp.as_str(), dir, name));
     if r.is_err() {
@@ -569,120 +577,71 @@ const LDCONFIG_LIMITS: [(nix::sys::resource::Resource, u64); 4] = [
     (nix::sys::resource::Resource::RLIMIT_CORE, 0),
 ];
 
-/// Runs the host's `ldconfig` (opened before) with the container's root as its root, in the
-/// container's pid, net, ipc and uts namespaces (`ns`, when given), as the container's root
-/// (`owner`) with no capabilities, no environment, resource limits and a time limit.
+/// Where `ldconfig` writes its cache, in its own view of the container's root: a tmpfs of
+/// its own mounted over the root's `/dev` (never the container's `/etc/ld.so.cache~`,
+/// where the container may have left a device node or a FIFO).
+const CACHE_IN_VIEW: &str = "/dev/ld.so.cache";
+
+/// The largest linker cache gpuhook copies into a container.
+const CACHE_MAX: u64 = 64 << 20;
+
+/// The new namespaces `ldconfig` gets (none of the container's: it cannot be seen, traced
+/// or signalled from inside the container, and reaches no network).
+fn ldconfig_namespaces() -> nix::sched::CloneFlags {
+    use nix::sched::CloneFlags as F;
+    F::CLONE_NEWNS | F::CLONE_NEWPID | F::CLONE_NEWNET | F::CLONE_NEWIPC | F::CLONE_NEWUTS
+}
+
+/// Runs the host's `ldconfig` (an exec-only copy, [`host_ldconfig`]) over the container's
+/// root and installs the cache it builds as the container's `/etc/ld.so.cache`.
+///
+/// A first child joins the container's cgroups (`cgroups`: their `cgroup.procs`, opened
+/// by the caller on the host: its device, memory and pids limits then bind `ldconfig`),
+/// makes new mount, pid, net, ipc and uts namespaces, sets `nodev,nosuid` on every mount of
+/// its view of the root (a device node there cannot be opened, whatever the container
+/// planted), mounts a tmpfs of its own over the view's `/dev` for the cache, and chroots.
+/// Its child, pid 1 of the new pid namespace, is confined ([`crate::sandbox`]: no
+/// capabilities, the container root's ids, limits, no process, no environment, only
+/// descriptors 0-2) and execs `ldconfig -i -C /dev/ld.so.cache FOLDERS`. The first child
+/// then copies the cache from its tmpfs into the container's `/etc` by temporary name and
+/// rename, as the container's root. On a kernel that cannot mount into that view (before
+/// 6.15 a detached tree takes no mounts), `ldconfig` writes the cache in place, still
+/// through `nodev` mounts (a device node planted there then fails the run: refused).
 fn run_ldconfig(
     root: &OwnedFd,
     ldconfig: &OwnedFd,
     folders: &[String],
     owner: Owner,
-    ns: &[(OwnedFd, nix::sched::CloneFlags)],
+    cgroups: &[OwnedFd],
 ) -> Result<(), String> {
-    use nix::sched::CloneFlags;
-    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-    let mut argv: Vec<CString> = vec![c"ldconfig".into()];
+    let mut argv: Vec<CString> = vec![c"ldconfig".into(), c"-i".into()];
     for f in folders {
         argv.push(CString::new(f.as_str()).map_err(|_| "NUL in a folder".to_string())?);
     }
-    let env: [CString; 0] = [];
-    // A pid namespace is joined by the children made after: ldconfig's.
-    let mut joined_pid = false;
-    for (fd, kind) in ns.iter().filter(|(_, k)| *k == CloneFlags::CLONE_NEWPID) {
-        nix::sched::setns(fd.as_fd(), *kind)
-            .map_err(|e| format!("joining the container's pid namespace: {e}"))?;
-        joined_pid = true;
-    }
-    let parent = nix::unistd::getpid();
+    let etc = walk(root, "etc", false, &mut Done::default())?;
+    let filter = crate::sandbox::no_fork_filter()?;
+    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
     // SAFETY: the caller is single-threaded (the gpuhook binary, or its helper child); the
     // child only makes syscalls and execs or _exits.
     match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
         nix::unistd::ForkResult::Child => {
-            let fail = |what: &str, e: Errno| -> ! {
-                let msg = format!("{what}: {e}");
-                // SAFETY: write to our end of the pipe, then leave.
-                unsafe {
-                    libc::write(wr.as_raw_fd(), msg.as_ptr().cast(), msg.len());
-                    libc::_exit(127)
-                }
-            };
             // SAFETY: plain syscalls on descriptors we own.
             unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::prctl(libc::PR_SET_DUMPABLE, 0);
                 libc::dup2(wr.as_raw_fd(), 1);
                 libc::dup2(wr.as_raw_fd(), 2);
-                libc::close(0);
             }
-            for (fd, kind) in ns.iter().filter(|(_, k)| *k != CloneFlags::CLONE_NEWPID) {
-                if let Err(e) = nix::sched::setns(fd.as_fd(), *kind) {
-                    fail("joining the container's namespaces", e)
+            let code = match ldconfig_child(root, &etc, ldconfig, argv, owner, cgroups, &filter) {
+                Ok(()) => 0,
+                Err((code, msg)) => {
+                    // SAFETY: write to our end of the pipe.
+                    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+                    code
                 }
-            }
-            for (r, v) in LDCONFIG_LIMITS {
-                // Lowered only (raising a hard limit would need a capability it lacks).
-                let hard = nix::sys::resource::getrlimit(r).map_or(v, |(_, h)| h);
-                if let Err(e) = nix::sys::resource::setrlimit(r, v.min(hard), v.min(hard)) {
-                    fail("setrlimit", e)
-                }
-            }
-            if let Err(e) = nix::unistd::fchdir(root) {
-                fail("fchdir", e)
-            }
-            if let Err(e) = nix::unistd::chroot(".") {
-                fail("chroot", e)
-            }
-            if let Err(e) = nix::unistd::chdir("/") {
-                fail("chdir", e)
-            }
-            // No capabilities survive the exec, whatever the uid.
-            for c in caps::all() {
-                if caps::has_cap(None, caps::CapSet::Bounding, c).unwrap_or(false) {
-                    if let Err(e) = caps::drop(None, caps::CapSet::Bounding, c) {
-                        let _ = e;
-                        fail("dropping the bounding set", Errno::EPERM)
-                    }
-                }
-            }
-            let _ = caps::clear(None, caps::CapSet::Ambient);
-            let _ = caps::clear(None, caps::CapSet::Inheritable);
-            if let Err(e) = nix::unistd::setgroups(&[]) {
-                fail("setgroups", e)
-            }
-            if let Err(e) = nix::unistd::setgid(owner.gid.into()) {
-                fail("setgid", e)
-            }
-            if let Err(e) = nix::unistd::setuid(owner.uid.into()) {
-                fail("setuid", e)
-            }
-            if caps::clear(None, caps::CapSet::Effective).is_err()
-                || caps::clear(None, caps::CapSet::Permitted).is_err()
-            {
-                fail("dropping capabilities", Errno::EPERM)
-            }
-            // No new process (set after the id change: set before, it would fail the exec
-            // of a uid that already runs processes).
-            if let Err(e) =
-                nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, 0, 0)
-            {
-                fail("setrlimit", e)
-            }
-            // SAFETY: plain prctl calls. The parent-death signal is set after the id
-            // change (which resets it), and the parent checked to be still there.
-            unsafe {
-                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            }
-            // In the container's pid namespace the parent (outside it) shows as 0.
-            let pp = nix::unistd::getppid();
-            let gone = if joined_pid {
-                pp.as_raw() != 0
-            } else {
-                pp != parent
             };
-            if gone {
-                fail("parent gone", Errno::ESRCH)
-            }
-            let e = nix::unistd::fexecve(ldconfig.as_fd(), &argv, &env).unwrap_err();
-            fail("exec ldconfig", e)
+            // SAFETY: leave without running the parent's destructors.
+            unsafe { libc::_exit(code) }
         }
         nix::unistd::ForkResult::Parent { child } => {
             drop(wr);
@@ -720,6 +679,224 @@ fn run_ldconfig(
             }
         }
     }
+}
+
+/// The first child of [`run_ldconfig`]: the view, the run, the copy. `Err`: exit code and
+/// message.
+fn ldconfig_child(
+    root: &OwnedFd,
+    etc: &OwnedFd,
+    ldconfig: &OwnedFd,
+    mut argv: Vec<CString>,
+    owner: Owner,
+    cgroups: &[OwnedFd],
+    filter: &seccompiler::BpfProgram,
+) -> Result<(), (i32, String)> {
+    let fail = |what: &str, e: Errno| (127, format!("{what}: {e}"));
+    for cg in cgroups {
+        nix::unistd::write(cg, b"0").map_err(|e| fail("joining the container's cgroup", e))?;
+    }
+    // A copy of the container's root with all its mounts, made nodev and nosuid while it
+    // is detached (this process's own: the container never sees it).
+    let view = clone_tree(root).map_err(|e| fail("cloning the container's root", e))?;
+    // (Mounted into the detached copy from the namespace it was cloned in: the kernel
+    // takes mounts into a detached tree only from there.)
+    let cache = cache_tmpfs(&view, &["dev"], owner);
+    // glibc's ldconfig writes its auxiliary cache too where that directory exists (even
+    // with -i): a tmpfs of its own there as well.
+    let _aux = cache_tmpfs(&view, &["var", "cache", "ldconfig"], owner);
+    nix::sched::unshare(ldconfig_namespaces())
+        .map_err(|e| fail("new namespaces for ldconfig", e))?;
+    if cache.is_some() {
+        argv.insert(2, c"-C".into());
+        argv.insert(3, CString::new(CACHE_IN_VIEW).expect("no NUL"));
+    }
+    nix::unistd::fchdir(&view).map_err(|e| fail("fchdir", e))?;
+    nix::unistd::chroot(".").map_err(|e| fail("chroot", e))?;
+    nix::unistd::chdir("/").map_err(|e| fail("chdir", e))?;
+    // pid 1 of the new pid namespace.
+    // SAFETY: single-threaded; the child confines itself and execs or _exits.
+    let run = match unsafe { nix::unistd::fork() }.map_err(|e| fail("fork", e))? {
+        nix::unistd::ForkResult::Child => {
+            let limits = LDCONFIG_LIMITS;
+            let c = crate::sandbox::Confinement {
+                uid: owner.uid,
+                gid: owner.gid,
+                limits: &limits,
+                filter,
+            };
+            let (what, e) = crate::sandbox::confine_and_exec(ldconfig, &argv, &c);
+            let msg = format!("{what}: {e}");
+            // SAFETY: write to standard error (the pipe), then leave.
+            unsafe {
+                libc::write(2, msg.as_ptr().cast(), msg.len());
+                libc::_exit(127)
+            }
+        }
+        nix::unistd::ForkResult::Parent { child } => child,
+    };
+    match nix::sys::wait::waitpid(run, None) {
+        Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => {}
+        Ok(nix::sys::wait::WaitStatus::Exited(_, c)) => return Err((c, String::new())),
+        Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => {
+            return Err((128 + sig as i32, format!("ldconfig killed by {sig}")))
+        }
+        other => return Err((127, format!("ldconfig: {other:?}"))),
+    }
+    if let Some(cache) = cache {
+        let bytes = read_cache(&cache).map_err(|e| (127, format!("ldconfig's cache: {e}")))?;
+        replace_bytes(etc, "ld.so.cache", &bytes)
+            .map_err(|e| fail("cannot write /etc/ld.so.cache in the container", e))?;
+    }
+    Ok(())
+}
+
+/// A detached recursive copy of the tree at `root`, every mount of it `nodev,nosuid`,
+/// private.
+fn clone_tree(root: &OwnedFd) -> Result<OwnedFd, Errno> {
+    let flags = OPEN_TREE_CLONE | AT_RECURSIVE | (libc::O_CLOEXEC | libc::AT_EMPTY_PATH) as u32;
+    // SAFETY: open_tree on our descriptor with an empty path; the result is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, root.as_raw_fd(), c"".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: a fresh descriptor the kernel just returned.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    set_attr(&fd, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID, AT_RECURSIVE)?;
+    Ok(fd)
+}
+
+fn set_attr(fd: &OwnedFd, set: u64, at: libc::c_uint) -> Result<(), Errno> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr on our descriptor, empty path, a correctly sized struct.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            at | libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// A fresh tmpfs (the container root's, mode 0700) mounted over the directory `dir` (its
+/// components, none a symlink) of `view`; `None` where there is no such directory or the
+/// kernel refuses the mount.
+fn cache_tmpfs(view: &OwnedFd, dir: &[&str], owner: Owner) -> Option<OwnedFd> {
+    let mut dev: Option<OwnedFd> = None;
+    for c in dir {
+        let at = dev.as_ref().unwrap_or(view);
+        dev = Some(
+            openat(
+                at,
+                *c,
+                OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()?,
+        );
+    }
+    let dev = dev?;
+    // SAFETY: fsopen with a valid C string; the result is owned below.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), 1u32) };
+    if fs < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs as i32) };
+    let opts = [
+        ("mode".to_string(), "0700".to_string()),
+        ("uid".to_string(), owner.uid.to_string()),
+        ("gid".to_string(), owner.gid.to_string()),
+        ("size".to_string(), format!("{}", CACHE_MAX * 2)),
+    ];
+    for (k, v) in &opts {
+        let (k, v) = (
+            CString::new(k.as_str()).ok()?,
+            CString::new(v.as_str()).ok()?,
+        );
+        // SAFETY: fsconfig(FSCONFIG_SET_STRING) with valid C strings.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                1u32,
+                k.as_ptr(),
+                v.as_ptr(),
+                0,
+            )
+        };
+        if r < 0 {
+            return None;
+        }
+    }
+    // SAFETY: fsconfig(FSCONFIG_CMD_CREATE).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            6u32,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return None;
+    }
+    let attrs = MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+    // SAFETY: fsmount(FSMOUNT_CLOEXEC) of the configured context.
+    let m = unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), 1u32, attrs as u32) };
+    if m < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor.
+    let m = unsafe { OwnedFd::from_raw_fd(m as i32) };
+    // SAFETY: move_mount between two descriptors we hold, with empty paths.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            m.as_raw_fd(),
+            c"".as_ptr(),
+            dev.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    (r == 0).then_some(m)
+}
+
+/// The cache `ldconfig` left in its tmpfs: a regular file, bounded.
+fn read_cache(tmp: &OwnedFd) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let fd = openat(
+        tmp,
+        "ld.so.cache",
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| e.to_string())?;
+    let st = fstat(&fd).map_err(|e| e.to_string())?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as u64 > CACHE_MAX {
+        return Err("not a regular file of at most 64 MiB".into());
+    }
+    let mut out = Vec::with_capacity(st.st_size as usize);
+    std::fs::File::from(fd)
+        .take(CACHE_MAX)
+        .read_to_end(&mut out)
+        .map_err(|e| e.to_string())?;
+    Ok(out)
 }
 
 /// Whether `m` is still mounted at its place (what is there is the inode gpuhook mounted).

@@ -394,9 +394,11 @@ fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
         Some(crate::rootfs::host_ldconfig()?)
     };
     // The runtime runs this hook in the container's namespaces, user namespace included:
-    // uid 0 here is the container's root, whether or not it is host root.
+    // uid 0 here is the container's root, whether or not it is host root. (It runs from the
+    // container's init, in its cgroups: ldconfig is there already. CAP_SYS_ADMIN of the
+    // container's user namespace stays for ldconfig's own namespaces and nodev view.)
     let owner = crate::rootfs::Owner { uid: 0, gid: 0 };
-    crate::rootfs::act_as(owner, false)?;
+    crate::rootfs::act_as(owner, ld.is_some())?;
     crate::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[]).map(|d| d.notes)
 }
 

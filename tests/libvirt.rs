@@ -1972,6 +1972,49 @@ fn cdi_swap_race(b: &mut Bed) {
     assert!(b.holders().is_empty(), "{:?}", b.holders());
 }
 
+/// The image leaves a block device node (a loop device over a file of zeros) at
+/// `/etc/ld.so.cache~`, where glibc's `ldconfig` opens its temporary cache without
+/// `O_EXCL`, and a FIFO at the auxiliary cache's temporary name. gpuhook's `ldconfig` sees
+/// the root only through `nodev` mounts and writes its cache to a tmpfs of its own: the
+/// device is never written, nothing blocks, the container gets a regular cache, and the
+/// planted nodes are left as they were.
+fn cdi_ldconfig_planted_nodes(b: &mut Bed) {
+    let (_drv, rootfs) = cdi_host(b, "cdi-planted");
+    let lo = common::PlantedLoop::new(&b.work);
+    lo.plant(&rootfs.join("etc/ld.so.cache~"));
+    b.define_start(&with_rootfs(
+        "gh-cdi-node",
+        r#"driver="cdi""#,
+        &rootfs,
+        false,
+    ));
+    assert!(lo.untouched(), "ldconfig wrote through the planted node");
+    // Again with a FIFO at the auxiliary cache's temporary name (an open for writing would
+    // block until the time limit).
+    b.d.virsh_ok(&["destroy", "gh-cdi-node"]).unwrap();
+    assert!(b.wait_shut_off("gh-cdi-node"));
+    let aux = rootfs.join("var/cache/ldconfig/aux-cache~");
+    std::fs::create_dir_all(aux.parent().unwrap()).unwrap();
+    nix::unistd::mkfifo(&aux, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    b.start("gh-cdi-node").expect("start with a FIFO planted");
+    assert!(lo.untouched(), "ldconfig wrote through the planted node");
+    let ct = b.ct("gh-cdi-node");
+    let o = b.sh_in(&ct, common::CDI_PROBE);
+    common::assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
+    let cache = std::fs::read(rootfs.join("etc/ld.so.cache")).unwrap();
+    assert!(cache.starts_with(b"glibc-ld.so.cache"), "not a cache");
+    use std::os::unix::fs::FileTypeExt;
+    let planted = std::fs::symlink_metadata(rootfs.join("etc/ld.so.cache~")).unwrap();
+    assert!(planted.file_type().is_block_device());
+    assert!(std::fs::symlink_metadata(&aux)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    b.d.virsh_ok(&["destroy", "gh-cdi-node"]).unwrap();
+    assert!(b.wait_shut_off("gh-cdi-node"));
+    assert!(lo.untouched());
+}
+
 /// Every path under `dir` as process `pid` sees it (for "nothing changed").
 fn tree(pid: i32, dir: &Path) -> Vec<String> {
     let o = testbed::shell_in(pid, &format!("find {}", dir.display()))
@@ -1992,6 +2035,7 @@ const CASES: &[(&str, Case)] = &[
     ("cdi_hostile_rootfs", cdi_hostile_rootfs),
     ("cdi_idmapped_rootfs", cdi_idmapped_rootfs),
     ("cdi_swap_race", cdi_swap_race),
+    ("cdi_ldconfig_planted_nodes", cdi_ldconfig_planted_nodes),
     ("cdi_merged_usr", cdi_merged_usr),
     ("blueprint_flavor", blueprint_flavor),
     ("more_than_free_fails", more_than_free_fails),

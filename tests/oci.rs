@@ -1377,6 +1377,27 @@ fn podman_rootfs_gets_the_driver_from_cdi() {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
+/// The image carries a block device node (a loop device over a file of zeros) at
+/// `/etc/ld.so.cache~`, where glibc's `ldconfig` opens its temporary cache without
+/// `O_EXCL`: the `createContainer` hook's `ldconfig` sees the root only through `nodev`
+/// mounts and writes its cache to a tmpfs of its own: the device is never written, the
+/// container gets a working cache.
+#[test]
+fn cdi_ldconfig_never_writes_a_planted_node() {
+    let fake = FakeHost::blueprint();
+    let o = Oci::new(fake.clone(), RUNC);
+    o.host.with_cdi(&fake);
+    let rootfs = testbed::driver::rootfs(&o.host.root().join("cdi-planted")).unwrap();
+    let lo = common::PlantedLoop::new(o.host.root());
+    lo.plant(&rootfs.join("etc/ld.so.cache~"));
+    let r = podman_rootfs(&o, &rootfs, &CDI_ONE_GPU, common::CDI_PROBE);
+    let s = out(&r);
+    assert!(r.status.success(), "{s}");
+    common::assert_cdi_probe(&s);
+    assert!(lo.untouched(), "ldconfig wrote through the planted node");
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
 /// A hostile image: `/usr/lib` a symlink to the host's-looking `/etc` (the createContainer
 /// hook runs before the runtime enters the root: followed, it would write on the host).
 /// Refused before the runtime runs, nothing reserved; a bad spec the same.

@@ -139,6 +139,43 @@ fn under(mount: &Path, root: &str, cg: &str) -> Option<PathBuf> {
     })
 }
 
+/// The `cgroup.procs` file of each cgroup a process is in, one per hierarchy (v1 and v2),
+/// as this process sees the cgroup mounts: writing `0` there moves the writer in.
+pub fn procs_files(pid: i32) -> Result<Vec<PathBuf>, CgroupError> {
+    let proc_path = PathBuf::from(format!("/proc/{pid}/cgroup"));
+    let text = std::fs::read_to_string(&proc_path)
+        .map_err(|e| CgroupError::new(&proc_path, format!("cannot read: {e}")))?;
+    let ms = procfs::mounts(None).unwrap_or_default();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut it = line.splitn(3, ':');
+        let (Some(hier), Some(ctrls), Some(path)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        let m = if hier == "0" && ctrls.is_empty() {
+            ms.iter().find(|m| m.fs_type == "cgroup2")
+        } else {
+            let want: Vec<&str> = ctrls.split(',').collect();
+            ms.iter().find(|m| {
+                m.fs_type == "cgroup"
+                    && want
+                        .iter()
+                        .all(|c| m.super_options.split(',').any(|o| o == *c))
+            })
+        };
+        // A hierarchy not mounted here has no file to write.
+        let Some(m) = m else { continue };
+        let dir = under(Path::new(&m.mount_point), &m.root, path).ok_or_else(|| {
+            CgroupError::new(
+                &proc_path,
+                format!("cgroup path {path} is outside the mount"),
+            )
+        })?;
+        out.push(dir.join("cgroup.procs"));
+    }
+    Ok(out)
+}
+
 /// A process's cgroup paths: (v1 devices hierarchy, v2 unified hierarchy).
 fn cgroup_paths(pid: i32) -> Result<(Option<String>, Option<String>), CgroupError> {
     let proc_path = PathBuf::from(format!("/proc/{pid}/cgroup"));

@@ -358,3 +358,57 @@ pub fn gpu_of<'a>(list: &'a serde_json::Value, pci: &str) -> &'a serde_json::Val
         .find(|g| g["pci"] == pci)
         .unwrap_or_else(|| panic!("no GPU {pci} listed"))
 }
+
+/// A loop device over a fresh 1 MiB file of zeros (detached on drop), and the planting of
+/// its block node where glibc's `ldconfig` writes (`etc/ld.so.cache~`: opened
+/// `O_WRONLY|O_CREAT|O_TRUNC`, no `O_EXCL`) in a root filesystem. What a hostile image (or
+/// a container root with `CAP_MKNOD`) can leave there: written through, the device's
+/// backing file begins with `glibc-ld.so.cache`.
+pub struct PlantedLoop {
+    pub dev: String,
+    pub backing: PathBuf,
+}
+
+impl PlantedLoop {
+    pub fn new(dir: &Path) -> PlantedLoop {
+        let backing = dir.join("loop-backing");
+        std::fs::write(&backing, vec![0u8; 1 << 20]).unwrap();
+        let o = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&backing)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "losetup: {}", stderr(&o));
+        let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        PlantedLoop { dev, backing }
+    }
+
+    /// Makes the loop device's block node at `path`.
+    pub fn plant(&self, path: &Path) {
+        use std::os::unix::fs::MetadataExt;
+        let rdev = std::fs::metadata(&self.dev).unwrap().rdev();
+        let _ = std::fs::remove_file(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        nix::sys::stat::mknod(
+            path,
+            nix::sys::stat::SFlag::S_IFBLK,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            rdev,
+        )
+        .unwrap();
+    }
+
+    /// Nothing was written through the device.
+    pub fn untouched(&self) -> bool {
+        std::fs::read(&self.backing)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0)
+    }
+}
+
+impl Drop for PlantedLoop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}

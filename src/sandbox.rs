@@ -1,0 +1,240 @@
+//! The one sandbox gpuhook runs a program in (the host's static `ldconfig`, over a
+//! container's root): what a forked child does between `fork` and `exec`, as Firecracker's
+//! jailer does it. The program runs from an exec-only copy (so it is not dumpable: no
+//! `ptrace`, no `/proc/PID/mem`), with a clean descriptor table (`close_range`), no
+//! environment, lowered resource limits, no capabilities in any set, the given ids,
+//! `no_new_privs`, a parent-death signal, and a seccomp filter that refuses every way to
+//! make a process or run another program (`clone`, `clone3`, `fork`, `vfork`, `execve`;
+//! `execveat` stays for the exec itself).
+
+use nix::errno::Errno;
+use nix::sys::resource::Resource;
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+
+/// Who the program runs as, and what it may use.
+pub struct Confinement<'a> {
+    pub uid: u32,
+    pub gid: u32,
+    /// Each lowered to at most this (soft and hard).
+    pub limits: &'a [(Resource, u64)],
+    /// From [`no_fork_filter`] (built before the fork: the child only installs it).
+    pub filter: &'a BpfProgram,
+}
+
+/// An exec-only copy of a program (a sealed memfd, mode 0111, open read-only): executed
+/// from it, the process is not dumpable (the kernel marks a process that could not read
+/// its own program so), so no process of the same uid — a container's root among them —
+/// can `ptrace` it or read its memory.
+pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, String> {
+    const MFD_EXEC: libc::c_uint = 0x10;
+    let cname = CString::new(name).map_err(|_| format!("{name}: NUL in name"))?;
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: memfd_create with a valid C string; the descriptor is owned below.
+    let mut fd = unsafe { libc::memfd_create(cname.as_ptr(), flags | MFD_EXEC) };
+    if fd < 0 && Errno::last() == Errno::EINVAL {
+        // (Kernels before 6.3 know no MFD_EXEC: there a memfd is executable anyway.)
+        // SAFETY: as above.
+        fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
+    }
+    if fd < 0 {
+        return Err(format!("memfd for {name}: {}", Errno::last()));
+    }
+    // SAFETY: a fresh descriptor the kernel just returned.
+    let mut copy = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let mut src = f;
+    std::io::copy(&mut src, &mut copy).map_err(|e| format!("copying {name}: {e}"))?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    nix::sys::stat::fchmod(
+        copy.as_fd(),
+        nix::sys::stat::Mode::from_bits_truncate(0o111),
+    )
+    .map_err(|e| format!("chmod of the copy of {name}: {e}"))?;
+    // SAFETY: fcntl on our descriptor.
+    if unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(format!("sealing the copy of {name}: {}", Errno::last()));
+    }
+    // The program must not be executed through a writable descriptor (ETXTBSY): reopened
+    // read-only, the writable one closed.
+    let ro = nix::fcntl::open(
+        format!("/proc/self/fd/{}", copy.as_raw_fd()).as_str(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("reopening the copy of {name}: {e}"))?;
+    Ok(ro)
+}
+
+/// The seccomp filter of [`confine_and_exec`]: `EPERM` for every call that makes a process
+/// or runs a program (`execveat` aside, which runs the program itself).
+pub fn no_fork_filter() -> Result<BpfProgram, String> {
+    let mut denied: Vec<libc::c_long> = vec![libc::SYS_clone, libc::SYS_clone3, libc::SYS_execve];
+    #[cfg(target_arch = "x86_64")]
+    denied.extend([libc::SYS_fork, libc::SYS_vfork]);
+    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> =
+        denied.into_iter().map(|n| (n, Vec::new())).collect();
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| format!("seccomp: {e:?}"))?;
+    let f = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
+    f.try_into().map_err(|e| format!("seccomp: {e:?}"))
+}
+
+/// Closes every descriptor from `first` on.
+pub fn close_from(first: u32) {
+    // SAFETY: close_range over descriptors this process owns; nothing uses them after.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    if r < 0 {
+        for fd in first..4096 {
+            // SAFETY: as above (close_range is missing before Linux 5.9).
+            unsafe { libc::close(fd as i32) };
+        }
+    }
+}
+
+/// In a forked child: confines this process as `c` says and executes `exe` (an
+/// [`exec_only_copy`]) with `argv` and no environment. Standard output and error are what
+/// the caller left at 1 and 2; standard input is closed. Returns only on failure.
+pub fn confine_and_exec(exe: &OwnedFd, argv: &[CString], c: &Confinement) -> (String, Errno) {
+    // The program at 3 (closed again by its exec), nothing else past 2.
+    // SAFETY: dup2/fcntl/close on descriptors this process owns.
+    unsafe {
+        libc::close(0);
+        if exe.as_raw_fd() != 3 && libc::dup2(exe.as_raw_fd(), 3) < 0 {
+            return ("dup2".into(), Errno::last());
+        }
+        libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    close_from(4);
+    for (r, v) in c.limits {
+        // Lowered only (raising a hard limit would need a capability it lacks).
+        let hard = nix::sys::resource::getrlimit(*r).map_or(*v, |(_, h)| h);
+        if let Err(e) = nix::sys::resource::setrlimit(*r, (*v).min(hard), (*v).min(hard)) {
+            return ("setrlimit".into(), e);
+        }
+    }
+    // No capabilities survive the exec, whatever the uid.
+    for cap in caps::all() {
+        if caps::has_cap(None, caps::CapSet::Bounding, cap).unwrap_or(false)
+            && caps::drop(None, caps::CapSet::Bounding, cap).is_err()
+        {
+            return ("dropping the bounding set".into(), Errno::EPERM);
+        }
+    }
+    let _ = caps::clear(None, caps::CapSet::Ambient);
+    let _ = caps::clear(None, caps::CapSet::Inheritable);
+    if let Err(e) = nix::unistd::setgroups(&[]) {
+        return ("setgroups".into(), e);
+    }
+    if let Err(e) = nix::unistd::setgid(c.gid.into()) {
+        return ("setgid".into(), e);
+    }
+    if let Err(e) = nix::unistd::setuid(c.uid.into()) {
+        return ("setuid".into(), e);
+    }
+    if caps::clear(None, caps::CapSet::Effective).is_err()
+        || caps::clear(None, caps::CapSet::Permitted).is_err()
+    {
+        return ("dropping capabilities".into(), Errno::EPERM);
+    }
+    // SAFETY: plain prctl calls. The parent-death signal is set after the id change (which
+    // resets it).
+    unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    }
+    if let Err(e) = seccompiler::apply_filter(c.filter) {
+        return (format!("seccomp: {e}"), Errno::EPERM);
+    }
+    let env: [CString; 0] = [];
+    // SAFETY: descriptor 3 is the program (set above).
+    let exe = unsafe { std::os::fd::BorrowedFd::borrow_raw(3) };
+    let e = nix::unistd::fexecve(exe, argv, &env).unwrap_err();
+    ("exec".into(), e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::wait::{waitpid, WaitStatus};
+    use nix::unistd::{fork, ForkResult};
+
+    /// A child confined as `c` execs `prog` with `args`; its exit status.
+    fn run(prog: &str, args: &[&str], uid: u32) -> (WaitStatus, i32) {
+        let f = std::fs::File::open(prog).unwrap();
+        let exe = exec_only_copy(&f, "test").unwrap();
+        let filter = no_fork_filter().unwrap();
+        let argv: Vec<CString> = std::iter::once(prog)
+            .chain(args.iter().copied())
+            .map(|a| CString::new(a).unwrap())
+            .collect();
+        let limits = [(Resource::RLIMIT_CORE, 0)];
+        let c = Confinement {
+            uid,
+            gid: uid,
+            limits: &limits,
+            filter: &filter,
+        };
+        // SAFETY: the test child only makes syscalls and execs or _exits.
+        match unsafe { fork() }.unwrap() {
+            ForkResult::Child => {
+                let _ = confine_and_exec(&exe, &argv, &c);
+                // SAFETY: leave the forked test child at once.
+                unsafe { libc::_exit(126) }
+            }
+            ForkResult::Parent { child } => {
+                let pid = child.as_raw();
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                use std::os::unix::fs::MetadataExt;
+                let owner = std::fs::metadata(format!("/proc/{pid}/stat"))
+                    .map(|m| m.uid() as i32)
+                    .unwrap_or(-1);
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::SIGKILL);
+                (waitpid(child, None).unwrap(), owner)
+            }
+        }
+    }
+
+    /// A program run from the exec-only copy is not dumpable (its /proc files are root's,
+    /// not its uid's, so no process of that uid may trace it); it cannot make a process
+    /// (seccomp: the shell's fork fails); no descriptor of ours reaches it.
+    #[test]
+    fn confined_program_is_not_dumpable_and_cannot_fork() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("needs root (setuid): skipped");
+            return;
+        }
+        // Not dumpable: /proc/PID is owned by root while the process runs as 65534.
+        let (_, owner) = run("/bin/sleep", &["5"], 65534);
+        assert_eq!(owner, 0, "the process is dumpable");
+        // The exec itself works (the shell's own exit status comes back) ...
+        let (st, _) = run("/bin/sh", &["-c", "exit 7"], 65534);
+        assert!(matches!(st, WaitStatus::Exited(_, 7)), "{st:?}");
+        // ... but it cannot make a process: an external command fails.
+        let (st, _) = run("/bin/sh", &["-c", "/bin/true && exit 0; exit 9"], 65534);
+        assert!(
+            matches!(st, WaitStatus::Exited(_, c) if c != 0 && c != 126),
+            "{st:?}"
+        );
+        // No inherited descriptor beyond 0-2: fd 777 kept open here is gone there.
+        let keep = std::fs::File::open("/dev/null").unwrap();
+        // SAFETY: dup2 onto a descriptor number this test owns; closed below.
+        assert_eq!(unsafe { libc::dup2(keep.as_raw_fd(), 777) }, 777);
+        let (st, _) = run(
+            "/bin/sh",
+            &["-c", "[ -e /proc/self/fd/777 ] && exit 43; exit 0"],
+            65534,
+        );
+        // SAFETY: closes the descriptor made above.
+        unsafe { libc::close(777) };
+        assert!(matches!(st, WaitStatus::Exited(_, 0)), "{st:?}");
+    }
+}
