@@ -1999,6 +1999,9 @@ fn cdi_ldconfig_planted_nodes(b: &mut Bed) {
     b.start("gh-cdi-node").expect("start with a FIFO planted");
     assert!(lo.untouched(), "ldconfig wrote through the planted node");
     let ct = b.ct("gh-cdi-node");
+    // (started again over what is there: still nothing written through the node.)
+    common::assert_ok(&b.hook_direct("gh-cdi-node", "started"));
+    assert!(lo.untouched());
     let o = b.sh_in(&ct, common::CDI_PROBE);
     common::assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
     let cache = std::fs::read(rootfs.join("etc/ld.so.cache")).unwrap();
