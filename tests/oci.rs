@@ -1398,6 +1398,49 @@ fn cdi_ldconfig_never_writes_a_planted_node() {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
+/// A user-namespaced podman container (its root is host uid 100000) with its own root
+/// and `driver=cdi`: the `createContainer` hook runs in the container's user namespace, so
+/// the ldconfig sandbox (its namespaces, the nodev copy of the root, the tmpfs for the
+/// cache) is made with the capabilities of that namespace only; the cache is the
+/// container root's, and the planted node is not written either.
+#[test]
+fn cdi_in_a_user_namespace() {
+    let fake = FakeHost::blueprint();
+    let o = Oci::new(fake.clone(), RUNC);
+    let drv = o.host.with_cdi(&fake);
+    // (The fake driver's passed hooks log there; in the user namespace they run as an
+    // unmapped uid.)
+    let log = drv.root.join("cdi-hook.log");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    f.set_permissions(std::fs::Permissions::from_mode(0o666))
+        .unwrap();
+    let rootfs = testbed::driver::rootfs(&o.host.root().join("cdi-userns")).unwrap();
+    let lo = common::PlantedLoop::new(o.host.root());
+    lo.plant(&rootfs.join("etc/ld.so.cache~"));
+    let st = Command::new("chown")
+        .args(["-R", "-h", "100000:100000"])
+        .arg(&rootfs)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut args = vec!["--uidmap", "0:100000:65536", "--gidmap", "0:100000:65536"];
+    args.extend_from_slice(&CDI_ONE_GPU);
+    let r = podman_rootfs(&o, &rootfs, &args, common::CDI_PROBE);
+    let s = out(&r);
+    assert!(r.status.success(), "{s}{}", stderr(&r));
+    common::assert_cdi_probe(&s);
+    assert!(lo.untouched(), "ldconfig wrote through the planted node");
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(rootfs.join("etc/ld.so.cache")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (100000, 100000));
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
 /// A hostile image: `/usr/lib` a symlink to the host's-looking `/etc` (the createContainer
 /// hook runs before the runtime enters the root: followed, it would write on the host).
 /// Refused before the runtime runs, nothing reserved; a bad spec the same.
