@@ -552,6 +552,7 @@ fn cdi_plan(
         .ok()
         .and_then(|t| cdi::nvidia_version(&t));
     let host = cdi::Host {
+        foreign_hooks: cfg.cdi_foreign_hooks,
         dev: &cfg.dev,
         nvidia_version: version,
         dirs: &cfg.cdi_spec_dirs,

@@ -2042,7 +2042,8 @@ fn main() {
     common::require_root();
     let installed = std::env::var("GPUHOOK_TEST_HOOK").as_deref() == Ok("installed");
     let work = PathBuf::from(format!(
-        "/var/tmp/gpuhook-libvirt-test-{}",
+        // Not /var/tmp: CDI spec directories under it would be refused (others may write it).
+        "/var/lib/gpuhook-libvirt-test-{}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&work);
