@@ -380,7 +380,8 @@ fn main() {
     let bench = Bench {
         tramp: env_path("BENCH_RSS"),
     };
-    let work = PathBuf::from("/var/tmp/gpuhook-bench");
+    // Not /var/tmp: its CDI spec directory would be refused (others may write /var/tmp).
+    let work = PathBuf::from("/var/lib/gpuhook-bench");
     let _ = Command::new("umount")
         .arg(work.join("run"))
         .stderr(Stdio::null())

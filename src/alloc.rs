@@ -51,6 +51,18 @@ pub fn busy<'a>(held: &'a Held, pci: &str) -> Option<&'a str> {
     })
 }
 
+/// Who uses GPU instance `gi` of GPU `pci`, through which of its compute instances: they
+/// share the GPU instance's memory, engines and fault domain, so a GPU instance serves one
+/// holder at a time. `held` lists other holders' units only (never the asking holder's, which
+/// may take several compute instances of one GPU instance).
+pub fn gi_holder<'a>(held: &'a Held, pci: &str, gi: u32) -> Option<(&'a str, &'a str)> {
+    let prefix = format!("{pci}/gi{gi}/ci");
+    held.range(prefix.clone()..)
+        .next()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+}
+
 /// Chooses `req.count` GPUs (or MIG instances, for a MIG request). Returns their PCI
 /// addresses (instance ids `PCI/giG/ciC`) in index order.
 pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>, AllocError> {
@@ -182,9 +194,9 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
 }
 
 /// Chooses `req.count` MIG compute instances: the exact ones the request names, then free
-/// instances of usable, matching GPUs that no one holds whole; packed (the GPU with the
-/// fewest free instances that suffices, else the fullest first), so that other GPUs keep
-/// theirs together.
+/// instances of usable, matching GPUs that no one holds whole, never one whose GPU instance
+/// another holder uses ([`gi_holder`]); packed (the GPU with the fewest free instances that
+/// suffices, else the fullest first), so that other GPUs keep theirs together.
 pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>, AllocError> {
     let mut chosen: Vec<(usize, String)> = Vec::new();
     for sel in &req.migs {
@@ -223,6 +235,12 @@ pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Str
         if let Some(h) = held.get(&id) {
             return Err(AllocError(format!("{id} ({sel}) is held by {h}")));
         }
+        if let Some((other, h)) = gi_holder(held, &g.pci, m.gi) {
+            return Err(AllocError(format!(
+                "{id} ({sel}): its GPU instance gi {} is held by {h} (through {other}); compute instances of one GPU instance share its memory and engines",
+                m.gi
+            )));
+        }
         if let Some(f) = req
             .filters
             .iter()
@@ -244,8 +262,9 @@ pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Str
             let free: Vec<String> = g
                 .migs
                 .iter()
+                .filter(|m| gi_holder(held, &g.pci, m.gi).is_none())
                 .map(|m| m.id(&g.pci))
-                .filter(|id| !held.contains_key(id) && !chosen.iter().any(|(_, c)| c == id))
+                .filter(|id| !chosen.iter().any(|(_, c)| c == id))
                 .collect();
             (g.index, free)
         })
@@ -554,6 +573,68 @@ pub(crate) mod tests {
             .unwrap_err()
             .0
             .contains("is held whole by domain 'w'"));
+    }
+
+    /// Compute instances of one GPU instance share its memory, engines and fault domain: one
+    /// holder at a time (it may take several of them), another GPU instance is another unit.
+    #[test]
+    fn one_gpu_instance_serves_one_holder() {
+        let mut gs = dgx();
+        gs[0] = with_migs(gs[0].clone(), &[(7, 0), (7, 1), (8, 0)]);
+        let id = |gi: u32, ci: u32| format!("0000:10:00.0/gi{gi}/ci{ci}");
+        let exact = |sels: &[(u32, u32)]| {
+            let mut r = req(sels.len() as u32);
+            r.mig = true;
+            r.migs = sels
+                .iter()
+                .map(|&(gi, ci)| crate::request::MigSel {
+                    gpu: DeviceSel::Index(0),
+                    gi,
+                    ci,
+                })
+                .collect();
+            r
+        };
+        let mut held = Held::new();
+        held.insert(id(7, 0), "domain 'a'".into());
+        assert_eq!(
+            gi_holder(&held, "0000:10:00.0", 7),
+            Some((&*id(7, 0), "domain 'a'"))
+        );
+        assert_eq!(gi_holder(&held, "0000:10:00.0", 8), None);
+        // An exact request for the other compute instance of gi 7: refused, naming 'a'.
+        assert_eq!(
+            allocate(&gs, &held, &exact(&[(7, 1)])).unwrap_err().0,
+            "0000:10:00.0/gi7/ci1 (MIG index 0 gi 7 ci 1): its GPU instance gi 7 is held by domain 'a' (through 0000:10:00.0/gi7/ci0); compute instances of one GPU instance share its memory and engines"
+        );
+        assert_eq!(allocate(&gs, &held, &exact(&[(8, 0)])).unwrap(), [id(8, 0)]);
+        // Packed: never gi7/ci1; of two asked only one is free.
+        let mut r = req(1);
+        r.mig = true;
+        assert_eq!(allocate(&gs, &held, &r).unwrap(), [id(8, 0)]);
+        r.count = 2;
+        let e = allocate(&gs, &held, &r).unwrap_err();
+        assert!(
+            e.0.contains(
+                "only 1 of the host's 3 MIG instances on matching GPUs is free: held by domain 'a'"
+            ),
+            "{e}"
+        );
+        // One holder may take both compute instances of one GPU instance, packed or exact.
+        let none = Held::new();
+        assert_eq!(allocate(&gs, &none, &r).unwrap(), [id(7, 0), id(7, 1)]);
+        assert_eq!(
+            allocate(&gs, &none, &exact(&[(7, 0), (7, 1)])).unwrap(),
+            [id(7, 0), id(7, 1)]
+        );
+        // gi 1 is not gi 17's prefix.
+        let mut g17 = dgx();
+        g17[0] = with_migs(g17[0].clone(), &[(1, 0), (17, 0)]);
+        let mut h17 = Held::new();
+        h17.insert("0000:10:00.0/gi17/ci0".into(), "domain 'b'".into());
+        assert_eq!(gi_holder(&h17, "0000:10:00.0", 1), None);
+        r.count = 1;
+        assert_eq!(allocate(&g17, &h17, &r).unwrap(), ["0000:10:00.0/gi1/ci0"]);
     }
 
     #[test]

@@ -14,8 +14,12 @@
 
 use crate::ids::Vendor;
 use crate::node::Node;
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fstat, Mode};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -228,16 +232,21 @@ fn dirs_list(dirs: &[PathBuf]) -> String {
 /// Reads the specs of `kinds` in `dirs` (`*.json`, `*.yaml`, `*.yml`; a directory that does
 /// not exist has none). A file that cannot be read or parsed is an error when it is (or may
 /// be, for all its text says) of one of `kinds`; one of another kind is not looked at further.
+/// Only root may have written what root acts on: a directory, or a parent of it, that is not
+/// root's or that group or others may write is refused ([`open_dir`]); each file is opened
+/// once, without following a link or waiting on a FIFO, and read from that descriptor.
 pub fn load(dirs: &[PathBuf], kinds: &[&str]) -> Result<Vec<Loaded>, String> {
     let mut out = Vec::new();
     for (i, dir) in dirs.iter().enumerate() {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("CDI spec directory {}: {e}", dir.display())),
-        };
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
+        let Some(fd) = open_dir(dir)? else { continue };
+        let listed = fd
+            .try_clone()
+            .and_then(|d| nix::dir::Dir::from_fd(d).map_err(io_err))
+            .map_err(|e| format!("CDI spec directory {}: {e}", dir.display()))?;
+        let mut files: Vec<PathBuf> = listed
+            .into_iter()
+            .filter_map(|e| e.ok())
+            .map(|e| PathBuf::from(std::ffi::OsStr::from_bytes(e.file_name().to_bytes())))
             .filter(|p| {
                 matches!(
                     p.extension().and_then(|x| x.to_str()),
@@ -247,24 +256,132 @@ pub fn load(dirs: &[PathBuf], kinds: &[&str]) -> Result<Vec<Loaded>, String> {
             .collect();
         files.sort();
         for f in files {
-            if let Some(spec) = read_spec(&f, kinds)? {
-                out.push(Loaded {
-                    path: f,
-                    dir: i,
-                    spec,
-                });
+            let path = dir.join(&f);
+            if let Some(spec) = read_spec(&fd, &f, &path, kinds)? {
+                out.push(Loaded { path, dir: i, spec });
             }
         }
     }
     Ok(out)
 }
 
-/// One spec file; `None` when it is of another kind than `kinds`.
-fn read_spec(path: &Path, kinds: &[&str]) -> Result<Option<Spec>, String> {
+/// A `nix` error as `std` says it (`Not a directory (os error 20)`), as messages did.
+fn io_err(e: nix::Error) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e as i32)
+}
+
+/// A spec directory, opened from `/` one component at a time without following a link, each
+/// checked on its descriptor: root's, not writable by group or others (a sticky `/tmp` is
+/// writable by others: refused too). A link in the configured path (`/var/run` → `/run`) is
+/// resolved first and the directories it leads to are the ones checked. `None` when the
+/// directory does not exist (`/var/run/cdi` often does not).
+fn open_dir(dir: &Path) -> Result<Option<OwnedFd>, String> {
+    let name = dir.display();
+    let real = match std::fs::canonicalize(dir) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("CDI spec directory {name}: {e}")),
+    };
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut at = PathBuf::from("/");
+    let mut fd = nix::fcntl::open(&at, flags, Mode::empty())
+        .map_err(|e| format!("CDI spec directory {name}: /: {}", io_err(e)))?;
+    trusted_dir(&fd, &at, dir, &real)?;
+    for c in real.components() {
+        let std::path::Component::Normal(c) = c else {
+            continue;
+        };
+        at.push(c);
+        fd = match openat(&fd, c, flags, Mode::empty()) {
+            Ok(f) => f,
+            Err(nix::Error::ENOENT) => return Ok(None),
+            Err(e) if at == real => {
+                return Err(format!("CDI spec directory {name}: {}", io_err(e)))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "CDI spec directory {name}: {}: {}",
+                    at.display(),
+                    io_err(e)
+                ))
+            }
+        };
+        trusted_dir(&fd, &at, dir, &real)?;
+    }
+    Ok(Some(fd))
+}
+
+/// `at` (the spec directory `real`, which `dir` names, or a parent of it) is root's and not
+/// writable by group or others.
+fn trusted_dir(fd: &OwnedFd, at: &Path, dir: &Path, real: &Path) -> Result<(), String> {
+    let st = fstat(fd).map_err(|e| {
+        format!(
+            "CDI spec directory {}: {}: {}",
+            dir.display(),
+            at.display(),
+            io_err(e)
+        )
+    })?;
+    let what = if at != real {
+        format!(
+            "CDI spec directory {}: its parent {}",
+            dir.display(),
+            at.display()
+        )
+    } else if real != dir {
+        format!("CDI spec directory {} ({})", dir.display(), real.display())
+    } else {
+        format!("CDI spec directory {}", dir.display())
+    };
+    if st.st_uid != 0 {
+        return Err(format!(
+            "{what} is owned by uid {}, not root; refusing to read specs from it",
+            st.st_uid
+        ));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(format!(
+            "{what} has mode {:04o}: group or others may write it; refusing to read specs from it",
+            st.st_mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// One spec file, `file` in the directory `dir` (`path` names it); `None` when it is of
+/// another kind than `kinds` (or a directory).
+fn read_spec(
+    dir: &OwnedFd,
+    file: &Path,
+    path: &Path,
+    kinds: &[&str],
+) -> Result<Option<Spec>, String> {
     let name = path.display();
-    let md = std::fs::metadata(path).map_err(|e| format!("CDI spec {name}: {e}"))?;
-    if !md.is_file() {
+    // Opened once: a symlink is refused (never followed), a FIFO does not block the open.
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_CLOEXEC
+        | OFlag::O_NOCTTY;
+    let fd = match openat(dir, file, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(nix::Error::ELOOP) => {
+            return Err(format!(
+                "CDI spec {name} is a symlink; refusing to follow it"
+            ))
+        }
+        Err(e) => return Err(format!("CDI spec {name}: {}", io_err(e))),
+    };
+    let mut f = std::fs::File::from(fd);
+    let md = f.metadata().map_err(|e| format!("CDI spec {name}: {e}"))?;
+    if md.is_dir() {
         return Ok(None);
+    }
+    if !md.is_file() {
+        return Err(format!(
+            "CDI spec {name} is {}, not a regular file; refusing to read it",
+            file_kind(md.file_type())
+        ));
     }
     // Root reads it and acts on it as root: only root may have written it.
     if md.uid() != 0 || md.mode() & 0o022 != 0 {
@@ -274,13 +391,16 @@ fn read_spec(path: &Path, kinds: &[&str]) -> Result<Option<Spec>, String> {
             md.mode() & 0o7777
         ));
     }
+    let too_big = || format!("CDI spec {name} is larger than {} MiB", MAX_SPEC >> 20);
     if md.len() > MAX_SPEC {
-        return Err(format!(
-            "CDI spec {name} is larger than {} MiB",
-            MAX_SPEC >> 20
-        ));
+        return Err(too_big());
     }
-    let text = std::fs::read(path).map_err(|e| format!("CDI spec {name}: {e}"))?;
+    let mut text = Vec::with_capacity(md.len() as usize);
+    std::io::Read::read_to_end(&mut std::io::Read::take(&mut f, MAX_SPEC + 1), &mut text)
+        .map_err(|e| format!("CDI spec {name}: {e}"))?;
+    if text.len() as u64 > MAX_SPEC {
+        return Err(too_big());
+    }
     let json = path.extension().is_some_and(|x| x == "json");
     let spec = match parse(&text, json) {
         Ok(s) => s,
@@ -298,6 +418,20 @@ fn read_spec(path: &Path, kinds: &[&str]) -> Result<Option<Spec>, String> {
     }
     check_spec(&spec).map_err(|e| format!("CDI spec {name}: {e}"))?;
     Ok(Some(spec))
+}
+
+fn file_kind(t: std::fs::FileType) -> &'static str {
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "of an unknown type"
+    }
 }
 
 /// A spec's text, strictly (unknown fields refused): JSON, or YAML (which JSON also is).
@@ -408,9 +542,33 @@ pub struct Unit {
     pub nodes: Vec<(u32, u32)>,
 }
 
+/// What becomes of a spec's hooks that gpuhook does not do itself (config key
+/// `cdi_foreign_hooks`): they run as root against the container's image (OCI: the runtime
+/// runs them), so a host can refuse them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForeignHooks {
+    /// Passed to the OCI runtime, listed in the log for libvirt.
+    #[default]
+    Pass,
+    /// A request whose edits have one is refused.
+    Refuse,
+}
+
+impl ForeignHooks {
+    pub fn parse(v: &str) -> Result<ForeignHooks, String> {
+        match v {
+            "pass" => Ok(ForeignHooks::Pass),
+            "refuse" => Ok(ForeignHooks::Refuse),
+            other => Err(format!("unknown value '{other}' (known: pass, refuse)")),
+        }
+    }
+}
+
 /// The host, as far as checking a spec goes.
 #[derive(Debug, Clone)]
 pub struct Host<'a> {
+    /// Whether hooks gpuhook does not do itself are passed on or refused.
+    pub foreign_hooks: ForeignHooks,
     /// Where the host's `/dev` is (the config's `dev` root).
     pub dev: &'a Path,
     /// The NVIDIA kernel module's version (`/proc/driver/nvidia/version`), if loaded.
@@ -677,7 +835,7 @@ impl Plan {
             }
         }
         for h in e.hooks.as_deref().unwrap_or_default() {
-            self.hook(h)?;
+            self.hook(h, host.foreign_hooks)?;
         }
         for v in e.env.as_deref().unwrap_or_default() {
             let Some((k, _)) = v.split_once('=') else {
@@ -699,7 +857,7 @@ impl Plan {
         Ok(())
     }
 
-    fn hook(&mut self, h: &SpecHook) -> Result<(), String> {
+    fn hook(&mut self, h: &SpecHook, foreign: ForeignHooks) -> Result<(), String> {
         if !crate::oci::STAGES.contains(&h.hook_name.as_str()) {
             return Err(format!("hook stage '{}' is not an OCI hook", h.hook_name));
         }
@@ -721,6 +879,14 @@ impl Plan {
                         self.ld_folders.push(x);
                     }
                 }
+            }
+            None if foreign == ForeignHooks::Refuse => {
+                return Err(format!(
+                    "{} hook {}{} is not one gpuhook does itself, and the host config refuses such hooks (\"cdi_foreign_hooks\": \"refuse\")",
+                    h.hook_name,
+                    h.path,
+                    args.get(1).map(|a| format!(" {a}")).unwrap_or_default()
+                ));
             }
             None => {
                 let p = PassedHook {

@@ -44,6 +44,7 @@ struct Raw {
     oci_runtime: Option<PathBuf>,
     oci_env_requests: Option<bool>,
     cdi_spec_dirs: Option<Vec<PathBuf>>,
+    cdi_foreign_hooks: Option<String>,
     driver: Option<String>,
 }
 
@@ -69,6 +70,8 @@ pub struct Config {
     pub oci_env_requests: bool,
     /// Where CDI specs are, lowest priority first (`/etc/cdi`, `/var/run/cdi`).
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// CDI hooks gpuhook does not do itself: passed on (`pass`, the default) or refused.
+    pub cdi_foreign_hooks: crate::cdi::ForeignHooks,
     /// The driver user space a request gets when it does not say (`none`).
     pub driver: crate::request::Driver,
 }
@@ -88,6 +91,7 @@ impl Default for Config {
             oci_runtime: None,
             oci_env_requests: true,
             cdi_spec_dirs: crate::cdi::DEFAULT_DIRS.iter().map(PathBuf::from).collect(),
+            cdi_foreign_hooks: crate::cdi::ForeignHooks::Pass,
             driver: crate::request::Driver::None,
         }
     }
@@ -157,6 +161,10 @@ impl Config {
                 )));
             }
             c.cdi_spec_dirs = dirs;
+        }
+        if let Some(v) = raw.cdi_foreign_hooks {
+            c.cdi_foreign_hooks = crate::cdi::ForeignHooks::parse(&v)
+                .map_err(|m| e(format!("\"cdi_foreign_hooks\": {m}")))?;
         }
         if let Some(d) = raw.driver {
             c.driver =
@@ -292,6 +300,19 @@ mod tests {
     }
 
     #[test]
+    fn cdi_foreign_hooks() {
+        use crate::cdi::ForeignHooks;
+        assert_eq!(p("{}").unwrap().cdi_foreign_hooks, ForeignHooks::Pass);
+        for (v, want) in [
+            ("pass", ForeignHooks::Pass),
+            ("refuse", ForeignHooks::Refuse),
+        ] {
+            let c = p(&format!(r#"{{"cdi_foreign_hooks": "{v}"}}"#)).unwrap();
+            assert_eq!(c.cdi_foreign_hooks, want);
+        }
+    }
+
+    #[test]
     fn empty_object_is_defaults() {
         let c = p("{}").unwrap();
         assert_eq!(c.state_file, PathBuf::from(DEFAULT_STATE_FILE));
@@ -317,6 +338,14 @@ mod tests {
                 "unknown field `speed`",
             ),
             (r#"{"overrides": {"10de:06de": {"arch": " "}}}"#, "empty"),
+            (
+                r#"{"cdi_foreign_hooks": "skip"}"#,
+                "\"cdi_foreign_hooks\": unknown value 'skip' (known: pass, refuse)",
+            ),
+            (
+                r#"{"cdi_foreign_hooks": true}"#,
+                "invalid type: boolean `true`, expected a string",
+            ),
             ("{", "EOF"),
             ("[]", "must be a JSON object"),
             ("", "must be a JSON object"),

@@ -132,7 +132,7 @@ fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &
         inv.by_pci(p).map_or(0, |g| {
             g.migs
                 .iter()
-                .filter(|m| !held.contains_key(&m.id(&g.pci)))
+                .filter(|m| alloc::gi_holder(held, &g.pci, m.gi).is_none())
                 .count()
         })
     };
@@ -552,6 +552,7 @@ fn cdi_plan(
         .ok()
         .and_then(|t| cdi::nvidia_version(&t));
     let host = cdi::Host {
+        foreign_hooks: cfg.cdi_foreign_hooks,
         dev: &cfg.dev,
         nvidia_version: version,
         dirs: &cfg.cdi_spec_dirs,
@@ -1038,6 +1039,15 @@ fn adopt(
                 "it uses GPU {p}, which is reserved by {h}"
             )));
         }
+        // Another holder's compute instance of the same GPU instance: they would share it.
+        if let Some(((other, h), gi)) = inv
+            .mig(p)
+            .and_then(|(g, m)| alloc::gi_holder(held, &g.pci, m.gi).map(|x| (x, m.gi)))
+        {
+            return Err(Error::other(format!(
+                "it uses MIG instance {p}, whose GPU instance gi {gi} is reserved by {h} (through {other})"
+            )));
+        }
     }
     if req.mig {
         let named: Vec<String> = req
@@ -1253,6 +1263,42 @@ mod tests {
         let mut whole = alloc::Held::new();
         whole.insert(pci(0), "domain 'w'".into());
         assert!(adopt(&r, &inv, &whole, &[unit(2)]).is_err());
+    }
+
+    /// The state lost a MIG container's reservation and its cgroup grants a compute instance
+    /// of a GPU instance another holder uses: a conflict (they would share its memory and
+    /// engines); a top-up never takes such an instance either.
+    #[test]
+    fn mig_adoption_refuses_a_shared_gpu_instance() {
+        let mut gpus = dgx();
+        gpus[0] = with_migs(gpus[0].clone(), &[(7, 0), (7, 1), (8, 0)]);
+        let inv = Inventory {
+            gpus,
+            controls: vec![],
+            deferred: 0,
+        };
+        let unit = |gi: u32, ci: u32| format!("{}/gi{gi}/ci{ci}", pci(0));
+        let mut r = req(1);
+        r.mig = true;
+        let mut held = alloc::Held::new();
+        held.insert(unit(7, 0), "domain 'other'".into());
+        let e = adopt(&r, &inv, &held, &[unit(7, 1)]).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!(
+                "it uses MIG instance {}, whose GPU instance gi 7 is reserved by domain 'other' (through {})",
+                unit(7, 1),
+                unit(7, 0)
+            )),
+            "{e}"
+        );
+        // Nothing granted: a fresh choice is the other GPU instance.
+        let (g, _) = adopt(&r, &inv, &held, &[]).unwrap();
+        assert_eq!(g, [unit(8, 0)]);
+        // Both compute instances of gi 7 granted to one container: its own, adopted.
+        r.count = 2;
+        let none = alloc::Held::new();
+        let (g, out) = adopt(&r, &inv, &none, &[unit(7, 0), unit(7, 1)]).unwrap();
+        assert_eq!((g, out), (vec![unit(7, 0), unit(7, 1)], vec![]));
     }
 
     /// A request naming index 0 with count 2 was topped up with GPU 2 (GPU 1 was held then);

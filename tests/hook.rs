@@ -819,3 +819,53 @@ fn cdi_check_and_prepare() {
     );
     assert!(h.holders().is_empty());
 }
+
+/// CDI spec trust through the hook: a spec directory that group may write, a parent of it
+/// that others may write, a symlinked spec file: `prepare` of a `driver="cdi"` domain is
+/// refused in one line naming the directory (or the file), nothing reserved; a domain
+/// without CDI on the same host is not affected; with the modes back it is granted.
+#[test]
+fn cdi_spec_trust_refuses_only_cdi_requests() {
+    use std::os::unix::fs::PermissionsExt;
+    let fake = FakeHost::blueprint();
+    let h = Host::new(fake.clone());
+    h.with_cdi(&fake);
+    let (cdi, run) = (h.root().join("cdi"), h.root().join("cdi/run"));
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    let with_cdi = domain("cdi1", 1, &gpus(r#"count="1" driver="cdi""#));
+    let plain = domain("plain1", 2, &gpus(r#"count="1""#));
+    let refused = |needle: &str| {
+        assert_fails(&h.hook("cdi1", "prepare", &with_cdi), "cdi1", needle);
+        assert!(!h.holders().contains_key("cdi1"));
+        assert_ok(&h.hook("plain1", "prepare", &plain));
+        assert_eq!(h.holders()["plain1"].len(), 1);
+        assert_ok(&h.hook("plain1", "release", &plain));
+    };
+    mode(&run, 0o775);
+    refused(&format!(
+        "CDI spec directory {} has mode 0775: group or others may write it; refusing to read specs from it",
+        run.display()
+    ));
+    mode(&run, 0o755);
+    mode(&cdi, 0o757);
+    refused(&format!(
+        "CDI spec directory {}: its parent {} has mode 0757: group or others may write it; refusing to read specs from it",
+        h.root().join("cdi/etc").display(),
+        cdi.display()
+    ));
+    mode(&cdi, 0o755);
+    let spec = run.join("nvidia.yaml");
+    let elsewhere = h.root().join("nvidia.yaml");
+    std::fs::rename(&spec, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &spec).unwrap();
+    refused(&format!(
+        "CDI spec {} is a symlink; refusing to follow it",
+        spec.display()
+    ));
+    std::fs::remove_file(&spec).unwrap();
+    std::fs::rename(&elsewhere, &spec).unwrap();
+    assert_ok(&h.hook("cdi1", "prepare", &with_cdi));
+    assert_eq!(h.holders()["cdi1"].len(), 1);
+}

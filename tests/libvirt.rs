@@ -681,6 +681,49 @@ fn mig_slices_of_one_gpu(b: &mut Bed) {
     assert!(b.reservation("gh-mig-a").is_none() && b.reservation("gh-mig-b").is_none());
 }
 
+/// Compute instances of one GPU instance share its memory, engines and fault domain: with
+/// 0000:40:00.0's gi1/ci0 held by a running domain, a domain asking for gi1/ci1 (exact) or
+/// for every instance left (packed) is refused at start in one line naming the holder, and
+/// nothing stays reserved for it; with the first one gone the second starts.
+fn mig_gpu_instance_one_holder(b: &mut Bed) {
+    b.use_host(FakeHost::dgx8_mig());
+    let slice = |name: &str, ci: u32| {
+        DomainSpec::new(
+            name,
+            &format!(
+                r#"<gpu:gpus {META_NS}><gpu:mig pci="0000:40:00.0" gi="1" ci="{ci}"/></gpu:gpus>"#
+            ),
+        )
+    };
+    b.define_start(&slice("gh-gi-a", 0));
+    b.define(&slice("gh-gi-b", 1));
+    let e = b
+        .start("gh-gi-b")
+        .expect_err("two holders on one GPU instance");
+    assert!(
+        e.contains("gpuhook: domain 'gh-gi-b': 0000:40:00.0/gi1/ci1 (MIG pci 0000:40:00.0 gi 1 ci 1): its GPU instance gi 1 is held by domain 'gh-gi-a' (through 0000:40:00.0/gi1/ci0)"),
+        "{e}"
+    );
+    assert!(b.reservation("gh-gi-b").is_none());
+    // 13 instances: one held, its GPU instance's other one taken with it.
+    b.define(&spec("gh-gi-p", r#"mig="yes" count="12""#));
+    let e = b
+        .start("gh-gi-p")
+        .expect_err("a packed request sharing a GPU instance");
+    assert!(
+        e.contains("only 11 of the host's 13 MIG instances on matching GPUs are free: held by domain 'gh-gi-a'"),
+        "{e}"
+    );
+    assert!(b.reservation("gh-gi-p").is_none());
+    b.d.virsh_ok(&["destroy", "gh-gi-a"]).unwrap();
+    b.start("gh-gi-b").expect("its GPU instance is free again");
+    assert_eq!(
+        b.reservation("gh-gi-b").unwrap()["gpus"],
+        serde_json::json!(["0000:40:00.0/gi1/ci1"])
+    );
+    b.d.virsh_ok(&["destroy", "gh-gi-b"]).unwrap();
+}
+
 fn reconnect_keeps_and_repairs(b: &mut Bed) {
     b.use_host(FakeHost::blueprint());
     b.define_start(&spec("gh-r", ""));
@@ -2046,6 +2089,7 @@ const CASES: &[(&str, Case)] = &[
     ("plain_domain_untouched", plain_domain_untouched),
     ("nova_flavor_through_libvirt", nova_flavor_through_libvirt),
     ("mig_slices_of_one_gpu", mig_slices_of_one_gpu),
+    ("mig_gpu_instance_one_holder", mig_gpu_instance_one_holder),
     ("libvirt_and_podman_contend", libvirt_and_podman_contend),
     ("reconnect_keeps_and_repairs", reconnect_keeps_and_repairs),
     ("numa_placement_and_isolation", numa_placement_and_isolation),
@@ -2087,7 +2131,8 @@ fn main() {
     common::require_root();
     let installed = std::env::var("GPUHOOK_TEST_HOOK").as_deref() == Ok("installed");
     let work = PathBuf::from(format!(
-        "/var/tmp/gpuhook-libvirt-test-{}",
+        // Not /var/tmp: CDI spec directories under it would be refused (others may write it).
+        "/var/lib/gpuhook-libvirt-test-{}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&work);

@@ -117,11 +117,11 @@ fn whole_gpus_and_instances_never_mix() {
         "c",
         "GPU 0000:40:00.0 has no MIG instance gi 3 ci 0",
     );
-    // 13 instances on the host, 3 held: 10 free.
+    // 13 instances on the host, 3 held, and gi1/ci0 shares b's GPU instance: 9 free.
     assert_fails(
-        &h.hook("c", "prepare", &domain("c", 5, &gpus(r#"mig="yes" count="11""#))),
+        &h.hook("c", "prepare", &domain("c", 5, &gpus(r#"mig="yes" count="10""#))),
         "c",
-        "cannot reserve 11 MIG instances: only 10 of the host's 13 MIG instances on matching GPUs are free: held by domain 'a', domain 'b'",
+        "cannot reserve 10 MIG instances: only 9 of the host's 13 MIG instances on matching GPUs are free: held by domain 'a', domain 'b'",
     );
     assert_fails(
         &h.hook(
@@ -135,9 +135,9 @@ fn whole_gpus_and_instances_never_mix() {
     assert_ok(&h.hook(
         "c",
         "prepare",
-        &domain("c", 5, &gpus(r#"mig="yes" count="10""#)),
+        &domain("c", 5, &gpus(r#"mig="yes" count="9""#)),
     ));
-    assert_eq!(held(&h, "c").len(), 10);
+    assert_eq!(held(&h, "c").len(), 9);
     // Freed at stop: the instances are free again.
     assert_ok(&h.hook(
         "a",
@@ -172,6 +172,63 @@ fn whole_gpus_and_instances_never_mix() {
         check.status.success() && check.stdout.is_empty(),
         "promtool: {}",
         common::stderr(&check)
+    );
+}
+
+/// Compute instances of one GPU instance share its memory, engines and fault domain: a GPU
+/// instance serves one holder at a time. 0000:40:00.0's gi 1 has two compute instances: with
+/// one held, the other is refused to an exact request (naming the holder) and never picked by
+/// a packed one; one holder may take both.
+#[test]
+fn one_gpu_instance_serves_one_holder() {
+    let h = Host::new(FakeHost::dgx8_mig());
+    let mig = |sels: &[(u32, u32)]| {
+        let kids: String = sels
+            .iter()
+            .map(|(gi, ci)| format!(r#"<gpu:mig pci="0000:40:00.0" gi="{gi}" ci="{ci}"/>"#))
+            .collect();
+        format!(r#"<gpu:gpus {NS}>{kids}</gpu:gpus>"#)
+    };
+    assert_ok(&h.hook("b", "prepare", &domain("b", 1, &mig(&[(1, 1)]))));
+    assert_fails(
+        &h.hook("c", "prepare", &domain("c", 2, &mig(&[(1, 0)]))),
+        "c",
+        "0000:40:00.0/gi1/ci0 (MIG pci 0000:40:00.0 gi 1 ci 0): its GPU instance gi 1 is held by domain 'b' (through 0000:40:00.0/gi1/ci1); compute instances of one GPU instance share its memory and engines",
+    );
+    assert!(held(&h, "c").is_empty());
+    // 13 instances, b holds one and its GPU instance's other: 11 for a packed request.
+    assert_fails(
+        &h.hook("d", "prepare", &domain("d", 3, &gpus(r#"mig="yes" count="12""#))),
+        "d",
+        "cannot reserve 12 MIG instances: only 11 of the host's 13 MIG instances on matching GPUs are free: held by domain 'b'",
+    );
+    assert_ok(&h.hook(
+        "d",
+        "prepare",
+        &domain("d", 3, &gpus(r#"mig="yes" count="11""#)),
+    ));
+    let d = held(&h, "d");
+    assert_eq!(d.len(), 11);
+    assert!(
+        !d.iter().any(|u| u.starts_with("0000:40:00.0/gi1/")),
+        "{d:?}"
+    );
+    // One holder, both compute instances of gi 1.
+    assert_ok(&h.hook(
+        "d",
+        "stopped",
+        &domain("d", 3, &gpus(r#"mig="yes" count="11""#)),
+    ));
+    assert_ok(&h.hook("b", "stopped", &domain("b", 1, &mig(&[(1, 1)]))));
+    assert_ok(&h.hook("e", "prepare", &domain("e", 4, &mig(&[(1, 0), (1, 1)]))));
+    assert_eq!(
+        held(&h, "e"),
+        ["0000:40:00.0/gi1/ci0", "0000:40:00.0/gi1/ci1"]
+    );
+    assert_fails(
+        &h.hook("b", "prepare", &domain("b", 1, &mig(&[(1, 1)]))),
+        "b",
+        "0000:40:00.0/gi1/ci1 (MIG pci 0000:40:00.0 gi 1 ci 1) is held by domain 'e'",
     );
 }
 

@@ -1441,6 +1441,77 @@ fn cdi_in_a_user_namespace() {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
+/// The spec's text without its hooks that gpuhook does not do itself (each hook a block of
+/// lines from `- hookName:` on).
+fn without_foreign_hooks(spec: &str) -> String {
+    let mut out = String::new();
+    let mut block = String::new();
+    let flush = |block: &mut String, out: &mut String| {
+        if !block.contains("create-symlinks") && !block.contains("update-ldcache") {
+            block.clear();
+        }
+        out.push_str(block);
+        block.clear();
+    };
+    for l in spec.lines() {
+        if l == "        - hookName: createContainer" {
+            flush(&mut block, &mut out);
+            block.push_str(l);
+            block.push('\n');
+        } else if !block.is_empty() && l.starts_with("          ") {
+            block.push_str(l);
+            block.push('\n');
+        } else {
+            if !block.is_empty() {
+                flush(&mut block, &mut out);
+            }
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    flush(&mut block, &mut out);
+    out
+}
+
+/// `"cdi_foreign_hooks": "refuse"`: the nvidia-ctk-shaped spec's hooks that gpuhook does not
+/// do itself (`enable-cuda-compat`, …) would run as root against the image; with the switch
+/// the podman user gets one line naming the hook and the spec file, the runtime never runs
+/// (nothing started), nothing stays reserved. The same spec without them works. (The fake
+/// hooks' log is shared by the tests running at once: not looked at here.)
+#[test]
+fn cdi_foreign_hooks_refused_on_request() {
+    let fake = FakeHost::blueprint();
+    let o = Oci::new(fake.clone(), RUNC);
+    let drv = o.host.with_cdi(&fake);
+    o.host
+        .edit_config(|c| c["cdi_foreign_hooks"] = json!("refuse"));
+    let spec = o.host.root().join("cdi/run/nvidia.yaml");
+    let rootfs = testbed::driver::rootfs(&o.host.root().join("cdi-rootfs")).unwrap();
+    let r = podman_rootfs(&o, &rootfs, &CDI_ONE_GPU, "echo STARTED");
+    assert!(!out(&r).contains("STARTED"));
+    assert_refused(
+        &r,
+        &format!(
+            "CDI spec {}: createContainer hook {} enable-cuda-compat is not one gpuhook does itself, and the host config refuses such hooks (\"cdi_foreign_hooks\": \"refuse\")",
+            spec.display(),
+            drv.root.join("usr/bin/nvidia-cdi-hook").display()
+        ),
+    );
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    let text = std::fs::read_to_string(&spec).unwrap();
+    let stripped = without_foreign_hooks(&text);
+    assert!(
+        !stripped.contains("enable-cuda-compat") && stripped.contains("update-ldcache"),
+        "{stripped}"
+    );
+    common::write_config(&spec, &stripped);
+    let r = podman_rootfs(&o, &rootfs, &CDI_ONE_GPU, common::CDI_PROBE);
+    let s = out(&r);
+    assert!(r.status.success(), "{s}{}", stderr(&r));
+    common::assert_cdi_probe(&s);
+    assert!(o.reservations().is_empty());
+}
+
 /// A hostile image: `/usr/lib` a symlink to the host's-looking `/etc` (the createContainer
 /// hook runs before the runtime enters the root: followed, it would write on the host).
 /// Refused before the runtime runs, nothing reserved; a bad spec the same.

@@ -92,8 +92,21 @@ struct Dirs {
     dirs: Vec<PathBuf>,
 }
 
+/// A temporary directory gpuhook trusts: root's, under `/var/lib` (not under `/tmp`, which
+/// others may write).
+fn trusted_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let base = Path::new("/var/lib/gpuhook-tests");
+    std::fs::create_dir_all(base).expect("/var/lib/gpuhook-tests (run the tests as root)");
+    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    tempfile::Builder::new()
+        .prefix("cdi-unit-")
+        .tempdir_in(base)
+        .unwrap()
+}
+
 fn dirs(files: &[(usize, &str, &str)]) -> Dirs {
-    let t = tempfile::tempdir().unwrap();
+    let t = trusted_tempdir();
     let dirs = vec![t.path().join("etc-cdi"), t.path().join("run-cdi")];
     for d in &dirs {
         std::fs::create_dir_all(d).unwrap();
@@ -105,11 +118,21 @@ fn dirs(files: &[(usize, &str, &str)]) -> Dirs {
 }
 
 fn plan_for(d: &Dirs, chosen: &[(u32, u32)], version: Option<&str>) -> Result<Plan, String> {
+    plan_with(d, chosen, version, ForeignHooks::Pass)
+}
+
+fn plan_with(
+    d: &Dirs,
+    chosen: &[(u32, u32)],
+    version: Option<&str>,
+    foreign_hooks: ForeignHooks,
+) -> Result<Plan, String> {
     let loaded = load(&d.dirs, &["nvidia.com/gpu"])?;
     plan(
         &loaded,
         &units(chosen),
         &Host {
+            foreign_hooks,
             dev: Path::new("/dev"),
             nvidia_version: version.map(str::to_owned),
             dirs: &d.dirs,
@@ -424,6 +447,7 @@ fn a_mig_instance_gets_its_own_device_only() {
     };
     let loaded = load(&d.dirs, &["nvidia.com/gpu"]).unwrap();
     let host = Host {
+        foreign_hooks: ForeignHooks::Pass,
         dev: Path::new("/dev"),
         nvidia_version: None,
         dirs: &d.dirs,
@@ -459,4 +483,171 @@ fn a_block_device_on_the_host_is_refused() {
         e.contains("is a block device, not a character device"),
         "{e}"
     );
+}
+
+/// A spec file that is a symlink is refused, never followed (its target, a good spec, is
+/// not read), and the message names the link.
+#[test]
+fn a_symlinked_spec_is_refused_not_followed() {
+    let d = dirs(&[]);
+    let target = d._t.path().join("elsewhere.yaml");
+    std::fs::write(&target, spec("", DEVICES)).unwrap();
+    let link = d.dirs[1].join("nvidia.yaml");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let e = load(&d.dirs, &["nvidia.com/gpu"]).unwrap_err();
+    assert_eq!(
+        e,
+        format!(
+            "CDI spec {} is a symlink; refusing to follow it",
+            link.display()
+        )
+    );
+    // The same spec as a file is good.
+    std::fs::remove_file(&link).unwrap();
+    std::fs::rename(&target, &link).unwrap();
+    assert_eq!(load(&d.dirs, &["nvidia.com/gpu"]).unwrap().len(), 1);
+}
+
+/// A FIFO in a spec's place (no writer) neither blocks the load nor is skipped: refused.
+#[test]
+fn a_fifo_spec_does_not_block_and_is_refused() {
+    let d = dirs(&[]);
+    let fifo = d.dirs[0].join("nvidia.yaml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let dirs = d.dirs.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(load(&dirs, &["nvidia.com/gpu"]).map(|l| l.len()));
+    });
+    let r = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("load blocked on a FIFO");
+    assert_eq!(
+        r.unwrap_err(),
+        format!(
+            "CDI spec {} is a FIFO, not a regular file; refusing to read it",
+            fifo.display()
+        )
+    );
+}
+
+/// A spec directory that group or others may write, or that is not root's, is refused in one
+/// line naming it (also through a symlink to it); a missing one is still skipped.
+#[test]
+fn a_spec_directory_others_may_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs(&[(1, "nvidia.yaml", &spec("", DEVICES))]);
+    let mode =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    let run = &d.dirs[1];
+    mode(run, 0o775);
+    let e = load(&d.dirs, &["nvidia.com/gpu"]).unwrap_err();
+    assert_eq!(
+        e,
+        format!(
+            "CDI spec directory {} has mode 0775: group or others may write it; refusing to read specs from it",
+            run.display()
+        )
+    );
+    let link = d._t.path().join("link");
+    std::os::unix::fs::symlink(run, &link).unwrap();
+    let e = load(std::slice::from_ref(&link), &["nvidia.com/gpu"]).unwrap_err();
+    assert!(
+        e.starts_with(&format!(
+            "CDI spec directory {} ({}) has mode 0775",
+            link.display(),
+            run.display()
+        )),
+        "{e}"
+    );
+    mode(run, 0o755);
+    nix::unistd::chown(run.as_path(), Some(nix::unistd::Uid::from_raw(1000)), None).unwrap();
+    let e = load(&d.dirs, &["nvidia.com/gpu"]).unwrap_err();
+    assert_eq!(
+        e,
+        format!(
+            "CDI spec directory {} is owned by uid 1000, not root; refusing to read specs from it",
+            run.display()
+        )
+    );
+    nix::unistd::chown(run.as_path(), Some(nix::unistd::Uid::from_raw(0)), None).unwrap();
+    assert_eq!(load(&d.dirs, &["nvidia.com/gpu"]).unwrap().len(), 1);
+    let missing = vec![d._t.path().join("none"), run.clone()];
+    assert_eq!(load(&missing, &["nvidia.com/gpu"]).unwrap().len(), 1);
+}
+
+/// A parent of a spec directory that others may write is refused, naming that parent: sticky
+/// or not (whoever may write `/tmp` may make a directory there, or a spec directory path
+/// through one that does not exist yet).
+#[test]
+fn a_parent_others_may_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs(&[(1, "nvidia.yaml", &spec("", DEVICES))]);
+    let parent = d._t.path();
+    for m in [0o757, 0o1777] {
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(m)).unwrap();
+        let e = load(&d.dirs, &["nvidia.com/gpu"]).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "CDI spec directory {}: its parent {} has mode {m:04o}: group or others may write it; refusing to read specs from it",
+                d.dirs[0].display(),
+                parent.display()
+            )
+        );
+    }
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(load(&d.dirs, &["nvidia.com/gpu"]).unwrap().len(), 1);
+    // A spec directory under /tmp.
+    let t = tempfile::tempdir_in("/tmp").unwrap();
+    let e = load(&[t.path().to_path_buf()], &["nvidia.com/gpu"]).unwrap_err();
+    assert!(
+        e.ends_with(": its parent /tmp has mode 1777: group or others may write it; refusing to read specs from it"),
+        "{e}"
+    );
+}
+
+/// `"cdi_foreign_hooks": "refuse"`: a spec whose matched edits hold a hook gpuhook does not
+/// do itself (`enable-cuda-compat` in the common edits; `chmod` in a device's) is refused in
+/// one line naming the hook and the spec file; the two it does itself are still done, and
+/// another GPU's device with such a hook is not this container's business.
+#[test]
+fn foreign_hooks_refused_on_request() {
+    let d = dirs(&[(1, "nvidia.yaml", &spec("", DEVICES))]);
+    let file = d.dirs[1].join("nvidia.yaml");
+    assert_eq!(
+        plan_with(&d, &[GPU0], None, ForeignHooks::Refuse).unwrap_err(),
+        format!(
+            "CDI spec {}: createContainer hook /usr/bin/nvidia-cdi-hook enable-cuda-compat is not one gpuhook does itself, and the host config refuses such hooks (\"cdi_foreign_hooks\": \"refuse\")",
+            file.display()
+        )
+    );
+    // Without it: the native hooks only, nothing refused.
+    let native_only = spec("", DEVICES).replace(
+        "        - hookName: createContainer\n          path: /usr/bin/nvidia-cdi-hook\n          args:\n            - nvidia-cdi-hook\n            - enable-cuda-compat\n            - --host-driver-version=535.129.03\n",
+        "",
+    );
+    assert!(!native_only.contains("enable-cuda-compat"));
+    let devices = DEVICES.replace(
+        "    - name: \"1\"\n      containerEdits:\n",
+        "    - name: \"1\"\n      containerEdits:\n        hooks:\n            - hookName: createContainer\n              path: /usr/bin/chmod\n              args: [chmod, \"777\", /dev/zero]\n",
+    );
+    assert!(devices.contains("/usr/bin/chmod"));
+    std::fs::write(&file, native_only.replace(DEVICES, &devices)).unwrap();
+    let p = plan_with(&d, &[GPU0], None, ForeignHooks::Refuse).unwrap();
+    assert!(p.hooks.is_empty(), "{:?}", p.hooks);
+    assert_eq!(p.ld_folders, ["/usr/lib/x86_64-linux-gnu"]);
+    assert_eq!(p.links.len(), 1);
+    let e = plan_with(&d, &[GPU1], None, ForeignHooks::Refuse).unwrap_err();
+    assert_eq!(
+        e,
+        format!(
+            "CDI spec {} device 1: createContainer hook /usr/bin/chmod 777 is not one gpuhook does itself, and the host config refuses such hooks (\"cdi_foreign_hooks\": \"refuse\")",
+            file.display()
+        )
+    );
+    // Passed on by default.
+    let p = plan_with(&d, &[GPU1], None, ForeignHooks::Pass).unwrap();
+    assert_eq!(p.hooks.len(), 1);
+    assert_eq!(p.hooks[0].path, "/usr/bin/chmod");
 }

@@ -39,9 +39,10 @@ impl Host {
     /// Like `new`, with a chance to change the config JSON.
     pub fn with(fake: FakeHost, edit: impl FnOnce(&mut serde_json::Value)) -> Host {
         require_root();
+        // Not in /tmp: a CDI spec directory in it would be refused (others may write /tmp).
         let dir = tempfile::Builder::new()
             .prefix("gpuhook-test-")
-            .tempdir()
+            .tempdir_in(testbed::trusted_tmp())
             .expect("tempdir");
         let paths = fake.create(&dir.path().join("host")).expect("fake host");
         let state = dir.path().join("run/state.json");
