@@ -358,3 +358,54 @@ pub fn gpu_of<'a>(list: &'a serde_json::Value, pci: &str) -> &'a serde_json::Val
         .find(|g| g["pci"] == pci)
         .unwrap_or_else(|| panic!("no GPU {pci} listed"))
 }
+
+/// A `sleep 600` that holds an `O_PATH` descriptor on `node` (opened in the child between
+/// fork and exec, so no other test's child inherits it): a process that keeps a GPU open.
+/// The node is a fake host's, with no driver behind it (a normal open is ENXIO), but the
+/// descriptor has its number, as `stat` of `/proc/PID/fd/N` shows.
+pub fn hold_open(node: &Path) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).expect("path");
+    let mut cmd = Command::new("sleep");
+    cmd.arg("600");
+    // SAFETY: between fork and exec the closure calls only open(2), async-signal-safe, on a
+    // path allocated before the fork; the descriptor stays open (no O_CLOEXEC) for `sleep`.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::open(c.as_ptr(), libc::O_PATH) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("sleep");
+    wait_exec(child.id() as i32, "sleep");
+    child
+}
+
+/// Waits (up to 2 s) until process `pid` runs `comm` (after its exec).
+pub fn wait_exec(pid: i32, comm: &str) {
+    for _ in 0..400 {
+        if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("process {pid} never became {comm}");
+}
+
+/// The blueprint host with its two NVIDIA GPUs at device minors `a` and `b` (`/dev/nvidiaA`,
+/// 195:A): numbers no other test's fake host has, for tests that look for open descriptors
+/// by number on the whole machine.
+pub fn blueprint_minors(a: u32, b: u32) -> FakeHost {
+    let mut f = FakeHost::blueprint();
+    let mut want = [a, b].into_iter();
+    for d in &mut f.devices {
+        if let testbed::fakehost::Driver::Nvidia { minor, .. } = &mut d.driver {
+            if let Some(m) = want.next() {
+                *minor = m;
+            }
+        }
+    }
+    f
+}
