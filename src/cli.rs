@@ -300,8 +300,9 @@ fn placement(output: Option<&std::path::Path>) -> Result<i32, Error> {
     let mut inv = inventory::scan(&cfg)?;
     // Quarantined and draining GPUs count as reserved, as unusable ones do.
     match Store::new(&cfg.state_file).read() {
-        Ok(st) => {
+        Ok(mut st) => {
             crate::health::apply(&mut inv, &st);
+            crate::drain::recheck(&mut st);
             crate::drain::apply(&mut inv, &st);
         }
         Err(e) => log::warn(&format!("quarantined GPUs not known: {e}")),
@@ -363,8 +364,10 @@ fn report(r: Result<i32, Error>) -> i32 {
 fn load() -> Result<(Config, Inventory, State), Error> {
     let cfg = Config::load()?;
     let mut inv = inventory::scan(&cfg)?;
-    let st = Store::new(&cfg.state_file).read()?;
+    let mut st = Store::new(&cfg.state_file).read()?;
     crate::health::apply(&mut inv, &st);
+    // What still holds draining GPUs now (the file is not written).
+    crate::drain::recheck(&mut st);
     Ok((cfg, inv, st))
 }
 

@@ -221,6 +221,23 @@ pub fn after_free_on(
     s
 }
 
+/// Looks again at the draining units (see [`settle`]), logging those free again: for
+/// `reconcile` (under the lock, written back), and for the views that read the state
+/// without the lock (`list`, `check`, metrics, Placement: nothing written; the next
+/// allocation that needs such a unit finds it free the same way).
+pub fn recheck(st: &mut State) -> Settled {
+    if st.draining.is_empty() {
+        return Settled::default();
+    }
+    settle(
+        st,
+        Vec::new(),
+        true,
+        crate::procfs::HOST,
+        &crate::state::now_rfc3339(),
+    )
+}
+
 /// The PIDs that keep a GPU (or any of its MIG instances) draining; empty when it is not.
 pub fn pids_of(st: &State, pci: &str) -> Vec<i32> {
     let mut v: Vec<i32> = st
@@ -552,6 +569,63 @@ mod tests {
         let s = settle(&mut st, vec![], true, proc, "now");
         assert_eq!(s.released, vec!["0000:10:00.0/gi1/ci0"]);
         assert!(st.draining.is_empty());
+    }
+
+    /// The cost of one pass over the real `/proc` (docs/BENCHMARKS.md): as the machine is,
+    /// then with 500 more processes and with one process holding 19,000 descriptors.
+    /// `cargo test --release --lib drain::tests::scan_cost -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn scan_cost() {
+        let wanted: BTreeSet<u64> = [libc::makedev(195, 250)].into();
+        let me = std::process::id() as i32;
+        let pass = |label: &str| {
+            let (pids, mut fds) = (crate::procfs::HOST.pids(), 0usize);
+            for p in &pids {
+                crate::procfs::HOST.open_chr(*p, |_| ());
+                fds += std::fs::read_dir(format!("/proc/{p}/fd")).map_or(0, |d| d.count());
+            }
+            let mut t: Vec<u128> = (0..31)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    let f = crate::procfs::HOST.openers(&wanted, me);
+                    assert!(f.is_empty());
+                    t0.elapsed().as_micros()
+                })
+                .collect();
+            t.sort_unstable();
+            println!(
+                "{label}: {} processes, {fds} descriptors: median {} us, p90 {} us",
+                pids.len(),
+                t[15],
+                t[27]
+            );
+        };
+        pass("as is");
+        let mut kids: Vec<_> = (0..500)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("60")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        pass("+500 sleep");
+        for k in &mut kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        let mut many = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import os,time; fds=[os.open('/dev/null', os.O_RDONLY) for _ in range(19000)]; time.sleep(60)",
+            ])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        pass("+1 process with 19000 descriptors");
+        let _ = many.kill();
+        let _ = many.wait();
     }
 
     /// The state keeps draining units across a write and a read; a file written before

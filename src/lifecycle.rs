@@ -94,7 +94,8 @@ fn reclaim_stale(st: &mut State) -> (Vec<String>, Vec<Reservation>) {
 
 /// A reserve that does not fit: reclaims stale reservations (their GPUs that a process still
 /// has open become draining) and looks again at the draining GPUs (one pass over `/proc` for
-/// both). Returns what was done, for the log, and whether any GPU came free.
+/// both). Returns what was done, for the log, and whether the state changed (the choice is
+/// then made again, and a refusal says what holds the GPUs now).
 fn reclaim_for(cfg: &Config, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
     let (mut notes, freed) = reclaim_stale(st);
     let units: Vec<String> = freed.iter().flat_map(|r| r.gpus.clone()).collect();
@@ -105,7 +106,6 @@ fn reclaim_for(cfg: &Config, st: &mut State, inv: &mut Inventory) -> (Vec<String
         return (notes, !freed.is_empty());
     }
     let s = drain::settle(st, fresh, recheck, procfs::HOST, &now_rfc3339());
-    let newly = s.draining.len();
     for (unit, d) in &s.draining {
         notes.push(format!(
             "{unit} of {} is draining: {}",
@@ -116,8 +116,7 @@ fn reclaim_for(cfg: &Config, st: &mut State, inv: &mut Inventory) -> (Vec<String
     for unit in &s.released {
         notes.push(format!("{unit} is no longer open anywhere: free again"));
     }
-    let came_free = units.len() > newly || !s.released.is_empty();
-    (notes, came_free)
+    (notes, !freed.is_empty() || recheck)
 }
 
 /// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
@@ -299,9 +298,9 @@ fn reserve_by(
                     // common path reads no /proc file per reservation.
                     if !reclaimed {
                         reclaimed = true;
-                        let (n, came_free) = reclaim_for(cfg, st, &mut inv);
+                        let (n, changed) = reclaim_for(cfg, st, &mut inv);
                         notes = n;
-                        if came_free {
+                        if changed {
                             continue;
                         }
                     }

@@ -896,10 +896,19 @@ fn gpu_kept_open_after_stop_drains_until_closed() {
     assert_ok(&h.hook("d", "prepare", &d));
     assert_eq!(h.holders()["d"], vec!["0000:08:00.0"]);
     assert_ok(&h.hook("d", "release", &d));
-    // The holder exits: the next request gets the GPU.
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    // The holder exits: listings look again (without writing), the next request gets it.
+    holder.kill();
+    assert_eq!(
+        gpu_of(&h.list(), "0000:07:00.0")["draining"],
+        serde_json::json!([])
+    );
+    assert!(std::fs::read_to_string(&h.state)
+        .unwrap()
+        .contains("\"draining\""));
     assert_ok(&h.hook("b", "prepare", &b));
+    assert!(!std::fs::read_to_string(&h.state)
+        .unwrap()
+        .contains("\"draining\""));
     assert_eq!(h.holders()["b"], vec!["0000:07:00.0"]);
     assert_eq!(
         gpu_of(&h.list(), "0000:07:00.0")["draining"],
