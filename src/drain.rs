@@ -154,9 +154,10 @@ pub fn settle(st: &mut State, fresh: Vec<Freed>, recheck: bool, proc: Proc, now:
 }
 
 /// One line for the log about each change.
-pub fn log_settled(s: &Settled) {
+pub fn notes(s: &Settled) -> Vec<String> {
+    let mut out = Vec::new();
     for (unit, d) in &s.draining {
-        log::warn(&format!(
+        out.push(format!(
             "{} freed {unit}, but {} still {} {} open: draining, given to no one until it is closed",
             d.after,
             Opener::describe(&d.holders),
@@ -169,7 +170,19 @@ pub fn log_settled(s: &Settled) {
         ));
     }
     for unit in &s.released {
-        log::info(&format!("{unit} is no longer open anywhere: free again"));
+        out.push(format!("{unit} is no longer open anywhere: free again"));
+    }
+    out
+}
+
+/// Logs [`notes`]: a unit draining as a warning.
+pub fn log_settled(s: &Settled) {
+    for (i, n) in notes(s).iter().enumerate() {
+        if i < s.draining.len() {
+            log::warn(n);
+        } else {
+            log::info(n);
+        }
     }
 }
 

@@ -106,16 +106,7 @@ fn reclaim_for(cfg: &Config, st: &mut State, inv: &mut Inventory) -> (Vec<String
         return (notes, !freed.is_empty());
     }
     let s = drain::settle(st, fresh, recheck, procfs::HOST, &now_rfc3339());
-    for (unit, d) in &s.draining {
-        notes.push(format!(
-            "{unit} of {} is draining: {}",
-            d.after,
-            d.holder(unit)
-        ));
-    }
-    for unit in &s.released {
-        notes.push(format!("{unit} is no longer open anywhere: free again"));
-    }
+    notes.extend(drain::notes(&s));
     (notes, !freed.is_empty() || recheck)
 }
 

@@ -172,6 +172,14 @@ impl Proc<'_> {
                 )
             };
             if rc != 0 {
+                // Not ours to look at (a process with capabilities we lack): neither is the
+                // rest of its table.
+                if matches!(
+                    nix::errno::Errno::last(),
+                    nix::errno::Errno::EACCES | nix::errno::Errno::EPERM
+                ) {
+                    return;
+                }
                 continue;
             }
             // SAFETY: statx returned 0, so it filled the buffer (which was zeroed before).
@@ -195,7 +203,18 @@ impl Proc<'_> {
         if wanted.is_empty() {
             return out;
         }
-        for pid in self.pids().into_iter().filter(|p| *p != skip) {
+        // Kernel threads (kthreadd, PID 2, and its children: most PIDs of a big host) have
+        // no descriptors: one read names them all.
+        let mut kernel = BTreeSet::new();
+        if self.comm(2).as_deref() == Some("kthreadd") {
+            kernel.insert(2);
+            kernel.extend(self.children(2));
+        }
+        for pid in self
+            .pids()
+            .into_iter()
+            .filter(|p| *p != skip && !kernel.contains(p))
+        {
             let mut hits = BTreeSet::new();
             self.open_chr(pid, |n| {
                 if wanted.contains(&n) {
