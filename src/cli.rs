@@ -289,16 +289,22 @@ fn health(action: HealthAction) -> Result<i32, Error> {
 }
 
 fn metrics(output: Option<&std::path::Path>) -> Result<i32, Error> {
-    let (_, inv, st) = load()?;
+    let (_, mut inv, st) = load()?;
+    // A draining GPU is not usable, as a quarantined one is not.
+    crate::drain::apply(&mut inv, &st);
     emit(&crate::metrics::render(&inv, &st), output)
 }
 
 fn placement(output: Option<&std::path::Path>) -> Result<i32, Error> {
     let cfg = Config::load()?;
     let mut inv = inventory::scan(&cfg)?;
-    // Quarantined GPUs count as reserved, as unusable ones do.
+    // Quarantined and draining GPUs count as reserved, as unusable ones do.
     match Store::new(&cfg.state_file).read() {
-        Ok(st) => crate::health::apply(&mut inv, &st),
+        Ok(mut st) => {
+            crate::health::apply(&mut inv, &st);
+            crate::drain::recheck(&mut st);
+            crate::drain::apply(&mut inv, &st);
+        }
         Err(e) => log::warn(&format!("quarantined GPUs not known: {e}")),
     }
     for g in inv.gpus.iter().filter(|g| g.arch.is_none()) {
@@ -358,8 +364,10 @@ fn report(r: Result<i32, Error>) -> i32 {
 fn load() -> Result<(Config, Inventory, State), Error> {
     let cfg = Config::load()?;
     let mut inv = inventory::scan(&cfg)?;
-    let st = Store::new(&cfg.state_file).read()?;
+    let mut st = Store::new(&cfg.state_file).read()?;
     crate::health::apply(&mut inv, &st);
+    // What still holds draining GPUs now (the file is not written).
+    crate::drain::recheck(&mut st);
     Ok((cfg, inv, st))
 }
 
@@ -401,9 +409,11 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                         "holder": st.holder_of(&id).map(|r| json!({
                             "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase,
                         })),
+                        "draining": crate::drain::unit_pids(st, &id),
                     })
                 }).collect::<Vec<_>>(),
                 "quarantine": st.quarantine.get(&g.pci),
+                "draining": crate::drain::pids_of(st, &g.pci),
                 "link": g.link.as_ref().map(|l| json!({
                     "speed": l.speed, "max_speed": l.max_speed,
                     "width": l.width, "max_width": l.max_width,
@@ -441,8 +451,8 @@ fn list(as_json: bool) -> Result<i32, Error> {
         .gpus
         .iter()
         .map(|g| {
-            let holder = match st.holder_of(&g.pci) {
-                Some(r) => format!(
+            let holder = match (st.holder_of(&g.pci), st.draining.get(&g.pci)) {
+                (Some(r), _) => format!(
                     "{}{} ({})",
                     match r.kind {
                         crate::state::HolderKind::Libvirt => "",
@@ -454,29 +464,13 @@ fn list(as_json: bool) -> Result<i32, Error> {
                         .and_then(|v| v.as_str().map(str::to_owned))
                         .unwrap_or_default()
                 ),
-                None if g.excluded => "excluded".into(),
-                None => match &g.problem {
+                (None, Some(d)) => {
+                    format!("draining: {}", crate::state::Opener::describe(&d.holders))
+                }
+                (None, None) if g.excluded => "excluded".into(),
+                (None, None) => match &g.problem {
                     Some(p) => format!("unusable: {p}"),
-                    None if !g.migs.is_empty() => {
-                        let held: Vec<String> = g
-                            .migs
-                            .iter()
-                            .filter_map(|m| {
-                                st.holder_of(&m.id(&g.pci))
-                                    .map(|r| format!("gi{}/ci{} {}", m.gi, m.ci, r.domain))
-                            })
-                            .collect();
-                        format!(
-                            "MIG: {} of {} instances free{}",
-                            g.migs.len() - held.len(),
-                            g.migs.len(),
-                            if held.is_empty() {
-                                String::new()
-                            } else {
-                                format!(" ({})", held.join(", "))
-                            }
-                        )
-                    }
+                    None if !g.migs.is_empty() => mig_cell(&st, g),
                     None => "free".into(),
                 },
             };
@@ -509,6 +503,40 @@ fn list(as_json: bool) -> Result<i32, Error> {
         );
     }
     Ok(0)
+}
+
+/// The HOLDER cell of a GPU in MIG mode: how many instances are free, who holds the others
+/// (or keeps them draining).
+fn mig_cell(st: &State, g: &Gpu) -> String {
+    let held: Vec<String> = g
+        .migs
+        .iter()
+        .filter_map(|m| {
+            let id = m.id(&g.pci);
+            st.holder_of(&id)
+                .map(|r| format!("gi{}/ci{} {}", m.gi, m.ci, r.domain))
+                .or_else(|| {
+                    st.draining.get(&id).map(|d| {
+                        format!(
+                            "gi{}/ci{} draining: {}",
+                            m.gi,
+                            m.ci,
+                            crate::state::Opener::describe(&d.holders)
+                        )
+                    })
+                })
+        })
+        .collect();
+    format!(
+        "MIG: {} of {} instances free{}",
+        g.migs.len() - held.len(),
+        g.migs.len(),
+        if held.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", held.join(", "))
+        }
+    )
 }
 
 fn print_table(head: &[&str; 8], rows: &[[String; 8]]) {
@@ -660,13 +688,14 @@ fn release(domain: &str) -> Result<i32, Error> {
             .filter(|(u, r)| **u == key || r.domain == domain)
             .map(|(u, _)| u.clone())
             .collect();
-        Ok::<_, Error>(
-            victims
-                .into_iter()
-                .filter_map(|u| st.reservations.remove(&u))
-                .collect::<Vec<_>>(),
-        )
+        let freed: Vec<_> = victims
+            .into_iter()
+            .filter_map(|u| st.reservations.remove(&u))
+            .collect();
+        let drained = crate::drain::after_free(&cfg, st, &freed);
+        Ok::<_, Error>((freed, drained))
     })?;
+    let (freed, drained) = freed;
     if freed.is_empty() {
         println!("'{domain}' holds no GPUs; nothing to release");
     }
@@ -680,6 +709,13 @@ fn release(domain: &str) -> Result<i32, Error> {
                 r.who()
             ));
         }
+    }
+    for (unit, d) in &drained.draining {
+        println!(
+            "{unit} is draining: {} still {} it open; it is given to no one until closed",
+            crate::state::Opener::describe(&d.holders),
+            if d.holders.len() == 1 { "has" } else { "have" }
+        );
     }
     Ok(0)
 }

@@ -17,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod container;
 pub mod devdir;
+pub mod drain;
 pub mod error;
 pub mod extra_specs;
 pub mod health;

@@ -9,6 +9,7 @@ use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
 use crate::config::Config;
 use crate::container::{self, Container, ContainerError, NodeSpec, Outcome};
+use crate::drain;
 use crate::error::Error;
 use crate::inventory::{self, Inventory, Scan};
 use crate::log;
@@ -67,8 +68,8 @@ pub fn controller_running(name: &str) -> bool {
         .is_some_and(|c| c == "libvirt_lxc")
 }
 
-/// Drops stale reservations; returns what was reclaimed, for the log.
-fn reclaim_stale(st: &mut State) -> Vec<String> {
+/// Drops stale reservations; returns what was reclaimed, for the log, and the reservations.
+fn reclaim_stale(st: &mut State) -> (Vec<String>, Vec<Reservation>) {
     let stale: Vec<(String, String)> = st
         .reservations
         .iter()
@@ -78,14 +79,35 @@ fn reclaim_stale(st: &mut State) -> Vec<String> {
         .into_iter()
         .filter_map(|(u, why)| {
             st.reservations.remove(&u).map(|r| {
-                format!(
-                    "reclaimed GPUs {} of {} ({u}): {why}",
-                    r.gpus.join(","),
-                    r.who()
+                (
+                    format!(
+                        "reclaimed GPUs {} of {} ({u}): {why}",
+                        r.gpus.join(","),
+                        r.who()
+                    ),
+                    r,
                 )
             })
         })
-        .collect()
+        .unzip()
+}
+
+/// A reserve that does not fit: reclaims stale reservations (their GPUs that a process still
+/// has open become draining) and looks again at the draining GPUs (one pass over `/proc` for
+/// both). Returns what was done, for the log, and whether the state changed (the choice is
+/// then made again, and a refusal says what holds the GPUs now).
+fn reclaim_for(cfg: &Config, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
+    let (mut notes, freed) = reclaim_stale(st);
+    let units: Vec<String> = freed.iter().flat_map(|r| r.gpus.clone()).collect();
+    inv.settle(cfg, &units);
+    let fresh = drain::freed_units(inv, st, &freed);
+    let recheck = !st.draining.is_empty();
+    if fresh.is_empty() && !recheck {
+        return (notes, !freed.is_empty());
+    }
+    let s = drain::settle(st, fresh, recheck, procfs::HOST, &now_rfc3339());
+    notes.extend(drain::notes(&s));
+    (notes, !freed.is_empty() || recheck)
 }
 
 /// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
@@ -244,7 +266,10 @@ fn reserve_by(
                 }
                 return Ok((gpus, notes, specs));
             }
-            st.reservations.remove(h.id);
+            // Its GPUs are freed for the new choice: one a process still has open drains.
+            if let Some(old) = st.reservations.remove(h.id) {
+                drain::after_free_on(&mut inv, cfg, st, std::slice::from_ref(&old));
+            }
         }
         // Stale reservations (holder gone) are reclaimed only when the request does not fit
         // otherwise: the common path reads no /proc file per reservation.
@@ -254,16 +279,19 @@ fn reserve_by(
         if req.mig {
             settle_for_migs(cfg, &mut inv, &st.held(None), req);
         }
+        let mut reclaimed = false;
         let gpus = loop {
             let g = match alloc::allocate(&inv.gpus, &st.held(None), req) {
                 Ok(g) => g,
                 Err(e) => {
-                    // Stale reservations (holder gone) are reclaimed only when the request
-                    // does not fit otherwise: the common path reads no /proc file per
-                    // reservation.
-                    if notes.is_empty() {
-                        notes = reclaim_stale(st);
-                        if !notes.is_empty() {
+                    // Stale reservations (holder gone) are reclaimed, and draining GPUs
+                    // looked at again, only when the request does not fit otherwise: the
+                    // common path reads no /proc file per reservation.
+                    if !reclaimed {
+                        reclaimed = true;
+                        let (n, changed) = reclaim_for(cfg, st, &mut inv);
+                        notes = n;
+                        if changed {
                             continue;
                         }
                     }
@@ -820,7 +848,7 @@ pub fn readopt(
         Ok(c) => c,
         Err(e) => return soft("cannot read the config", &e),
     };
-    let inv = match inventory::scan_with(&cfg, Scan::FULL) {
+    let mut inv = match inventory::scan_with(&cfg, Scan::FULL) {
         Ok(mut i) => {
             // Reconnect is rare: settle every GPU (adoption looks at all of them).
             let all: Vec<String> = i.gpus.iter().map(|g| g.pci.clone()).collect();
@@ -851,9 +879,11 @@ pub fn readopt(
     let mut adopted = None;
     type Decided = Result<(Vec<String>, Vec<NodeSpec>, Vec<crate::rootfs::Mounted>), Error>;
     let decided = store(&cfg).update(|st| -> Result<Decided, Error> {
-        for n in reclaim_stale(st) {
+        let (notes, freed) = reclaim_stale(st);
+        for n in notes {
             log::info(&n);
         }
+        drain::after_free_on(&mut inv, &cfg, st, &freed);
         let gpus = match st.reservations.get(h.id) {
             Some(r) => r.gpus.clone(),
             None => {
@@ -1163,10 +1193,14 @@ fn still_allowed(cg: &dyn DeviceCgroup, inv: &Inventory, gpus: &[String]) -> Vec
 /// holder of this kind (whatever the holder's request says now); returns it, if there was one.
 pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
     store(cfg).update(|s| {
-        Ok::<_, Error>(match s.reservations.get(id) {
+        let freed = match s.reservations.get(id) {
             Some(r) if r.kind == kind => s.reservations.remove(id),
             _ => None,
-        })
+        };
+        if let Some(r) = &freed {
+            drain::after_free(cfg, s, std::slice::from_ref(r));
+        }
+        Ok::<_, Error>(freed)
     })
 }
 

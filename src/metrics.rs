@@ -102,6 +102,20 @@ pub fn render(inv: &Inventory, st: &State) -> String {
             u64::from(q.is_some()),
         );
     }
+    family(
+        &mut out,
+        "gpuhook_gpu_draining",
+        "Whether the GPU (or one of its MIG instances) is draining: freed while a process still has it open, given to no one until it is closed.",
+    );
+    for g in &inv.gpus {
+        let pids = crate::drain::pids_of(st, &g.pci);
+        sample(
+            &mut out,
+            "gpuhook_gpu_draining",
+            &[("pci", &g.pci)],
+            u64::from(!pids.is_empty()),
+        );
+    }
     if inv.gpus.iter().any(|g| !g.migs.is_empty()) {
         family(
             &mut out,

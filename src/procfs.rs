@@ -5,10 +5,11 @@
 //! a holder is gone) are tested on written-out `/proc` trees. The free functions read [`HOST`].
 
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// A process, identified across PID reuse by its start time (clock ticks since boot).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcRef {
     pub pid: i32,
@@ -129,6 +130,123 @@ impl Proc<'_> {
         // Any user may mount (FUSE) at a path that is not UTF-8, and mounts propagate: such
         // a line must not hide the others.
         read_bytes(p).map(|t| parse_mountinfo(&String::from_utf8_lossy(&t)))
+    }
+}
+
+/// Device numbers (`st_rdev`) → the processes that have such a char device open.
+pub type Openers = BTreeMap<u64, Vec<ProcRef>>;
+
+impl Proc<'_> {
+    /// The processes of this `/proc`: its numeric entries (thread groups; threads that share
+    /// their group's descriptor table need no look of their own).
+    pub fn pids(&self) -> Vec<i32> {
+        let Ok(d) = std::fs::read_dir(self.root) else {
+            return Vec::new();
+        };
+        d.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|p| *p > 0)
+            .collect()
+    }
+
+    /// Calls `f` with the device number of each char device process `pid` has open: a
+    /// `statx` of every `/proc/PID/fd/N`, which follows the magic link to the open file
+    /// whatever path opened it (a node in a container's `/dev`, an `O_PATH` descriptor, one
+    /// received over a unix socket). `AT_STATX_DONT_SYNC`: a descriptor on a network or FUSE
+    /// file system answers from the cache, never waits on its server. Unreadable (gone,
+    /// not ours to look at): nothing.
+    pub fn open_chr(&self, pid: i32, mut f: impl FnMut(u64)) {
+        use std::os::fd::AsRawFd;
+        let Ok(mut dir) = nix::dir::Dir::open(
+            self.path(pid, "fd").as_str(),
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        ) else {
+            return;
+        };
+        let dfd = dir.as_raw_fd();
+        for e in dir.iter().flatten() {
+            let name = e.file_name();
+            if name.to_bytes().first().is_none_or(|c| !c.is_ascii_digit()) {
+                continue;
+            }
+            let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+            // SAFETY: `dfd` is the descriptor of `dir`, open for this loop; `name` is a
+            // NUL-terminated entry name that outlives the call; `stx` is a writable buffer of
+            // the struct the kernel fills.
+            let rc = unsafe {
+                libc::statx(
+                    dfd,
+                    name.as_ptr(),
+                    libc::AT_STATX_DONT_SYNC,
+                    libc::STATX_TYPE,
+                    stx.as_mut_ptr(),
+                )
+            };
+            if rc != 0 {
+                // Not ours to look at (a process with capabilities we lack): neither is the
+                // rest of its table.
+                if matches!(
+                    nix::errno::Errno::last(),
+                    nix::errno::Errno::EACCES | nix::errno::Errno::EPERM
+                ) {
+                    return;
+                }
+                continue;
+            }
+            // SAFETY: statx returned 0, so it filled the buffer (which was zeroed before).
+            let st = unsafe { stx.assume_init() };
+            if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFCHR {
+                f(libc::makedev(st.stx_rdev_major, st.stx_rdev_minor));
+            }
+        }
+    }
+
+    /// Whether process `pid` has any of `wanted` open.
+    pub fn holds_any(&self, pid: i32, wanted: &BTreeSet<u64>) -> bool {
+        let mut hit = false;
+        self.open_chr(pid, |n| hit |= wanted.contains(&n));
+        hit
+    }
+
+    /// One pass over every process but `skip` (ourselves): which have one of `wanted` open.
+    pub fn openers(&self, wanted: &BTreeSet<u64>, skip: i32) -> Openers {
+        let mut out = Openers::new();
+        if wanted.is_empty() {
+            return out;
+        }
+        // Kernel threads (kthreadd, PID 2, and its children: most PIDs of a big host) have
+        // no descriptors: one read names them all.
+        let mut kernel = BTreeSet::new();
+        if self.comm(2).as_deref() == Some("kthreadd") {
+            kernel.insert(2);
+            kernel.extend(self.children(2));
+        }
+        for pid in self
+            .pids()
+            .into_iter()
+            .filter(|p| *p != skip && !kernel.contains(p))
+        {
+            let mut hits = BTreeSet::new();
+            self.open_chr(pid, |n| {
+                if wanted.contains(&n) {
+                    hits.insert(n);
+                }
+            });
+            if hits.is_empty() {
+                continue;
+            }
+            // Its identity, read after: a process that exited meanwhile holds nothing.
+            let Some(r) = self.proc_ref(pid) else {
+                continue;
+            };
+            for n in hits {
+                out.entry(n).or_default().push(r);
+            }
+        }
+        out
     }
 }
 

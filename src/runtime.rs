@@ -557,6 +557,9 @@ fn free_oci(
             Some(r) if r.kind == HolderKind::Oci && cond(r) => st.reservations.remove(id),
             _ => None,
         };
+        if let Some(r) = &freed {
+            crate::drain::after_free(cfg, st, std::slice::from_ref(r));
+        }
         sweep(cfg, st);
         Ok(freed)
     })

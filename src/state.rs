@@ -133,6 +133,70 @@ pub struct State {
     /// Where `gpuhook health scan` stopped reading the kernel log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kmsg: Option<KmsgMark>,
+    /// GPUs and MIG instances freed while a process still had one of their own nodes open,
+    /// by unit id (PCI address, `PCI/giG/ciC`): given to no one until none has (files
+    /// written before have none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub draining: BTreeMap<String, Draining>,
+}
+
+/// A unit that is draining: its own nodes, and who had one of them open at the last look.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Draining {
+    /// The unit's own nodes (their numbers are what `/proc/*/fd` is searched for).
+    pub nodes: Vec<Node>,
+    /// The processes that had one of them open.
+    pub holders: Vec<Opener>,
+    /// Whose reservation it was, as messages name it (`domain 'web1'`).
+    pub after: String,
+    pub since: String,
+}
+
+/// A process with a unit's node open (identified across PID reuse), and its command name
+/// (`comm`) when it was seen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Opener {
+    pub proc: ProcRef,
+    pub comm: String,
+}
+
+impl Opener {
+    /// `pid 4242 (python3)`.
+    pub fn describe(list: &[Opener]) -> String {
+        const SHOWN: usize = 4;
+        let mut s = format!(
+            "{} {}",
+            if list.len() == 1 { "pid" } else { "pids" },
+            list.iter()
+                .take(SHOWN)
+                .map(|o| format!("{} ({})", o.proc.pid, o.comm))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if list.len() > SHOWN {
+            s.push_str(&format!(" and {} more", list.len() - SHOWN));
+        }
+        s
+    }
+}
+
+impl Draining {
+    /// How messages name what holds it: `pid 4242 (sleep), which still has 0000:3b:00.0 open
+    /// after domain 'web1' (draining)`.
+    pub fn holder(&self, unit: &str) -> String {
+        format!(
+            "{}, which still {} {unit} open after {} (draining)",
+            Opener::describe(&self.holders),
+            if self.holders.len() == 1 {
+                "has"
+            } else {
+                "have"
+            },
+            self.after
+        )
+    }
 }
 
 /// Why a GPU is out of service, and since when.
@@ -162,15 +226,20 @@ impl Default for State {
             reservations: BTreeMap::new(),
             quarantine: BTreeMap::new(),
             kmsg: None,
+            draining: BTreeMap::new(),
         }
     }
 }
 
 impl State {
     /// PCI address → its holder as messages name it (`domain 'web1'`), leaving out the
-    /// reservation of `except` (a UUID or container ID).
+    /// reservation of `except` (a UUID or container ID). A draining unit is held by the
+    /// processes that keep it open.
     pub fn held(&self, except: Option<&str>) -> crate::alloc::Held {
         let mut h = crate::alloc::Held::new();
+        for (unit, d) in &self.draining {
+            h.insert(unit.clone(), d.holder(unit));
+        }
         for (uuid, r) in &self.reservations {
             if Some(uuid.as_str()) == except {
                 continue;
@@ -246,6 +315,10 @@ impl State {
         if let Some(m) = &self.kmsg {
             v.extend_from_slice(b",\n\"kmsg\":");
             serde_json::to_writer(&mut v, m).expect("state serializes");
+        }
+        if !self.draining.is_empty() {
+            v.extend_from_slice(b",\n\"draining\":");
+            serde_json::to_writer(&mut v, &self.draining).expect("state serializes");
         }
         v.extend_from_slice(b"}\n");
         v

@@ -869,3 +869,107 @@ fn cdi_spec_trust_refuses_only_cdi_requests() {
     assert_ok(&h.hook("cdi1", "prepare", &with_cdi));
     assert_eq!(h.holders()["cdi1"].len(), 1);
 }
+
+/// Hole 3: a GPU freed while a process outside the container still has its node open (a
+/// descriptor passed over a unix socket) is draining: listed with the PID, refused to the
+/// next domain naming the PID and its command, counted as not free by metrics and
+/// Placement; once the holder exits the next request gets it.
+#[test]
+fn gpu_kept_open_after_stop_drains_until_closed() {
+    let h = Host::new(blueprint_minors(221, 222));
+    let a = domain("a", 1, &gpus(r#"count="1""#));
+    assert_ok(&h.hook("a", "prepare", &a));
+    assert_ok(&h.hook("a", "start", &a));
+    assert_eq!(h.holders()["a"], vec!["0000:07:00.0"]);
+    let mut holder = hold_open(&h.paths.dev.join("nvidia221"));
+    let pid = holder.id();
+    assert_ok(&h.hook("a", "stopped", &a));
+    assert_ok(&h.hook("a", "release", &a));
+    assert!(h.holders().is_empty(), "freed");
+    let l = h.list();
+    let g = gpu_of(&l, "0000:07:00.0");
+    assert_eq!(g["draining"], serde_json::json!([pid]), "{l}");
+    assert_eq!(g["holder"], serde_json::Value::Null);
+    assert_eq!(
+        gpu_of(&l, "0000:08:00.0")["draining"],
+        serde_json::json!([])
+    );
+    let text = h.cmd().arg("list").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.contains(&format!("draining: pid {pid} (sleep)")),
+        "{text}"
+    );
+    // A domain asking for that GPU is refused, naming the process.
+    let b = domain(
+        "b",
+        2,
+        &format!(r#"<gpu:gpus {NS}><gpu:device index="0"/></gpu:gpus>"#),
+    );
+    let before = std::fs::read(&h.state).unwrap();
+    assert_fails(
+        &h.hook("b", "prepare", &b),
+        "b",
+        &format!("GPU 0000:07:00.0 (index 0) is held by pid {pid} (sleep), which still has 0000:07:00.0 open after domain 'a' (draining)"),
+    );
+    assert_eq!(
+        std::fs::read(&h.state).unwrap(),
+        before,
+        "refusal changes nothing"
+    );
+    let c = domain("c", 3, &gpus(r#"count="2""#));
+    assert_fails(
+        &h.hook("c", "prepare", &c),
+        "c",
+        &format!("only 1 of the host's 2 matching GPUs is free: 1 held by pid {pid} (sleep)"),
+    );
+    // Not free for metrics and Placement either.
+    let m = h.cmd().arg("metrics").output().unwrap();
+    let m = String::from_utf8_lossy(&m.stdout).into_owned();
+    assert!(
+        m.contains(r#"gpuhook_gpu_draining{pci="0000:07:00.0"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"gpuhook_gpu_draining{pci="0000:08:00.0"} 0"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"gpuhook_gpu_usable{pci="0000:07:00.0"} 0"#),
+        "{m}"
+    );
+    let p = h.cmd().arg("placement").output().unwrap();
+    let p = String::from_utf8_lossy(&p.stdout).into_owned();
+    assert!(p.contains("total: 2\n            reserved: 1\n"), "{p}");
+    // Another GPU is still given.
+    let d = domain("d", 4, &gpus(r#"count="1""#));
+    assert_ok(&h.hook("d", "prepare", &d));
+    assert_eq!(h.holders()["d"], vec!["0000:08:00.0"]);
+    assert_ok(&h.hook("d", "release", &d));
+    // The holder exits: listings look again (without writing), the next request gets it.
+    holder.kill();
+    assert_eq!(
+        gpu_of(&h.list(), "0000:07:00.0")["draining"],
+        serde_json::json!([])
+    );
+    assert!(std::fs::read_to_string(&h.state)
+        .unwrap()
+        .contains("\"draining\""));
+    assert_ok(&h.hook("b", "prepare", &b));
+    assert!(!std::fs::read_to_string(&h.state)
+        .unwrap()
+        .contains("\"draining\""));
+    assert_eq!(h.holders()["b"], vec!["0000:07:00.0"]);
+    assert_eq!(
+        gpu_of(&h.list(), "0000:07:00.0")["draining"],
+        serde_json::json!([])
+    );
+    // A stop with nothing left open frees at once.
+    assert_ok(&h.hook("b", "release", &b));
+    let l = h.list();
+    assert!(l["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|g| g["draining"] == serde_json::json!([])));
+}

@@ -2076,6 +2076,64 @@ fn tree(pid: i32, dir: &Path) -> Vec<String> {
     v
 }
 
+/// Hole 3 under a real libvirtd: a process in the container passes its descriptor of the
+/// GPU's node over a unix socket to a process on the host (outside the container's PID
+/// namespace), which keeps it after `virsh destroy`. The GPU is draining: listed with that
+/// PID, a second domain asking for it is refused naming the PID and its command; once the
+/// holder exits the second domain starts with it.
+fn fd_passed_out_drains(b: &mut Bed) {
+    b.use_host(common::blueprint_minors(231, 232));
+    let keeper = common::fdkeeper(&b.work);
+    let (sock, mark) = (b.work.join("drain.sock"), b.work.join("drain.got"));
+    let mut recv = common::fd_receiver(&keeper, &sock, &mark);
+    let mut s = DomainSpec::new(
+        "gh-drain1",
+        &format!(r#"<gpu:gpus {META_NS}><gpu:device index="0"/></gpu:gpus>"#),
+    );
+    s.init = format!(
+        "while [ ! -c /dev/nvidia231 ]; do sleep 0.1; done; {} send {} /dev/nvidia231; while :; do sleep 1; done",
+        keeper.display(),
+        sock.display()
+    );
+    b.define_start(&s);
+    assert_eq!(b.holders()["gh-drain1"], ["0000:07:00.0"]);
+    assert!(common::wait_mark(&mark), "the descriptor never came out");
+    let pid = recv.id();
+    b.d.virsh_ok(&["destroy", "gh-drain1"]).unwrap();
+    assert!(b.holders().is_empty(), "destroy frees");
+    let l = b.list();
+    assert_eq!(
+        common::gpu_of(&l, "0000:07:00.0")["draining"],
+        json!([pid]),
+        "{l}"
+    );
+    let text = String::from_utf8_lossy(&b.gh(&["list"]).stdout).into_owned();
+    assert!(
+        text.contains(&format!("draining: pid {pid} (fdkeeper)")),
+        "{text}"
+    );
+    b.define(&DomainSpec::new(
+        "gh-drain2",
+        &format!(r#"<gpu:gpus {META_NS}><gpu:device index="0"/></gpu:gpus>"#),
+    ));
+    let e = b.start("gh-drain2").expect_err("gh-drain2 must not start");
+    assert!(
+        e.contains(&format!("gpuhook: domain 'gh-drain2': GPU 0000:07:00.0 (index 0) is held by pid {pid} (fdkeeper), which still has 0000:07:00.0 open after domain 'gh-drain1' (draining)")),
+        "{e}"
+    );
+    assert_eq!(b.state_of("gh-drain2"), "shut off");
+    recv.kill();
+    b.start("gh-drain2")
+        .expect("gh-drain2 starts once the holder is gone");
+    assert_eq!(b.holders()["gh-drain2"], ["0000:07:00.0"]);
+    let ct = b.ct("gh-drain2");
+    assert_eq!(b.open_in(&ct, &["/dev/nvidia231"]), vec![Err(Errno::ENXIO)]);
+    assert_eq!(
+        common::gpu_of(&b.list(), "0000:07:00.0")["draining"],
+        json!([])
+    );
+}
+
 const CASES: &[(&str, Case)] = &[
     ("cdi_own_rootfs", cdi_own_rootfs),
     ("cdi_hostile_rootfs", cdi_hostile_rootfs),
@@ -2096,6 +2154,7 @@ const CASES: &[(&str, Case)] = &[
     ("three_vendors", three_vendors),
     ("idmap_owners", idmap_owners),
     ("destroy_and_start_again", destroy_and_start_again),
+    ("fd_passed_out_drains", fd_passed_out_drains),
     ("hostile_direct", hostile_direct),
     ("hostile_reconnect_kills", hostile_reconnect_kills),
     ("hostile_init_races_started", hostile_init_races_started),

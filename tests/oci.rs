@@ -1616,3 +1616,65 @@ fn cdi_merged_usr_image() {
     assert!(r.status.success(), "{s}{}", stderr(&r));
     common::assert_cdi_merged(&s);
 }
+
+/// Hole 3 under podman: a process in a GPU container passes its descriptor of the GPU's node
+/// over a unix socket to a process on the host, which keeps it after `podman rm`. The GPU
+/// is draining: listed with that PID, the next container asking for it is refused naming
+/// the PID and its command; once the holder exits the next container gets it.
+#[test]
+fn podman_gpu_kept_open_outside_drains() {
+    let o = Oci::new(common::blueprint_minors(241, 242), RUNC);
+    podman_rm("gh-oci-drain");
+    let sync = o.host.root().join("sync");
+    std::fs::create_dir_all(&sync).unwrap();
+    let keeper = common::fdkeeper(o.host.root());
+    std::fs::copy(&keeper, o.rootfs.join("bin/fdkeeper")).unwrap();
+    let (sock, mark) = (sync.join("drain.sock"), sync.join("drain.got"));
+    let mut recv = common::fd_receiver(&keeper, &sock, &mark);
+    let vol = format!("{}:/sync", sync.display());
+    let one = ["--annotation", "gpuhook.io/devices=0"];
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[&["-d", "--name", "gh-oci-drain", "-v", &vol][..], &one[..]].concat(),
+            "fdkeeper send /sync/drain.sock /dev/nvidia241 && sleep 600",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    assert!(common::wait_mark(&mark), "the descriptor never came out");
+    let pid = recv.id();
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    let l = o.host.list();
+    assert_eq!(
+        common::gpu_of(&l, "0000:07:00.0")["draining"],
+        json!([pid]),
+        "{l}"
+    );
+    let r = o
+        .podman(Cgroup::V1, &[&["--rm"][..], &one[..]].concat(), "true")
+        .output()
+        .unwrap();
+    assert_refused(
+        &r,
+        &format!("GPU 0000:07:00.0 (index 0) is held by pid {pid} (fdkeeper), which still has 0000:07:00.0 open after container '{id}' (draining)"),
+    );
+    recv.kill();
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[&["--rm"][..], &one[..]].concat(),
+            &probe(&["195:241"]),
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    assert_probe(&r, &["195:241"], &[]);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    assert_eq!(
+        common::gpu_of(&o.host.list(), "0000:07:00.0")["draining"],
+        json!([])
+    );
+}

@@ -81,11 +81,16 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
         store
             .update(|st| {
                 let plan = reconcile::plan(st, &world);
-                Ok::<_, gpuhook::Error>(
-                    plan.into_iter()
-                        .filter_map(|(u, why)| st.reservations.remove(&u).map(|r| (r, why)))
-                        .collect::<Vec<_>>(),
-                )
+                let freed: Vec<_> = plan
+                    .into_iter()
+                    .filter_map(|(u, why)| st.reservations.remove(&u).map(|r| (r, why)))
+                    .collect();
+                let rs: Vec<_> = freed.iter().map(|(r, _)| r.clone()).collect();
+                // Their GPUs that a process still has open drain; draining ones nothing
+                // has open any more are free again.
+                gpuhook::drain::after_free(&cfg, st, &rs);
+                gpuhook::drain::log_settled(&gpuhook::drain::recheck(st));
+                Ok::<_, gpuhook::Error>(freed)
             })
             .map_err(|e| e.to_string())?
     };

@@ -413,3 +413,168 @@ impl Drop for PlantedLoop {
         let _ = Command::new("losetup").args(["-d", &self.dev]).status();
     }
 }
+/// A `sleep 600` that holds an `O_PATH` descriptor on `node` (opened in the child between
+/// fork and exec, so no other test's child inherits it): a process that keeps a GPU open.
+/// The node is a fake host's, with no driver behind it (a normal open is ENXIO), but the
+/// descriptor has its number, as `stat` of `/proc/PID/fd/N` shows.
+pub fn hold_open(node: &Path) -> Killed {
+    use std::os::unix::process::CommandExt;
+    let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).expect("path");
+    let mut cmd = Command::new("sleep");
+    cmd.arg("600");
+    // SAFETY: between fork and exec the closure calls only open(2), async-signal-safe, on a
+    // path allocated before the fork; the descriptor stays open (no O_CLOEXEC) for `sleep`.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::open(c.as_ptr(), libc::O_PATH) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("sleep");
+    wait_exec(child.id() as i32, "sleep");
+    Killed(child)
+}
+
+/// A child process killed (and reaped) when dropped: a holder left behind by a failed test
+/// would keep its GPU number open for every later test.
+pub struct Killed(pub std::process::Child);
+
+impl Killed {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+    /// Kills it and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits (up to 2 s) until process `pid` runs `comm` (after its exec).
+pub fn wait_exec(pid: i32, comm: &str) {
+    for _ in 0..400 {
+        if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("process {pid} never became {comm}");
+}
+
+/// The blueprint host with its two NVIDIA GPUs at device minors `a` and `b` (`/dev/nvidiaA`,
+/// 195:A): numbers no other test's fake host has, for tests that look for open descriptors
+/// by number on the whole machine.
+pub fn blueprint_minors(a: u32, b: u32) -> FakeHost {
+    let mut f = FakeHost::blueprint();
+    let mut want = [a, b].into_iter();
+    for d in &mut f.devices {
+        if let testbed::fakehost::Driver::Nvidia { minor, .. } = &mut d.driver {
+            if let Some(m) = want.next() {
+                *minor = m;
+            }
+        }
+    }
+    f
+}
+
+/// What a container does to keep a GPU after it stops: `fdkeeper send SOCK NODE` opens the
+/// node (`O_PATH`: the fake nodes have no driver) and passes the descriptor over the unix
+/// socket, then exits; `fdkeeper recv SOCK MARK` (outside the container) receives it, writes
+/// MARK, and keeps it until killed.
+const FDKEEPER_C: &str = r#"#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    strncpy(a.sun_path, argv[2], sizeof a.sun_path - 1);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    char byte = 'x';
+    struct iovec io = { &byte, 1 };
+    union { char b[CMSG_SPACE(sizeof(int))]; struct cmsghdr h; } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr m = { .msg_iov = &io, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b };
+    if (!strcmp(argv[1], "send")) {
+        int fd = open(argv[3], O_PATH);
+        if (fd < 0 || connect(s, (struct sockaddr *)&a, sizeof a)) { perror("send"); return 1; }
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+        if (sendmsg(s, &m, 0) != 1) { perror("sendmsg"); return 1; }
+        return 0;
+    }
+    unlink(a.sun_path);
+    if (bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 1)) { perror("bind"); return 1; }
+    int c = accept(s, 0, 0);
+    if (c < 0 || recvmsg(c, &m, 0) != 1 || !CMSG_FIRSTHDR(&m)) { perror("recvmsg"); return 1; }
+    close(c);
+    close(s);
+    FILE *f = fopen(argv[3], "w");
+    if (!f) return 1;
+    fclose(f);
+    pause();
+    return 0;
+}
+"#;
+
+/// Builds `fdkeeper` (static: it runs in containers with a root of their own) in `dir`.
+pub fn fdkeeper(dir: &Path) -> PathBuf {
+    let src = dir.join("fdkeeper.c");
+    let bin = dir.join("fdkeeper");
+    std::fs::write(&src, FDKEEPER_C).expect("fdkeeper.c");
+    let o = Command::new("cc")
+        .args(["-static", "-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert_ok(&o);
+    bin
+}
+
+/// Starts `fdkeeper recv SOCK MARK` on the host: a process outside any container's PID
+/// namespace, waiting for a GPU descriptor. [`wait_mark`] says when it has it.
+pub fn fd_receiver(keeper: &Path, sock: &Path, mark: &Path) -> Killed {
+    let _ = std::fs::remove_file(mark);
+    let _ = std::fs::remove_file(sock);
+    let child = Killed(
+        Command::new(keeper)
+            .arg("recv")
+            .arg(sock)
+            .arg(mark)
+            .spawn()
+            .expect("fdkeeper recv"),
+    );
+    for _ in 0..400 {
+        if sock.exists() {
+            return child;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("fdkeeper made no socket {}", sock.display());
+}
+
+/// Waits (up to 20 s) for `mark` to exist.
+pub fn wait_mark(mark: &Path) -> bool {
+    for _ in 0..200 {
+        if mark.exists() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
