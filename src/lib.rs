@@ -1,42 +1,32 @@
 //! gpuhook: reserve whole GPUs for libvirt LXC containers and hand them in.
 //!
-//! A pure core and thin edges: [`request`] is what a container asks for and [`ids`] the
-//! identifiers everything shares; [`metadata`] parses a request from the domain XML (and
-//! [`extra_specs`] the blueprint's operators), [`inventory`] reads the host,
-//! [`alloc`] chooses GPUs (pure functions), [`state`] keeps reservations in a locked file,
-//! [`container`] enters the container, [`cgroup`] grants device access (v1 and v2 behind one
-//! trait), [`lifecycle`] is what happens to a reservation whichever front door drives it,
-//! [`hook`] is the libvirt front door, [`runtime`] the OCI one (with [`oci`], the bundle's
-//! request and edits), and [`cli`] the operator's command line.
+//! The rooms, from the top down (a module imports only from the rooms below it; nothing
+//! imports a door; docs/ARCHITECTURE.md draws it):
+//!
+//! - [`doors`]: the libvirt hook, the OCI runtime wrapper with its hooks and bundle edits,
+//!   the operator's command line;
+//! - [`openstack`]: Placement's provider config and the Prometheus metrics;
+//! - [`reserve`]: the reservation and its lifecycle: holders, the state file, choosing
+//!   GPUs, staleness, draining, health quarantine, the lifecycle steps;
+//! - [`enter`]: work inside a container: the `setns` helper, the `/dev` walk, the root
+//!   filesystem work of CDI, the one process sandbox;
+//! - [`cdi`]: the vendors' CDI specs and what they give a container;
+//! - [`cgroup`]: device access, cgroup v1 and v2 behind one trait;
+//! - [`host`]: facts of the host: config, inventory, the architecture table, procfs;
+//! - [`request`]: what a container asks for, and its sources (domain XML, Nova's extra
+//!   specs, OCI annotations and env);
+//! - [`node`], [`ids`], [`log`]: the types and the logging everything shares.
 
-pub mod alloc;
-pub mod arch;
 pub mod cdi;
 pub mod cgroup;
-pub mod cli;
-pub mod config;
-pub mod container;
-pub mod devdir;
-pub mod drain;
-pub mod error;
-pub mod extra_specs;
-pub mod health;
-pub mod hook;
+pub mod doors;
+pub mod enter;
+pub mod host;
 pub mod ids;
-pub mod inventory;
-pub mod lifecycle;
 pub mod log;
-pub mod metadata;
-pub mod metrics;
 pub mod node;
-pub mod oci;
-pub mod placement;
-pub mod procfs;
-pub mod reconcile;
+pub mod openstack;
 pub mod request;
-pub mod rootfs;
-pub mod runtime;
-pub mod sandbox;
-pub mod state;
+pub mod reserve;
 
-pub use error::Error;
+pub use reserve::error::Error;

@@ -32,7 +32,7 @@ fn with_syslog(f: impl FnOnce(&mut Logger<LoggerBackend, Formatter3164>)) {
 }
 
 fn clean(msg: &str) -> String {
-    crate::error::one_line(msg, 2000)
+    crate::reserve::error::one_line(msg, 2000)
 }
 
 pub fn info(msg: &str) {

@@ -14,10 +14,10 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
     if args.is_empty() {
         args.push("gpuhook".into());
     }
-    let code = if gpuhook::runtime::invoked_as_runtime(&args[0]) {
+    let code = if gpuhook::doors::runtime::invoked_as_runtime(&args[0]) {
         // The OCI runtime wrapper: runc's command line, no clap (it runs for every container).
-        gpuhook::runtime::main(&args[1..])
-    } else if gpuhook::hook::invoked_as_hook(&args[0]) {
+        gpuhook::doors::runtime::main(&args[1..])
+    } else if gpuhook::doors::hook::invoked_as_hook(&args[0]) {
         // Hook mode: `NAME OP SUBOP EXTRA`, no clap on this path (it runs for every domain).
         let name = args
             .get(1)
@@ -27,8 +27,8 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
             .get(2)
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        match gpuhook::hook::read_stdin() {
-            Ok(xml) => gpuhook::hook::run(&name, &op, &xml),
+        match gpuhook::doors::hook::read_stdin() {
+            Ok(xml) => gpuhook::doors::hook::run(&name, &op, &xml),
             Err(e) => {
                 gpuhook::log::error(&format!(
                     "domain '{name}': reading the domain XML from stdin: {e}"
@@ -37,7 +37,7 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
             }
         }
     } else {
-        gpuhook::cli::main(args)
+        gpuhook::doors::cli::main(args)
     };
     code.clamp(0, 255)
 }

@@ -1,6 +1,6 @@
 //! The one node type: a character device as a container sees it (its path under `/dev`)
-//! and its number. The inventory adds the host node's mode ([`crate::inventory::DevNode`]),
-//! a container's node its mode and owner ([`crate::container::NodeSpec`]); both are a
+//! and its number. The inventory adds the host node's mode ([`crate::host::inventory::DevNode`]),
+//! a container's node its mode and owner ([`crate::enter::container::NodeSpec`]); both are a
 //! `Node` and more, and dereference to it. The state records `Node`s; the cgroup grants them.
 
 use serde::{Deserialize, Serialize};

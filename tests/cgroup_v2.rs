@@ -5,7 +5,7 @@
 mod common;
 use gpuhook::cgroup::bpf;
 use gpuhook::cgroup::{grant_all, revoke_all, DeviceCgroup, V2};
-use gpuhook::state::Node;
+use gpuhook::reserve::state::Node;
 use nix::errno::Errno;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};

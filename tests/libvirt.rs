@@ -10,7 +10,7 @@
 
 mod common;
 
-use gpuhook::container::Container;
+use gpuhook::enter::container::Container;
 use nix::errno::Errno;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -1402,8 +1402,8 @@ fn request_through_libvirt(b: &mut Bed) {
 }
 
 fn reconcile_frees_only_the_gone(b: &mut Bed) {
-    use gpuhook::procfs::ProcRef;
-    use gpuhook::state::{rfc3339, Phase, Reservation, Store};
+    use gpuhook::host::procfs::ProcRef;
+    use gpuhook::reserve::state::{rfc3339, Phase, Reservation, Store};
     b.use_host(FakeHost::dgx8());
     b.define_start(&spec("gh-live", ""));
     let now = std::time::SystemTime::now()

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use gpuhook::state::Store;
+use gpuhook::reserve::state::Store;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::os::fd::AsRawFd;

@@ -5,10 +5,10 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else { return };
-    if let Ok(n) = gpuhook::extra_specs::parse_count(s) {
-        assert!((1..=gpuhook::extra_specs::MAX_COUNT).contains(&n));
+    if let Ok(n) = gpuhook::request::extra_specs::parse_count(s) {
+        assert!((1..=gpuhook::request::extra_specs::MAX_COUNT).contains(&n));
     }
-    if let Ok(op) = gpuhook::extra_specs::parse_string_op(s) {
+    if let Ok(op) = gpuhook::request::extra_specs::parse_string_op(s) {
         let _ = op.matches(Some(s));
         let _ = op.matches(None);
         let _ = op.to_string();

@@ -4,15 +4,15 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    match gpuhook::metadata::parse_domain(data) {
+    match gpuhook::request::metadata::parse_domain(data) {
         Ok(d) => {
             // The hook's cheap exit skips only documents without a request (those without
             // entity references, as libvirt writes them).
             if d.request.is_some() && !data.contains(&b'&') {
-                assert!(gpuhook::metadata::may_request(data), "cheap exit would skip a request");
+                assert!(gpuhook::request::metadata::may_request(data), "cheap exit would skip a request");
             }
             if let Some(r) = d.request {
-                assert!(r.count >= 1 && r.count <= gpuhook::extra_specs::MAX_COUNT);
+                assert!(r.count >= 1 && r.count <= gpuhook::request::extra_specs::MAX_COUNT);
                 assert!(r.count as usize >= r.devices.len());
                 assert!(r.mode.map_or(true, |m| m & !0o777 == 0));
                 assert!(d.idmap.host_uid(r.uid).is_some() && d.idmap.host_gid(r.gid).is_some());

@@ -6,12 +6,12 @@
 //!   `virDomainSetMetadata`, validated by the hook's own parser.
 
 use clap::Parser;
-use gpuhook::cli::{LibvirtCli, LibvirtCommand, RequestArgs};
-use gpuhook::config::Config;
-use gpuhook::metadata::{self, NS};
-use gpuhook::procfs::ProcRef;
-use gpuhook::reconcile;
-use gpuhook::state::Store;
+use gpuhook::doors::cli::{LibvirtCli, LibvirtCommand, RequestArgs};
+use gpuhook::host::config::Config;
+use gpuhook::host::procfs::ProcRef;
+use gpuhook::request::metadata::{self, NS};
+use gpuhook::reserve::reconcile;
+use gpuhook::reserve::state::Store;
 use std::collections::HashSet;
 use std::process::ExitCode;
 use virt::connect::Connect;
@@ -21,7 +21,7 @@ use virt::sys;
 fn main() -> ExitCode {
     let cli = LibvirtCli::parse();
     if let Some(c) = &cli.config {
-        std::env::set_var(gpuhook::config::ENV, c);
+        std::env::set_var(gpuhook::host::config::ENV, c);
     }
     let r = match cli.command {
         LibvirtCommand::Reconcile { dry_run } => reconcile(&cli.connect, dry_run),
@@ -67,7 +67,7 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
         now,
         seen: reconcile::Seen {
             alive: &alive,
-            controller: &gpuhook::lifecycle::controller_running,
+            controller: &gpuhook::reserve::lifecycle::controller_running,
         },
     };
     let freed = if dry_run {
@@ -88,8 +88,8 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
                 let rs: Vec<_> = freed.iter().map(|(r, _)| r.clone()).collect();
                 // Their GPUs that a process still has open drain; draining ones nothing
                 // has open any more are free again.
-                gpuhook::drain::after_free(&cfg, st, &rs);
-                gpuhook::drain::log_settled(&gpuhook::drain::recheck(st));
+                gpuhook::reserve::drain::after_free(&cfg, st, &rs);
+                gpuhook::reserve::drain::log_settled(&gpuhook::reserve::drain::recheck(st));
                 Ok::<_, gpuhook::Error>(freed)
             })
             .map_err(|e| e.to_string())?

@@ -15,8 +15,8 @@ mod v2;
 pub use v1::V1;
 pub use v2::V2;
 
-use crate::procfs;
-use crate::state::Node;
+use crate::host::procfs;
+use crate::reserve::state::Node;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,7 @@
 //! wrote to.
 
 use super::{CgroupError, DeviceCgroup};
-use crate::state::Node;
+use crate::reserve::state::Node;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -789,8 +789,8 @@ pub fn node(path: &Path, major: u32, minor: u32, mode: u32, gid: u32) -> io::Res
 /// process, so they are never stale and never compete for GPUs; they only make the state
 /// large (for stress tests and benchmarks).
 pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
-    use gpuhook::procfs::ProcRef;
-    use gpuhook::state::{now_rfc3339, Phase, Reservation, Store};
+    use gpuhook::host::procfs::ProcRef;
+    use gpuhook::reserve::state::{now_rfc3339, Phase, Reservation, Store};
     let me = ProcRef::of(std::process::id() as i32).ok_or("no /proc entry for this process")?;
     Store::new(state)
         .update(|st| {

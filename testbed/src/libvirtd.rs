@@ -276,10 +276,11 @@ exec /usr/sbin/libvirtd --pid-file "$D/libvirtd.pid"
     }
 
     /// The running container of a domain: its live XML's `id` (the controller), its init.
-    pub fn container(&self, name: &str) -> Result<gpuhook::container::Container, String> {
+    pub fn container(&self, name: &str) -> Result<gpuhook::enter::container::Container, String> {
         let xml = self.virsh_ok(&["dumpxml", name])?;
-        let dom = gpuhook::metadata::parse_domain(xml.as_bytes()).map_err(|e| e.to_string())?;
-        gpuhook::container::find(&dom.name, dom.id).map_err(|e| e.to_string())
+        let dom =
+            gpuhook::request::metadata::parse_domain(xml.as_bytes()).map_err(|e| e.to_string())?;
+        gpuhook::enter::container::find(&dom.name, dom.id).map_err(|e| e.to_string())
     }
 
     /// Destroys (if running) and undefines every domain whose name starts with `prefix`.

@@ -98,7 +98,7 @@ fn demo(hook: &Path, workdir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(workdir);
     std::fs::create_dir_all(workdir).map_err(|e| format!("{}: {e}", workdir.display()))?;
     let state = workdir.join("state/state.json");
-    let real = gpuhook::inventory::scan(&gpuhook::config::Config::default())
+    let real = gpuhook::host::inventory::scan(&gpuhook::host::config::Config::default())
         .map(|i| i.gpus.iter().filter(|g| g.usable()).count())
         .unwrap_or(0);
     let (cfg, metadata) = if real > 0 {

@@ -25,8 +25,8 @@ fn dist(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir.join("man"))?;
     std::fs::create_dir_all(dir.join("completions"))?;
     for cmd in [
-        gpuhook::cli::Cli::command(),
-        gpuhook::cli::LibvirtCli::command(),
+        gpuhook::doors::cli::Cli::command(),
+        gpuhook::doors::cli::LibvirtCli::command(),
     ] {
         let name = cmd.get_name().to_owned();
         let mut buf = Vec::new();
@@ -46,7 +46,7 @@ fn dist(dir: &Path) -> std::io::Result<()> {
         }
     }
     let mut buf = Vec::new();
-    clap_mangen::Man::new(gpuhook::cli::runtime_command())
+    clap_mangen::Man::new(gpuhook::doors::cli::runtime_command())
         .date("2026-11-30")
         .source(format!("gpuhook {}", env!("CARGO_PKG_VERSION")))
         .manual("gpuhook")

@@ -1,9 +1,12 @@
 //! What a container asks for, whichever front door it came through: the domain XML's
-//! attributes and `device` children, the blueprint's extra_specs (see [`crate::metadata`]),
-//! and next OCI annotations and Nova's flavor metadata. Choosing GPUs ([`crate::alloc`]) and
-//! the lifecycle ([`crate::hook`]) see only this.
+//! attributes and `device` children, the blueprint's extra_specs (see [`crate::request::metadata`]),
+//! and next OCI annotations and Nova's flavor metadata. Choosing GPUs ([`crate::reserve::alloc`]) and
+//! the lifecycle ([`crate::doors::hook`]) see only this.
 
-use crate::extra_specs::Op;
+pub mod extra_specs;
+pub mod metadata;
+
+use extra_specs::Op;
 use std::fmt;
 
 /// Which GPU property a filter looks at.

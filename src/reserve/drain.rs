@@ -16,11 +16,11 @@
 //! nodes (`nvidiactl`, `nvidia-uvm`, `/dev/kfd`), nor a MIG GPU's `/dev/nvidiaN`, which every
 //! instance of it uses.
 
-use crate::config::Config;
-use crate::inventory::{self, Inventory, Scan};
+use crate::host::config::Config;
+use crate::host::inventory::{self, Inventory, Scan};
+use crate::host::procfs::{Proc, ProcRef};
 use crate::log;
-use crate::procfs::{Proc, ProcRef};
-use crate::state::{Draining, Node, Opener, Reservation, State};
+use crate::reserve::state::{Draining, Node, Opener, Reservation, State};
 use std::collections::BTreeSet;
 
 /// A unit just freed: its id, its own nodes, whose reservation it was.
@@ -227,8 +227,8 @@ pub fn after_free_on(
         st,
         fresh,
         false,
-        crate::procfs::HOST,
-        &crate::state::now_rfc3339(),
+        crate::host::procfs::HOST,
+        &crate::reserve::state::now_rfc3339(),
     );
     log_settled(&s);
     s
@@ -246,8 +246,8 @@ pub fn recheck(st: &mut State) -> Settled {
         st,
         Vec::new(),
         true,
-        crate::procfs::HOST,
-        &crate::state::now_rfc3339(),
+        crate::host::procfs::HOST,
+        &crate::reserve::state::now_rfc3339(),
     )
 }
 
@@ -256,7 +256,7 @@ pub fn pids_of(st: &State, pci: &str) -> Vec<i32> {
     let mut v: Vec<i32> = st
         .draining
         .iter()
-        .filter(|(u, _)| crate::inventory::unit_pci(u) == pci)
+        .filter(|(u, _)| crate::host::inventory::unit_pci(u) == pci)
         .flat_map(|(_, d)| d.holders.iter().map(|o| o.proc.pid))
         .collect();
     v.sort_unstable();
@@ -273,7 +273,7 @@ pub fn unit_pids(st: &State, unit: &str) -> Vec<i32> {
 }
 
 /// Marks the GPUs that are draining whole unusable, with their holders as the reason: for
-/// the counts of Placement and metrics, as [`crate::health::apply`] does for quarantine.
+/// the counts of Placement and metrics, as [`crate::reserve::health::apply`] does for quarantine.
 pub fn apply(inv: &mut Inventory, st: &State) {
     if st.draining.is_empty() {
         return;
@@ -290,9 +290,9 @@ pub fn apply(inv: &mut Inventory, st: &State) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::tests::{gpu, req, with_migs};
     use crate::ids::Vendor;
-    use crate::state::{Phase, Reservation};
+    use crate::reserve::alloc::tests::{gpu, req, with_migs};
+    use crate::reserve::state::{Phase, Reservation};
     use std::os::unix::process::CommandExt;
     use std::path::Path;
 
@@ -330,7 +330,7 @@ mod tests {
         let child = cmd.spawn().expect("sleep");
         // Until it has exec'd, the child is a copy of us (a test process, not `sleep`).
         for _ in 0..200 {
-            if crate::procfs::comm(child.id() as i32).as_deref() == Some("sleep") {
+            if crate::host::procfs::comm(child.id() as i32).as_deref() == Some("sleep") {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -383,17 +383,17 @@ mod tests {
         let pid = child.id() as i32;
         let wanted: BTreeSet<u64> = [libc::makedev(195, 211)].into();
         let me = std::process::id() as i32;
-        let found = crate::procfs::HOST.openers(&wanted, me);
+        let found = crate::host::procfs::HOST.openers(&wanted, me);
         let procs = &found[&libc::makedev(195, 211)];
         assert_eq!(procs.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![pid]);
-        assert!(crate::procfs::HOST.holds_any(pid, &wanted));
-        assert!(!crate::procfs::HOST.holds_any(me, &[libc::makedev(195, 212)].into()));
+        assert!(crate::host::procfs::HOST.holds_any(pid, &wanted));
+        assert!(!crate::host::procfs::HOST.holds_any(me, &[libc::makedev(195, 212)].into()));
         // Through `settle`: the freed GPU is draining, held by `sleep`.
         let mut st = State::default();
         let inv = inv_with(211);
         let fresh = freed_units(&inv, &st, &[reservation(&["0000:10:00.0"])]);
         assert_eq!(fresh[0].nodes, vec![Node::new("/dev/nvidia211", 195, 211)]);
-        let s = settle(&mut st, fresh, false, crate::procfs::HOST, "now");
+        let s = settle(&mut st, fresh, false, crate::host::procfs::HOST, "now");
         assert_eq!(s.draining.len(), 1);
         let dr = &st.draining["0000:10:00.0"];
         assert_eq!(dr.holders[0].proc.pid, pid);
@@ -417,13 +417,13 @@ mod tests {
         other.nodes[0].1.node = Node::new("/dev/nvidia214", 195, 214);
         inv.gpus.push(other);
         let fresh = freed_units(&inv, &st, &[reservation(&["0000:10:00.0"])]);
-        settle(&mut st, fresh, false, crate::procfs::HOST, "now");
+        settle(&mut st, fresh, false, crate::host::procfs::HOST, "now");
         // Skipped: a request for one GPU gets the other.
         assert_eq!(
-            crate::alloc::allocate(&inv.gpus, &st.held(None), &req(1)).unwrap(),
+            crate::reserve::alloc::allocate(&inv.gpus, &st.held(None), &req(1)).unwrap(),
             vec!["0000:11:00.0"]
         );
-        let e = crate::alloc::allocate(&inv.gpus, &st.held(None), &req(2))
+        let e = crate::reserve::alloc::allocate(&inv.gpus, &st.held(None), &req(2))
             .unwrap_err()
             .to_string();
         assert!(
@@ -434,7 +434,7 @@ mod tests {
         );
         let mut exact = req(1);
         exact.devices = vec![crate::request::DeviceSel::Index(0)];
-        let e = crate::alloc::allocate(&inv.gpus, &st.held(None), &exact)
+        let e = crate::reserve::alloc::allocate(&inv.gpus, &st.held(None), &exact)
             .unwrap_err()
             .to_string();
         assert!(
@@ -445,16 +445,16 @@ mod tests {
         );
         assert!(!e.contains('\n'));
         // Still held: a re-check keeps it (the cheap look at the recorded process suffices).
-        let s = settle(&mut st, vec![], true, crate::procfs::HOST, "now");
+        let s = settle(&mut st, vec![], true, crate::host::procfs::HOST, "now");
         assert!(s.released.is_empty());
         assert!(st.draining.contains_key("0000:10:00.0"));
         child.kill().unwrap();
         child.wait().unwrap();
-        let s = settle(&mut st, vec![], true, crate::procfs::HOST, "now");
+        let s = settle(&mut st, vec![], true, crate::host::procfs::HOST, "now");
         assert_eq!(s.released, vec!["0000:10:00.0"]);
         assert!(st.draining.is_empty());
         assert_eq!(
-            crate::alloc::allocate(&inv.gpus, &st.held(None), &req(2)).unwrap(),
+            crate::reserve::alloc::allocate(&inv.gpus, &st.held(None), &req(2)).unwrap(),
             vec!["0000:10:00.0", "0000:11:00.0"]
         );
     }
@@ -555,7 +555,7 @@ mod tests {
         assert_eq!(unit_pids(&st, "0000:10:00.0/gi1/ci0"), vec![100]);
         assert_eq!(pids_of(&st, "0000:10:00.0"), vec![100]);
         // The GPU whole is busy while one of its instances drains.
-        assert!(crate::alloc::busy(&st.held(None), "0000:10:00.0").is_some());
+        assert!(crate::reserve::alloc::busy(&st.held(None), "0000:10:00.0").is_some());
         // Passed on: 100 closes it, 300 has it now.
         fp.close(100, 5);
         fp.process(300, "thief", 7000);
@@ -593,15 +593,15 @@ mod tests {
         let wanted: BTreeSet<u64> = [libc::makedev(195, 250)].into();
         let me = std::process::id() as i32;
         let pass = |label: &str| {
-            let (pids, mut fds) = (crate::procfs::HOST.pids(), 0usize);
+            let (pids, mut fds) = (crate::host::procfs::HOST.pids(), 0usize);
             for p in &pids {
-                crate::procfs::HOST.open_chr(*p, |_| ());
+                crate::host::procfs::HOST.open_chr(*p, |_| ());
                 fds += std::fs::read_dir(format!("/proc/{p}/fd")).map_or(0, |d| d.count());
             }
             let mut t: Vec<u128> = (0..31)
                 .map(|_| {
                     let t0 = std::time::Instant::now();
-                    let f = crate::procfs::HOST.openers(&wanted, me);
+                    let f = crate::host::procfs::HOST.openers(&wanted, me);
                     assert!(f.is_empty());
                     t0.elapsed().as_micros()
                 })

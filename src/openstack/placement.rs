@@ -8,7 +8,7 @@
 //! `allocation_ratio` 1.0; traits `CUSTOM_GPU_VENDOR_<VENDOR>` and `CUSTOM_GPU_ARCH_<ARCH>`.
 //! GPUs of unknown architecture get no inventory (a flavor cannot name them).
 
-use crate::inventory::Inventory;
+use crate::host::inventory::Inventory;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -107,7 +107,7 @@ mod tests {
             "CUSTOM_GPU_ARCH_GFX90A_X"
         );
         // Every architecture gpuhook knows gives a valid name.
-        for a in crate::arch::known_names() {
+        for a in crate::host::arch::known_names() {
             let n = custom_name("GPU_", a);
             assert!(valid_custom_name(&n), "{a}: {n}");
         }

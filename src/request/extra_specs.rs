@@ -22,7 +22,7 @@ pub enum Op {
     Contains(String),
     OneOf(Vec<String>),
     /// The GPU's architecture as Placement names it (`CUSTOM_GPU_FERMI`): the form a flavor's
-    /// `resources:CUSTOM_GPU_<ARCH>` names, matched by [`crate::placement::custom_name`] so
+    /// `resources:CUSTOM_GPU_<ARCH>` names, matched by [`crate::openstack::placement::custom_name`] so
     /// that the hook takes exactly the GPUs `gpuhook placement` counted in that class.
     Class(String),
 }
@@ -33,7 +33,7 @@ impl Op {
     pub fn matches(&self, value: Option<&str>) -> bool {
         let Some(value) = value else { return false };
         if let Op::Class(c) = self {
-            return crate::placement::custom_name("GPU_", value) == *c;
+            return crate::openstack::placement::custom_name("GPU_", value) == *c;
         }
         let v = value.to_ascii_lowercase();
         match self {

@@ -3,8 +3,8 @@
 //! container still has the GPUs), and never one between `prepare` and `started` (its
 //! libvirtd is alive and the prepare is recent).
 
-use crate::procfs::ProcRef;
-use crate::state::{parse_rfc3339, HolderKind, Phase, Reservation, State};
+use crate::host::procfs::ProcRef;
+use crate::reserve::state::{parse_rfc3339, HolderKind, Phase, Reservation, State};
 use std::collections::HashSet;
 
 /// A `prepare` older than this whose domain never became active was abandoned (libvirt
@@ -96,7 +96,7 @@ pub fn plan(st: &State, w: &World) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{now_rfc3339, rfc3339};
+    use crate::reserve::state::{now_rfc3339, rfc3339};
 
     fn res(
         uuid: &str,

@@ -6,7 +6,7 @@
 //! which keeps whole nodes free for large requests), then under one PCI parent (switch or
 //! root port) the same way, then lowest index.
 
-use crate::inventory::Gpu;
+use crate::host::inventory::Gpu;
 use crate::request::{DeviceSel, Field, Filter, Request};
 use std::collections::BTreeMap;
 
@@ -419,9 +419,9 @@ fn near<'a>(cands: &[&'a Gpu], anchor: &Gpu, want: usize) -> Vec<&'a Gpu> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::extra_specs::Op;
+    use crate::host::inventory::Role;
     use crate::ids::Vendor;
-    use crate::inventory::Role;
+    use crate::request::extra_specs::Op;
     use crate::request::Capabilities;
 
     pub(crate) fn gpu(
@@ -444,7 +444,7 @@ pub(crate) mod tests {
             parent: Some(parent.into()),
             nodes: vec![(
                 Role::Nvidia,
-                crate::inventory::DevNode {
+                crate::host::inventory::DevNode {
                     node: crate::node::Node::new(format!("/dev/nvidia{index}"), 195, index as u32),
                     mode: 0o666,
                 },
@@ -502,8 +502,8 @@ pub(crate) mod tests {
     }
 
     /// `/dev/nvidia-caps/nvidia-cap<m>` as a test host has it.
-    pub(crate) fn cap_node(m: u32) -> crate::inventory::DevNode {
-        crate::inventory::DevNode {
+    pub(crate) fn cap_node(m: u32) -> crate::host::inventory::DevNode {
+        crate::host::inventory::DevNode {
             node: crate::node::Node::new(format!("/dev/nvidia-caps/nvidia-cap{m}"), 236, m),
             mode: 0o444,
         }
@@ -513,7 +513,7 @@ pub(crate) mod tests {
     pub(crate) fn with_migs(mut g: Gpu, layout: &[(u32, u32)]) -> Gpu {
         g.migs = layout
             .iter()
-            .map(|&(gi, ci)| crate::inventory::Mig {
+            .map(|&(gi, ci)| crate::host::inventory::Mig {
                 gi,
                 ci,
                 gi_cap: cap_node(gi * 9),

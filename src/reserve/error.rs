@@ -1,12 +1,12 @@
 //! The crate's error: each module's own error, kept as one line that names the cause.
 
-use crate::alloc::AllocError;
 use crate::cgroup::CgroupError;
-use crate::config::ConfigError;
-use crate::container::ContainerError;
-use crate::inventory::InventoryError;
-use crate::metadata::ParseError;
-use crate::state::StateError;
+use crate::enter::container::ContainerError;
+use crate::host::config::ConfigError;
+use crate::host::inventory::InventoryError;
+use crate::request::metadata::ParseError;
+use crate::reserve::alloc::AllocError;
+use crate::reserve::state::StateError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

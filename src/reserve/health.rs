@@ -8,11 +8,11 @@
 //! a GPU bound to it, the driver's `GPU Excluded`) and the link shown in `list` are the
 //! inventory's: they are read where the GPU is looked at.
 
-use crate::config::Config;
-use crate::error::{one_line, Error};
+use crate::host::config::Config;
+use crate::host::inventory::{self, Inventory, Scan};
 use crate::ids::normalize_pci;
-use crate::inventory::{self, Inventory, Scan};
-use crate::state::{now_rfc3339, KmsgMark, Quarantine, State, Store};
+use crate::reserve::error::{one_line, Error};
+use crate::reserve::state::{now_rfc3339, KmsgMark, Quarantine, State, Store};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;

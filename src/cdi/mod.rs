@@ -9,7 +9,7 @@
 //! nodes contain one of the chosen units' own nodes and none of another GPU's; `all` never —
 //! and turns them into a [`Plan`] both front doors apply: extra character nodes (granted and
 //! made like gpuhook's own), read-only `nosuid,nodev` bind mounts, the two NVIDIA hooks
-//! `create-symlinks` and `update-ldcache` done by gpuhook itself ([`crate::rootfs`]), other
+//! `create-symlinks` and `update-ldcache` done by gpuhook itself ([`crate::enter::rootfs`]), other
 //! hooks (passed to the OCI runtime, or listed in the log for libvirt) and environment.
 
 use crate::ids::Vendor;
@@ -858,7 +858,7 @@ impl Plan {
     }
 
     fn hook(&mut self, h: &SpecHook, foreign: ForeignHooks) -> Result<(), String> {
-        if !crate::oci::STAGES.contains(&h.hook_name.as_str()) {
+        if !crate::doors::bundle::STAGES.contains(&h.hook_name.as_str()) {
             return Err(format!("hook stage '{}' is not an OCI hook", h.hook_name));
         }
         if !Path::new(&h.path).is_absolute() {

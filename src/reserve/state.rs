@@ -9,7 +9,7 @@
 //! owned by root (the caller) and not writable by group or others, and a file that does not
 //! parse, or has another version, is an error naming it — never silently reset.
 
-use crate::procfs::ProcRef;
+use crate::host::procfs::ProcRef;
 use nix::errno::Errno;
 use nix::fcntl::{openat, renameat, OFlag};
 use nix::sys::stat::{fstat, Mode};
@@ -111,7 +111,7 @@ pub struct Reservation {
     /// The driver files gpuhook mounted into a libvirt container from CDI specs (`reconnect`
     /// checks they are still in place).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mounts: Vec<crate::rootfs::Mounted>,
+    pub mounts: Vec<crate::enter::rootfs::Mounted>,
 }
 
 impl Reservation {
@@ -235,8 +235,8 @@ impl State {
     /// PCI address → its holder as messages name it (`domain 'web1'`), leaving out the
     /// reservation of `except` (a UUID or container ID). A draining unit is held by the
     /// processes that keep it open.
-    pub fn held(&self, except: Option<&str>) -> crate::alloc::Held {
-        let mut h = crate::alloc::Held::new();
+    pub fn held(&self, except: Option<&str>) -> crate::reserve::alloc::Held {
+        let mut h = crate::reserve::alloc::Held::new();
         for (unit, d) in &self.draining {
             h.insert(unit.clone(), d.holder(unit));
         }

@@ -13,7 +13,7 @@
 //! that root: nothing of the container is ever run or loaded by gpuhook.
 
 use crate::cdi::{BindMount, Plan};
-use crate::devdir::{self, Sys};
+use crate::enter::devdir::{self, Sys};
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, Mode};
@@ -151,7 +151,7 @@ fn open_tree(m: &BindMount) -> Result<Tree, String> {
     })
 }
 
-/// The host's static `ldconfig`, as an exec-only copy ([`crate::sandbox::exec_only_copy`])
+/// The host's static `ldconfig`, as an exec-only copy ([`crate::enter::sandbox::exec_only_copy`])
 /// to be run over a container's root. One that needs a program interpreter would load the
 /// container's `ld.so`: refused.
 pub fn host_ldconfig() -> Result<OwnedFd, String> {
@@ -170,7 +170,7 @@ pub fn host_ldconfig() -> Result<OwnedFd, String> {
             "the host's {path} is dynamically linked: run inside a container it would load the container's libraries; gpuhook needs a static ldconfig"
         ));
     }
-    crate::sandbox::exec_only_copy(&f, "ldconfig").map_err(|e| format!("{path}: {e}"))
+    crate::enter::sandbox::exec_only_copy(&f, "ldconfig").map_err(|e| format!("{path}: {e}"))
 }
 
 /// Whether a 64-bit ELF file has a `PT_INTERP` program header.
@@ -346,7 +346,7 @@ pub fn act_as(owner: Owner, mounts: bool) -> Result<(), String> {
         Ok(()) | Err(Errno::EPERM) => {}
         Err(e) => return Err(format!("setgroups: {e}")),
     }
-    crate::container::keep_only(&keep)?;
+    crate::enter::container::keep_only(&keep)?;
     // setfsuid/setfsgid say nothing on failure: the second call returns the id in force.
     nix::unistd::setfsgid(owner.gid.into());
     let gid = nix::unistd::setfsgid(owner.gid.into());
@@ -600,7 +600,7 @@ fn ldconfig_namespaces() -> nix::sched::CloneFlags {
 /// makes new mount, pid, net, ipc and uts namespaces, sets `nodev,nosuid` on every mount of
 /// its view of the root (a device node there cannot be opened, whatever the container
 /// planted), mounts a tmpfs of its own over the view's `/dev` for the cache, and chroots.
-/// Its child, pid 1 of the new pid namespace, is confined ([`crate::sandbox`]: no
+/// Its child, pid 1 of the new pid namespace, is confined ([`crate::enter::sandbox`]: no
 /// capabilities, the container root's ids, limits, no process, no environment, only
 /// descriptors 0-2) and execs `ldconfig -i -C /dev/ld.so.cache FOLDERS`. The first child
 /// then copies the cache from its tmpfs into the container's `/etc` by temporary name and
@@ -619,7 +619,7 @@ fn run_ldconfig(
         argv.push(CString::new(f.as_str()).map_err(|_| "NUL in a folder".to_string())?);
     }
     let etc = walk(root, "etc", false, &mut Done::default())?;
-    let filter = crate::sandbox::no_fork_filter()?;
+    let filter = crate::enter::sandbox::no_fork_filter()?;
     let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
     // SAFETY: the caller is single-threaded (the gpuhook binary, or its helper child); the
     // child only makes syscalls and execs or _exits.
@@ -645,14 +645,15 @@ fn run_ldconfig(
         }
         nix::unistd::ForkResult::Parent { child } => {
             drop(wr);
-            let out =
-                crate::container::read_pipe(rd, LDCONFIG_TIMEOUT, 65536).map_err(|e| match e {
+            let out = crate::enter::container::read_pipe(rd, LDCONFIG_TIMEOUT, 65536).map_err(
+                |e| match e {
                     None => format!(
                         "ldconfig in the container did not finish within {}s; killed",
                         LDCONFIG_TIMEOUT.as_secs()
                     ),
                     Some(e) => format!("reading ldconfig's output: {e}"),
-                });
+                },
+            );
             if out.is_err() {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
             }
@@ -719,13 +720,13 @@ fn ldconfig_child(
     let run = match unsafe { nix::unistd::fork() }.map_err(|e| fail("fork", e))? {
         nix::unistd::ForkResult::Child => {
             let limits = LDCONFIG_LIMITS;
-            let c = crate::sandbox::Confinement {
+            let c = crate::enter::sandbox::Confinement {
                 uid: owner.uid,
                 gid: owner.gid,
                 limits: &limits,
                 filter,
             };
-            let (what, e) = crate::sandbox::confine_and_exec(ldconfig, &argv, &c);
+            let (what, e) = crate::enter::sandbox::confine_and_exec(ldconfig, &argv, &c);
             let msg = format!("{what}: {e}");
             // SAFETY: write to standard error (the pipe), then leave.
             unsafe {

@@ -2,8 +2,8 @@
 //! format (version 0.0.4), for node_exporter's textfile collector. Pure: inventory and state
 //! in, text out; the CLI writes it (atomically with `--output`).
 
-use crate::inventory::Inventory;
-use crate::state::{HolderKind, Phase, State};
+use crate::host::inventory::Inventory;
+use crate::reserve::state::{HolderKind, Phase, State};
 use std::fmt::Write;
 
 /// A label value, escaped as the exposition format wants (`\`, `"`, newline).
@@ -108,7 +108,7 @@ pub fn render(inv: &Inventory, st: &State) -> String {
         "Whether the GPU (or one of its MIG instances) is draining: freed while a process still has it open, given to no one until it is closed.",
     );
     for g in &inv.gpus {
-        let pids = crate::drain::pids_of(st, &g.pci);
+        let pids = crate::reserve::drain::pids_of(st, &g.pci);
         sample(
             &mut out,
             "gpuhook_gpu_draining",

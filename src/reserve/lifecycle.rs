@@ -4,20 +4,20 @@
 //! door turns its own input (domain XML, an OCI bundle) into a [`Holder`] and a [`Request`],
 //! says how to find its running container, and maps the results to its own exit codes.
 
-use crate::alloc;
 use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
-use crate::config::Config;
-use crate::container::{self, Container, ContainerError, NodeSpec, Outcome};
-use crate::drain;
-use crate::error::Error;
-use crate::inventory::{self, Inventory, Scan};
+use crate::enter::container::{self, Container, ContainerError, NodeSpec, Outcome};
+use crate::host::config::Config;
+use crate::host::inventory::{self, Inventory, Scan};
+use crate::host::procfs::{self, ProcRef};
 use crate::log;
-use crate::procfs::{self, ProcRef};
 use crate::request::{DeviceSel, Driver, IdMap, Request};
-use crate::state::{now_rfc3339, Node, Phase, Reservation, State, Store};
+use crate::reserve::alloc;
+use crate::reserve::drain;
+use crate::reserve::error::Error;
+use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State, Store};
 
-pub use crate::state::HolderKind;
+pub use crate::reserve::state::HolderKind;
 
 /// Who holds GPUs: what the state keys a reservation by (`id`), the name operators know it
 /// by, and how its container's user namespace maps ids (nodes are owned by its root).
@@ -38,7 +38,10 @@ impl Holder<'_> {
     /// How messages name its uid and gid mappings.
     fn idmap_names(&self) -> (&'static str, &'static str) {
         match self.kind {
-            HolderKind::Libvirt => (crate::metadata::IDMAP, crate::metadata::IDMAP),
+            HolderKind::Libvirt => (
+                crate::request::metadata::IDMAP,
+                crate::request::metadata::IDMAP,
+            ),
             HolderKind::Oci => ("linux.uidMappings", "linux.gidMappings"),
         }
     }
@@ -48,12 +51,12 @@ fn store(cfg: &Config) -> Store {
     Store::new(&cfg.state_file)
 }
 
-/// Why a reservation is stale (its holder is gone), if it is: [`crate::reconcile::stale`]
+/// Why a reservation is stale (its holder is gone), if it is: [`crate::reserve::reconcile::stale`]
 /// on this host's processes.
 pub fn stale_reason(r: &Reservation) -> Option<String> {
-    crate::reconcile::stale(
+    crate::reserve::reconcile::stale(
         r,
-        &crate::reconcile::Seen {
+        &crate::reserve::reconcile::Seen {
             alive: &|p| p.alive(),
             controller: &controller_running,
         },
@@ -213,7 +216,7 @@ fn reserve_by(
     let now = now_rfc3339();
     let (gpus, notes, specs) = store(cfg).update(|st| -> Result<_, Error> {
         // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
-        crate::health::apply(&mut inv, st);
+        crate::reserve::health::apply(&mut inv, st);
         let mut notes = Vec::new();
         if let Some(r) = st.reservations.get(h.id) {
             if r.kind != h.kind {
@@ -424,7 +427,7 @@ fn refusal(
     };
     match inventory::scan_with(cfg, full) {
         Ok(mut inv) => {
-            crate::health::apply(&mut inv, st);
+            crate::reserve::health::apply(&mut inv, st);
             alloc::allocate(&inv.gpus, &st.held(None), req)
                 .err()
                 .unwrap_or(e)
@@ -439,7 +442,7 @@ pub fn confirm(h: &Holder, req: &Request) -> Result<(), Error> {
     let st = store(&cfg).read()?;
     let r = reservation(&st, h)?;
     let mut inv = inventory::scan_with(&cfg, scan_for(&cfg, req))?;
-    crate::health::apply(&mut inv, &st);
+    crate::reserve::health::apply(&mut inv, &st);
     inv.settle(&cfg, &r.gpus);
     for p in &r.gpus {
         let g = inv
@@ -770,8 +773,8 @@ pub fn activate(
 }
 
 /// The host ids of the container's root (through its `<idmap>`; unmapped: nobody).
-fn root_owner(h: &Holder) -> crate::rootfs::Owner {
-    crate::rootfs::Owner {
+fn root_owner(h: &Holder) -> crate::enter::rootfs::Owner {
+    crate::enter::rootfs::Owner {
         uid: h.idmap.host_uid(0).unwrap_or(65534),
         gid: h.idmap.host_gid(0).unwrap_or(65534),
     }
@@ -779,7 +782,7 @@ fn root_owner(h: &Holder) -> crate::rootfs::Owner {
 
 /// What a libvirt container got from the CDI specs, and what of them gpuhook does not do
 /// for libvirt (other hooks: the container's process already runs; its environment).
-fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::rootfs::Done>) {
+fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::rootfs::Done>) {
     log::info(&format!(
         "{}: driver files from {} ({}): {} mount(s), {} link(s), linker cache {}",
         h.who(),
@@ -877,7 +880,14 @@ pub fn readopt(
     };
     let now = now_rfc3339();
     let mut adopted = None;
-    type Decided = Result<(Vec<String>, Vec<NodeSpec>, Vec<crate::rootfs::Mounted>), Error>;
+    type Decided = Result<
+        (
+            Vec<String>,
+            Vec<NodeSpec>,
+            Vec<crate::enter::rootfs::Mounted>,
+        ),
+        Error,
+    >;
     let decided = store(&cfg).update(|st| -> Result<Decided, Error> {
         let (notes, freed) = reclaim_stale(st);
         for n in notes {
@@ -890,7 +900,7 @@ pub fn readopt(
                 let held = st.held(Some(h.id));
                 // A top-up never takes a quarantined GPU.
                 let mut healthy = inv.clone();
-                crate::health::apply(&mut healthy, st);
+                crate::reserve::health::apply(&mut healthy, st);
                 match granted
                     .as_ref()
                     .map_err(|e| Error::other(e.clone()))
@@ -1222,7 +1232,7 @@ pub fn may_hold(cfg: &Config, id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::tests::{cap_node, dgx, req, with_migs};
+    use crate::reserve::alloc::tests::{cap_node, dgx, req, with_migs};
 
     fn pci(i: usize) -> String {
         format!("0000:{:02x}:00.0", 0x10 + i)
@@ -1353,7 +1363,7 @@ mod tests {
         let mut r = req(1);
         r.filters = vec![crate::request::Filter {
             field: crate::request::Field::Arch,
-            op: crate::extra_specs::Op::Eq("ampere".into()),
+            op: crate::request::extra_specs::Op::Eq("ampere".into()),
         }];
         let mut inv2 = inv.clone();
         inv2.gpus[4].arch = Some("ampere".into());

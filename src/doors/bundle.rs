@@ -3,11 +3,11 @@
 //! user namespace's id mapping, and the edits that hand the reserved GPUs to the real runtime
 //! (`linux.devices`, `linux.resources.devices`, a `createRuntime` and a `poststop` hook). The
 //! runtime then makes the nodes and the cgroup rules itself, in cgroup v1, v2 and through
-//! systemd alike. [`crate::runtime`] is the front door that reads and writes the files.
+//! systemd alike. [`crate::doors::runtime`] is the front door that reads and writes the files.
 
-use crate::container::NodeSpec;
+use crate::enter::container::NodeSpec;
 use crate::ids::normalize_pci;
-use crate::metadata::{self, GpusBuilder};
+use crate::request::metadata::{self, GpusBuilder};
 use crate::request::{DeviceSel, IdMap, IdRange, Request};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;

@@ -13,15 +13,15 @@
 //! `create` whose runtime died before recording an init is stale. Only `delete` runs the
 //! runtime as a child, to free after it.
 
-use crate::config::Config;
-use crate::container::NodeSpec;
-use crate::error::Error;
-use crate::lifecycle::{self, Holder, HolderKind};
+use crate::doors::bundle::{self, HookCmd};
+use crate::enter::container::NodeSpec;
+use crate::host::config::Config;
+use crate::host::procfs::ProcRef;
 use crate::log;
-use crate::oci::{self, HookCmd};
-use crate::procfs::ProcRef;
 use crate::request::IdMap;
-use crate::state::Reservation;
+use crate::reserve::error::Error;
+use crate::reserve::lifecycle::{self, Holder, HolderKind};
+use crate::reserve::state::Reservation;
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -163,8 +163,8 @@ impl Invocation {
     /// (logrus JSON or text lines): docker and containerd show the last error of that file.
     pub fn log_error(&self, msg: &str) {
         let Some(path) = &self.log else { return };
-        let msg = format!("gpuhook: {}", crate::error::one_line(msg, 2000));
-        let time = crate::state::now_rfc3339();
+        let msg = format!("gpuhook: {}", crate::reserve::error::one_line(msg, 2000));
+        let time = crate::reserve::state::now_rfc3339();
         let line = if self.log_format.as_deref() == Some("json") {
             serde_json::json!({"level": "error", "msg": msg, "time": time}).to_string()
         } else {
@@ -291,7 +291,7 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
     let Ok((bytes, whole)) = read_bounded(&path) else {
         return Ok(None);
     };
-    if !oci::mentions_request(&bytes) {
+    if !bundle::mentions_request(&bytes) {
         return Ok(None);
     }
     if !whole {
@@ -301,13 +301,13 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
             MAX_CONFIG >> 20
         )));
     }
-    let policy = oci::Policy {
+    let policy = bundle::Policy {
         env_requests: cfg.oci_env_requests,
     };
-    let mut b = oci::parse(&bytes, policy).map_err(Error::Other)?;
+    let mut b = bundle::parse(&bytes, policy).map_err(Error::Other)?;
     let Some(req) = b.request else {
         // A bundle used again without its request: what gpuhook added before goes.
-        if b.edited && oci::strip(&mut b.config).map_err(Error::Other)? {
+        if b.edited && bundle::strip(&mut b.config).map_err(Error::Other)? {
             replace_config(&path, &b.config)?;
         }
         return Ok(None);
@@ -315,12 +315,12 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
     let id = inv
         .id
         .as_deref()
-        .filter(|i| oci::valid_id(i))
+        .filter(|i| bundle::valid_id(i))
         .ok_or_else(|| Error::other("no valid container ID on the runtime's command line"))?;
     // Without a user namespace the runtime makes the nodes, owned by the container-side ids.
     // With one it cannot (it would bind-mount the host's node, owned by host root): gpuhook
     // makes them, owned by the host ids the request's ids map to, as for libvirt's <idmap>.
-    let userns = oci::has_user_namespace(&b.config);
+    let userns = bundle::has_user_namespace(&b.config);
     let identity = IdMap::default();
     let h = Holder {
         kind: HolderKind::Oci,
@@ -365,10 +365,10 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
 
 /// `createContainer` (the runtime has made the container's mounts, before it enters the
 /// root): the CDI `create-symlinks` and `update-ldcache` in the container's root, as the
-/// libvirt door does them ([`crate::rootfs`]); undone on failure. Returns what was left as
+/// libvirt door does them ([`crate::enter::rootfs`]); undone on failure. Returns what was left as
 /// it was, for the log.
 fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
-    let work: oci::CdiWork = arg
+    let work: bundle::CdiWork = arg
         .ok_or("no work given".to_string())
         .and_then(|a| serde_json::from_str(a).map_err(|e| format!("bad work: {e}")))?;
     if !Path::new(&work.root).is_absolute() {
@@ -391,15 +391,15 @@ fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
     let ld = if plan.ld_folders.is_empty() {
         None
     } else {
-        Some(crate::rootfs::host_ldconfig()?)
+        Some(crate::enter::rootfs::host_ldconfig()?)
     };
     // The runtime runs this hook in the container's namespaces, user namespace included:
     // uid 0 here is the container's root, whether or not it is host root. (It runs from the
     // container's init, in its cgroups: ldconfig is there already. CAP_SYS_ADMIN of the
     // container's user namespace stays for ldconfig's own namespaces and nodev view.)
-    let owner = crate::rootfs::Owner { uid: 0, gid: 0 };
-    crate::rootfs::act_as(owner, ld.is_some())?;
-    crate::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[]).map(|d| d.notes)
+    let owner = crate::enter::rootfs::Owner { uid: 0, gid: 0 };
+    crate::enter::rootfs::act_as(owner, ld.is_some())?;
+    crate::enter::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[]).map(|d| d.notes)
 }
 
 /// The container's root filesystem as the runtime will mount it (`root.path`, relative to the
@@ -427,7 +427,7 @@ fn container_root(
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|e| Error::other(format!("container root {}: {e}", root.display())))?;
-    use crate::rootfs::{check_path, split};
+    use crate::enter::rootfs::{check_path, split};
     for m in &plan.mounts {
         let (dir, leaf) = split(&m.target);
         check_path(&fd, dir, Some(leaf)).map_err(Error::Other)?;
@@ -529,7 +529,7 @@ fn make_private_nodes(
 
 /// Removes the node directories of IDs that hold no container reservation (freed, released
 /// by an operator, reclaimed as stale). Called under the state lock.
-fn sweep(cfg: &Config, st: &crate::state::State) {
+fn sweep(cfg: &Config, st: &crate::reserve::state::State) {
     let Ok(entries) = std::fs::read_dir(nodes_root(cfg)) else {
         return;
     };
@@ -558,7 +558,7 @@ fn free_oci(
             _ => None,
         };
         if let Some(r) = &freed {
-            crate::drain::after_free(cfg, st, std::slice::from_ref(r));
+            crate::reserve::drain::after_free(cfg, st, std::slice::from_ref(r));
         }
         sweep(cfg, st);
         Ok(freed)
@@ -577,15 +577,21 @@ fn write_config(
 ) -> Result<(), Error> {
     let exe = own_path()?;
     let mut env = Vec::new();
-    if let Some(c) = std::env::var_os(crate::config::ENV).filter(|c| Path::new(c).is_absolute()) {
-        env.push(format!("{}={}", crate::config::ENV, c.to_string_lossy()));
+    if let Some(c) =
+        std::env::var_os(crate::host::config::ENV).filter(|c| Path::new(c).is_absolute())
+    {
+        env.push(format!(
+            "{}={}",
+            crate::host::config::ENV,
+            c.to_string_lossy()
+        ));
     }
     let hook = HookCmd {
         path: exe,
         env,
         token: format!("{}.{}", by.pid, by.start_time),
     };
-    oci::edit(&mut config, nodes, binds, &hook, cdi).map_err(Error::Other)?;
+    bundle::edit(&mut config, nodes, binds, &hook, cdi).map_err(Error::Other)?;
     replace_config(path, &config)
 }
 
@@ -648,7 +654,7 @@ fn delete(cfg: &Config, runtime: &Path, args: &[OsString], inv: &Invocation) -> 
             127
         }
     };
-    if let Some(id) = inv.id.as_deref().filter(|i| oci::valid_id(i)) {
+    if let Some(id) = inv.id.as_deref().filter(|i| bundle::valid_id(i)) {
         release(cfg, id, "delete", |r| lifecycle::stale_reason(r).is_some());
     }
     code
@@ -680,7 +686,7 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
         ));
         return 1;
     }
-    let state: oci::HookState = match serde_json::from_slice(&buf) {
+    let state: bundle::HookState = match serde_json::from_slice(&buf) {
         Ok(s) => s,
         Err(e) => {
             log::error(&format!(
@@ -689,7 +695,7 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
             return 1;
         }
     };
-    if !oci::valid_id(&state.id) {
+    if !bundle::valid_id(&state.id) {
         log::error(&format!("oci-hook {stage}: invalid container ID"));
         return 1;
     }
@@ -708,7 +714,7 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
         return 1;
     };
     match stage {
-        oci::CREATE_RUNTIME => {
+        bundle::CREATE_RUNTIME => {
             let ids = IdMap::default();
             let h = Holder {
                 kind: HolderKind::Oci,
@@ -729,7 +735,7 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
                 }
             }
         }
-        oci::CDI => match cdi_hook(arg) {
+        bundle::CDI => match cdi_hook(arg) {
             Ok(notes) => {
                 for n in notes {
                     log::info(&format!("{who}: {n}"));
@@ -741,7 +747,7 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
                 1
             }
         },
-        oci::POSTSTOP => {
+        bundle::POSTSTOP => {
             // The runtime runs it once the container stopped; only for this create's own.
             if let Ok(cfg) = Config::load() {
                 release(&cfg, &state.id, "poststop", |r| r.prepared_by == Some(by));

@@ -3,14 +3,14 @@
 //! The clap definitions of both binaries live here so that man pages and completions can
 //! be generated from them (`cargo xtask man`) without linking libvirt.
 
-use crate::alloc;
-use crate::config::Config;
-use crate::error::Error;
-use crate::hook;
-use crate::inventory::{self, Gpu, Inventory};
+use crate::doors::hook;
+use crate::host::config::Config;
+use crate::host::inventory::{self, Gpu, Inventory};
 use crate::log;
-use crate::metadata;
-use crate::state::{State, Store};
+use crate::request::metadata;
+use crate::reserve::alloc;
+use crate::reserve::error::Error;
+use crate::reserve::state::{State, Store};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use std::path::PathBuf;
@@ -217,7 +217,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
     };
     log::set_verbose(cli.verbose);
     if let Some(c) = &cli.config {
-        std::env::set_var(crate::config::ENV, c);
+        std::env::set_var(crate::host::config::ENV, c);
     }
     match cli.command {
         Command::Hook { domain, op, .. } => match hook::read_stdin() {
@@ -235,12 +235,12 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::Metrics { output } => report(metrics(output.as_deref())),
         Command::Placement { output } => report(placement(output.as_deref())),
         Command::Health { action } => report(health(action)),
-        Command::Runtime { args } => crate::runtime::main(&args),
+        Command::Runtime { args } => crate::doors::runtime::main(&args),
         Command::OciHook {
             stage,
             token,
             added,
-        } => crate::runtime::oci_hook(&stage, token.as_deref(), added.as_deref()),
+        } => crate::doors::runtime::oci_hook(&stage, token.as_deref(), added.as_deref()),
     }
 }
 
@@ -248,7 +248,7 @@ fn health(action: HealthAction) -> Result<i32, Error> {
     let cfg = Config::load()?;
     match action {
         HealthAction::Scan => {
-            let r = crate::health::scan(&cfg)?;
+            let r = crate::reserve::health::scan(&cfg)?;
             for (pci, q) in &r.quarantined {
                 log::warn(&format!(
                     "GPU {pci} quarantined: Xid {} ({}): {}",
@@ -274,7 +274,7 @@ fn health(action: HealthAction) -> Result<i32, Error> {
             );
         }
         HealthAction::Clear { pci } => {
-            let q = crate::health::clear(&cfg, &pci)?;
+            let q = crate::reserve::health::clear(&cfg, &pci)?;
             log::info(&format!(
                 "GPU {pci}: quarantine lifted (it was for Xid {}, {}, since {})",
                 q.xid, q.reason, q.since
@@ -291,8 +291,8 @@ fn health(action: HealthAction) -> Result<i32, Error> {
 fn metrics(output: Option<&std::path::Path>) -> Result<i32, Error> {
     let (_, mut inv, st) = load()?;
     // A draining GPU is not usable, as a quarantined one is not.
-    crate::drain::apply(&mut inv, &st);
-    emit(&crate::metrics::render(&inv, &st), output)
+    crate::reserve::drain::apply(&mut inv, &st);
+    emit(&crate::openstack::metrics::render(&inv, &st), output)
 }
 
 fn placement(output: Option<&std::path::Path>) -> Result<i32, Error> {
@@ -301,9 +301,9 @@ fn placement(output: Option<&std::path::Path>) -> Result<i32, Error> {
     // Quarantined and draining GPUs count as reserved, as unusable ones do.
     match Store::new(&cfg.state_file).read() {
         Ok(mut st) => {
-            crate::health::apply(&mut inv, &st);
-            crate::drain::recheck(&mut st);
-            crate::drain::apply(&mut inv, &st);
+            crate::reserve::health::apply(&mut inv, &st);
+            crate::reserve::drain::recheck(&mut st);
+            crate::reserve::drain::apply(&mut inv, &st);
         }
         Err(e) => log::warn(&format!("quarantined GPUs not known: {e}")),
     }
@@ -313,7 +313,7 @@ fn placement(output: Option<&std::path::Path>) -> Result<i32, Error> {
             g.pci, g.model
         ));
     }
-    emit(&crate::placement::render(&inv), output)
+    emit(&crate::openstack::placement::render(&inv), output)
 }
 
 /// Prints `text`, or replaces `output` with it atomically.
@@ -365,9 +365,9 @@ fn load() -> Result<(Config, Inventory, State), Error> {
     let cfg = Config::load()?;
     let mut inv = inventory::scan(&cfg)?;
     let mut st = Store::new(&cfg.state_file).read()?;
-    crate::health::apply(&mut inv, &st);
+    crate::reserve::health::apply(&mut inv, &st);
     // What still holds draining GPUs now (the file is not written).
-    crate::drain::recheck(&mut st);
+    crate::reserve::drain::recheck(&mut st);
     Ok((cfg, inv, st))
 }
 
@@ -409,11 +409,11 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                         "holder": st.holder_of(&id).map(|r| json!({
                             "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase,
                         })),
-                        "draining": crate::drain::unit_pids(st, &id),
+                        "draining": crate::reserve::drain::unit_pids(st, &id),
                     })
                 }).collect::<Vec<_>>(),
                 "quarantine": st.quarantine.get(&g.pci),
-                "draining": crate::drain::pids_of(st, &g.pci),
+                "draining": crate::reserve::drain::pids_of(st, &g.pci),
                 "link": g.link.as_ref().map(|l| json!({
                     "speed": l.speed, "max_speed": l.max_speed,
                     "width": l.width, "max_width": l.max_width,
@@ -431,7 +431,7 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                 "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase, "gpus": r.gpus,
                 "request": r.request, "created": r.created, "updated": r.updated,
                 "init_pid": r.init.map(|i| i.pid),
-                "stale": crate::lifecycle::stale_reason(r),
+                "stale": crate::reserve::lifecycle::stale_reason(r),
             })
         })
         .collect();
@@ -455,8 +455,8 @@ fn list(as_json: bool) -> Result<i32, Error> {
                 (Some(r), _) => format!(
                     "{}{} ({})",
                     match r.kind {
-                        crate::state::HolderKind::Libvirt => "",
-                        crate::state::HolderKind::Oci => "container ",
+                        crate::reserve::state::HolderKind::Libvirt => "",
+                        crate::reserve::state::HolderKind::Oci => "container ",
                     },
                     r.domain,
                     serde_json::to_value(r.phase)
@@ -465,7 +465,10 @@ fn list(as_json: bool) -> Result<i32, Error> {
                         .unwrap_or_default()
                 ),
                 (None, Some(d)) => {
-                    format!("draining: {}", crate::state::Opener::describe(&d.holders))
+                    format!(
+                        "draining: {}",
+                        crate::reserve::state::Opener::describe(&d.holders)
+                    )
                 }
                 (None, None) if g.excluded => "excluded".into(),
                 (None, None) => match &g.problem {
@@ -521,7 +524,7 @@ fn mig_cell(st: &State, g: &Gpu) -> String {
                             "gi{}/ci{} draining: {}",
                             m.gi,
                             m.ci,
-                            crate::state::Opener::describe(&d.holders)
+                            crate::reserve::state::Opener::describe(&d.holders)
                         )
                     })
                 })
@@ -608,13 +611,13 @@ fn check(file: &str) -> Result<i32, Error> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let h = crate::lifecycle::Holder {
-        kind: crate::lifecycle::HolderKind::Libvirt,
+    let h = crate::reserve::lifecycle::Holder {
+        kind: crate::reserve::lifecycle::HolderKind::Libvirt,
         name: &dom.name,
         id: &dom.uuid,
         idmap: &dom.idmap,
     };
-    match crate::lifecycle::cdi_preview(&cfg, &h, req, &inv, &gpus) {
+    match crate::reserve::lifecycle::cdi_preview(&cfg, &h, req, &inv, &gpus) {
         Ok(None) => {}
         Ok(Some(p)) => print_cdi(&p),
         Err(e) => {
@@ -692,7 +695,7 @@ fn release(domain: &str) -> Result<i32, Error> {
             .into_iter()
             .filter_map(|u| st.reservations.remove(&u))
             .collect();
-        let drained = crate::drain::after_free(&cfg, st, &freed);
+        let drained = crate::reserve::drain::after_free(&cfg, st, &freed);
         Ok::<_, Error>((freed, drained))
     })?;
     let (freed, drained) = freed;
@@ -713,7 +716,7 @@ fn release(domain: &str) -> Result<i32, Error> {
     for (unit, d) in &drained.draining {
         println!(
             "{unit} is draining: {} still {} it open; it is given to no one until closed",
-            crate::state::Opener::describe(&d.holders),
+            crate::reserve::state::Opener::describe(&d.holders),
             if d.holders.len() == 1 { "has" } else { "have" }
         );
     }

@@ -9,10 +9,10 @@
 //! is not already the right character device. It keeps only the capabilities it needs, and
 //! undoes what it created when a later node fails.
 
-use crate::devdir::{self, Sys};
+use crate::enter::devdir::{self, Sys};
+use crate::enter::rootfs;
+use crate::host::procfs::{self, Proc, ProcRef};
 use crate::node::Node;
-use crate::procfs::{self, Proc, ProcRef};
-use crate::rootfs;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, Mode};

@@ -9,16 +9,16 @@
 //! | `reconnect begin -` | re-adopt the reservation, re-grant and re-create what was lost; exit non-zero only when the container cannot be made consistent (libvirt then kills it) |
 //!
 //! This module is the libvirt front door only: it turns the XML into a [`Holder`] and a
-//! request and calls [`crate::lifecycle`]. A domain whose XML does not mention gpuhook's
+//! request and calls [`crate::reserve::lifecycle`]. A domain whose XML does not mention gpuhook's
 //! namespace leaves at once with 0, before the config or state is even opened, except at the
 //! stop hooks, which look at the state's bytes for its UUID (its live XML may have lost the
 //! request) and are silent about a broken config or state.
 
-use crate::config::Config;
-use crate::container;
-use crate::lifecycle::{self, Holder, HolderKind, Readopted};
+use crate::enter::container;
+use crate::host::config::Config;
 use crate::log;
-use crate::metadata::{self, Domain};
+use crate::request::metadata::{self, Domain};
+use crate::reserve::lifecycle::{self, Holder, HolderKind, Readopted};
 use std::ffi::OsStr;
 use std::io::Read;
 use std::path::Path;

@@ -2,8 +2,8 @@
 //! the roots of the config (so a whole fake host can be described). Read at every hook run:
 //! no daemon, no cache that can go stale.
 
-use crate::arch::{self, PciIds};
-use crate::config::Config;
+use crate::host::arch::{self, PciIds};
+use crate::host::config::Config;
 use crate::ids::{normalize_pci, Vendor};
 use crate::node::Node;
 use crate::request::Capabilities;

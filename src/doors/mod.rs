@@ -1,0 +1,8 @@
+//! The front doors: libvirt's LXC hook ([`hook`]), the OCI runtime wrapper ([`runtime`],
+//! with [`bundle`], its pure edits of a bundle's `config.json`), and the operator's command
+//! line ([`cli`]). Nothing imports a door.
+
+pub mod bundle;
+pub mod cli;
+pub mod hook;
+pub mod runtime;

@@ -1,0 +1,8 @@
+//! Work inside a container: finding a libvirt container and the helper that joins its
+//! mount namespace ([`container`]), the `/dev` walk ([`devdir`]), CDI's work in its root
+//! filesystem ([`rootfs`]), and the one sandbox gpuhook runs a program in ([`sandbox`]).
+
+pub mod container;
+pub mod devdir;
+pub mod rootfs;
+pub mod sandbox;

@@ -1,0 +1,12 @@
+//! The reservation and its lifecycle: the state file ([`state`]), choosing GPUs
+//! ([`alloc`]), staleness ([`reconcile`]), GPUs still open after a free ([`drain`]), health
+//! quarantine ([`health`]), the steps every front door drives ([`lifecycle`]), and the
+//! error they report ([`error`]).
+
+pub mod alloc;
+pub mod drain;
+pub mod error;
+pub mod health;
+pub mod lifecycle;
+pub mod reconcile;
+pub mod state;
