@@ -2045,6 +2045,7 @@ fn cdi_ldconfig_planted_nodes(b: &mut Bed) {
     // (started again over what is there: still nothing written through the node.)
     common::assert_ok(&b.hook_direct("gh-cdi-node", "started"));
     assert!(lo.untouched());
+
     let o = b.sh_in(&ct, common::CDI_PROBE);
     common::assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
     let cache = std::fs::read(rootfs.join("etc/ld.so.cache")).unwrap();
@@ -2056,6 +2057,24 @@ fn cdi_ldconfig_planted_nodes(b: &mut Bed) {
         .unwrap()
         .file_type()
         .is_fifo());
+    // The image points ldconfig's auxiliary cache directory elsewhere (through the
+    // container's /proc, into the real root where the node is not nodev): refused in one
+    // line, nothing written there.
+    let evil = rootfs.join("evil");
+    std::fs::create_dir_all(&evil).unwrap();
+    lo.plant(&evil.join("aux-cache~"));
+    std::fs::remove_file(&aux).unwrap();
+    std::fs::remove_dir(aux.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink("/proc/1/root/evil", aux.parent().unwrap()).unwrap();
+    let o = b.hook_direct("gh-cdi-node", "started");
+    let e = common::stderr(&o);
+    assert!(!o.status.success(), "{e}");
+    assert!(
+        e.contains("container /var/cache/ldconfig is not a directory; refusing to run ldconfig"),
+        "{e}"
+    );
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(lo.untouched());
     b.d.virsh_ok(&["destroy", "gh-cdi-node"]).unwrap();
     assert!(b.wait_shut_off("gh-cdi-node"));
     assert!(lo.untouched());

@@ -1396,6 +1396,26 @@ fn cdi_ldconfig_never_writes_a_planted_node() {
     common::assert_cdi_probe(&s);
     assert!(lo.untouched(), "ldconfig wrote through the planted node");
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    // The image points ldconfig's auxiliary cache directory through its /proc at the root
+    // of the runtime's init (still the host's when createContainer hooks run), at a host
+    // directory: refused in one line, nothing written on the host.
+    let host_dir = o.host.root().join("host-dir");
+    std::fs::create_dir_all(&host_dir).unwrap();
+    std::fs::create_dir_all(rootfs.join("var/cache")).unwrap();
+    let _ = std::fs::remove_dir_all(rootfs.join("var/cache/ldconfig"));
+    std::os::unix::fs::symlink(
+        format!("/proc/1/root{}", host_dir.display()),
+        rootfs.join("var/cache/ldconfig"),
+    )
+    .unwrap();
+    let r = podman_rootfs(&o, &rootfs, &CDI_ONE_GPU, "echo STARTED");
+    assert!(!out(&r).contains("STARTED"));
+    assert_refused(
+        &r,
+        "container /var/cache/ldconfig is not a directory; refusing to run ldconfig",
+    );
+    assert!(std::fs::read_dir(&host_dir).unwrap().next().is_none());
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
 /// A user-namespaced podman container (its root is host uid 100000) with its own root

@@ -651,3 +651,25 @@ fn foreign_hooks_refused_on_request() {
     assert_eq!(p.hooks.len(), 1);
     assert_eq!(p.hooks[0].path, "/usr/bin/chmod");
 }
+
+/// The SONAME of a host library (what `update-ldcache`'s link is named after): read from
+/// the ELF dynamic section; an executable without one, or a file that is not ELF, has none.
+#[test]
+fn soname_of_a_shared_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("x.c");
+    std::fs::write(&src, "int gpuhook_x(void) { return 1; }\n").unwrap();
+    let lib = dir.path().join("libx.so.535.129.03");
+    let ok = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-Wl,-soname,libx.so.1", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cc");
+    assert_eq!(super::soname(&lib).as_deref(), Some("libx.so.1"));
+    assert_eq!(super::soname(std::path::Path::new("/bin/sh")), None);
+    std::fs::write(dir.path().join("text"), "not ELF").unwrap();
+    assert_eq!(super::soname(&dir.path().join("text")), None);
+}

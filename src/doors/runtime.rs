@@ -679,6 +679,11 @@ fn release(cfg: &Config, id: &str, stage: &str, cond: impl FnOnce(&Reservation) 
 /// `gpuhook oci-hook STAGE`: the hooks gpuhook adds to a GPU container's config; the
 /// runtime's state JSON (`id`, `pid`) on stdin.
 pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
+    // The runtime runs its hooks inside the container's pid namespace, where the container's
+    // processes may see this one (host root, its root the host's before the runtime enters
+    // the container's): not dumpable, so none can reach through its /proc entries.
+    // SAFETY: a plain prctl on this process.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
     let mut buf = Vec::new();
     if let Err(e) = std::io::stdin().take(1 << 20).read_to_end(&mut buf) {
         log::error(&format!(

@@ -614,7 +614,7 @@ fn run_ldconfig(
     owner: Owner,
     cgroups: &[OwnedFd],
 ) -> Result<(), String> {
-    let mut argv: Vec<CString> = vec![c"ldconfig".into(), c"-i".into()];
+    let mut argv: Vec<CString> = vec![c"ldconfig".into(), c"-i".into(), c"-X".into()];
     for f in folders {
         argv.push(CString::new(f.as_str()).map_err(|_| "NUL in a folder".to_string())?);
     }
@@ -700,17 +700,34 @@ fn ldconfig_child(
     // A copy of the container's root with all its mounts, made nodev and nosuid while it
     // is detached (this process's own: the container never sees it).
     let view = clone_tree(root).map_err(|e| fail("cloning the container's root", e))?;
+    let mut id = ldconfig_identity(owner);
     // (Mounted into the detached copy from the namespace it was cloned in: the kernel
     // takes mounts into a detached tree only from there.)
-    let cache = cache_tmpfs(&view, &["dev"], owner);
+    let cache = cache_tmpfs(&view, &["dev"], id);
     // glibc's ldconfig writes its auxiliary cache too where that directory exists (even
-    // with -i): a tmpfs of its own there as well.
-    let _aux = cache_tmpfs(&view, &["var", "cache", "ldconfig"], owner);
+    // with -i): a tmpfs of its own there as well. A symlink on the way would take that
+    // write elsewhere: refused.
+    let aux = aux_cache_dir(&view).map_err(|e| (127, e))?;
+    if aux && cache.is_some() && cache_tmpfs(&view, &["var", "cache", "ldconfig"], id).is_none() {
+        return Err((127, "cannot mount a tmpfs over /var/cache/ldconfig".into()));
+    }
+    if cache.is_none() {
+        // This kernel mounts nothing into a detached tree (before 6.15): ldconfig writes
+        // in place, through nodev mounts, as the container's root, which must then not be
+        // host root.
+        if owner.uid == 0 && in_initial_user_ns() {
+            return Err((
+                127,
+                "this kernel cannot mount a tmpfs into a detached tree (Linux 6.15 can): refusing to run ldconfig as host root over the container's root".into(),
+            ));
+        }
+        id = owner;
+    }
     nix::sched::unshare(ldconfig_namespaces())
         .map_err(|e| fail("new namespaces for ldconfig", e))?;
     if cache.is_some() {
-        argv.insert(2, c"-C".into());
-        argv.insert(3, CString::new(CACHE_IN_VIEW).expect("no NUL"));
+        argv.insert(3, c"-C".into());
+        argv.insert(4, CString::new(CACHE_IN_VIEW).expect("no NUL"));
     }
     nix::unistd::fchdir(&view).map_err(|e| fail("fchdir", e))?;
     nix::unistd::chroot(".").map_err(|e| fail("chroot", e))?;
@@ -721,8 +738,8 @@ fn ldconfig_child(
         nix::unistd::ForkResult::Child => {
             let limits = LDCONFIG_LIMITS;
             let c = crate::enter::sandbox::Confinement {
-                uid: owner.uid,
-                gid: owner.gid,
+                uid: id.uid,
+                gid: id.gid,
                 limits: &limits,
                 filter,
             };
@@ -750,6 +767,68 @@ fn ldconfig_child(
             .map_err(|e| fail("cannot write /etc/ld.so.cache in the container", e))?;
     }
     Ok(())
+}
+
+/// Who `ldconfig` runs as. In the initial user namespace (a container without one: its root
+/// is host root), an id that owns no file and runs no process: `ldconfig` follows any path
+/// the container lays out for it, and as host uid 0 it could reach through a `/proc/PID/root`
+/// of the container's `/proc` (any dumpable uid-0 process) into the host's tree and write
+/// there; as an id nothing runs as, it may look into no process at all, and it writes only
+/// into its own tmpfs. In a user namespace, the container's root (a host id that is not
+/// root).
+fn ldconfig_identity(owner: Owner) -> Owner {
+    if in_initial_user_ns() {
+        Owner {
+            uid: LDCONFIG_ID,
+            gid: LDCONFIG_ID,
+        }
+    } else {
+        owner
+    }
+}
+
+/// The id `ldconfig` runs as in the initial user namespace: `(uid_t)-2`, the last valid id,
+/// which no account uses.
+pub const LDCONFIG_ID: u32 = u32::MAX - 1;
+
+/// Whether this process is in the initial user namespace (its uid map is the identity of
+/// every id).
+fn in_initial_user_ns() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map")
+        .map(|m| m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"])
+        .unwrap_or(false)
+}
+
+/// Whether the view has a `/var/cache/ldconfig` directory (each component a directory,
+/// none a symlink); a symlink or other file on the way is refused.
+fn aux_cache_dir(view: &OwnedFd) -> Result<bool, String> {
+    let mut at: Option<OwnedFd> = None;
+    let mut path = String::new();
+    for c in ["var", "cache", "ldconfig"] {
+        path.push('/');
+        path.push_str(c);
+        let dir = at.as_ref().unwrap_or(view);
+        match fstatat(dir, c, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Err(Errno::ENOENT) => return Ok(false),
+            Err(e) => return Err(format!("container {path}: {e}")),
+            Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFDIR => {
+                return Err(format!(
+                    "container {path} is not a directory; refusing to run ldconfig (it would write its auxiliary cache through it)"
+                ))
+            }
+            Ok(_) => {}
+        }
+        at = Some(
+            openat(
+                dir,
+                c,
+                OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| format!("container {path}: {e}"))?,
+        );
+    }
+    Ok(true)
 }
 
 /// A detached recursive copy of the tree at `root`, every mount of it `nodev,nosuid`,
@@ -791,7 +870,7 @@ fn set_attr(fd: &OwnedFd, set: u64, at: libc::c_uint) -> Result<(), Errno> {
     Ok(())
 }
 
-/// A fresh tmpfs (the container root's, mode 0700) mounted over the directory `dir` (its
+/// A fresh tmpfs (`owner`'s, mode 0755) mounted over the directory `dir` (its
 /// components, none a symlink) of `view`; `None` where there is no such directory or the
 /// kernel refuses the mount.
 fn cache_tmpfs(view: &OwnedFd, dir: &[&str], owner: Owner) -> Option<OwnedFd> {
@@ -816,8 +895,10 @@ fn cache_tmpfs(view: &OwnedFd, dir: &[&str], owner: Owner) -> Option<OwnedFd> {
     }
     // SAFETY: a fresh descriptor.
     let fs = unsafe { OwnedFd::from_raw_fd(fs as i32) };
+    // (0755: the first child, acting as the container's root, reads the cache back; no one
+    // else sees this mount.)
     let opts = [
-        ("mode".to_string(), "0700".to_string()),
+        ("mode".to_string(), "0755".to_string()),
         ("uid".to_string(), owner.uid.to_string()),
         ("gid".to_string(), owner.gid.to_string()),
         ("size".to_string(), format!("{}", CACHE_MAX * 2)),
