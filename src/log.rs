@@ -32,7 +32,7 @@ fn with_syslog(f: impl FnOnce(&mut Logger<LoggerBackend, Formatter3164>)) {
 }
 
 fn clean(msg: &str) -> String {
-    crate::reserve::error::one_line(msg, 2000)
+    one_line(msg, 2000)
 }
 
 pub fn info(msg: &str) {
@@ -60,4 +60,21 @@ pub fn error(msg: &str) {
         let _ = l.err(msg);
     });
     eprintln!("gpuhook: {msg}");
+}
+
+/// Escapes control characters (so the text stays on one line) and truncates to `max` chars.
+pub fn one_line(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max));
+    for (i, c) in s.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

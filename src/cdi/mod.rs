@@ -9,9 +9,10 @@
 //! nodes contain one of the chosen units' own nodes and none of another GPU's; `all` never —
 //! and turns them into a [`Plan`] both front doors apply: extra character nodes (granted and
 //! made like gpuhook's own), read-only `nosuid,nodev` bind mounts, the two NVIDIA hooks
-//! `create-symlinks` and `update-ldcache` done by gpuhook itself ([`crate::enter::rootfs`]), other
+//! `create-symlinks` and `update-ldcache` done by gpuhook itself (`enter::rootfs`), other
 //! hooks (passed to the OCI runtime, or listed in the log for libvirt) and environment.
 
+use crate::host::config::ForeignHooks;
 use crate::ids::Vendor;
 use crate::node::Node;
 use nix::fcntl::{openat, OFlag};
@@ -35,7 +36,15 @@ pub const MAX_VERSION: &str = "1.1.0";
 const MAX_SPEC: u64 = 4 << 20;
 
 /// The default spec directories, lowest priority first.
-pub const DEFAULT_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+/// Every OCI hook stage (gpuhook's own hooks, and CDI hooks it passes on, may be in any).
+pub const STAGES: [&str; 6] = [
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+];
 
 // ---- the spec, as `specs-go/config.go` defines it (unknown fields refused) ----
 
@@ -542,28 +551,6 @@ pub struct Unit {
     pub nodes: Vec<(u32, u32)>,
 }
 
-/// What becomes of a spec's hooks that gpuhook does not do itself (config key
-/// `cdi_foreign_hooks`): they run as root against the container's image (OCI: the runtime
-/// runs them), so a host can refuse them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ForeignHooks {
-    /// Passed to the OCI runtime, listed in the log for libvirt.
-    #[default]
-    Pass,
-    /// A request whose edits have one is refused.
-    Refuse,
-}
-
-impl ForeignHooks {
-    pub fn parse(v: &str) -> Result<ForeignHooks, String> {
-        match v {
-            "pass" => Ok(ForeignHooks::Pass),
-            "refuse" => Ok(ForeignHooks::Refuse),
-            other => Err(format!("unknown value '{other}' (known: pass, refuse)")),
-        }
-    }
-}
-
 /// The host, as far as checking a spec goes.
 #[derive(Debug, Clone)]
 pub struct Host<'a> {
@@ -858,7 +845,7 @@ impl Plan {
     }
 
     fn hook(&mut self, h: &SpecHook, foreign: ForeignHooks) -> Result<(), String> {
-        if !crate::doors::bundle::STAGES.contains(&h.hook_name.as_str()) {
+        if !STAGES.contains(&h.hook_name.as_str()) {
             return Err(format!("hook stage '{}' is not an OCI hook", h.hook_name));
         }
         if !Path::new(&h.path).is_absolute() {

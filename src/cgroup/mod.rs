@@ -16,7 +16,7 @@ pub use v1::V1;
 pub use v2::V2;
 
 use crate::host::procfs;
-use crate::reserve::state::Node;
+use crate::node::Node;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]

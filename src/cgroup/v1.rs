@@ -12,7 +12,7 @@
 //! wrote to.
 
 use super::{CgroupError, DeviceCgroup};
-use crate::reserve::state::Node;
+use crate::node::Node;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -10,7 +10,7 @@
 
 use super::bpf;
 use super::{CgroupError, DeviceCgroup};
-use crate::reserve::state::Node;
+use crate::node::Node;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use std::collections::HashMap;

@@ -5,40 +5,19 @@
 //! runtime then makes the nodes and the cgroup rules itself, in cgroup v1, v2 and through
 //! systemd alike. [`crate::doors::runtime`] is the front door that reads and writes the files.
 
-use crate::enter::container::NodeSpec;
-use crate::ids::normalize_pci;
-use crate::request::metadata::{self, GpusBuilder};
-use crate::request::{DeviceSel, IdMap, IdRange, Request};
+use crate::node::NodeSpec;
+use crate::request::oci::{self, ANNOTATION_PREFIX, ENV_PREFIX};
+use crate::request::{IdMap, Request};
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
-
-pub const ANNOTATION_PREFIX: &str = "gpuhook.io/";
-pub const ENV_PREFIX: &str = "GPUHOOK_";
-/// The request keys, as annotations (`gpuhook.io/KEY`) and env (`GPUHOOK_KEY`, upper case).
-pub const KEYS: &str =
-    "gpus, arch, vendor, model, devices, capabilities, mode, uid, gid, mig, driver";
-const MAX_VALUE: usize = 4096;
-const MAX_DEVICES: usize = 256;
 
 /// The word that marks gpuhook's hooks in a `config.json` (`[PATH, "oci-hook", STAGE, TOKEN,
 /// ADDED]`): ADDED lists what that edit added (`MAJ:MIN:PATH`, comma-separated), so that a
 /// bundle used again (`runc run` of the same directory) is cleaned of it before it is edited
 /// again, or passed on without it.
 pub const HOOK_WORD: &str = "oci-hook";
-/// Every OCI hook stage (gpuhook's own hooks, and CDI hooks it passes on, may be in any).
-pub const STAGES: [&str; 6] = [
-    "prestart",
-    "createRuntime",
-    "createContainer",
-    "startContainer",
-    "poststart",
-    "poststop",
-];
 
 /// The mark on a CDI hook gpuhook passed on to the runtime (in its env), for [`strip`].
 const CDI_MARK: &str = "GPUHOOK_CDI=1";
-/// gpuhook's own variables, which a container's environment may carry (it is not a request).
-const ENV_NOT_KEYS: [&str; 2] = ["CONFIG", "VERBOSE"];
 
 /// Whether `config.json`'s bytes could hold a request, or gpuhook's earlier edits, at all:
 /// the pass-through path for every other container costs this one search.
@@ -106,52 +85,16 @@ pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, String> {
     if !config.is_object() {
         return Err("config.json is not a JSON object".into());
     }
-    let mut pairs: BTreeMap<String, (String, String)> = BTreeMap::new();
-    if let Some(a) = config.get("annotations") {
-        let a = a
-            .as_object()
-            .ok_or("config.json: \"annotations\" is not an object")?;
-        for (k, v) in a {
-            if let Some(key) = k.strip_prefix(ANNOTATION_PREFIX) {
-                let v = v
-                    .as_str()
-                    .ok_or_else(|| format!("annotation '{k}' is not a string"))?;
-                pairs.insert(
-                    key.to_string(),
-                    (format!("annotation '{k}'"), v.to_string()),
-                );
-            }
-        }
-    }
-    if pairs.is_empty() && policy.env_requests {
-        // No annotation: the same keys as environment variables (the last one wins, as in
-        // the process's environment).
-        let env = config.pointer("/process/env").and_then(Value::as_array);
-        for e in env.into_iter().flatten() {
-            let Some(e) = e.as_str() else { continue };
-            let Some((k, v)) = e.split_once('=') else {
-                continue;
-            };
-            if let Some(key) = k
-                .strip_prefix(ENV_PREFIX)
-                .filter(|k| !ENV_NOT_KEYS.contains(k))
-            {
-                pairs.insert(
-                    key.to_ascii_lowercase(),
-                    (format!("environment variable {k}"), v.to_string()),
-                );
-            }
-        }
-    }
+    let pairs = oci::pairs(&config, policy.env_requests)?;
     let idmap = IdMap {
-        uid: id_ranges(&config, "uidMappings")?,
-        gid: id_ranges(&config, "gidMappings")?,
+        uid: oci::id_ranges(&config, "uidMappings")?,
+        gid: oci::id_ranges(&config, "gidMappings")?,
     };
     let edited = !our_hooks(&config).is_empty();
     let request = if pairs.is_empty() || is_sandbox(&config) {
         None
     } else {
-        let r = request(&pairs)?;
+        let r = oci::request(&pairs)?;
         if !own_pid_namespace(&config) {
             return Err("a GPU container needs a PID namespace of its own (gpuhook frees its GPUs when its init exits; with the host's or a joined PID namespace its other processes would keep them)".into());
         }
@@ -164,88 +107,6 @@ pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, String> {
         idmap,
         edited,
     })
-}
-
-/// The request from its keys (`gpus`, `arch`, …) with where each came from, validated as the
-/// domain XML's attributes are.
-fn request(pairs: &BTreeMap<String, (String, String)>) -> Result<Request, String> {
-    let mut g = GpusBuilder::default();
-    for (key, (src, v)) in pairs {
-        if v.len() > MAX_VALUE {
-            return Err(format!("{src} is longer than {MAX_VALUE} bytes"));
-        }
-        let known = match key.as_str() {
-            "gpus" => metadata::set_attr(&mut g, "count", v),
-            "count" => Ok(false),
-            "devices" => devices(v).map(|d| {
-                g.devices.extend(d);
-                true
-            }),
-            k => metadata::set_attr(&mut g, k, v),
-        };
-        match known {
-            Ok(true) => {}
-            Ok(false) => return Err(format!("unknown key: {src} (known: {KEYS})")),
-            Err(m) => return Err(format!("{src}: {m}")),
-        }
-    }
-    metadata::build_request(g).map_err(|e| e.0)
-}
-
-/// `gpuhook.io/devices`: a comma list of PCI addresses, GPU UUIDs or indices.
-fn devices(v: &str) -> Result<Vec<DeviceSel>, String> {
-    let mut out = Vec::new();
-    for item in v.split(',').map(str::trim) {
-        if item.is_empty() {
-            return Err(format!("empty entry in '{v}'"));
-        }
-        let sel = if item.bytes().all(|b| b.is_ascii_digit()) {
-            DeviceSel::Index(
-                item.parse()
-                    .map_err(|_| format!("device index '{item}' is out of range"))?,
-            )
-        } else if let Some(p) = normalize_pci(item) {
-            DeviceSel::Pci(p)
-        } else if item.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-            DeviceSel::Uuid(item.to_ascii_lowercase())
-        } else {
-            return Err(format!(
-                "'{item}' is neither a PCI address (0000:3b:00.0), a GPU UUID (GPU-…) nor an index"
-            ));
-        };
-        out.push(sel);
-        if out.len() > MAX_DEVICES {
-            return Err(format!("more than {MAX_DEVICES} devices"));
-        }
-    }
-    Ok(out)
-}
-
-/// `linux.uidMappings` or `gidMappings` as id ranges (container id → host id).
-fn id_ranges(config: &Value, which: &str) -> Result<Vec<IdRange>, String> {
-    let Some(v) = config.pointer(&format!("/linux/{which}")) else {
-        return Ok(Vec::new());
-    };
-    let bad =
-        || format!("config.json: linux.{which} is not a list of {{containerID, hostID, size}}");
-    let field = |m: &Map<String, Value>, k: &str| {
-        m.get(k)
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(bad)
-    };
-    v.as_array()
-        .ok_or_else(bad)?
-        .iter()
-        .map(|m| {
-            let m = m.as_object().ok_or_else(bad)?;
-            Ok(IdRange {
-                start: field(m, "containerID")?,
-                target: field(m, "hostID")?,
-                count: field(m, "size")?,
-            })
-        })
-        .collect()
 }
 
 /// How the runtime runs gpuhook at its hooks: this binary, and the config it was given.
@@ -539,7 +400,7 @@ fn is_our_hook(h: &Value) -> bool {
 
 /// gpuhook's hooks in the config.
 fn our_hooks(config: &Value) -> Vec<&Value> {
-    STAGES
+    crate::cdi::STAGES
         .iter()
         .filter_map(|s| {
             config
@@ -645,7 +506,7 @@ pub fn strip(config: &mut Value) -> Result<bool, String> {
             }
         }
     }
-    for stage in STAGES {
+    for stage in crate::cdi::STAGES {
         if let Some(a) = config
             .pointer_mut(&format!("/hooks/{stage}"))
             .and_then(Value::as_array_mut)
@@ -685,7 +546,7 @@ pub fn valid_id(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::Field;
+    use crate::request::{DeviceSel, Field};
 
     fn cfg(annotations: Value, env: &[&str]) -> Vec<u8> {
         serde_json::to_vec(&json!({

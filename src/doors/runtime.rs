@@ -14,10 +14,10 @@
 //! runtime as a child, to free after it.
 
 use crate::doors::bundle::{self, HookCmd};
-use crate::enter::container::NodeSpec;
 use crate::host::config::Config;
 use crate::host::procfs::ProcRef;
 use crate::log;
+use crate::node::NodeSpec;
 use crate::request::IdMap;
 use crate::reserve::error::Error;
 use crate::reserve::lifecycle::{self, Holder, HolderKind};
@@ -163,7 +163,7 @@ impl Invocation {
     /// (logrus JSON or text lines): docker and containerd show the last error of that file.
     pub fn log_error(&self, msg: &str) {
         let Some(path) = &self.log else { return };
-        let msg = format!("gpuhook: {}", crate::reserve::error::one_line(msg, 2000));
+        let msg = format!("gpuhook: {}", crate::log::one_line(msg, 2000));
         let time = crate::reserve::state::now_rfc3339();
         let line = if self.log_format.as_deref() == Some("json") {
             serde_json::json!({"level": "error", "msg": msg, "time": time}).to_string()

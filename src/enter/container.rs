@@ -12,7 +12,7 @@
 use crate::enter::devdir::{self, Sys};
 use crate::enter::rootfs;
 use crate::host::procfs::{self, Proc, ProcRef};
-use crate::node::Node;
+use crate::node::{NodeSpec, Outcome};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, Mode};
@@ -195,37 +195,6 @@ fn init_child(proc: &Proc, controller: i32, pid: i32) -> Option<ProcRef> {
     let ns = proc.nspid(pid);
     let is_init = ns.len() >= 2 && ns.last() == Some(&1);
     (is_init && proc.ppid(pid) == Some(controller) && proc.alive(&p)).then_some(p)
-}
-
-/// A node to create in the container: the [`Node`] (path there, number), its mode and
-/// host-side owner.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeSpec {
-    pub node: Node,
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-}
-
-impl std::ops::Deref for NodeSpec {
-    type Target = Node;
-    fn deref(&self) -> &Node {
-        &self.node
-    }
-}
-
-impl NodeSpec {
-    pub(crate) fn rdev(&self) -> u64 {
-        libc::makedev(self.major, self.minor)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Outcome {
-    /// gpuhook made the node.
-    Created,
-    /// The right character device was already there; left as it was.
-    Existing,
 }
 
 /// What a run in the container made (for rollback).

@@ -5,7 +5,7 @@
 //! on directory descriptors (in the helper that joined the container's mount namespace); the
 //! tests drive an in-memory `/dev` that records every call and can be made hostile.
 
-use crate::enter::container::{NodeSpec, Outcome};
+use crate::node::{NodeSpec, Outcome};
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, mknodat, Mode, SFlag};

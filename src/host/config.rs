@@ -14,6 +14,30 @@ pub const DEFAULT_PATH: &str = "/etc/gpuhook/config.json";
 pub const ENV: &str = "GPUHOOK_CONFIG";
 pub const DEFAULT_STATE_FILE: &str = "/run/gpuhook/state.json";
 
+pub const CDI_DEFAULT_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+
+/// What becomes of a spec's hooks that gpuhook does not do itself (config key
+/// `cdi_foreign_hooks`): they run as root against the container's image (OCI: the runtime
+/// runs them), so a host can refuse them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForeignHooks {
+    /// Passed to the OCI runtime, listed in the log for libvirt.
+    #[default]
+    Pass,
+    /// A request whose edits have one is refused.
+    Refuse,
+}
+
+impl ForeignHooks {
+    pub fn parse(v: &str) -> Result<ForeignHooks, String> {
+        match v {
+            "pass" => Ok(ForeignHooks::Pass),
+            "refuse" => Ok(ForeignHooks::Refuse),
+            other => Err(format!("unknown value '{other}' (known: pass, refuse)")),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("config {path}: {msg}")]
 pub struct ConfigError {
@@ -71,7 +95,7 @@ pub struct Config {
     /// Where CDI specs are, lowest priority first (`/etc/cdi`, `/var/run/cdi`).
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// CDI hooks gpuhook does not do itself: passed on (`pass`, the default) or refused.
-    pub cdi_foreign_hooks: crate::cdi::ForeignHooks,
+    pub cdi_foreign_hooks: ForeignHooks,
     /// The driver user space a request gets when it does not say (`none`).
     pub driver: crate::request::Driver,
 }
@@ -90,8 +114,8 @@ impl Default for Config {
             pci_ids: None,
             oci_runtime: None,
             oci_env_requests: true,
-            cdi_spec_dirs: crate::cdi::DEFAULT_DIRS.iter().map(PathBuf::from).collect(),
-            cdi_foreign_hooks: crate::cdi::ForeignHooks::Pass,
+            cdi_spec_dirs: CDI_DEFAULT_DIRS.iter().map(PathBuf::from).collect(),
+            cdi_foreign_hooks: ForeignHooks::Pass,
             driver: crate::request::Driver::None,
         }
     }
@@ -163,8 +187,8 @@ impl Config {
             c.cdi_spec_dirs = dirs;
         }
         if let Some(v) = raw.cdi_foreign_hooks {
-            c.cdi_foreign_hooks = crate::cdi::ForeignHooks::parse(&v)
-                .map_err(|m| e(format!("\"cdi_foreign_hooks\": {m}")))?;
+            c.cdi_foreign_hooks =
+                ForeignHooks::parse(&v).map_err(|m| e(format!("\"cdi_foreign_hooks\": {m}")))?;
         }
         if let Some(d) = raw.driver {
             c.driver =
@@ -301,7 +325,7 @@ mod tests {
 
     #[test]
     fn cdi_foreign_hooks() {
-        use crate::cdi::ForeignHooks;
+        use ForeignHooks;
         assert_eq!(p("{}").unwrap().cdi_foreign_hooks, ForeignHooks::Pass);
         for (v, want) in [
             ("pass", ForeignHooks::Pass),

@@ -12,30 +12,7 @@ use crate::host::inventory::Inventory;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-/// A Placement custom name: `CUSTOM_` + the upper-cased name, anything but `A-Z0-9_` as `_`
-/// (Placement: `^CUSTOM_[A-Z0-9_]+$`, at most 255 characters).
-pub fn custom_name(prefix: &str, name: &str) -> String {
-    let body: String = name
-        .chars()
-        .map(|c| match c.to_ascii_uppercase() {
-            c @ ('A'..='Z' | '0'..='9' | '_') => c,
-            _ => '_',
-        })
-        .collect();
-    let mut n = format!("CUSTOM_{prefix}{body}");
-    n.truncate(255);
-    n
-}
-
-/// Whether Placement accepts `n` as a custom resource class or trait name.
-pub fn valid_custom_name(n: &str) -> bool {
-    n.len() <= 255
-        && n.strip_prefix("CUSTOM_").is_some_and(|b| {
-            !b.is_empty()
-                && b.bytes()
-                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
-        })
-}
+pub use crate::request::extra_specs::{custom_name, valid_custom_name};
 
 /// Per architecture: (total, reserved).
 fn per_arch(inv: &Inventory) -> BTreeMap<String, (u32, u32)> {

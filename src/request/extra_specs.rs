@@ -22,7 +22,7 @@ pub enum Op {
     Contains(String),
     OneOf(Vec<String>),
     /// The GPU's architecture as Placement names it (`CUSTOM_GPU_FERMI`): the form a flavor's
-    /// `resources:CUSTOM_GPU_<ARCH>` names, matched by [`crate::openstack::placement::custom_name`] so
+    /// `resources:CUSTOM_GPU_<ARCH>` names, matched by [`custom_name`] so
     /// that the hook takes exactly the GPUs `gpuhook placement` counted in that class.
     Class(String),
 }
@@ -33,7 +33,7 @@ impl Op {
     pub fn matches(&self, value: Option<&str>) -> bool {
         let Some(value) = value else { return false };
         if let Op::Class(c) = self {
-            return crate::openstack::placement::custom_name("GPU_", value) == *c;
+            return custom_name("GPU_", value) == *c;
         }
         let v = value.to_ascii_lowercase();
         match self {
@@ -217,6 +217,31 @@ pub fn parse_string_op(value: &str) -> Result<Op, String> {
         "<in>" => Op::Contains(rest),
         _ => return Err(format!("operator '{op}' is not supported here")),
     })
+}
+
+/// A Placement custom name: `CUSTOM_` + the upper-cased name, anything but `A-Z0-9_` as `_`
+/// (Placement: `^CUSTOM_[A-Z0-9_]+$`, at most 255 characters).
+pub fn custom_name(prefix: &str, name: &str) -> String {
+    let body: String = name
+        .chars()
+        .map(|c| match c.to_ascii_uppercase() {
+            c @ ('A'..='Z' | '0'..='9' | '_') => c,
+            _ => '_',
+        })
+        .collect();
+    let mut n = format!("CUSTOM_{prefix}{body}");
+    n.truncate(255);
+    n
+}
+
+/// Whether Placement accepts `n` as a custom resource class or trait name.
+pub fn valid_custom_name(n: &str) -> bool {
+    n.len() <= 255
+        && n.strip_prefix("CUSTOM_").is_some_and(|b| {
+            !b.is_empty()
+                && b.bytes()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
+        })
 }
 
 #[cfg(test)]

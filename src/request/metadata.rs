@@ -10,9 +10,9 @@
 //! element. Everything else of Nova's is left unread.
 
 use crate::ids::{normalize_pci, normalize_uuid, Vendor};
+use crate::log::one_line;
 use crate::request::extra_specs::{self, Op};
 use crate::request::{Capabilities, DeviceSel, Field, Filter, IdMap, IdRange, MigSel, Request};
-use crate::reserve::error::one_line;
 use quick_xml::escape::resolve_predefined_entity;
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::name::{Namespace, ResolveResult};
@@ -891,7 +891,7 @@ fn parse_mig(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<MigSel, ParseEr
 fn apply_extra_spec(g: &mut GpusBuilder, key: &str, value: &str) -> Result<(), ParseError> {
     let bad = |m: String| ParseError::new(format!("extra_spec '{key}' ('{}'): {m}", value.trim()));
     if let Some(class) = extra_specs::gpu_resource_class(key) {
-        if !crate::openstack::placement::valid_custom_name(class) {
+        if !crate::request::extra_specs::valid_custom_name(class) {
             return Err(bad(format!(
                 "'{class}' is not a Placement resource class name (CUSTOM_[A-Z0-9_]+)"
             )));

@@ -1,10 +1,11 @@
 //! What a container asks for, whichever front door it came through: the domain XML's
-//! attributes and `device` children, the blueprint's extra_specs (see [`crate::request::metadata`]),
-//! and next OCI annotations and Nova's flavor metadata. Choosing GPUs ([`crate::reserve::alloc`]) and
-//! the lifecycle ([`crate::doors::hook`]) see only this.
+//! attributes and `device` children, the blueprint's extra_specs (see [`metadata`]), and
+//! next OCI annotations and Nova's flavor metadata ([`extra_specs`]). Choosing GPUs
+//! (`reserve::alloc`) and the lifecycle (`reserve::lifecycle`) see only this.
 
 pub mod extra_specs;
 pub mod metadata;
+pub mod oci;
 
 use extra_specs::Op;
 use std::fmt;

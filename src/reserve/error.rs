@@ -40,20 +40,3 @@ impl Error {
         Error::Other(m.into())
     }
 }
-
-/// Escapes control characters (so the text stays on one line) and truncates to `max` chars.
-pub fn one_line(s: &str, max: usize) -> String {
-    let mut out = String::with_capacity(s.len().min(max));
-    for (i, c) in s.chars().enumerate() {
-        if i == max {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}

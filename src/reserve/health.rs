@@ -11,7 +11,8 @@
 use crate::host::config::Config;
 use crate::host::inventory::{self, Inventory, Scan};
 use crate::ids::normalize_pci;
-use crate::reserve::error::{one_line, Error};
+use crate::log::one_line;
+use crate::reserve::error::Error;
 use crate::reserve::state::{now_rfc3339, KmsgMark, Quarantine, State, Store};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;

@@ -6,11 +6,12 @@
 
 use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
-use crate::enter::container::{self, Container, ContainerError, NodeSpec, Outcome};
+use crate::enter::container::{self, Container, ContainerError};
 use crate::host::config::Config;
 use crate::host::inventory::{self, Inventory, Scan};
 use crate::host::procfs::{self, ProcRef};
 use crate::log;
+use crate::node::{NodeSpec, Outcome};
 use crate::request::{DeviceSel, Driver, IdMap, Request};
 use crate::reserve::alloc;
 use crate::reserve::drain;

@@ -1,0 +1,148 @@
+//! A request from an OCI bundle's `config.json`: annotations `gpuhook.io/KEY`, else
+//! `GPUHOOK_KEY` entries of `process.env`, validated as the domain XML's attributes are
+//! (the same `metadata::set_attr`); and the container user namespace's id ranges. The
+//! bundle itself (reading, editing, cleaning it) is the OCI door's (`doors::bundle`).
+
+use crate::ids::normalize_pci;
+use crate::request::metadata::{self, GpusBuilder};
+use crate::request::{DeviceSel, IdRange, Request};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+pub const ANNOTATION_PREFIX: &str = "gpuhook.io/";
+pub const ENV_PREFIX: &str = "GPUHOOK_";
+/// The request keys, as annotations (`gpuhook.io/KEY`) and env (`GPUHOOK_KEY`, upper case).
+pub const KEYS: &str =
+    "gpus, arch, vendor, model, devices, capabilities, mode, uid, gid, mig, driver";
+const MAX_VALUE: usize = 4096;
+const MAX_DEVICES: usize = 256;
+/// gpuhook's own variables, which a container's environment may carry (it is not a request).
+const ENV_NOT_KEYS: [&str; 2] = ["CONFIG", "VERBOSE"];
+
+/// Each request key (`gpus`, `arch`, …) with where it came from (for messages) and its value.
+pub type Pairs = BTreeMap<String, (String, String)>;
+
+/// The request keys of a `config.json`: its `gpuhook.io/` annotations; without any, its
+/// `GPUHOOK_` variables (when `env_requests`).
+pub fn pairs(config: &Value, env_requests: bool) -> Result<Pairs, String> {
+    let mut pairs: BTreeMap<String, (String, String)> = BTreeMap::new();
+    if let Some(a) = config.get("annotations") {
+        let a = a
+            .as_object()
+            .ok_or("config.json: \"annotations\" is not an object")?;
+        for (k, v) in a {
+            if let Some(key) = k.strip_prefix(ANNOTATION_PREFIX) {
+                let v = v
+                    .as_str()
+                    .ok_or_else(|| format!("annotation '{k}' is not a string"))?;
+                pairs.insert(
+                    key.to_string(),
+                    (format!("annotation '{k}'"), v.to_string()),
+                );
+            }
+        }
+    }
+    if pairs.is_empty() && env_requests {
+        // No annotation: the same keys as environment variables (the last one wins, as in
+        // the process's environment).
+        let env = config.pointer("/process/env").and_then(Value::as_array);
+        for e in env.into_iter().flatten() {
+            let Some(e) = e.as_str() else { continue };
+            let Some((k, v)) = e.split_once('=') else {
+                continue;
+            };
+            if let Some(key) = k
+                .strip_prefix(ENV_PREFIX)
+                .filter(|k| !ENV_NOT_KEYS.contains(k))
+            {
+                pairs.insert(
+                    key.to_ascii_lowercase(),
+                    (format!("environment variable {k}"), v.to_string()),
+                );
+            }
+        }
+    }
+    Ok(pairs)
+}
+
+/// The request from its keys (`gpus`, `arch`, …) with where each came from, validated as the
+/// domain XML's attributes are.
+pub fn request(pairs: &Pairs) -> Result<Request, String> {
+    let mut g = GpusBuilder::default();
+    for (key, (src, v)) in pairs {
+        if v.len() > MAX_VALUE {
+            return Err(format!("{src} is longer than {MAX_VALUE} bytes"));
+        }
+        let known = match key.as_str() {
+            "gpus" => metadata::set_attr(&mut g, "count", v),
+            "count" => Ok(false),
+            "devices" => devices(v).map(|d| {
+                g.devices.extend(d);
+                true
+            }),
+            k => metadata::set_attr(&mut g, k, v),
+        };
+        match known {
+            Ok(true) => {}
+            Ok(false) => return Err(format!("unknown key: {src} (known: {KEYS})")),
+            Err(m) => return Err(format!("{src}: {m}")),
+        }
+    }
+    metadata::build_request(g).map_err(|e| e.0)
+}
+
+/// `gpuhook.io/devices`: a comma list of PCI addresses, GPU UUIDs or indices.
+pub fn devices(v: &str) -> Result<Vec<DeviceSel>, String> {
+    let mut out = Vec::new();
+    for item in v.split(',').map(str::trim) {
+        if item.is_empty() {
+            return Err(format!("empty entry in '{v}'"));
+        }
+        let sel = if item.bytes().all(|b| b.is_ascii_digit()) {
+            DeviceSel::Index(
+                item.parse()
+                    .map_err(|_| format!("device index '{item}' is out of range"))?,
+            )
+        } else if let Some(p) = normalize_pci(item) {
+            DeviceSel::Pci(p)
+        } else if item.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            DeviceSel::Uuid(item.to_ascii_lowercase())
+        } else {
+            return Err(format!(
+                "'{item}' is neither a PCI address (0000:3b:00.0), a GPU UUID (GPU-…) nor an index"
+            ));
+        };
+        out.push(sel);
+        if out.len() > MAX_DEVICES {
+            return Err(format!("more than {MAX_DEVICES} devices"));
+        }
+    }
+    Ok(out)
+}
+
+/// `linux.uidMappings` or `gidMappings` as id ranges (container id → host id).
+pub fn id_ranges(config: &Value, which: &str) -> Result<Vec<IdRange>, String> {
+    let Some(v) = config.pointer(&format!("/linux/{which}")) else {
+        return Ok(Vec::new());
+    };
+    let bad =
+        || format!("config.json: linux.{which} is not a list of {{containerID, hostID, size}}");
+    let field = |m: &Map<String, Value>, k: &str| {
+        m.get(k)
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(bad)
+    };
+    v.as_array()
+        .ok_or_else(bad)?
+        .iter()
+        .map(|m| {
+            let m = m.as_object().ok_or_else(bad)?;
+            Ok(IdRange {
+                start: field(m, "containerID")?,
+                target: field(m, "hostID")?,
+                count: field(m, "size")?,
+            })
+        })
+        .collect()
+}
