@@ -1089,15 +1089,7 @@ fn conmon_killed_then_init_killed_frees_on_next_request() {
     kill(Pid::from_raw(conmon), SIGKILL).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     // The container outlives its conmon: its GPUs stay its own.
-    let r = o
-        .podman(
-            Cgroup::V1,
-            &["--rm", "--annotation", "gpuhook.io/gpus=1"],
-            "true",
-        )
-        .output()
-        .unwrap();
-    assert_refused(&r, &format!("held by container '{id}'"));
+    one_more_is_refused(&o, &id);
     kill(Pid::from_raw(init), SIGKILL).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -1122,6 +1114,19 @@ fn conmon_killed_then_init_killed_frees_on_next_request() {
     }
     podman_rm(&id);
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
+/// A request for one more GPU is refused, naming the container `id` that holds them.
+fn one_more_is_refused(o: &Oci, id: &str) {
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &["--rm", "--annotation", "gpuhook.io/gpus=1"],
+            "true",
+        )
+        .output()
+        .unwrap();
+    assert_refused(&r, &format!("held by container '{id}'"));
 }
 
 /// A container's init names itself with bytes that are not UTF-8 (no privilege needed):
@@ -1157,15 +1162,7 @@ fn init_with_a_name_that_is_not_utf8_keeps_its_gpus() {
         assert!(Instant::now() < deadline, "the init did not rename itself");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let r = o
-        .podman(
-            Cgroup::V1,
-            &["--rm", "--annotation", "gpuhook.io/gpus=1"],
-            "true",
-        )
-        .output()
-        .unwrap();
-    assert_refused(&r, &format!("held by container '{id}'"));
+    one_more_is_refused(&o, &id);
     let held = o.reservations();
     assert_eq!(held.len(), 1, "{held:?}");
     podman_rm(&id);
