@@ -1637,10 +1637,14 @@ fn cdi_merged_usr_image() {
 /// Hole 3 under podman: a process in a GPU container passes its descriptor of the GPU's node
 /// over a unix socket to a process on the host, which keeps it after `podman rm`. The GPU
 /// is draining: listed with that PID, the next container asking for it is refused naming
-/// the PID and its command; once the holder exits the next container gets it.
+/// the PID and its command; once the holder exits the next container gets it. The
+/// container really opens the node: the fake GPU has the numbers of `/dev/full`
+/// ([`common::openable`]; a driverless node cannot be opened, and an `O_PATH` descriptor
+/// holds no GPU).
 #[test]
 fn podman_gpu_kept_open_outside_drains() {
     let o = Oci::new(common::blueprint_minors(241, 242), RUNC);
+    common::openable(&o.host.paths.dev.join("nvidia241"));
     podman_rm("gh-oci-drain");
     let sync = o.host.root().join("sync");
     std::fs::create_dir_all(&sync).unwrap();
@@ -1683,12 +1687,12 @@ fn podman_gpu_kept_open_outside_drains() {
         .podman(
             Cgroup::V1,
             &[&["--rm"][..], &one[..]].concat(),
-            &probe(&["195:241"]),
+            "stat -c '%t:%T' /dev/nvidia241 && head -c 1 /dev/nvidia241 >/dev/null && echo opened",
         )
         .output()
         .unwrap();
     assert_ok(&r);
-    assert_probe(&r, &["195:241"], &[]);
+    assert_eq!(out(&r), "1:7\nopened\n", "{}", stderr(&r));
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
     assert_eq!(
         common::gpu_of(&o.host.list(), "0000:07:00.0")["draining"],
