@@ -873,10 +873,13 @@ fn cdi_spec_trust_refuses_only_cdi_requests() {
 /// Hole 3: a GPU freed while a process outside the container still has its node open (a
 /// descriptor passed over a unix socket) is draining: listed with the PID, refused to the
 /// next domain naming the PID and its command, counted as not free by metrics and
-/// Placement; once the holder exits the next request gets it.
+/// Placement; once the holder exits the next request gets it. The holder really has the
+/// node open: the fake GPU is given the numbers of `/dev/full` ([`openable`]), since a
+/// driverless fake node cannot be opened and an `O_PATH` descriptor holds no GPU.
 #[test]
 fn gpu_kept_open_after_stop_drains_until_closed() {
     let h = Host::new(blueprint_minors(221, 222));
+    openable(&h.paths.dev.join("nvidia221"));
     let a = domain("a", 1, &gpus(r#"count="1""#));
     assert_ok(&h.hook("a", "prepare", &a));
     assert_ok(&h.hook("a", "start", &a));
@@ -972,4 +975,35 @@ fn gpu_kept_open_after_stop_drains_until_closed() {
         .unwrap()
         .iter()
         .all(|g| g["draining"] == serde_json::json!([])));
+}
+
+/// An `O_PATH` descriptor on a GPU's node holds nothing: any container can `mknod` the node
+/// and open it so without its device cgroup's leave, and it never becomes a real open.
+/// A GPU freed while a process holds one only so is free at once. (Before, it drained as
+/// long as that process lived: any container could keep every GPU from everyone.)
+#[test]
+fn gpu_held_by_o_path_only_is_free() {
+    let h = Host::new(blueprint_minors(223, 224));
+    let a = domain("a", 1, &gpus(r#"count="1""#));
+    assert_ok(&h.hook("a", "prepare", &a));
+    assert_ok(&h.hook("a", "start", &a));
+    assert_eq!(h.holders()["a"], vec!["0000:07:00.0"]);
+    // The fake node, 195:223, is the GPU's own number (driverless: an O_PATH open works).
+    let _holder = hold_path(&h.paths.dev.join("nvidia223"));
+    assert_ok(&h.hook("a", "stopped", &a));
+    assert_ok(&h.hook("a", "release", &a));
+    assert_eq!(
+        gpu_of(&h.list(), "0000:07:00.0")["draining"],
+        serde_json::json!([])
+    );
+    assert!(!std::fs::read_to_string(&h.state)
+        .unwrap()
+        .contains("\"draining\""));
+    let b = domain(
+        "b",
+        2,
+        &format!(r#"<gpu:gpus {NS}><gpu:device index="0"/></gpu:gpus>"#),
+    );
+    assert_ok(&h.hook("b", "prepare", &b));
+    assert_eq!(h.holders()["b"], vec!["0000:07:00.0"]);
 }

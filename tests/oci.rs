@@ -1089,15 +1089,7 @@ fn conmon_killed_then_init_killed_frees_on_next_request() {
     kill(Pid::from_raw(conmon), SIGKILL).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     // The container outlives its conmon: its GPUs stay its own.
-    let r = o
-        .podman(
-            Cgroup::V1,
-            &["--rm", "--annotation", "gpuhook.io/gpus=1"],
-            "true",
-        )
-        .output()
-        .unwrap();
-    assert_refused(&r, &format!("held by container '{id}'"));
+    one_more_is_refused(&o, &id);
     kill(Pid::from_raw(init), SIGKILL).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -1122,6 +1114,19 @@ fn conmon_killed_then_init_killed_frees_on_next_request() {
     }
     podman_rm(&id);
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
+/// A request for one more GPU is refused, naming the container `id` that holds them.
+fn one_more_is_refused(o: &Oci, id: &str) {
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &["--rm", "--annotation", "gpuhook.io/gpus=1"],
+            "true",
+        )
+        .output()
+        .unwrap();
+    assert_refused(&r, &format!("held by container '{id}'"));
 }
 
 /// A container's init names itself with bytes that are not UTF-8 (no privilege needed):
@@ -1157,15 +1162,7 @@ fn init_with_a_name_that_is_not_utf8_keeps_its_gpus() {
         assert!(Instant::now() < deadline, "the init did not rename itself");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let r = o
-        .podman(
-            Cgroup::V1,
-            &["--rm", "--annotation", "gpuhook.io/gpus=1"],
-            "true",
-        )
-        .output()
-        .unwrap();
-    assert_refused(&r, &format!("held by container '{id}'"));
+    one_more_is_refused(&o, &id);
     let held = o.reservations();
     assert_eq!(held.len(), 1, "{held:?}");
     podman_rm(&id);
@@ -1640,10 +1637,14 @@ fn cdi_merged_usr_image() {
 /// Hole 3 under podman: a process in a GPU container passes its descriptor of the GPU's node
 /// over a unix socket to a process on the host, which keeps it after `podman rm`. The GPU
 /// is draining: listed with that PID, the next container asking for it is refused naming
-/// the PID and its command; once the holder exits the next container gets it.
+/// the PID and its command; once the holder exits the next container gets it. The
+/// container really opens the node: the fake GPU has the numbers of `/dev/full`
+/// ([`common::openable`]; a driverless node cannot be opened, and an `O_PATH` descriptor
+/// holds no GPU).
 #[test]
 fn podman_gpu_kept_open_outside_drains() {
     let o = Oci::new(common::blueprint_minors(241, 242), RUNC);
+    common::openable(&o.host.paths.dev.join("nvidia241"));
     podman_rm("gh-oci-drain");
     let sync = o.host.root().join("sync");
     std::fs::create_dir_all(&sync).unwrap();
@@ -1686,12 +1687,12 @@ fn podman_gpu_kept_open_outside_drains() {
         .podman(
             Cgroup::V1,
             &[&["--rm"][..], &one[..]].concat(),
-            &probe(&["195:241"]),
+            "stat -c '%t:%T' /dev/nvidia241 && head -c 1 /dev/nvidia241 >/dev/null && echo opened",
         )
         .output()
         .unwrap();
     assert_ok(&r);
-    assert_probe(&r, &["195:241"], &[]);
+    assert_eq!(out(&r), "1:7\nopened\n", "{}", stderr(&r));
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
     assert_eq!(
         common::gpu_of(&o.host.list(), "0000:07:00.0")["draining"],

@@ -465,10 +465,7 @@ fn list(as_json: bool) -> Result<i32, Error> {
                         .unwrap_or_default()
                 ),
                 (None, Some(d)) => {
-                    format!(
-                        "draining: {}",
-                        crate::reserve::state::Opener::describe(&d.holders)
-                    )
+                    format!("draining: {}", d.who())
                 }
                 (None, None) if g.excluded => "excluded".into(),
                 (None, None) => match &g.problem {
@@ -519,14 +516,9 @@ fn mig_cell(st: &State, g: &Gpu) -> String {
             st.holder_of(&id)
                 .map(|r| format!("gi{}/ci{} {}", m.gi, m.ci, r.domain))
                 .or_else(|| {
-                    st.draining.get(&id).map(|d| {
-                        format!(
-                            "gi{}/ci{} draining: {}",
-                            m.gi,
-                            m.ci,
-                            crate::reserve::state::Opener::describe(&d.holders)
-                        )
-                    })
+                    st.draining
+                        .get(&id)
+                        .map(|d| format!("gi{}/ci{} draining: {}", m.gi, m.ci, d.who()))
                 })
         })
         .collect();
@@ -714,6 +706,13 @@ fn release(domain: &str) -> Result<i32, Error> {
         }
     }
     for (unit, d) in &drained.draining {
+        if d.holders.is_empty() {
+            println!(
+                "{unit} is draining: the look for processes that keep it open did not finish in time ({} not read); it is given to no one until a look reads them all",
+                d.unread_who()
+            );
+            continue;
+        }
         println!(
             "{unit} is draining: {} still {} it open; it is given to no one until closed",
             crate::reserve::state::Opener::describe(&d.holders),

@@ -136,9 +136,76 @@ impl Proc<'_> {
 /// Device numbers (`st_rdev`) → the processes that have such a char device open.
 pub type Openers = BTreeMap<u64, Vec<ProcRef>>;
 
+/// What one bounded pass over `/proc` found ([`Proc::openers`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Who has one of the wanted numbers open.
+    pub openers: Openers,
+    /// Processes whose descriptor tables were not all read before the budget ran out (the
+    /// largest tables first, at most [`UNREAD_KEPT`]): any of them may have one open.
+    pub unread: Vec<ProcRef>,
+    /// How many processes were not read to the end.
+    pub unread_total: usize,
+}
+
+/// How many of the processes a look did not finish [`Found::unread`] names.
+pub const UNREAD_KEPT: usize = 16;
+
+impl Found {
+    /// Whether every process was read to the end.
+    pub fn complete(&self) -> bool {
+        self.unread_total == 0
+    }
+}
+
+/// The time a look at `/proc` may take: past it, the look stops and says what it did not
+/// read (a process can hold a million descriptors; the look runs under the state lock).
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    until: std::time::Instant,
+}
+
+impl Budget {
+    pub fn new(d: std::time::Duration) -> Budget {
+        Budget {
+            until: std::time::Instant::now() + d,
+        }
+    }
+    fn spent(&self) -> bool {
+        std::time::Instant::now() >= self.until
+    }
+}
+
+/// How a look at one process's descriptors ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// Every table read (or not ours to read: see [`Proc::open_wanted`]).
+    Done,
+    /// A table larger than the limit asked for: not read.
+    Large(u64),
+    /// The budget ran out on the way.
+    Stopped,
+}
+
+/// A table with more descriptors than this is read after every smaller one (`stat` of
+/// `/proc/PID/fd` counts them, Linux 6.2 and later): one process with a million
+/// descriptors cannot use up the budget before the others were looked at.
+const LARGE: u64 = 10_000;
+
+/// `kcmp(2)`'s `KCMP_FILES`: whether two tasks share one descriptor table.
+const KCMP_FILES: libc::c_int = 2;
+
+/// The statx fields a descriptor is told apart by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    rdev: u64,
+    ino: u64,
+    mnt_id: u64,
+}
+
 impl Proc<'_> {
-    /// The processes of this `/proc`: its numeric entries (thread groups; threads that share
-    /// their group's descriptor table need no look of their own).
+    /// The processes of this `/proc`: its numeric entries (thread groups; the threads that
+    /// do not share their group's descriptor table are looked at by [`Proc::open_wanted`]).
     pub fn pids(&self) -> Vec<i32> {
         let Ok(d) = std::fs::read_dir(self.root) else {
             return Vec::new();
@@ -149,71 +216,149 @@ impl Proc<'_> {
             .collect()
     }
 
-    /// Calls `f` with the device number of each char device process `pid` has open: a
-    /// `statx` of every `/proc/PID/fd/N`, which follows the magic link to the open file
-    /// whatever path opened it (a node in a container's `/dev`, an `O_PATH` descriptor, one
-    /// received over a unix socket). `AT_STATX_DONT_SYNC`: a descriptor on a network or FUSE
-    /// file system answers from the cache, never waits on its server. Unreadable (gone,
-    /// not ours to look at): nothing.
-    pub fn open_chr(&self, pid: i32, mut f: impl FnMut(u64)) {
+    /// The descriptor tables of process `pid`, as `fd` directories: its own (the thread
+    /// group leader's), and that of each thread with a table of its own. A leader that
+    /// exited (`pthread_exit` in `main`: a zombie while another thread runs) has an empty
+    /// `PID/fd`, its threads still the table; a thread that `unshare(CLONE_FILES)` has a
+    /// table of its own. `kcmp(KCMP_FILES)` says whether two tasks share one, so a process
+    /// of many threads that share one table costs one `kcmp` per thread, and one of a single
+    /// thread one `statx` (`nlink` of `PID/task` counts the threads). Where `kcmp` cannot
+    /// tell (not the host's `/proc`, an error), the thread's table is read anyway.
+    fn tables(&self, pid: i32) -> Vec<String> {
+        let mut out = vec![self.path(pid, "fd")];
+        let task = self.path(pid, "task");
+        if let Ok(m) = std::fs::symlink_metadata(&task) {
+            use std::os::unix::fs::MetadataExt;
+            if m.nlink() <= 3 {
+                return out;
+            }
+        } else {
+            return out;
+        }
+        let Ok(d) = std::fs::read_dir(&task) else {
+            return out;
+        };
+        let host = self.root == "/proc";
+        let mut reps = vec![pid];
+        for t in d.flatten() {
+            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if tid == pid {
+                continue;
+            }
+            if host && reps.iter().any(|r| same_files(*r, tid) == Some(true)) {
+                continue;
+            }
+            reps.push(tid);
+            out.push(format!("{task}/{tid}/fd"));
+        }
+        out
+    }
+
+    /// Calls `f` with each of `wanted` that process `pid` (any of its descriptor tables,
+    /// see [`Proc::tables`]) has open, really open: a `statx` of every `fd/N`, which follows
+    /// the magic link to the open file whatever path opened it (a node in a container's
+    /// `/dev`, one received over a unix socket); for a wanted number, `fdinfo/N` says
+    /// whether it is an `O_PATH` descriptor, which is not counted (it needs no device-cgroup
+    /// access, `mknod` in a container makes the node, and it can never become a real open
+    /// without that access). `AT_STATX_DONT_SYNC`: a descriptor on a network or FUSE file
+    /// system answers from the cache, never waits on its server. Unreadable (gone, not ours
+    /// to look at): nothing. Stops when `budget` is spent, or (with `large`) before a table
+    /// of more descriptors than that.
+    fn open_wanted(
+        &self,
+        pid: i32,
+        wanted: &BTreeSet<u64>,
+        budget: &Budget,
+        large: Option<u64>,
+        f: &mut impl FnMut(u64),
+    ) -> Look {
+        for fd in self.tables(pid) {
+            match self.table(&fd, wanted, budget, large, f) {
+                Look::Done => {}
+                other => return other,
+            }
+        }
+        Look::Done
+    }
+
+    fn table(
+        &self,
+        fd_dir: &str,
+        wanted: &BTreeSet<u64>,
+        budget: &Budget,
+        large: Option<u64>,
+        f: &mut impl FnMut(u64),
+    ) -> Look {
         use std::os::fd::AsRawFd;
         let Ok(mut dir) = nix::dir::Dir::open(
-            self.path(pid, "fd").as_str(),
+            fd_dir,
             nix::fcntl::OFlag::O_RDONLY
                 | nix::fcntl::OFlag::O_DIRECTORY
                 | nix::fcntl::OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
         ) else {
-            return;
+            return Look::Done;
         };
         let dfd = dir.as_raw_fd();
+        if let Some(limit) = large {
+            // procfs counts the open descriptors as the directory's size (Linux 6.2+; 0
+            // before, so every table is then read in PID order).
+            if let Ok(st) = nix::sys::stat::fstat(&dir) {
+                let n = u64::try_from(st.st_size).unwrap_or(0);
+                if n > limit {
+                    return Look::Large(n);
+                }
+            }
+        }
+        let info_dir = format!("{}info", fd_dir);
         for e in dir.iter().flatten() {
+            if budget.spent() {
+                return Look::Stopped;
+            }
             let name = e.file_name();
             if name.to_bytes().first().is_none_or(|c| !c.is_ascii_digit()) {
                 continue;
             }
-            let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-            // SAFETY: `dfd` is the descriptor of `dir`, open for this loop; `name` is a
-            // NUL-terminated entry name that outlives the call; `stx` is a writable buffer of
-            // the struct the kernel fills.
-            let rc = unsafe {
-                libc::statx(
-                    dfd,
-                    name.as_ptr(),
-                    libc::AT_STATX_DONT_SYNC,
-                    libc::STATX_TYPE,
-                    stx.as_mut_ptr(),
-                )
+            let seen = match statx_chr(dfd, name) {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                // Not ours to look at (a process with capabilities we lack): neither is
+                // the rest of its table.
+                Err(nix::errno::Errno::EACCES | nix::errno::Errno::EPERM) => return Look::Done,
+                Err(_) => continue,
             };
-            if rc != 0 {
-                // Not ours to look at (a process with capabilities we lack): neither is the
-                // rest of its table.
-                if matches!(
-                    nix::errno::Errno::last(),
-                    nix::errno::Errno::EACCES | nix::errno::Errno::EPERM
-                ) {
-                    return;
-                }
+            if !wanted.contains(&seen.rdev) {
                 continue;
             }
-            // SAFETY: statx returned 0, so it filled the buffer (which was zeroed before).
-            let st = unsafe { stx.assume_init() };
-            if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFCHR {
-                f(libc::makedev(st.stx_rdev_major, st.stx_rdev_minor));
+            let n = String::from_utf8_lossy(name.to_bytes()).into_owned();
+            if really_open(dfd, name, &format!("{info_dir}/{n}"), seen, wanted) {
+                f(seen.rdev);
             }
+        }
+        Look::Done
+    }
+
+    /// Whether process `pid` has any of `wanted` open: `Some(false)` only when all its
+    /// descriptors were read.
+    pub fn holds_any(&self, pid: i32, wanted: &BTreeSet<u64>, budget: &Budget) -> Option<bool> {
+        let mut hit = false;
+        let look = self.open_wanted(pid, wanted, budget, None, &mut |_| hit = true);
+        if hit {
+            Some(true)
+        } else if look == Look::Done {
+            Some(false)
+        } else {
+            None
         }
     }
 
-    /// Whether process `pid` has any of `wanted` open.
-    pub fn holds_any(&self, pid: i32, wanted: &BTreeSet<u64>) -> bool {
-        let mut hit = false;
-        self.open_chr(pid, |n| hit |= wanted.contains(&n));
-        hit
-    }
-
-    /// One pass over every process but `skip` (ourselves): which have one of `wanted` open.
-    pub fn openers(&self, wanted: &BTreeSet<u64>, skip: i32) -> Openers {
-        let mut out = Openers::new();
+    /// One pass over every process but `skip` (ourselves): which have one of `wanted` open,
+    /// within `budget`. The tables larger than [`LARGE`] are read last, smallest first;
+    /// those the budget did not reach (or did not finish) are in [`Found::unread`].
+    pub fn openers(&self, wanted: &BTreeSet<u64>, skip: i32, budget: &Budget) -> Found {
+        let mut out = Found::default();
         if wanted.is_empty() {
             return out;
         }
@@ -224,29 +369,177 @@ impl Proc<'_> {
             kernel.insert(2);
             kernel.extend(self.children(2));
         }
-        for pid in self
+        let pids: Vec<i32> = self
             .pids()
             .into_iter()
             .filter(|p| *p != skip && !kernel.contains(p))
-        {
-            let mut hits = BTreeSet::new();
-            self.open_chr(pid, |n| {
-                if wanted.contains(&n) {
-                    hits.insert(n);
-                }
-            });
+            .collect();
+        let mut large = Vec::new();
+        // Not read to the end: the large tables the budget did not reach first.
+        let (mut unread_large, mut unread) = (Vec::new(), Vec::new());
+        let record = |pid: i32, hits: BTreeSet<u64>, out: &mut Found| {
             if hits.is_empty() {
-                continue;
+                return;
             }
             // Its identity, read after: a process that exited meanwhile holds nothing.
             let Some(r) = self.proc_ref(pid) else {
-                continue;
+                return;
             };
             for n in hits {
-                out.entry(n).or_default().push(r);
+                out.openers.entry(n).or_default().push(r);
+            }
+        };
+        for (i, pid) in pids.iter().copied().enumerate() {
+            let mut hits = BTreeSet::new();
+            let look = self.open_wanted(pid, wanted, budget, Some(LARGE), &mut |n| {
+                hits.insert(n);
+            });
+            record(pid, hits, &mut out);
+            match look {
+                Look::Done => {}
+                Look::Large(n) => large.push((n, pid)),
+                Look::Stopped => {
+                    unread.extend_from_slice(&pids[i..]);
+                    break;
+                }
             }
         }
+        large.sort_unstable();
+        for (_, pid) in large {
+            let mut hits = BTreeSet::new();
+            let done = !budget.spent()
+                && self.open_wanted(pid, wanted, budget, None, &mut |n| {
+                    hits.insert(n);
+                }) == Look::Done;
+            record(pid, hits, &mut out);
+            if !done {
+                unread_large.push(pid);
+            }
+        }
+        unread_large.reverse();
+        unread_large.extend(unread);
+        out.unread_total = unread_large.len();
+        out.unread = unread_large
+            .into_iter()
+            .filter_map(|p| self.proc_ref(p))
+            .take(UNREAD_KEPT)
+            .collect();
         out
+    }
+}
+
+/// `statx` of entry `name` of a `fd` directory: its numbers when it is a char device.
+fn statx_chr(dfd: libc::c_int, name: &std::ffi::CStr) -> Result<Option<Seen>, nix::errno::Errno> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `dfd` is the descriptor of a directory open for the caller's loop; `name` is a
+    // NUL-terminated entry name that outlives the call; `stx` is a writable buffer of the
+    // struct the kernel fills.
+    let rc = unsafe {
+        libc::statx(
+            dfd,
+            name.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID,
+            stx.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    // SAFETY: statx returned 0, so it filled the buffer (which was zeroed before).
+    let st = unsafe { stx.assume_init() };
+    if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFCHR {
+        return Ok(None);
+    }
+    Ok(Some(Seen {
+        rdev: libc::makedev(st.stx_rdev_major, st.stx_rdev_minor),
+        ino: st.stx_ino,
+        mnt_id: if st.stx_mask & libc::STATX_MNT_ID != 0 {
+            st.stx_mnt_id
+        } else {
+            0
+        },
+    }))
+}
+
+/// `flags:`, `ino:` and `mnt_id:` of a `fdinfo/N` file.
+fn parse_fdinfo(text: &str) -> (Option<u64>, Option<u64>, Option<u64>) {
+    let (mut flags, mut ino, mut mnt) = (None, None, None);
+    for l in text.lines() {
+        let Some((k, v)) = l.split_once(':') else {
+            continue;
+        };
+        let v = v.trim();
+        match k {
+            "flags" => flags = u64::from_str_radix(v, 8).ok(),
+            "ino" => ino = v.parse().ok(),
+            "mnt_id" => mnt = v.parse().ok(),
+            _ => {}
+        }
+    }
+    (flags, ino, mnt)
+}
+
+/// Whether descriptor `name` (seen as `seen`, a wanted number) is a real open, not an
+/// `O_PATH` one. Its `fdinfo` must be of the same file (`ino:` and `mnt_id:`, Linux 5.14+;
+/// before, a second `statx` after the read): a descriptor replaced between the two reads is
+/// looked at again (three times; one that keeps changing is not counted, as a descriptor
+/// moved during the pass is not). Gone meanwhile: not open. An `fdinfo` that cannot be read
+/// or understood counts as open (the GPU is not given while it may be).
+fn really_open(
+    dfd: libc::c_int,
+    name: &std::ffi::CStr,
+    info: &str,
+    mut seen: Seen,
+    wanted: &BTreeSet<u64>,
+) -> bool {
+    const O_PATH: u64 = libc::O_PATH as u64;
+    for _ in 0..3 {
+        let text = match read_raw(info) {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
+                return false
+            }
+            Err(_) => return true,
+        };
+        let (flags, ino, mnt) = parse_fdinfo(&text);
+        let Some(flags) = flags else {
+            return true;
+        };
+        let same = match (ino, mnt) {
+            (Some(i), Some(m)) => i == seen.ino && (seen.mnt_id == 0 || m == seen.mnt_id),
+            _ => statx_chr(dfd, name).ok().flatten() == Some(seen),
+        };
+        if same {
+            return flags & O_PATH == 0;
+        }
+        seen = match statx_chr(dfd, name) {
+            Ok(Some(s)) if wanted.contains(&s.rdev) => s,
+            _ => return false,
+        };
+    }
+    false
+}
+
+/// Whether tasks `a` and `b` share one descriptor table (`kcmp(KCMP_FILES)`); `None` when
+/// it cannot say (no `kcmp`, a task gone).
+fn same_files(a: i32, b: i32) -> Option<bool> {
+    // SAFETY: kcmp(2) takes two PIDs, a type and two unused integers, and touches no memory
+    // of ours.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            libc::c_long::from(a),
+            libc::c_long::from(b),
+            libc::c_long::from(KCMP_FILES),
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    match rc {
+        0 => Some(true),
+        r if r > 0 => Some(false),
+        _ => None,
     }
 }
 

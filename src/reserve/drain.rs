@@ -86,17 +86,36 @@ pub struct Settled {
     pub released: Vec<String>,
 }
 
+/// How long one [`settle`] may look at `/proc` (the look runs under the state lock, and a
+/// process can hold a million descriptors: ~4.6 s of `statx` here). What it did not read in
+/// that time is taken as maybe holding the units looked for: they stay (or become)
+/// draining, naming the processes not read, until a look reads them all.
+pub const BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Records the `fresh` units (just freed) that a process other than this one has open as
 /// draining; with `recheck`, lets go of the draining units that nothing has open any more
 /// (their recorded processes looked at first; a full look only for units all of whose
-/// recorded processes let go). At most one pass over `/proc`. Called under the state lock.
-pub fn settle(st: &mut State, fresh: Vec<Freed>, recheck: bool, proc: Proc, now: &str) -> Settled {
+/// recorded processes let go). At most one pass over `/proc`, all within `budget`: a look
+/// that did not finish keeps a recorded holder, and leaves the units of the full pass
+/// draining with the processes it did not read ([`Draining::unread`]). Called under the
+/// state lock.
+pub fn settle(
+    st: &mut State,
+    fresh: Vec<Freed>,
+    recheck: bool,
+    proc: Proc,
+    now: &str,
+    budget: std::time::Duration,
+) -> Settled {
+    let budget = crate::host::procfs::Budget::new(budget);
     let mut rescan = Vec::new();
     if recheck {
         for (unit, d) in st.draining.iter_mut() {
             let nums = numbers(&d.nodes);
-            d.holders
-                .retain(|o| proc.alive(&o.proc) && proc.holds_any(o.proc.pid, &nums));
+            // Not read to the end: still taken for a holder.
+            d.holders.retain(|o| {
+                proc.alive(&o.proc) && proc.holds_any(o.proc.pid, &nums, &budget) != Some(false)
+            });
             if d.holders.is_empty() {
                 rescan.push(unit.clone());
             }
@@ -110,40 +129,43 @@ pub fn settle(st: &mut State, fresh: Vec<Freed>, recheck: bool, proc: Proc, now:
     if wanted.is_empty() {
         return out;
     }
-    let found = proc.openers(&wanted, std::process::id() as i32);
+    let found = proc.openers(&wanted, std::process::id() as i32, &budget);
+    let opener = |p: ProcRef| Opener {
+        proc: p,
+        comm: proc.comm(p.pid).unwrap_or_else(|| "?".into()),
+    };
     let holders = |nodes: &[Node]| -> Vec<Opener> {
         let procs: BTreeSet<ProcRef> = nodes
             .iter()
-            .filter_map(|n| found.get(&number(n)))
+            .filter_map(|n| found.openers.get(&number(n)))
             .flatten()
             .copied()
             .collect();
-        procs
-            .into_iter()
-            .map(|p| Opener {
-                proc: p,
-                comm: proc.comm(p.pid).unwrap_or_else(|| "?".into()),
-            })
-            .collect()
+        procs.into_iter().map(opener).collect()
     };
+    let unread: Vec<Opener> = found.unread.iter().copied().map(opener).collect();
     for u in rescan {
         let Some(d) = st.draining.get_mut(&u) else {
             continue;
         };
         d.holders = holders(&d.nodes);
-        if d.holders.is_empty() {
+        d.unread = unread.clone();
+        d.unread_total = found.unread_total;
+        if d.holders.is_empty() && d.unread_total == 0 {
             st.draining.remove(&u);
             out.released.push(u);
         }
     }
     for f in fresh {
         let h = holders(&f.nodes);
-        if h.is_empty() {
+        if h.is_empty() && found.complete() {
             continue;
         }
         let d = Draining {
             nodes: f.nodes,
             holders: h,
+            unread: unread.clone(),
+            unread_total: found.unread_total,
             after: f.after,
             since: now.to_string(),
         };
@@ -157,16 +179,30 @@ pub fn settle(st: &mut State, fresh: Vec<Freed>, recheck: bool, proc: Proc, now:
 pub fn notes(s: &Settled) -> Vec<String> {
     let mut out = Vec::new();
     for (unit, d) in &s.draining {
+        let nodes = d
+            .nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect::<Vec<_>>()
+            .join(" ");
+        if d.holders.is_empty() {
+            out.push(format!(
+                "{} freed {unit}, but the look for processes that keep {nodes} open did not finish in time ({} not read): draining, given to no one until a look reads them all",
+                d.after,
+                d.unread_who(),
+            ));
+            continue;
+        }
         out.push(format!(
-            "{} freed {unit}, but {} still {} {} open: draining, given to no one until it is closed",
+            "{} freed {unit}, but {} still {} {nodes} open{}: draining, given to no one until it is closed",
             d.after,
             Opener::describe(&d.holders),
             if d.holders.len() == 1 { "has" } else { "have" },
-            d.nodes
-                .iter()
-                .map(|n| n.path.as_str())
-                .collect::<Vec<_>>()
-                .join(" "),
+            if d.unread_total > 0 {
+                format!(" ({} not read in time)", d.unread_who())
+            } else {
+                String::new()
+            },
         ));
     }
     for unit in &s.released {
@@ -229,6 +265,7 @@ pub fn after_free_on(
         false,
         crate::host::procfs::HOST,
         &crate::reserve::state::now_rfc3339(),
+        BUDGET,
     );
     log_settled(&s);
     s
@@ -248,6 +285,7 @@ pub fn recheck(st: &mut State) -> Settled {
         true,
         crate::host::procfs::HOST,
         &crate::reserve::state::now_rfc3339(),
+        BUDGET,
     )
 }
 
@@ -257,7 +295,7 @@ pub fn pids_of(st: &State, pci: &str) -> Vec<i32> {
         .draining
         .iter()
         .filter(|(u, _)| crate::host::inventory::unit_pci(u) == pci)
-        .flat_map(|(_, d)| d.holders.iter().map(|o| o.proc.pid))
+        .flat_map(|(_, d)| d.pids())
         .collect();
     v.sort_unstable();
     v.dedup();
@@ -268,7 +306,12 @@ pub fn pids_of(st: &State, pci: &str) -> Vec<i32> {
 pub fn unit_pids(st: &State, unit: &str) -> Vec<i32> {
     st.draining
         .get(unit)
-        .map(|d| d.holders.iter().map(|o| o.proc.pid).collect())
+        .map(|d| {
+            let mut v: Vec<i32> = d.pids().collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        })
         .unwrap_or_default()
 }
 
@@ -296,8 +339,7 @@ mod tests {
     use std::os::unix::process::CommandExt;
     use std::path::Path;
 
-    /// A real char node with a real number but no driver behind it (a normal open gives
-    /// ENXIO; an `O_PATH` descriptor still has its number).
+    /// A real char node (`mknod`) with the given number.
     fn mknod(dir: &Path, name: &str, major: u32, minor: u32) -> std::path::PathBuf {
         let p = dir.join(name);
         nix::sys::stat::mknod(
@@ -310,9 +352,39 @@ mod tests {
         p
     }
 
-    /// `sleep 30` holding an `O_PATH` descriptor on `node`, opened in the child between fork
-    /// and exec (so that no other test's child inherits it).
-    fn holder(node: &Path) -> std::process::Child {
+    /// The number of `/dev/full`. A fake GPU node (195:N, no driver behind it) cannot be
+    /// opened for real (ENXIO), and an `O_PATH` descriptor no longer counts as holding it:
+    /// the tests that need a process to hold a GPU give the fake GPU this number, a real
+    /// device that opens and that nothing on a test machine keeps open. They take [`FULL`]
+    /// so that they do not see each other's holders.
+    fn full() -> (u32, u32) {
+        use std::os::unix::fs::MetadataExt;
+        let r = std::fs::metadata("/dev/full").expect("/dev/full").rdev();
+        (libc::major(r), libc::minor(r))
+    }
+
+    static FULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Takes [`FULL`] and checks that nothing else has `/dev/full` open.
+    fn take_full() -> std::sync::MutexGuard<'static, ()> {
+        let g = FULL.lock().unwrap_or_else(|e| e.into_inner());
+        let (ma, mi) = full();
+        let found = crate::host::procfs::HOST.openers(
+            &[libc::makedev(ma, mi)].into(),
+            std::process::id() as i32,
+            &crate::host::procfs::Budget::new(BUDGET),
+        );
+        assert!(
+            found.openers.is_empty(),
+            "/dev/full is open on this machine: {found:?}"
+        );
+        g
+    }
+
+    /// `sleep 30` holding a descriptor on `node` opened with `flags` (`O_RDONLY`: really
+    /// open; `O_PATH`), opened in the child between fork and exec (so that no other test's
+    /// child inherits it).
+    fn holder(node: &Path, flags: libc::c_int) -> std::process::Child {
         let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).unwrap();
         let mut cmd = std::process::Command::new("sleep");
         cmd.arg("30");
@@ -321,7 +393,7 @@ mod tests {
         // open (no O_CLOEXEC) for `sleep` to keep.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::open(c.as_ptr(), libc::O_PATH) < 0 {
+                if libc::open(c.as_ptr(), flags) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -356,68 +428,256 @@ mod tests {
         }
     }
 
-    /// One GPU whose node is 195:`minor` (a number no other test uses).
-    fn inv_with(minor: u32) -> Inventory {
+    /// One GPU whose node has number `major`:`minor`.
+    fn inv_with(major: u32, minor: u32) -> Inventory {
         let mut g = gpu(0, Some(0), "sw0", Vendor::Nvidia, "hopper");
-        g.nodes[0].1.node = Node::new(format!("/dev/nvidia{minor}"), 195, minor);
+        g.nodes[0].1.node = Node::new(format!("/dev/nvidia{minor}"), major, minor);
         Inventory {
             gpus: vec![g],
             ..Default::default()
         }
     }
 
-    /// Over the real `/proc`: a process holding an `O_PATH` descriptor on the node is found
-    /// by the node's number (`stat` of `/proc/PID/fd/N`), with its command name; our own
-    /// descriptor on it is not; a process holding none is not.
+    fn budget() -> crate::host::procfs::Budget {
+        crate::host::procfs::Budget::new(BUDGET)
+    }
+
+    /// Over the real `/proc`: a process that really has the node open is found by the
+    /// node's number (`statx` of `/proc/PID/fd/N`, the path it was opened by does not
+    /// matter), with its command name; our own descriptor on it is not; a process holding
+    /// none is not.
     #[test]
     fn scan_finds_a_real_holder_by_number() {
+        let _g = take_full();
+        let (ma, mi) = full();
         let d = tempfile::tempdir().unwrap();
-        let node = mknod(d.path(), "nvidia211", 195, 211);
+        let node = mknod(d.path(), "nvidia211", ma, mi);
         let _own = nix::fcntl::open(
             &node,
-            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
         )
         .unwrap();
-        let mut child = holder(&node);
+        let mut child = holder(&node, libc::O_RDONLY);
         let pid = child.id() as i32;
-        let wanted: BTreeSet<u64> = [libc::makedev(195, 211)].into();
+        let wanted: BTreeSet<u64> = [libc::makedev(ma, mi)].into();
         let me = std::process::id() as i32;
-        let found = crate::host::procfs::HOST.openers(&wanted, me);
-        let procs = &found[&libc::makedev(195, 211)];
+        let found = crate::host::procfs::HOST.openers(&wanted, me, &budget());
+        assert!(found.complete());
+        let procs = &found.openers[&libc::makedev(ma, mi)];
         assert_eq!(procs.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![pid]);
-        assert!(crate::host::procfs::HOST.holds_any(pid, &wanted));
-        assert!(!crate::host::procfs::HOST.holds_any(me, &[libc::makedev(195, 212)].into()));
+        assert_eq!(
+            crate::host::procfs::HOST.holds_any(pid, &wanted, &budget()),
+            Some(true)
+        );
+        assert_eq!(
+            crate::host::procfs::HOST.holds_any(me, &[libc::makedev(195, 212)].into(), &budget()),
+            Some(false)
+        );
         // Through `settle`: the freed GPU is draining, held by `sleep`.
         let mut st = State::default();
-        let inv = inv_with(211);
+        let inv = inv_with(ma, mi);
         let fresh = freed_units(&inv, &st, &[reservation(&["0000:10:00.0"])]);
-        assert_eq!(fresh[0].nodes, vec![Node::new("/dev/nvidia211", 195, 211)]);
-        let s = settle(&mut st, fresh, false, crate::host::procfs::HOST, "now");
+        assert_eq!(
+            fresh[0].nodes,
+            vec![Node::new(format!("/dev/nvidia{mi}"), ma, mi)]
+        );
+        let s = settle(
+            &mut st,
+            fresh,
+            false,
+            crate::host::procfs::HOST,
+            "now",
+            BUDGET,
+        );
         assert_eq!(s.draining.len(), 1);
         let dr = &st.draining["0000:10:00.0"];
         assert_eq!(dr.holders[0].proc.pid, pid);
         assert_eq!(dr.holders[0].comm, "sleep");
         assert_eq!(dr.after, "domain 'web1'");
+        assert_eq!(dr.unread_total, 0);
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// D1: an `O_PATH` descriptor does not hold a GPU. A container may `mknod` any node and
+    /// `open(O_PATH)` it without its device cgroup's leave, and such a descriptor never
+    /// becomes a real open: counted, any container could keep every GPU draining. A real
+    /// process holding one on a GPU's number (195:216) is not found; its GPU is free at once.
+    /// (Before the fix, `open_chr` counted it and the GPU was draining.)
+    #[test]
+    fn an_o_path_holder_does_not_drain() {
+        let d = tempfile::tempdir().unwrap();
+        let node = mknod(d.path(), "nvidia216", 195, 216);
+        let mut child = holder(&node, libc::O_PATH);
+        let pid = child.id() as i32;
+        let wanted: BTreeSet<u64> = [libc::makedev(195, 216)].into();
+        // It is there, with the number: statx through the link sees it.
+        let fds: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                use std::os::unix::fs::MetadataExt;
+                std::fs::metadata(e.path()).ok().map(|m| m.rdev())
+            })
+            .collect();
+        assert!(fds.contains(&libc::makedev(195, 216)), "{fds:?}");
+        let found =
+            crate::host::procfs::HOST.openers(&wanted, std::process::id() as i32, &budget());
+        assert!(found.openers.is_empty(), "{found:?}");
+        assert_eq!(
+            crate::host::procfs::HOST.holds_any(pid, &wanted, &budget()),
+            Some(false)
+        );
+        let mut st = State::default();
+        let fresh = freed_units(&inv_with(195, 216), &st, &[reservation(&["0000:10:00.0"])]);
+        let s = settle(
+            &mut st,
+            fresh,
+            false,
+            crate::host::procfs::HOST,
+            "now",
+            BUDGET,
+        );
+        assert!(s.draining.is_empty(), "{s:?}");
+        assert!(st.draining.is_empty());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Builds `cc` source `src` into a binary in `dir`.
+    fn cc(dir: &Path, name: &str, src: &str) -> std::path::PathBuf {
+        let c = dir.join(format!("{name}.c"));
+        std::fs::write(&c, src).unwrap();
+        let bin = dir.join(name);
+        let o = std::process::Command::new("cc")
+            .arg("-o")
+            .arg(&bin)
+            .arg(&c)
+            .arg("-lpthread")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "cc: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        bin
+    }
+
+    /// `hide leader NODE`: opens NODE, starts a thread that keeps running, and ends its main
+    /// thread (`pthread_exit`: the leader is a zombie, `/proc/PID/fd` is empty, the table is
+    /// the thread's). `hide unshare NODE`: a thread unshares its descriptor table and opens
+    /// NODE there (`/proc/PID/fd` never has it). Both write "ready" on stdout once it is so.
+    const HIDE_C: &str = r#"#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static const char *node;
+static void *keep(void *a) { (void)a; sleep(2); puts("ready"); fflush(stdout); sleep(60); _exit(0); }
+static void *own(void *a) {
+    (void)a;
+    if (unshare(CLONE_FILES) || open(node, O_RDONLY) < 0) { perror("own"); _exit(1); }
+    puts("ready"); fflush(stdout);
+    sleep(60); _exit(0);
+}
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    node = argv[2];
+    pthread_t t;
+    if (!strcmp(argv[1], "leader")) {
+        if (open(node, O_RDONLY) < 0) { perror("open"); return 1; }
+        pthread_create(&t, 0, keep, 0);
+        pthread_exit(0);
+    }
+    pthread_create(&t, 0, own, 0);
+    sleep(60);
+    return 0;
+}
+"#;
+
+    /// D3: a descriptor table that is not the leader's is looked at: a process whose main
+    /// thread exited (another thread keeps the table), and a thread that unshared its table.
+    /// (Before the fix, only `/proc/PID/fd` was read and neither was found.)
+    #[test]
+    fn tables_of_threads_are_read() {
+        use std::io::BufRead;
+        let _g = take_full();
+        let (ma, mi) = full();
+        let d = tempfile::tempdir().unwrap();
+        let node = mknod(d.path(), "nvidia217", ma, mi);
+        let bin = cc(d.path(), "hide", HIDE_C);
+        let wanted: BTreeSet<u64> = [libc::makedev(ma, mi)].into();
+        for mode in ["leader", "unshare"] {
+            let mut child = std::process::Command::new(&bin)
+                .arg(mode)
+                .arg(&node)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let pid = child.id() as i32;
+            let mut line = String::new();
+            std::io::BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line, "ready\n", "{mode}");
+            // Not in /proc/PID/fd.
+            let own: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .unwrap()
+                .flatten()
+                .filter_map(|e| {
+                    use std::os::unix::fs::MetadataExt;
+                    std::fs::metadata(e.path()).ok().map(|m| m.rdev())
+                })
+                .collect();
+            assert!(!own.contains(&libc::makedev(ma, mi)), "{mode}: {own:?}");
+            let found =
+                crate::host::procfs::HOST.openers(&wanted, std::process::id() as i32, &budget());
+            assert_eq!(
+                found
+                    .openers
+                    .get(&libc::makedev(ma, mi))
+                    .map(|v| v.iter().map(|p| p.pid).collect::<Vec<_>>()),
+                Some(vec![pid]),
+                "{mode}"
+            );
+            assert_eq!(
+                crate::host::procfs::HOST.holds_any(pid, &wanted, &budget()),
+                Some(true),
+                "{mode}"
+            );
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
     }
 
     /// The allocation decision: a draining GPU is given to no one, the refusal names the
     /// process (PID and command); once the holder exits the next check frees it.
     #[test]
     fn draining_gpu_skipped_refused_then_freed() {
+        let _g = take_full();
+        let (ma, mi) = full();
         let d = tempfile::tempdir().unwrap();
-        let node = mknod(d.path(), "nvidia213", 195, 213);
-        let mut child = holder(&node);
+        let node = mknod(d.path(), "nvidia213", ma, mi);
+        let mut child = holder(&node, libc::O_RDONLY);
         let pid = child.id() as i32;
         let mut st = State::default();
-        let mut inv = inv_with(213);
+        let mut inv = inv_with(ma, mi);
         let mut other = gpu(1, Some(0), "sw0", Vendor::Nvidia, "hopper");
         other.nodes[0].1.node = Node::new("/dev/nvidia214", 195, 214);
         inv.gpus.push(other);
         let fresh = freed_units(&inv, &st, &[reservation(&["0000:10:00.0"])]);
-        settle(&mut st, fresh, false, crate::host::procfs::HOST, "now");
+        settle(
+            &mut st,
+            fresh,
+            false,
+            crate::host::procfs::HOST,
+            "now",
+            BUDGET,
+        );
         // Skipped: a request for one GPU gets the other.
         assert_eq!(
             crate::reserve::alloc::allocate(&inv.gpus, &st.held(None), &req(1)).unwrap(),
@@ -445,12 +705,26 @@ mod tests {
         );
         assert!(!e.contains('\n'));
         // Still held: a re-check keeps it (the cheap look at the recorded process suffices).
-        let s = settle(&mut st, vec![], true, crate::host::procfs::HOST, "now");
+        let s = settle(
+            &mut st,
+            vec![],
+            true,
+            crate::host::procfs::HOST,
+            "now",
+            BUDGET,
+        );
         assert!(s.released.is_empty());
         assert!(st.draining.contains_key("0000:10:00.0"));
         child.kill().unwrap();
         child.wait().unwrap();
-        let s = settle(&mut st, vec![], true, crate::host::procfs::HOST, "now");
+        let s = settle(
+            &mut st,
+            vec![],
+            true,
+            crate::host::procfs::HOST,
+            "now",
+            BUDGET,
+        );
         assert_eq!(s.released, vec!["0000:10:00.0"]);
         assert!(st.draining.is_empty());
         assert_eq!(
@@ -483,12 +757,28 @@ mod tests {
             std::fs::write(p.join("stat"), format!("{pid} ({comm}) {}\n", f.join(" "))).unwrap();
             std::fs::write(p.join("comm"), format!("{comm}\n")).unwrap();
         }
+        /// Descriptor `fd` of `pid` on `target`, opened `O_RDWR` (`fdinfo` without `ino:`,
+        /// as before Linux 5.14: the second `statx` tells it is the same file).
         fn open(&self, pid: i32, fd: u32, target: &Path) {
-            std::os::unix::fs::symlink(target, self.dir.path().join(format!("{pid}/fd/{fd}")))
-                .unwrap();
+            self.open_flags(pid, fd, target, "02");
+        }
+        /// An `O_PATH` descriptor.
+        fn open_path(&self, pid: i32, fd: u32, target: &Path) {
+            self.open_flags(pid, fd, target, "012000000");
+        }
+        fn open_flags(&self, pid: i32, fd: u32, target: &Path, flags: &str) {
+            let p = self.dir.path().join(pid.to_string());
+            std::os::unix::fs::symlink(target, p.join(format!("fd/{fd}"))).unwrap();
+            std::fs::create_dir_all(p.join("fdinfo")).unwrap();
+            std::fs::write(
+                p.join(format!("fdinfo/{fd}")),
+                format!("pos:\t0\nflags:\t{flags}\nmnt_id:\t24\n"),
+            )
+            .unwrap();
         }
         fn close(&self, pid: i32, fd: u32) {
             std::fs::remove_file(self.dir.path().join(format!("{pid}/fd/{fd}"))).unwrap();
+            std::fs::remove_file(self.dir.path().join(format!("{pid}/fdinfo/{fd}"))).unwrap();
         }
     }
 
@@ -525,6 +815,9 @@ mod tests {
         fp.open(100, 5, &gi);
         fp.process(200, "worker", 6000);
         fp.open(200, 7, &ci2);
+        // An O_PATH descriptor on the instance's own capability holds nothing.
+        fp.process(400, "mknoder", 6500);
+        fp.open_path(400, 3, &ci);
         let mut st = State::default();
         // ci1 of the same GPU instance is still held: its capability of the GPU instance is
         // not this unit's own.
@@ -536,7 +829,7 @@ mod tests {
             fresh[0].nodes,
             vec![Node::new("/dev/nvidia-caps/nvidia-cap902", 236, 902)]
         );
-        let s = settle(&mut st, fresh, false, proc, "now");
+        let s = settle(&mut st, fresh, false, proc, "now", BUDGET);
         assert!(
             s.draining.is_empty(),
             "the parent, a control node, a shared capability: {s:?}"
@@ -545,7 +838,7 @@ mod tests {
         st.reservations.clear();
         let fresh = freed_units(&inv, &st, &[reservation(&["0000:10:00.0/gi1/ci0"])]);
         assert_eq!(fresh[0].nodes.len(), 2);
-        settle(&mut st, fresh, false, proc, "now");
+        settle(&mut st, fresh, false, proc, "now", BUDGET);
         let d = &st.draining["0000:10:00.0/gi1/ci0"];
         assert_eq!(d.holders.len(), 1);
         assert_eq!(
@@ -560,7 +853,7 @@ mod tests {
         fp.close(100, 5);
         fp.process(300, "thief", 7000);
         fp.open(300, 9, &ci);
-        let s = settle(&mut st, vec![], true, proc, "now");
+        let s = settle(&mut st, vec![], true, proc, "now", BUDGET);
         assert!(s.released.is_empty());
         let d = &st.draining["0000:10:00.0/gi1/ci0"];
         assert_eq!(
@@ -570,7 +863,7 @@ mod tests {
         // PID 300 reused by another process (another start time) that has it open too: the
         // cheap look does not take it for the recorded one, the full look finds it anew.
         fp.process(300, "other", 9999);
-        let s = settle(&mut st, vec![], true, proc, "now");
+        let s = settle(&mut st, vec![], true, proc, "now", BUDGET);
         assert!(s.released.is_empty());
         assert_eq!(
             st.draining["0000:10:00.0/gi1/ci0"].holders[0]
@@ -579,9 +872,66 @@ mod tests {
             9999
         );
         fp.close(300, 9);
-        let s = settle(&mut st, vec![], true, proc, "now");
+        let s = settle(&mut st, vec![], true, proc, "now", BUDGET);
         assert_eq!(s.released, vec!["0000:10:00.0/gi1/ci0"]);
         assert!(st.draining.is_empty());
+    }
+
+    /// The pass as it was before the fixes of D1-D3 (c8369b0: `/proc/PID/fd` only, a
+    /// `statx` of each entry, no `fdinfo`, no bound), for [`scan_cost`]'s comparison.
+    fn legacy_pass(wanted: &BTreeSet<u64>, skip: i32) -> usize {
+        use std::os::fd::AsRawFd;
+        let p = crate::host::procfs::HOST;
+        let mut kernel = BTreeSet::new();
+        if p.comm(2).as_deref() == Some("kthreadd") {
+            kernel.insert(2);
+            kernel.extend(p.children(2));
+        }
+        let mut hits = 0;
+        for pid in p.pids() {
+            if pid == skip || kernel.contains(&pid) {
+                continue;
+            }
+            let Ok(mut dir) = nix::dir::Dir::open(
+                format!("/proc/{pid}/fd").as_str(),
+                nix::fcntl::OFlag::O_RDONLY
+                    | nix::fcntl::OFlag::O_DIRECTORY
+                    | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            ) else {
+                continue;
+            };
+            let dfd = dir.as_raw_fd();
+            for e in dir.iter().flatten() {
+                let name = e.file_name();
+                if name.to_bytes().first().is_none_or(|c| !c.is_ascii_digit()) {
+                    continue;
+                }
+                let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+                // SAFETY: `dfd` is `dir`'s descriptor, open for this loop; `name` is a
+                // NUL-terminated entry name; `stx` is a writable buffer of the struct.
+                let rc = unsafe {
+                    libc::statx(
+                        dfd,
+                        name.as_ptr(),
+                        libc::AT_STATX_DONT_SYNC,
+                        libc::STATX_TYPE,
+                        stx.as_mut_ptr(),
+                    )
+                };
+                if rc != 0 {
+                    continue;
+                }
+                // SAFETY: statx returned 0, so it filled the (zeroed) buffer.
+                let st = unsafe { stx.assume_init() };
+                if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFCHR
+                    && wanted.contains(&libc::makedev(st.stx_rdev_major, st.stx_rdev_minor))
+                {
+                    hits += 1;
+                }
+            }
+        }
+        hits
     }
 
     /// The cost of one pass over the real `/proc` (docs/BENCHMARKS.md): as the machine is,
@@ -595,23 +945,30 @@ mod tests {
         let pass = |label: &str| {
             let (pids, mut fds) = (crate::host::procfs::HOST.pids(), 0usize);
             for p in &pids {
-                crate::host::procfs::HOST.open_chr(*p, |_| ());
                 fds += std::fs::read_dir(format!("/proc/{p}/fd")).map_or(0, |d| d.count());
             }
-            let mut t: Vec<u128> = (0..31)
+            // Interleaved with the pass before D1-D3 (`legacy_pass`), so that both see the
+            // same load of this shared VM.
+            let (mut t, mut old): (Vec<u128>, Vec<u128>) = (0..31)
                 .map(|_| {
                     let t0 = std::time::Instant::now();
-                    let f = crate::host::procfs::HOST.openers(&wanted, me);
-                    assert!(f.is_empty());
-                    t0.elapsed().as_micros()
+                    let f = crate::host::procfs::HOST.openers(&wanted, me, &budget());
+                    assert!(f.openers.is_empty() && f.complete());
+                    let new = t0.elapsed().as_micros();
+                    let t0 = std::time::Instant::now();
+                    legacy_pass(&wanted, me);
+                    (new, t0.elapsed().as_micros())
                 })
-                .collect();
+                .unzip();
             t.sort_unstable();
+            old.sort_unstable();
             println!(
-                "{label}: {} processes, {fds} descriptors: median {} us, p90 {} us",
+                "{label}: {} processes, {fds} descriptors: median {} us, p90 {} us (before: median {} us, p90 {} us)",
                 pids.len(),
                 t[15],
-                t[27]
+                t[27],
+                old[15],
+                old[27]
             );
         };
         pass("as is");
@@ -639,6 +996,147 @@ mod tests {
         pass("+1 process with 19000 descriptors");
         let _ = many.kill();
         let _ = many.wait();
+        // 200 threads sharing one table (one kcmp each), and one whose main thread exited.
+        let mut threads = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import threading,time; [threading.Thread(target=time.sleep,args=(60,),daemon=True).start() for _ in range(200)]; time.sleep(60)",
+            ])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        pass("+1 process with 200 threads");
+        let _ = threads.kill();
+        let _ = threads.wait();
+        // A million descriptors (D2): 50 processes of 19,990 each (this VM's hard limit per
+        // process is 20,000; a container's may be 1M). The pass stops at its budget and
+        // names the processes it did not read, the largest first.
+        let mut huge: Vec<_> = (0..50)
+            .map(|_| {
+                std::process::Command::new("python3")
+                    .args([
+                        "-c",
+                        "import os,time; fd=os.open('/dev/null', os.O_RDONLY); k=[os.dup(fd) for _ in range(19990)]; print('ready', flush=True); time.sleep(300)",
+                    ])
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for h in &mut huge {
+            use std::io::BufRead;
+            let mut l = String::new();
+            std::io::BufReader::new(h.stdout.take().unwrap())
+                .read_line(&mut l)
+                .unwrap();
+            assert_eq!(l, "ready\n");
+        }
+        let big: BTreeSet<i32> = huge.iter().map(|h| h.id() as i32).collect();
+        for _ in 0..3 {
+            let t0 = std::time::Instant::now();
+            let f = crate::host::procfs::HOST.openers(&wanted, me, &budget());
+            let bounded = t0.elapsed().as_millis();
+            let t0 = std::time::Instant::now();
+            let all = crate::host::procfs::HOST.openers(
+                &wanted,
+                me,
+                &crate::host::procfs::Budget::new(std::time::Duration::from_secs(120)),
+            );
+            let unbounded = t0.elapsed().as_millis();
+            assert!(all.complete());
+            let t0 = std::time::Instant::now();
+            legacy_pass(&wanted, me);
+            let before = t0.elapsed().as_millis();
+            println!(
+                "+50 processes of 19,990 descriptors (1M): bounded pass {bounded} ms, {} of them not read (named first: {}); unbounded pass {unbounded} ms (before: {before} ms)",
+                f.unread_total,
+                f.unread.iter().all(|p| big.contains(&p.pid))
+            );
+            assert!(!f.complete());
+        }
+        for h in &mut huge {
+            let _ = h.kill();
+            let _ = h.wait();
+        }
+    }
+
+    /// D2: a look that runs out of time (here a budget of nothing) leaves the freed unit
+    /// draining, naming the processes it did not read, and so does a re-check; the first
+    /// look that reads them all frees it. A recorded holder whose table was not read to the
+    /// end is kept. (Before the fix, the look had no bound.)
+    #[test]
+    fn scan_out_of_time_keeps_units_draining() {
+        let nodes = tempfile::tempdir().unwrap();
+        let n = mknod(nodes.path(), "nvidia218", 195, 218);
+        let other = mknod(nodes.path(), "null", 1, 3);
+        let fp = FakeProc::new();
+        let proc = Proc { root: fp.root() };
+        fp.process(100, "bigfd", 5000);
+        for fd in 0..50 {
+            fp.open(100, fd, &other);
+        }
+        let inv = inv_with(195, 218);
+        let mut st = State::default();
+        let fresh = freed_units(&inv, &st, &[reservation(&["0000:10:00.0"])]);
+        let s = settle(
+            &mut st,
+            fresh,
+            false,
+            proc,
+            "now",
+            std::time::Duration::ZERO,
+        );
+        assert_eq!(s.draining.len(), 1, "{s:?}");
+        let d = &st.draining["0000:10:00.0"];
+        assert!(d.holders.is_empty());
+        assert_eq!((d.unread_total, d.unread[0].proc.pid), (1, 100));
+        assert_eq!(
+            d.holder("0000:10:00.0"),
+            "pid 100 (bigfd), whose descriptors were not all read in time (scan incomplete: 0000:10:00.0 may be open there), after domain 'web1' (draining)"
+        );
+        assert_eq!(d.who(), "pid 100 (bigfd) not read (scan incomplete)");
+        assert_eq!(pids_of(&st, "0000:10:00.0"), vec![100]);
+        assert!(notes(&s)[0].contains("did not finish in time (pid 100 (bigfd) not read)"));
+        let e = crate::reserve::alloc::allocate(&inv.gpus, &st.held(None), &req(1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("scan incomplete"), "{e}");
+        // Re-checked out of time again: still draining.
+        let s = settle(
+            &mut st,
+            vec![],
+            true,
+            proc,
+            "now",
+            std::time::Duration::ZERO,
+        );
+        assert!(s.released.is_empty());
+        assert!(st.draining.contains_key("0000:10:00.0"));
+        // A real holder seen; then a re-check without time keeps it (not read to the end).
+        fp.process(200, "holder", 6000);
+        fp.open(200, 4, &n);
+        let s = settle(&mut st, vec![], true, proc, "now", BUDGET);
+        assert!(s.released.is_empty());
+        let d = &st.draining["0000:10:00.0"];
+        assert_eq!(
+            (d.holders[0].proc.pid, d.unread_total),
+            (200, 0),
+            "read to the end: {d:?}"
+        );
+        settle(
+            &mut st,
+            vec![],
+            true,
+            proc,
+            "now",
+            std::time::Duration::ZERO,
+        );
+        assert_eq!(st.draining["0000:10:00.0"].holders[0].proc.pid, 200);
+        // Closed, and read in time: free.
+        fp.close(200, 4);
+        let s = settle(&mut st, vec![], true, proc, "now", BUDGET);
+        assert_eq!(s.released, vec!["0000:10:00.0"]);
+        assert!(st.draining.is_empty());
     }
 
     /// The state keeps draining units across a write and a read; a file written before
@@ -657,6 +1155,8 @@ mod tests {
                     },
                     comm: "sleep".into(),
                 }],
+                unread: vec![],
+                unread_total: 0,
                 after: "domain 'web1'".into(),
                 since: "2026-12-01T00:00:00Z".into(),
             },
@@ -666,7 +1166,7 @@ mod tests {
         let old = b"{\"version\":1,\"reservations\":{\n}}\n";
         assert!(State::parse(old, "x").unwrap().draining.is_empty());
         assert_eq!(State::default().to_bytes(), old);
-        let mut inv = inv_with(0);
+        let mut inv = inv_with(195, 0);
         apply(&mut inv, &st);
         assert!(inv.gpus[0]
             .problem

@@ -109,7 +109,14 @@ fn reclaim_for(cfg: &Config, st: &mut State, inv: &mut Inventory) -> (Vec<String
     if fresh.is_empty() && !recheck {
         return (notes, !freed.is_empty());
     }
-    let s = drain::settle(st, fresh, recheck, procfs::HOST, &now_rfc3339());
+    let s = drain::settle(
+        st,
+        fresh,
+        recheck,
+        procfs::HOST,
+        &now_rfc3339(),
+        drain::BUDGET,
+    );
     notes.extend(drain::notes(&s));
     (notes, !freed.is_empty() || recheck)
 }

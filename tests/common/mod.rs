@@ -413,11 +413,20 @@ impl Drop for PlantedLoop {
         let _ = Command::new("losetup").args(["-d", &self.dev]).status();
     }
 }
-/// A `sleep 600` that holds an `O_PATH` descriptor on `node` (opened in the child between
-/// fork and exec, so no other test's child inherits it): a process that keeps a GPU open.
-/// The node is a fake host's, with no driver behind it (a normal open is ENXIO), but the
-/// descriptor has its number, as `stat` of `/proc/PID/fd/N` shows.
+/// A `sleep 600` that really has `node` open (`O_RDONLY`, opened in the child between fork
+/// and exec, so no other test's child inherits it): a process that keeps a GPU open. The
+/// node must be one that opens: a fake host's GPU node made so by [`openable`].
 pub fn hold_open(node: &Path) -> Killed {
+    hold(node, libc::O_RDONLY)
+}
+
+/// A `sleep 600` that holds only an `O_PATH` descriptor on `node`: what any container can
+/// make (`mknod` + `open(O_PATH)` need no device-cgroup access), which holds no GPU.
+pub fn hold_path(node: &Path) -> Killed {
+    hold(node, libc::O_PATH)
+}
+
+fn hold(node: &Path, flags: libc::c_int) -> Killed {
     use std::os::unix::process::CommandExt;
     let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).expect("path");
     let mut cmd = Command::new("sleep");
@@ -426,7 +435,7 @@ pub fn hold_open(node: &Path) -> Killed {
     // path allocated before the fork; the descriptor stays open (no O_CLOEXEC) for `sleep`.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::open(c.as_ptr(), libc::O_PATH) < 0 {
+            if libc::open(c.as_ptr(), flags) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -435,6 +444,19 @@ pub fn hold_open(node: &Path) -> Killed {
     let child = cmd.spawn().expect("sleep");
     wait_exec(child.id() as i32, "sleep");
     Killed(child)
+}
+
+/// Makes a fake host's GPU node (`node`, under its device root) one that opens: the number
+/// of `/dev/full` (1:7) in place of its driverless 195:N (a real open of which is ENXIO).
+/// Only a real open holds a GPU (an `O_PATH` descriptor does not), so the tests of a GPU
+/// kept open give it a real device that nothing on a test machine keeps open. The inventory
+/// takes a GPU's numbers from `stat` of the host's node, so the GPU is then 1:7 throughout:
+/// the draining look, the container's node, its device-cgroup rule.
+pub fn openable(node: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let full = std::fs::metadata("/dev/full").expect("/dev/full").rdev();
+    std::fs::remove_file(node).expect("fake GPU node");
+    testbed::fakehost::node(node, libc::major(full), libc::minor(full), 0o666, 0).expect("mknod");
 }
 
 /// A child process killed (and reaped) when dropped: a holder left behind by a failed test
@@ -486,7 +508,7 @@ pub fn blueprint_minors(a: u32, b: u32) -> FakeHost {
 }
 
 /// What a container does to keep a GPU after it stops: `fdkeeper send SOCK NODE` opens the
-/// node (`O_PATH`: the fake nodes have no driver) and passes the descriptor over the unix
+/// node (for real: the GPU node must be made [`openable`]) and passes the descriptor over the unix
 /// socket, then exits; `fdkeeper recv SOCK MARK` (outside the container) receives it, writes
 /// MARK, and keeps it until killed.
 const FDKEEPER_C: &str = r#"#define _GNU_SOURCE
@@ -507,7 +529,7 @@ int main(int argc, char **argv) {
     memset(&u, 0, sizeof u);
     struct msghdr m = { .msg_iov = &io, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b };
     if (!strcmp(argv[1], "send")) {
-        int fd = open(argv[3], O_PATH);
+        int fd = open(argv[3], O_RDONLY);
         if (fd < 0 || connect(s, (struct sockaddr *)&a, sizeof a)) { perror("send"); return 1; }
         struct cmsghdr *c = CMSG_FIRSTHDR(&m);
         c->cmsg_level = SOL_SOCKET;
