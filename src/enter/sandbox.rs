@@ -6,13 +6,20 @@
 //! `no_new_privs`, a parent-death signal, and a seccomp filter that refuses every way to
 //! make a process or run another program (`clone`, `clone3`, `fork`, `vfork`, `execve`;
 //! `execveat` stays for the exec itself).
+//!
+//! Every child gpuhook forks and waits on (the container helper, `ldconfig`'s first child)
+//! goes through [`fork_and_wait`]: a pipe read to its end within a deadline, the child
+//! killed when it runs over, and reaped.
 
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
 use nix::sys::resource::Resource;
+use nix::sys::wait::WaitStatus;
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 /// Who the program runs as, and what it may use.
 pub struct Confinement<'a> {
@@ -161,10 +168,104 @@ pub fn confine_and_exec(exe: &OwnedFd, argv: &[CString], c: &Confinement) -> (St
     ("exec".into(), e)
 }
 
+/// What kept [`fork_and_wait`] from the child's whole output.
+#[derive(Debug)]
+pub enum ForkError {
+    /// The pipe could not be made.
+    Pipe(Errno),
+    /// The child could not be forked.
+    Fork(Errno),
+    /// Its output did not end within the limit (the child was killed and reaped).
+    TimedOut,
+    /// Reading its output failed (the child was killed and reaped).
+    Read(String),
+}
+
+/// Forks a child that runs `child` with the write end of a pipe (the read end closed there)
+/// and leaves with `_exit` of what `child` returns. The parent drops its copy of `child`
+/// (what the closure owns is closed there), reads the pipe to its end within `limit`
+/// keeping at most `max` bytes ([`read_pipe`]), kills the child when it could not, and
+/// reaps it: its output and its status.
+///
+/// # Safety
+///
+/// `fork`: in a process with other threads, the child may find locks held by threads that
+/// do not exist in it. `child` must only make syscalls, allocate (glibc makes malloc
+/// fork-safe) and serialize, taking no other lock, and must return (never unwind) into
+/// the `_exit` that follows.
+pub unsafe fn fork_and_wait(
+    limit: Duration,
+    max: usize,
+    child: impl FnOnce(OwnedFd) -> i32,
+) -> Result<(Vec<u8>, nix::Result<WaitStatus>), ForkError> {
+    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(ForkError::Pipe)?;
+    // SAFETY: the caller's promise (above) on what `child` does.
+    match unsafe { nix::unistd::fork() }.map_err(ForkError::Fork)? {
+        nix::unistd::ForkResult::Child => {
+            drop(rd);
+            let code = child(wr);
+            // SAFETY: leave without running the parent's destructors or atexit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child: pid } => {
+            drop(wr);
+            drop(child);
+            let out = read_pipe(rd, limit, max).map_err(|e| match e {
+                None => ForkError::TimedOut,
+                Some(e) => ForkError::Read(e),
+            });
+            if out.is_err() {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+            let status = nix::sys::wait::waitpid(pid, None);
+            Ok((out?, status))
+        }
+    }
+}
+
+/// Reads a pipe to its end within `limit`, keeping at most `max` bytes (the rest is read
+/// and dropped, so the writer never blocks). `Err(None)`: the time ran out.
+pub fn read_pipe(fd: OwnedFd, limit: Duration, max: usize) -> Result<Vec<u8>, Option<String>> {
+    use std::io::Read;
+    let deadline = Instant::now() + limit;
+    let mut f = std::fs::File::from(fd);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(None);
+        }
+        let mut pfd = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if r < 0 {
+            if Errno::last() == Errno::EINTR {
+                continue;
+            }
+            return Err(Some(format!("poll: {}", Errno::last())));
+        }
+        if r == 0 {
+            continue;
+        }
+        match f.read(&mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) if out.len() < max => out.extend_from_slice(&buf[..n]),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Some(e.to_string())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::sys::wait::{waitpid, WaitStatus};
+    use nix::sys::wait::waitpid;
     use nix::unistd::{fork, ForkResult};
 
     /// A child confined as `c` execs `prog` with `args`; its exit status.
