@@ -119,6 +119,33 @@ pub struct HookCmd {
     pub token: String,
 }
 
+/// The hooks' token: the reserving process, written `PID.START` (its start time in clock
+/// ticks since boot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HookToken(pub crate::host::procfs::ProcRef);
+
+impl std::fmt::Display for HookToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.0.pid, self.0.start_time)
+    }
+}
+
+/// A token that is not `PID.START`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a reservation token (PID.START)")]
+pub struct BadToken;
+
+impl std::str::FromStr for HookToken {
+    type Err = BadToken;
+    fn from_str(t: &str) -> Result<Self, BadToken> {
+        let (p, s) = t.split_once('.').ok_or(BadToken)?;
+        Ok(HookToken(crate::host::procfs::ProcRef {
+            pid: p.parse().map_err(|_| BadToken)?,
+            start_time: s.parse().map_err(|_| BadToken)?,
+        }))
+    }
+}
+
 /// The `oci-hook` stages gpuhook adds.
 pub const CREATE_RUNTIME: &str = "create-runtime";
 pub const POSTSTOP: &str = "poststop";
@@ -578,6 +605,39 @@ pub fn valid_id(id: &str) -> bool {
 mod tests {
     use super::*;
     use crate::request::{DeviceSel, Field};
+
+    /// The token reads back as written; anything else is no token.
+    #[test]
+    fn hook_token_round_trips() {
+        let t = HookToken(crate::host::procfs::ProcRef {
+            pid: 42,
+            start_time: 7,
+        });
+        assert_eq!(t.to_string(), "42.7");
+        assert_eq!("42.7".parse::<HookToken>(), Ok(t));
+        for bad in ["", "42", "42.", ".7", "a.7", "42.7.1", "-1.x"] {
+            assert_eq!(bad.parse::<HookToken>(), Err(BadToken), "{bad}");
+        }
+    }
+
+    /// The list an edit's hooks carry, read back; an entry it cannot read is skipped.
+    #[test]
+    fn added_list_parses() {
+        let lists = vec![
+            "n:195:0:/dev/nvidia0,r:195:255,m:0:0:/usr/lib/x:y".to_string(),
+            "e:0:0:NVIDIA_X,g:44:0,bogus,n:x:0:/dev/a,r:1:2:3".to_string(),
+        ];
+        assert_eq!(
+            Added::parse(&lists),
+            Added {
+                nodes: vec![(195, 0, "/dev/nvidia0".into())],
+                rules: vec![(195, 255)],
+                binds: vec!["/usr/lib/x:y".into()],
+                envs: vec!["NVIDIA_X".into()],
+                gids: vec![44],
+            }
+        );
+    }
 
     fn cfg(annotations: Value, env: &[&str]) -> Vec<u8> {
         serde_json::to_vec(&json!({

@@ -448,7 +448,7 @@ fn write_config(
     let hook = HookCmd {
         path: exe,
         env,
-        token: format!("{}.{}", by.pid, by.start_time),
+        token: bundle::HookToken(by).to_string(),
     };
     bundle::edit(&mut config, nodes, binds, &hook, cdi).map_err(Error::Other)?;
     replace_config(path, &config)
@@ -560,12 +560,9 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
     }
     let who = HolderKind::Oci.who(&state.id);
     // Which reservation the hook belongs to: the `create` that made it.
-    let by = token.and_then(|t| t.split_once('.')).and_then(|(p, s)| {
-        Some(ProcRef {
-            pid: p.parse().ok()?,
-            start_time: s.parse().ok()?,
-        })
-    });
+    let by = token
+        .and_then(|t| t.parse::<bundle::HookToken>().ok())
+        .map(|t| t.0);
     let Some(by) = by else {
         log::error(&format!(
             "{who}: oci-hook {stage}: no valid reservation token"
