@@ -21,6 +21,25 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+/// Why the program could not be readied (each says which step, of which program).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("{0}: NUL in name")]
+    NulInName(String),
+    #[error("memfd for {0}: {1}")]
+    Memfd(String, Errno),
+    #[error("copying {0}: {1}")]
+    Copy(String, std::io::Error),
+    #[error("chmod of the copy of {0}: {1}")]
+    Chmod(String, Errno),
+    #[error("sealing the copy of {0}: {1}")]
+    Seal(String, Errno),
+    #[error("reopening the copy of {0}: {1}")]
+    Reopen(String, Errno),
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+}
+
 /// Who the program runs as, and what it may use.
 pub struct Confinement<'a> {
     pub uid: u32,
@@ -35,9 +54,9 @@ pub struct Confinement<'a> {
 /// from it, the process is not dumpable (the kernel marks a process that could not read
 /// its own program so), so no process of the same uid — a container's root among them —
 /// can `ptrace` it or read its memory.
-pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, String> {
+pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, SandboxError> {
     const MFD_EXEC: libc::c_uint = 0x10;
-    let cname = CString::new(name).map_err(|_| format!("{name}: NUL in name"))?;
+    let cname = CString::new(name).map_err(|_| SandboxError::NulInName(name.into()))?;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: memfd_create with a valid C string; the descriptor is owned below.
     let mut fd = unsafe { libc::memfd_create(cname.as_ptr(), flags | MFD_EXEC) };
@@ -47,21 +66,21 @@ pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, String> 
         fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
     }
     if fd < 0 {
-        return Err(format!("memfd for {name}: {}", Errno::last()));
+        return Err(SandboxError::Memfd(name.into(), Errno::last()));
     }
     // SAFETY: a fresh descriptor the kernel just returned.
     let mut copy = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let mut src = f;
-    std::io::copy(&mut src, &mut copy).map_err(|e| format!("copying {name}: {e}"))?;
+    std::io::copy(&mut src, &mut copy).map_err(|e| SandboxError::Copy(name.into(), e))?;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
     nix::sys::stat::fchmod(
         copy.as_fd(),
         nix::sys::stat::Mode::from_bits_truncate(0o111),
     )
-    .map_err(|e| format!("chmod of the copy of {name}: {e}"))?;
+    .map_err(|e| SandboxError::Chmod(name.into(), e))?;
     // SAFETY: fcntl on our descriptor.
     if unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(format!("sealing the copy of {name}: {}", Errno::last()));
+        return Err(SandboxError::Seal(name.into(), Errno::last()));
     }
     // The program must not be executed through a writable descriptor (ETXTBSY): reopened
     // read-only, the writable one closed.
@@ -70,13 +89,13 @@ pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, String> 
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
-    .map_err(|e| format!("reopening the copy of {name}: {e}"))?;
+    .map_err(|e| SandboxError::Reopen(name.into(), e))?;
     Ok(ro)
 }
 
 /// The seccomp filter of [`confine_and_exec`]: `EPERM` for every call that makes a process
 /// or runs a program (`execveat` aside, which runs the program itself).
-pub fn no_fork_filter() -> Result<BpfProgram, String> {
+pub fn no_fork_filter() -> Result<BpfProgram, SandboxError> {
     let mut denied: Vec<libc::c_long> = vec![libc::SYS_clone, libc::SYS_clone3, libc::SYS_execve];
     #[cfg(target_arch = "x86_64")]
     denied.extend([libc::SYS_fork, libc::SYS_vfork]);
@@ -84,15 +103,16 @@ pub fn no_fork_filter() -> Result<BpfProgram, String> {
         denied.into_iter().map(|n| (n, Vec::new())).collect();
     let arch = std::env::consts::ARCH
         .try_into()
-        .map_err(|e| format!("seccomp: {e:?}"))?;
+        .map_err(|e| SandboxError::Seccomp(format!("{e:?}")))?;
     let f = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         arch,
     )
-    .map_err(|e| format!("seccomp: {e}"))?;
-    f.try_into().map_err(|e| format!("seccomp: {e:?}"))
+    .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
+    f.try_into()
+        .map_err(|e| SandboxError::Seccomp(format!("{e:?}")))
 }
 
 /// Closes every descriptor from `first` on.

@@ -116,7 +116,7 @@ pub(super) fn run_ldconfig(
         argv.push(CString::new(f.as_str()).map_err(|_| "NUL in a folder".to_string())?);
     }
     let etc = walk(root, "etc", false, &mut Done::default())?;
-    let filter = sandbox::no_fork_filter()?;
+    let filter = sandbox::no_fork_filter().map_err(|e| e.to_string())?;
     let first = move |wr: OwnedFd| {
         // SAFETY: plain syscalls on descriptors we own.
         unsafe {
