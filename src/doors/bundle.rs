@@ -119,6 +119,33 @@ pub struct HookCmd {
     pub token: String,
 }
 
+/// The hooks' token: the reserving process, written `PID.START` (its start time in clock
+/// ticks since boot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HookToken(pub crate::host::procfs::ProcRef);
+
+impl std::fmt::Display for HookToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.0.pid, self.0.start_time)
+    }
+}
+
+/// A token that is not `PID.START`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a reservation token (PID.START)")]
+pub struct BadToken;
+
+impl std::str::FromStr for HookToken {
+    type Err = BadToken;
+    fn from_str(t: &str) -> Result<Self, BadToken> {
+        let (p, s) = t.split_once('.').ok_or(BadToken)?;
+        Ok(HookToken(crate::host::procfs::ProcRef {
+            pid: p.parse().map_err(|_| BadToken)?,
+            start_time: s.parse().map_err(|_| BadToken)?,
+        }))
+    }
+}
+
 /// The `oci-hook` stages gpuhook adds.
 pub const CREATE_RUNTIME: &str = "create-runtime";
 pub const POSTSTOP: &str = "poststop";
@@ -260,22 +287,13 @@ pub fn edit(
     Ok(())
 }
 
-/// A CDI plan's mounts (read-only unless the spec said `rw`, always `nosuid,nodev`), its
-/// environment (a name the config already sets keeps the config's value), additional groups,
-/// the hooks gpuhook passes on (marked), and gpuhook's own `cdi` hook first in
-/// `createContainer` for the symlinks and the linker cache. `added` lists the mounts
-/// (`m:0:0:PATH`) and variables (`e:0:0:NAME`) for [`strip`].
-fn edit_cdi(
-    config: &mut Value,
+/// The plan's bind mounts, appended to `mounts` (listed in `added` as `m:0:0:PATH`); one
+/// at a destination the config already mounts is refused.
+fn cdi_mounts(
+    mounts: &mut Vec<Value>,
     plan: &crate::cdi::Plan,
-    root: &str,
-    hook: &HookCmd,
     added: &mut Vec<String>,
 ) -> Result<(), String> {
-    let top = config
-        .as_object_mut()
-        .ok_or("config.json: the config is not an object")?;
-    let mounts = array(top, "mounts", "the config")?;
     for m in &plan.mounts {
         if mounts
             .iter()
@@ -313,6 +331,25 @@ fn edit_cdi(
         );
         added.push(format!("m:0:0:{}", m.target));
     }
+    Ok(())
+}
+
+/// A CDI plan's mounts (read-only unless the spec said `rw`, always `nosuid,nodev`), its
+/// environment (a name the config already sets keeps the config's value), additional groups,
+/// the hooks gpuhook passes on (marked), and gpuhook's own `cdi` hook first in
+/// `createContainer` for the symlinks and the linker cache. `added` lists the mounts
+/// (`m:0:0:PATH`) and variables (`e:0:0:NAME`) for [`strip`].
+fn edit_cdi(
+    config: &mut Value,
+    plan: &crate::cdi::Plan,
+    root: &str,
+    hook: &HookCmd,
+    added: &mut Vec<String>,
+) -> Result<(), String> {
+    let top = config
+        .as_object_mut()
+        .ok_or("config.json: the config is not an object")?;
+    cdi_mounts(array(top, "mounts", "the config")?, plan, added)?;
     let process = object(config, "process", "the config")?;
     let env = array(process, "env", "process")?;
     for e in &plan.env {
@@ -412,6 +449,43 @@ fn our_hooks(config: &Value) -> Vec<&Value> {
         .collect()
 }
 
+/// What earlier edits added, as their hooks list it (comma-separated `n:MAJ:MIN:PATH`
+/// nodes, `r:MAJ:MIN` rules, `m:0:0:PATH` mounts, `e:0:0:NAME` variables, `g:GID:0`
+/// groups): what [`strip`] takes out. An entry it cannot read is skipped.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Added {
+    nodes: Vec<(u32, u32, String)>,
+    rules: Vec<(u32, u32)>,
+    binds: Vec<String>,
+    envs: Vec<String>,
+    gids: Vec<u32>,
+}
+
+impl Added {
+    fn parse(lists: &[String]) -> Added {
+        let mut added = Added::default();
+        for e in lists.iter().flat_map(|l| l.split(',')) {
+            let mut it = e.splitn(4, ':');
+            let (kind, a, b) = (it.next(), it.next(), it.next());
+            let (Some(a), Some(b)) = (
+                a.and_then(|x| x.parse().ok()),
+                b.and_then(|x| x.parse().ok()),
+            ) else {
+                continue;
+            };
+            match (kind, it.next()) {
+                (Some("n"), Some(p)) => added.nodes.push((a, b, p.to_string())),
+                (Some("m"), Some(p)) => added.binds.push(p.to_string()),
+                (Some("e"), Some(p)) => added.envs.push(p.to_string()),
+                (Some("r"), None) => added.rules.push((a, b)),
+                (Some("g"), None) => added.gids.push(a),
+                _ => {}
+            }
+        }
+        added
+    }
+}
+
 /// Takes out what earlier edits added, as their hooks list it: those devices and bind mounts
 /// (at that path, with that number), one instance of each of those rules (the last: gpuhook
 /// appended it), and the hooks themselves. Returns whether there was anything.
@@ -427,29 +501,13 @@ pub fn strip(config: &mut Value) -> Result<bool, String> {
         .filter_map(|h| h.pointer("/args/4").and_then(Value::as_str))
         .map(str::to_owned)
         .collect();
-    let mut nodes: Vec<(u32, u32, String)> = Vec::new();
-    let mut rules: Vec<(u32, u32)> = Vec::new();
-    let mut binds: Vec<String> = Vec::new();
-    let mut envs: Vec<String> = Vec::new();
-    let mut gids: Vec<u32> = Vec::new();
-    for e in lists.iter().flat_map(|l| l.split(',')) {
-        let mut it = e.splitn(4, ':');
-        let (kind, a, b) = (it.next(), it.next(), it.next());
-        let (Some(a), Some(b)) = (
-            a.and_then(|x| x.parse().ok()),
-            b.and_then(|x| x.parse().ok()),
-        ) else {
-            continue;
-        };
-        match (kind, it.next()) {
-            (Some("n"), Some(p)) => nodes.push((a, b, p.to_string())),
-            (Some("m"), Some(p)) => binds.push(p.to_string()),
-            (Some("e"), Some(p)) => envs.push(p.to_string()),
-            (Some("r"), None) => rules.push((a, b)),
-            (Some("g"), None) => gids.push(a),
-            _ => {}
-        }
-    }
+    let Added {
+        nodes,
+        rules,
+        binds,
+        envs,
+        gids,
+    } = Added::parse(&lists);
     let is_node = |v: &Value, key: &str| {
         let p = v.get(key).and_then(Value::as_str);
         nodes.iter().any(|(_, _, a)| Some(a.as_str()) == p)
@@ -547,6 +605,39 @@ pub fn valid_id(id: &str) -> bool {
 mod tests {
     use super::*;
     use crate::request::{DeviceSel, Field};
+
+    /// The token reads back as written; anything else is no token.
+    #[test]
+    fn hook_token_round_trips() {
+        let t = HookToken(crate::host::procfs::ProcRef {
+            pid: 42,
+            start_time: 7,
+        });
+        assert_eq!(t.to_string(), "42.7");
+        assert_eq!("42.7".parse::<HookToken>(), Ok(t));
+        for bad in ["", "42", "42.", ".7", "a.7", "42.7.1", "-1.x"] {
+            assert_eq!(bad.parse::<HookToken>(), Err(BadToken), "{bad}");
+        }
+    }
+
+    /// The list an edit's hooks carry, read back; an entry it cannot read is skipped.
+    #[test]
+    fn added_list_parses() {
+        let lists = vec![
+            "n:195:0:/dev/nvidia0,r:195:255,m:0:0:/usr/lib/x:y".to_string(),
+            "e:0:0:NVIDIA_X,g:44:0,bogus,n:x:0:/dev/a,r:1:2:3".to_string(),
+        ];
+        assert_eq!(
+            Added::parse(&lists),
+            Added {
+                nodes: vec![(195, 0, "/dev/nvidia0".into())],
+                rules: vec![(195, 255)],
+                binds: vec!["/usr/lib/x:y".into()],
+                envs: vec!["NVIDIA_X".into()],
+                gids: vec![44],
+            }
+        );
+    }
 
     fn cfg(annotations: Value, env: &[&str]) -> Vec<u8> {
         serde_json::to_vec(&json!({

@@ -14,6 +14,7 @@
 //! runtime as a child, to free after it.
 
 use crate::doors::bundle::{self, HookCmd};
+use crate::enter::replace::{replace, Replace};
 use crate::host::config::Config;
 use crate::host::procfs::ProcRef;
 use crate::log;
@@ -23,7 +24,7 @@ use crate::reserve::error::Error;
 use crate::reserve::lifecycle::{self, Holder, HolderKind};
 use crate::reserve::state::Reservation;
 use std::ffi::{CString, OsStr, OsString};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -31,6 +32,10 @@ use std::path::{Path, PathBuf};
 /// The file name engines are pointed at.
 pub const NAME: &str = "gpuhook-runtime";
 const MAX_CONFIG: u64 = 64 << 20;
+
+mod invocation;
+pub use invocation::Invocation;
+
 /// Where the real runtime is looked for, first `crun` then `runc` in each.
 const SEARCH: [&str; 4] = ["/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin"];
 
@@ -39,155 +44,14 @@ pub fn invoked_as_runtime(argv0: &OsStr) -> bool {
     Path::new(argv0).file_name() == Some(OsStr::new(NAME))
 }
 
-/// What the wrapper needs from a runtime command line: the command, the container ID and
-/// where its config is. Options are runc's and crun's; an unknown `--opt` is taken for a
-/// flag (`--opt=value` carries its value).
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Invocation {
-    pub command: Option<String>,
-    pub id: Option<String>,
-    pub bundle: Option<PathBuf>,
-    /// crun's `--config FILE` (`-f`): the config instead of `BUNDLE/config.json`.
-    pub config: Option<PathBuf>,
-    /// The global `--log FILE` and `--log-format` (`text`, `json`): where engines read the
-    /// runtime's error from (containerd's shim reads nothing else).
-    pub log: Option<PathBuf>,
-    pub log_format: Option<String>,
-}
-
-/// Global options that take a value (runc, crun).
-const GLOBAL_VALUED: [&str; 7] = [
-    "--root",
-    "--log",
-    "--log-format",
-    "--log-level",
-    "--criu",
-    "--cgroup-manager",
-    "--rootless",
-];
-/// `create`/`run`/`delete` options that take a value.
-const COMMAND_VALUED: [&str; 8] = [
-    "-b",
-    "--bundle",
-    "--console-socket",
-    "--pid-file",
-    "--preserve-fds",
-    "-f",
-    "--config",
-    "--criu",
-];
-
-impl Invocation {
-    pub fn parse(args: &[OsString]) -> Invocation {
-        let mut inv = Invocation::default();
-        let mut it = args
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .peekable();
-        // Global options, up to the command.
-        while let Some(a) = it.next() {
-            let (name, inline) = match a.split_once('=') {
-                Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-                _ => (a.as_str(), None),
-            };
-            if matches!(name, "--log" | "--log-format") {
-                let v = if inline.is_some() { inline } else { it.next() };
-                if name == "--log" {
-                    inv.log = v.map(PathBuf::from);
-                } else {
-                    inv.log_format = v;
-                }
-            } else if a == "--rootless" {
-                // runc: `--rootless VALUE`; crun: `--rootless[=VALUE]`.
-                if it
-                    .peek()
-                    .is_some_and(|v| matches!(v.as_str(), "true" | "false" | "auto"))
-                {
-                    it.next();
-                }
-            } else if GLOBAL_VALUED.contains(&a.as_str()) {
-                it.next();
-            } else if !a.starts_with('-') {
-                inv.command = Some(a);
-                break;
-            }
-        }
-        let creates = matches!(inv.command.as_deref(), Some("create" | "run"));
-        let mut positional_only = false;
-        while let Some(a) = it.next() {
-            // Go's flag parsing (runc) takes `-bundle` for `--bundle`.
-            let a = if !positional_only && a.len() > 2 && a.starts_with('-') && !a.starts_with("--")
-            {
-                format!("-{a}")
-            } else {
-                a
-            };
-            if positional_only || !a.starts_with('-') || a == "-" {
-                if inv.id.is_none() {
-                    inv.id = Some(a);
-                }
-                continue;
-            }
-            if a == "--" {
-                positional_only = true;
-                continue;
-            }
-            let (name, inline) = match a.split_once('=') {
-                Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-                _ => (a.clone(), None),
-            };
-            // `-f` is crun's `--config` for create/run, `--force` elsewhere.
-            let valued = COMMAND_VALUED.contains(&name.as_str())
-                && (creates || !matches!(name.as_str(), "-f" | "--config"));
-            if !valued {
-                continue;
-            }
-            let value = inline.or_else(|| it.next());
-            match name.as_str() {
-                "-b" | "--bundle" => inv.bundle = value.map(PathBuf::from),
-                "-f" | "--config" => inv.config = value.map(PathBuf::from),
-                _ => {}
-            }
-        }
-        inv
-    }
-
-    /// Says `msg` (syslog, stderr, the runtime's `--log`); returns `code`, the exit status.
-    fn fail(&self, msg: &str, code: i32) -> i32 {
-        log::error(msg);
-        self.log_error(msg);
-        code
-    }
-
-    /// Appends the refusal to the runtime's `--log` as runc writes its own errors there
-    /// (logrus JSON or text lines): docker and containerd show the last error of that file.
-    pub fn log_error(&self, msg: &str) {
-        let Some(path) = &self.log else { return };
-        let msg = format!("gpuhook: {}", crate::log::one_line(msg, 2000));
-        let time = crate::reserve::state::now_rfc3339();
-        let line = if self.log_format.as_deref() == Some("json") {
-            serde_json::json!({"level": "error", "msg": msg, "time": time}).to_string()
-        } else {
-            format!(
-                "time=\"{time}\" level=error msg={}",
-                serde_json::Value::from(msg)
-            )
-        };
-        let _ = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(path)
-            .and_then(|mut f| writeln!(f, "{line}"));
-    }
-
-    /// The bundle's `config.json` (relative paths are the runtime's working directory's).
-    pub fn config_path(&self) -> PathBuf {
-        match (&self.config, &self.bundle) {
-            (Some(c), Some(b)) if c.is_relative() => b.join(c),
-            (Some(c), _) => c.clone(),
-            (None, Some(b)) => b.join("config.json"),
-            (None, None) => PathBuf::from("config.json"),
-        }
+/// The holder of a container's reservation as this door builds it: the container ID is its
+/// name and its key.
+fn holder<'a>(id: &'a str, idmap: &'a IdMap) -> Holder<'a> {
+    Holder {
+        kind: HolderKind::Oci,
+        name: id,
+        id,
+        idmap,
     }
 }
 
@@ -322,12 +186,7 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
     // makes them, owned by the host ids the request's ids map to, as for libvirt's <idmap>.
     let userns = bundle::has_user_namespace(&b.config);
     let identity = IdMap::default();
-    let h = Holder {
-        kind: HolderKind::Oci,
-        name: id,
-        id,
-        idmap: if userns { &b.idmap } else { &identity },
-    };
+    let h = holder(id, if userns { &b.idmap } else { &identity });
     let ((nodes, plan), by) = lifecycle::reserve_nodes(cfg, &h, &req)?;
     let cdi = match &plan {
         Some(p) => match container_root(&path, &b.config, p) {
@@ -589,7 +448,7 @@ fn write_config(
     let hook = HookCmd {
         path: exe,
         env,
-        token: format!("{}.{}", by.pid, by.start_time),
+        token: bundle::HookToken(by).to_string(),
     };
     bundle::edit(&mut config, nodes, binds, &hook, cdi).map_err(Error::Other)?;
     replace_config(path, &config)
@@ -616,24 +475,19 @@ fn replace_config(path: &Path, config: &serde_json::Value) -> Result<(), Error> 
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".gpuhook.tmp");
     let tmp = PathBuf::from(tmp);
-    let result = (|| {
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        std::os::unix::fs::fchown(&f, Some(owner.0), Some(owner.1))?;
-        f.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
-        f.write_all(&bytes)?;
+    let r = Replace {
+        dir: nix::fcntl::AT_FDCWD,
+        tmp: &tmp,
+        name: path,
+        mode: 0o666,
+        chmod: Some(mode & 0o7777),
+        owner: Some(owner),
+        clear_stale: true,
         // No fsync: the rename is what makes the edit atomic for the runtime reading it;
         // a bundle does not outlive a host crash (engines make a new one).
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io("write", e));
-    }
-    Ok(())
+        durable: false,
+    };
+    replace(&r, &bytes).map_err(|(_, e)| io("write", e.into()))
 }
 
 /// `delete`: runs the real runtime, then frees the container's reservation if its holder is
@@ -706,12 +560,9 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
     }
     let who = HolderKind::Oci.who(&state.id);
     // Which reservation the hook belongs to: the `create` that made it.
-    let by = token.and_then(|t| t.split_once('.')).and_then(|(p, s)| {
-        Some(ProcRef {
-            pid: p.parse().ok()?,
-            start_time: s.parse().ok()?,
-        })
-    });
+    let by = token
+        .and_then(|t| t.parse::<bundle::HookToken>().ok())
+        .map(|t| t.0);
     let Some(by) = by else {
         log::error(&format!(
             "{who}: oci-hook {stage}: no valid reservation token"
@@ -721,12 +572,7 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
     match stage {
         bundle::CREATE_RUNTIME => {
             let ids = IdMap::default();
-            let h = Holder {
-                kind: HolderKind::Oci,
-                name: &state.id,
-                id: &state.id,
-                idmap: &ids,
-            };
+            let h = holder(&state.id, &ids);
             let recorded = state
                 .pid
                 .and_then(ProcRef::of)

@@ -11,15 +11,15 @@
 
 use crate::enter::devdir::{self, Sys};
 use crate::enter::rootfs;
+use crate::enter::sandbox::{self, ForkError};
 use crate::host::procfs::{self, Proc, ProcRef};
 use crate::node::{NodeSpec, Outcome};
-use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, Mode};
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
 
 /// Why work on a container failed, as a value the caller decides on (it crosses the fork
 /// from the helper as a serde value); still one line for the user.
@@ -351,113 +351,52 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
     }
     let host_dev =
         nix::sys::stat::stat("/dev").map_err(|e| ContainerError::Other(format!("/dev: {e}")))?;
-    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-        .map_err(|e| ContainerError::Other(format!("pipe: {e}")))?;
     let payload = serde_json::to_vec(job).expect("job serializes");
+    let helper = move |wr: OwnedFd| {
+        let reply = match child(
+            &ns,
+            cgroups,
+            (host_dev.st_dev, host_dev.st_ino),
+            ct.dev,
+            &payload,
+        ) {
+            Ok(r) => r,
+            Err(e) => Reply::Failed(ContainerError::Other(e)),
+        };
+        let bytes = serde_json::to_vec(&reply).unwrap_or_default();
+        let mut f = std::fs::File::from(wr);
+        let _ = f.write_all(&bytes);
+        0
+    };
     // SAFETY: a child forked from a multi-threaded process may find locks held by threads
     // that do not exist in it. The gpuhook binary is single-threaded (its C `main` starts no
     // Rust runtime and nothing spawns a thread). In any caller, the child takes no lock but
     // malloc's, which glibc makes fork-safe: it only makes syscalls, allocates, serializes
     // and leaves with _exit, never returning into the caller's code.
-    match unsafe { nix::unistd::fork() }.map_err(|e| ContainerError::Other(format!("fork: {e}")))? {
-        nix::unistd::ForkResult::Child => {
-            drop(rd);
-            let reply = match child(
-                &ns,
-                cgroups,
-                (host_dev.st_dev, host_dev.st_ino),
-                ct.dev,
-                &payload,
-            ) {
-                Ok(r) => r,
-                Err(e) => Reply::Failed(ContainerError::Other(e)),
-            };
-            let bytes = serde_json::to_vec(&reply).unwrap_or_default();
-            let mut f = std::fs::File::from(wr);
-            let _ = f.write_all(&bytes);
-            drop(f);
-            // SAFETY: leave without running the parent's destructors or atexit handlers.
-            unsafe { libc::_exit(0) }
-        }
-        nix::unistd::ForkResult::Parent { child } => {
-            drop(wr);
-            drop(ns);
-            let out = read_with_deadline(rd, CHILD_TIMEOUT);
-            if out.is_err() {
-                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-            }
-            let status = nix::sys::wait::waitpid(child, None);
-            let out = out?;
-            match status {
-                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => {}
-                other => return cerr(format!("container helper failed: {other:?}")),
-            }
-            let reply: Reply = serde_json::from_slice(&out)
-                .map_err(|e| ContainerError::Other(format!("container helper reply: {e}")))?;
-            // A failure because the init exited meanwhile (its namespace and /dev went under
-            // the helper) is said as that: the caller decides on the cause, not the symptom.
-            Ok(match reply {
-                Reply::Failed(e) if !init.alive() => {
-                    Reply::Failed(gone(init.pid, Some(e.to_string())))
-                }
-                r => r,
-            })
-        }
-    }
-}
-
-fn read_with_deadline(fd: OwnedFd, limit: Duration) -> Result<Vec<u8>, ContainerError> {
-    read_pipe(fd, limit, usize::MAX).map_err(|e| {
+    let waited = unsafe { sandbox::fork_and_wait(CHILD_TIMEOUT, usize::MAX, helper) };
+    let (out, status) = waited.map_err(|e| {
         ContainerError::Other(match e {
-            None => format!(
+            ForkError::Pipe(e) => format!("pipe: {e}"),
+            ForkError::Fork(e) => format!("fork: {e}"),
+            ForkError::TimedOut => format!(
                 "container helper did not finish within {}s; killed",
-                limit.as_secs()
+                CHILD_TIMEOUT.as_secs()
             ),
-            Some(e) => format!("reading container helper: {e}"),
+            ForkError::Read(e) => format!("reading container helper: {e}"),
         })
-    })
-}
-
-/// Reads a pipe to its end within `limit`, keeping at most `max` bytes (the rest is read
-/// and dropped, so the writer never blocks). `Err(None)`: the time ran out.
-pub(crate) fn read_pipe(
-    fd: OwnedFd,
-    limit: Duration,
-    max: usize,
-) -> Result<Vec<u8>, Option<String>> {
-    let deadline = Instant::now() + limit;
-    let mut f = std::fs::File::from(fd);
-    let mut out = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(None);
-        }
-        let mut pfd = libc::pollfd {
-            fd: f.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if r < 0 {
-            if Errno::last() == Errno::EINTR {
-                continue;
-            }
-            return Err(Some(format!("poll: {}", Errno::last())));
-        }
-        if r == 0 {
-            continue;
-        }
-        match f.read(&mut buf) {
-            Ok(0) => return Ok(out),
-            Ok(n) if out.len() < max => out.extend_from_slice(&buf[..n]),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Some(e.to_string())),
-        }
+    })?;
+    match status {
+        Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => {}
+        other => return cerr(format!("container helper failed: {other:?}")),
     }
+    let reply: Reply = serde_json::from_slice(&out)
+        .map_err(|e| ContainerError::Other(format!("container helper reply: {e}")))?;
+    // A failure because the init exited meanwhile (its namespace and /dev went under the
+    // helper) is said as that: the caller decides on the cause, not the symptom.
+    Ok(match reply {
+        Reply::Failed(e) if !init.alive() => Reply::Failed(gone(init.pid, Some(e.to_string()))),
+        r => r,
+    })
 }
 
 // ---- in the child, inside the container's mount namespace ----

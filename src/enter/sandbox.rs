@@ -6,13 +6,39 @@
 //! `no_new_privs`, a parent-death signal, and a seccomp filter that refuses every way to
 //! make a process or run another program (`clone`, `clone3`, `fork`, `vfork`, `execve`;
 //! `execveat` stays for the exec itself).
+//!
+//! Every child gpuhook forks and waits on (the container helper, `ldconfig`'s first child)
+//! goes through [`fork_and_wait`]: a pipe read to its end within a deadline, the child
+//! killed when it runs over, and reaped.
 
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
 use nix::sys::resource::Resource;
+use nix::sys::wait::WaitStatus;
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// Why the program could not be readied (each says which step, of which program).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("{0}: NUL in name")]
+    NulInName(String),
+    #[error("memfd for {0}: {1}")]
+    Memfd(String, Errno),
+    #[error("copying {0}: {1}")]
+    Copy(String, std::io::Error),
+    #[error("chmod of the copy of {0}: {1}")]
+    Chmod(String, Errno),
+    #[error("sealing the copy of {0}: {1}")]
+    Seal(String, Errno),
+    #[error("reopening the copy of {0}: {1}")]
+    Reopen(String, Errno),
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+}
 
 /// Who the program runs as, and what it may use.
 pub struct Confinement<'a> {
@@ -28,9 +54,9 @@ pub struct Confinement<'a> {
 /// from it, the process is not dumpable (the kernel marks a process that could not read
 /// its own program so), so no process of the same uid — a container's root among them —
 /// can `ptrace` it or read its memory.
-pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, String> {
+pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, SandboxError> {
     const MFD_EXEC: libc::c_uint = 0x10;
-    let cname = CString::new(name).map_err(|_| format!("{name}: NUL in name"))?;
+    let cname = CString::new(name).map_err(|_| SandboxError::NulInName(name.into()))?;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: memfd_create with a valid C string; the descriptor is owned below.
     let mut fd = unsafe { libc::memfd_create(cname.as_ptr(), flags | MFD_EXEC) };
@@ -40,21 +66,21 @@ pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, String> 
         fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
     }
     if fd < 0 {
-        return Err(format!("memfd for {name}: {}", Errno::last()));
+        return Err(SandboxError::Memfd(name.into(), Errno::last()));
     }
     // SAFETY: a fresh descriptor the kernel just returned.
     let mut copy = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let mut src = f;
-    std::io::copy(&mut src, &mut copy).map_err(|e| format!("copying {name}: {e}"))?;
+    std::io::copy(&mut src, &mut copy).map_err(|e| SandboxError::Copy(name.into(), e))?;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
     nix::sys::stat::fchmod(
         copy.as_fd(),
         nix::sys::stat::Mode::from_bits_truncate(0o111),
     )
-    .map_err(|e| format!("chmod of the copy of {name}: {e}"))?;
+    .map_err(|e| SandboxError::Chmod(name.into(), e))?;
     // SAFETY: fcntl on our descriptor.
     if unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(format!("sealing the copy of {name}: {}", Errno::last()));
+        return Err(SandboxError::Seal(name.into(), Errno::last()));
     }
     // The program must not be executed through a writable descriptor (ETXTBSY): reopened
     // read-only, the writable one closed.
@@ -63,13 +89,13 @@ pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, String> 
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
-    .map_err(|e| format!("reopening the copy of {name}: {e}"))?;
+    .map_err(|e| SandboxError::Reopen(name.into(), e))?;
     Ok(ro)
 }
 
 /// The seccomp filter of [`confine_and_exec`]: `EPERM` for every call that makes a process
 /// or runs a program (`execveat` aside, which runs the program itself).
-pub fn no_fork_filter() -> Result<BpfProgram, String> {
+pub fn no_fork_filter() -> Result<BpfProgram, SandboxError> {
     let mut denied: Vec<libc::c_long> = vec![libc::SYS_clone, libc::SYS_clone3, libc::SYS_execve];
     #[cfg(target_arch = "x86_64")]
     denied.extend([libc::SYS_fork, libc::SYS_vfork]);
@@ -77,15 +103,16 @@ pub fn no_fork_filter() -> Result<BpfProgram, String> {
         denied.into_iter().map(|n| (n, Vec::new())).collect();
     let arch = std::env::consts::ARCH
         .try_into()
-        .map_err(|e| format!("seccomp: {e:?}"))?;
+        .map_err(|e| SandboxError::Seccomp(format!("{e:?}")))?;
     let f = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         arch,
     )
-    .map_err(|e| format!("seccomp: {e}"))?;
-    f.try_into().map_err(|e| format!("seccomp: {e:?}"))
+    .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
+    f.try_into()
+        .map_err(|e| SandboxError::Seccomp(format!("{e:?}")))
 }
 
 /// Closes every descriptor from `first` on.
@@ -161,10 +188,104 @@ pub fn confine_and_exec(exe: &OwnedFd, argv: &[CString], c: &Confinement) -> (St
     ("exec".into(), e)
 }
 
+/// What kept [`fork_and_wait`] from the child's whole output.
+#[derive(Debug)]
+pub enum ForkError {
+    /// The pipe could not be made.
+    Pipe(Errno),
+    /// The child could not be forked.
+    Fork(Errno),
+    /// Its output did not end within the limit (the child was killed and reaped).
+    TimedOut,
+    /// Reading its output failed (the child was killed and reaped).
+    Read(String),
+}
+
+/// Forks a child that runs `child` with the write end of a pipe (the read end closed there)
+/// and leaves with `_exit` of what `child` returns. The parent drops its copy of `child`
+/// (what the closure owns is closed there), reads the pipe to its end within `limit`
+/// keeping at most `max` bytes ([`read_pipe`]), kills the child when it could not, and
+/// reaps it: its output and its status.
+///
+/// # Safety
+///
+/// `fork`: in a process with other threads, the child may find locks held by threads that
+/// do not exist in it. `child` must only make syscalls, allocate (glibc makes malloc
+/// fork-safe) and serialize, taking no other lock, and must return (never unwind) into
+/// the `_exit` that follows.
+pub unsafe fn fork_and_wait(
+    limit: Duration,
+    max: usize,
+    child: impl FnOnce(OwnedFd) -> i32,
+) -> Result<(Vec<u8>, nix::Result<WaitStatus>), ForkError> {
+    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(ForkError::Pipe)?;
+    // SAFETY: the caller's promise (above) on what `child` does.
+    match unsafe { nix::unistd::fork() }.map_err(ForkError::Fork)? {
+        nix::unistd::ForkResult::Child => {
+            drop(rd);
+            let code = child(wr);
+            // SAFETY: leave without running the parent's destructors or atexit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child: pid } => {
+            drop(wr);
+            drop(child);
+            let out = read_pipe(rd, limit, max).map_err(|e| match e {
+                None => ForkError::TimedOut,
+                Some(e) => ForkError::Read(e),
+            });
+            if out.is_err() {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+            let status = nix::sys::wait::waitpid(pid, None);
+            Ok((out?, status))
+        }
+    }
+}
+
+/// Reads a pipe to its end within `limit`, keeping at most `max` bytes (the rest is read
+/// and dropped, so the writer never blocks). `Err(None)`: the time ran out.
+pub fn read_pipe(fd: OwnedFd, limit: Duration, max: usize) -> Result<Vec<u8>, Option<String>> {
+    use std::io::Read;
+    let deadline = Instant::now() + limit;
+    let mut f = std::fs::File::from(fd);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(None);
+        }
+        let mut pfd = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if r < 0 {
+            if Errno::last() == Errno::EINTR {
+                continue;
+            }
+            return Err(Some(format!("poll: {}", Errno::last())));
+        }
+        if r == 0 {
+            continue;
+        }
+        match f.read(&mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) if out.len() < max => out.extend_from_slice(&buf[..n]),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Some(e.to_string())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::sys::wait::{waitpid, WaitStatus};
+    use nix::sys::wait::waitpid;
     use nix::unistd::{fork, ForkResult};
 
     /// A child confined as `c` execs `prog` with `args`; its exit status.

@@ -11,13 +11,13 @@
 
 use crate::host::procfs::ProcRef;
 use nix::errno::Errno;
-use nix::fcntl::{openat, renameat, OFlag};
+use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, Mode};
-use nix::unistd::{fsync, mkdir, unlinkat, UnlinkatFlags};
+use nix::unistd::mkdir;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -644,30 +644,26 @@ impl Store {
     }
 
     fn write_at(&self, dir: &OwnedFd, bytes: &[u8]) -> Result<(), StateError> {
+        use crate::enter::replace::{replace, Replace, Step};
         let tmp = self.tmp_name();
         let tmp_path = self.dir.join(&tmp);
-        let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
-        let fd = openat(
-            dir,
-            tmp.as_str(),
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        )
-        .map_err(io(&tmp_path, "create temp file"))?;
-        let result = (|| {
-            let mut f = File::from(fd);
-            f.write_all(bytes).map_err(|e| {
-                io(&tmp_path, "write")(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
-            })?;
-            fsync(f.as_fd()).map_err(io(&tmp_path, "fsync"))?;
-            renameat(dir, tmp.as_str(), dir, self.name.as_str())
-                .map_err(io(&self.path, "rename"))?;
-            fsync(dir).map_err(io(&self.dir, "fsync directory"))
-        })();
-        if result.is_err() {
-            let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
-        }
-        result
+        let r = Replace {
+            dir: dir.as_fd(),
+            tmp: Path::new(&tmp),
+            name: Path::new(&self.name),
+            mode: 0o600,
+            chmod: None,
+            owner: None,
+            clear_stale: true,
+            durable: true,
+        };
+        replace(&r, bytes).map_err(|(step, e)| match step {
+            Step::Create => io(&tmp_path, "create temp file")(e),
+            Step::Write => io(&tmp_path, "write")(e),
+            Step::Fsync => io(&tmp_path, "fsync")(e),
+            Step::Rename => io(&self.path, "rename")(e),
+            Step::FsyncDir => io(&self.dir, "fsync directory")(e),
+        })
     }
 }
 
