@@ -21,6 +21,8 @@ use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State, Store}
 mod activate;
 mod readopt;
 mod reserve;
+#[cfg(test)]
+mod tests;
 
 pub use crate::reserve::state::HolderKind;
 pub use activate::{activate, activate_with};
