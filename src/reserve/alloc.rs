@@ -198,6 +198,57 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
 /// another holder uses ([`gi_holder`]); packed (the GPU with the fewest free instances that
 /// suffices, else the fullest first), so that other GPUs keep theirs together.
 pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>, AllocError> {
+    let mut chosen = named_migs(gpus, held, req)?;
+    let want = req.count as usize - chosen.len();
+    let eligible = |g: &&Gpu| g.usable() && !held.contains_key(&g.pci) && matches(g, &req.filters);
+    let mut groups: Vec<(usize, Vec<String>)> = gpus
+        .iter()
+        .filter(eligible)
+        .map(|g| {
+            let free: Vec<String> = g
+                .migs
+                .iter()
+                .filter(|m| gi_holder(held, &g.pci, m.gi).is_none())
+                .map(|m| m.id(&g.pci))
+                .filter(|id| !chosen.iter().any(|(_, c)| c == id))
+                .collect();
+            (g.index, free)
+        })
+        .filter(|(_, f)| !f.is_empty())
+        .collect();
+    let free: usize = groups.iter().map(|(_, f)| f.len()).sum();
+    if free < want {
+        return Err(mig_shortage(gpus, held, req, free, chosen.len()));
+    }
+    // The smallest group that suffices; else the fullest groups first.
+    let pick = |gr: &mut Vec<(usize, Vec<String>)>| -> Vec<(usize, String)> {
+        if want == 0 {
+            return vec![];
+        }
+        if let Some((i, ids)) = gr
+            .iter()
+            .filter(|(_, f)| f.len() >= want)
+            .min_by_key(|(i, f)| (f.len(), *i))
+        {
+            return ids.iter().take(want).map(|id| (*i, id.clone())).collect();
+        }
+        gr.sort_by(|(ia, a), (ib, b)| b.len().cmp(&a.len()).then(ia.cmp(ib)));
+        gr.iter()
+            .flat_map(|(i, ids)| ids.iter().map(move |id| (*i, id.clone())))
+            .take(want)
+            .collect()
+    };
+    chosen.extend(pick(&mut groups));
+    chosen.sort();
+    Ok(chosen.into_iter().map(|(_, id)| id).collect())
+}
+
+/// The exact instances the request names, each checked free and usable.
+fn named_migs(
+    gpus: &[Gpu],
+    held: &Held,
+    req: &Request,
+) -> Result<Vec<(usize, String)>, AllocError> {
     let mut chosen: Vec<(usize, String)> = Vec::new();
     for sel in &req.migs {
         let g = resolve(gpus, &sel.gpu)
@@ -253,86 +304,57 @@ pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Str
         }
         chosen.push((g.index, id));
     }
-    let want = req.count as usize - chosen.len();
-    let eligible = |g: &&Gpu| g.usable() && !held.contains_key(&g.pci) && matches(g, &req.filters);
-    let mut groups: Vec<(usize, Vec<String>)> = gpus
+    Ok(chosen)
+}
+
+/// The refusal when fewer than `want` instances are free (`free` of them, besides the
+/// `chosen` ones the request names).
+fn mig_shortage(
+    gpus: &[Gpu],
+    held: &Held,
+    req: &Request,
+    free: usize,
+    chosen: usize,
+) -> AllocError {
+    let total: usize = gpus
         .iter()
-        .filter(eligible)
-        .map(|g| {
-            let free: Vec<String> = g
-                .migs
-                .iter()
-                .filter(|m| gi_holder(held, &g.pci, m.gi).is_none())
-                .map(|m| m.id(&g.pci))
-                .filter(|id| !chosen.iter().any(|(_, c)| c == id))
-                .collect();
-            (g.index, free)
-        })
-        .filter(|(_, f)| !f.is_empty())
+        .filter(|g| matches(g, &req.filters))
+        .map(|g| g.migs.len())
+        .sum();
+    let holders: std::collections::BTreeSet<&str> = gpus
+        .iter()
+        .filter(|g| matches(g, &req.filters))
+        .flat_map(|g| g.migs.iter().map(|m| m.id(&g.pci)))
+        .filter_map(|id| held.get(&id).map(String::as_str))
         .collect();
-    let free: usize = groups.iter().map(|(_, f)| f.len()).sum();
-    if free < want {
-        let total: usize = gpus
-            .iter()
-            .filter(|g| matches(g, &req.filters))
-            .map(|g| g.migs.len())
-            .sum();
-        let holders: std::collections::BTreeSet<&str> = gpus
-            .iter()
-            .filter(|g| matches(g, &req.filters))
-            .flat_map(|g| g.migs.iter().map(|m| m.id(&g.pci)))
-            .filter_map(|id| held.get(&id).map(String::as_str))
-            .collect();
-        let mut why = Vec::new();
-        if !holders.is_empty() {
-            why.push(format!(
-                "held by {}",
-                holders.into_iter().collect::<Vec<_>>().join(", ")
-            ));
-        }
-        if let Some(g) = gpus
-            .iter()
-            .find(|g| matches(g, &req.filters) && !g.migs.is_empty() && !g.usable())
-        {
-            why.push(format!(
-                "{} unusable: {}",
-                g.pci,
-                g.problem.as_deref().unwrap_or("excluded")
-            ));
-        }
-        return Err(AllocError(format!(
-            "cannot reserve {req}: only {} of the host's {total} MIG instance{} on matching GPUs {} free{}",
-            free + chosen.len(),
-            if total == 1 { "" } else { "s" },
-            if free + chosen.len() == 1 { "is" } else { "are" },
-            if why.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", why.join("; "))
-            }
-        )));
+    let mut why = Vec::new();
+    if !holders.is_empty() {
+        why.push(format!(
+            "held by {}",
+            holders.into_iter().collect::<Vec<_>>().join(", ")
+        ));
     }
-    // The smallest group that suffices; else the fullest groups first.
-    let pick = |gr: &mut Vec<(usize, Vec<String>)>| -> Vec<(usize, String)> {
-        if want == 0 {
-            return vec![];
+    if let Some(g) = gpus
+        .iter()
+        .find(|g| matches(g, &req.filters) && !g.migs.is_empty() && !g.usable())
+    {
+        why.push(format!(
+            "{} unusable: {}",
+            g.pci,
+            g.problem.as_deref().unwrap_or("excluded")
+        ));
+    }
+    AllocError(format!(
+        "cannot reserve {req}: only {} of the host's {total} MIG instance{} on matching GPUs {} free{}",
+        free + chosen,
+        if total == 1 { "" } else { "s" },
+        if free + chosen == 1 { "is" } else { "are" },
+        if why.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", why.join("; "))
         }
-        if let Some((i, ids)) = gr
-            .iter()
-            .filter(|(_, f)| f.len() >= want)
-            .min_by_key(|(i, f)| (f.len(), *i))
-        {
-            return ids.iter().take(want).map(|id| (*i, id.clone())).collect();
-        }
-        gr.sort_by(|(ia, a), (ib, b)| b.len().cmp(&a.len()).then(ia.cmp(ib)));
-        gr.iter()
-            .flat_map(|(i, ids)| ids.iter().map(move |id| (*i, id.clone())))
-            .take(want)
-            .collect()
-    };
-    chosen.extend(pick(&mut groups));
-    chosen.sort();
-    Ok(chosen.into_iter().map(|(_, id)| id).collect())
+    ))
 }
 
 /// Groups GPUs by a key, keeping index order inside each group.

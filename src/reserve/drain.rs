@@ -253,6 +253,17 @@ pub fn after_free_on(
     st: &mut State,
     freed: &[Reservation],
 ) -> Settled {
+    after_free_in(inv, cfg, st, freed, crate::host::procfs::HOST)
+}
+
+/// [`after_free_on`], the openers looked for in this `/proc`.
+pub fn after_free_in(
+    inv: &mut Inventory,
+    cfg: &Config,
+    st: &mut State,
+    freed: &[Reservation],
+    proc: crate::host::procfs::Proc,
+) -> Settled {
     let units: Vec<String> = freed.iter().flat_map(|r| r.gpus.clone()).collect();
     if units.is_empty() {
         return Settled::default();
@@ -263,7 +274,7 @@ pub fn after_free_on(
         st,
         fresh,
         false,
-        crate::host::procfs::HOST,
+        proc,
         &crate::reserve::state::now_rfc3339(),
         BUDGET,
     );

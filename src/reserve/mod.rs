@@ -6,6 +6,7 @@
 pub mod alloc;
 pub mod drain;
 pub mod error;
+pub mod facts;
 pub mod health;
 pub mod lifecycle;
 pub mod reconcile;

@@ -1,0 +1,131 @@
+//! What the lifecycle steps read of the host and do to a container, passed in (as youki's
+//! `syscall` trait is): the config, the `/proc` to read processes from, the GPU inventory,
+//! the container's device cgroup, the work inside the container, the CDI specs, and whether
+//! a libvirt controller runs. [`Facts::host`] is the real host; the unit tests pass doubles that
+//! record what they were asked.
+
+use crate::cdi;
+use crate::cgroup::{self, CgroupError, DeviceCgroup};
+use crate::enter::container::{self, Container, ContainerError, Made};
+use crate::enter::rootfs::{Done, Mounted, Owner};
+use crate::host::config::Config;
+use crate::host::inventory::{self, Inventory, InventoryError, Scan};
+use crate::host::procfs::{self, Proc};
+use crate::node::NodeSpec;
+use std::path::PathBuf;
+
+/// The work gpuhook does inside a running container (a helper that enters its mount
+/// namespace): its nodes, and the CDI driver files in its root.
+pub trait Enter {
+    /// Creates the nodes in the container's `/dev`; on failure none is left.
+    fn create_nodes(&self, ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError>;
+    /// Removes nodes (and directories) this gpuhook created.
+    fn remove_nodes(
+        &self,
+        ct: &Container,
+        nodes: &[NodeSpec],
+        dirs: &[String],
+    ) -> Result<(), ContainerError>;
+    /// Applies a CDI plan's mounts, links and linker cache in the container's root.
+    fn inject(
+        &self,
+        ct: &Container,
+        plan: &cdi::Plan,
+        owner: Owner,
+    ) -> Result<Done, ContainerError>;
+    /// Takes back what `inject` did; returns what could not be.
+    fn uninject(
+        &self,
+        ct: &Container,
+        done: &Done,
+        owner: Owner,
+    ) -> Result<Vec<String>, ContainerError>;
+    /// The mounts of `mounted` no longer in place in the container.
+    fn check_mounts(
+        &self,
+        ct: &Container,
+        mounted: &[Mounted],
+    ) -> Result<Vec<String>, ContainerError>;
+}
+
+/// The real container work: [`crate::enter::container`].
+pub struct Host;
+
+impl Enter for Host {
+    fn create_nodes(&self, ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError> {
+        container::create_nodes(ct, nodes)
+    }
+    fn remove_nodes(
+        &self,
+        ct: &Container,
+        nodes: &[NodeSpec],
+        dirs: &[String],
+    ) -> Result<(), ContainerError> {
+        container::remove_nodes(ct, nodes, dirs)
+    }
+    fn inject(
+        &self,
+        ct: &Container,
+        plan: &cdi::Plan,
+        owner: Owner,
+    ) -> Result<Done, ContainerError> {
+        container::inject(ct, plan, owner)
+    }
+    fn uninject(
+        &self,
+        ct: &Container,
+        done: &Done,
+        owner: Owner,
+    ) -> Result<Vec<String>, ContainerError> {
+        container::uninject(ct, done, owner)
+    }
+    fn check_mounts(
+        &self,
+        ct: &Container,
+        mounted: &[Mounted],
+    ) -> Result<Vec<String>, ContainerError> {
+        container::check_mounts(ct, mounted)
+    }
+}
+
+/// Reads the host's GPUs (the real one: [`inventory::scan_with`]).
+pub type ScanFn<'a> = &'a dyn Fn(&Config, Scan) -> Result<Inventory, InventoryError>;
+/// The device cgroup of a running container (the real one: [`cgroup::for_container`]).
+pub type CgroupFn<'a> = &'a dyn Fn(&Container) -> Result<Box<dyn DeviceCgroup>, CgroupError>;
+
+/// Reads the CDI specs of these kinds from these directories (the real one: [`cdi::load`]).
+pub type CdiSpecsFn<'a> = &'a dyn Fn(&[PathBuf], &[&str]) -> Result<Vec<cdi::Loaded>, String>;
+
+/// Everything a lifecycle step reads or changes outside the state file.
+#[derive(Clone, Copy)]
+pub struct Facts<'a> {
+    /// The config, loaded once by the front door (never inside a step).
+    pub cfg: &'a Config,
+    /// Where processes are read (liveness of inits, reservers, openers of GPUs).
+    pub proc: Proc<'a>,
+    pub scan: ScanFn<'a>,
+    pub cgroup: CgroupFn<'a>,
+    pub enter: &'a dyn Enter,
+    pub cdi_specs: CdiSpecsFn<'a>,
+    /// Whether libvirt's controller for a domain (by name) runs.
+    pub controller_running: &'a dyn Fn(&str) -> bool,
+}
+
+fn real_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+    cgroup::for_container(ct.controller, ct.init.pid)
+}
+
+impl<'a> Facts<'a> {
+    /// This host: its `/proc`, sysfs, cgroups and containers.
+    pub fn host(cfg: &'a Config) -> Facts<'a> {
+        Facts {
+            cfg,
+            proc: procfs::HOST,
+            scan: &inventory::scan_with,
+            cgroup: &real_cgroup,
+            enter: &Host,
+            cdi_specs: &cdi::load,
+            controller_running: &crate::reserve::lifecycle::controller_running,
+        }
+    }
+}

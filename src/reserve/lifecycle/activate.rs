@@ -1,0 +1,228 @@
+//! `started`: grants and nodes in a running container, the CDI driver files, undone on
+//! failure.
+
+use super::{as_nodes, cdi_plan, node_specs, reservation, root_owner, scan_for, store, Holder};
+use crate::cdi;
+use crate::cgroup::{self, DeviceCgroup};
+use crate::enter::container::{Container, ContainerError};
+use crate::host::config::Config;
+use crate::log;
+use crate::node::{NodeSpec, Outcome};
+use crate::request::Request;
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{now_rfc3339, Node, Phase};
+
+/// What one `apply` changed, so it can be undone.
+pub(super) struct Applied {
+    pub(super) cg: Box<dyn DeviceCgroup>,
+    pub(super) granted: Vec<Node>,
+    pub(super) created: Vec<NodeSpec>,
+    dirs: Vec<String>,
+}
+
+/// Grants the nodes in the container's device cgroup, then creates them in its `/dev`.
+/// On failure nothing of this call is left behind.
+pub(super) fn apply(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
+    let mut cg = (f.cgroup)(ct)?;
+    let granted = cgroup::grant_all(&mut *cg, &as_nodes(specs))?;
+    match f.enter.create_nodes(ct, specs) {
+        Ok(made) => {
+            let created = specs
+                .iter()
+                .zip(&made.outcomes)
+                .filter(|(_, o)| **o == Outcome::Created)
+                .map(|(s, _)| s.clone())
+                .collect();
+            Ok(Applied {
+                cg,
+                granted,
+                created,
+                dirs: made.dirs,
+            })
+        }
+        Err(e) => Err(with_rollback(
+            e.into(),
+            &cgroup::revoke_all(&mut *cg, &granted),
+        )),
+    }
+}
+
+/// The error, with what its rollback could not undo said on the same line.
+pub(super) fn with_rollback(e: Error, left: &[String]) -> Error {
+    if left.is_empty() {
+        e
+    } else {
+        Error::RollbackIncomplete {
+            error: Box::new(e),
+            left: left.to_vec(),
+        }
+    }
+}
+
+/// Takes back what `apply` did; returns what could not be undone (empty when all was).
+/// A container whose init has exited lost its `/dev` with its mount namespace, and its
+/// cgroup goes with it: nothing there is left to undo, whatever failed.
+fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Vec<String> {
+    let mut left = Vec::new();
+    if let Err(e) = f.enter.remove_nodes(ct, &a.created, &a.dirs) {
+        left.push(format!("nodes: {e}"));
+    }
+    left.extend(cgroup::revoke_all(&mut *a.cg, &a.granted));
+    if f.proc.alive(&ct.init) {
+        left
+    } else {
+        Vec::new()
+    }
+}
+
+/// `started`: grants the reserved GPUs' nodes in the container's device cgroup and makes
+/// them in its `/dev` (undone on failure), then records the container in the state. `find`
+/// is how the front door finds its container (libvirt: through the controller).
+pub fn activate(
+    h: &Holder,
+    req: &Request,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Result<(), Error> {
+    activate_with(&Facts::host(&Config::load()?), h, req, find)
+}
+
+/// [`activate`] on these facts.
+pub fn activate_with(
+    f: &Facts,
+    h: &Holder,
+    req: &Request,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Result<(), Error> {
+    let st = store(f.cfg);
+    let r = reservation(&st.read()?, h)?;
+    let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
+    inv.settle(f.cfg, &r.gpus);
+    let ct = find()?;
+    let mut specs = node_specs(h, req, &inv, &r.gpus)?;
+    let plan = cdi_plan(f, h, req, &inv, &r.gpus, &specs)?.map(|(p, extra)| {
+        specs.extend(extra);
+        p
+    });
+    let applied = apply_in_started(f, &ct, &specs)?;
+    // The driver's files: mounted, linked and cached in the container's root (undone there
+    // on failure; then the nodes and grants are undone too).
+    let done = match plan
+        .as_ref()
+        .filter(|p| !p.mounts.is_empty() || p.writes_rootfs())
+    {
+        Some(p) => match f.enter.inject(&ct, p, root_owner(h)) {
+            Ok(d) => Some(d),
+            Err(e) => return Err(with_rollback(e.into(), &undo(f, &ct, applied))),
+        },
+        None => None,
+    };
+    let now = now_rfc3339();
+    let recorded = st.update(|s| -> Result<(), Error> {
+        let cur = s.reservations.get_mut(h.id).ok_or_else(|| {
+            Error::other("GPU reservation was released while the container started")
+        })?;
+        if cur.gpus != r.gpus {
+            return Err(Error::other(
+                "GPU reservation changed while the container started",
+            ));
+        }
+        cur.phase = Phase::Running;
+        cur.controller = Some(ct.controller);
+        cur.init = Some(ct.init);
+        cur.nodes = as_nodes(&specs);
+        cur.mounts = done.as_ref().map(|d| d.mounted.clone()).unwrap_or_default();
+        cur.updated = now;
+        Ok(())
+    });
+    if let Err(e) = recorded {
+        let mut left = Vec::new();
+        if let Some(d) = &done {
+            match f.enter.uninject(&ct, d, root_owner(h)) {
+                Ok(l) => left.extend(l),
+                Err(e) => left.push(format!("driver files: {e}")),
+            }
+        }
+        left.extend(undo(f, &ct, applied));
+        return Err(with_rollback(e, &left));
+    }
+    if let Some(p) = &plan {
+        log_cdi(h, p, done.as_ref());
+    }
+    log::info(&format!(
+        "{}: granted and created {} in container (init {})",
+        h.who(),
+        specs
+            .iter()
+            .map(|s| s.path.as_str())
+            .collect::<Vec<_>>()
+            .join(" "),
+        ct.init.pid
+    ));
+    Ok(())
+}
+
+/// [`apply`] at `started`: a failure because the init exited meanwhile says so first (that
+/// is the cause an operator needs). The container helper says it as a value; a cgroup that
+/// vanished with the init is recognized by looking at the init.
+fn apply_in_started(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
+    let applied = apply(f, ct, specs).map_err(|e| match e {
+        // The init is gone: so are its cgroup and /dev, and nothing is left to roll back.
+        Error::RollbackIncomplete { error, .. }
+            if matches!(*error, Error::Container(ContainerError::InitGone { .. })) =>
+        {
+            *error
+        }
+        e => e,
+    });
+    applied.map_err(|e| match e {
+        Error::Container(ContainerError::InitGone { pid, cause }) => Error::other(format!(
+            "container init {pid} exited during started{}",
+            cause.map(|c| format!(" ({c})")).unwrap_or_default()
+        )),
+        e if !f.proc.alive(&ct.init) => Error::other(format!(
+            "container init {} exited during started ({e})",
+            ct.init.pid
+        )),
+        e => e,
+    })
+}
+
+/// What a libvirt container got from the CDI specs, and what of them gpuhook does not do
+/// for libvirt (other hooks: the container's process already runs; its environment).
+fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::rootfs::Done>) {
+    log::info(&format!(
+        "{}: driver files from {} ({}): {} mount(s), {} link(s), linker cache {}",
+        h.who(),
+        p.specs.join(", "),
+        p.devices.join(" "),
+        done.map_or(0, |d| d.mounted.len()),
+        done.map_or(0, |d| d.links.len()),
+        if p.ld_folders.is_empty() {
+            "not asked".to_string()
+        } else {
+            format!("updated for {}", p.ld_folders.join(" "))
+        }
+    ));
+    for n in done.map(|d| d.notes.as_slice()).unwrap_or_default() {
+        log::info(&format!("{}: {n}", h.who()));
+    }
+    if !p.hooks.is_empty() {
+        log::info(&format!(
+            "{}: CDI hooks not run for a libvirt container: {}",
+            h.who(),
+            p.hooks
+                .iter()
+                .map(|k| format!("{} {}", k.stage, k.args.join(" ")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+    if !p.env.is_empty() {
+        log::info(&format!(
+            "{}: CDI environment not set in a running libvirt container: {}",
+            h.who(),
+            p.env.join(" ")
+        ));
+    }
+}

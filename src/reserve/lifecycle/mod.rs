@@ -1,0 +1,404 @@
+//! The lifecycle of a GPU reservation, whichever front door drives it (the libvirt hook
+//! today, the OCI runtime wrapper next): reserve (`prepare`), confirm (`start`), activate
+//! (`started`: grants and nodes, undone on failure), re-adopt (`reconnect`), free. A front
+//! door turns its own input (domain XML, an OCI bundle) into a [`Holder`] and a [`Request`],
+//! says how to find its running container, and maps the results to its own exit codes.
+
+use crate::cdi;
+use crate::enter::container;
+use crate::host::config::Config;
+use crate::host::inventory::{Inventory, Scan};
+use crate::host::procfs::{self, Proc, ProcRef};
+use crate::log;
+use crate::node::NodeSpec;
+use crate::request::{Driver, IdMap, Request};
+use crate::reserve::alloc;
+use crate::reserve::drain;
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State, Store};
+
+mod activate;
+mod readopt;
+mod reserve;
+#[cfg(test)]
+mod tests;
+
+pub use crate::reserve::state::HolderKind;
+pub use activate::{activate, activate_with};
+pub use readopt::{readopt, readopt_with, Readopted};
+pub use reserve::{reserve, reserve_nodes, reserve_nodes_with, reserve_with};
+
+/// Who holds GPUs: what the state keys a reservation by (`id`), the name operators know it
+/// by, and how its container's user namespace maps ids (nodes are owned by its root).
+#[derive(Debug, Clone, Copy)]
+pub struct Holder<'a> {
+    pub kind: HolderKind,
+    pub name: &'a str,
+    pub id: &'a str,
+    pub idmap: &'a IdMap,
+}
+
+impl Holder<'_> {
+    /// How messages name it: `domain 'web1'`, `container 'ID'`.
+    pub fn who(&self) -> String {
+        self.kind.who(self.name)
+    }
+
+    /// How messages name its uid and gid mappings.
+    fn idmap_names(&self) -> (&'static str, &'static str) {
+        match self.kind {
+            HolderKind::Libvirt => (
+                crate::request::metadata::IDMAP,
+                crate::request::metadata::IDMAP,
+            ),
+            HolderKind::Oci => ("linux.uidMappings", "linux.gidMappings"),
+        }
+    }
+}
+
+fn store(cfg: &Config) -> Store {
+    Store::new(&cfg.state_file)
+}
+
+/// Why a reservation is stale (its holder is gone), if it is: [`crate::reserve::reconcile::stale`]
+/// on this host's processes.
+pub fn stale_reason(r: &Reservation) -> Option<String> {
+    stale_on(r, procfs::HOST, &controller_running)
+}
+
+/// [`stale_reason`] on these facts.
+fn stale_on(r: &Reservation, proc: Proc, controller: &dyn Fn(&str) -> bool) -> Option<String> {
+    crate::reserve::reconcile::stale(
+        r,
+        &crate::reserve::reconcile::Seen {
+            alive: &|p| proc.alive(p),
+            controller,
+        },
+    )
+}
+
+/// Whether libvirt's controller for the domain runs (`/run/libvirt/lxc/NAME.pid`).
+pub fn controller_running(name: &str) -> bool {
+    container::pidfile_controller(name)
+        .ok()
+        .and_then(procfs::comm)
+        .is_some_and(|c| c == "libvirt_lxc")
+}
+
+/// Drops stale reservations; returns what was reclaimed, for the log, and the reservations.
+fn reclaim_stale(f: &Facts, st: &mut State) -> (Vec<String>, Vec<Reservation>) {
+    let stale: Vec<(String, String)> = st
+        .reservations
+        .iter()
+        .filter_map(|(u, r)| stale_on(r, f.proc, f.controller_running).map(|why| (u.clone(), why)))
+        .collect();
+    stale
+        .into_iter()
+        .filter_map(|(u, why)| {
+            st.reservations.remove(&u).map(|r| {
+                (
+                    format!(
+                        "reclaimed GPUs {} of {} ({u}): {why}",
+                        r.gpus.join(","),
+                        r.who()
+                    ),
+                    r,
+                )
+            })
+        })
+        .unzip()
+}
+
+/// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
+/// mode, or a MIG instance that exists on a usable GPU.
+fn unit_ok(inv: &Inventory, unit: &str) -> bool {
+    if unit.contains('/') {
+        inv.mig(unit).is_some_and(|(g, _)| g.usable())
+    } else {
+        inv.by_pci(unit)
+            .is_some_and(|g| g.usable() && g.migs.is_empty())
+    }
+}
+
+/// Whether an existing reservation still fits the request on this inventory.
+fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
+    gpus.len() == req.count as usize
+        && gpus.iter().all(|p| {
+            p.contains('/') == req.mig
+                && unit_ok(inv, p)
+                && inv
+                    .by_pci(p)
+                    .is_some_and(|g| alloc::matches(g, &req.filters))
+        })
+        && req
+            .devices
+            .iter()
+            .all(|sel| alloc::resolve(&inv.gpus, sel).is_some_and(|g| gpus.contains(&g.pci)))
+        && req.migs.iter().all(|sel| {
+            alloc::resolve(&inv.gpus, &sel.gpu)
+                .is_some_and(|g| gpus.contains(&format!("{}/gi{}/ci{}", g.pci, sel.gi, sel.ci)))
+        })
+}
+
+/// The nodes an OCI container gets, and its CDI edits.
+pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
+
+/// An OCI container's init exists (its `createRuntime` hook): the reservation is running and
+/// stale once that init is gone. `by` is the process that reserved it (the hook's token): a
+/// hook left from another `create` of the same ID acts on nothing. An error when the
+/// container holds no such reservation.
+pub fn record_init(h: &Holder, by: ProcRef, init: ProcRef) -> Result<(), Error> {
+    record_init_in(&Config::load()?, h, by, init)
+}
+
+/// [`record_init`] with the config the front door loaded.
+pub fn record_init_in(cfg: &Config, h: &Holder, by: ProcRef, init: ProcRef) -> Result<(), Error> {
+    let now = now_rfc3339();
+    let gpus = store(cfg).update(|st| -> Result<_, Error> {
+        let r = st
+            .reservations
+            .get_mut(h.id)
+            .filter(|r| r.kind == h.kind && r.prepared_by == Some(by))
+            .ok_or_else(|| {
+                Error::other(
+                    "holds no GPU reservation made by this create (was it released or reclaimed?)",
+                )
+            })?;
+        r.phase = Phase::Running;
+        r.init = Some(init);
+        r.updated = now;
+        Ok(r.gpus.clone())
+    })?;
+    log::info(&format!(
+        "{}: init {} runs with GPUs {}",
+        h.who(),
+        init.pid,
+        gpus.join(",")
+    ));
+    Ok(())
+}
+
+fn reservation(st: &State, h: &Holder) -> Result<Reservation, Error> {
+    st.reservations
+        .get(h.id)
+        .cloned()
+        .ok_or_else(|| Error::other("holds no GPU reservation (did the prepare hook run? is gpuhook installed at libvirtd's start?)"))
+}
+
+/// `start`: checks that the holder's reservation still stands on this host.
+pub fn confirm(h: &Holder, req: &Request) -> Result<(), Error> {
+    confirm_with(&Facts::host(&Config::load()?), h, req)
+}
+
+/// [`confirm`] on these facts.
+pub fn confirm_with(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
+    let st = store(f.cfg).read()?;
+    let r = reservation(&st, h)?;
+    let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
+    crate::reserve::health::apply(&mut inv, &st);
+    inv.settle(f.cfg, &r.gpus);
+    for p in &r.gpus {
+        let g = inv
+            .by_pci(p)
+            .ok_or_else(|| Error::other(format!("reserved GPU {p} is no longer on the host")))?;
+        if let Some(why) = &g.problem {
+            return Err(Error::other(format!(
+                "reserved GPU {p} cannot be used: {why}"
+            )));
+        }
+        if g.excluded {
+            return Err(Error::other(format!(
+                "reserved GPU {p} is now excluded by the host config"
+            )));
+        }
+        if p.contains('/') && inv.mig(p).is_none() {
+            return Err(Error::other(format!(
+                "reserved MIG instance {p} no longer exists"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The nodes a container gets for its GPUs, with mode and host-side owner.
+fn node_specs(
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[String],
+) -> Result<Vec<NodeSpec>, Error> {
+    for p in gpus {
+        let g = inv
+            .by_pci(p)
+            .ok_or_else(|| Error::other(format!("reserved GPU {p} is no longer on the host")))?;
+        // An instance deleted (or MIG mode left) since: its GPU's node alone would be more.
+        if p.contains('/') && inv.mig(p).is_none() {
+            return Err(Error::other(format!(
+                "reserved MIG instance {p} no longer exists"
+            )));
+        }
+        if g.nodes.is_empty() {
+            return Err(Error::other(format!(
+                "GPU {p} has no device node: {}",
+                g.problem.as_deref().unwrap_or("unknown")
+            )));
+        }
+    }
+    let (uid, gid) = h
+        .idmap
+        .owner(req.uid, req.gid, h.idmap_names())
+        .map_err(Error::Other)?;
+    Ok(inv
+        .nodes_for(gpus, req.capabilities)
+        .into_iter()
+        .map(|n| NodeSpec {
+            mode: req.mode.unwrap_or(n.mode),
+            node: n.node,
+            uid,
+            gid,
+        })
+        .collect())
+}
+
+/// What a container would get from the CDI specs for these GPUs (`gpuhook check`); `None`
+/// when its request does not ask for the driver's user space.
+pub fn cdi_preview(
+    cfg: &Config,
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[String],
+) -> Result<Option<cdi::Plan>, Error> {
+    let specs = node_specs(h, req, inv, gpus)?;
+    Ok(cdi_plan(&Facts::host(cfg), h, req, inv, gpus, &specs)?.map(|(p, _)| p))
+}
+
+/// What of the host a request reads: with the driver's user space (CDI), every node of every
+/// GPU (a spec's device is matched to GPUs by all their nodes, DRM ones included), not only
+/// those its capabilities give.
+fn scan_for(cfg: &Config, req: &Request) -> Scan {
+    let mut s = Scan::for_request(req);
+    if req.driver.unwrap_or(cfg.driver) == Driver::Cdi {
+        s.caps = None;
+    }
+    s
+}
+
+/// The edits of the vendors' CDI specs for the container's units, when its request (or the
+/// host default) asks for the driver's user space (`driver="cdi"`); `specs`: the nodes
+/// gpuhook grants it anyway. The spec's extra nodes come back as node specs owned as `specs`
+/// are. An error (no spec, a bad one, one for another driver) is one line naming the file.
+fn cdi_plan(
+    f: &Facts,
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[String],
+    specs: &[NodeSpec],
+) -> Result<Option<(cdi::Plan, Vec<NodeSpec>)>, Error> {
+    let cfg = f.cfg;
+    if req.driver.unwrap_or(cfg.driver) != Driver::Cdi {
+        return Ok(None);
+    }
+    let num = |n: &Node| (n.major, n.minor);
+    let mut units = cdi::Units {
+        granted: specs.iter().map(|s| num(s)).collect(),
+        ..Default::default()
+    };
+    for u in gpus {
+        let Some(g) = inv.by_pci(u) else { continue };
+        units.vendors.push(g.vendor);
+        let own = match inv.mig(u) {
+            Some((_, m)) => vec![num(&m.gi_cap), num(&m.ci_cap)],
+            None => g.nodes.iter().map(|(_, n)| num(n)).collect(),
+        };
+        units.own.push(cdi::Unit {
+            id: u.clone(),
+            vendor: g.vendor,
+            nodes: own,
+        });
+    }
+    for g in &inv.gpus {
+        if !gpus.contains(&g.pci) {
+            units.foreign.extend(g.nodes.iter().map(|(_, n)| num(n)));
+        }
+        for m in &g.migs {
+            if !gpus.contains(&m.id(&g.pci)) {
+                units.foreign.extend([num(&m.gi_cap), num(&m.ci_cap)]);
+            }
+        }
+    }
+    let granted = units.granted.clone();
+    units.foreign.retain(|n| !granted.contains(n));
+    let kinds: Vec<&str> = units.vendors.iter().map(|v| cdi::kind_of(*v)).collect();
+    let who = |e: String| Error::other(e);
+    let loaded = (f.cdi_specs)(&cfg.cdi_spec_dirs, &kinds).map_err(who)?;
+    let version = std::fs::read_to_string(cfg.proc.join("driver/nvidia/version"))
+        .ok()
+        .and_then(|t| cdi::nvidia_version(&t));
+    let host = cdi::Host {
+        foreign_hooks: cfg.cdi_foreign_hooks,
+        dev: &cfg.dev,
+        nvidia_version: version,
+        dirs: &cfg.cdi_spec_dirs,
+    };
+    let plan = cdi::plan(&loaded, &units, &host).map_err(who)?;
+    let (uid, gid) = h
+        .idmap
+        .owner(req.uid, req.gid, h.idmap_names())
+        .map_err(Error::Other)?;
+    let extra = plan
+        .nodes
+        .iter()
+        .map(|n| NodeSpec {
+            node: n.node.clone(),
+            mode: req.mode.unwrap_or(n.mode),
+            uid,
+            gid,
+        })
+        .collect();
+    Ok(Some((plan, extra)))
+}
+
+fn as_nodes(specs: &[NodeSpec]) -> Vec<Node> {
+    specs.iter().map(|s| s.node.clone()).collect()
+}
+
+/// The host ids of the container's root (through its `<idmap>`; unmapped: nobody).
+fn root_owner(h: &Holder) -> crate::enter::rootfs::Owner {
+    crate::enter::rootfs::Owner {
+        uid: h.idmap.host_uid(0).unwrap_or(65534),
+        gid: h.idmap.host_gid(0).unwrap_or(65534),
+    }
+}
+
+/// `stopped`/`release`/`delete`: frees the reservation the state holds under `id` for a
+/// holder of this kind (whatever the holder's request says now); returns it, if there was one.
+pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
+    store(cfg).update(|s| {
+        let freed = match s.reservations.get(id) {
+            Some(r) if r.kind == kind => s.reservations.remove(id),
+            _ => None,
+        };
+        if let Some(r) = &freed {
+            drain::after_free(cfg, s, std::slice::from_ref(r));
+        }
+        Ok::<_, Error>(freed)
+    })
+}
+
+/// Runs `f` on the state under its lock (written back only when it changed): for a front
+/// door's own bookkeeping that must not race a reserve or a free.
+pub fn with_state<T>(
+    cfg: &Config,
+    f: impl FnOnce(&mut State) -> Result<T, Error>,
+) -> Result<T, Error> {
+    store(cfg).update(f)
+}
+
+/// Whether the state's bytes name `id`: a look without lock or parse, for a front door with
+/// nothing to do unless the state holds something for it.
+pub fn may_hold(cfg: &Config, id: &str) -> bool {
+    store(cfg).mentions(id)
+}

@@ -1,0 +1,578 @@
+//! `reconnect`: re-adopting a running container's reservation, from the state or from its
+//! device cgroup's exact grants.
+
+use super::activate::apply;
+use super::{as_nodes, cdi_plan, node_specs, reclaim_stale, store, Holder};
+use crate::cgroup::{CgroupError, DeviceCgroup};
+use crate::enter::container::{Container, ContainerError};
+use crate::enter::rootfs::Mounted;
+use crate::host::config::Config;
+use crate::host::inventory::{self, Inventory, Scan};
+use crate::log;
+use crate::node::NodeSpec;
+use crate::request::{DeviceSel, Request};
+use crate::reserve::alloc;
+use crate::reserve::drain;
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
+
+/// How [`readopt`] ended; the front door decides what it means for the container (libvirt
+/// kills it when it is inconsistent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readopted {
+    /// Reservation, grants and nodes are as they should be.
+    Consistent,
+    /// gpuhook's own files (config, state, inventory) could not be read: logged, and the
+    /// running container left alone (stopping it would not fix them).
+    LeftAlone,
+    /// The container cannot be made consistent (its GPU is another's, its `/dev` refuses a
+    /// node, its init is gone).
+    Inconsistent,
+}
+
+/// gpuhook's own files could not be read: said, and the container left alone.
+fn soft(h: &Holder, what: &str, e: &dyn std::fmt::Display) -> Readopted {
+    log::error(&format!(
+        "{}: reconnect: {what}: {e}; container left as it is",
+        h.who()
+    ));
+    Readopted::LeftAlone
+}
+
+/// The container cannot be made consistent: said.
+fn fatal(h: &Holder, e: Error) -> Readopted {
+    log::error(&format!(
+        "{}: reconnect: container cannot be made consistent: {e}",
+        h.who()
+    ));
+    Readopted::Inconsistent
+}
+
+/// `reconnect`: re-adopts a running container's reservation (from its device cgroup when
+/// the state lost it), re-grants and re-makes what it lost.
+pub fn readopt(
+    h: &Holder,
+    req: &Request,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Readopted {
+    let cfg = match Config::load() {
+        Ok(c) => c,
+        Err(e) => return soft(h, "cannot read the config", &e),
+    };
+    readopt_with(&Facts::host(&cfg), h, req, find)
+}
+
+type Cgroup = Result<Box<dyn DeviceCgroup>, CgroupError>;
+
+/// What the locked step decided: the GPUs, the nodes, the driver mounts recorded.
+type Decided = (Vec<String>, Vec<NodeSpec>, Vec<Mounted>);
+
+/// [`readopt`] on these facts.
+pub fn readopt_with(
+    f: &Facts,
+    h: &Holder,
+    req: &Request,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Readopted {
+    let mut inv = match (f.scan)(f.cfg, Scan::FULL) {
+        Ok(mut i) => {
+            // Reconnect is rare: settle every GPU (adoption looks at all of them).
+            let all: Vec<String> = i.gpus.iter().map(|g| g.pci.clone()).collect();
+            i.settle(f.cfg, &all);
+            i
+        }
+        Err(e) => return soft(h, "cannot read the GPU inventory", &e),
+    };
+    let ct = match find() {
+        Ok(c) => c,
+        Err(e) => return fatal(h, e.into()),
+    };
+    // What the container's device cgroup grants, read now, before the lock: adoption decides
+    // from it under the lock without touching the container (whose /dev could stall us).
+    let mut cg = (f.cgroup)(&ct);
+    let granted = match &cg {
+        Ok(c) => granted_gpus(&**c, &inv),
+        Err(e) => Err(e.to_string()),
+    };
+    let now = now_rfc3339();
+    let mut adopted = None;
+    let decided = store(f.cfg).update(|st| -> Result<Result<Decided, Error>, Error> {
+        let (notes, freed) = reclaim_stale(f, st);
+        for n in notes {
+            log::info(&n);
+        }
+        drain::after_free_in(&mut inv, f.cfg, st, &freed, f.proc);
+        Ok(decide(
+            f,
+            st,
+            h,
+            req,
+            &inv,
+            &granted,
+            &mut cg,
+            &ct,
+            &now,
+            &mut adopted,
+        ))
+    });
+    let (gpus, specs, mounts) = match decided {
+        Err(e) => return soft(h, "cannot update the state", &e),
+        Ok(Err(e)) => return fatal(h, e),
+        Ok(Ok(d)) => d,
+    };
+    if let Some(ignored) = adopted.as_ref().filter(|i| !i.is_empty()) {
+        warn_ignored(h, req, &inv, &cg, ignored);
+    }
+    // The driver files mounted at `started`: a container's root may unmount them (its own
+    // business); said, never a reason to stop it.
+    if !mounts.is_empty() {
+        match f.enter.check_mounts(&ct, &mounts) {
+            Ok(gone) if gone.is_empty() => {}
+            Ok(gone) => log::warn(&format!(
+                "{}: reconnect: {} of {} CDI driver mount(s) are no longer in place: {}",
+                h.who(),
+                gone.len(),
+                mounts.len(),
+                gone.join(" ")
+            )),
+            Err(e) => log::warn(&format!(
+                "{}: reconnect: cannot check its CDI driver mounts: {e}",
+                h.who()
+            )),
+        }
+    }
+    match apply(f, &ct, &specs) {
+        Ok(a) => {
+            log::info(&format!(
+                "{}: reconnect: {} GPUs {}; re-granted {} and re-created {} node(s)",
+                h.who(),
+                if adopted.is_some() {
+                    "re-adopted"
+                } else {
+                    "kept"
+                },
+                gpus.join(","),
+                a.granted.len(),
+                a.created.len()
+            ));
+            Readopted::Consistent
+        }
+        Err(e) => fatal(h, e),
+    }
+}
+
+/// Under the state lock: the holder's GPUs (kept, or adopted from the cgroup's grants, the
+/// granted ones it does not hold denied, `adopted`), its nodes, and the reservation made
+/// running with this container.
+#[allow(clippy::too_many_arguments)]
+fn decide(
+    f: &Facts,
+    st: &mut State,
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    granted: &Result<Vec<String>, String>,
+    cg: &mut Cgroup,
+    ct: &Container,
+    now: &str,
+    adopted: &mut Option<Vec<String>>,
+) -> Result<Decided, Error> {
+    let gpus = match st.reservations.get(h.id) {
+        Some(r) => r.gpus.clone(),
+        None => {
+            let held = st.held(Some(h.id));
+            // A top-up never takes a quarantined GPU.
+            let mut healthy = inv.clone();
+            crate::reserve::health::apply(&mut healthy, st);
+            let (g, ignored) = granted
+                .as_ref()
+                .map_err(|e| Error::other(e.clone()))
+                .and_then(|g| adopt(req, &healthy, &held, g))?;
+            // Access the state does not account for would let two containers
+            // share a GPU: taken away before the lock lets anyone reserve it.
+            // (`granted` came from the cgroup: it is open.)
+            if let Ok(c) = cg.as_mut() {
+                deny_left_out(&mut **c, inv, &ignored, &g)?;
+            }
+            *adopted = Some(ignored);
+            g
+        }
+    };
+    let mut specs = node_specs(h, req, inv, &gpus)?;
+    // The nodes a CDI spec gives come back too (a spec that went bad since is said,
+    // and the container keeps what it has).
+    match cdi_plan(f, h, req, inv, &gpus, &specs) {
+        Ok(Some((_, extra))) => specs.extend(extra),
+        Ok(None) => {}
+        Err(e) => log::warn(&format!(
+            "{}: reconnect: its CDI spec's nodes are not re-made: {e}",
+            h.who()
+        )),
+    }
+    let r = st
+        .reservations
+        .entry(h.id.to_string())
+        .or_insert_with(|| Reservation {
+            kind: h.kind,
+            domain: h.name.to_string(),
+            uuid: h.id.to_string(),
+            gpus: gpus.clone(),
+            phase: Phase::Running,
+            request: req.to_string(),
+            created: now.to_string(),
+            updated: now.to_string(),
+            prepared_by: None,
+            controller: None,
+            init: None,
+            nodes: vec![],
+            mounts: vec![],
+        });
+    r.phase = Phase::Running;
+    r.controller = Some(ct.controller);
+    r.init = Some(ct.init);
+    r.nodes = as_nodes(&specs);
+    r.updated = now.to_string();
+    Ok((gpus, specs, r.mounts.clone()))
+}
+
+/// The cgroup granted GPUs beyond what the container holds: said, with what a wildcard rule
+/// still allows of them.
+fn warn_ignored(h: &Holder, req: &Request, inv: &Inventory, cg: &Cgroup, ignored: &[String]) {
+    let open = match cg {
+        Ok(c) => still_allowed(&**c, inv, ignored),
+        Err(_) => Vec::new(),
+    };
+    log::warn(&format!(
+        "{}: reconnect: its device cgroup also granted GPU(s) {} beyond what it holds for {req}; access taken away{}",
+        h.who(),
+        ignored.join(","),
+        if open.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (a wildcard rule of its cgroup still allows {})",
+                open.join(", ")
+            )
+        }
+    ));
+}
+
+/// The GPUs of which the container's device cgroup grants any of their own nodes by an
+/// exact rule (an AMD or Intel GPU's render node alone gives compute). The cgroup is kernel
+/// state the container cannot widen for itself; the nodes in its `/dev` are not evidence (it
+/// can make them), and a wildcard rule names no GPU.
+fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for g in &inv.gpus {
+        // A GPU in MIG mode: its instances, by their compute instance's capability (the
+        // parent's node comes with every instance of it).
+        if !g.migs.is_empty() {
+            for m in &g.migs {
+                if cg
+                    .grants_exactly(&m.ci_cap.node)
+                    .map_err(|e| e.to_string())?
+                {
+                    out.push(m.id(&g.pci));
+                }
+            }
+            continue;
+        }
+        for (_, n) in &g.nodes {
+            if cg.grants_exactly(&n.node).map_err(|e| e.to_string())? {
+                out.push(g.pci.clone());
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The state lost a running container's reservation: take back the GPUs its device cgroup
+/// grants (`granted`), as far as they fit the request and never more than it asks for, and
+/// top up to the request's count; or reserve afresh when it has none. GPUs the request names
+/// come first, then granted ones fill the other places. A granted GPU that another domain
+/// holds cannot be reconciled. Pure: it reads neither the container nor the host. Returns
+/// the GPUs and the granted ones it does not hold (their access must be taken away).
+fn adopt(
+    req: &Request,
+    inv: &Inventory,
+    held: &alloc::Held,
+    granted: &[String],
+) -> Result<(Vec<String>, Vec<String>), Error> {
+    for p in granted {
+        // An instance held, or its GPU held whole; a GPU held whole or by an instance.
+        let h = if p.contains('/') {
+            held.get(p)
+                .or_else(|| held.get(inventory::unit_pci(p)))
+                .map(String::as_str)
+        } else {
+            alloc::busy(held, p)
+        };
+        if let Some(h) = h {
+            return Err(Error::other(format!(
+                "it uses GPU {p}, which is reserved by {h}"
+            )));
+        }
+        // Another holder's compute instance of the same GPU instance: they would share it.
+        if let Some(((other, h), gi)) = inv
+            .mig(p)
+            .and_then(|(g, m)| alloc::gi_holder(held, &g.pci, m.gi).map(|x| (x, m.gi)))
+        {
+            return Err(Error::other(format!(
+                "it uses MIG instance {p}, whose GPU instance gi {gi} is reserved by {h} (through {other})"
+            )));
+        }
+    }
+    if req.mig {
+        let named: Vec<String> = req
+            .migs
+            .iter()
+            .filter_map(|s| {
+                alloc::resolve(&inv.gpus, &s.gpu)
+                    .map(|g| format!("{}/gi{}/ci{}", g.pci, s.gi, s.ci))
+            })
+            .collect();
+        let room = (req.count as usize).saturating_sub(req.migs.len());
+        let mut want = req.clone();
+        want.migs.extend(
+            granted
+                .iter()
+                .filter(|p| !named.contains(p))
+                .filter_map(|p| inv.mig(p))
+                .filter(|(g, _)| g.usable() && alloc::matches(g, &req.filters))
+                .take(room)
+                .map(|(g, m)| crate::request::MigSel {
+                    gpu: DeviceSel::Pci(g.pci.clone()),
+                    gi: m.gi,
+                    ci: m.ci,
+                }),
+        );
+        let units = alloc::allocate(&inv.gpus, held, &want)?;
+        let left_out = granted
+            .iter()
+            .filter(|p| !units.contains(p))
+            .cloned()
+            .collect();
+        return Ok((units, left_out));
+    }
+    let named: Vec<&str> = req
+        .devices
+        .iter()
+        .filter_map(|s| alloc::resolve(&inv.gpus, s).map(|g| g.pci.as_str()))
+        .collect();
+    let room = (req.count as usize).saturating_sub(req.devices.len());
+    let fill: Vec<&String> = granted
+        .iter()
+        .filter(|p| !p.contains('/') && !named.contains(&p.as_str()))
+        .filter(|p| {
+            inv.by_pci(p)
+                .is_some_and(|g| g.usable() && alloc::matches(g, &req.filters))
+        })
+        .take(room)
+        .collect();
+    let mut want = req.clone();
+    want.devices
+        .extend(fill.iter().map(|p| DeviceSel::Pci(p.to_string())));
+    let gpus = alloc::allocate(&inv.gpus, held, &want)?;
+    let left_out = granted
+        .iter()
+        .filter(|p| !gpus.contains(p))
+        .cloned()
+        .collect();
+    Ok((gpus, left_out))
+}
+
+/// The own nodes of these units: a whole GPU's nodes; a MIG instance's two capabilities
+/// (its GPU's node serves every instance of it).
+fn own_nodes<'a>(inv: &'a Inventory, gpus: &'a [String]) -> impl Iterator<Item = Node> + 'a {
+    gpus.iter().flat_map(move |p| -> Vec<Node> {
+        match inv.mig(p) {
+            Some((_, m)) => vec![m.gi_cap.node.clone(), m.ci_cap.node.clone()],
+            None if p.contains('/') => vec![],
+            None => inv
+                .by_pci(p)
+                .map(|g| g.nodes.iter().map(|(_, n)| n.node.clone()).collect())
+                .unwrap_or_default(),
+        }
+    })
+}
+
+/// Takes away the container's access to GPUs it was granted but does not hold: every node of
+/// their own (shared control nodes stay). One deny each on the domain cgroup (v1 passes it
+/// down to every cgroup below): cheap enough to run under the state lock. An error when one
+/// fails (the container cannot then be made consistent).
+fn deny_left_out(
+    cg: &mut dyn DeviceCgroup,
+    inv: &Inventory,
+    gpus: &[String],
+    kept: &[String],
+) -> Result<(), Error> {
+    if gpus.is_empty() {
+        return Ok(());
+    }
+    // A GPU instance's capability that a kept compute instance of it still needs stays.
+    let keep: Vec<Node> = own_nodes(inv, kept).collect();
+    let cannot = |e: &dyn std::fmt::Display| {
+        Error::other(format!(
+            "its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {e}",
+            gpus.join(",")
+        ))
+    };
+    for node in own_nodes(inv, gpus).filter(|n| !keep.contains(n)) {
+        cg.deny(&node).map_err(|e| cannot(&e))?;
+    }
+    Ok(())
+}
+
+/// Which of those GPUs' nodes a rule of the container's cgroup still allows after the deny
+/// (a wildcard, `c 226:* rwm`, which an exact deny cannot take back): for the log.
+fn still_allowed(cg: &dyn DeviceCgroup, inv: &Inventory, gpus: &[String]) -> Vec<String> {
+    own_nodes(inv, gpus)
+        .filter(|n| cg.is_allowed(n).unwrap_or(false))
+        .map(|n| n.path)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reserve::alloc::tests::{cap_node, dgx, req, with_migs};
+
+    fn pci(i: usize) -> String {
+        format!("0000:{:02x}:00.0", 0x10 + i)
+    }
+
+    fn pcis(ix: &[usize]) -> Vec<String> {
+        ix.iter().map(|i| pci(*i)).collect()
+    }
+
+    #[test]
+    fn adoption_takes_what_the_cgroup_grants_never_more_than_asked() {
+        let inv = Inventory {
+            gpus: dgx(),
+            controls: vec![],
+            deferred: 0,
+        };
+        let none = alloc::Held::new();
+        // Nothing granted: reserve afresh.
+        let (g, out) = adopt(&req(2), &inv, &none, &[]).unwrap();
+        assert_eq!((g.len(), out.len()), (2, 0));
+        // Granted 5 and 6 for a 2-GPU request: those two, whatever is placed better.
+        let (g, out) = adopt(&req(2), &inv, &none, &pcis(&[5, 6])).unwrap();
+        assert_eq!((g, out), (pcis(&[5, 6]), vec![]));
+        // Granted three for a 1-GPU request: one kept, the others to be taken away.
+        let (g, out) = adopt(&req(1), &inv, &none, &pcis(&[3, 5, 6])).unwrap();
+        assert_eq!((g, out), (pcis(&[3]), pcis(&[5, 6])));
+        // Granted one for a 2-GPU request: topped up.
+        let (g, out) = adopt(&req(2), &inv, &none, &pcis(&[7])).unwrap();
+        assert!(
+            g.contains(&pci(7)) && g.len() == 2 && out.is_empty(),
+            "{g:?}"
+        );
+        // Held by another domain: cannot be reconciled.
+        let mut held = alloc::Held::new();
+        held.insert(pci(5), "domain 'other'".into());
+        let e = adopt(&req(1), &inv, &held, &pcis(&[5])).unwrap_err();
+        assert!(e.to_string().contains("reserved by domain 'other'"), "{e}");
+    }
+
+    /// The state lost a MIG container's reservation: its grants name the instance it uses
+    /// (by the compute instance's capability), never another, and a held one is a conflict.
+    #[test]
+    fn mig_adoption_takes_the_granted_instances() {
+        let mut gpus = dgx();
+        gpus[0] = with_migs(gpus[0].clone(), &[(1, 0), (2, 0), (7, 0)]);
+        let inv = Inventory {
+            gpus,
+            controls: vec![],
+            deferred: 0,
+        };
+        let unit = |gi: u32| format!("{}/gi{gi}/ci0", pci(0));
+        let mut r = req(1);
+        r.mig = true;
+        let mut held = alloc::Held::new();
+        held.insert(unit(1), "domain 'other'".into());
+        // It uses gi2: exactly that one, whatever packing would prefer.
+        let (g, out) = adopt(&r, &inv, &held, &[unit(2)]).unwrap();
+        assert_eq!((g, out), (vec![unit(2)], vec![]));
+        // It uses an instance another holds: cannot be reconciled.
+        let e = adopt(&r, &inv, &held, &[unit(1)]).unwrap_err();
+        assert!(e.to_string().contains("reserved by domain 'other'"), "{e}");
+        // Two granted for one asked: one kept, the other's capabilities to take away.
+        let (g, out) = adopt(&r, &inv, &held, &[unit(2), unit(7)]).unwrap();
+        assert_eq!((g, out), (vec![unit(2)], vec![unit(7)]));
+        let gone: Vec<Node> = own_nodes(&inv, &[unit(7)]).collect();
+        assert_eq!(
+            gone,
+            [cap_node(63).node, cap_node(64).node],
+            "not the GPU's own node"
+        );
+        // The GPU held whole by another: its instances are no one else's.
+        let mut whole = alloc::Held::new();
+        whole.insert(pci(0), "domain 'w'".into());
+        assert!(adopt(&r, &inv, &whole, &[unit(2)]).is_err());
+    }
+
+    /// The state lost a MIG container's reservation and its cgroup grants a compute instance
+    /// of a GPU instance another holder uses: a conflict (they would share its memory and
+    /// engines); a top-up never takes such an instance either.
+    #[test]
+    fn mig_adoption_refuses_a_shared_gpu_instance() {
+        let mut gpus = dgx();
+        gpus[0] = with_migs(gpus[0].clone(), &[(7, 0), (7, 1), (8, 0)]);
+        let inv = Inventory {
+            gpus,
+            controls: vec![],
+            deferred: 0,
+        };
+        let unit = |gi: u32, ci: u32| format!("{}/gi{gi}/ci{ci}", pci(0));
+        let mut r = req(1);
+        r.mig = true;
+        let mut held = alloc::Held::new();
+        held.insert(unit(7, 0), "domain 'other'".into());
+        let e = adopt(&r, &inv, &held, &[unit(7, 1)]).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!(
+                "it uses MIG instance {}, whose GPU instance gi 7 is reserved by domain 'other' (through {})",
+                unit(7, 1),
+                unit(7, 0)
+            )),
+            "{e}"
+        );
+        // Nothing granted: a fresh choice is the other GPU instance.
+        let (g, _) = adopt(&r, &inv, &held, &[]).unwrap();
+        assert_eq!(g, [unit(8, 0)]);
+        // Both compute instances of gi 7 granted to one container: its own, adopted.
+        r.count = 2;
+        let none = alloc::Held::new();
+        let (g, out) = adopt(&r, &inv, &none, &[unit(7, 0), unit(7, 1)]).unwrap();
+        assert_eq!((g, out), (vec![unit(7, 0), unit(7, 1)], vec![]));
+    }
+
+    /// A request naming index 0 with count 2 was topped up with GPU 2 (GPU 1 was held then);
+    /// the state is lost: GPU 2 is re-adopted, not GPU 1 (nearer), which would leave GPU 2
+    /// granted to the container and free in the state.
+    #[test]
+    fn adoption_fills_unnamed_places_from_the_grants() {
+        let inv = Inventory {
+            gpus: dgx(),
+            controls: vec![],
+            deferred: 0,
+        };
+        let mut r = req(2);
+        r.devices = vec![DeviceSel::Index(0)];
+        let (g, out) = adopt(&r, &inv, &alloc::Held::new(), &pcis(&[0, 2])).unwrap();
+        assert_eq!((g, out), (pcis(&[0, 2]), vec![]));
+        // A granted GPU that does not fit the filters is not adopted, and is reported.
+        let mut r = req(1);
+        r.filters = vec![crate::request::Filter {
+            field: crate::request::Field::Arch,
+            op: crate::request::extra_specs::Op::Eq("ampere".into()),
+        }];
+        let mut inv2 = inv.clone();
+        inv2.gpus[4].arch = Some("ampere".into());
+        let (g, out) = adopt(&r, &inv2, &alloc::Held::new(), &pcis(&[1])).unwrap();
+        assert_eq!((g, out), (pcis(&[4]), pcis(&[1])));
+    }
+}

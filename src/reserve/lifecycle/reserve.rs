@@ -1,0 +1,340 @@
+//! `prepare` and OCI `create`: choosing GPUs for a holder, or keeping what it has.
+
+use super::{
+    as_nodes, cdi_plan, node_specs, reclaim_stale, satisfies, scan_for, store, unit_ok, Holder,
+    HolderKind, Prepared,
+};
+use crate::host::config::Config;
+use crate::host::inventory::{Inventory, Scan};
+use crate::host::procfs::ProcRef;
+use crate::log;
+use crate::request::{Driver, Request};
+use crate::reserve::alloc;
+use crate::reserve::drain;
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{now_rfc3339, Phase, Reservation, State};
+
+/// A reserve that does not fit: reclaims stale reservations (their GPUs that a process still
+/// has open become draining) and looks again at the draining GPUs (one pass over `/proc` for
+/// both). Returns what was done, for the log, and whether the state changed (the choice is
+/// then made again, and a refusal says what holds the GPUs now).
+fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
+    let (mut notes, freed) = reclaim_stale(f, st);
+    let units: Vec<String> = freed.iter().flat_map(|r| r.gpus.clone()).collect();
+    inv.settle(f.cfg, &units);
+    let fresh = drain::freed_units(inv, st, &freed);
+    let recheck = !st.draining.is_empty();
+    if fresh.is_empty() && !recheck {
+        return (notes, !freed.is_empty());
+    }
+    let s = drain::settle(st, fresh, recheck, f.proc, &now_rfc3339(), drain::BUDGET);
+    notes.extend(drain::notes(&s));
+    (notes, !freed.is_empty() || recheck)
+}
+
+/// A MIG request looks at GPUs' instances (the driver's details) one GPU at a time, the
+/// GPUs it names first, until it knows enough free instances: not at every GPU's.
+fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &Request) {
+    let named: Vec<String> = req
+        .migs
+        .iter()
+        .filter_map(|m| alloc::resolve(&inv.gpus, &m.gpu).map(|g| g.pci.clone()))
+        .collect();
+    inv.settle(cfg, &named);
+    let free_on = |inv: &Inventory, p: &str| {
+        inv.by_pci(p).map_or(0, |g| {
+            g.migs
+                .iter()
+                .filter(|m| alloc::gi_holder(held, &g.pci, m.gi).is_none())
+                .count()
+        })
+    };
+    let mut free: usize = named.iter().map(|p| free_on(inv, p)).sum();
+    let order: Vec<String> = inv
+        .gpus
+        .iter()
+        .filter(|g| {
+            g.vendor == crate::ids::Vendor::Nvidia
+                && g.usable()
+                && !held.contains_key(&g.pci)
+                && !named.contains(&g.pci)
+                && alloc::matches(g, &req.filters)
+        })
+        .map(|g| g.pci.clone())
+        .collect();
+    for p in order {
+        if free >= req.count as usize {
+            break;
+        }
+        inv.settle(cfg, std::slice::from_ref(&p));
+        free += free_on(inv, &p);
+    }
+}
+
+/// `prepare`: reserves GPUs for the holder (or keeps the reservation it has, if it still
+/// fits), reclaiming stale reservations only when the request does not fit otherwise. The
+/// reservation is abandoned when libvirtd (the hook's parent) is gone with no container.
+pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
+    reserve_with(&Facts::host(&Config::load()?), h, req)
+}
+
+/// [`reserve`] on these facts.
+pub fn reserve_with(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
+    let parent = f.proc.proc_ref(nix::unistd::getppid().as_raw());
+    reserve_by(f, h, req, parent).map(|_| ())
+}
+
+/// `create` of an OCI container: reserves as [`reserve`] does, for a process that will
+/// become the runtime (the wrapper execs it: when it is gone with no init recorded, the
+/// reservation is stale), and returns the nodes the container gets, owned by the request's
+/// container-side uid and gid (the runtime makes them), and the reserving process (the
+/// token its hooks carry). Nothing is reserved on error. `cfg`: the config the front door
+/// already loaded.
+pub fn reserve_nodes(
+    cfg: &Config,
+    h: &Holder,
+    req: &Request,
+) -> Result<(Prepared, ProcRef), Error> {
+    reserve_nodes_with(&Facts::host(cfg), h, req)
+}
+
+/// [`reserve_nodes`] on these facts.
+pub fn reserve_nodes_with(
+    f: &Facts,
+    h: &Holder,
+    req: &Request,
+) -> Result<(Prepared, ProcRef), Error> {
+    let me = f
+        .proc
+        .proc_ref(std::process::id() as i32)
+        .ok_or_else(|| Error::other("cannot read this process's own start time"))?;
+    reserve_by(f, h, req, Some(me)).map(|n| (n, me))
+}
+
+fn reserve_by(
+    f: &Facts,
+    h: &Holder,
+    req: &Request,
+    by: Option<ProcRef>,
+) -> Result<Prepared, Error> {
+    let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
+    let now = now_rfc3339();
+    let (gpus, notes, specs) = store(f.cfg).update(|st| -> Result<_, Error> {
+        // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
+        crate::reserve::health::apply(&mut inv, st);
+        refuse_takeover(f, st, h, by)?;
+        if let Some(kept) = keep_or_free(f, st, &mut inv, h, req, by, &now)? {
+            return Ok(kept);
+        }
+        let (gpus, notes) = choose(f, st, &mut inv, req)?;
+        let specs = prepared_edits(f, h, req, &inv, &gpus)?;
+        st.reservations.insert(
+            h.id.to_string(),
+            Reservation {
+                kind: h.kind,
+                domain: h.name.to_string(),
+                uuid: h.id.to_string(),
+                gpus: gpus.clone(),
+                phase: Phase::Prepared,
+                request: req.to_string(),
+                created: now.clone(),
+                updated: now.clone(),
+                prepared_by: by,
+                controller: None,
+                init: None,
+                nodes: as_nodes(&specs.0),
+                mounts: Vec::new(),
+            },
+        );
+        Ok((gpus, notes, specs))
+    })?;
+    for n in notes {
+        log::info(&n);
+    }
+    log::info(&format!(
+        "{} ({}): reserved {} for {req}",
+        h.who(),
+        h.id,
+        gpus.join(",")
+    ));
+    Ok(specs)
+}
+
+/// The holder's id is another kind's key, or (OCI) a container of that ID runs or is being
+/// created by another `create`: refused.
+fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Result<(), Error> {
+    let Some(r) = st.reservations.get(h.id) else {
+        return Ok(());
+    };
+    if r.kind != h.kind {
+        return Err(Error::other(format!(
+            "its id {} is already the key of {}'s reservation",
+            h.id,
+            r.who()
+        )));
+    }
+    // A second `create` of a container ID that holds GPUs (an engine's retry, another
+    // runtime root, a race) must neither take over nor move a reservation whose
+    // container runs or is being created: refused while that init, or that `create`,
+    // lives. A stale one is taken over.
+    if r.kind == HolderKind::Oci {
+        match (r.phase, r.init, r.prepared_by) {
+            (Phase::Running, Some(i), _) if f.proc.alive(&i) => {
+                return Err(Error::other(format!(
+                    "a container with this ID already runs with GPUs {} (init {})",
+                    r.gpus.join(","),
+                    i.pid
+                )))
+            }
+            (Phase::Prepared, _, Some(p)) if Some(p) != by && f.proc.alive(&p) => {
+                return Err(Error::other(format!(
+                    "another create of this container ID holds GPUs {} (runtime pid {})",
+                    r.gpus.join(","),
+                    p.pid
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+type Reserved = (Vec<String>, Vec<String>, Prepared);
+
+/// The holder's reservation, kept (prepared again) when it still fits the request; else
+/// removed, its GPUs freed for the new choice (one a process still has open drains).
+fn keep_or_free(
+    f: &Facts,
+    st: &mut State,
+    inv: &mut Inventory,
+    h: &Holder,
+    req: &Request,
+    by: Option<ProcRef>,
+    now: &str,
+) -> Result<Option<Reserved>, Error> {
+    let Some(r) = st.reservations.get_mut(h.id) else {
+        return Ok(None);
+    };
+    inv.settle(f.cfg, &r.gpus);
+    if satisfies(inv, &r.gpus, req) {
+        r.phase = Phase::Prepared;
+        r.prepared_by = by;
+        r.init = None;
+        r.controller = None;
+        r.nodes.clear();
+        r.domain = h.name.to_string();
+        r.request = req.to_string();
+        r.updated = now.to_string();
+        let gpus = r.gpus.clone();
+        let specs = prepared_edits(f, h, req, inv, &gpus)?;
+        if let Some(r) = st.reservations.get_mut(h.id) {
+            r.nodes = as_nodes(&specs.0);
+            r.mounts.clear();
+        }
+        return Ok(Some((gpus, Vec::new(), specs)));
+    }
+    if let Some(old) = st.reservations.remove(h.id) {
+        drain::after_free_in(inv, f.cfg, st, std::slice::from_ref(&old), f.proc);
+    }
+    Ok(None)
+}
+
+/// The choice: GPUs for the request, and what reclaiming for it did (for the log).
+fn choose(
+    f: &Facts,
+    st: &mut State,
+    inv: &mut Inventory,
+    req: &Request,
+) -> Result<(Vec<String>, Vec<String>), Error> {
+    let mut notes = Vec::new();
+    // Stale reservations (holder gone) are reclaimed only when the request does not fit
+    // otherwise: the common path reads no /proc file per reservation.
+    // A lazy scan left the NVIDIA driver's details of the chosen GPUs for now: a chosen
+    // GPU that turns out unusable (or in MIG mode) is marked, and the choice made again
+    // without it.
+    if req.mig {
+        settle_for_migs(f.cfg, inv, &st.held(None), req);
+    }
+    let mut reclaimed = false;
+    let gpus = loop {
+        let g = match alloc::allocate(&inv.gpus, &st.held(None), req) {
+            Ok(g) => g,
+            Err(e) => {
+                // Stale reservations (holder gone) are reclaimed, and draining GPUs
+                // looked at again, only when the request does not fit otherwise: the
+                // common path reads no /proc file per reservation.
+                if !reclaimed {
+                    reclaimed = true;
+                    let (n, changed) = reclaim_for(f, st, inv);
+                    notes = n;
+                    if changed {
+                        continue;
+                    }
+                }
+                return Err(refusal(f, req, st, e, inv.deferred).into());
+            }
+        };
+        inv.settle(f.cfg, &g);
+        if g.iter().all(|p| unit_ok(inv, p)) {
+            break g;
+        }
+    };
+    Ok((gpus, notes))
+}
+
+/// An OCI container's nodes (and CDI edits) are decided at `create` (the runtime makes them
+/// from its config); a libvirt domain's at `started`, in the running container — but its
+/// CDI specs are checked at `prepare` too, so that a request that cannot get its driver's
+/// files reserves nothing.
+fn prepared_edits(
+    f: &Facts,
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[String],
+) -> Result<Prepared, Error> {
+    let cdi = req.driver.unwrap_or(f.cfg.driver) == Driver::Cdi;
+    if h.kind == HolderKind::Libvirt && !cdi {
+        return Ok((Vec::new(), None));
+    }
+    let mut specs = node_specs(h, req, inv, gpus)?;
+    let plan = cdi_plan(f, h, req, inv, gpus, &specs)?;
+    if h.kind == HolderKind::Libvirt {
+        return Ok((Vec::new(), plan.map(|p| p.0)));
+    }
+    let plan = plan.map(|(p, extra)| {
+        specs.extend(extra);
+        p
+    });
+    Ok((specs, plan))
+}
+
+/// The refusal for a request that does not fit. A lazy scan left out the functions that can
+/// be no usable GPU: their reasons belong in the refusal, so the host is looked at whole
+/// (only on this path) and the choice made again for its words.
+fn refusal(
+    f: &Facts,
+    req: &Request,
+    st: &State,
+    e: alloc::AllocError,
+    deferred: usize,
+) -> alloc::AllocError {
+    // A MIG request looked at the instances of only as many GPUs as it needed.
+    if deferred == 0 && !req.mig {
+        return e;
+    }
+    let full = Scan {
+        caps: Some(req.capabilities),
+        lazy: false,
+    };
+    match (f.scan)(f.cfg, full) {
+        Ok(mut inv) => {
+            crate::reserve::health::apply(&mut inv, st);
+            alloc::allocate(&inv.gpus, &st.held(None), req)
+                .err()
+                .unwrap_or(e)
+        }
+        Err(_) => e,
+    }
+}

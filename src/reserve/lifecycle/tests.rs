@@ -1,0 +1,832 @@
+//! The lifecycle steps over a fake host: an in-memory inventory, a `/proc` in a temporary
+//! directory (the container's init is a `stat` file there: removing it ends the init), a
+//! recording device cgroup and a recording container, the state file in a temporary
+//! directory. Nothing here needs root, a libvirtd or a container: the tests run as any user.
+
+use super::*;
+use crate::cgroup::{CgroupError, DeviceCgroup};
+use crate::enter::container::{Container, ContainerError, DevTmpfs, Made};
+use crate::enter::rootfs::{Done, Mounted, Owner};
+use crate::host::inventory::{InventoryError, Scan};
+use crate::node::Outcome;
+use crate::reserve::alloc::tests::{dgx, req};
+use crate::reserve::facts::Enter;
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+const ID: &str = "6f1c0a4e-1111-4222-8333-000000000001";
+const CTRL: i32 = 4200;
+const INIT: ProcRef = ProcRef {
+    pid: 4242,
+    start_time: 777,
+};
+
+/// The fake host: what its cgroup grants, what fails, and every call the doubles got.
+#[derive(Default)]
+struct Fake {
+    calls: RefCell<Vec<String>>,
+    /// The device numbers the container's cgroup grants (by exact rules).
+    allowed: RefCell<Vec<(u32, u32)>>,
+    /// Granting this minor fails.
+    fail_allow: Option<u32>,
+    fail_revoke: bool,
+    /// The cgroup cannot be found.
+    no_cgroup: bool,
+    fail_create: Option<ContainerError>,
+    fail_inject: bool,
+    /// The init exits during this call (`create`, `inject`).
+    init_exits_in: Option<&'static str>,
+    /// The inventory cannot be read.
+    no_inventory: bool,
+    proc_root: PathBuf,
+    ended: Cell<bool>,
+}
+
+impl Fake {
+    fn call(&self, c: String) {
+        self.calls.borrow_mut().push(c);
+    }
+    fn calls(&self) -> Vec<String> {
+        self.calls.borrow().clone()
+    }
+    fn maybe_exit(&self, during: &str) {
+        if self.init_exits_in == Some(during) && !self.ended.get() {
+            std::fs::remove_file(self.proc_root.join(INIT.pid.to_string()).join("stat")).unwrap();
+            self.ended.set(true);
+        }
+    }
+}
+
+/// A device cgroup in memory; its calls go to the fake host's record.
+struct Cg(Rc<Fake>);
+
+fn num(n: &Node) -> String {
+    format!("{}:{}", n.major, n.minor)
+}
+
+impl DeviceCgroup for Cg {
+    fn path(&self) -> &Path {
+        Path::new("/fake")
+    }
+    fn is_allowed(&self, n: &Node) -> Result<bool, CgroupError> {
+        Ok(self.0.allowed.borrow().contains(&(n.major, n.minor)))
+    }
+    fn grants_exactly(&self, n: &Node) -> Result<bool, CgroupError> {
+        self.is_allowed(n)
+    }
+    fn allow(&mut self, n: &Node) -> Result<(), CgroupError> {
+        self.0.call(format!("allow {}", num(n)));
+        if self.0.fail_allow == Some(n.minor) {
+            return Err(CgroupError::new(self.path(), "Operation not permitted"));
+        }
+        self.0.allowed.borrow_mut().push((n.major, n.minor));
+        Ok(())
+    }
+    fn revoke(&mut self, n: &Node) -> Result<(), CgroupError> {
+        self.0.call(format!("revoke {}", num(n)));
+        if self.0.fail_revoke {
+            return Err(CgroupError::new(self.path(), "No such file or directory"));
+        }
+        self.0
+            .allowed
+            .borrow_mut()
+            .retain(|x| *x != (n.major, n.minor));
+        Ok(())
+    }
+    fn deny(&mut self, n: &Node) -> Result<(), CgroupError> {
+        self.0.call(format!("deny {}", num(n)));
+        self.0
+            .allowed
+            .borrow_mut()
+            .retain(|x| *x != (n.major, n.minor));
+        Ok(())
+    }
+}
+
+fn paths(nodes: &[NodeSpec]) -> String {
+    nodes
+        .iter()
+        .map(|n| n.path.as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+impl Enter for Fake {
+    fn create_nodes(&self, ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError> {
+        assert_eq!(ct.init, INIT);
+        self.call(format!("create {}", paths(nodes)));
+        self.maybe_exit("create");
+        if let Some(e) = &self.fail_create {
+            return Err(e.clone());
+        }
+        Ok(Made {
+            outcomes: vec![Outcome::Created; nodes.len()],
+            dirs: vec![],
+        })
+    }
+    fn remove_nodes(
+        &self,
+        _: &Container,
+        nodes: &[NodeSpec],
+        _: &[String],
+    ) -> Result<(), ContainerError> {
+        self.call(format!("remove {}", paths(nodes)));
+        Ok(())
+    }
+    fn inject(&self, _: &Container, plan: &cdi::Plan, _: Owner) -> Result<Done, ContainerError> {
+        let targets: Vec<&str> = plan.mounts.iter().map(|m| m.target.as_str()).collect();
+        self.call(format!("inject {}", targets.join(" ")));
+        self.maybe_exit("inject");
+        if self.fail_inject {
+            return Err(ContainerError::Refused(
+                "mount over /usr/lib: Permission denied".into(),
+            ));
+        }
+        Ok(Done {
+            mounted: plan
+                .mounts
+                .iter()
+                .map(|m| Mounted {
+                    target: m.target.clone(),
+                    dev: 9,
+                    ino: 99,
+                })
+                .collect(),
+            ..Default::default()
+        })
+    }
+    fn uninject(&self, _: &Container, _: &Done, _: Owner) -> Result<Vec<String>, ContainerError> {
+        self.call("uninject".into());
+        Ok(vec![])
+    }
+    fn check_mounts(&self, _: &Container, m: &[Mounted]) -> Result<Vec<String>, ContainerError> {
+        self.call(format!("check {} mount(s)", m.len()));
+        Ok(vec![])
+    }
+}
+
+/// A host in a temporary directory: its config (state file, `/proc`, CDI spec dirs) and the
+/// inventory the fake scan gives.
+struct Host {
+    _t: tempfile::TempDir,
+    cfg: Config,
+    proc: String,
+    inv: Inventory,
+}
+
+fn host() -> Host {
+    let t = tempfile::tempdir().unwrap();
+    let proc = t.path().join("proc");
+    std::fs::create_dir_all(&proc).unwrap();
+    let cfg = Config {
+        sysfs: t.path().join("sys"),
+        proc: proc.clone(),
+        dev: "/dev".into(),
+        state_file: t.path().join("state/gpus.json"),
+        cdi_spec_dirs: vec![t.path().join("cdi")],
+        ..Config::default()
+    };
+    let h = Host {
+        cfg,
+        proc: proc.to_string_lossy().into_owned(),
+        inv: Inventory {
+            gpus: dgx(),
+            controls: vec![],
+            deferred: 0,
+        },
+        _t: t,
+    };
+    h.process(INIT, CTRL);
+    h
+}
+
+impl Host {
+    /// A live process in the fake `/proc`.
+    fn process(&self, p: ProcRef, ppid: i32) {
+        let dir = self.cfg.proc.join(p.pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut f = vec!["0".to_string(); 20];
+        f[0] = "S".into();
+        f[1] = ppid.to_string();
+        f[19] = p.start_time.to_string();
+        std::fs::write(
+            dir.join("stat"),
+            format!("{} (init) {}\n", p.pid, f.join(" ")),
+        )
+        .unwrap();
+    }
+
+    fn fake(&self, f: Fake) -> Rc<Fake> {
+        Rc::new(Fake {
+            proc_root: self.cfg.proc.clone(),
+            ..f
+        })
+    }
+
+    /// Runs `step` on the facts of this host and `fake`.
+    fn with<T>(&self, fake: &Rc<Fake>, step: impl FnOnce(&Facts) -> T) -> T {
+        let inv = self.inv.clone();
+        let no_inventory = fake.no_inventory;
+        let scan = move |_: &Config, _: Scan| {
+            if no_inventory {
+                Err(InventoryError(
+                    "cannot list /sys/bus/pci/devices: EIO".into(),
+                ))
+            } else {
+                Ok(inv.clone())
+            }
+        };
+        let fk = fake.clone();
+        let cgroup = move |_: &Container| -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+            if fk.no_cgroup {
+                return Err(CgroupError::new(
+                    Path::new("/fake"),
+                    "no devices cgroup for pid 4242",
+                ));
+            }
+            Ok(Box::new(Cg(fk.clone())))
+        };
+        let specs = |_: &[PathBuf], _: &[&str]| -> Result<Vec<cdi::Loaded>, String> {
+            Ok(vec![cdi::Loaded {
+                path: "/etc/cdi/nvidia.yaml".into(),
+                dir: 0,
+                spec: cdi::parse_checked(SPEC.as_bytes(), false)?,
+            }])
+        };
+        let f = Facts {
+            cfg: &self.cfg,
+            proc: Proc { root: &self.proc },
+            scan: &scan,
+            cgroup: &cgroup,
+            enter: &**fake,
+            cdi_specs: &specs,
+            controller_running: &|name| name == "web1",
+        };
+        step(&f)
+    }
+
+    fn state(&self) -> State {
+        store(&self.cfg).read().unwrap()
+    }
+
+    /// Puts a reservation of these GPUs in the state, for `holder`.
+    fn seed(&self, id: &str, name: &str, gpus: &[String], phase: Phase, init: Option<ProcRef>) {
+        store(&self.cfg)
+            .update(|st| {
+                st.reservations.insert(
+                    id.to_string(),
+                    Reservation {
+                        kind: HolderKind::Libvirt,
+                        domain: name.into(),
+                        uuid: id.into(),
+                        gpus: gpus.to_vec(),
+                        phase,
+                        request: "1 GPU".into(),
+                        created: now_rfc3339(),
+                        updated: now_rfc3339(),
+                        prepared_by: None,
+                        controller: init.map(|_| CTRL),
+                        init,
+                        nodes: vec![],
+                        mounts: vec![],
+                    },
+                );
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+    }
+}
+
+/// An NVIDIA CDI spec whose GPU 0 is the host's `/dev/null` (1:3), GPU 1 `/dev/zero` (1:5):
+/// a common node (`/dev/full`, 1:7) and one driver mount.
+const SPEC: &str = r#"---
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+    - name: "0"
+      containerEdits:
+        deviceNodes:
+            - path: /dev/null
+    - name: "1"
+      containerEdits:
+        deviceNodes:
+            - path: /dev/zero
+containerEdits:
+    deviceNodes:
+        - path: /dev/full
+    mounts:
+        - hostPath: /etc/hostname
+          containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.535.129.03
+          options: [ro, nosuid, nodev, rbind, rprivate]
+"#;
+
+fn pci(i: usize) -> String {
+    format!("0000:{:02x}:00.0", 0x10 + i)
+}
+
+fn holder(idmap: &IdMap) -> Holder<'_> {
+    Holder {
+        kind: HolderKind::Libvirt,
+        name: "web1",
+        id: ID,
+        idmap,
+    }
+}
+
+fn container() -> Container {
+    Container {
+        controller: CTRL,
+        init: INIT,
+        dev: DevTmpfs { dev: 1, ino: 2 },
+    }
+}
+
+fn found() -> Result<Container, ContainerError> {
+    Ok(container())
+}
+
+/// A host whose GPUs 0 and 1 are `/dev/null` and `/dev/zero` (what [`SPEC`] names).
+fn cdi_host() -> Host {
+    let mut h = host();
+    h.inv.gpus[0].nodes[0].1.node = Node::new("/dev/null".to_string(), 1, 3);
+    h.inv.gpus[1].nodes[0].1.node = Node::new("/dev/zero".to_string(), 1, 5);
+    h
+}
+
+fn cdi_req(n: u32) -> Request {
+    let mut r = req(n);
+    r.driver = Some(Driver::Cdi);
+    r
+}
+
+// ---- activate ----
+
+#[test]
+fn activate_grants_creates_and_records_the_container() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(0), pci(1)], Phase::Prepared, None);
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    h.with(&fake, |f| activate_with(f, &holder(&idmap), &req(2), found))
+        .unwrap();
+    assert_eq!(
+        fake.calls(),
+        [
+            "allow 195:0",
+            "allow 195:1",
+            "create /dev/nvidia0 /dev/nvidia1"
+        ]
+    );
+    let r = &h.state().reservations[ID];
+    assert_eq!(
+        (r.phase, r.init, r.controller),
+        (Phase::Running, Some(INIT), Some(CTRL))
+    );
+    assert_eq!(r.nodes.len(), 2);
+}
+
+#[test]
+fn activate_grant_failure_leaves_nothing() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(0), pci(1)], Phase::Prepared, None);
+    let fake = h.fake(Fake {
+        fail_allow: Some(1),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let e = h
+        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(2), found))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cgroup /fake: granting /dev/nvidia1 (195:1): Operation not permitted"
+    );
+    assert_eq!(fake.calls(), ["allow 195:0", "allow 195:1", "revoke 195:0"]);
+    assert!(fake.allowed.borrow().is_empty());
+    assert_eq!(h.state().reservations[ID].phase, Phase::Prepared);
+}
+
+#[test]
+fn activate_node_failure_revokes_the_grants() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let fake = h.fake(Fake {
+        fail_create: Some(ContainerError::Refused(
+            "/dev/nvidia0: a symlink is in the way".into(),
+        )),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let e = h
+        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .unwrap_err();
+    assert_eq!(e.to_string(), "/dev/nvidia0: a symlink is in the way");
+    assert_eq!(
+        fake.calls(),
+        ["allow 195:0", "create /dev/nvidia0", "revoke 195:0"]
+    );
+    assert!(fake.allowed.borrow().is_empty());
+    let r = &h.state().reservations[ID];
+    assert_eq!((r.phase, r.init), (Phase::Prepared, None));
+}
+
+#[test]
+fn activate_says_what_a_failed_rollback_left() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let fake = h.fake(Fake {
+        fail_create: Some(ContainerError::Refused("no space".into())),
+        fail_revoke: true,
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let e = h
+        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no space; rollback incomplete: cgroup /fake: No such file or directory"
+    );
+    assert!(matches!(e, Error::RollbackIncomplete { .. }), "{e:?}");
+}
+
+#[test]
+fn activate_cdi_inject_failure_removes_nodes_and_revokes() {
+    let h = cdi_host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let fake = h.fake(Fake {
+        fail_inject: true,
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let e = h
+        .with(&fake, |f| {
+            activate_with(f, &holder(&idmap), &cdi_req(1), found)
+        })
+        .unwrap_err();
+    assert_eq!(e.to_string(), "mount over /usr/lib: Permission denied");
+    assert_eq!(
+        fake.calls(),
+        [
+            "allow 1:3",
+            "allow 1:7",
+            "create /dev/null /dev/full",
+            "inject /usr/lib/x86_64-linux-gnu/libcuda.so.535.129.03",
+            "remove /dev/null /dev/full",
+            "revoke 1:7",
+            "revoke 1:3",
+        ]
+    );
+    assert!(fake.allowed.borrow().is_empty());
+    assert_eq!(h.state().reservations[ID].phase, Phase::Prepared);
+}
+
+#[test]
+fn activate_cdi_records_the_driver_mounts() {
+    let h = cdi_host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    h.with(&fake, |f| {
+        activate_with(f, &holder(&idmap), &cdi_req(1), found)
+    })
+    .unwrap();
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.phase, Phase::Running);
+    assert_eq!(
+        r.mounts
+            .iter()
+            .map(|m| m.target.as_str())
+            .collect::<Vec<_>>(),
+        ["/usr/lib/x86_64-linux-gnu/libcuda.so.535.129.03"]
+    );
+    assert_eq!(r.nodes.iter().map(num).collect::<Vec<_>>(), ["1:3", "1:7"]);
+}
+
+#[test]
+fn activate_init_gone_says_so_without_a_rollback_note() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    // The helper found the init gone, and its cgroup went with it (the revoke fails).
+    let fake = h.fake(Fake {
+        fail_create: Some(ContainerError::InitGone {
+            pid: INIT.pid,
+            cause: Some("setns: No such process".into()),
+        }),
+        fail_revoke: true,
+        init_exits_in: Some("create"),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let e = h
+        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "container init 4242 exited during started (setns: No such process)"
+    );
+    assert_eq!(
+        fake.calls(),
+        ["allow 195:0", "create /dev/nvidia0", "revoke 195:0"]
+    );
+}
+
+#[test]
+fn activate_init_exit_seen_from_proc_is_said_first() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    // Not said by the helper: the init is looked at (gone from the fake /proc).
+    let fake = h.fake(Fake {
+        fail_create: Some(ContainerError::Other("reply: broken pipe".into())),
+        init_exits_in: Some("create"),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let e = h
+        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "container init 4242 exited during started (reply: broken pipe)"
+    );
+}
+
+#[test]
+fn activate_init_gone_during_inject_leaves_no_rollback_note() {
+    let h = cdi_host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let fake = h.fake(Fake {
+        fail_inject: true,
+        fail_revoke: true,
+        init_exits_in: Some("inject"),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let e = h
+        .with(&fake, |f| {
+            activate_with(f, &holder(&idmap), &cdi_req(1), found)
+        })
+        .unwrap_err();
+    // The undo is tried, but what it could not do went with the init's cgroup and /dev.
+    assert_eq!(e.to_string(), "mount over /usr/lib: Permission denied");
+    assert!(fake
+        .calls()
+        .contains(&"remove /dev/null /dev/full".to_string()));
+}
+
+#[test]
+fn activate_without_a_reservation_touches_nothing() {
+    let h = host();
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    let e = h
+        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .unwrap_err();
+    assert!(e.to_string().starts_with("holds no GPU reservation"), "{e}");
+    assert!(fake.calls().is_empty());
+    // Nor when the container cannot be found.
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let e = h
+        .with(&fake, |f| {
+            activate_with(f, &holder(&idmap), &req(1), || {
+                Err(ContainerError::Other("no libvirt_lxc controller".into()))
+            })
+        })
+        .unwrap_err();
+    assert_eq!(e.to_string(), "no libvirt_lxc controller");
+    assert!(fake.calls().is_empty());
+}
+
+// ---- readopt ----
+
+#[test]
+fn readopt_consistent_keeps_the_reservation_and_remakes_nodes() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(2)], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(vec![(195, 2)]),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::Consistent);
+    // Already granted: not granted again; the node is made again.
+    assert_eq!(fake.calls(), ["create /dev/nvidia2"]);
+    let r = &h.state().reservations[ID];
+    assert_eq!((r.gpus.clone(), r.init), (vec![pci(2)], Some(INIT)));
+}
+
+#[test]
+fn readopt_regrants_what_the_cgroup_lost() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(2)], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::Consistent);
+    assert_eq!(fake.calls(), ["allow 195:2", "create /dev/nvidia2"]);
+}
+
+#[test]
+fn readopt_readopts_from_the_cgroups_exact_grants() {
+    let h = host();
+    // The state lost it; the cgroup grants GPU 5 exactly.
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(vec![(195, 5)]),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::Consistent);
+    assert_eq!(fake.calls(), ["create /dev/nvidia5"]);
+    let r = &h.state().reservations[ID];
+    assert_eq!(
+        (r.gpus.clone(), r.phase, r.init, r.controller),
+        (vec![pci(5)], Phase::Running, Some(INIT), Some(CTRL))
+    );
+}
+
+#[test]
+fn readopt_takes_away_grants_beyond_the_request() {
+    let h = host();
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(vec![(195, 3), (195, 6)]),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::Consistent);
+    assert_eq!(fake.calls(), ["deny 195:6", "create /dev/nvidia3"]);
+    assert_eq!(*fake.allowed.borrow(), [(195, 3)]);
+    assert_eq!(h.state().reservations[ID].gpus, [pci(3)]);
+}
+
+#[test]
+fn readopt_inconsistent_when_its_gpu_is_anothers() {
+    let h = host();
+    let other = ProcRef {
+        pid: 5151,
+        start_time: 888,
+    };
+    h.process(other, 5100);
+    h.seed("other-uuid", "web2", &[pci(3)], Phase::Running, Some(other));
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(vec![(195, 3)]),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::Inconsistent);
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    let st = h.state();
+    assert!(!st.reservations.contains_key(ID));
+    assert_eq!(st.reservations["other-uuid"].gpus, [pci(3)]);
+}
+
+#[test]
+fn readopt_reclaims_a_stale_holder_of_its_gpu() {
+    let h = host();
+    // The other domain's init is gone (not in the fake /proc): its reservation is stale.
+    let gone = ProcRef {
+        pid: 6161,
+        start_time: 1,
+    };
+    h.seed("other-uuid", "web2", &[pci(3)], Phase::Running, Some(gone));
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(vec![(195, 3)]),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::Consistent);
+    let st = h.state();
+    assert!(!st.reservations.contains_key("other-uuid"));
+    assert_eq!(st.reservations[ID].gpus, [pci(3)]);
+}
+
+#[test]
+fn readopt_inconsistent_when_its_dev_refuses_a_node() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(2)], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake {
+        fail_create: Some(ContainerError::Refused(
+            "/dev is not libvirt's tmpfs".into(),
+        )),
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::Inconsistent);
+    assert_eq!(
+        fake.calls(),
+        ["allow 195:2", "create /dev/nvidia2", "revoke 195:2"]
+    );
+}
+
+#[test]
+fn readopt_inconsistent_when_the_container_is_not_found() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(2)], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    let r = h.with(&fake, |f| {
+        readopt_with(f, &holder(&idmap), &req(1), || {
+            Err(ContainerError::InitGone {
+                pid: INIT.pid,
+                cause: None,
+            })
+        })
+    });
+    assert_eq!(r, Readopted::Inconsistent);
+    assert!(fake.calls().is_empty());
+}
+
+#[test]
+fn readopt_leaves_it_alone_when_gpuhooks_own_files_are_broken() {
+    // The inventory cannot be read.
+    let h = host();
+    h.seed(ID, "web1", &[pci(2)], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake {
+        no_inventory: true,
+        ..Default::default()
+    });
+    let idmap = IdMap::default();
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::LeftAlone);
+    assert!(fake.calls().is_empty());
+    // The state file is not gpuhook's JSON.
+    std::fs::write(&h.cfg.state_file, "{ not json").unwrap();
+    let fake = h.fake(Fake::default());
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::LeftAlone);
+    assert!(fake.calls().is_empty());
+    assert_eq!(
+        std::fs::read_to_string(&h.cfg.state_file).unwrap(),
+        "{ not json"
+    );
+}
+
+#[test]
+fn readopt_checks_the_driver_mounts_it_recorded() {
+    let h = cdi_host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    h.with(&fake, |f| {
+        activate_with(f, &holder(&idmap), &cdi_req(1), found)
+    })
+    .unwrap();
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(vec![(1, 3), (1, 7)]),
+        ..Default::default()
+    });
+    let r = h.with(&fake, |f| {
+        readopt_with(f, &holder(&idmap), &cdi_req(1), found)
+    });
+    assert_eq!(r, Readopted::Consistent);
+    assert_eq!(
+        fake.calls(),
+        ["check 1 mount(s)", "create /dev/null /dev/full"]
+    );
+}
+
+// ---- reserve, confirm, free ----
+
+#[test]
+fn reserve_confirm_activate_free_in_memory() {
+    let h = host();
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    let who = holder(&idmap);
+    h.with(&fake, |f| reserve_with(f, &who, &req(2))).unwrap();
+    let gpus = h.state().reservations[ID].gpus.clone();
+    assert_eq!(gpus.len(), 2);
+    h.with(&fake, |f| confirm_with(f, &who, &req(2))).unwrap();
+    h.with(&fake, |f| activate_with(f, &who, &req(2), found))
+        .unwrap();
+    // A reserve again with the same request keeps the GPUs.
+    h.with(&fake, |f| reserve_with(f, &who, &req(2))).unwrap();
+    assert_eq!(h.state().reservations[ID].gpus, gpus);
+    assert!(free(&h.cfg, HolderKind::Oci, ID).unwrap().is_none());
+    assert!(free(&h.cfg, HolderKind::Libvirt, ID).unwrap().is_some());
+    assert!(h.state().reservations.is_empty());
+}
+
+#[test]
+fn reserve_reclaims_a_stale_reservation_only_when_needed() {
+    let h = host();
+    let gone = ProcRef {
+        pid: 6161,
+        start_time: 1,
+    };
+    let all: Vec<String> = (0..8).map(pci).collect();
+    h.seed("other-uuid", "web2", &all, Phase::Running, Some(gone));
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    h.with(&fake, |f| reserve_with(f, &holder(&idmap), &req(1)))
+        .unwrap();
+    let st = h.state();
+    assert!(!st.reservations.contains_key("other-uuid"));
+    assert_eq!(st.reservations[ID].gpus.len(), 1);
+}
