@@ -2,6 +2,8 @@
 //! `/dev/full` (1:7) and `/dev/random` (1:8) stand in for two GPUs and a control node.
 
 use super::*;
+use crate::host::config::ForeignHooks;
+use std::path::Path;
 
 const GPU0: (u32, u32) = (1, 3);
 const GPU1: (u32, u32) = (1, 5);
