@@ -26,7 +26,7 @@ mod spec;
 
 pub use plan::{container_path, nvidia_version, plan, Host, Unit, Units};
 pub use soname::soname;
-pub use spec::{load, parse, parse_checked};
+pub use spec::{load, parse, parse_checked, try_load, LoadError, SpecError};
 
 #[cfg(test)]
 use hooks::{native, Native};
