@@ -71,6 +71,36 @@ impl Scan {
     }
 }
 
+/// Why a device node, or a GPU's MIG capabilities, cannot be had: the message becomes the
+/// GPU's problem.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NodeError {
+    /// The device root did not open.
+    #[error("{}: cannot open the device root", .root.display())]
+    NoRoot { root: PathBuf },
+    /// The node cannot be `stat`ed.
+    #[error("{}: {source}", .path.display())]
+    Stat {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The node is no character device (or a link to one).
+    #[error("{} is not a character device", .path.display())]
+    NotChar { path: PathBuf },
+    /// No capability node, and no `nvidia-caps` major to make one from.
+    #[error("no /dev/{rel} and no nvidia-caps major in {}", .devices.display())]
+    NoCapsMajor { rel: String, devices: PathBuf },
+    /// A driver file or directory cannot be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A capability's `access` file names no minor.
+    #[error("{}: no DeviceFileMinor", .path.display())]
+    NoMinor { path: PathBuf },
+}
+
 /// The host's device root, opened once per scan: nodes are looked up relative to it.
 pub(super) struct DevRoot<'a> {
     path: &'a Path,
@@ -82,16 +112,17 @@ pub(super) struct DevRoot<'a> {
 impl DevRoot<'_> {
     /// The host node behind container path `/dev/<rel>`: must be a character device (not a
     /// symlink to one).
-    pub(super) fn node(&self, rel: &str) -> Result<DevNode, String> {
+    pub(super) fn node(&self, rel: &str) -> Result<DevNode, NodeError> {
         let p = self.path.join(rel);
-        let fd = self
-            .fd
-            .as_ref()
-            .ok_or_else(|| format!("{}: cannot open the device root", self.path.display()))?;
-        let st = fstatat(fd, rel, AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(|e| format!("{}: {}", p.display(), std::io::Error::from(e)))?;
+        let fd = self.fd.as_ref().ok_or_else(|| NodeError::NoRoot {
+            root: self.path.to_path_buf(),
+        })?;
+        let st = fstatat(fd, rel, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| NodeError::Stat {
+            path: p.clone(),
+            source: std::io::Error::from(e),
+        })?;
         if st.st_mode & libc::S_IFMT != libc::S_IFCHR {
-            return Err(format!("{} is not a character device", p.display()));
+            return Err(NodeError::NotChar { path: p });
         }
         Ok(DevNode {
             node: Node::new(
@@ -108,7 +139,7 @@ impl DevRoot<'_> {
     /// `/dev/nvidia-caps/nvidia-cap<m>`: the host's node when it has one (`stat`), else the
     /// number from the `nvidia-caps` major of `/proc/devices` (nvidia-modprobe makes these
     /// nodes on demand: a host may lack them).
-    pub(super) fn cap_node(&self, minor: u32, mode: u32) -> Result<DevNode, String> {
+    pub(super) fn cap_node(&self, minor: u32, mode: u32) -> Result<DevNode, NodeError> {
         let rel = format!("nvidia-caps/nvidia-cap{minor}");
         if let Ok(n) = self.node(&rel) {
             return Ok(n);
@@ -122,11 +153,9 @@ impl DevRoot<'_> {
                     (name.trim() == "nvidia-caps").then(|| n.parse().ok())?
                 })
             })
-            .ok_or_else(|| {
-                format!(
-                    "no /dev/{rel} and no nvidia-caps major in {}",
-                    devices.display()
-                )
+            .ok_or_else(|| NodeError::NoCapsMajor {
+                rel: rel.clone(),
+                devices: devices.clone(),
             })?;
         Ok(DevNode {
             node: Node::new(format!("/dev/{rel}"), major, minor),
@@ -453,7 +482,7 @@ fn add_drm_nodes(dev: &DevRoot, dir: &Path, gpu: &mut Gpu, required: bool) {
                 render |= role == Role::Render;
                 gpu.nodes.push((role, n));
             }
-            Err(e) if required && role == Role::Render => gpu.problem = Some(e),
+            Err(e) if required && role == Role::Render => gpu.problem = Some(e.to_string()),
             Err(_) => {}
         }
     }
