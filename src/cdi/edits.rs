@@ -1,5 +1,6 @@
 //! Building a [`Plan`], edit by edit: nodes, bind mounts, hooks, environment.
 
+use super::error::{EditError, PlanError};
 use super::hooks::{native, Native};
 use super::plan::container_path;
 use super::{
@@ -19,12 +20,12 @@ impl Plan {
         nodes: Vec<(Node, u32)>,
         units: &Units,
         host: &Host,
-    ) -> Result<(), String> {
+    ) -> Result<(), EditError> {
         if e.intel_rdt.is_some() {
-            return Err("intelRdt edits are not supported by gpuhook".into());
+            return Err(EditError::IntelRdt);
         }
         if e.net_devices.as_ref().is_some_and(|n| !n.is_empty()) {
-            return Err("netDevices edits are not supported by gpuhook".into());
+            return Err(EditError::NetDevices);
         }
         for (n, mode) in nodes {
             let num = (n.major, n.minor);
@@ -32,10 +33,11 @@ impl Plan {
                 continue;
             }
             if let Some(o) = self.nodes.iter().find(|x| x.node.path == n.path) {
-                return Err(format!(
-                    "deviceNode {} is {}:{} here and {}:{} elsewhere",
-                    n.path, n.major, n.minor, o.node.major, o.node.minor
-                ));
+                return Err(EditError::NodeConflict {
+                    path: n.path.clone(),
+                    here: (n.major, n.minor),
+                    there: (o.node.major, o.node.minor),
+                });
             }
             self.nodes.push(ExtraNode { node: n, mode });
         }
@@ -44,10 +46,11 @@ impl Plan {
             match self.mounts.iter().find(|x| x.target == bm.target) {
                 Some(x) if *x == bm => {}
                 Some(x) => {
-                    return Err(format!(
-                        "mount at {} is {} here and {} elsewhere",
-                        bm.target, bm.source, x.source
-                    ))
+                    return Err(EditError::MountConflict {
+                        target: bm.target.clone(),
+                        from: bm.source.clone(),
+                        other: x.source.clone(),
+                    })
                 }
                 None => self.mounts.push(bm),
             }
@@ -57,10 +60,10 @@ impl Plan {
         }
         for v in e.env.as_deref().unwrap_or_default() {
             let Some((k, _)) = v.split_once('=') else {
-                return Err(format!("env '{v}' is not NAME=VALUE"));
+                return Err(EditError::Env(v.clone()));
             };
             if k.is_empty() {
-                return Err(format!("env '{v}' is not NAME=VALUE"));
+                return Err(EditError::Env(v.clone()));
             }
             // The later value of a name wins, as in the reference.
             self.env
@@ -75,15 +78,15 @@ impl Plan {
         Ok(())
     }
 
-    pub(super) fn hook(&mut self, h: &SpecHook, foreign: ForeignHooks) -> Result<(), String> {
+    pub(super) fn hook(&mut self, h: &SpecHook, foreign: ForeignHooks) -> Result<(), EditError> {
         if !STAGES.contains(&h.hook_name.as_str()) {
-            return Err(format!("hook stage '{}' is not an OCI hook", h.hook_name));
+            return Err(EditError::HookStage(h.hook_name.clone()));
         }
         if !Path::new(&h.path).is_absolute() {
-            return Err(format!("hook path '{}' is not absolute", h.path));
+            return Err(EditError::HookPath(h.path.clone()));
         }
         let args = h.args.clone().unwrap_or_default();
-        match native(&h.path, &args)? {
+        match native(&h.path, &args).map_err(EditError::Arg)? {
             Some(Native::Links(l)) => {
                 for x in l {
                     if !self.links.contains(&x) {
@@ -99,12 +102,11 @@ impl Plan {
                 }
             }
             None if foreign == ForeignHooks::Refuse => {
-                return Err(format!(
-                    "{} hook {}{} is not one gpuhook does itself, and the host config refuses such hooks (\"cdi_foreign_hooks\": \"refuse\")",
-                    h.hook_name,
-                    h.path,
-                    args.get(1).map(|a| format!(" {a}")).unwrap_or_default()
-                ));
+                return Err(EditError::ForeignHook {
+                    stage: h.hook_name.clone(),
+                    path: h.path.clone(),
+                    arg: args.get(1).map(|a| format!(" {a}")).unwrap_or_default(),
+                });
             }
             None => {
                 let p = PassedHook {
@@ -122,15 +124,12 @@ impl Plan {
         Ok(())
     }
 
-    pub(super) fn finish(mut self) -> Result<Plan, String> {
+    pub(super) fn finish(mut self) -> Result<Plan, PlanError> {
         self.soname_links();
         // A symlink, a mount and a node at one place would fight over it.
         for l in &self.links {
             if self.mounts.iter().any(|m| m.target == l.link) {
-                return Err(format!(
-                    "CDI specs both mount at and link {}; refusing",
-                    l.link
-                ));
+                return Err(PlanError::MountAndLink(l.link.clone()));
             }
         }
         Ok(self)
@@ -155,38 +154,36 @@ const MOUNT_OPTIONS: [&str; 14] = [
     "noatime",
 ];
 
-pub(super) fn bind_mount(m: &SpecMount, host: &Host) -> Result<BindMount, String> {
+pub(super) fn bind_mount(m: &SpecMount, host: &Host) -> Result<BindMount, EditError> {
     let opts = m.options.clone().unwrap_or_default();
     let is_bind = opts.iter().any(|o| o == "bind" || o == "rbind");
     match m.kind.as_deref().unwrap_or("") {
         "bind" => {}
         "" if is_bind => {}
         other => {
-            return Err(format!(
-                "mount at {} is of type '{}': only bind mounts are given",
-                m.container_path,
-                if other.is_empty() { "none" } else { other }
-            ))
+            return Err(EditError::MountType {
+                target: m.container_path.clone(),
+                kind: if other.is_empty() { "none" } else { other }.to_string(),
+            })
         }
     }
     for o in &opts {
         if !MOUNT_OPTIONS.contains(&o.as_str()) {
-            return Err(format!(
-                "mount at {}: option '{o}' is not one gpuhook applies",
-                m.container_path
-            ));
+            return Err(EditError::MountOption {
+                target: m.container_path.clone(),
+                option: o.clone(),
+            });
         }
     }
-    container_path(&m.container_path, "mount containerPath")?;
+    container_path(&m.container_path, "mount containerPath").map_err(EditError::Arg)?;
     if !Path::new(&m.host_path).is_absolute() {
-        return Err(format!("mount hostPath '{}' is not absolute", m.host_path));
+        return Err(EditError::MountHostRelative(m.host_path.clone()));
     }
-    let md = std::fs::metadata(&m.host_path).map_err(|e| {
-        let mut msg = format!("mount source {}: {e}", m.host_path);
-        if let Some(n) = stale_driver(&m.host_path, host) {
-            msg = n;
-        }
-        msg
+    let md = std::fs::metadata(&m.host_path).map_err(|source| {
+        stale_driver(&m.host_path, host).unwrap_or(EditError::MountSource {
+            path: m.host_path.clone(),
+            source,
+        })
     })?;
     if let Some(n) = stale_driver(&m.host_path, host) {
         return Err(n);
@@ -204,7 +201,7 @@ pub(super) fn bind_mount(m: &SpecMount, host: &Host) -> Result<BindMount, String
 
 /// When a mounted library names an NVIDIA driver version other than the running kernel
 /// module's, the spec was written for another driver: the message that says so.
-fn stale_driver(host_path: &str, host: &Host) -> Option<String> {
+fn stale_driver(host_path: &str, host: &Host) -> Option<EditError> {
     let running = host.nvidia_version.as_deref()?;
     let file = Path::new(host_path).file_name()?.to_str()?;
     let ver = ["libcuda.so.", "libnvidia-ml.so."]
@@ -213,8 +210,10 @@ fn stale_driver(host_path: &str, host: &Host) -> Option<String> {
     if ver.split('.').count() < 2 || ver == running {
         return None;
     }
-    Some(format!(
-        "mount source {host_path} is of NVIDIA driver {ver}, the host runs {running}: the spec is for another driver; regenerate it with `{}`",
-        generator(Vendor::Nvidia)
-    ))
+    Some(EditError::StaleDriver {
+        path: host_path.to_string(),
+        ver: ver.to_string(),
+        running: running.to_string(),
+        generator: generator(Vendor::Nvidia),
+    })
 }

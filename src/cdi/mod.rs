@@ -19,12 +19,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 mod edits;
+mod error;
 mod hooks;
 mod plan;
 mod soname;
 mod spec;
 
-pub use plan::{container_path, nvidia_version, plan, Host, Unit, Units};
+pub use error::{EditError, PlanError};
+pub use plan::{container_path, nvidia_version, plan, try_plan, Host, Unit, Units};
 pub use soname::soname;
 pub use spec::{load, parse, parse_checked, try_load, LoadError, SpecError};
 

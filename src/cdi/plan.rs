@@ -1,5 +1,6 @@
 //! Choosing the edits that belong to the chosen units, and checking their device nodes.
 
+use super::error::{EditError, PlanError};
 use super::spec::dirs_list;
 use super::{generator, kind_of, Device, Edits, Loaded, Plan};
 use crate::host::config::ForeignHooks;
@@ -59,6 +60,11 @@ pub fn nvidia_version(text: &str) -> Option<String> {
 
 /// The edits of `specs` that belong to `units`. Errors are one line naming the spec file.
 pub fn plan(specs: &[Loaded], units: &Units, host: &Host) -> Result<Plan, String> {
+    try_plan(specs, units, host).map_err(|e| e.to_string())
+}
+
+/// [`plan`], its error as a [`PlanError`].
+pub fn try_plan(specs: &[Loaded], units: &Units, host: &Host) -> Result<Plan, PlanError> {
     let mut b = Plan::default();
     let mut vendors = units.vendors.clone();
     vendors.sort();
@@ -77,15 +83,15 @@ fn plan_vendor(
     units: &Units,
     host: &Host,
     v: Vendor,
-) -> Result<(), String> {
+) -> Result<(), PlanError> {
     let kind = kind_of(v);
     let of_kind: Vec<&Loaded> = specs.iter().filter(|l| l.spec.kind == kind).collect();
     if of_kind.is_empty() {
-        return Err(format!(
-            "driver \"cdi\": no CDI spec for {kind} in {}; write one with `{}`",
-            dirs_list(host.dirs),
-            generator(v)
-        ));
+        return Err(PlanError::NoSpec {
+            kind,
+            dirs: dirs_list(host.dirs),
+            generator: generator(v),
+        });
     }
     let by_name = devices_by_name(&of_kind, kind)?;
     let mut used_specs: Vec<&Loaded> = Vec::new();
@@ -95,7 +101,11 @@ fn plan_vendor(
             continue;
         }
         let edits = d.container_edits.clone().unwrap_or_default();
-        let what = |e: String| format!("CDI spec {} device {name}: {e}", l.path.display());
+        let what = |source| PlanError::Device {
+            spec: l.path.clone(),
+            name: name.to_string(),
+            source: Box::new(source),
+        };
         let nodes = resolve_nodes(&edits, host).map_err(what)?;
         let nums: Vec<(u32, u32)> = nodes.iter().map(|(n, _)| (n.major, n.minor)).collect();
         let mine: Vec<&str> = units
@@ -125,19 +135,19 @@ fn plan_vendor(
 /// of one directory defining a name conflict.
 fn devices_by_name<'a>(
     of_kind: &[&'a Loaded],
-    kind: &str,
-) -> Result<BTreeMap<&'a str, (&'a Loaded, &'a Device)>, String> {
+    kind: &'static str,
+) -> Result<BTreeMap<&'a str, (&'a Loaded, &'a Device)>, PlanError> {
     let mut by_name: BTreeMap<&str, (&Loaded, &Device)> = BTreeMap::new();
     for l in of_kind {
         for d in l.spec.devices.as_deref().unwrap_or_default() {
             match by_name.get(d.name.as_str()) {
                 Some((o, _)) if o.dir == l.dir => {
-                    return Err(format!(
-                        "CDI device {kind}={} is defined in both {} and {}",
-                        d.name,
-                        o.path.display(),
-                        l.path.display()
-                    ))
+                    return Err(PlanError::DefinedTwice {
+                        kind,
+                        name: d.name.clone(),
+                        first: o.path.clone(),
+                        second: l.path.clone(),
+                    })
                 }
                 _ => {
                     by_name.insert(d.name.as_str(), (l, d));
@@ -154,7 +164,7 @@ fn all_covered(
     v: Vendor,
     covered: &BTreeSet<&str>,
     of_kind: &[&Loaded],
-) -> Result<(), String> {
+) -> Result<(), PlanError> {
     let kind = kind_of(v);
     for Unit {
         id: unit,
@@ -163,35 +173,41 @@ fn all_covered(
     } in units.own.iter().filter(|u| u.vendor == v)
     {
         if !covered.contains(unit.as_str()) {
-            return Err(format!(
-                "CDI specs for {kind} ({}) have no device for {unit} ({}); regenerate them with `{}`",
-                of_kind
+            return Err(PlanError::Uncovered {
+                kind,
+                specs: of_kind
                     .iter()
                     .map(|l| l.path.display().to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-                own.iter()
+                unit: unit.clone(),
+                nodes: own
+                    .iter()
                     .map(|(a, b)| format!("{a}:{b}"))
                     .collect::<Vec<_>>()
                     .join(" "),
-                generator(v)
-            ));
+                generator: generator(v),
+            });
         }
     }
     Ok(())
 }
 
 /// A used spec's common edits: none of its nodes may be another GPU's.
-fn add_common_edits(b: &mut Plan, l: &Loaded, units: &Units, host: &Host) -> Result<(), String> {
+fn add_common_edits(b: &mut Plan, l: &Loaded, units: &Units, host: &Host) -> Result<(), PlanError> {
     let edits = l.spec.container_edits.clone().unwrap_or_default();
-    let what = |e: String| format!("CDI spec {}: {e}", l.path.display());
+    let what = |source| PlanError::Common {
+        spec: l.path.clone(),
+        source: Box::new(source),
+    };
     let nodes = resolve_nodes(&edits, host).map_err(what)?;
     for (n, _) in &nodes {
         if units.foreign.contains(&(n.major, n.minor)) {
-            return Err(what(format!(
-                "its common edits give {} ({}:{}), another GPU's node",
-                n.path, n.major, n.minor
-            )));
+            return Err(what(EditError::ForeignNode {
+                path: n.path.clone(),
+                major: n.major,
+                minor: n.minor,
+            }));
         }
     }
     b.add(&edits, nodes, units, host).map_err(what)?;
@@ -201,60 +217,57 @@ fn add_common_edits(b: &mut Plan, l: &Loaded, units: &Units, host: &Host) -> Res
 
 /// A device node of a spec: where it is in the container, its number (the host node's),
 /// and the spec's mode for it.
-pub(super) fn resolve_nodes(e: &Edits, host: &Host) -> Result<Vec<(Node, u32)>, String> {
+pub(super) fn resolve_nodes(e: &Edits, host: &Host) -> Result<Vec<(Node, u32)>, EditError> {
     let mut out = Vec::new();
     for n in e.device_nodes.as_deref().unwrap_or_default() {
-        let rel = container_path(&n.path, "deviceNode path")?;
+        let rel = container_path(&n.path, "deviceNode path").map_err(EditError::Arg)?;
         if !rel.starts_with("dev/") {
-            return Err(format!("deviceNode {} is not under /dev", n.path));
+            return Err(EditError::NodeNotUnderDev(n.path.clone()));
         }
         if let Some(t) = n.kind.as_deref().filter(|t| !t.is_empty()) {
             if t != "c" && t != "u" {
-                return Err(format!(
-                    "deviceNode {} is of type '{t}': only character devices are given",
-                    n.path
-                ));
+                return Err(EditError::NodeType {
+                    path: n.path.clone(),
+                    kind: t.to_string(),
+                });
             }
         }
         let hp = n.host_path.as_deref().unwrap_or(&n.path);
         let host_path = host_node_path(hp, host.dev)?;
-        let md = std::fs::metadata(&host_path).map_err(|e| {
-            format!(
-                "deviceNode {}: host node {}: {e}",
-                n.path,
-                host_path.display()
-            )
+        let md = std::fs::metadata(&host_path).map_err(|source| EditError::HostNode {
+            path: n.path.clone(),
+            host: host_path.clone(),
+            source,
         })?;
         if !md.file_type().is_char_device() {
-            return Err(format!(
-                "deviceNode {}: host node {} is {}, not a character device",
-                n.path,
-                host_path.display(),
-                if md.file_type().is_block_device() {
+            return Err(EditError::HostNodeNotChar {
+                path: n.path.clone(),
+                host: host_path,
+                what: if md.file_type().is_block_device() {
                     "a block device"
                 } else {
                     "no device"
-                }
-            ));
+                },
+            });
         }
         let rdev = md.rdev();
         let (major, minor) = (libc::major(rdev), libc::minor(rdev));
         let said = (n.major.unwrap_or(0), n.minor.unwrap_or(0));
         if said != (0, 0) && said != (i64::from(major), i64::from(minor)) {
-            return Err(format!(
-                "deviceNode {} says {}:{}, the host node {} is {major}:{minor}",
-                n.path,
-                said.0,
-                said.1,
-                host_path.display()
-            ));
+            return Err(EditError::NumberMismatch {
+                path: n.path.clone(),
+                said,
+                host: host_path,
+                major,
+                minor,
+            });
         }
         if let Some(p) = n.permissions.as_deref().filter(|p| !p.is_empty()) {
             if !p.chars().all(|c| "rwm".contains(c)) {
-                return Err(format!(
-                    "deviceNode {}: permissions '{p}' are not rwm",
-                    n.path
-                ));
+                return Err(EditError::Permissions {
+                    path: n.path.clone(),
+                    perms: p.to_string(),
+                });
             }
         }
         let mode = n.file_mode.map_or(md.mode() & 0o777, |m| m & 0o777);
@@ -265,10 +278,10 @@ pub(super) fn resolve_nodes(e: &Edits, host: &Host) -> Result<Vec<(Node, u32)>, 
 
 /// Where a spec's host node is on this host: a `/dev/…` path under the config's `dev` root
 /// (a path already under that root is taken as it is).
-pub(super) fn host_node_path(p: &str, dev: &Path) -> Result<PathBuf, String> {
+pub(super) fn host_node_path(p: &str, dev: &Path) -> Result<PathBuf, EditError> {
     let path = Path::new(p);
     if !path.is_absolute() {
-        return Err(format!("hostPath '{p}' is not absolute"));
+        return Err(EditError::HostPathRelative(p.to_string()));
     }
     if path.starts_with(dev) || dev == Path::new("/dev") {
         return Ok(path.to_path_buf());
