@@ -164,7 +164,9 @@ pub(super) fn parse_gpus_attrs(
 /// caller names where it was).
 pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, String> {
     match key {
-        "count" => g.count_attr = Some(extra_specs::parse_positive_count(v)?),
+        "count" => {
+            g.count_attr = Some(extra_specs::parse_positive_count(v).map_err(|e| e.to_string())?)
+        }
         "vendor" => {
             let vendor = Vendor::from_name(v)
                 .ok_or_else(|| format!("unknown vendor '{v}' (known: nvidia, amd, intel)"))?;
@@ -300,14 +302,16 @@ pub(super) fn apply_extra_spec(
     key: &str,
     value: &str,
 ) -> Result<(), ParseError> {
-    let bad = |m: String| ParseError::new(format!("extra_spec '{key}' ('{}'): {m}", value.trim()));
+    let bad = |m: &dyn std::fmt::Display| {
+        ParseError::new(format!("extra_spec '{key}' ('{}'): {m}", value.trim()))
+    };
     if let Some(class) = extra_specs::gpu_resource_class(key) {
         if !crate::request::extra_specs::valid_custom_name(class) {
-            return Err(bad(format!(
+            return Err(bad(&format!(
                 "'{class}' is not a Placement resource class name (CUSTOM_[A-Z0-9_]+)"
             )));
         }
-        let n = extra_specs::parse_amount(value).map_err(bad)?;
+        let n = extra_specs::parse_amount(value).map_err(|e| bad(&e))?;
         if n > 0 {
             g.resources.push((key.to_owned(), class.to_owned(), n));
         }
@@ -315,11 +319,11 @@ pub(super) fn apply_extra_spec(
     }
     match key {
         "gpus" => {
-            let (n, at_least) = extra_specs::parse_count_bound(value).map_err(bad)?;
+            let (n, at_least) = extra_specs::parse_count_bound(value).map_err(|e| bad(&e))?;
             g.spec_count = Some((n, value.trim().to_owned(), at_least));
         }
         "gpu_arch" | "gpu_model" | "gpu_vendor" => {
-            let op = extra_specs::parse_string_op(value).map_err(bad)?;
+            let op = extra_specs::parse_string_op(value).map_err(|e| bad(&e))?;
             let field = match key {
                 "gpu_arch" => Field::Arch,
                 "gpu_model" => Field::Model,
@@ -332,7 +336,7 @@ pub(super) fn apply_extra_spec(
                     _ => vec![],
                 };
                 if let Some(v) = names.iter().find(|v| Vendor::from_name(v).is_none()) {
-                    return Err(bad(format!(
+                    return Err(bad(&format!(
                         "unknown vendor '{v}' (known: nvidia, amd, intel)"
                     )));
                 }
