@@ -4,7 +4,7 @@
 //!
 //! Pure but for reading the spec files and `stat`ing the host paths they name: [`load`] reads
 //! and checks the specs (unknown fields refused as the reference loader does; a device of a
-//! later directory replaces one of the same name in an earlier one), [`plan`] picks the edits
+//! later directory replaces one of the same name in an earlier one), [`plan()`] picks the edits
 //! that belong to the GPUs a container was given — a CDI device is applied when its device
 //! nodes contain one of the chosen units' own nodes and none of another GPU's; `all` never —
 //! and turns them into a [`Plan`] both front doors apply: extra character nodes (granted and
