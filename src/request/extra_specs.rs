@@ -459,4 +459,26 @@ mod tests {
             "amount '1__0' is not a whole number"
         );
     }
+
+    /// `capabilities` and `driver` messages, as they were written before they were a type.
+    #[test]
+    fn word_error_messages() {
+        use crate::request::{Capabilities, Driver};
+        assert_eq!(
+            Capabilities::parse("compute,,video")
+                .unwrap_err()
+                .to_string(),
+            "empty entry in capabilities 'compute,,video'"
+        );
+        assert_eq!(
+            Capabilities::parse("compute,display")
+                .unwrap_err()
+                .to_string(),
+            "unknown capability 'display' (known: compute, utility, graphics, video)"
+        );
+        assert_eq!(
+            Driver::parse(" NVIDIA ").unwrap_err().to_string(),
+            "unknown driver 'nvidia' (known: none, cdi)"
+        );
+    }
 }

@@ -199,7 +199,7 @@ pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, 
                 }
             });
         }
-        "capabilities" => g.capabilities = Some(Capabilities::parse(v)?),
+        "capabilities" => g.capabilities = Some(Capabilities::parse(v).map_err(|e| e.to_string())?),
         "mig" => {
             g.mig = Some(match v.trim().to_ascii_lowercase().as_str() {
                 "yes" | "true" | "1" => true,
@@ -208,7 +208,7 @@ pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, 
             })
         }
         "mode" => g.mode = Some(parse_mode(v).map_err(|e| e.0)?),
-        "driver" => g.driver = Some(crate::request::Driver::parse(v)?),
+        "driver" => g.driver = Some(crate::request::Driver::parse(v).map_err(|e| e.to_string())?),
         "uid" => g.uid = Some(parse_u32("uid", v).map_err(|e| e.0)?),
         "gid" => g.gid = Some(parse_u32("gid", v).map_err(|e| e.0)?),
         _ => return Ok(false),
