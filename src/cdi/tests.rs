@@ -2,6 +2,8 @@
 //! `/dev/full` (1:7) and `/dev/random` (1:8) stand in for two GPUs and a control node.
 
 use super::*;
+use crate::host::config::ForeignHooks;
+use std::path::Path;
 
 const GPU0: (u32, u32) = (1, 3);
 const GPU1: (u32, u32) = (1, 5);
@@ -672,4 +674,92 @@ fn soname_of_a_shared_object() {
     assert_eq!(super::soname(std::path::Path::new("/bin/sh")), None);
     std::fs::write(dir.path().join("text"), "not ELF").unwrap();
     assert_eq!(super::soname(&dir.path().join("text")), None);
+}
+
+/// The messages of errors no other test reaches, pinned as they were written before they were
+/// types.
+#[test]
+fn error_messages_unchanged() {
+    let cases: [(String, &str); 11] = [
+        (
+            EditError::Permissions {
+                path: "/dev/x".into(),
+                perms: "rwx".into(),
+            }
+            .to_string(),
+            "deviceNode /dev/x: permissions 'rwx' are not rwm",
+        ),
+        (
+            EditError::NodeConflict {
+                path: "/dev/x".into(),
+                here: (1, 3),
+                there: (1, 5),
+            }
+            .to_string(),
+            "deviceNode /dev/x is 1:3 here and 1:5 elsewhere",
+        ),
+        (
+            EditError::MountConflict {
+                target: "/a".into(),
+                from: "/b".into(),
+                other: "/c".into(),
+            }
+            .to_string(),
+            "mount at /a is /b here and /c elsewhere",
+        ),
+        (
+            PlanError::MountAndLink("/a".into()).to_string(),
+            "CDI specs both mount at and link /a; refusing",
+        ),
+        (
+            EditError::IntelRdt.to_string(),
+            "intelRdt edits are not supported by gpuhook",
+        ),
+        (
+            EditError::NetDevices.to_string(),
+            "netDevices edits are not supported by gpuhook",
+        ),
+        (
+            LoadError::TooBig {
+                path: "/etc/cdi/x.yaml".into(),
+            }
+            .to_string(),
+            "CDI spec /etc/cdi/x.yaml is larger than 4 MiB",
+        ),
+        (
+            SpecError::DeviceTwice("gpu0".into()).to_string(),
+            "device 'gpu0' is defined twice",
+        ),
+        (
+            LoadError::DirMode {
+                what: "CDI spec directory /x".into(),
+                mode: 0o777,
+            }
+            .to_string(),
+            "CDI spec directory /x has mode 0777: group or others may write it; refusing to read specs from it",
+        ),
+        (
+            EditError::NumberMismatch {
+                path: "/dev/x".into(),
+                said: (1, 3),
+                host: PathBuf::from("/dev/y"),
+                major: 1,
+                minor: 5,
+            }
+            .to_string(),
+            "deviceNode /dev/x says 1:3, the host node /dev/y is 1:5",
+        ),
+        (
+            PlanError::Device {
+                spec: "/etc/cdi/n.yaml".into(),
+                name: "0".into(),
+                source: Box::new(EditError::Env("X".into())),
+            }
+            .to_string(),
+            "CDI spec /etc/cdi/n.yaml device 0: env 'X' is not NAME=VALUE",
+        ),
+    ];
+    for (got, want) in cases {
+        assert_eq!(got, want);
+    }
 }

@@ -28,12 +28,17 @@ pub enum ForeignHooks {
     Refuse,
 }
 
+/// A `cdi_foreign_hooks` value that is neither `pass` nor `refuse`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown value '{0}' (known: pass, refuse)")]
+pub struct UnknownForeignHooks(pub String);
+
 impl ForeignHooks {
-    pub fn parse(v: &str) -> Result<ForeignHooks, String> {
+    pub fn parse(v: &str) -> Result<ForeignHooks, UnknownForeignHooks> {
         match v {
             "pass" => Ok(ForeignHooks::Pass),
             "refuse" => Ok(ForeignHooks::Refuse),
-            other => Err(format!("unknown value '{other}' (known: pass, refuse)")),
+            other => Err(UnknownForeignHooks(other.to_string())),
         }
     }
 }

@@ -36,15 +36,26 @@ fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: u64) {
 /// The exposition text.
 pub fn render(inv: &Inventory, st: &State) -> String {
     let mut out = String::new();
+    gpu_info(&mut out, inv);
+    gpu_reserved(&mut out, inv, st);
+    gpu_health(&mut out, inv, st);
+    mig_reserved(&mut out, inv, st);
+    link_degraded(&mut out, inv);
+    reservations(&mut out, st);
+    out
+}
+
+/// `gpuhook_gpu_info`: each GPU, its names.
+fn gpu_info(out: &mut String, inv: &Inventory) {
     family(
-        &mut out,
+        out,
         "gpuhook_gpu_info",
         "A GPU of this host, as gpuhook sees it (value 1).",
     );
     for g in &inv.gpus {
         let numa = g.numa_node.map(|n| n.to_string()).unwrap_or_default();
         sample(
-            &mut out,
+            out,
             "gpuhook_gpu_info",
             &[
                 ("pci", &g.pci),
@@ -57,8 +68,12 @@ pub fn render(inv: &Inventory, st: &State) -> String {
             1,
         );
     }
+}
+
+/// `gpuhook_gpu_reserved`: each GPU's holder.
+fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State) {
     family(
-        &mut out,
+        out,
         "gpuhook_gpu_reserved",
         "Whether the GPU is reserved (1) and by which holder (kind libvirt or oci; empty when free).",
     );
@@ -68,27 +83,31 @@ pub fn render(inv: &Inventory, st: &State) -> String {
             None => ("", "", 0),
         };
         sample(
-            &mut out,
+            out,
             "gpuhook_gpu_reserved",
             &[("pci", &g.pci), ("kind", kind), ("holder", holder)],
             v,
         );
     }
+}
+
+/// `gpuhook_gpu_usable`, `gpuhook_gpu_quarantined`, `gpuhook_gpu_draining`.
+fn gpu_health(out: &mut String, inv: &Inventory, st: &State) {
     family(
-        &mut out,
+        out,
         "gpuhook_gpu_usable",
         "Whether the GPU can be given to a container (present, driver and node usable, not excluded).",
     );
     for g in &inv.gpus {
         sample(
-            &mut out,
+            out,
             "gpuhook_gpu_usable",
             &[("pci", &g.pci)],
             u64::from(g.usable()),
         );
     }
     family(
-        &mut out,
+        out,
         "gpuhook_gpu_quarantined",
         "Whether the GPU is quarantined after an NVIDIA Xid error (gpuhook health scan); xid names it.",
     );
@@ -96,73 +115,87 @@ pub fn render(inv: &Inventory, st: &State) -> String {
         let q = st.quarantine.get(&g.pci);
         let xid = q.map(|q| q.xid.to_string()).unwrap_or_default();
         sample(
-            &mut out,
+            out,
             "gpuhook_gpu_quarantined",
             &[("pci", &g.pci), ("xid", &xid)],
             u64::from(q.is_some()),
         );
     }
     family(
-        &mut out,
+        out,
         "gpuhook_gpu_draining",
         "Whether the GPU (or one of its MIG instances) is draining: freed while a process still has it open, given to no one until it is closed.",
     );
     for g in &inv.gpus {
         let pids = crate::reserve::drain::pids_of(st, &g.pci);
         sample(
-            &mut out,
+            out,
             "gpuhook_gpu_draining",
             &[("pci", &g.pci)],
             u64::from(!pids.is_empty()),
         );
     }
-    if inv.gpus.iter().any(|g| !g.migs.is_empty()) {
-        family(
-            &mut out,
-            "gpuhook_mig_reserved",
-            "Whether a MIG compute instance is reserved (1) and by which holder (empty when free).",
-        );
-        for g in &inv.gpus {
-            for m in &g.migs {
-                let id = m.id(&g.pci);
-                let (kind, holder, v) = match st.holder_of(&id) {
-                    Some(r) => (r.kind.as_str(), r.domain.as_str(), 1),
-                    None => ("", "", 0),
-                };
-                sample(
-                    &mut out,
-                    "gpuhook_mig_reserved",
-                    &[
-                        ("pci", &g.pci),
-                        ("gi", &m.gi.to_string()),
-                        ("ci", &m.ci.to_string()),
-                        ("kind", kind),
-                        ("holder", holder),
-                    ],
-                    v,
-                );
-            }
-        }
-    }
-    if inv.gpus.iter().any(|g| g.link.is_some()) {
-        family(
-            &mut out,
-            "gpuhook_gpu_link_degraded",
-            "Whether the GPU's PCIe link runs below its maximum speed or width (idle GPUs lower their speed).",
-        );
-        for g in &inv.gpus {
-            if let Some(l) = &g.link {
-                sample(
-                    &mut out,
-                    "gpuhook_gpu_link_degraded",
-                    &[("pci", &g.pci)],
-                    u64::from(l.degraded()),
-                );
-            }
-        }
+}
+
+/// `gpuhook_mig_reserved`, when some GPU has MIG instances.
+fn mig_reserved(out: &mut String, inv: &Inventory, st: &State) {
+    if !inv.gpus.iter().any(|g| !g.migs.is_empty()) {
+        return;
     }
     family(
-        &mut out,
+        out,
+        "gpuhook_mig_reserved",
+        "Whether a MIG compute instance is reserved (1) and by which holder (empty when free).",
+    );
+    for g in &inv.gpus {
+        for m in &g.migs {
+            let id = m.id(&g.pci);
+            let (kind, holder, v) = match st.holder_of(&id) {
+                Some(r) => (r.kind.as_str(), r.domain.as_str(), 1),
+                None => ("", "", 0),
+            };
+            sample(
+                out,
+                "gpuhook_mig_reserved",
+                &[
+                    ("pci", &g.pci),
+                    ("gi", &m.gi.to_string()),
+                    ("ci", &m.ci.to_string()),
+                    ("kind", kind),
+                    ("holder", holder),
+                ],
+                v,
+            );
+        }
+    }
+}
+
+/// `gpuhook_gpu_link_degraded`, when the scan read some GPU's link.
+fn link_degraded(out: &mut String, inv: &Inventory) {
+    if !inv.gpus.iter().any(|g| g.link.is_some()) {
+        return;
+    }
+    family(
+        out,
+        "gpuhook_gpu_link_degraded",
+        "Whether the GPU's PCIe link runs below its maximum speed or width (idle GPUs lower their speed).",
+    );
+    for g in &inv.gpus {
+        if let Some(l) = &g.link {
+            sample(
+                out,
+                "gpuhook_gpu_link_degraded",
+                &[("pci", &g.pci)],
+                u64::from(l.degraded()),
+            );
+        }
+    }
+}
+
+/// `gpuhook_reservations`: how many, by holder kind and phase.
+fn reservations(out: &mut String, st: &State) {
+    family(
+        out,
         "gpuhook_reservations",
         "Reservations in the state, by holder kind and phase.",
     );
@@ -174,14 +207,13 @@ pub fn render(inv: &Inventory, st: &State) -> String {
                 .filter(|r| r.kind == kind && r.phase == phase)
                 .count();
             sample(
-                &mut out,
+                out,
                 "gpuhook_reservations",
                 &[("kind", kind.as_str()), ("phase", name)],
                 n as u64,
             );
         }
     }
-    out
 }
 
 #[cfg(test)]

@@ -81,31 +81,62 @@ fn split_op(value: &str) -> Option<(&str, &str)> {
     OPS.contains(&first).then_some((first, rest))
 }
 
+/// What is wrong with the value of an extra spec (or a count attribute); the caller names
+/// the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("operator '{0}' without a number")]
+    OpWithoutNumber(String),
+    #[error("operator '{0}' does not name a number of GPUs; use '= N'")]
+    OpNotACount(String),
+    #[error("empty count")]
+    EmptyCount,
+    #[error("count '{0}' is negative")]
+    NegativeCount(String),
+    #[error("count '{0}' is not a whole number")]
+    CountNotWhole(String),
+    #[error("count must be at least 1")]
+    ZeroCount,
+    #[error("count {0} is too large (at most {MAX_COUNT})")]
+    CountTooLarge(String),
+    #[error("amount '{0}' is not a whole number")]
+    AmountNotWhole(String),
+    #[error("amount '{0}' is negative")]
+    NegativeAmount(String),
+    #[error("empty value")]
+    EmptyValue,
+    #[error("'<or>' without alternatives")]
+    OrWithoutAlternatives,
+    /// A numeric operator on a name (`=`, `<`, …): the message names the `s…` one to use.
+    #[error("operator '{op}' compares numbers; use 's{}' to compare names", if .op == "=" { "==" } else { .op.as_str() })]
+    NumericOp { op: String },
+    #[error("operator '{0}' without a value")]
+    OpWithoutValue(String),
+    #[error("operator '{0}' is not supported here")]
+    UnsupportedOp(String),
+}
+
 /// Parses the value of the `gpus` key: how many GPUs to reserve.
 ///
 /// `= N` (Nova: at least N, the blueprint's form), `== N`, `>= N`, `s== N` and a bare `N`
 /// all reserve exactly N. Operators that do not name one count (`!=`, `<=`, `<in>`, …)
 /// are refused rather than guessed.
-pub fn parse_count(value: &str) -> Result<u32, String> {
+pub fn parse_count(value: &str) -> Result<u32, ValueError> {
     parse_count_bound(value).map(|(n, _)| n)
 }
 
 /// [`parse_count`], and whether Nova reads the value as "at least N" (`= N`, `>= N`):
 /// beside Placement's `resources…` keys, which name the number, that is a lower bound.
-pub fn parse_count_bound(value: &str) -> Result<(u32, bool), String> {
+pub fn parse_count_bound(value: &str) -> Result<(u32, bool), ValueError> {
     let at_least = matches!(split_op(value), Some(("=" | ">=", _)));
     let operand = match split_op(value) {
         Some((op @ ("=" | "==" | ">=" | "s=="), rest)) => {
             if rest.is_empty() {
-                return Err(format!("operator '{op}' without a number"));
+                return Err(ValueError::OpWithoutNumber(op.to_string()));
             }
             rest
         }
-        Some((op, _)) => {
-            return Err(format!(
-                "operator '{op}' does not name a number of GPUs; use '= N'"
-            ))
-        }
+        Some((op, _)) => return Err(ValueError::OpNotACount(op.to_string())),
         None => value.trim(),
     };
     parse_positive_count(operand).map(|n| (n, at_least))
@@ -116,25 +147,25 @@ pub fn parse_count_bound(value: &str) -> Result<(u32, bool), String> {
 pub const MAX_COUNT: u32 = 1024;
 
 /// A decimal count in 1..=MAX_COUNT, digits only.
-pub fn parse_positive_count(s: &str) -> Result<u32, String> {
+pub fn parse_positive_count(s: &str) -> Result<u32, ValueError> {
     if s.is_empty() {
-        return Err("empty count".into());
+        return Err(ValueError::EmptyCount);
     }
     if let Some(rest) = s.strip_prefix('-') {
         if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!("count '{s}' is negative"));
+            return Err(ValueError::NegativeCount(s.to_string()));
         }
     }
     if !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("count '{s}' is not a whole number"));
+        return Err(ValueError::CountNotWhole(s.to_string()));
     }
     let digits = s.trim_start_matches('0');
     if digits.is_empty() {
-        return Err("count must be at least 1".into());
+        return Err(ValueError::ZeroCount);
     }
     match digits.parse::<u32>() {
         Ok(n) if n <= MAX_COUNT => Ok(n),
-        _ => Err(format!("count {s} is too large (at most {MAX_COUNT})")),
+        _ => Err(ValueError::CountTooLarge(s.to_string())),
     }
 }
 
@@ -154,7 +185,7 @@ pub fn gpu_resource_class(key: &str) -> Option<&str> {
 /// The amount of a `resources…:CLASS` key, read as Nova reads it (Python's `int()`: an
 /// optional sign, `_` between digits); `0` drops the resource from the request (Nova's way
 /// to unset an inherited one).
-pub fn parse_amount(value: &str) -> Result<u32, String> {
+pub fn parse_amount(value: &str) -> Result<u32, ValueError> {
     let v = value.trim();
     let (neg, body) = match v.as_bytes().first() {
         Some(b'-') => (true, &v[1..]),
@@ -164,24 +195,24 @@ pub fn parse_amount(value: &str) -> Result<u32, String> {
     let underscores_ok = !body.starts_with('_') && !body.ends_with('_') && !body.contains("__");
     let digits: String = body.chars().filter(|c| *c != '_').collect();
     if !underscores_ok || digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("amount '{v}' is not a whole number"));
+        return Err(ValueError::AmountNotWhole(v.to_string()));
     }
     let digits = digits.trim_start_matches('0');
     if digits.is_empty() {
         return Ok(0);
     }
     if neg {
-        return Err(format!("amount '{v}' is negative"));
+        return Err(ValueError::NegativeAmount(v.to_string()));
     }
     parse_positive_count(digits)
 }
 
 /// Parses the value of a string key (`gpu_arch`, `gpu_model`, `gpu_vendor`).
-pub fn parse_string_op(value: &str) -> Result<Op, String> {
+pub fn parse_string_op(value: &str) -> Result<Op, ValueError> {
     let lower = value.trim().to_ascii_lowercase();
     let Some((op, rest)) = split_op(&lower) else {
         if lower.is_empty() {
-            return Err("empty value".into());
+            return Err(ValueError::EmptyValue);
         }
         return Ok(Op::Eq(lower));
     };
@@ -193,18 +224,15 @@ pub fn parse_string_op(value: &str) -> Result<Op, String> {
             .map(str::to_owned)
             .collect();
         if alts.is_empty() {
-            return Err("'<or>' without alternatives".into());
+            return Err(ValueError::OrWithoutAlternatives);
         }
         return Ok(Op::OneOf(alts));
     }
     if NUMERIC_OPS.contains(&op) {
-        return Err(format!(
-            "operator '{op}' compares numbers; use 's{}' to compare names",
-            if op == "=" { "==" } else { op }
-        ));
+        return Err(ValueError::NumericOp { op: op.to_string() });
     }
     if rest.is_empty() {
-        return Err(format!("operator '{op}' without a value"));
+        return Err(ValueError::OpWithoutValue(op.to_string()));
     }
     let rest = rest.to_owned();
     Ok(match op {
@@ -215,7 +243,7 @@ pub fn parse_string_op(value: &str) -> Result<Op, String> {
         "s>" => Op::Gt(rest),
         "s>=" => Op::Ge(rest),
         "<in>" => Op::Contains(rest),
-        _ => return Err(format!("operator '{op}' is not supported here")),
+        _ => return Err(ValueError::UnsupportedOp(op.to_string())),
     })
 }
 
@@ -281,9 +309,18 @@ mod tests {
         ] {
             assert!(parse_count(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(parse_count("-1").unwrap_err().contains("negative"));
-        assert!(parse_count("0").unwrap_err().contains("at least 1"));
-        assert!(parse_count("= 1025").unwrap_err().contains("too large"));
+        assert!(parse_count("-1")
+            .unwrap_err()
+            .to_string()
+            .contains("negative"));
+        assert!(parse_count("0")
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1"));
+        assert!(parse_count("= 1025")
+            .unwrap_err()
+            .to_string()
+            .contains("too large"));
         assert_eq!(parse_count("= 1024"), Ok(1024));
     }
 
@@ -303,7 +340,10 @@ mod tests {
             Ok(Op::OneOf(vec!["fermi".into(), "kepler".into()]))
         );
         assert_eq!(parse_string_op("s>= b"), Ok(Op::Ge("b".into())));
-        assert!(parse_string_op("= fermi").unwrap_err().contains("s=="));
+        assert!(parse_string_op("= fermi")
+            .unwrap_err()
+            .to_string()
+            .contains("s=="));
         assert!(parse_string_op("== fermi").is_err());
         assert!(parse_string_op("s==").is_err());
         assert!(parse_string_op("<or>").is_err());
@@ -354,7 +394,10 @@ mod tests {
         ] {
             assert!(parse_amount(bad).is_err(), "{bad}");
         }
-        assert!(parse_amount("-1").unwrap_err().contains("negative"));
+        assert!(parse_amount("-1")
+            .unwrap_err()
+            .to_string()
+            .contains("negative"));
         assert_eq!(parse_count_bound("= 2"), Ok((2, true)));
         assert_eq!(parse_count_bound(">= 2"), Ok((2, true)));
         assert_eq!(parse_count_bound("== 2"), Ok((2, false)));
@@ -383,5 +426,59 @@ mod tests {
         assert!(Op::OneOf(vec!["a".into(), "b".into()]).matches(Some("B")));
         assert!(Op::Lt("kepler".into()).matches(Some("fermi")));
         assert!(!Op::Gt("kepler".into()).matches(Some("fermi")));
+    }
+
+    /// The messages as they were written before they were a type.
+    #[test]
+    fn value_error_messages() {
+        let msg = |r: Result<u32, ValueError>| r.unwrap_err().to_string();
+        assert_eq!(
+            parse_string_op("= fermi").unwrap_err().to_string(),
+            "operator '=' compares numbers; use 's==' to compare names"
+        );
+        assert_eq!(
+            parse_string_op(">= b").unwrap_err().to_string(),
+            "operator '>=' compares numbers; use 's>=' to compare names"
+        );
+        assert_eq!(
+            msg(parse_count("!= 2")),
+            "operator '!=' does not name a number of GPUs; use '= N'"
+        );
+        assert_eq!(msg(parse_count("=")), "operator '=' without a number");
+        assert_eq!(
+            msg(parse_count("= 1025")),
+            "count 1025 is too large (at most 1024)"
+        );
+        assert_eq!(
+            msg(parse_positive_count("2.5")),
+            "count '2.5' is not a whole number"
+        );
+        assert_eq!(msg(parse_amount("-1")), "amount '-1' is negative");
+        assert_eq!(
+            msg(parse_amount("1__0")),
+            "amount '1__0' is not a whole number"
+        );
+    }
+
+    /// `capabilities` and `driver` messages, as they were written before they were a type.
+    #[test]
+    fn word_error_messages() {
+        use crate::request::{Capabilities, Driver};
+        assert_eq!(
+            Capabilities::parse("compute,,video")
+                .unwrap_err()
+                .to_string(),
+            "empty entry in capabilities 'compute,,video'"
+        );
+        assert_eq!(
+            Capabilities::parse("compute,display")
+                .unwrap_err()
+                .to_string(),
+            "unknown capability 'display' (known: compute, utility, graphics, video)"
+        );
+        assert_eq!(
+            Driver::parse(" NVIDIA ").unwrap_err().to_string(),
+            "unknown driver 'nvidia' (known: none, cdi)"
+        );
     }
 }

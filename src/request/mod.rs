@@ -94,8 +94,21 @@ impl Default for Capabilities {
     }
 }
 
+/// What is wrong with a `capabilities` or `driver` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WordError {
+    #[error("empty entry in capabilities '{0}'")]
+    EmptyCapability(String),
+    #[error("unknown capability '{0}' (known: compute, utility, graphics, video)")]
+    UnknownCapability(String),
+    #[error("capabilities is empty")]
+    NoCapabilities,
+    #[error("unknown driver '{0}' (known: none, cdi)")]
+    UnknownDriver(String),
+}
+
 impl Capabilities {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, WordError> {
         let mut c = Capabilities {
             compute: false,
             utility: false,
@@ -109,17 +122,13 @@ impl Capabilities {
                 "utility" => c.utility = true,
                 "graphics" => c.graphics = true,
                 "video" => c.video = true,
-                "" => return Err(format!("empty entry in capabilities '{s}'")),
-                other => {
-                    return Err(format!(
-                        "unknown capability '{other}' (known: compute, utility, graphics, video)"
-                    ))
-                }
+                "" => return Err(WordError::EmptyCapability(s.to_string())),
+                other => return Err(WordError::UnknownCapability(other.to_string())),
             }
             any = true;
         }
         if !any {
-            return Err("capabilities is empty".into());
+            return Err(WordError::NoCapabilities);
         }
         Ok(c)
     }
@@ -157,11 +166,11 @@ pub enum Driver {
 }
 
 impl Driver {
-    pub fn parse(v: &str) -> Result<Driver, String> {
+    pub fn parse(v: &str) -> Result<Driver, WordError> {
         match v.trim().to_ascii_lowercase().as_str() {
             "none" => Ok(Driver::None),
             "cdi" => Ok(Driver::Cdi),
-            other => Err(format!("unknown driver '{other}' (known: none, cdi)")),
+            other => Err(WordError::UnknownDriver(other.to_string())),
         }
     }
 }
