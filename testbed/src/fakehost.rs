@@ -765,17 +765,21 @@ fn bind_driver(p: &HostPaths, dir: &Path, driver: &str) -> io::Result<()> {
     symlink(format!("../../../../{}", rel.display()), drv.join(name))
 }
 
-/// `mknod` a character device with exact mode and group.
+/// `mknod` a character device with exact mode and group. (The mode is set after, with
+/// `chmod`: the umask is the whole process's, and clearing it here for a moment would give
+/// directories another test thread makes meanwhile mode 0777.)
 pub fn node(path: &Path, major: u32, minor: u32, mode: u32, gid: u32) -> io::Result<()> {
-    let old = nix::sys::stat::umask(Mode::empty());
-    let r = mknod(
+    mknod(
         path,
         SFlag::S_IFCHR,
         Mode::from_bits_truncate(mode),
         nix::sys::stat::makedev(major.into(), minor.into()),
-    );
-    nix::sys::stat::umask(old);
-    r.map_err(io::Error::from)?;
+    )
+    .map_err(io::Error::from)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777))?;
+    }
     nix::unistd::chown(
         path,
         Some(nix::unistd::Uid::from_raw(0)),
