@@ -188,6 +188,10 @@ enum Look {
     Large(u64),
     /// The budget ran out on the way.
     Stopped,
+    /// Read to the end, but some descriptor (or a whole table) could not be looked at: a
+    /// file whose own `getattr` refuses even root (FUSE without `allow_sys_admin_access`),
+    /// a table an LSM hides. What it holds is not known: as if not read.
+    Unknown,
 }
 
 /// A table with more descriptors than this is read after every smaller one (`stat` of
@@ -277,13 +281,19 @@ impl Proc<'_> {
         large: Option<u64>,
         f: &mut impl FnMut(u64),
     ) -> Look {
+        let mut unknown = false;
         for fd in self.tables(pid) {
             match self.table(&fd, wanted, budget, large, f) {
                 Look::Done => {}
+                Look::Unknown => unknown = true,
                 other => return other,
             }
         }
-        Look::Done
+        if unknown {
+            Look::Unknown
+        } else {
+            Look::Done
+        }
     }
 
     fn table(
@@ -295,14 +305,17 @@ impl Proc<'_> {
         f: &mut impl FnMut(u64),
     ) -> Look {
         use std::os::fd::AsRawFd;
-        let Ok(mut dir) = nix::dir::Dir::open(
+        let mut dir = match nix::dir::Dir::open(
             fd_dir,
             nix::fcntl::OFlag::O_RDONLY
                 | nix::fcntl::OFlag::O_DIRECTORY
                 | nix::fcntl::OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
-        ) else {
-            return Look::Done;
+        ) {
+            Ok(d) => d,
+            // Gone: it holds nothing.
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ESRCH) => return Look::Done,
+            Err(_) => return Look::Unknown,
         };
         let dfd = dir.as_raw_fd();
         if let Some(limit) = large {
@@ -316,6 +329,7 @@ impl Proc<'_> {
             }
         }
         let info_dir = format!("{}info", fd_dir);
+        let mut unknown = false;
         for e in dir.iter().flatten() {
             if budget.spent() {
                 return Look::Stopped;
@@ -327,9 +341,14 @@ impl Proc<'_> {
             let seen = match statx_chr(dfd, name) {
                 Ok(Some(s)) => s,
                 Ok(None) => continue,
-                // Not ours to look at (a process with capabilities we lack): neither is
-                // the rest of its table.
-                Err(nix::errno::Errno::EACCES | nix::errno::Errno::EPERM) => return Look::Done,
+                // A descriptor whose file refuses to say what it is (its own getattr:
+                // FUSE refuses even root): the rest of the table is still read, and what
+                // this one is stays unknown.
+                Err(nix::errno::Errno::EACCES | nix::errno::Errno::EPERM) => {
+                    unknown = true;
+                    continue;
+                }
+                // Closed meanwhile.
                 Err(_) => continue,
             };
             if !wanted.contains(&seen.rdev) {
@@ -340,7 +359,11 @@ impl Proc<'_> {
                 f(seen.rdev);
             }
         }
-        Look::Done
+        if unknown {
+            Look::Unknown
+        } else {
+            Look::Done
+        }
     }
 
     /// Whether process `pid` has any of `wanted` open: `Some(false)` only when all its
@@ -380,6 +403,8 @@ impl Proc<'_> {
         let mut large = Vec::new();
         // Not read to the end: the large tables the budget did not reach first.
         let (mut unread_large, mut unread) = (Vec::new(), Vec::new());
+        // Read, but with descriptors that could not be looked at.
+        let mut unknown = Vec::new();
         let record = |pid: i32, hits: BTreeSet<u64>, out: &mut Found| {
             if hits.is_empty() {
                 return;
@@ -400,6 +425,7 @@ impl Proc<'_> {
             record(pid, hits, &mut out);
             match look {
                 Look::Done => {}
+                Look::Unknown => unknown.push(pid),
                 Look::Large(n) => large.push((n, pid)),
                 Look::Stopped => {
                     unread.extend_from_slice(&pids[i..]);
@@ -420,6 +446,7 @@ impl Proc<'_> {
             }
         }
         unread_large.reverse();
+        unread_large.extend(unknown);
         unread_large.extend(unread);
         out.unread_total = unread_large.len();
         out.unread = unread_large
@@ -747,6 +774,71 @@ mod tests {
 
     /// A `stat` that is there but not in the kernel's format means alive, never gone; a
     /// missing one means gone.
+    /// A descriptor whose file refuses to say what it is (EACCES from its `statx`: a FUSE
+    /// file refuses even root) does not end the look at its table: the process is "not read
+    /// to the end", so a GPU it may hold behind that descriptor stays draining. (Before, the
+    /// look stopped at that descriptor and called the process read and holding nothing.)
+    #[test]
+    fn an_unreadable_descriptor_leaves_the_process_unread() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("needs root (to become another uid): skipped");
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // (Readable to the unprivileged child that looks.)
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let proc = dir.path().join("proc");
+        let fd = proc.join("100/fd");
+        std::fs::create_dir_all(&fd).unwrap();
+        std::fs::create_dir_all(proc.join("100/fdinfo")).unwrap();
+        std::fs::write(
+            proc.join("100/stat"),
+            "100 (holder) S 1 100 100 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 4242 1 1",
+        )
+        .unwrap();
+        // fd 3: a file the looker may not look at (a directory only root may enter).
+        let secret = dir.path().join("secret");
+        std::fs::create_dir(&secret).unwrap();
+        std::fs::write(secret.join("f"), "").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(secret.join("f"), fd.join("3")).unwrap();
+        // fd 4: something else, readable.
+        std::os::unix::fs::symlink("/dev/null", fd.join("4")).unwrap();
+        for p in [&proc, &proc.join("100"), &fd] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let root = proc.to_str().unwrap().to_owned();
+        // SAFETY: the child only makes syscalls, reads files and _exits.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                let code = (|| {
+                    nix::unistd::setgid(65534.into()).ok()?;
+                    nix::unistd::setuid(65534.into()).ok()?;
+                    let p = Proc { root: &root };
+                    let wanted: BTreeSet<u64> = [libc::makedev(195, 0)].into();
+                    let f = p.openers(&wanted, 0, &Budget::new(std::time::Duration::from_secs(5)));
+                    Some(if !f.complete() && f.unread.iter().any(|r| r.pid == 100) {
+                        0
+                    } else {
+                        1
+                    })
+                })()
+                .unwrap_or(2);
+                // SAFETY: leave the forked test child at once.
+                unsafe { libc::_exit(code) }
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let st = nix::sys::wait::waitpid(child, None).unwrap();
+                assert_eq!(
+                    st,
+                    nix::sys::wait::WaitStatus::Exited(child, 0),
+                    "the process was taken as read (1) or the child failed (2)"
+                );
+            }
+        }
+    }
+
     #[test]
     fn unparsed_stat_is_alive() {
         let dir = tempfile::tempdir().unwrap();

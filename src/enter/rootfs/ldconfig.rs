@@ -186,9 +186,18 @@ fn ldconfig_child(
     // is detached (this process's own: the container never sees it).
     let view = clone_tree(root).map_err(|e| fail("cloning the container's root", e))?;
     let mut id = ldconfig_identity(owner);
-    // (Mounted into the detached copy from the namespace it was cloned in: the kernel
-    // takes mounts into a detached tree only from there.)
+    // Read-only too: ldconfig (-X) writes nothing in the container's tree, only into the
+    // tmpfs mounted below, which are mounts of their own and writable. (Mounted into the
+    // detached copy from the namespace it was cloned in: the kernel takes mounts into a
+    // detached tree only from there.)
+    set_attr(&view, MOUNT_ATTR_RDONLY, 0, AT_RECURSIVE)
+        .map_err(|e| fail("making the copy of the container's root read-only", e))?;
     let cache = cache_tmpfs(&view, &["dev"], id);
+    if cache.is_none() {
+        // (Without a tmpfs, the cache is written in place: see below.)
+        set_attr(&view, 0, MOUNT_ATTR_RDONLY, AT_RECURSIVE)
+            .map_err(|e| fail("making the copy of the container's root writable", e))?;
+    }
     // glibc's ldconfig writes its auxiliary cache too where that directory exists (even
     // with -i): a tmpfs of its own there as well. A symlink on the way would take that
     // write elsewhere: refused.
@@ -327,14 +336,14 @@ fn clone_tree(root: &OwnedFd) -> Result<OwnedFd, Errno> {
     }
     // SAFETY: a fresh descriptor the kernel just returned.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    set_attr(&fd, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID, AT_RECURSIVE)?;
+    set_attr(&fd, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID, 0, AT_RECURSIVE)?;
     Ok(fd)
 }
 
-fn set_attr(fd: &OwnedFd, set: u64, at: libc::c_uint) -> Result<(), Errno> {
+fn set_attr(fd: &OwnedFd, set: u64, clear: u64, at: libc::c_uint) -> Result<(), Errno> {
     let attr = MountAttr {
         attr_set: set,
-        attr_clr: 0,
+        attr_clr: clear,
         propagation: libc::MS_PRIVATE,
         userns_fd: 0,
     };
