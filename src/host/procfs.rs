@@ -188,9 +188,10 @@ enum Look {
     Large(u64),
     /// The budget ran out on the way.
     Stopped,
-    /// Read to the end, but some descriptor (or a whole table) could not be looked at: a
-    /// file whose own `getattr` refuses even root (FUSE without `allow_sys_admin_access`),
-    /// a table an LSM hides. What it holds is not known: as if not read.
+    /// Read to the end, but some descriptor could not be looked at: a file whose own
+    /// `getattr` refuses even root (FUSE without `allow_sys_admin_access`) while its link
+    /// can be read. What it holds is not known: as if not read. (A process whose links may
+    /// not be read at all, ptrace access refused, is not ours to look at: `Done`.)
     Unknown,
 }
 
@@ -313,8 +314,13 @@ impl Proc<'_> {
             nix::sys::stat::Mode::empty(),
         ) {
             Ok(d) => d,
-            // Gone: it holds nothing.
-            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ESRCH) => return Look::Done,
+            // Gone: it holds nothing; or not ours to look at (ptrace access refused).
+            Err(
+                nix::errno::Errno::ENOENT
+                | nix::errno::Errno::ESRCH
+                | nix::errno::Errno::EACCES
+                | nix::errno::Errno::EPERM,
+            ) => return Look::Done,
             Err(_) => return Look::Unknown,
         };
         let dfd = dir.as_raw_fd();
@@ -345,6 +351,14 @@ impl Proc<'_> {
                 // FUSE refuses even root): the rest of the table is still read, and what
                 // this one is stays unknown.
                 Err(nix::errno::Errno::EACCES | nix::errno::Errno::EPERM) => {
+                    // SAFETY: `dfd` is the descriptor of `dir`, open for this whole loop.
+                    let at = unsafe { std::os::fd::BorrowedFd::borrow_raw(dfd) };
+                    if nix::fcntl::readlinkat(at, name).is_err() {
+                        // Not even its link may be read: the process is not ours to look
+                        // at (ptrace access refused: one beyond our namespace, or an
+                        // LSM's), as the rest of its table.
+                        return Look::Done;
+                    }
                     unknown = true;
                     continue;
                 }
