@@ -22,7 +22,7 @@ mod edits;
 mod error;
 mod hooks;
 mod plan;
-mod soname;
+pub mod soname;
 mod spec;
 
 pub use error::{EditError, PlanError};

@@ -45,41 +45,64 @@ impl Plan {
     }
 }
 
+/// One program header of an ELF file: (type, file offset, virtual address, file size).
+#[derive(Debug, Clone, Copy)]
+pub struct Segment {
+    pub kind: u32,
+    pub offset: u64,
+    pub vaddr: u64,
+    pub filesz: u64,
+}
+
+/// The program headers of a 64-bit little-endian ELF file (at most 256).
+pub fn program_headers(f: &std::fs::File) -> Result<Vec<Segment>, String> {
+    use std::os::unix::fs::FileExt;
+    let mut h = [0u8; 64];
+    f.read_exact_at(&mut h, 0).map_err(|e| e.to_string())?;
+    if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+        return Err("not a 64-bit little-endian ELF file".into());
+    }
+    let (phoff, phentsize, phnum) = (u64_at(&h, 0x20), u16_at(&h, 0x36), u16_at(&h, 0x38));
+    if phentsize < 56 {
+        return Err("bad program header size".into());
+    }
+    if phnum > 256 {
+        return Err("more than 256 program headers".into());
+    }
+    let mut ph = vec![0u8; (phentsize * phnum) as usize];
+    f.read_exact_at(&mut ph, phoff).map_err(|e| e.to_string())?;
+    Ok(ph
+        .chunks(phentsize as usize)
+        .map(|p| Segment {
+            kind: u32::from_le_bytes(p[..4].try_into().expect("4")),
+            offset: u64_at(p, 8),
+            vaddr: u64_at(p, 16),
+            filesz: u64_at(p, 32),
+        })
+        .collect())
+}
+
+fn u16_at(b: &[u8], o: usize) -> u64 {
+    u16::from_le_bytes([b[o], b[o + 1]]) as u64
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8"))
+}
+
 /// The `DT_SONAME` of a 64-bit little-endian ELF shared object (`None`: not one, or none).
 pub fn soname(path: &Path) -> Option<String> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::File::open(path).ok()?;
-    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as u64;
-    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
-    let mut h = [0u8; 64];
-    f.read_exact_at(&mut h, 0).ok()?;
-    if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+    let headers = program_headers(&f).ok()?;
+    let d = headers.iter().find(|s| s.kind == 2)?;
+    if d.filesz > 1 << 20 {
         return None;
     }
-    let (phoff, phentsize, phnum) = (u64_at(&h, 0x20), u16_at(&h, 0x36), u16_at(&h, 0x38));
-    if phentsize < 56 || phnum > 256 {
-        return None;
-    }
-    let mut ph = vec![0u8; (phentsize * phnum) as usize];
-    f.read_exact_at(&mut ph, phoff).ok()?;
-    let headers: Vec<&[u8]> = ph.chunks(phentsize as usize).collect();
-    // (type, offset, vaddr, filesz) of each program header.
-    let seg = |p: &[u8]| {
-        (
-            u32::from_le_bytes(p[..4].try_into().expect("4")),
-            u64_at(p, 8),
-            u64_at(p, 16),
-            u64_at(p, 32),
-        )
-    };
-    let (_, dyn_off, _, dyn_size) = headers.iter().map(|p| seg(p)).find(|s| s.0 == 2)?;
-    if dyn_size > 1 << 20 {
-        return None;
-    }
-    let mut d = vec![0u8; dyn_size as usize];
-    f.read_exact_at(&mut d, dyn_off).ok()?;
+    let mut dynamic = vec![0u8; d.filesz as usize];
+    f.read_exact_at(&mut dynamic, d.offset).ok()?;
     let (mut strtab, mut so) = (None, None);
-    for e in d.chunks_exact(16) {
+    for e in dynamic.chunks_exact(16) {
         match u64_at(e, 0) {
             0 => break,
             5 => strtab = Some(u64_at(e, 8)),
@@ -91,9 +114,8 @@ pub fn soname(path: &Path) -> Option<String> {
     // The string table's address → its place in the file, through the load segment.
     let off = headers
         .iter()
-        .map(|p| seg(p))
-        .find(|s| s.0 == 1 && s.2 <= strtab && strtab < s.2 + s.3)
-        .map(|s| strtab - s.2 + s.1)?;
+        .find(|s| s.kind == 1 && s.vaddr <= strtab && strtab < s.vaddr + s.filesz)
+        .map(|s| strtab - s.vaddr + s.offset)?;
     let mut name = [0u8; 256];
     let n = f.read_at(&mut name, off.checked_add(so)?).ok()?;
     let end = name[..n].iter().position(|&c| c == 0)?;

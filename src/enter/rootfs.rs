@@ -20,7 +20,6 @@ use nix::sys::stat::{fstat, fstatat, mkdirat, Mode};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 
 /// The file gpuhook writes into the container's `/etc/ld.so.conf.d` (LXD writes
 /// `00-lxdcdi.conf`, nvidia-cdi-hook `00-nvcr-*.conf`).

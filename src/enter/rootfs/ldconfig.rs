@@ -43,26 +43,10 @@ pub fn host_ldconfig() -> Result<OwnedFd, String> {
 
 /// Whether a 64-bit ELF file has a `PT_INTERP` program header.
 fn has_interpreter(f: &std::fs::File) -> Result<bool, String> {
-    let mut h = [0u8; 64];
-    f.read_exact_at(&mut h, 0).map_err(|e| e.to_string())?;
-    if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
-        return Err("not a 64-bit little-endian ELF file".into());
-    }
-    let phoff = u64::from_le_bytes(h[0x20..0x28].try_into().expect("8 bytes"));
-    let phentsize = u64::from(u16::from_le_bytes([h[0x36], h[0x37]]));
-    let phnum = u64::from(u16::from_le_bytes([h[0x38], h[0x39]]));
-    if phentsize < 4 {
-        return Err("bad program header size".into());
-    }
-    for i in 0..phnum {
-        let mut t = [0u8; 4];
-        f.read_exact_at(&mut t, phoff + i * phentsize)
-            .map_err(|e| e.to_string())?;
-        if u32::from_le_bytes(t) == 3 {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    const PT_INTERP: u32 = 3;
+    Ok(crate::cdi::soname::program_headers(f)?
+        .iter()
+        .any(|s| s.kind == PT_INTERP))
 }
 
 // ---- in the container's root ----
