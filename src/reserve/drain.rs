@@ -347,7 +347,6 @@ mod tests {
     use crate::ids::Vendor;
     use crate::reserve::alloc::tests::{gpu, req, with_migs};
     use crate::reserve::state::{Phase, Reservation};
-    use std::os::unix::process::CommandExt;
     use std::path::Path;
 
     /// A real char node (`mknod`) with the given number.
@@ -390,35 +389,6 @@ mod tests {
             "/dev/full is open on this machine: {found:?}"
         );
         g
-    }
-
-    /// `sleep 30` holding a descriptor on `node` opened with `flags` (`O_RDONLY`: really
-    /// open; `O_PATH`), opened in the child between fork and exec (so that no other test's
-    /// child inherits it).
-    fn holder(node: &Path, flags: libc::c_int) -> std::process::Child {
-        let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).unwrap();
-        let mut cmd = std::process::Command::new("sleep");
-        cmd.arg("30");
-        // SAFETY: between fork and exec the closure calls only open(2), which is
-        // async-signal-safe, on a path allocated before the fork; the descriptor is left
-        // open (no O_CLOEXEC) for `sleep` to keep.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::open(c.as_ptr(), flags) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().expect("sleep");
-        // Until it has exec'd, the child is a copy of us (a test process, not `sleep`).
-        for _ in 0..200 {
-            if crate::host::procfs::comm(child.id() as i32).as_deref() == Some("sleep") {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        child
     }
 
     fn reservation(gpus: &[&str]) -> Reservation {
@@ -469,7 +439,7 @@ mod tests {
             nix::sys::stat::Mode::empty(),
         )
         .unwrap();
-        let mut child = holder(&node, libc::O_RDONLY);
+        let mut child = testbed::holder::hold_open(&node);
         let pid = child.id() as i32;
         let wanted: BTreeSet<u64> = [libc::makedev(ma, mi)].into();
         let me = std::process::id() as i32;
@@ -507,8 +477,7 @@ mod tests {
         assert_eq!(dr.holders[0].comm, "sleep");
         assert_eq!(dr.after, "domain 'web1'");
         assert_eq!(dr.unread_total, 0);
-        child.kill().unwrap();
-        child.wait().unwrap();
+        child.kill();
     }
 
     /// D1: an `O_PATH` descriptor does not hold a GPU. A container may `mknod` any node and
@@ -520,7 +489,7 @@ mod tests {
     fn an_o_path_holder_does_not_drain() {
         let d = tempfile::tempdir().unwrap();
         let node = mknod(d.path(), "nvidia216", 195, 216);
-        let mut child = holder(&node, libc::O_PATH);
+        let mut child = testbed::holder::hold_path(&node);
         let pid = child.id() as i32;
         let wanted: BTreeSet<u64> = [libc::makedev(195, 216)].into();
         // It is there, with the number: statx through the link sees it.
@@ -552,8 +521,7 @@ mod tests {
         );
         assert!(s.draining.is_empty(), "{s:?}");
         assert!(st.draining.is_empty());
-        child.kill().unwrap();
-        child.wait().unwrap();
+        child.kill();
     }
 
     /// Builds `cc` source `src` into a binary in `dir`.
@@ -673,7 +641,7 @@ int main(int argc, char **argv) {
         let (ma, mi) = full();
         let d = tempfile::tempdir().unwrap();
         let node = mknod(d.path(), "nvidia213", ma, mi);
-        let mut child = holder(&node, libc::O_RDONLY);
+        let mut child = testbed::holder::hold_open(&node);
         let pid = child.id() as i32;
         let mut st = State::default();
         let mut inv = inv_with(ma, mi);
@@ -726,8 +694,7 @@ int main(int argc, char **argv) {
         );
         assert!(s.released.is_empty());
         assert!(st.draining.contains_key("0000:10:00.0"));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        child.kill();
         let s = settle(
             &mut st,
             vec![],

@@ -413,38 +413,10 @@ impl Drop for PlantedLoop {
         let _ = Command::new("losetup").args(["-d", &self.dev]).status();
     }
 }
-/// A `sleep 600` that really has `node` open (`O_RDONLY`, opened in the child between fork
-/// and exec, so no other test's child inherits it): a process that keeps a GPU open. The
-/// node must be one that opens: a fake host's GPU node made so by [`openable`].
-pub fn hold_open(node: &Path) -> Killed {
-    hold(node, libc::O_RDONLY)
-}
-
-/// A `sleep 600` that holds only an `O_PATH` descriptor on `node`: what any container can
-/// make (`mknod` + `open(O_PATH)` need no device-cgroup access), which holds no GPU.
-pub fn hold_path(node: &Path) -> Killed {
-    hold(node, libc::O_PATH)
-}
-
-fn hold(node: &Path, flags: libc::c_int) -> Killed {
-    use std::os::unix::process::CommandExt;
-    let c = std::ffi::CString::new(node.as_os_str().as_encoded_bytes()).expect("path");
-    let mut cmd = Command::new("sleep");
-    cmd.arg("600");
-    // SAFETY: between fork and exec the closure calls only open(2), async-signal-safe, on a
-    // path allocated before the fork; the descriptor stays open (no O_CLOEXEC) for `sleep`.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::open(c.as_ptr(), flags) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().expect("sleep");
-    wait_exec(child.id() as i32, "sleep");
-    Killed(child)
-}
+/// Processes that keep a node open ([`hold_open`]: a fake host's GPU node made openable by
+/// [`openable`]; [`hold_path`]: an `O_PATH` descriptor only).
+#[allow(unused_imports)]
+pub use testbed::holder::{hold_open, hold_path, wait_exec, Killed};
 
 /// Makes a fake host's GPU node (`node`, under its device root) one that opens: the number
 /// of `/dev/full` (1:7) in place of its driverless 195:N (a real open of which is ENXIO).
@@ -457,38 +429,6 @@ pub fn openable(node: &Path) {
     let full = std::fs::metadata("/dev/full").expect("/dev/full").rdev();
     std::fs::remove_file(node).expect("fake GPU node");
     testbed::fakehost::node(node, libc::major(full), libc::minor(full), 0o666, 0).expect("mknod");
-}
-
-/// A child process killed (and reaped) when dropped: a holder left behind by a failed test
-/// would keep its GPU number open for every later test.
-pub struct Killed(pub std::process::Child);
-
-impl Killed {
-    pub fn id(&self) -> u32 {
-        self.0.id()
-    }
-    /// Kills it and waits for it.
-    pub fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Waits (up to 2 s) until process `pid` runs `comm` (after its exec).
-pub fn wait_exec(pid: i32, comm: &str) {
-    for _ in 0..400 {
-        if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm) {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    panic!("process {pid} never became {comm}");
 }
 
 /// The blueprint host with its two NVIDIA GPUs at device minors `a` and `b` (`/dev/nvidiaA`,
