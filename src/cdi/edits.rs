@@ -86,7 +86,7 @@ impl Plan {
             return Err(EditError::HookPath(h.path.clone()));
         }
         let args = h.args.clone().unwrap_or_default();
-        match native(&h.path, &args).map_err(EditError::Arg)? {
+        match native(&h.path, &args)? {
             Some(Native::Links(l)) => {
                 for x in l {
                     if !self.links.contains(&x) {
@@ -175,7 +175,7 @@ pub(super) fn bind_mount(m: &SpecMount, host: &Host) -> Result<BindMount, EditEr
             });
         }
     }
-    container_path(&m.container_path, "mount containerPath").map_err(EditError::Arg)?;
+    container_path(&m.container_path, "mount containerPath")?;
     if !Path::new(&m.host_path).is_absolute() {
         return Err(EditError::MountHostRelative(m.host_path.clone()));
     }

@@ -51,9 +51,12 @@ pub enum PlanError {
 /// What is wrong with one edit of a spec.
 #[derive(Debug, thiserror::Error)]
 pub enum EditError {
-    /// A path or a hook argument that is not what it must be (the message says which).
-    #[error("{0}")]
-    Arg(String),
+    /// A container path of the spec that is not a plain absolute one.
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// An argument of a hook gpuhook does itself that is not what it must be.
+    #[error(transparent)]
+    Hook(#[from] HookError),
     #[error("deviceNode {0} is not under /dev")]
     NodeNotUnderDev(String),
     #[error("deviceNode {path} is of type '{kind}': only character devices are given")]
@@ -137,4 +140,31 @@ pub enum EditError {
         path: String,
         arg: String,
     },
+}
+
+/// A container path that is not absolute, or not plain (`what` names whose path it is).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("{what} '{path}' is not absolute")]
+    NotAbsolute { what: &'static str, path: String },
+    #[error("{what} '{path}' is not a plain absolute path")]
+    NotPlain { what: &'static str, path: String },
+}
+
+/// What is wrong with the arguments of an NVIDIA hook gpuhook does itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HookError {
+    /// A flag given without its value (`update-ldcache: --folder needs a value`).
+    #[error("{sub}: --{flag} needs a value")]
+    NoValue {
+        sub: &'static str,
+        flag: &'static str,
+    },
+    #[error("create-symlinks: --link '{0}' is not TARGET::LINK")]
+    NotTargetLink(String),
+    #[error("create-symlinks: target '{0}' is not valid")]
+    BadTarget(String),
+    /// A link or a cache folder that is not a plain container path.
+    #[error(transparent)]
+    Path(#[from] PathError),
 }

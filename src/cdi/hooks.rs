@@ -1,5 +1,6 @@
 //! The NVIDIA hooks gpuhook does itself, recognised from their arguments.
 
+use super::error::HookError;
 use super::plan::container_path;
 use super::Link;
 use std::path::Path;
@@ -12,19 +13,19 @@ pub(super) enum Native {
 /// The two NVIDIA hooks gpuhook does itself: `nvidia-cdi-hook create-symlinks --link T::L …`
 /// and `update-ldcache --folder D …` (also as `nvidia-ctk hook …`). Any other hook, or one
 /// with flags gpuhook does not know, is `None` (passed on).
-pub(super) fn native(path: &str, args: &[String]) -> Result<Option<Native>, String> {
+pub(super) fn native(path: &str, args: &[String]) -> Result<Option<Native>, HookError> {
     let prog = Path::new(path).file_name().and_then(|f| f.to_str());
     let rest: &[String] = match prog {
         Some("nvidia-cdi-hook") if args.len() >= 2 => &args[1..],
         Some("nvidia-ctk") if args.len() >= 3 && args[1] == "hook" => &args[2..],
         _ => return Ok(None),
     };
-    let (sub, flags) = (rest[0].as_str(), &rest[1..]);
-    let want = match sub {
-        "create-symlinks" => "link",
-        "update-ldcache" => "folder",
+    let (sub, want) = match rest[0].as_str() {
+        "create-symlinks" => ("create-symlinks", "link"),
+        "update-ldcache" => ("update-ldcache", "folder"),
         _ => return Ok(None),
     };
+    let flags = &rest[1..];
     let mut values = Vec::new();
     let mut it = flags.iter();
     while let Some(a) = it.next() {
@@ -43,7 +44,7 @@ pub(super) fn native(path: &str, args: &[String]) -> Result<Option<Native>, Stri
                     None => it
                         .next()
                         .cloned()
-                        .ok_or_else(|| format!("{sub}: --{n} needs a value"))?,
+                        .ok_or(HookError::NoValue { sub, flag: want })?,
                 };
                 values.push(v);
             }
@@ -61,25 +62,29 @@ pub(super) fn native(path: &str, args: &[String]) -> Result<Option<Native>, Stri
             values
                 .into_iter()
                 .map(|v| {
-                    let (target, link) = v.split_once("::").ok_or_else(|| {
-                        format!("create-symlinks: --link '{v}' is not TARGET::LINK")
-                    })?;
+                    let (target, link) = v
+                        .split_once("::")
+                        .ok_or_else(|| HookError::NotTargetLink(v.clone()))?;
                     container_path(link, "create-symlinks link")?;
                     if target.is_empty() || target.contains('\0') || target.len() > 4096 {
-                        return Err(format!("create-symlinks: target '{target}' is not valid"));
+                        return Err(HookError::BadTarget(target.to_string()));
                     }
                     Ok(Link {
                         target: target.to_string(),
                         link: link.trim_end_matches('/').to_string(),
                     })
                 })
-                .collect::<Result<_, String>>()?,
+                .collect::<Result<_, HookError>>()?,
         ),
         _ => Native::Ldcache(
             values
                 .into_iter()
-                .map(|v| container_path(&v, "update-ldcache folder").map(|r| format!("/{r}")))
-                .collect::<Result<_, String>>()?,
+                .map(|v| {
+                    container_path(&v, "update-ldcache folder")
+                        .map(|r| format!("/{r}"))
+                        .map_err(HookError::from)
+                })
+                .collect::<Result<_, HookError>>()?,
         ),
     }))
 }

@@ -25,10 +25,10 @@ mod plan;
 pub mod soname;
 mod spec;
 
-pub use error::{EditError, PlanError};
-pub use plan::{container_path, nvidia_version, plan, try_plan, Host, Unit, Units};
-pub use soname::soname;
-pub use spec::{load, parse, parse_checked, try_load, LoadError, SpecError};
+pub use error::{EditError, HookError, PathError, PlanError};
+pub use plan::{container_path, nvidia_version, plan, Host, Unit, Units};
+pub use soname::{soname, ElfError};
+pub use spec::{load, parse, parse_checked, LoadError, ParseError, SpecError};
 
 #[cfg(test)]
 use hooks::{native, Native};

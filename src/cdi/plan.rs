@@ -1,6 +1,6 @@
 //! Choosing the edits that belong to the chosen units, and checking their device nodes.
 
-use super::error::{EditError, PlanError};
+use super::error::{EditError, PathError, PlanError};
 use super::spec::dirs_list;
 use super::{generator, kind_of, Device, Edits, Loaded, Plan};
 use crate::host::config::ForeignHooks;
@@ -59,12 +59,7 @@ pub fn nvidia_version(text: &str) -> Option<String> {
 }
 
 /// The edits of `specs` that belong to `units`. Errors are one line naming the spec file.
-pub fn plan(specs: &[Loaded], units: &Units, host: &Host) -> Result<Plan, String> {
-    try_plan(specs, units, host).map_err(|e| e.to_string())
-}
-
-/// [`plan`], its error as a [`PlanError`].
-pub fn try_plan(specs: &[Loaded], units: &Units, host: &Host) -> Result<Plan, PlanError> {
+pub fn plan(specs: &[Loaded], units: &Units, host: &Host) -> Result<Plan, PlanError> {
     let mut b = Plan::default();
     let mut vendors = units.vendors.clone();
     vendors.sort();
@@ -220,7 +215,7 @@ fn add_common_edits(b: &mut Plan, l: &Loaded, units: &Units, host: &Host) -> Res
 pub(super) fn resolve_nodes(e: &Edits, host: &Host) -> Result<Vec<(Node, u32)>, EditError> {
     let mut out = Vec::new();
     for n in e.device_nodes.as_deref().unwrap_or_default() {
-        let rel = container_path(&n.path, "deviceNode path").map_err(EditError::Arg)?;
+        let rel = container_path(&n.path, "deviceNode path")?;
         if !rel.starts_with("dev/") {
             return Err(EditError::NodeNotUnderDev(n.path.clone()));
         }
@@ -294,10 +289,11 @@ pub(super) fn host_node_path(p: &str, dev: &Path) -> Result<PathBuf, EditError> 
 
 /// A container path: absolute, no `.`/`..`/empty components, no comma (gpuhook lists
 /// paths in its OCI hook arguments); returned without the leading `/`.
-pub fn container_path<'a>(p: &'a str, what: &str) -> Result<&'a str, String> {
-    let rel = p
-        .strip_prefix('/')
-        .ok_or_else(|| format!("{what} '{p}' is not absolute"))?;
+pub fn container_path<'a>(p: &'a str, what: &'static str) -> Result<&'a str, PathError> {
+    let rel = p.strip_prefix('/').ok_or_else(|| PathError::NotAbsolute {
+        what,
+        path: p.to_string(),
+    })?;
     let rel = rel.trim_end_matches('/');
     if rel.is_empty()
         || rel
@@ -307,7 +303,10 @@ pub fn container_path<'a>(p: &'a str, what: &str) -> Result<&'a str, String> {
         || p.chars().any(char::is_control)
         || p.len() > 4096
     {
-        return Err(format!("{what} '{p}' is not a plain absolute path"));
+        return Err(PathError::NotPlain {
+            what,
+            path: p.to_string(),
+        });
     }
     Ok(rel)
 }

@@ -54,23 +54,37 @@ pub struct Segment {
     pub filesz: u64,
 }
 
+/// Why a file's program headers cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// The file's header or its program headers cannot be read.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a 64-bit little-endian ELF file")]
+    NotElf64,
+    #[error("bad program header size")]
+    HeaderSize,
+    #[error("more than 256 program headers")]
+    TooManyHeaders,
+}
+
 /// The program headers of a 64-bit little-endian ELF file (at most 256).
-pub fn program_headers(f: &std::fs::File) -> Result<Vec<Segment>, String> {
+pub fn program_headers(f: &std::fs::File) -> Result<Vec<Segment>, ElfError> {
     use std::os::unix::fs::FileExt;
     let mut h = [0u8; 64];
-    f.read_exact_at(&mut h, 0).map_err(|e| e.to_string())?;
+    f.read_exact_at(&mut h, 0)?;
     if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
-        return Err("not a 64-bit little-endian ELF file".into());
+        return Err(ElfError::NotElf64);
     }
     let (phoff, phentsize, phnum) = (u64_at(&h, 0x20), u16_at(&h, 0x36), u16_at(&h, 0x38));
     if phentsize < 56 {
-        return Err("bad program header size".into());
+        return Err(ElfError::HeaderSize);
     }
     if phnum > 256 {
-        return Err("more than 256 program headers".into());
+        return Err(ElfError::TooManyHeaders);
     }
     let mut ph = vec![0u8; (phentsize * phnum) as usize];
-    f.read_exact_at(&mut ph, phoff).map_err(|e| e.to_string())?;
+    f.read_exact_at(&mut ph, phoff)?;
     Ok(ph
         .chunks(phentsize as usize)
         .map(|p| Segment {

@@ -60,8 +60,8 @@ pub enum LoadError {
     #[error("CDI spec {path} is larger than {} MiB", MAX_SPEC >> 20)]
     TooBig { path: String },
     /// A spec file does not parse (the parser's message, on one line).
-    #[error("CDI spec {path}: {msg}")]
-    Parse { path: String, msg: String },
+    #[error("CDI spec {path}: {}", one_line(&.source.to_string()))]
+    Parse { path: String, source: ParseError },
     /// A spec file parses but fails the reference loader's checks.
     #[error("CDI spec {path}: {source}")]
     Invalid { path: String, source: SpecError },
@@ -84,18 +84,24 @@ pub enum SpecError {
     DeviceTwice(String),
 }
 
+/// Why a spec's text is no spec: the parser's message, or (checked) the reference loader's.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    #[error("{0}")]
+    Yaml(#[source] serde_yaml_ng::Error),
+    #[error("{0}")]
+    Invalid(#[from] SpecError),
+}
+
 /// Reads the specs of `kinds` in `dirs` (`*.json`, `*.yaml`, `*.yml`; a directory that does
 /// not exist has none). A file that cannot be read or parsed is an error when it is (or may
 /// be, for all its text says) of one of `kinds`; one of another kind is not looked at further.
 /// Only root may have written what root acts on: a directory, or a parent of it, that is not
 /// root's or that group or others may write is refused ([`open_dir`]); each file is opened
 /// once, without following a link or waiting on a FIFO, and read from that descriptor.
-pub fn load(dirs: &[PathBuf], kinds: &[&str]) -> Result<Vec<Loaded>, String> {
-    try_load(dirs, kinds).map_err(|e| e.to_string())
-}
-
-/// [`load`], its error as a [`LoadError`].
-pub fn try_load(dirs: &[PathBuf], kinds: &[&str]) -> Result<Vec<Loaded>, LoadError> {
+pub fn load(dirs: &[PathBuf], kinds: &[&str]) -> Result<Vec<Loaded>, LoadError> {
     let mut out = Vec::new();
     for (i, dir) in dirs.iter().enumerate() {
         let Some(fd) = open_dir(dir)? else { continue };
@@ -274,7 +280,7 @@ fn read_spec(
     let json = path.extension().is_some_and(|x| x == "json");
     let spec = match parse(&text, json) {
         Ok(s) => s,
-        Err(e) => {
+        Err(source) => {
             // Another vendor's broken spec is not this container's business.
             let kind = loose_kind(&text, json);
             if kind.as_deref().is_some_and(|k| !kinds.contains(&k)) {
@@ -282,7 +288,7 @@ fn read_spec(
             }
             return Err(LoadError::Parse {
                 path: name(),
-                msg: one_line(&e),
+                source,
             });
         }
     };
@@ -311,19 +317,19 @@ fn file_kind(t: std::fs::FileType) -> &'static str {
 }
 
 /// A spec's text, strictly (unknown fields refused): JSON, or YAML (which JSON also is).
-pub fn parse(text: &[u8], json: bool) -> Result<Spec, String> {
+pub fn parse(text: &[u8], json: bool) -> Result<Spec, ParseError> {
     if json {
-        serde_json::from_slice(text).map_err(|e| e.to_string())
+        serde_json::from_slice(text).map_err(ParseError::Json)
     } else {
-        serde_yaml_ng::from_slice(text).map_err(|e| e.to_string())
+        serde_yaml_ng::from_slice(text).map_err(ParseError::Yaml)
     }
 }
 
 /// [`parse`], then the reference loader's checks of the whole spec (version, kind, device
 /// names).
-pub fn parse_checked(text: &[u8], json: bool) -> Result<Spec, String> {
+pub fn parse_checked(text: &[u8], json: bool) -> Result<Spec, ParseError> {
     let s = parse(text, json)?;
-    check_spec(&s).map_err(|e| e.to_string())?;
+    check_spec(&s)?;
     Ok(s)
 }
 

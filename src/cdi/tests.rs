@@ -119,8 +119,19 @@ fn dirs(files: &[(usize, &str, &str)]) -> Dirs {
     Dirs { _t: t, dirs }
 }
 
-fn plan_for(d: &Dirs, chosen: &[(u32, u32)], version: Option<&str>) -> Result<Plan, String> {
+/// A load and a plan: either's error.
+type Planned = Result<Plan, Box<dyn std::error::Error>>;
+
+fn plan_for(d: &Dirs, chosen: &[(u32, u32)], version: Option<&str>) -> Planned {
     plan_with(d, chosen, version, ForeignHooks::Pass)
+}
+
+fn plan_err(d: &Dirs, chosen: &[(u32, u32)], version: Option<&str>) -> String {
+    plan_for(d, chosen, version).unwrap_err().to_string()
+}
+
+fn load_err(dirs: &[PathBuf]) -> String {
+    load(dirs, &["nvidia.com/gpu"]).unwrap_err().to_string()
 }
 
 fn plan_with(
@@ -128,9 +139,9 @@ fn plan_with(
     chosen: &[(u32, u32)],
     version: Option<&str>,
     foreign_hooks: ForeignHooks,
-) -> Result<Plan, String> {
+) -> Planned {
     let loaded = load(&d.dirs, &["nvidia.com/gpu"])?;
-    plan(
+    Ok(plan(
         &loaded,
         &units(chosen),
         &Host {
@@ -139,7 +150,7 @@ fn plan_with(
             nvidia_version: version.map(str::to_owned),
             dirs: &d.dirs,
         },
-    )
+    )?)
 }
 
 #[test]
@@ -188,7 +199,7 @@ fn json_and_later_directory_wins() {
     plan_for(&d, &[GPU0], Some("535.129.03")).unwrap();
     // One directory defining a device twice is a conflict.
     let d = dirs(&[(1, "a.yaml", &good), (1, "b.yaml", &good)]);
-    let e = plan_for(&d, &[GPU0], None).unwrap_err();
+    let e = plan_err(&d, &[GPU0], None);
     assert!(
         e.contains("is defined in both") && e.contains("a.yaml"),
         "{e}"
@@ -279,7 +290,7 @@ fn bad_specs_are_one_line_errors() {
     ];
     for (text, want) in cases {
         let d = dirs(&[(0, "nvidia.yaml", &text)]);
-        let e = plan_for(&d, &[GPU0], None).unwrap_err();
+        let e = plan_err(&d, &[GPU0], None);
         assert!(e.contains(want), "want {want:?}, got {e}");
         assert!(!e.contains('\n'), "{e}");
         assert!(e.contains("nvidia.yaml"), "names the file: {e}");
@@ -297,7 +308,7 @@ fn spec_for_another_driver_says_so() {
             "hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15\n          containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
         ),
     )]);
-    let e = plan_for(&d, &[GPU0], Some("535.129.03")).unwrap_err();
+    let e = plan_err(&d, &[GPU0], Some("535.129.03"));
     assert!(
         e.contains("is of NVIDIA driver 550.54.15, the host runs 535.129.03")
             && e.contains("nvidia-ctk cdi generate"),
@@ -308,7 +319,7 @@ fn spec_for_another_driver_says_so() {
 #[test]
 fn no_spec_names_dirs_and_generator() {
     let d = dirs(&[]);
-    let e = plan_for(&d, &[GPU0], None).unwrap_err();
+    let e = plan_err(&d, &[GPU0], None);
     assert!(
         e.starts_with("driver \"cdi\": no CDI spec for nvidia.com/gpu in "),
         "{e}"
@@ -324,13 +335,9 @@ fn no_spec_names_dirs_and_generator() {
         "amd.json",
         r#"{"cdiVersion": "0.6.0", "kind": "amd.com/gpu", "bogus": 1}"#,
     )]);
-    assert!(plan_for(&d, &[GPU0], None)
-        .unwrap_err()
-        .contains("no CDI spec"));
+    assert!(plan_err(&d, &[GPU0], None).contains("no CDI spec"));
     let d = dirs(&[(0, "x.yaml", "::: not yaml [")]);
-    assert!(plan_for(&d, &[GPU0], None)
-        .unwrap_err()
-        .contains("CDI spec "));
+    assert!(plan_err(&d, &[GPU0], None).contains("CDI spec "));
 }
 
 #[test]
@@ -340,7 +347,7 @@ fn a_spec_without_the_gpus_device_is_stale() {
         deviceNodes:
             - path: /dev/zero"#;
     let d = dirs(&[(0, "nvidia.yaml", &spec("", only1))]);
-    let e = plan_for(&d, &[GPU0], None).unwrap_err();
+    let e = plan_err(&d, &[GPU0], None);
     assert!(e.contains("have no device for gpu0 (1:3)"), "{e}");
 }
 
@@ -480,7 +487,7 @@ fn a_block_device_on_the_host_is_refused() {
         ),
     );
     std::fs::write(d.dirs[1].join("nvidia.yaml"), text).unwrap();
-    let e = plan_for(&d, &[GPU0], None).unwrap_err();
+    let e = plan_err(&d, &[GPU0], None);
     assert!(
         e.contains("is a block device, not a character device"),
         "{e}"
@@ -496,7 +503,7 @@ fn a_symlinked_spec_is_refused_not_followed() {
     std::fs::write(&target, spec("", DEVICES)).unwrap();
     let link = d.dirs[1].join("nvidia.yaml");
     std::os::unix::fs::symlink(&target, &link).unwrap();
-    let e = load(&d.dirs, &["nvidia.com/gpu"]).unwrap_err();
+    let e = load_err(&d.dirs);
     assert_eq!(
         e,
         format!(
@@ -525,7 +532,7 @@ fn a_fifo_spec_does_not_block_and_is_refused() {
         .recv_timeout(std::time::Duration::from_secs(10))
         .expect("load blocked on a FIFO");
     assert_eq!(
-        r.unwrap_err(),
+        r.unwrap_err().to_string(),
         format!(
             "CDI spec {} is a FIFO, not a regular file; refusing to read it",
             fifo.display()
@@ -543,7 +550,7 @@ fn a_spec_directory_others_may_write_is_refused() {
         |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
     let run = &d.dirs[1];
     mode(run, 0o775);
-    let e = load(&d.dirs, &["nvidia.com/gpu"]).unwrap_err();
+    let e = load_err(&d.dirs);
     assert_eq!(
         e,
         format!(
@@ -553,7 +560,7 @@ fn a_spec_directory_others_may_write_is_refused() {
     );
     let link = d._t.path().join("link");
     std::os::unix::fs::symlink(run, &link).unwrap();
-    let e = load(std::slice::from_ref(&link), &["nvidia.com/gpu"]).unwrap_err();
+    let e = load_err(std::slice::from_ref(&link));
     assert!(
         e.starts_with(&format!(
             "CDI spec directory {} ({}) has mode 0775",
@@ -564,7 +571,7 @@ fn a_spec_directory_others_may_write_is_refused() {
     );
     mode(run, 0o755);
     nix::unistd::chown(run.as_path(), Some(nix::unistd::Uid::from_raw(1000)), None).unwrap();
-    let e = load(&d.dirs, &["nvidia.com/gpu"]).unwrap_err();
+    let e = load_err(&d.dirs);
     assert_eq!(
         e,
         format!(
@@ -588,7 +595,7 @@ fn a_parent_others_may_write_is_refused() {
     let parent = d._t.path();
     for m in [0o757, 0o1777] {
         std::fs::set_permissions(parent, std::fs::Permissions::from_mode(m)).unwrap();
-        let e = load(&d.dirs, &["nvidia.com/gpu"]).unwrap_err();
+        let e = load_err(&d.dirs);
         assert_eq!(
             e,
             format!(
@@ -602,7 +609,7 @@ fn a_parent_others_may_write_is_refused() {
     assert_eq!(load(&d.dirs, &["nvidia.com/gpu"]).unwrap().len(), 1);
     // A spec directory under /tmp.
     let t = tempfile::tempdir_in("/tmp").unwrap();
-    let e = load(&[t.path().to_path_buf()], &["nvidia.com/gpu"]).unwrap_err();
+    let e = load_err(&[t.path().to_path_buf()]);
     assert!(
         e.ends_with(": its parent /tmp has mode 1777: group or others may write it; refusing to read specs from it"),
         "{e}"
@@ -618,7 +625,7 @@ fn foreign_hooks_refused_on_request() {
     let d = dirs(&[(1, "nvidia.yaml", &spec("", DEVICES))]);
     let file = d.dirs[1].join("nvidia.yaml");
     assert_eq!(
-        plan_with(&d, &[GPU0], None, ForeignHooks::Refuse).unwrap_err(),
+        plan_with(&d, &[GPU0], None, ForeignHooks::Refuse).unwrap_err().to_string(),
         format!(
             "CDI spec {}: createContainer hook /usr/bin/nvidia-cdi-hook enable-cuda-compat is not one gpuhook does itself, and the host config refuses such hooks (\"cdi_foreign_hooks\": \"refuse\")",
             file.display()
@@ -640,7 +647,9 @@ fn foreign_hooks_refused_on_request() {
     assert!(p.hooks.is_empty(), "{:?}", p.hooks);
     assert_eq!(p.ld_folders, ["/usr/lib/x86_64-linux-gnu"]);
     assert_eq!(p.links.len(), 1);
-    let e = plan_with(&d, &[GPU1], None, ForeignHooks::Refuse).unwrap_err();
+    let e = plan_with(&d, &[GPU1], None, ForeignHooks::Refuse)
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         e,
         format!(

@@ -6,8 +6,8 @@
 //! systemd alike. [`crate::doors::runtime`] is the front door that reads and writes the files.
 
 use crate::node::NodeSpec;
-use crate::request::oci::{self, ANNOTATION_PREFIX, ENV_PREFIX};
-use crate::request::{IdMap, Request};
+use crate::request::oci::{self, OciError, ANNOTATION_PREFIX, ENV_PREFIX};
+use crate::request::{IdMap, Request, Unmapped};
 use serde_json::{json, Map, Value};
 
 /// The word that marks gpuhook's hooks in a `config.json` (`[PATH, "oci-hook", STAGE, TOKEN,
@@ -26,6 +26,53 @@ pub fn mentions_request(config: &[u8]) -> bool {
     has(ANNOTATION_PREFIX.as_bytes())
         || has(ENV_PREFIX.as_bytes())
         || has(format!("\"{HOOK_WORD}\"").as_bytes())
+}
+
+/// Why a `config.json` is refused or cannot be edited; one line naming the fault.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("config.json is not valid JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("config.json is not a JSON object")]
+    NotJsonObject,
+    /// The request it holds is not valid.
+    #[error(transparent)]
+    Request(#[from] OciError),
+    #[error("a GPU container needs a PID namespace of its own (gpuhook frees its GPUs when its init exits; with the host's or a joined PID namespace its other processes would keep them)")]
+    NoPidNamespace,
+    /// The request's owner is not in the container's user namespace.
+    #[error(transparent)]
+    Unmapped(#[from] Unmapped),
+    /// A part of the config (`at`: `linux`, `linux.resources`…) that is not an object.
+    #[error("config.json: {at} is not an object")]
+    NotObject { at: String },
+    /// A part of the config that is not a list.
+    #[error("config.json: {at} is not a list")]
+    NotList { at: String },
+    /// Something the config mounts at a reserved GPU's node.
+    #[error("config.json already mounts something at {path}; refusing to shadow it")]
+    MountAtNode { path: String },
+    /// A device of the config at a node's path, with another number (or the node is bound).
+    #[error("config.json already has a device at {path} ({}); refusing to replace it", number(.theirs))]
+    DeviceAtNode {
+        path: String,
+        theirs: Option<(u32, u32)>,
+    },
+    /// Something the config mounts where a CDI spec mounts the driver's `host` file.
+    #[error("config.json already mounts something at {target}; refusing to shadow it with the driver's {host}")]
+    MountAtCdi { target: String, host: String },
+    /// A hook the CDI spec gives whose program is not on this host (`name`: its first
+    /// argument).
+    #[error("CDI hook {path} ({name}) is not on this host")]
+    HookMissing { path: String, name: String },
+    /// The work of gpuhook's `cdi` hook cannot be written as its argument.
+    #[error("{0}")]
+    Work(#[source] serde_json::Error),
+}
+
+/// A device number for a message: `MAJ:MIN`, `?` for none.
+fn number(n: &Option<(u32, u32)>) -> String {
+    n.map_or("?".into(), |(a, b)| format!("{a}:{b}"))
 }
 
 /// How the host reads requests (config keys).
@@ -79,11 +126,10 @@ fn own_pid_namespace(config: &Value) -> bool {
 }
 
 /// Parses `config.json`; an error names the fault in one line.
-pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, String> {
-    let config: Value = serde_json::from_slice(config)
-        .map_err(|e| format!("config.json is not valid JSON: {e}"))?;
+pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, BundleError> {
+    let config: Value = serde_json::from_slice(config).map_err(BundleError::NotJson)?;
     if !config.is_object() {
-        return Err("config.json is not a JSON object".into());
+        return Err(BundleError::NotJsonObject);
     }
     let pairs = oci::pairs(&config, policy.env_requests)?;
     let idmap = IdMap {
@@ -96,7 +142,7 @@ pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, String> {
     } else {
         let r = oci::request(&pairs)?;
         if !own_pid_namespace(&config) {
-            return Err("a GPU container needs a PID namespace of its own (gpuhook frees its GPUs when its init exits; with the host's or a joined PID namespace its other processes would keep them)".into());
+            return Err(BundleError::NoPidNamespace);
         }
         idmap.owner(r.uid, r.gid, ("linux.uidMappings", "linux.gidMappings"))?;
         Some(r)
@@ -162,30 +208,34 @@ pub struct CdiWork {
     pub folders: Vec<String>,
 }
 
+fn not_object(at: impl Into<String>) -> BundleError {
+    BundleError::NotObject { at: at.into() }
+}
+
 fn object<'a>(
     parent: &'a mut Value,
     key: &str,
     what: &str,
-) -> Result<&'a mut Map<String, Value>, String> {
-    let m = parent
-        .as_object_mut()
-        .ok_or_else(|| format!("config.json: {what} is not an object"))?;
+) -> Result<&'a mut Map<String, Value>, BundleError> {
+    let m = parent.as_object_mut().ok_or_else(|| not_object(what))?;
     m.entry(key)
         .or_insert_with(|| Value::Object(Map::new()))
         .as_object_mut()
-        .ok_or_else(|| format!("config.json: {what}.{key} is not an object"))
+        .ok_or_else(|| not_object(format!("{what}.{key}")))
 }
 
 fn array<'a>(
     parent: &'a mut Map<String, Value>,
     key: &str,
     what: &str,
-) -> Result<&'a mut Vec<Value>, String> {
+) -> Result<&'a mut Vec<Value>, BundleError> {
     parent
         .entry(key)
         .or_insert_with(|| Value::Array(Vec::new()))
         .as_array_mut()
-        .ok_or_else(|| format!("config.json: {what}.{key} is not a list"))
+        .ok_or_else(|| BundleError::NotList {
+            at: format!("{what}.{key}"),
+        })
 }
 
 /// Whether the container gets a user namespace of its own (`linux.namespaces` has `user`):
@@ -211,23 +261,22 @@ pub fn edit(
     binds: Option<&[String]>,
     hook: &HookCmd,
     cdi: Option<(&crate::cdi::Plan, &str)>,
-) -> Result<(), String> {
-    strip(config)?;
+) -> Result<(), BundleError> {
+    strip(config);
     let mut added: Vec<String> = Vec::new();
     if let Some(srcs) = binds {
         let root = config
             .as_object_mut()
-            .ok_or("config.json: the config is not an object")?;
+            .ok_or_else(|| not_object("the config"))?;
         let mounts = array(root, "mounts", "the config")?;
         for (n, src) in nodes.iter().zip(srcs) {
             if mounts
                 .iter()
                 .any(|m| m.get("destination").and_then(Value::as_str) == Some(n.path.as_str()))
             {
-                return Err(format!(
-                    "config.json already mounts something at {}; refusing to shadow it",
-                    n.path
-                ));
+                return Err(BundleError::MountAtNode {
+                    path: n.path.clone(),
+                });
             }
             mounts.push(json!({"destination": n.path, "type": "bind", "source": src,
                                "options": ["bind", "nosuid", "noexec"]}));
@@ -243,11 +292,10 @@ pub fn edit(
         match theirs {
             Some(d) if device_number(d) == Some((n.major, n.minor)) && binds.is_none() => {}
             Some(d) => {
-                return Err(format!(
-                    "config.json already has a device at {} ({}); refusing to replace it",
-                    n.path,
-                    device_number(d).map_or("?".into(), |(a, b)| format!("{a}:{b}"))
-                ))
+                return Err(BundleError::DeviceAtNode {
+                    path: n.path.clone(),
+                    theirs: device_number(d),
+                })
             }
             None if binds.is_none() => {
                 devs.push(
@@ -263,7 +311,7 @@ pub fn edit(
         .entry("resources")
         .or_insert_with(|| Value::Object(Map::new()))
         .as_object_mut()
-        .ok_or("config.json: linux.resources is not an object")?;
+        .ok_or_else(|| not_object("linux.resources"))?;
     let rules = array(res, "devices", "linux.resources")?;
     for n in nodes {
         let rule = allow_rule(n.major, n.minor);
@@ -293,16 +341,16 @@ fn cdi_mounts(
     mounts: &mut Vec<Value>,
     plan: &crate::cdi::Plan,
     added: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<(), BundleError> {
     for m in &plan.mounts {
         if mounts
             .iter()
             .any(|x| x.get("destination").and_then(Value::as_str) == Some(m.target.as_str()))
         {
-            return Err(format!(
-                "config.json already mounts something at {}; refusing to shadow it with the driver's {}",
-                m.target, m.source
-            ));
+            return Err(BundleError::MountAtCdi {
+                target: m.target.clone(),
+                host: m.source.clone(),
+            });
         }
         let mut opts = vec![
             if m.recursive { "rbind" } else { "bind" },
@@ -345,10 +393,10 @@ fn edit_cdi(
     root: &str,
     hook: &HookCmd,
     added: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<(), BundleError> {
     let top = config
         .as_object_mut()
-        .ok_or("config.json: the config is not an object")?;
+        .ok_or_else(|| not_object("the config"))?;
     cdi_mounts(array(top, "mounts", "the config")?, plan, added)?;
     let process = object(config, "process", "the config")?;
     let env = array(process, "env", "process")?;
@@ -369,7 +417,7 @@ fn edit_cdi(
             p.entry("user")
                 .or_insert_with(|| json!({"uid": 0, "gid": 0}))
                 .as_object_mut()
-                .ok_or_else(|| "config.json: process.user is not an object".to_string())
+                .ok_or_else(|| not_object("process.user"))
         })?;
         let gids = array(user, "additionalGids", "process.user")?;
         for g in &plan.additional_gids {
@@ -382,11 +430,10 @@ fn edit_cdi(
     let hooks = object(config, "hooks", "the config")?;
     for h in &plan.hooks {
         if !std::path::Path::new(&h.path).is_file() {
-            return Err(format!(
-                "CDI hook {} ({}) is not on this host",
-                h.path,
-                h.args.get(1).map_or("", String::as_str)
-            ));
+            return Err(BundleError::HookMissing {
+                path: h.path.clone(),
+                name: h.args.get(1).cloned().unwrap_or_default(),
+            });
         }
         let mut env = h.env.clone();
         env.push(CDI_MARK.into());
@@ -402,7 +449,7 @@ fn edit_cdi(
             links: plan.links.clone(),
             folders: plan.ld_folders.clone(),
         };
-        let arg = serde_json::to_string(&work).map_err(|e| e.to_string())?;
+        let arg = serde_json::to_string(&work).map_err(BundleError::Work)?;
         // A time limit the runtime enforces (gpuhook's own limit on ldconfig is 10 s).
         let mut h = json!({"path": hook.path, "timeout": 30,
                            "args": [hook.path, HOOK_WORD, CDI, hook.token, arg]});
@@ -489,10 +536,10 @@ impl Added {
 /// Takes out what earlier edits added, as their hooks list it: those devices and bind mounts
 /// (at that path, with that number), one instance of each of those rules (the last: gpuhook
 /// appended it), and the hooks themselves. Returns whether there was anything.
-pub fn strip(config: &mut Value) -> Result<bool, String> {
+pub fn strip(config: &mut Value) -> bool {
     let ours = our_hooks(config);
     if ours.is_empty() {
-        return Ok(false);
+        return false;
     }
     // Both hooks of an edit carry the same list: one hook's lists are all of them.
     let lists: Vec<String> = ours
@@ -578,7 +625,7 @@ pub fn strip(config: &mut Value) -> Result<bool, String> {
             });
         }
     }
-    Ok(true)
+    true
 }
 
 /// What the runtime passes an OCI hook on stdin (runtime-spec "state").
@@ -662,7 +709,9 @@ mod tests {
     }
 
     fn req(annotations: Value, env: &[&str]) -> Result<Option<Request>, String> {
-        parse(&cfg(annotations, env), Policy::default()).map(|b| b.request)
+        parse(&cfg(annotations, env), Policy::default())
+            .map(|b| b.request)
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -694,12 +743,14 @@ mod tests {
         assert!(r.mig && r.count == 1);
         assert!(req(json!({"gpuhook.io/mig": "some"}), &[])
             .unwrap_err()
+            .to_string()
             .contains("annotation 'gpuhook.io/mig': mig 'some' is not yes or no"));
         assert!(req(
             json!({"gpuhook.io/mig": "yes", "gpuhook.io/devices": "0000:3b:00.0"}),
             &[]
         )
         .unwrap_err()
+        .to_string()
         .contains("either whole GPUs"));
         let r = req(
             json!({"gpuhook.io/devices": "0000:3B:00.0, GPU-ABC-1,3"}),
@@ -811,8 +862,12 @@ mod tests {
         let p = Policy::default();
         assert!(parse(b"{not json", p)
             .unwrap_err()
+            .to_string()
             .contains("not valid JSON"));
-        assert!(parse(b"[]", p).unwrap_err().contains("not a JSON object"));
+        assert!(parse(b"[]", p)
+            .unwrap_err()
+            .to_string()
+            .contains("not a JSON object"));
     }
 
     #[test]
@@ -825,7 +880,9 @@ mod tests {
         let b = parse(&serde_json::to_vec(&c).unwrap(), p).unwrap();
         assert_eq!(b.idmap.host_uid(1000), Some(101000));
         c["annotations"]["gpuhook.io/uid"] = json!("70000");
-        let e = parse(&serde_json::to_vec(&c).unwrap(), p).unwrap_err();
+        let e = parse(&serde_json::to_vec(&c).unwrap(), p)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("uid 70000 is not mapped by linux.uidMappings"),
             "{e}"
@@ -847,7 +904,9 @@ mod tests {
         // shadow the reserved GPU.
         c["linux"]["devices"] =
             json!([{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 3}]);
-        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], None, &hook, None).unwrap_err();
+        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], None, &hook, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("already has a device at /dev/nvidia0 (1:3)"),
             "{e}"
@@ -907,7 +966,9 @@ mod tests {
                              {"destination": "/dev/nvidia0", "type": "bind", "source": "/x"}]);
         assert!(has_user_namespace(&c));
         let srcs = vec!["/run/gpuhook/nodes/c1/0-nvidia0".to_string()];
-        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], Some(&srcs), &hook, None).unwrap_err();
+        let e = edit(&mut c, &[n("/dev/nvidia0", 0)], Some(&srcs), &hook, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("already mounts something at /dev/nvidia0"),
             "{e}"
@@ -978,11 +1039,11 @@ mod tests {
             4
         );
         // Stripped, the config is what it was (a bundle whose request was taken away).
-        assert!(strip(&mut c).unwrap());
+        assert!(strip(&mut c));
         assert_eq!(c["hooks"], json!({"createRuntime": [], "poststop": []}));
         c.as_object_mut().unwrap().remove("hooks");
         assert_eq!(c, before, "the user's own device and rules are kept");
-        assert!(!strip(&mut c).unwrap());
+        assert!(!strip(&mut c));
     }
 
     #[test]
@@ -1001,6 +1062,7 @@ mod tests {
         c["linux"]["namespaces"] = json!([{"type": "mount"}]);
         assert!(parse(&bytes(&c), p)
             .unwrap_err()
+            .to_string()
             .contains("PID namespace of its own"));
         c["linux"]["namespaces"] = json!([{"type": "pid", "path": "/proc/1/ns/pid"}]);
         assert!(parse(&bytes(&c), p).is_err());

@@ -168,10 +168,10 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
     let policy = bundle::Policy {
         env_requests: cfg.oci_env_requests,
     };
-    let mut b = bundle::parse(&bytes, policy).map_err(Error::Other)?;
+    let mut b = bundle::parse(&bytes, policy).map_err(|e| Error::other(e.to_string()))?;
     let Some(req) = b.request else {
         // A bundle used again without its request: what gpuhook added before goes.
-        if b.edited && bundle::strip(&mut b.config).map_err(Error::Other)? {
+        if b.edited && bundle::strip(&mut b.config) {
             replace_config(&path, &b.config)?;
         }
         return Ok(None);
@@ -234,7 +234,7 @@ fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
         return Err(format!("container root {} is not absolute", work.root));
     }
     for p in work.links.iter().map(|l| &l.link).chain(&work.folders) {
-        crate::cdi::container_path(p, "path")?;
+        crate::cdi::container_path(p, "path").map_err(|e| e.to_string())?;
     }
     let root = nix::fcntl::open(
         work.root.as_str(),
@@ -450,7 +450,7 @@ fn write_config(
         env,
         token: bundle::HookToken(by).to_string(),
     };
-    bundle::edit(&mut config, nodes, binds, &hook, cdi).map_err(Error::Other)?;
+    bundle::edit(&mut config, nodes, binds, &hook, cdi).map_err(|e| Error::other(e.to_string()))?;
     replace_config(path, &config)
 }
 

@@ -208,6 +208,16 @@ pub struct IdRange {
     pub count: u32,
 }
 
+/// A container user or group the id mapping does not map (`by` names the mapping).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{which} {id} is not mapped by {by}")]
+pub struct Unmapped {
+    /// `uid` or `gid`.
+    pub which: &'static str,
+    pub id: u32,
+    pub by: &'static str,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IdMap {
     pub uid: Vec<IdRange>,
@@ -228,13 +238,22 @@ impl IdMap {
     /// The host owner of nodes the container sees owned by `uid`:`gid`: the one id-mapping
     /// check of every front door. `what` names the mapping in the error (`<idmap>`,
     /// `linux.uidMappings`…): `uid 7 is not mapped by the domain's <idmap>`.
-    pub fn owner(&self, uid: u32, gid: u32, what: (&str, &str)) -> Result<(u32, u32), String> {
-        let u = self
-            .host_uid(uid)
-            .ok_or_else(|| format!("uid {uid} is not mapped by {}", what.0))?;
-        let g = self
-            .host_gid(gid)
-            .ok_or_else(|| format!("gid {gid} is not mapped by {}", what.1))?;
+    pub fn owner(
+        &self,
+        uid: u32,
+        gid: u32,
+        what: (&'static str, &'static str),
+    ) -> Result<(u32, u32), Unmapped> {
+        let u = self.host_uid(uid).ok_or(Unmapped {
+            which: "uid",
+            id: uid,
+            by: what.0,
+        })?;
+        let g = self.host_gid(gid).ok_or(Unmapped {
+            which: "gid",
+            id: gid,
+            by: what.1,
+        })?;
         Ok((u, g))
     }
 

@@ -4,7 +4,7 @@
 //! bundle itself (reading, editing, cleaning it) is the OCI door's (`doors::bundle`).
 
 use crate::ids::normalize_pci;
-use crate::request::metadata::{self, GpusBuilder};
+use crate::request::metadata::{self, AttrError, GpusBuilder, ParseError};
 use crate::request::{DeviceSel, IdRange, Request};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -19,22 +19,58 @@ const MAX_DEVICES: usize = 256;
 /// gpuhook's own variables, which a container's environment may carry (it is not a request).
 const ENV_NOT_KEYS: [&str; 2] = ["CONFIG", "VERBOSE"];
 
+/// Why a `config.json` holds no valid request; one line naming the fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OciError {
+    #[error("config.json: \"annotations\" is not an object")]
+    Annotations,
+    #[error("annotation '{0}' is not a string")]
+    NotString(String),
+    /// A key's value is longer than gpuhook reads (`src` says where it came from).
+    #[error("{src} is longer than {MAX_VALUE} bytes")]
+    TooLong { src: String },
+    #[error("unknown key: {src} (known: {KEYS})")]
+    UnknownKey { src: String },
+    /// A key's value is refused (`src` says where it came from).
+    #[error("{src}: {source}")]
+    Attr { src: String, source: AttrError },
+    /// `devices` is refused (`src` says where it came from).
+    #[error("{src}: {source}")]
+    Devices { src: String, source: DevicesError },
+    /// The keys together are no request.
+    #[error(transparent)]
+    Request(#[from] ParseError),
+    /// `linux.uidMappings` or `gidMappings` (`which`) is not a list of ranges.
+    #[error("config.json: linux.{which} is not a list of {{containerID, hostID, size}}")]
+    IdMappings { which: String },
+}
+
+/// What is wrong with a `devices` list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DevicesError {
+    /// The list (quoted) has an empty entry.
+    #[error("empty entry in '{0}'")]
+    EmptyEntry(String),
+    #[error("device index '{0}' is out of range")]
+    IndexRange(String),
+    #[error("'{0}' is neither a PCI address (0000:3b:00.0), a GPU UUID (GPU-…) nor an index")]
+    NotDevice(String),
+    #[error("more than {MAX_DEVICES} devices")]
+    TooMany,
+}
+
 /// Each request key (`gpus`, `arch`, …) with where it came from (for messages) and its value.
 pub type Pairs = BTreeMap<String, (String, String)>;
 
 /// The request keys of a `config.json`: its `gpuhook.io/` annotations; without any, its
 /// `GPUHOOK_` variables (when `env_requests`).
-pub fn pairs(config: &Value, env_requests: bool) -> Result<Pairs, String> {
+pub fn pairs(config: &Value, env_requests: bool) -> Result<Pairs, OciError> {
     let mut pairs: BTreeMap<String, (String, String)> = BTreeMap::new();
     if let Some(a) = config.get("annotations") {
-        let a = a
-            .as_object()
-            .ok_or("config.json: \"annotations\" is not an object")?;
+        let a = a.as_object().ok_or(OciError::Annotations)?;
         for (k, v) in a {
             if let Some(key) = k.strip_prefix(ANNOTATION_PREFIX) {
-                let v = v
-                    .as_str()
-                    .ok_or_else(|| format!("annotation '{k}' is not a string"))?;
+                let v = v.as_str().ok_or_else(|| OciError::NotString(k.clone()))?;
                 pairs.insert(
                     key.to_string(),
                     (format!("annotation '{k}'"), v.to_string()),
@@ -67,66 +103,71 @@ pub fn pairs(config: &Value, env_requests: bool) -> Result<Pairs, String> {
 
 /// The request from its keys (`gpus`, `arch`, …) with where each came from, validated as the
 /// domain XML's attributes are.
-pub fn request(pairs: &Pairs) -> Result<Request, String> {
+pub fn request(pairs: &Pairs) -> Result<Request, OciError> {
     let mut g = GpusBuilder::default();
     for (key, (src, v)) in pairs {
         if v.len() > MAX_VALUE {
-            return Err(format!("{src} is longer than {MAX_VALUE} bytes"));
+            return Err(OciError::TooLong { src: src.clone() });
         }
-        let known = match key.as_str() {
-            "gpus" => metadata::set_attr(&mut g, "count", v),
-            "count" => Ok(false),
-            "devices" => devices(v).map(|d| {
-                g.devices.extend(d);
-                true
-            }),
-            k => metadata::set_attr(&mut g, k, v),
+        let attr = |source| OciError::Attr {
+            src: src.clone(),
+            source,
         };
-        match known {
-            Ok(true) => {}
-            Ok(false) => return Err(format!("unknown key: {src} (known: {KEYS})")),
-            Err(m) => return Err(format!("{src}: {m}")),
+        let known = match key.as_str() {
+            "gpus" => metadata::set_attr(&mut g, "count", v).map_err(attr)?,
+            "count" => false,
+            "devices" => {
+                g.devices
+                    .extend(devices(v).map_err(|source| OciError::Devices {
+                        src: src.clone(),
+                        source,
+                    })?);
+                true
+            }
+            k => metadata::set_attr(&mut g, k, v).map_err(attr)?,
+        };
+        if !known {
+            return Err(OciError::UnknownKey { src: src.clone() });
         }
     }
-    metadata::build_request(g).map_err(|e| e.0)
+    Ok(metadata::build_request(g)?)
 }
 
 /// `gpuhook.io/devices`: a comma list of PCI addresses, GPU UUIDs or indices.
-pub fn devices(v: &str) -> Result<Vec<DeviceSel>, String> {
+pub fn devices(v: &str) -> Result<Vec<DeviceSel>, DevicesError> {
     let mut out = Vec::new();
     for item in v.split(',').map(str::trim) {
         if item.is_empty() {
-            return Err(format!("empty entry in '{v}'"));
+            return Err(DevicesError::EmptyEntry(v.to_string()));
         }
         let sel = if item.bytes().all(|b| b.is_ascii_digit()) {
             DeviceSel::Index(
                 item.parse()
-                    .map_err(|_| format!("device index '{item}' is out of range"))?,
+                    .map_err(|_| DevicesError::IndexRange(item.to_string()))?,
             )
         } else if let Some(p) = normalize_pci(item) {
             DeviceSel::Pci(p)
         } else if item.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
             DeviceSel::Uuid(item.to_ascii_lowercase())
         } else {
-            return Err(format!(
-                "'{item}' is neither a PCI address (0000:3b:00.0), a GPU UUID (GPU-…) nor an index"
-            ));
+            return Err(DevicesError::NotDevice(item.to_string()));
         };
         out.push(sel);
         if out.len() > MAX_DEVICES {
-            return Err(format!("more than {MAX_DEVICES} devices"));
+            return Err(DevicesError::TooMany);
         }
     }
     Ok(out)
 }
 
 /// `linux.uidMappings` or `gidMappings` as id ranges (container id → host id).
-pub fn id_ranges(config: &Value, which: &str) -> Result<Vec<IdRange>, String> {
+pub fn id_ranges(config: &Value, which: &str) -> Result<Vec<IdRange>, OciError> {
     let Some(v) = config.pointer(&format!("/linux/{which}")) else {
         return Ok(Vec::new());
     };
-    let bad =
-        || format!("config.json: linux.{which} is not a list of {{containerID, hostID, size}}");
+    let bad = || OciError::IdMappings {
+        which: which.to_string(),
+    };
     let field = |m: &Map<String, Value>, k: &str| {
         m.get(k)
             .and_then(Value::as_u64)

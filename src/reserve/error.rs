@@ -1,10 +1,12 @@
 //! The crate's error: each module's own error, kept as one line that names the cause.
 
+use crate::cdi::{LoadError, PlanError};
 use crate::cgroup::CgroupError;
 use crate::enter::container::ContainerError;
 use crate::host::config::ConfigError;
 use crate::host::inventory::InventoryError;
 use crate::request::metadata::ParseError;
+use crate::request::Unmapped;
 use crate::reserve::alloc::AllocError;
 use crate::reserve::state::StateError;
 
@@ -24,6 +26,12 @@ pub enum Error {
     Container(#[from] ContainerError),
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    CdiSpecs(#[from] LoadError),
+    #[error(transparent)]
+    CdiPlan(#[from] PlanError),
+    #[error(transparent)]
+    Unmapped(#[from] Unmapped),
     /// A failure whose rollback could not undo everything: what is left is said on the same
     /// line, and kept as a value for callers.
     #[error("{error}{}", crate::cgroup::rollback_note(left))]

@@ -94,7 +94,8 @@ pub type ScanFn<'a> = &'a dyn Fn(&Config, Scan) -> Result<Inventory, InventoryEr
 pub type CgroupFn<'a> = &'a dyn Fn(&Container) -> Result<Box<dyn DeviceCgroup>, CgroupError>;
 
 /// Reads the CDI specs of these kinds from these directories (the real one: [`cdi::load`]).
-pub type CdiSpecsFn<'a> = &'a dyn Fn(&[PathBuf], &[&str]) -> Result<Vec<cdi::Loaded>, String>;
+pub type CdiSpecsFn<'a> =
+    &'a dyn Fn(&[PathBuf], &[&str]) -> Result<Vec<cdi::Loaded>, cdi::LoadError>;
 
 /// Everything a lifecycle step reads or changes outside the state file.
 #[derive(Clone, Copy)]

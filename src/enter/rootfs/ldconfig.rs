@@ -42,7 +42,7 @@ pub fn host_ldconfig() -> Result<OwnedFd, String> {
 }
 
 /// Whether a 64-bit ELF file has a `PT_INTERP` program header.
-fn has_interpreter(f: &std::fs::File) -> Result<bool, String> {
+fn has_interpreter(f: &std::fs::File) -> Result<bool, crate::cdi::ElfError> {
     const PT_INTERP: u32 = 3;
     Ok(crate::cdi::soname::program_headers(f)?
         .iter()

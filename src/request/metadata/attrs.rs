@@ -158,18 +158,36 @@ pub(super) fn parse_gpus_attrs(
     })
 }
 
+/// Why a request attribute's value is refused (the caller names where it was).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttrError {
+    /// `count` (or `gpus`).
+    #[error(transparent)]
+    Count(#[from] extra_specs::ValueError),
+    #[error("unknown vendor '{0}' (known: nvidia, amd, intel)")]
+    Vendor(String),
+    /// An empty `arch` ("architecture") or `model`.
+    #[error("empty {0}")]
+    Empty(&'static str),
+    /// `capabilities` or `driver`.
+    #[error(transparent)]
+    Word(#[from] crate::request::WordError),
+    #[error("mig '{0}' is not yes or no")]
+    Mig(String),
+    /// `mode`, `uid` or `gid`.
+    #[error(transparent)]
+    Value(#[from] ParseError),
+}
+
 /// Applies one request attribute, whichever front door it came through (`<gpus KEY='…'>`,
 /// the OCI annotation `gpuhook.io/KEY`, the env variable `GPUHOOK_KEY`); the same validation
 /// for all. `Ok(false)`: not an attribute of a request. The error names only the fault (the
 /// caller names where it was).
-pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, String> {
+pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, AttrError> {
     match key {
-        "count" => {
-            g.count_attr = Some(extra_specs::parse_positive_count(v).map_err(|e| e.to_string())?)
-        }
+        "count" => g.count_attr = Some(extra_specs::parse_positive_count(v)?),
         "vendor" => {
-            let vendor = Vendor::from_name(v)
-                .ok_or_else(|| format!("unknown vendor '{v}' (known: nvidia, amd, intel)"))?;
+            let vendor = Vendor::from_name(v).ok_or_else(|| AttrError::Vendor(v.to_string()))?;
             g.filters.push(Filter {
                 field: Field::Vendor,
                 op: Op::Eq(vendor.as_str().into()),
@@ -178,14 +196,11 @@ pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, 
         "arch" | "model" => {
             let x = v.trim().to_ascii_lowercase();
             if x.is_empty() {
-                return Err(format!(
-                    "empty {}",
-                    if key == "arch" {
-                        "architecture"
-                    } else {
-                        "model"
-                    }
-                ));
+                return Err(AttrError::Empty(if key == "arch" {
+                    "architecture"
+                } else {
+                    "model"
+                }));
             }
             g.filters.push(if key == "arch" {
                 Filter {
@@ -199,18 +214,18 @@ pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, 
                 }
             });
         }
-        "capabilities" => g.capabilities = Some(Capabilities::parse(v).map_err(|e| e.to_string())?),
+        "capabilities" => g.capabilities = Some(Capabilities::parse(v)?),
         "mig" => {
             g.mig = Some(match v.trim().to_ascii_lowercase().as_str() {
                 "yes" | "true" | "1" => true,
                 "no" | "false" | "0" => false,
-                _ => return Err(format!("mig '{v}' is not yes or no")),
+                _ => return Err(AttrError::Mig(v.to_string())),
             })
         }
-        "mode" => g.mode = Some(parse_mode(v).map_err(|e| e.0)?),
-        "driver" => g.driver = Some(crate::request::Driver::parse(v).map_err(|e| e.to_string())?),
-        "uid" => g.uid = Some(parse_u32("uid", v).map_err(|e| e.0)?),
-        "gid" => g.gid = Some(parse_u32("gid", v).map_err(|e| e.0)?),
+        "mode" => g.mode = Some(parse_mode(v)?),
+        "driver" => g.driver = Some(crate::request::Driver::parse(v)?),
+        "uid" => g.uid = Some(parse_u32("uid", v)?),
+        "gid" => g.gid = Some(parse_u32("gid", v)?),
         _ => return Ok(false),
     }
     Ok(true)

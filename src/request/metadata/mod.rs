@@ -17,6 +17,7 @@ use parser::Parser;
 mod attrs;
 mod parser;
 
+pub use attrs::AttrError;
 pub(crate) use attrs::{build_request, set_attr, GpusBuilder};
 
 /// gpuhook's XML namespace.

@@ -154,7 +154,7 @@ impl Parser {
         if let Some(r) = &request {
             self.idmap
                 .owner(r.uid, r.gid, (IDMAP, IDMAP))
-                .map_err(ParseError::new)?;
+                .map_err(|e| ParseError::new(e.to_string()))?;
         }
         Ok(Domain {
             name,

@@ -245,10 +245,7 @@ fn node_specs(
             )));
         }
     }
-    let (uid, gid) = h
-        .idmap
-        .owner(req.uid, req.gid, h.idmap_names())
-        .map_err(Error::Other)?;
+    let (uid, gid) = h.idmap.owner(req.uid, req.gid, h.idmap_names())?;
     Ok(inv
         .nodes_for(gpus, req.capabilities)
         .into_iter()
@@ -332,8 +329,7 @@ fn cdi_plan(
     let granted = units.granted.clone();
     units.foreign.retain(|n| !granted.contains(n));
     let kinds: Vec<&str> = units.vendors.iter().map(|v| cdi::kind_of(*v)).collect();
-    let who = |e: String| Error::other(e);
-    let loaded = (f.cdi_specs)(&cfg.cdi_spec_dirs, &kinds).map_err(who)?;
+    let loaded = (f.cdi_specs)(&cfg.cdi_spec_dirs, &kinds)?;
     let version = std::fs::read_to_string(cfg.proc.join("driver/nvidia/version"))
         .ok()
         .and_then(|t| cdi::nvidia_version(&t));
@@ -343,11 +339,8 @@ fn cdi_plan(
         nvidia_version: version,
         dirs: &cfg.cdi_spec_dirs,
     };
-    let plan = cdi::plan(&loaded, &units, &host).map_err(who)?;
-    let (uid, gid) = h
-        .idmap
-        .owner(req.uid, req.gid, h.idmap_names())
-        .map_err(Error::Other)?;
+    let plan = cdi::plan(&loaded, &units, &host)?;
+    let (uid, gid) = h.idmap.owner(req.uid, req.gid, h.idmap_names())?;
     let extra = plan
         .nodes
         .iter()
