@@ -1,11 +1,14 @@
 //! The crate's error: each module's own error, kept as one line that names the cause.
 
+use crate::cdi::{LoadError, PlanError};
 use crate::cgroup::CgroupError;
 use crate::enter::container::ContainerError;
 use crate::host::config::ConfigError;
 use crate::host::inventory::InventoryError;
 use crate::request::metadata::ParseError;
 use crate::reserve::alloc::AllocError;
+use crate::reserve::health::HealthError;
+use crate::reserve::lifecycle::LifecycleError;
 use crate::reserve::state::StateError;
 
 #[derive(Debug, thiserror::Error)]
@@ -31,12 +34,14 @@ pub enum Error {
         error: Box<Error>,
         left: Vec<String>,
     },
-    #[error("{0}")]
-    Other(String),
-}
-
-impl Error {
-    pub fn other(m: impl Into<String>) -> Error {
-        Error::Other(m.into())
-    }
+    #[error(transparent)]
+    Lifecycle(#[from] LifecycleError),
+    #[error(transparent)]
+    Health(#[from] HealthError),
+    /// The vendors' CDI specs could not be read (one line naming the file).
+    #[error(transparent)]
+    CdiSpecs(#[from] LoadError),
+    /// The CDI specs' edits for the container's units cannot be made.
+    #[error(transparent)]
+    CdiPlan(#[from] PlanError),
 }

@@ -93,8 +93,9 @@ pub type ScanFn<'a> = &'a dyn Fn(&Config, Scan) -> Result<Inventory, InventoryEr
 /// The device cgroup of a running container (the real one: [`cgroup::for_container`]).
 pub type CgroupFn<'a> = &'a dyn Fn(&Container) -> Result<Box<dyn DeviceCgroup>, CgroupError>;
 
-/// Reads the CDI specs of these kinds from these directories (the real one: [`cdi::load`]).
-pub type CdiSpecsFn<'a> = &'a dyn Fn(&[PathBuf], &[&str]) -> Result<Vec<cdi::Loaded>, String>;
+/// Reads the CDI specs of these kinds from these directories (the real one: [`cdi::try_load`]).
+pub type CdiSpecsFn<'a> =
+    &'a dyn Fn(&[PathBuf], &[&str]) -> Result<Vec<cdi::Loaded>, cdi::LoadError>;
 
 /// Everything a lifecycle step reads or changes outside the state file.
 #[derive(Clone, Copy)]
@@ -124,7 +125,7 @@ impl<'a> Facts<'a> {
             scan: &inventory::scan_with,
             cgroup: &real_cgroup,
             enter: &Host,
-            cdi_specs: &cdi::load,
+            cdi_specs: &cdi::try_load,
             controller_running: &crate::reserve::lifecycle::controller_running,
         }
     }
