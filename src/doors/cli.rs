@@ -3,6 +3,7 @@
 //! The clap definitions of both binaries live here so that man pages and completions can
 //! be generated from them (`cargo xtask man`) without linking libvirt.
 
+use crate::doors::error::CliError;
 use crate::doors::hook;
 use crate::host::config::Config;
 use crate::host::inventory::{self, Inventory};
@@ -291,14 +292,14 @@ fn health(action: HealthAction) -> Result<i32, Error> {
     Ok(0)
 }
 
-fn metrics(output: Option<&std::path::Path>) -> Result<i32, Error> {
+fn metrics(output: Option<&std::path::Path>) -> Result<i32, CliError> {
     let (_, mut inv, st) = load()?;
     // A draining GPU is not usable, as a quarantined one is not.
     crate::reserve::drain::apply(&mut inv, &st);
     emit(&crate::openstack::metrics::render(&inv, &st), output)
 }
 
-fn placement(output: Option<&std::path::Path>) -> Result<i32, Error> {
+fn placement(output: Option<&std::path::Path>) -> Result<i32, CliError> {
     let cfg = Config::load()?;
     let mut inv = inventory::scan(&cfg)?;
     // Quarantined and draining GPUs count as reserved, as unusable ones do.
@@ -320,17 +321,20 @@ fn placement(output: Option<&std::path::Path>) -> Result<i32, Error> {
 }
 
 /// Prints `text`, or replaces `output` with it atomically.
-fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, Error> {
+fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, CliError> {
     let Some(path) = output else {
         print!("{text}");
         return Ok(0);
     };
     // Readers (node_exporter, nova-compute) may read at any moment: a temp file beside it,
     // then a rename.
-    let io = |e: std::io::Error| Error::other(format!("{}: {e}", path.display()));
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::other(format!("{}: names no file", path.display())))?;
+    let io = |source: std::io::Error| CliError::Output {
+        path: path.to_path_buf(),
+        source,
+    };
+    let name = path.file_name().ok_or_else(|| CliError::OutputNoFile {
+        path: path.to_path_buf(),
+    })?;
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
     tmp_name.push(".tmp");
@@ -349,7 +353,7 @@ fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, Error> {
     Ok(0)
 }
 
-fn report(r: Result<i32, Error>) -> i32 {
+fn report(r: Result<i32, impl std::fmt::Display>) -> i32 {
     match r {
         Ok(code) => code,
         Err(e) => {
@@ -369,13 +373,19 @@ pub(super) fn load() -> Result<(Config, Inventory, State), Error> {
     Ok((cfg, inv, st))
 }
 
-fn check(file: &str) -> Result<i32, Error> {
+fn check(file: &str) -> Result<i32, CliError> {
     let xml = if file == "-" {
-        hook::read_stdin().map_err(|e| Error::other(format!("reading stdin: {e}")))?
+        hook::read_stdin().map_err(CliError::Stdin)?
     } else {
-        std::fs::read(file).map_err(|e| Error::other(format!("{file}: {e}")))?
+        std::fs::read(file).map_err(|source| CliError::ReadXml {
+            file: file.to_string(),
+            source,
+        })?
     };
-    let dom = metadata::parse_domain(&xml).map_err(|e| Error::other(format!("{file}: {e}")))?;
+    let dom = metadata::parse_domain(&xml).map_err(|source| CliError::DomainXml {
+        file: file.to_string(),
+        source,
+    })?;
     let Some(req) = &dom.request else {
         println!(
             "domain '{}' asks for no GPUs: gpuhook leaves it alone",

@@ -4,5 +4,6 @@
 
 pub mod bundle;
 pub mod cli;
+pub mod error;
 pub mod hook;
 pub mod runtime;

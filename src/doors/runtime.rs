@@ -14,6 +14,7 @@
 //! runtime as a child, to free after it.
 
 use crate::doors::bundle::{self, HookCmd};
+use crate::doors::error::RuntimeError;
 use crate::enter::replace::{replace, Replace};
 use crate::host::config::Config;
 use crate::host::procfs::ProcRef;
@@ -71,7 +72,7 @@ pub fn main(args: &[OsString]) -> i32 {
     };
     let runtime = match real_runtime(&cfg) {
         Ok(r) => r,
-        Err(e) => return inv.fail(&e, 127),
+        Err(e) => return inv.fail(&e.to_string(), 127),
     };
     match inv.command.as_deref() {
         Some("create") | Some("run") => {
@@ -97,7 +98,7 @@ pub fn main(args: &[OsString]) -> i32 {
 
 /// The real runtime: config `oci_runtime`, else the first `crun`, `runc` in the usual places.
 /// Never gpuhook itself (that would exec in a loop).
-fn real_runtime(cfg: &Config) -> Result<PathBuf, String> {
+fn real_runtime(cfg: &Config) -> Result<PathBuf, RuntimeError> {
     let me = std::fs::canonicalize("/proc/self/exe").ok();
     let usable = |p: &Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -107,10 +108,7 @@ fn real_runtime(cfg: &Config) -> Result<PathBuf, String> {
         return if usable(p) {
             Ok(p.clone())
         } else {
-            Err(format!(
-                "oci_runtime {} is not an executable file (or is gpuhook itself)",
-                p.display()
-            ))
+            Err(RuntimeError::NotExecutable { path: p.clone() })
         };
     }
     for name in ["crun", "runc"] {
@@ -121,10 +119,7 @@ fn real_runtime(cfg: &Config) -> Result<PathBuf, String> {
             }
         }
     }
-    Err(format!(
-        "no OCI runtime found (crun or runc in {}); set \"oci_runtime\" in the config",
-        SEARCH.join(", ")
-    ))
+    Err(RuntimeError::NoRuntime { search: &SEARCH })
 }
 
 /// Becomes the real runtime with the same arguments; returns only when that fails.
@@ -149,26 +144,25 @@ fn exec(runtime: &Path, args: &[OsString]) -> i32 {
 /// `create`/`run`: when the bundle asks for GPUs, reserve them and hand them to the runtime
 /// through `config.json`; returns the reserving process (the hooks' token) when it did.
 /// Nothing is left reserved or written on error.
-fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Error> {
+fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, RuntimeError> {
     let path = inv.config_path();
     // One read; a bundle the runtime cannot read either is the runtime's to report.
-    let Ok((bytes, whole)) = read_bounded(&path) else {
+    let Some((bytes, whole)) = read_bounded(&path) else {
         return Ok(None);
     };
     if !bundle::mentions_request(&bytes) {
         return Ok(None);
     }
     if !whole {
-        return Err(Error::other(format!(
-            "{} is larger than {} MiB",
-            path.display(),
-            MAX_CONFIG >> 20
-        )));
+        return Err(RuntimeError::TooLarge {
+            path,
+            max_mib: MAX_CONFIG >> 20,
+        });
     }
     let policy = bundle::Policy {
         env_requests: cfg.oci_env_requests,
     };
-    let mut b = bundle::parse(&bytes, policy).map_err(|e| Error::other(e.to_string()))?;
+    let mut b = bundle::parse(&bytes, policy).map_err(RuntimeError::Bundle)?;
     let Some(req) = b.request else {
         // A bundle used again without its request: what gpuhook added before goes.
         if b.edited && bundle::strip(&mut b.config) {
@@ -180,7 +174,7 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
         .id
         .as_deref()
         .filter(|i| bundle::valid_id(i))
-        .ok_or_else(|| Error::other("no valid container ID on the runtime's command line"))?;
+        .ok_or(RuntimeError::NoContainerId)?;
     // Without a user namespace the runtime makes the nodes, owned by the container-side ids.
     // With one it cannot (it would bind-mount the host's node, owned by host root): gpuhook
     // makes them, owned by the host ids the request's ids map to, as for libvirt's <idmap>.
@@ -226,22 +220,25 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Err
 /// root): the CDI `create-symlinks` and `update-ldcache` in the container's root, as the
 /// libvirt door does them ([`crate::enter::rootfs`]); undone on failure. Returns what was left as
 /// it was, for the log.
-fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
+fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, RuntimeError> {
     let work: bundle::CdiWork = arg
-        .ok_or("no work given".to_string())
-        .and_then(|a| serde_json::from_str(a).map_err(|e| format!("bad work: {e}")))?;
+        .ok_or(RuntimeError::NoWork)
+        .and_then(|a| serde_json::from_str(a).map_err(RuntimeError::BadWork))?;
     if !Path::new(&work.root).is_absolute() {
-        return Err(format!("container root {} is not absolute", work.root));
+        return Err(RuntimeError::RootRelative { root: work.root });
     }
     for p in work.links.iter().map(|l| &l.link).chain(&work.folders) {
-        crate::cdi::container_path(p, "path").map_err(|e| e.to_string())?;
+        crate::cdi::container_path(p, "path").map_err(RuntimeError::CdiPath)?;
     }
     let root = nix::fcntl::open(
         work.root.as_str(),
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
-    .map_err(|e| format!("container root {}: {e}", work.root))?;
+    .map_err(|source| RuntimeError::RootUnopened {
+        path: PathBuf::from(&work.root),
+        source,
+    })?;
     let plan = crate::cdi::Plan {
         links: work.links,
         ld_folders: work.folders,
@@ -250,15 +247,17 @@ fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
     let ld = if plan.ld_folders.is_empty() {
         None
     } else {
-        Some(crate::enter::rootfs::host_ldconfig()?)
+        Some(crate::enter::rootfs::host_ldconfig().map_err(RuntimeError::Rootfs)?)
     };
     // The runtime runs this hook in the container's namespaces, user namespace included:
     // uid 0 here is the container's root, whether or not it is host root. (It runs from the
     // container's init, in its cgroups: ldconfig is there already. CAP_SYS_ADMIN of the
     // container's user namespace stays for ldconfig's own namespaces and nodev view.)
     let owner = crate::enter::rootfs::Owner { uid: 0, gid: 0 };
-    crate::enter::rootfs::act_as(owner, ld.is_some())?;
-    crate::enter::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[]).map(|d| d.notes)
+    crate::enter::rootfs::act_as(owner, ld.is_some()).map_err(RuntimeError::Rootfs)?;
+    crate::enter::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[])
+        .map(|d| d.notes)
+        .map_err(RuntimeError::Rootfs)
 }
 
 /// The container's root filesystem as the runtime will mount it (`root.path`, relative to the
@@ -268,53 +267,58 @@ fn container_root(
     config_path: &Path,
     config: &serde_json::Value,
     plan: &crate::cdi::Plan,
-) -> Result<String, Error> {
+) -> Result<String, RuntimeError> {
     let root = config
         .pointer("/root/path")
         .and_then(serde_json::Value::as_str)
-        .ok_or_else(|| Error::other("config.json has no root.path"))?;
+        .ok_or(RuntimeError::NoRootPath)?;
     let bundle = config_path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let root = bundle.join(root);
     let root = std::fs::canonicalize(&root)
-        .map_err(|e| Error::other(format!("container root {}: {e}", root.display())))?;
+        .map_err(|source| RuntimeError::RootUnresolved { path: root, source })?;
     let fd = nix::fcntl::open(
         &root,
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
-    .map_err(|e| Error::other(format!("container root {}: {e}", root.display())))?;
+    .map_err(|source| RuntimeError::RootUnopened {
+        path: root.clone(),
+        source,
+    })?;
     use crate::enter::rootfs::{check_path, split};
     for m in &plan.mounts {
         let (dir, leaf) = split(&m.target);
-        check_path(&fd, dir, Some(leaf)).map_err(Error::Other)?;
+        check_path(&fd, dir, Some(leaf)).map_err(RuntimeError::Rootfs)?;
     }
     for l in &plan.links {
-        check_path(&fd, split(&l.link).0, None).map_err(Error::Other)?;
+        check_path(&fd, split(&l.link).0, None).map_err(RuntimeError::Rootfs)?;
     }
     for f in &plan.ld_folders {
-        check_path(&fd, f, None).map_err(Error::Other)?;
+        check_path(&fd, f, None).map_err(RuntimeError::Rootfs)?;
     }
     Ok(root.to_string_lossy().into_owned())
 }
 
 /// Reads a regular file up to [`MAX_CONFIG`] (opened without blocking: a FIFO in its place
-/// is not waited on); `true` when that was all of it.
-fn read_bounded(path: &Path) -> std::io::Result<(Vec<u8>, bool)> {
+/// is not waited on); `true` when that was all of it. `None` when it cannot be read, or is
+/// not a regular file.
+fn read_bounded(path: &Path) -> Option<(Vec<u8>, bool)> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
     }
     let mut v = Vec::with_capacity(32 * 1024);
-    f.take(MAX_CONFIG + 1).read_to_end(&mut v)?;
+    f.take(MAX_CONFIG + 1).read_to_end(&mut v).ok()?;
     let whole = v.len() as u64 <= MAX_CONFIG;
-    Ok((v, whole))
+    Some((v, whole))
 }
 
 /// Where gpuhook makes the nodes of user-namespaced containers: beside the state (root
@@ -336,7 +340,7 @@ fn make_private_nodes(
     id: &str,
     by: ProcRef,
     nodes: &[NodeSpec],
-) -> Result<Vec<String>, Error> {
+) -> Result<Vec<String>, RuntimeError> {
     use nix::sys::stat::{mknod, Mode, SFlag};
     lifecycle::with_state(cfg, |st| {
         if !st
@@ -344,24 +348,26 @@ fn make_private_nodes(
             .get(id)
             .is_some_and(|r| r.kind == HolderKind::Oci && r.prepared_by == Some(by))
         {
-            return Err(Error::other("its reservation was released meanwhile"));
+            return Err(RuntimeError::Released);
         }
-        let io = |what: &str, p: &Path, e: &dyn std::fmt::Display| {
-            Error::other(format!("cannot {what} {}: {e}", p.display()))
+        let io = |what: &'static str, p: &Path, source: std::io::Error| RuntimeError::Io {
+            what,
+            path: p.to_path_buf(),
+            source,
         };
         let root = nodes_root(cfg);
         std::fs::DirBuilder::new()
             .mode(0o700)
             .recursive(true)
             .create(&root)
-            .map_err(|e| io("create", &root, &e))?;
+            .map_err(|e| io("create", &root, e))?;
         sweep(cfg, st);
         let dir = root.join(id);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
-            .map_err(|e| io("create", &dir, &e))?;
+            .map_err(|e| io("create", &dir, e))?;
         let mut out = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
             let base = Path::new(&n.path)
@@ -375,11 +381,14 @@ fn make_private_nodes(
                 Mode::from_bits_truncate(0o600),
                 libc::makedev(n.major, n.minor),
             )
-            .map_err(|e| io("make node", &p, &e))?;
+            .map_err(|source| RuntimeError::Mknod {
+                path: p.clone(),
+                source,
+            })?;
             std::os::unix::fs::chown(&p, Some(n.uid), Some(n.gid))
-                .map_err(|e| io("chown", &p, &e))?;
+                .map_err(|e| io("chown", &p, e))?;
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(n.mode & 0o777))
-                .map_err(|e| io("chmod", &p, &e))?;
+                .map_err(|e| io("chmod", &p, e))?;
             out.push(p.to_string_lossy().into_owned());
         }
         Ok(out)
@@ -433,7 +442,7 @@ fn write_config(
     binds: Option<&[String]>,
     by: ProcRef,
     cdi: Option<(&crate::cdi::Plan, &str)>,
-) -> Result<(), Error> {
+) -> Result<(), RuntimeError> {
     let exe = own_path()?;
     let mut env = Vec::new();
     if let Some(c) =
@@ -450,24 +459,25 @@ fn write_config(
         env,
         token: bundle::HookToken(by).to_string(),
     };
-    bundle::edit(&mut config, nodes, binds, &hook, cdi).map_err(|e| Error::other(e.to_string()))?;
+    bundle::edit(&mut config, nodes, binds, &hook, cdi).map_err(RuntimeError::Bundle)?;
     replace_config(path, &config)
 }
 
 /// This binary's path for the hooks: `/proc/self/exe` (during a package upgrade the running
 /// file may be replaced: the kernel then appends " (deleted)", and the path names the new one).
-fn own_path() -> Result<String, Error> {
-    let exe = std::env::current_exe()
-        .map_err(|e| Error::other(format!("cannot find gpuhook's own path: {e}")))?;
+fn own_path() -> Result<String, RuntimeError> {
+    let exe = std::env::current_exe().map_err(RuntimeError::OwnPath)?;
     let exe = exe.to_string_lossy();
     Ok(exe.strip_suffix(" (deleted)").unwrap_or(&exe).to_string())
 }
 
 /// Replaces `config.json` atomically (temp file beside it, the old mode, rename).
-fn replace_config(path: &Path, config: &serde_json::Value) -> Result<(), Error> {
-    let bytes = serde_json::to_vec(config).map_err(|e| Error::other(e.to_string()))?;
-    let io = |what: &str, e: std::io::Error| {
-        Error::other(format!("cannot {what} {}: {e}", path.display()))
+fn replace_config(path: &Path, config: &serde_json::Value) -> Result<(), RuntimeError> {
+    let bytes = serde_json::to_vec(config).map_err(RuntimeError::Serialize)?;
+    let io = |what: &'static str, source: std::io::Error| RuntimeError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
     };
     let md = std::fs::metadata(path).map_err(|e| io("read", e))?;
     let mode = md.permissions().mode();
@@ -576,8 +586,8 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
             let recorded = state
                 .pid
                 .and_then(ProcRef::of)
-                .ok_or_else(|| Error::other("the runtime passed no live container init PID"))
-                .and_then(|init| lifecycle::record_init(&h, by, init));
+                .ok_or(RuntimeError::NoInitPid)
+                .and_then(|init| Ok(lifecycle::record_init(&h, by, init)?));
             match recorded {
                 Ok(()) => 0,
                 Err(e) => {

@@ -8,6 +8,8 @@ use crate::host::inventory::InventoryError;
 use crate::request::metadata::ParseError;
 use crate::request::Unmapped;
 use crate::reserve::alloc::AllocError;
+use crate::reserve::health::HealthError;
+use crate::reserve::lifecycle::LifecycleError;
 use crate::reserve::state::StateError;
 
 #[derive(Debug, thiserror::Error)]
@@ -27,10 +29,6 @@ pub enum Error {
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
-    CdiSpecs(#[from] LoadError),
-    #[error(transparent)]
-    CdiPlan(#[from] PlanError),
-    #[error(transparent)]
     Unmapped(#[from] Unmapped),
     /// A failure whose rollback could not undo everything: what is left is said on the same
     /// line, and kept as a value for callers.
@@ -39,12 +37,14 @@ pub enum Error {
         error: Box<Error>,
         left: Vec<String>,
     },
-    #[error("{0}")]
-    Other(String),
-}
-
-impl Error {
-    pub fn other(m: impl Into<String>) -> Error {
-        Error::Other(m.into())
-    }
+    #[error(transparent)]
+    Lifecycle(#[from] LifecycleError),
+    #[error(transparent)]
+    Health(#[from] HealthError),
+    /// The vendors' CDI specs could not be read (one line naming the file).
+    #[error(transparent)]
+    CdiSpecs(#[from] LoadError),
+    /// The CDI specs' edits for the container's units cannot be made.
+    #[error(transparent)]
+    CdiPlan(#[from] PlanError),
 }

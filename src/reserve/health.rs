@@ -17,6 +17,31 @@ use crate::reserve::state::{now_rfc3339, KmsgMark, Quarantine, State, Store};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
+use std::path::{Path, PathBuf};
+
+/// Why a health step failed: one line naming the file or the GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthError {
+    #[error("{}: {source}", path.display())]
+    Kmsg {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("'{pci}' is not a PCI address like 0000:3b:00.0")]
+    NotPci { pci: String },
+    #[error("GPU {pci} is not quarantined")]
+    NotQuarantined { pci: String },
+}
+
+impl HealthError {
+    fn kmsg(path: &Path, e: Errno) -> HealthError {
+        HealthError::Kmsg {
+            path: path.to_path_buf(),
+            source: e.into(),
+        }
+    }
+}
 
 /// The Xids that take a GPU out of service (NVIDIA's Xid catalogue: hardware faults that
 /// need a reset or a field look, not an application's error), with what they mean.
@@ -126,13 +151,13 @@ pub fn parse_xid(msg: &str) -> Option<Xid> {
 /// blocking: from a `/dev/kmsg`-like device (one record per read, `EAGAIN` at the end,
 /// `EPIPE` when records were overwritten while we read) or a regular file (the tests'
 /// fixtures, split into lines here). New records up to [`MAX_READ`] bytes.
-pub fn read_kmsg(path: &std::path::Path, after: Option<u64>) -> Result<Vec<Record>, Error> {
+pub fn read_kmsg(path: &Path, after: Option<u64>) -> Result<Vec<Record>, Error> {
     let fd = nix::fcntl::open(
         path,
         OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
         Mode::empty(),
     )
-    .map_err(|e| Error::other(format!("{}: {}", path.display(), std::io::Error::from(e))))?;
+    .map_err(|e| HealthError::kmsg(path, e))?;
     let mut out = Vec::new();
     let (mut taken, mut total) = (0usize, 0usize);
     let mut pending: Vec<u8> = Vec::new();
@@ -143,13 +168,7 @@ pub fn read_kmsg(path: &std::path::Path, after: Option<u64>) -> Result<Vec<Recor
             Ok(n) => n,
             Err(Errno::EAGAIN) => break,
             Err(Errno::EPIPE) | Err(Errno::EINTR) => continue,
-            Err(e) => {
-                return Err(Error::other(format!(
-                    "{}: {}",
-                    path.display(),
-                    std::io::Error::from(e)
-                )))
-            }
+            Err(e) => return Err(HealthError::kmsg(path, e).into()),
         };
         total += n;
         pending.extend_from_slice(&buf[..n]);
@@ -255,12 +274,13 @@ pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
 
 /// Lifts the quarantine of the GPU at `pci`.
 pub fn clear(cfg: &Config, pci: &str) -> Result<Quarantine, Error> {
-    let p = normalize_pci(pci)
-        .ok_or_else(|| Error::other(format!("'{pci}' is not a PCI address like 0000:3b:00.0")))?;
+    let p = normalize_pci(pci).ok_or_else(|| HealthError::NotPci {
+        pci: pci.to_string(),
+    })?;
     Store::new(&cfg.state_file).update(|st| {
         st.quarantine
             .remove(&p)
-            .ok_or_else(|| Error::other(format!("GPU {p} is not quarantined")))
+            .ok_or_else(|| HealthError::NotQuarantined { pci: p.clone() }.into())
     })
 }
 

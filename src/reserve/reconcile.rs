@@ -56,40 +56,50 @@ pub fn stale(r: &Reservation, seen: &Seen) -> Option<String> {
     }
 }
 
-/// Why a reservation is kept, or `None` when it should be freed (with the reason): the
-/// staleness rule, and what libvirt says runs. An OCI container is never libvirt's to judge.
-pub fn verdict(r: &Reservation, w: &World) -> Result<&'static str, String> {
+/// What reconcile does with a reservation, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Keep(&'static str),
+    Free(String),
+}
+
+/// Why a reservation is kept, or why it should be freed: the staleness rule, and what
+/// libvirt says runs. An OCI container is never libvirt's to judge.
+pub fn verdict(r: &Reservation, w: &World) -> Verdict {
     if r.kind == HolderKind::Oci {
         return match stale(r, &w.seen) {
-            None => Ok("its OCI container (or the runtime creating it) is alive"),
-            Some(why) => Err(why),
+            None => Verdict::Keep("its OCI container (or the runtime creating it) is alive"),
+            Some(why) => Verdict::Free(why),
         };
     }
     if w.active.contains(&r.uuid) {
-        return Ok("domain is running");
+        return Verdict::Keep("domain is running");
     }
     if let Some(why) = stale(r, &w.seen) {
-        return Err(why);
+        return Verdict::Free(why);
     }
     if r.init.is_some_and(|i| (w.seen.alive)(&i)) {
-        return Ok("its container init is still alive");
+        return Verdict::Keep("its container init is still alive");
     }
     if r.phase == Phase::Prepared {
         let age = parse_rfc3339(&r.updated).map_or(i64::MAX, |t| w.now - t);
         let preparer_alive = r.prepared_by.is_some_and(|p| (w.seen.alive)(&p));
         if preparer_alive && age < PREPARE_GRACE_SECS {
-            return Ok("domain is between prepare and started");
+            return Verdict::Keep("domain is between prepare and started");
         }
-        return Err(format!("prepared {age}s ago and never started"));
+        return Verdict::Free(format!("prepared {age}s ago and never started"));
     }
-    Err("libvirt does not run the domain and its container is gone".into())
+    Verdict::Free("libvirt does not run the domain and its container is gone".into())
 }
 
 /// UUIDs to free, with reasons.
 pub fn plan(st: &State, w: &World) -> Vec<(String, String)> {
     st.reservations
         .values()
-        .filter_map(|r| verdict(r, w).err().map(|why| (r.uuid.clone(), why)))
+        .filter_map(|r| match verdict(r, w) {
+            Verdict::Keep(_) => None,
+            Verdict::Free(why) => Some((r.uuid.clone(), why)),
+        })
         .collect()
 }
 
@@ -150,11 +160,11 @@ mod tests {
         assert_eq!(freed, ["03", "05", "06"]);
         assert_eq!(
             verdict(&st.reservations["04"], &w),
-            Ok("domain is between prepare and started")
+            Verdict::Keep("domain is between prepare and started")
         );
         assert_eq!(
             verdict(&st.reservations["02"], &w),
-            Ok("its container init is still alive")
+            Verdict::Keep("its container init is still alive")
         );
     }
 

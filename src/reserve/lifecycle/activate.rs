@@ -1,7 +1,10 @@
 //! `started`: grants and nodes in a running container, the CDI driver files, undone on
 //! failure.
 
-use super::{as_nodes, cdi_plan, node_specs, reservation, root_owner, scan_for, store, Holder};
+use super::{
+    as_nodes, cdi_plan, node_specs, reservation, root_owner, scan_for, store, Holder,
+    LifecycleError,
+};
 use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
@@ -119,13 +122,12 @@ pub fn activate_with(
     };
     let now = now_rfc3339();
     let recorded = st.update(|s| -> Result<(), Error> {
-        let cur = s.reservations.get_mut(h.id).ok_or_else(|| {
-            Error::other("GPU reservation was released while the container started")
-        })?;
+        let cur = s
+            .reservations
+            .get_mut(h.id)
+            .ok_or(LifecycleError::ReleasedWhileStarting)?;
         if cur.gpus != r.gpus {
-            return Err(Error::other(
-                "GPU reservation changed while the container started",
-            ));
+            return Err(LifecycleError::ChangedWhileStarting.into());
         }
         cur.phase = Phase::Running;
         cur.controller = Some(ct.controller);
@@ -176,14 +178,14 @@ fn apply_in_started(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<App
         e => e,
     });
     applied.map_err(|e| match e {
-        Error::Container(ContainerError::InitGone { pid, cause }) => Error::other(format!(
-            "container init {pid} exited during started{}",
-            cause.map(|c| format!(" ({c})")).unwrap_or_default()
-        )),
-        e if !f.proc.alive(&ct.init) => Error::other(format!(
-            "container init {} exited during started ({e})",
-            ct.init.pid
-        )),
+        Error::Container(ContainerError::InitGone { pid, cause }) => {
+            LifecycleError::InitExited { pid, cause }.into()
+        }
+        e if !f.proc.alive(&ct.init) => LifecycleError::InitExitedAfter {
+            pid: ct.init.pid,
+            error: Box::new(e),
+        }
+        .into(),
         e => e,
     })
 }

@@ -16,9 +16,10 @@ use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
-use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State, Store};
+use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State, StateError, Store};
 
 mod activate;
+mod error;
 mod readopt;
 mod reserve;
 #[cfg(test)]
@@ -26,6 +27,7 @@ mod tests;
 
 pub use crate::reserve::state::HolderKind;
 pub use activate::{activate, activate_with};
+pub use error::LifecycleError;
 pub use readopt::{readopt, readopt_with, Readopted};
 pub use reserve::{reserve, reserve_nodes, reserve_nodes_with, reserve_with};
 
@@ -160,11 +162,7 @@ pub fn record_init_in(cfg: &Config, h: &Holder, by: ProcRef, init: ProcRef) -> R
             .reservations
             .get_mut(h.id)
             .filter(|r| r.kind == h.kind && r.prepared_by == Some(by))
-            .ok_or_else(|| {
-                Error::other(
-                    "holds no GPU reservation made by this create (was it released or reclaimed?)",
-                )
-            })?;
+            .ok_or(LifecycleError::NotThisCreate)?;
         r.phase = Phase::Running;
         r.init = Some(init);
         r.updated = now;
@@ -183,7 +181,7 @@ fn reservation(st: &State, h: &Holder) -> Result<Reservation, Error> {
     st.reservations
         .get(h.id)
         .cloned()
-        .ok_or_else(|| Error::other("holds no GPU reservation (did the prepare hook run? is gpuhook installed at libvirtd's start?)"))
+        .ok_or(LifecycleError::NoReservation.into())
 }
 
 /// `start`: checks that the holder's reservation still stands on this host.
@@ -201,21 +199,19 @@ pub fn confirm_with(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
     for p in &r.gpus {
         let g = inv
             .by_pci(p)
-            .ok_or_else(|| Error::other(format!("reserved GPU {p} is no longer on the host")))?;
+            .ok_or_else(|| LifecycleError::UnitGone { unit: p.clone() })?;
         if let Some(why) = &g.problem {
-            return Err(Error::other(format!(
-                "reserved GPU {p} cannot be used: {why}"
-            )));
+            return Err(LifecycleError::UnitUnusable {
+                unit: p.clone(),
+                why: why.clone(),
+            }
+            .into());
         }
         if g.excluded {
-            return Err(Error::other(format!(
-                "reserved GPU {p} is now excluded by the host config"
-            )));
+            return Err(LifecycleError::UnitExcluded { unit: p.clone() }.into());
         }
         if p.contains('/') && inv.mig(p).is_none() {
-            return Err(Error::other(format!(
-                "reserved MIG instance {p} no longer exists"
-            )));
+            return Err(LifecycleError::MigGone { unit: p.clone() }.into());
         }
     }
     Ok(())
@@ -231,18 +227,17 @@ fn node_specs(
     for p in gpus {
         let g = inv
             .by_pci(p)
-            .ok_or_else(|| Error::other(format!("reserved GPU {p} is no longer on the host")))?;
+            .ok_or_else(|| LifecycleError::UnitGone { unit: p.clone() })?;
         // An instance deleted (or MIG mode left) since: its GPU's node alone would be more.
         if p.contains('/') && inv.mig(p).is_none() {
-            return Err(Error::other(format!(
-                "reserved MIG instance {p} no longer exists"
-            )));
+            return Err(LifecycleError::MigGone { unit: p.clone() }.into());
         }
         if g.nodes.is_empty() {
-            return Err(Error::other(format!(
-                "GPU {p} has no device node: {}",
-                g.problem.as_deref().unwrap_or("unknown")
-            )));
+            return Err(LifecycleError::NoDeviceNode {
+                unit: p.clone(),
+                why: g.problem.clone(),
+            }
+            .into());
         }
     }
     let (uid, gid) = h.idmap.owner(req.uid, req.gid, h.idmap_names())?;
@@ -382,11 +377,12 @@ pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservati
 }
 
 /// Runs `f` on the state under its lock (written back only when it changed): for a front
-/// door's own bookkeeping that must not race a reserve or a free.
-pub fn with_state<T>(
+/// door's own bookkeeping that must not race a reserve or a free (its own error type, which
+/// says a state that cannot be read or written too).
+pub fn with_state<T, E: From<StateError>>(
     cfg: &Config,
-    f: impl FnOnce(&mut State) -> Result<T, Error>,
-) -> Result<T, Error> {
+    f: impl FnOnce(&mut State) -> Result<T, E>,
+) -> Result<T, E> {
     store(cfg).update(f)
 }
 

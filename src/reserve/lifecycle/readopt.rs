@@ -2,7 +2,7 @@
 //! device cgroup's exact grants.
 
 use super::activate::apply;
-use super::{as_nodes, cdi_plan, node_specs, reclaim_stale, store, Holder};
+use super::{as_nodes, cdi_plan, node_specs, reclaim_stale, store, Holder, LifecycleError};
 use crate::cgroup::{CgroupError, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::rootfs::Mounted;
@@ -63,7 +63,8 @@ pub fn readopt(
     readopt_with(&Facts::host(&cfg), h, req, find)
 }
 
-type Cgroup = Result<Box<dyn DeviceCgroup>, CgroupError>;
+/// The container's device cgroup, when it could be opened.
+type Cgroup = Option<Box<dyn DeviceCgroup>>;
 
 /// What the locked step decided: the GPUs, the nodes, the driver mounts recorded.
 type Decided = (Vec<String>, Vec<NodeSpec>, Vec<Mounted>);
@@ -90,10 +91,12 @@ pub fn readopt_with(
     };
     // What the container's device cgroup grants, read now, before the lock: adoption decides
     // from it under the lock without touching the container (whose /dev could stall us).
-    let mut cg = (f.cgroup)(&ct);
-    let granted = match &cg {
-        Ok(c) => granted_gpus(&**c, &inv),
-        Err(e) => Err(e.to_string()),
+    let (mut cg, granted) = match (f.cgroup)(&ct) {
+        Ok(c) => {
+            let g = granted_gpus(&*c, &inv);
+            (Some(c), g)
+        }
+        Err(e) => (None, Err(e)),
     };
     let now = now_rfc3339();
     let mut adopted = None;
@@ -109,7 +112,7 @@ pub fn readopt_with(
             h,
             req,
             &inv,
-            &granted,
+            granted,
             &mut cg,
             &ct,
             &now,
@@ -172,7 +175,7 @@ fn decide(
     h: &Holder,
     req: &Request,
     inv: &Inventory,
-    granted: &Result<Vec<String>, String>,
+    granted: Result<Vec<String>, CgroupError>,
     cg: &mut Cgroup,
     ct: &Container,
     now: &str,
@@ -185,14 +188,11 @@ fn decide(
             // A top-up never takes a quarantined GPU.
             let mut healthy = inv.clone();
             crate::reserve::health::apply(&mut healthy, st);
-            let (g, ignored) = granted
-                .as_ref()
-                .map_err(|e| Error::other(e.clone()))
-                .and_then(|g| adopt(req, &healthy, &held, g))?;
+            let (g, ignored) = adopt(req, &healthy, &held, &granted?)?;
             // Access the state does not account for would let two containers
             // share a GPU: taken away before the lock lets anyone reserve it.
             // (`granted` came from the cgroup: it is open.)
-            if let Ok(c) = cg.as_mut() {
+            if let Some(c) = cg.as_mut() {
                 deny_left_out(&mut **c, inv, &ignored, &g)?;
             }
             *adopted = Some(ignored);
@@ -240,8 +240,8 @@ fn decide(
 /// still allows of them.
 fn warn_ignored(h: &Holder, req: &Request, inv: &Inventory, cg: &Cgroup, ignored: &[String]) {
     let open = match cg {
-        Ok(c) => still_allowed(&**c, inv, ignored),
-        Err(_) => Vec::new(),
+        Some(c) => still_allowed(&**c, inv, ignored),
+        None => Vec::new(),
     };
     log::warn(&format!(
         "{}: reconnect: its device cgroup also granted GPU(s) {} beyond what it holds for {req}; access taken away{}",
@@ -262,24 +262,21 @@ fn warn_ignored(h: &Holder, req: &Request, inv: &Inventory, cg: &Cgroup, ignored
 /// exact rule (an AMD or Intel GPU's render node alone gives compute). The cgroup is kernel
 /// state the container cannot widen for itself; the nodes in its `/dev` are not evidence (it
 /// can make them), and a wildcard rule names no GPU.
-fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<String>, String> {
+fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<String>, CgroupError> {
     let mut out = Vec::new();
     for g in &inv.gpus {
         // A GPU in MIG mode: its instances, by their compute instance's capability (the
         // parent's node comes with every instance of it).
         if !g.migs.is_empty() {
             for m in &g.migs {
-                if cg
-                    .grants_exactly(&m.ci_cap.node)
-                    .map_err(|e| e.to_string())?
-                {
+                if cg.grants_exactly(&m.ci_cap.node)? {
                     out.push(m.id(&g.pci));
                 }
             }
             continue;
         }
         for (_, n) in &g.nodes {
-            if cg.grants_exactly(&n.node).map_err(|e| e.to_string())? {
+            if cg.grants_exactly(&n.node)? {
                 out.push(g.pci.clone());
                 break;
             }
@@ -310,18 +307,24 @@ fn adopt(
             alloc::busy(held, p)
         };
         if let Some(h) = h {
-            return Err(Error::other(format!(
-                "it uses GPU {p}, which is reserved by {h}"
-            )));
+            return Err(LifecycleError::UsedByAnother {
+                unit: p.clone(),
+                holder: h.to_string(),
+            }
+            .into());
         }
         // Another holder's compute instance of the same GPU instance: they would share it.
         if let Some(((other, h), gi)) = inv
             .mig(p)
             .and_then(|(g, m)| alloc::gi_holder(held, &g.pci, m.gi).map(|x| (x, m.gi)))
         {
-            return Err(Error::other(format!(
-                "it uses MIG instance {p}, whose GPU instance gi {gi} is reserved by {h} (through {other})"
-            )));
+            return Err(LifecycleError::GpuInstanceShared {
+                unit: p.clone(),
+                gi,
+                holder: h.to_string(),
+                through: other.to_string(),
+            }
+            .into());
         }
     }
     if req.mig {
@@ -413,14 +416,12 @@ fn deny_left_out(
     }
     // A GPU instance's capability that a kept compute instance of it still needs stays.
     let keep: Vec<Node> = own_nodes(inv, kept).collect();
-    let cannot = |e: &dyn std::fmt::Display| {
-        Error::other(format!(
-            "its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {e}",
-            gpus.join(",")
-        ))
-    };
     for node in own_nodes(inv, gpus).filter(|n| !keep.contains(n)) {
-        cg.deny(&node).map_err(|e| cannot(&e))?;
+        cg.deny(&node)
+            .map_err(|source| LifecycleError::CannotDeny {
+                gpus: gpus.to_vec(),
+                source,
+            })?;
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 use super::{
     as_nodes, cdi_plan, node_specs, reclaim_stale, satisfies, scan_for, store, unit_ok, Holder,
-    HolderKind, Prepared,
+    HolderKind, LifecycleError, Prepared,
 };
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
@@ -108,7 +108,7 @@ pub fn reserve_nodes_with(
     let me = f
         .proc
         .proc_ref(std::process::id() as i32)
-        .ok_or_else(|| Error::other("cannot read this process's own start time"))?;
+        .ok_or(LifecycleError::OwnStartTime)?;
     reserve_by(f, h, req, Some(me)).map(|n| (n, me))
 }
 
@@ -168,11 +168,11 @@ fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Re
         return Ok(());
     };
     if r.kind != h.kind {
-        return Err(Error::other(format!(
-            "its id {} is already the key of {}'s reservation",
-            h.id,
-            r.who()
-        )));
+        return Err(LifecycleError::KeyOfAnother {
+            id: h.id.to_string(),
+            holder: r.who(),
+        }
+        .into());
     }
     // A second `create` of a container ID that holds GPUs (an engine's retry, another
     // runtime root, a race) must neither take over nor move a reservation whose
@@ -181,18 +181,18 @@ fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Re
     if r.kind == HolderKind::Oci {
         match (r.phase, r.init, r.prepared_by) {
             (Phase::Running, Some(i), _) if f.proc.alive(&i) => {
-                return Err(Error::other(format!(
-                    "a container with this ID already runs with GPUs {} (init {})",
-                    r.gpus.join(","),
-                    i.pid
-                )))
+                return Err(LifecycleError::AlreadyRuns {
+                    gpus: r.gpus.clone(),
+                    init: i.pid,
+                }
+                .into())
             }
             (Phase::Prepared, _, Some(p)) if Some(p) != by && f.proc.alive(&p) => {
-                return Err(Error::other(format!(
-                    "another create of this container ID holds GPUs {} (runtime pid {})",
-                    r.gpus.join(","),
-                    p.pid
-                )))
+                return Err(LifecycleError::AnotherCreate {
+                    gpus: r.gpus.clone(),
+                    pid: p.pid,
+                }
+                .into())
             }
             _ => {}
         }

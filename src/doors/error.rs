@@ -1,0 +1,169 @@
+//! The doors' own failures, around the crate's [`Error`]: one line each, naming the file, the
+//! path or the cause, as the front door prints it.
+
+use crate::host::config::ConfigError;
+use crate::host::inventory::InventoryError;
+use crate::request::metadata::ParseError;
+use crate::reserve::error::Error;
+use crate::reserve::state::StateError;
+use std::path::PathBuf;
+
+/// What the operator's command line could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Reserve(#[from] Error),
+    /// An `--output` file could not be written.
+    #[error("{}: {source}", path.display())]
+    Output {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: names no file", path.display())]
+    OutputNoFile { path: PathBuf },
+    #[error("reading stdin: {0}")]
+    Stdin(#[source] std::io::Error),
+    /// `check`'s domain XML could not be read.
+    #[error("{file}: {source}")]
+    ReadXml {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: {source}")]
+    DomainXml {
+        file: String,
+        #[source]
+        source: ParseError,
+    },
+}
+
+/// What the OCI runtime wrapper and its hooks could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Reserve(#[from] Error),
+    #[error("oci_runtime {} is not an executable file (or is gpuhook itself)", path.display())]
+    NotExecutable { path: PathBuf },
+    #[error("no OCI runtime found (crun or runc in {}); set \"oci_runtime\" in the config", search.join(", "))]
+    NoRuntime { search: &'static [&'static str] },
+    #[error("{} is larger than {max_mib} MiB", path.display())]
+    TooLarge { path: PathBuf, max_mib: u64 },
+    /// The bundle's `config.json` cannot be read or edited ([`crate::doors::bundle`]'s words).
+    #[error(transparent)]
+    Bundle(#[from] crate::doors::bundle::BundleError),
+    #[error("no valid container ID on the runtime's command line")]
+    NoContainerId,
+    #[error("config.json has no root.path")]
+    NoRootPath,
+    #[error("container root {}: {source}", path.display())]
+    RootUnresolved {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("container root {}: {source}", path.display())]
+    RootUnopened {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("container root {root} is not absolute")]
+    RootRelative { root: String },
+    /// The container's root refuses a CDI edit ([`crate::enter::rootfs`]'s words).
+    #[error("{0}")]
+    Rootfs(String),
+    /// A path of the hook's work is not a container path ([`crate::cdi::container_path`]'s words).
+    #[error(transparent)]
+    CdiPath(#[from] crate::cdi::PathError),
+    #[error("no work given")]
+    NoWork,
+    #[error("bad work: {0}")]
+    BadWork(#[source] serde_json::Error),
+    #[error("its reservation was released meanwhile")]
+    Released,
+    /// A node directory, a node or `config.json` (`what`: create, chown, chmod, read, write).
+    #[error("cannot {what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot make node {}: {source}", path.display())]
+    Mknod {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot find gpuhook's own path: {0}")]
+    OwnPath(#[source] std::io::Error),
+    #[error(transparent)]
+    Serialize(serde_json::Error),
+    #[error("the runtime passed no live container init PID")]
+    NoInitPid,
+}
+
+/// The crate's errors a door meets directly, as the crate's [`Error`] says them.
+macro_rules! through_reserve {
+    ($door:ident: $($e:ty),*) => {
+        $(impl From<$e> for $door {
+            fn from(e: $e) -> Self {
+                $door::Reserve(e.into())
+            }
+        })*
+    };
+}
+
+through_reserve!(CliError: ConfigError, InventoryError, StateError);
+through_reserve!(RuntimeError: StateError);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The words are the product's: as they were when each was built in place.
+    #[test]
+    fn messages_read_as_before() {
+        assert_eq!(
+            RuntimeError::NoRuntime {
+                search: &["/usr/bin", "/usr/sbin"]
+            }
+            .to_string(),
+            "no OCI runtime found (crun or runc in /usr/bin, /usr/sbin); set \"oci_runtime\" in the config"
+        );
+        assert_eq!(
+            RuntimeError::TooLarge {
+                path: "/b/config.json".into(),
+                max_mib: 64
+            }
+            .to_string(),
+            "/b/config.json is larger than 64 MiB"
+        );
+        assert_eq!(
+            RuntimeError::Io {
+                what: "chmod",
+                path: "/run/gpuhook/nodes/x/0-nvidia0".into(),
+                source: std::io::Error::from_raw_os_error(libc::EPERM),
+            }
+            .to_string(),
+            format!(
+                "cannot chmod /run/gpuhook/nodes/x/0-nvidia0: {}",
+                std::io::Error::from_raw_os_error(libc::EPERM)
+            )
+        );
+        assert_eq!(
+            RuntimeError::RootUnopened {
+                path: "/c/root".into(),
+                source: nix::Error::ENOENT,
+            }
+            .to_string(),
+            format!("container root /c/root: {}", nix::Error::ENOENT)
+        );
+        assert_eq!(
+            CliError::OutputNoFile { path: "/".into() }.to_string(),
+            "/: names no file"
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! The lifecycle steps' own refusals and failures: one line each, naming the unit, the holder's
+//! id or the process, and the cause.
+
+use crate::cgroup::CgroupError;
+use crate::reserve::error::Error;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("holds no GPU reservation (did the prepare hook run? is gpuhook installed at libvirtd's start?)")]
+    NoReservation,
+    #[error("holds no GPU reservation made by this create (was it released or reclaimed?)")]
+    NotThisCreate,
+    #[error("reserved GPU {unit} is no longer on the host")]
+    UnitGone { unit: String },
+    /// `why`: the inventory's problem with the GPU.
+    #[error("reserved GPU {unit} cannot be used: {why}")]
+    UnitUnusable { unit: String, why: String },
+    #[error("reserved GPU {unit} is now excluded by the host config")]
+    UnitExcluded { unit: String },
+    #[error("reserved MIG instance {unit} no longer exists")]
+    MigGone { unit: String },
+    #[error("GPU {unit} has no device node: {}", why.as_deref().unwrap_or("unknown"))]
+    NoDeviceNode { unit: String, why: Option<String> },
+    #[error("cannot read this process's own start time")]
+    OwnStartTime,
+    #[error("its id {id} is already the key of {holder}'s reservation")]
+    KeyOfAnother { id: String, holder: String },
+    #[error("a container with this ID already runs with GPUs {} (init {init})", gpus.join(","))]
+    AlreadyRuns { gpus: Vec<String>, init: i32 },
+    #[error("another create of this container ID holds GPUs {} (runtime pid {pid})", gpus.join(","))]
+    AnotherCreate { gpus: Vec<String>, pid: i32 },
+    #[error("GPU reservation was released while the container started")]
+    ReleasedWhileStarting,
+    #[error("GPU reservation changed while the container started")]
+    ChangedWhileStarting,
+    /// The container helper said the init is gone (with what it saw, if anything).
+    #[error("container init {pid} exited during started{}", in_parens(cause))]
+    InitExited { pid: i32, cause: Option<String> },
+    /// A step failed and the init turned out gone: that is the cause, the failure in brackets.
+    #[error("container init {pid} exited during started ({error})")]
+    InitExitedAfter {
+        pid: i32,
+        #[source]
+        error: Box<Error>,
+    },
+    #[error("it uses GPU {unit}, which is reserved by {holder}")]
+    UsedByAnother { unit: String, holder: String },
+    #[error("it uses MIG instance {unit}, whose GPU instance gi {gi} is reserved by {holder} (through {through})")]
+    GpuInstanceShared {
+        unit: String,
+        gi: u32,
+        holder: String,
+        through: String,
+    },
+    #[error("its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {source}", gpus.join(","))]
+    CannotDeny {
+        gpus: Vec<String>,
+        #[source]
+        source: CgroupError,
+    },
+}
+
+/// ` (CAUSE)`, or nothing.
+fn in_parens(cause: &Option<String>) -> String {
+    cause
+        .as_ref()
+        .map(|c| format!(" ({c})"))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The words are the product's: as they were when each was built in place.
+    #[test]
+    fn messages_read_as_before() {
+        let gpus = vec![
+            "0000:3b:00.0".to_string(),
+            "0000:3c:00.0/gi1/ci0".to_string(),
+        ];
+        let cases: [(LifecycleError, &str); 7] = [
+            (
+                LifecycleError::NoDeviceNode {
+                    unit: "0000:3b:00.0".into(),
+                    why: None,
+                },
+                "GPU 0000:3b:00.0 has no device node: unknown",
+            ),
+            (
+                LifecycleError::NoDeviceNode {
+                    unit: "0000:3b:00.0".into(),
+                    why: Some("unbound".into()),
+                },
+                "GPU 0000:3b:00.0 has no device node: unbound",
+            ),
+            (
+                LifecycleError::AlreadyRuns {
+                    gpus: gpus.clone(),
+                    init: 42,
+                },
+                "a container with this ID already runs with GPUs 0000:3b:00.0,0000:3c:00.0/gi1/ci0 (init 42)",
+            ),
+            (
+                LifecycleError::AnotherCreate {
+                    gpus: gpus.clone(),
+                    pid: 7,
+                },
+                "another create of this container ID holds GPUs 0000:3b:00.0,0000:3c:00.0/gi1/ci0 (runtime pid 7)",
+            ),
+            (
+                LifecycleError::InitExited {
+                    pid: 9,
+                    cause: None,
+                },
+                "container init 9 exited during started",
+            ),
+            (
+                LifecycleError::InitExited {
+                    pid: 9,
+                    cause: Some("reaped".into()),
+                },
+                "container init 9 exited during started (reaped)",
+            ),
+            (
+                LifecycleError::CannotDeny {
+                    gpus,
+                    source: CgroupError::new(std::path::Path::new("/sys/fs/cgroup/x"), "EPERM"),
+                },
+                "its device cgroup grants GPU(s) 0000:3b:00.0,0000:3c:00.0/gi1/ci0 it does not hold, and that access cannot be taken away: cgroup /sys/fs/cgroup/x: EPERM",
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(Error::from(e).to_string(), want);
+        }
+        let after = LifecycleError::InitExitedAfter {
+            pid: 9,
+            error: Box::new(LifecycleError::ChangedWhileStarting.into()),
+        };
+        assert_eq!(
+            after.to_string(),
+            "container init 9 exited during started (GPU reservation changed while the container started)"
+        );
+    }
+}
