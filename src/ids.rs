@@ -44,19 +44,7 @@ impl fmt::Display for Vendor {
 
 /// Normalizes a PCI address to `dddd:bb:dd.f`, lowercase; accepts `bb:dd.f`.
 pub fn normalize_pci(s: &str) -> Option<String> {
-    let s = s.trim().to_ascii_lowercase();
-    let full = if s.len() == 7 { format!("0000:{s}") } else { s };
-    let b = full.as_bytes();
-    let hex = |r: std::ops::Range<usize>| b[r].iter().all(|c| c.is_ascii_hexdigit());
-    let ok = b.len() == 12
-        && hex(0..4)
-        && b[4] == b':'
-        && hex(5..7)
-        && b[7] == b':'
-        && hex(8..10)
-        && b[10] == b'.'
-        && (b'0'..=b'7').contains(&b[11]);
-    ok.then_some(full)
+    Pci::normalize(s).map(|p| p.to_string())
 }
 
 /// Normalizes a UUID to lowercase `8-4-4-4-12` hex; `None` when it is not one.
@@ -88,7 +76,9 @@ impl Pci {
     /// A PCI address as the user or a file may write it: trimmed, any case, `bb:dd.f` for
     /// domain 0 (see [`normalize_pci`]).
     pub fn normalize(s: &str) -> Option<Pci> {
-        normalize_pci(s)?.parse().ok()
+        let s = s.trim().to_ascii_lowercase();
+        let full = if s.len() == 7 { format!("0000:{s}") } else { s };
+        full.parse().ok()
     }
 
     pub fn as_str(&self) -> &str {
