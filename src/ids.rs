@@ -1,5 +1,5 @@
 //! Identifiers of GPUs and domains, shared by every part that reads or prints them:
-//! GPU vendors, PCI addresses, UUIDs.
+//! GPU vendors, PCI addresses, the units GPUs are reserved in (whole or MIG instance), UUIDs.
 
 use std::fmt;
 
@@ -44,19 +44,7 @@ impl fmt::Display for Vendor {
 
 /// Normalizes a PCI address to `dddd:bb:dd.f`, lowercase; accepts `bb:dd.f`.
 pub fn normalize_pci(s: &str) -> Option<String> {
-    let s = s.trim().to_ascii_lowercase();
-    let full = if s.len() == 7 { format!("0000:{s}") } else { s };
-    let b = full.as_bytes();
-    let hex = |r: std::ops::Range<usize>| b[r].iter().all(|c| c.is_ascii_hexdigit());
-    let ok = b.len() == 12
-        && hex(0..4)
-        && b[4] == b':'
-        && hex(5..7)
-        && b[7] == b':'
-        && hex(8..10)
-        && b[10] == b'.'
-        && (b'0'..=b'7').contains(&b[11]);
-    ok.then_some(full)
+    Pci::normalize(s).map(|p| p.to_string())
 }
 
 /// Normalizes a UUID to lowercase `8-4-4-4-12` hex; `None` when it is not one.
@@ -72,4 +60,430 @@ pub fn normalize_uuid(s: &str) -> Option<String> {
             }
         });
     ok.then_some(s)
+}
+
+/// A PCI address as the kernel names it (`dddd:bb:dd.f`, lowercase hex): the name of a GPU in
+/// every listing, message and file.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Pci([u8; 12]);
+
+/// A name that is not a GPU unit (a PCI address, or `PCI/giG/ciC`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a GPU unit (PCI address or PCI/giG/ciC): {0:?}")]
+pub struct UnitError(pub String);
+
+impl Pci {
+    /// A PCI address as the user or a file may write it: trimmed, any case, `bb:dd.f` for
+    /// domain 0 (see [`normalize_pci`]).
+    pub fn normalize(s: &str) -> Option<Pci> {
+        let s = s.trim().to_ascii_lowercase();
+        let full = if s.len() == 7 { format!("0000:{s}") } else { s };
+        full.parse().ok()
+    }
+
+    pub fn as_str(&self) -> &str {
+        // The bytes are checked ASCII when the address is made (`FromStr`).
+        std::str::from_utf8(&self.0).expect("a PCI address is ASCII")
+    }
+}
+
+impl std::str::FromStr for Pci {
+    type Err = UnitError;
+    /// Exactly the kernel's form: `0000:3b:00.0`.
+    fn from_str(s: &str) -> Result<Pci, UnitError> {
+        let b = s.as_bytes();
+        let hex = |r: std::ops::Range<usize>| {
+            b[r].iter()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        };
+        let ok = b.len() == 12
+            && hex(0..4)
+            && b[4] == b':'
+            && hex(5..7)
+            && b[7] == b':'
+            && hex(8..10)
+            && b[10] == b'.'
+            && (b'0'..=b'7').contains(&b[11]);
+        match b.try_into() {
+            Ok(a) if ok => Ok(Pci(a)),
+            _ => Err(UnitError(s.to_owned())),
+        }
+    }
+}
+
+impl std::ops::Deref for Pci {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for Pci {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Display for Pci {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl fmt::Debug for Pci {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl PartialEq<str> for Pci {
+    fn eq(&self, o: &str) -> bool {
+        self.as_str() == o
+    }
+}
+
+impl PartialEq<&str> for Pci {
+    fn eq(&self, o: &&str) -> bool {
+        self.as_str() == *o
+    }
+}
+
+impl PartialEq<String> for Pci {
+    fn eq(&self, o: &String) -> bool {
+        self.as_str() == o
+    }
+}
+
+impl serde::Serialize for Pci {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Pci {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Pci, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a container is given, reserved and freed as: a whole GPU, or one MIG compute
+/// instance of a GPU (compute instance `ci` of GPU instance `gi`). Written as the GPU's PCI
+/// address (`0000:3b:00.0`) or `0000:3b:00.0/gi1/ci0`, in the state file, listings and
+/// messages alike; ordered as those names are (so maps of units keep the order of their
+/// names, and the units of one GPU, or of one GPU instance, are neighbours).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Gpu(Pci),
+    Mig { pci: Pci, gi: u32, ci: u32 },
+}
+
+impl Unit {
+    /// The GPU's PCI address (a MIG instance's is its GPU's).
+    pub fn pci(&self) -> Pci {
+        match *self {
+            Unit::Gpu(p) | Unit::Mig { pci: p, .. } => p,
+        }
+    }
+
+    pub fn is_mig(&self) -> bool {
+        matches!(self, Unit::Mig { .. })
+    }
+
+    /// The part of a MIG unit's name after its GPU's, `gi1/ci0` (listings under its GPU).
+    pub fn instance(&self) -> Option<Instance> {
+        match *self {
+            Unit::Gpu(_) => None,
+            Unit::Mig { gi, ci, .. } => Some(Instance { gi, ci }),
+        }
+    }
+
+    /// The GPU instance of a MIG unit.
+    pub fn gi(&self) -> Option<u32> {
+        match *self {
+            Unit::Gpu(_) => None,
+            Unit::Mig { gi, .. } => Some(gi),
+        }
+    }
+
+    /// The first unit of GPU instance `gi` of `pci` in [`Unit`]'s order: the units of that
+    /// GPU instance follow it.
+    pub fn first_of_gi(pci: Pci, gi: u32) -> Unit {
+        Unit::Mig { pci, gi, ci: 0 }
+    }
+
+    /// The first MIG unit of `pci` in [`Unit`]'s order: every MIG unit of the GPU follows it.
+    pub fn first_mig(pci: Pci) -> Unit {
+        Unit::first_of_gi(pci, 0)
+    }
+
+    /// Units as messages list them: `0000:3b:00.0,0000:3c:00.0/gi1/ci0` (with `sep` `,`).
+    pub fn join(units: &[Unit], sep: &str) -> String {
+        let mut s = String::with_capacity(units.len() * 24);
+        for (i, u) in units.iter().enumerate() {
+            if i > 0 {
+                s.push_str(sep);
+            }
+            fmt::Write::write_fmt(&mut s, format_args!("{u}")).expect("a String takes any text");
+        }
+        s
+    }
+}
+
+/// A unit and a name: whether the name is the unit's (exactly as the unit writes it).
+impl PartialEq<str> for Unit {
+    fn eq(&self, o: &str) -> bool {
+        o.parse::<Unit>().is_ok_and(|u| u == *self)
+    }
+}
+
+impl PartialEq<&str> for Unit {
+    fn eq(&self, o: &&str) -> bool {
+        *self == **o
+    }
+}
+
+/// A MIG unit's compute instance `ci` of GPU instance `gi`, named `gi1/ci0` (its GPU's
+/// address left out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instance {
+    pub gi: u32,
+    pub ci: u32,
+}
+
+impl fmt::Display for Instance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "gi{}/ci{}", self.gi, self.ci)
+    }
+}
+
+impl From<Pci> for Unit {
+    fn from(p: Pci) -> Unit {
+        Unit::Gpu(p)
+    }
+}
+
+impl fmt::Display for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unit::Gpu(p) => f.pad(p.as_str()),
+            Unit::Mig { pci, gi, ci } if f.width().is_none() && f.precision().is_none() => {
+                write!(f, "{pci}/{}", Instance { gi: *gi, ci: *ci })
+            }
+            Unit::Mig { pci, gi, ci } => f.pad(&format!("{pci}/{}", Instance { gi: *gi, ci: *ci })),
+        }
+    }
+}
+
+impl fmt::Debug for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.to_string(), f)
+    }
+}
+
+impl std::str::FromStr for Unit {
+    type Err = UnitError;
+    /// Exactly what [`Unit`]'s `Display` writes: `0000:3b:00.0`, `0000:3b:00.0/gi1/ci0`
+    /// (decimal numbers without leading zeros).
+    fn from_str(s: &str) -> Result<Unit, UnitError> {
+        let bad = || UnitError(s.to_owned());
+        let Some((pci, rest)) = s.split_once('/') else {
+            return s.parse().map(Unit::Gpu).map_err(|_| bad());
+        };
+        let pci: Pci = pci.parse().map_err(|_| bad())?;
+        let (gi, ci) = rest
+            .strip_prefix("gi")
+            .and_then(|r| r.split_once("/ci"))
+            .ok_or_else(bad)?;
+        let num = |d: &str| {
+            let canonical = !d.is_empty()
+                && d.bytes().all(|c| c.is_ascii_digit())
+                && (d == "0" || !d.starts_with('0'));
+            canonical.then(|| d.parse::<u32>().ok()).flatten()
+        };
+        match (num(gi), num(ci)) {
+            (Some(gi), Some(ci)) => Ok(Unit::Mig { pci, gi, ci }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Compares two numbers as their decimal names compare (`10` before `2`).
+fn cmp_decimal(a: u32, b: u32) -> std::cmp::Ordering {
+    fn digits(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+        let mut i = buf.len();
+        loop {
+            i -= 1;
+            buf[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return &buf[i..];
+            }
+        }
+    }
+    let (mut x, mut y) = ([0; 10], [0; 10]);
+    digits(a, &mut x).cmp(digits(b, &mut y))
+}
+
+impl Ord for Unit {
+    /// The order of the names: a GPU, then its MIG units (`PCI/gi…` follows `PCI`), by GPU
+    /// instance then compute instance, each number ordered as its decimal name (a `/` sorts
+    /// before any digit, so `gi1/…` comes before `gi10/…`, which comes before `gi2/…`).
+    fn cmp(&self, o: &Unit) -> std::cmp::Ordering {
+        let key = |u: &Unit| match *u {
+            Unit::Gpu(p) => (p, None),
+            Unit::Mig { pci, gi, ci } => (pci, Some((gi, ci))),
+        };
+        let ((pa, ma), (pb, mb)) = (key(self), key(o));
+        pa.cmp(&pb).then_with(|| match (ma, mb) {
+            (None, None) => std::cmp::Ordering::Equal,
+            (None, Some(_)) => std::cmp::Ordering::Less,
+            (Some(_), None) => std::cmp::Ordering::Greater,
+            (Some((ga, ca)), Some((gb, cb))) => cmp_decimal(ga, gb).then(cmp_decimal(ca, cb)),
+        })
+    }
+}
+
+impl PartialOrd for Unit {
+    fn partial_cmp(&self, o: &Unit) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl serde::Serialize for Unit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Unit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unit, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u(s: &str) -> Unit {
+        s.parse().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn units_print_and_parse_as_before() {
+        for s in [
+            "0000:3b:00.0",
+            "0000:3b:00.0/gi1/ci0",
+            "abcd:ff:1f.7/gi0/ci0",
+            "0000:3b:00.0/gi14/ci7",
+            "0000:3b:00.0/gi4294967295/ci0",
+        ] {
+            assert_eq!(u(s).to_string(), s);
+            let j = serde_json::to_string(&u(s)).unwrap();
+            assert_eq!(j, format!("\"{s}\""));
+            assert_eq!(serde_json::from_str::<Unit>(&j).unwrap(), u(s));
+        }
+        let m = u("0000:3b:00.0/gi1/ci2");
+        assert_eq!(
+            m,
+            Unit::Mig {
+                pci: "0000:3b:00.0".parse().unwrap(),
+                gi: 1,
+                ci: 2
+            }
+        );
+        assert_eq!(m.pci(), "0000:3b:00.0");
+        assert!(m.is_mig() && !u("0000:3b:00.0").is_mig());
+        assert_eq!((m.gi(), u("0000:3b:00.0").gi()), (Some(1), None));
+        assert_eq!(
+            format!("{m:?} {:>14}|", u("0000:3b:00.0")),
+            "\"0000:3b:00.0/gi1/ci2\"   0000:3b:00.0|"
+        );
+    }
+
+    #[test]
+    fn anything_else_is_refused() {
+        for s in [
+            "",
+            "0000:3b:00.0/gi1",
+            "0000:3b:00.0/",
+            "0000:3b:00.0/gi1/ci",
+            "0000:3b:00.0/gi/ci0",
+            "0000:3b:00.0/gi1/ci0/",
+            "0000:3b:00.0/gi1/ci0/x",
+            "0000:3b:00.0/gi01/ci0",
+            "0000:3b:00.0/gi1/ci00",
+            "0000:3b:00.0/gi+1/ci0",
+            "0000:3b:00.0/gi-1/ci0",
+            "0000:3b:00.0/gi4294967296/ci0",
+            "0000:3b:00.0/ci0/gi1",
+            "0000:3b:00.0/GI1/CI0",
+            "x/gi1/ci0",
+            "3b:00.0/gi1/ci0",
+            "3b:00.0",
+            "0000:3B:00.0",
+            " 0000:3b:00.0",
+            "0000:3b:00.8",
+            "0000:3b:00:0",
+            "0000:3g:00.0",
+            "../../etc/x",
+            "0000:3b:00.0é",
+        ] {
+            let e = s.parse::<Unit>().unwrap_err();
+            assert_eq!(e, UnitError(s.to_owned()), "{s:?}");
+            assert!(
+                serde_json::from_value::<Unit>(serde_json::json!(s)).is_err(),
+                "{s:?}"
+            );
+        }
+        assert_eq!(
+            "x/gi1/ci0".parse::<Unit>().unwrap_err().to_string(),
+            "not a GPU unit (PCI address or PCI/giG/ciC): \"x/gi1/ci0\""
+        );
+        assert!(serde_json::from_str::<Unit>("7").is_err());
+        assert!("0000:3b:00.0/gi1/ci0".parse::<Pci>().is_err());
+        assert_eq!(Pci::normalize(" 3B:00.1").unwrap(), "0000:3b:00.1");
+    }
+
+    #[test]
+    fn units_order_as_their_names() {
+        let names = [
+            "0000:3b:00.0/gi2/ci0",
+            "0000:3b:00.0",
+            "0000:3b:00.0/gi10/ci0",
+            "0000:3b:00.0/gi1/ci10",
+            "0000:3b:00.0/gi1/ci0",
+            "0000:3b:00.0/gi1/ci2",
+            "0000:3b:00.1",
+            "0000:3a:00.0/gi0/ci0",
+            "0000:3b:00.0/gi0/ci1",
+            "0000:3b:00.0/gi100/ci3",
+            "0000:3b:00.0/gi19/ci0",
+        ];
+        let mut by_name = names.to_vec();
+        by_name.sort();
+        let mut units: Vec<Unit> = names.iter().map(|s| u(s)).collect();
+        units.sort();
+        let printed: Vec<String> = units.iter().map(Unit::to_string).collect();
+        assert_eq!(printed, by_name);
+        let p: Pci = "0000:3b:00.0".parse().unwrap();
+        for w in units.windows(2) {
+            assert!(w[0] < w[1]);
+        }
+        // The units of a GPU, and of a GPU instance, follow their first.
+        let of_gpu: Vec<&Unit> = units
+            .iter()
+            .filter(|x| **x >= Unit::first_mig(p))
+            .take_while(|x| x.pci() == p)
+            .collect();
+        assert!(of_gpu.iter().all(|x| x.is_mig()) && of_gpu.len() == 8);
+        let of_gi: Vec<&Unit> = units
+            .iter()
+            .filter(|x| **x >= Unit::first_of_gi(p, 1))
+            .take_while(|x| x.gi() == Some(1))
+            .collect();
+        assert_eq!(of_gi.len(), 3);
+    }
 }

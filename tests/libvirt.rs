@@ -1417,7 +1417,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                 kind: Default::default(),
                 domain: name.into(),
                 uuid: common::uuid(n),
-                gpus: vec![gpu.into()],
+                gpus: vec![gpu.parse().unwrap()],
                 phase,
                 request: "1 GPU".into(),
                 created: rfc3339(now - age),

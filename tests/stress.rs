@@ -45,9 +45,12 @@ fn check_state(h: &Host) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
     for r in st.reservations.values() {
         for g in &r.gpus {
-            assert!(seen.insert(g.clone()), "GPU {g} is in two reservations");
+            assert!(seen.insert(*g), "GPU {g} is in two reservations");
         }
-        out.insert(r.domain.clone(), r.gpus.clone());
+        out.insert(
+            r.domain.clone(),
+            r.gpus.iter().map(|g| g.to_string()).collect(),
+        );
     }
     out
 }

@@ -98,7 +98,7 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
     for (r, why) in &freed {
         let line = format!(
             "{verb} {} of {} ({}): {why}",
-            r.gpus.join(","),
+            gpuhook::ids::Unit::join(&r.gpus, ","),
             r.who(),
             r.uuid
         );

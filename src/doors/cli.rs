@@ -407,7 +407,7 @@ fn check(file: &str) -> Result<i32, CliError> {
     };
     println!("it {verb}:");
     for p in &gpus {
-        if let Some(g) = inv.by_pci(p) {
+        if let Some(g) = inv.by_unit(p) {
             println!(
                 "  {} {} {} {} (NUMA {})",
                 g.index,
@@ -519,7 +519,12 @@ fn release(domain: &str) -> Result<i32, Error> {
         println!("'{domain}' holds no GPUs; nothing to release");
     }
     for r in freed {
-        let line = format!("released {} of {} ({})", r.gpus.join(","), r.who(), r.uuid);
+        let line = format!(
+            "released {} of {} ({})",
+            crate::ids::Unit::join(&r.gpus, ","),
+            r.who(),
+            r.uuid
+        );
         println!("{line}");
         log::info(&format!("operator {line}"));
         if r.init.is_some_and(|i| i.alive()) {

@@ -141,7 +141,7 @@ fn stop(name: &str, op: &str, xml: &[u8]) {
     match lifecycle::free(&cfg, HolderKind::Libvirt, &uuid) {
         Ok(Some(r)) => log::info(&format!(
             "domain '{name}' ({uuid}): {op}: freed {}{}",
-            r.gpus.join(","),
+            crate::ids::Unit::join(&r.gpus, ","),
             if asks {
                 ""
             } else {

@@ -534,7 +534,10 @@ fn release(cfg: &Config, id: &str, stage: &str, cond: impl FnOnce(&Reservation) 
     }
     let who = HolderKind::Oci.who(id);
     match free_oci(cfg, id, cond) {
-        Ok(Some(r)) => log::info(&format!("{who}: {stage}: freed {}", r.gpus.join(","))),
+        Ok(Some(r)) => log::info(&format!(
+            "{who}: {stage}: freed {}",
+            crate::ids::Unit::join(&r.gpus, ",")
+        )),
         Ok(None) => {}
         Err(e) => log::error(&format!("{who}: {stage}: cannot free its GPUs: {e}")),
     }

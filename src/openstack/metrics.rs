@@ -3,6 +3,7 @@
 //! in, text out; the CLI writes it (atomically with `--output`).
 
 use crate::host::inventory::Inventory;
+use crate::ids::Unit;
 use crate::reserve::state::{HolderKind, Phase, State};
 use std::fmt::Write;
 
@@ -78,7 +79,7 @@ fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State) {
         "Whether the GPU is reserved (1) and by which holder (kind libvirt or oci; empty when free).",
     );
     for g in &inv.gpus {
-        let (kind, holder, v) = match st.holder_of(&g.pci) {
+        let (kind, holder, v) = match st.holder_of(&Unit::Gpu(g.pci)) {
             Some(r) => (r.kind.as_str(), r.domain.as_str(), 1),
             None => ("", "", 0),
         };
@@ -112,7 +113,7 @@ fn gpu_health(out: &mut String, inv: &Inventory, st: &State) {
         "Whether the GPU is quarantined after an NVIDIA Xid error (gpuhook health scan); xid names it.",
     );
     for g in &inv.gpus {
-        let q = st.quarantine.get(&g.pci);
+        let q = st.quarantine.get(g.pci.as_str());
         let xid = q.map(|q| q.xid.to_string()).unwrap_or_default();
         sample(
             out,
@@ -127,7 +128,7 @@ fn gpu_health(out: &mut String, inv: &Inventory, st: &State) {
         "Whether the GPU (or one of its MIG instances) is draining: freed while a process still has it open, given to no one until it is closed.",
     );
     for g in &inv.gpus {
-        let pids = crate::reserve::drain::pids_of(st, &g.pci);
+        let pids = crate::reserve::drain::pids_of(st, g.pci);
         sample(
             out,
             "gpuhook_gpu_draining",
@@ -149,7 +150,7 @@ fn mig_reserved(out: &mut String, inv: &Inventory, st: &State) {
     );
     for g in &inv.gpus {
         for m in &g.migs {
-            let id = m.id(&g.pci);
+            let id = m.id(g.pci);
             let (kind, holder, v) = match st.holder_of(&id) {
                 Some(r) => (r.kind.as_str(), r.domain.as_str(), 1),
                 None => ("", "", 0),

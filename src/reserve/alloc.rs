@@ -7,6 +7,7 @@
 //! root port) the same way, then lowest index.
 
 use crate::host::inventory::Gpu;
+use crate::ids::{Pci, Unit};
 use crate::request::{DeviceSel, Field, Filter, Request};
 use std::collections::BTreeMap;
 
@@ -14,9 +15,9 @@ use std::collections::BTreeMap;
 #[error("{0}")]
 pub struct AllocError(pub String);
 
-/// Who holds a GPU: PCI address → its holder as messages name it (`domain 'web1'`,
-/// `container 'ID'`).
-pub type Held = BTreeMap<String, String>;
+/// Who holds a unit (a whole GPU, a MIG instance): unit → its holder as messages name it
+/// (`domain 'web1'`, `container 'ID'`).
+pub type Held = BTreeMap<Unit, String>;
 
 fn field_value(g: &Gpu, f: Field) -> Option<&str> {
     match f {
@@ -42,11 +43,11 @@ pub fn resolve<'a>(gpus: &'a [Gpu], sel: &DeviceSel) -> Option<&'a Gpu> {
 }
 
 /// Who holds any of the GPU: the whole GPU, or one of its MIG instances.
-pub fn busy<'a>(held: &'a Held, pci: &str) -> Option<&'a str> {
-    held.get(pci).map(String::as_str).or_else(|| {
-        held.range(format!("{pci}/")..)
+pub fn busy(held: &Held, pci: Pci) -> Option<&str> {
+    held.get(&Unit::Gpu(pci)).map(String::as_str).or_else(|| {
+        held.range(Unit::first_mig(pci)..)
             .next()
-            .filter(|(k, _)| k.starts_with(pci) && k[pci.len()..].starts_with('/'))
+            .filter(|(k, _)| k.pci() == pci)
             .map(|(_, v)| v.as_str())
     })
 }
@@ -55,17 +56,16 @@ pub fn busy<'a>(held: &'a Held, pci: &str) -> Option<&'a str> {
 /// share the GPU instance's memory, engines and fault domain, so a GPU instance serves one
 /// holder at a time. `held` lists other holders' units only (never the asking holder's, which
 /// may take several compute instances of one GPU instance).
-pub fn gi_holder<'a>(held: &'a Held, pci: &str, gi: u32) -> Option<(&'a str, &'a str)> {
-    let prefix = format!("{pci}/gi{gi}/ci");
-    held.range(prefix.clone()..)
+pub fn gi_holder(held: &Held, pci: Pci, gi: u32) -> Option<(Unit, &str)> {
+    held.range(Unit::first_of_gi(pci, gi)..)
         .next()
-        .filter(|(k, _)| k.starts_with(&prefix))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .filter(|(k, _)| k.pci() == pci && k.gi() == Some(gi))
+        .map(|(k, v)| (*k, v.as_str()))
 }
 
-/// Chooses `req.count` GPUs (or MIG instances, for a MIG request). Returns their PCI
-/// addresses (instance ids `PCI/giG/ciC`) in index order.
-pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>, AllocError> {
+/// Chooses `req.count` GPUs (or MIG instances, for a MIG request). Returns their units in
+/// index order.
+pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, AllocError> {
     if req.mig {
         return allocate_migs(gpus, held, req);
     }
@@ -98,7 +98,7 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>,
                 g.migs.len()
             )));
         }
-        if let Some(h) = busy(held, &g.pci) {
+        if let Some(h) = busy(held, g.pci) {
             return Err(AllocError(format!("GPU {} ({sel}) is held by {h}", g.pci)));
         }
         if let Some(f) = req
@@ -122,7 +122,7 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>,
         .filter(|g| {
             g.usable()
                 && g.migs.is_empty()
-                && busy(held, &g.pci).is_none()
+                && busy(held, g.pci).is_none()
                 && matches(g, &req.filters)
         })
         .filter(|g| !chosen.iter().any(|c| c.pci == g.pci))
@@ -137,7 +137,7 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>,
     };
     chosen.extend(extra);
     chosen.sort_by_key(|g| g.index);
-    Ok(chosen.into_iter().map(|g| g.pci.clone()).collect())
+    Ok(chosen.into_iter().map(|g| Unit::Gpu(g.pci)).collect())
 }
 
 fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError {
@@ -145,12 +145,12 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
     let mut why = Vec::new();
     let mut holders: Vec<&str> = matching
         .iter()
-        .filter_map(|g| held.get(&g.pci).map(String::as_str))
+        .filter_map(|g| held.get(&Unit::Gpu(g.pci)).map(String::as_str))
         .collect();
     holders.dedup();
     let n_held = matching
         .iter()
-        .filter(|g| held.contains_key(&g.pci))
+        .filter(|g| held.contains_key(&Unit::Gpu(g.pci)))
         .count();
     if n_held > 0 {
         why.push(format!("{n_held} held by {}", holders.join(", ")));
@@ -161,7 +161,7 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
     }
     let n_mig = matching
         .iter()
-        .filter(|g| !g.migs.is_empty() && !held.contains_key(&g.pci))
+        .filter(|g| !g.migs.is_empty() && !held.contains_key(&Unit::Gpu(g.pci)))
         .count();
     if n_mig > 0 {
         why.push(format!(
@@ -197,19 +197,20 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
 /// instances of usable, matching GPUs that no one holds whole, never one whose GPU instance
 /// another holder uses ([`gi_holder`]); packed (the GPU with the fewest free instances that
 /// suffices, else the fullest first), so that other GPUs keep theirs together.
-pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<String>, AllocError> {
+pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, AllocError> {
     let mut chosen = named_migs(gpus, held, req)?;
     let want = req.count as usize - chosen.len();
-    let eligible = |g: &&Gpu| g.usable() && !held.contains_key(&g.pci) && matches(g, &req.filters);
-    let mut groups: Vec<(usize, Vec<String>)> = gpus
+    let eligible =
+        |g: &&Gpu| g.usable() && !held.contains_key(&Unit::Gpu(g.pci)) && matches(g, &req.filters);
+    let mut groups: Vec<(usize, Vec<Unit>)> = gpus
         .iter()
         .filter(eligible)
         .map(|g| {
-            let free: Vec<String> = g
+            let free: Vec<Unit> = g
                 .migs
                 .iter()
-                .filter(|m| gi_holder(held, &g.pci, m.gi).is_none())
-                .map(|m| m.id(&g.pci))
+                .filter(|m| gi_holder(held, g.pci, m.gi).is_none())
+                .map(|m| m.id(g.pci))
                 .filter(|id| !chosen.iter().any(|(_, c)| c == id))
                 .collect();
             (g.index, free)
@@ -221,7 +222,7 @@ pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Str
         return Err(mig_shortage(gpus, held, req, free, chosen.len()));
     }
     // The smallest group that suffices; else the fullest groups first.
-    let pick = |gr: &mut Vec<(usize, Vec<String>)>| -> Vec<(usize, String)> {
+    let pick = |gr: &mut Vec<(usize, Vec<Unit>)>| -> Vec<(usize, Unit)> {
         if want == 0 {
             return vec![];
         }
@@ -230,11 +231,11 @@ pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Str
             .filter(|(_, f)| f.len() >= want)
             .min_by_key(|(i, f)| (f.len(), *i))
         {
-            return ids.iter().take(want).map(|id| (*i, id.clone())).collect();
+            return ids.iter().take(want).map(|id| (*i, *id)).collect();
         }
         gr.sort_by(|(ia, a), (ib, b)| b.len().cmp(&a.len()).then(ia.cmp(ib)));
         gr.iter()
-            .flat_map(|(i, ids)| ids.iter().map(move |id| (*i, id.clone())))
+            .flat_map(|(i, ids)| ids.iter().map(move |id| (*i, *id)))
             .take(want)
             .collect()
     };
@@ -244,12 +245,8 @@ pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Str
 }
 
 /// The exact instances the request names, each checked free and usable.
-fn named_migs(
-    gpus: &[Gpu],
-    held: &Held,
-    req: &Request,
-) -> Result<Vec<(usize, String)>, AllocError> {
-    let mut chosen: Vec<(usize, String)> = Vec::new();
+fn named_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<(usize, Unit)>, AllocError> {
+    let mut chosen: Vec<(usize, Unit)> = Vec::new();
     for sel in &req.migs {
         let g = resolve(gpus, &sel.gpu)
             .ok_or_else(|| AllocError(format!("no GPU with {} on this host", sel.gpu)))?;
@@ -263,7 +260,7 @@ fn named_migs(
                     g.pci, sel.gi, sel.ci
                 ))
             })?;
-        let id = m.id(&g.pci);
+        let id = m.id(g.pci);
         if chosen.iter().any(|(_, c)| *c == id) {
             return Err(AllocError(format!("{sel} is named twice")));
         }
@@ -277,7 +274,7 @@ fn named_migs(
                 g.pci
             )));
         }
-        if let Some(h) = held.get(&g.pci) {
+        if let Some(h) = held.get(&Unit::Gpu(g.pci)) {
             return Err(AllocError(format!(
                 "GPU {} ({sel}) is held whole by {h}",
                 g.pci
@@ -286,7 +283,7 @@ fn named_migs(
         if let Some(h) = held.get(&id) {
             return Err(AllocError(format!("{id} ({sel}) is held by {h}")));
         }
-        if let Some((other, h)) = gi_holder(held, &g.pci, m.gi) {
+        if let Some((other, h)) = gi_holder(held, g.pci, m.gi) {
             return Err(AllocError(format!(
                 "{id} ({sel}): its GPU instance gi {} is held by {h} (through {other}); compute instances of one GPU instance share its memory and engines",
                 m.gi
@@ -324,7 +321,7 @@ fn mig_shortage(
     let holders: std::collections::BTreeSet<&str> = gpus
         .iter()
         .filter(|g| matches(g, &req.filters))
-        .flat_map(|g| g.migs.iter().map(|m| m.id(&g.pci)))
+        .flat_map(|g| g.migs.iter().map(|m| m.id(g.pci)))
         .filter_map(|id| held.get(&id).map(String::as_str))
         .collect();
     let mut why = Vec::new();
@@ -455,7 +452,7 @@ pub(crate) mod tests {
     ) -> Gpu {
         Gpu {
             index,
-            pci: format!("0000:{:02x}:00.0", 0x10 + index),
+            pci: format!("0000:{:02x}:00.0", 0x10 + index).parse().unwrap(),
             vendor,
             vendor_id: 0x10de,
             device_id: 0x2330,
@@ -510,17 +507,27 @@ pub(crate) mod tests {
         }
     }
 
-    fn idx(gpus: &[Gpu], pcis: &[String]) -> Vec<usize> {
-        pcis.iter()
-            .map(|p| gpus.iter().find(|g| g.pci == *p).unwrap().index)
+    fn idx(gpus: &[Gpu], units: &[Unit]) -> Vec<usize> {
+        units
+            .iter()
+            .map(|p| gpus.iter().find(|g| g.pci == p.pci()).unwrap().index)
             .collect()
     }
 
-    fn hold(h: &mut Held, gpus: &[Gpu], pcis: &[String], who: &str) {
+    fn hold(h: &mut Held, gpus: &[Gpu], units: &[Unit], who: &str) {
         let _ = gpus;
-        for p in pcis {
-            h.insert(p.clone(), format!("domain '{who}'"));
+        for p in units {
+            h.insert(*p, format!("domain '{who}'"));
         }
+    }
+
+    /// The unit of this name.
+    pub(crate) fn unit(s: &str) -> Unit {
+        s.parse().unwrap()
+    }
+
+    fn pci(s: &str) -> Pci {
+        s.parse().unwrap()
     }
 
     /// `/dev/nvidia-caps/nvidia-cap<m>` as a test host has it.
@@ -558,7 +565,7 @@ pub(crate) mod tests {
             allocate(&gs, &held, &r).unwrap(),
             ["0000:11:00.0/gi1/ci0", "0000:11:00.0/gi2/ci0"]
         );
-        held.insert("0000:11:00.0/gi1/ci0".into(), "domain 'x'".into());
+        held.insert(unit("0000:11:00.0/gi1/ci0"), "domain 'x'".into());
         assert_eq!(
             allocate(&gs, &held, &r).unwrap(),
             ["0000:10:00.0/gi7/ci0", "0000:10:00.0/gi8/ci0"]
@@ -571,20 +578,17 @@ pub(crate) mod tests {
             "only 4 of the host's 5 MIG instances on matching GPUs are free: held by domain 'x'"
         ));
         // Whole GPUs: never one with instances, nor one whose instance is held.
-        assert_eq!(busy(&held, "0000:11:00.0"), Some("domain 'x'"));
-        assert_eq!(busy(&held, "0000:10:00.0"), None);
-        assert_eq!(busy(&held, "0000:11:00.00"), None);
+        assert_eq!(busy(&held, pci("0000:11:00.0")), Some("domain 'x'"));
+        assert_eq!(busy(&held, pci("0000:10:00.0")), None);
+        assert_eq!(busy(&held, pci("0000:11:00.1")), None);
         let whole = allocate(&gs, &held, &req(6)).unwrap();
-        assert!(
-            !whole.contains(&"0000:10:00.0".to_string())
-                && !whole.contains(&"0000:11:00.0".to_string())
-        );
+        assert!(!whole.contains(&unit("0000:10:00.0")) && !whole.contains(&unit("0000:11:00.0")));
         assert!(allocate(&gs, &held, &req(7))
             .unwrap_err()
             .0
             .contains("2 in MIG mode"));
         // A GPU held whole gives no instance.
-        held.insert("0000:10:00.0".into(), "domain 'w'".into());
+        held.insert(unit("0000:10:00.0"), "domain 'w'".into());
         r.count = 1;
         r.migs = vec![crate::request::MigSel {
             gpu: DeviceSel::Index(0),
@@ -603,7 +607,11 @@ pub(crate) mod tests {
     fn one_gpu_instance_serves_one_holder() {
         let mut gs = dgx();
         gs[0] = with_migs(gs[0].clone(), &[(7, 0), (7, 1), (8, 0)]);
-        let id = |gi: u32, ci: u32| format!("0000:10:00.0/gi{gi}/ci{ci}");
+        let id = |gi: u32, ci: u32| Unit::Mig {
+            pci: pci("0000:10:00.0"),
+            gi,
+            ci,
+        };
         let exact = |sels: &[(u32, u32)]| {
             let mut r = req(sels.len() as u32);
             r.mig = true;
@@ -620,10 +628,10 @@ pub(crate) mod tests {
         let mut held = Held::new();
         held.insert(id(7, 0), "domain 'a'".into());
         assert_eq!(
-            gi_holder(&held, "0000:10:00.0", 7),
-            Some((&*id(7, 0), "domain 'a'"))
+            gi_holder(&held, pci("0000:10:00.0"), 7),
+            Some((id(7, 0), "domain 'a'"))
         );
-        assert_eq!(gi_holder(&held, "0000:10:00.0", 8), None);
+        assert_eq!(gi_holder(&held, pci("0000:10:00.0"), 8), None);
         // An exact request for the other compute instance of gi 7: refused, naming 'a'.
         assert_eq!(
             allocate(&gs, &held, &exact(&[(7, 1)])).unwrap_err().0,
@@ -653,8 +661,16 @@ pub(crate) mod tests {
         let mut g17 = dgx();
         g17[0] = with_migs(g17[0].clone(), &[(1, 0), (17, 0)]);
         let mut h17 = Held::new();
-        h17.insert("0000:10:00.0/gi17/ci0".into(), "domain 'b'".into());
-        assert_eq!(gi_holder(&h17, "0000:10:00.0", 1), None);
+        h17.insert(unit("0000:10:00.0/gi17/ci0"), "domain 'b'".into());
+        assert_eq!(gi_holder(&h17, pci("0000:10:00.0"), 1), None);
+        h17.insert(unit("0000:10:00.0/gi10/ci0"), "domain 'c'".into());
+        h17.insert(unit("0000:10:00.0/gi1/ci3"), "domain 'd'".into());
+        assert_eq!(
+            gi_holder(&h17, pci("0000:10:00.0"), 1),
+            Some((unit("0000:10:00.0/gi1/ci3"), "domain 'd'"))
+        );
+        h17.remove(&unit("0000:10:00.0/gi1/ci3"));
+        h17.remove(&unit("0000:10:00.0/gi10/ci0"));
         r.count = 1;
         assert_eq!(allocate(&g17, &h17, &r).unwrap(), ["0000:10:00.0/gi1/ci0"]);
     }
@@ -702,20 +718,20 @@ pub(crate) mod tests {
     fn pair_prefers_whole_switch_over_split() {
         let g = dgx();
         let mut h = Held::new();
-        h.insert(g[0].pci.clone(), "x".into());
-        h.insert(g[2].pci.clone(), "y".into());
+        h.insert(Unit::Gpu(g[0].pci), "x".into());
+        h.insert(Unit::Gpu(g[2].pci), "y".into());
         // NUMA 0 has 1 and 3 free (on different switches), NUMA 1 has 4 free: a whole switch
         // on NUMA 1 beats a split pair on the tighter node 0.
         let a = allocate(&g, &h, &req(2)).unwrap();
         assert_eq!(idx(&g, &a), vec![4, 5]);
         // Only NUMA 0 left for a pair: split across its switches rather than across nodes.
-        h.insert(g[4].pci.clone(), "p".into());
-        h.insert(g[6].pci.clone(), "q".into());
+        h.insert(Unit::Gpu(g[4].pci), "p".into());
+        h.insert(Unit::Gpu(g[6].pci), "q".into());
         let a = allocate(&g, &h, &req(2)).unwrap();
         assert_eq!(idx(&g, &a), vec![1, 3]);
-        h.remove(&g[4].pci);
-        h.remove(&g[6].pci);
-        h.insert(g[5].pci.clone(), "z".into());
+        h.remove(&Unit::Gpu(g[4].pci));
+        h.remove(&Unit::Gpu(g[6].pci));
+        h.insert(Unit::Gpu(g[5].pci), "z".into());
         // Now NUMA 1 has 3 free: {4} on sw2 and {6,7} on sw3; NUMA 0 has {1,3}: 2 free, best fit.
         let a = allocate(&g, &h, &req(3)).unwrap();
         assert_eq!(idx(&g, &a), vec![4, 6, 7]);
@@ -725,7 +741,7 @@ pub(crate) mod tests {
     fn spreads_when_no_node_suffices() {
         let g = dgx();
         let mut h = Held::new();
-        h.insert(g[0].pci.clone(), "x".into());
+        h.insert(Unit::Gpu(g[0].pci), "x".into());
         let a = allocate(&g, &h, &req(6)).unwrap();
         // NUMA 1 whole, then a pair from node 0 that shares a switch (2,3), not 1 and 2.
         assert_eq!(idx(&g, &a), vec![2, 3, 4, 5, 6, 7]);
@@ -804,7 +820,7 @@ pub(crate) mod tests {
             .unwrap_err()
             .0
             .contains("excluded by the host config"));
-        r.devices = vec![DeviceSel::Pci(g[1].pci.clone())];
+        r.devices = vec![DeviceSel::Pci(g[1].pci.to_string())];
         assert!(allocate(&g, &Held::new(), &r)
             .unwrap_err()
             .0
@@ -822,7 +838,7 @@ pub(crate) mod tests {
         r.count = 3;
         r.devices = vec![DeviceSel::Index(6)];
         assert_eq!(idx(&g, &allocate(&g, &h, &r).unwrap()), vec![4, 6, 7]);
-        h.insert(g[6].pci.clone(), "domain 'other'".into());
+        h.insert(Unit::Gpu(g[6].pci), "domain 'other'".into());
         let e = allocate(&g, &h, &r).unwrap_err();
         assert!(e.0.contains("is held by domain 'other'"), "{e}");
         r.devices = vec![DeviceSel::Pci("0000:99:00.0".into())];
@@ -830,7 +846,7 @@ pub(crate) mod tests {
             .unwrap_err()
             .0
             .contains("no GPU with pci 0000:99:00.0"));
-        r.devices = vec![DeviceSel::Index(1), DeviceSel::Pci(g[1].pci.clone())];
+        r.devices = vec![DeviceSel::Index(1), DeviceSel::Pci(g[1].pci.to_string())];
         assert!(allocate(&g, &h, &r)
             .unwrap_err()
             .0
@@ -850,7 +866,7 @@ pub(crate) mod tests {
         let mut h = Held::new();
         for (i, x) in g.iter().take(7).enumerate() {
             let who = if i < 4 { "domain 'a'" } else { "container 'b'" };
-            h.insert(x.pci.clone(), who.into());
+            h.insert(Unit::Gpu(x.pci), who.into());
         }
         let e = allocate(&g, &h, &req(2)).unwrap_err();
         assert_eq!(

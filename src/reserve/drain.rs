@@ -19,6 +19,7 @@
 use crate::host::config::Config;
 use crate::host::inventory::{self, Inventory, Scan};
 use crate::host::procfs::{Proc, ProcRef};
+use crate::ids::{Pci, Unit};
 use crate::log;
 use crate::reserve::state::{Draining, Node, Opener, Reservation, State};
 use std::collections::BTreeSet;
@@ -26,7 +27,7 @@ use std::collections::BTreeSet;
 /// A unit just freed: its id, its own nodes, whose reservation it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Freed {
-    pub unit: String,
+    pub unit: Unit,
     pub nodes: Vec<Node>,
     pub after: String,
 }
@@ -47,27 +48,26 @@ pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<Fr
         for unit in &r.gpus {
             let nodes = match inv.mig(unit) {
                 Some((g, m)) => {
-                    let gi = format!("{}/gi{}/", g.pci, m.gi);
                     let shared = st
                         .reservations
                         .values()
                         .flat_map(|o| &o.gpus)
-                        .any(|u| u.starts_with(&gi));
+                        .any(|u| u.pci() == g.pci && u.gi() == Some(m.gi));
                     let mut v = vec![m.ci_cap.node.clone()];
                     if !shared {
                         v.insert(0, m.gi_cap.node.clone());
                     }
                     v
                 }
-                None if unit.contains('/') => Vec::new(),
+                None if unit.is_mig() => Vec::new(),
                 None => inv
-                    .by_pci(unit)
+                    .by_unit(unit)
                     .map(|g| g.nodes.iter().map(|(_, n)| n.node.clone()).collect())
                     .unwrap_or_default(),
             };
             if !nodes.is_empty() {
                 out.push(Freed {
-                    unit: unit.clone(),
+                    unit: *unit,
                     nodes,
                     after: r.who(),
                 });
@@ -81,9 +81,9 @@ pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<Fr
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Settled {
     /// Units now draining: (unit, its record).
-    pub draining: Vec<(String, Draining)>,
+    pub draining: Vec<(Unit, Draining)>,
     /// Draining units nothing has open any more: free again.
-    pub released: Vec<String>,
+    pub released: Vec<Unit>,
 }
 
 /// How long one [`settle`] may look at `/proc` (the look runs under the state lock, and a
@@ -117,7 +117,7 @@ pub fn settle(
                 proc.alive(&o.proc) && proc.holds_any(o.proc.pid, &nums, &budget) != Some(false)
             });
             if d.holders.is_empty() {
-                rescan.push(unit.clone());
+                rescan.push(*unit);
             }
         }
     }
@@ -169,7 +169,7 @@ pub fn settle(
             after: f.after,
             since: now.to_string(),
         };
-        st.draining.insert(f.unit.clone(), d.clone());
+        st.draining.insert(f.unit, d.clone());
         out.draining.push((f.unit, d));
     }
     out
@@ -264,7 +264,7 @@ pub fn after_free_in(
     freed: &[Reservation],
     proc: crate::host::procfs::Proc,
 ) -> Settled {
-    let units: Vec<String> = freed.iter().flat_map(|r| r.gpus.clone()).collect();
+    let units: Vec<Unit> = freed.iter().flat_map(|r| r.gpus.iter().copied()).collect();
     if units.is_empty() {
         return Settled::default();
     }
@@ -301,11 +301,11 @@ pub fn recheck(st: &mut State) -> Settled {
 }
 
 /// The PIDs that keep a GPU (or any of its MIG instances) draining; empty when it is not.
-pub fn pids_of(st: &State, pci: &str) -> Vec<i32> {
+pub fn pids_of(st: &State, pci: Pci) -> Vec<i32> {
     let mut v: Vec<i32> = st
         .draining
         .iter()
-        .filter(|(u, _)| crate::host::inventory::unit_pci(u) == pci)
+        .filter(|(u, _)| u.pci() == pci)
         .flat_map(|(_, d)| d.pids())
         .collect();
     v.sort_unstable();
@@ -314,7 +314,7 @@ pub fn pids_of(st: &State, pci: &str) -> Vec<i32> {
 }
 
 /// The PIDs that keep this unit draining; empty when it is not.
-pub fn unit_pids(st: &State, unit: &str) -> Vec<i32> {
+pub fn unit_pids(st: &State, unit: &Unit) -> Vec<i32> {
     st.draining
         .get(unit)
         .map(|d| {
@@ -333,9 +333,10 @@ pub fn apply(inv: &mut Inventory, st: &State) {
         return;
     }
     for g in &mut inv.gpus {
-        if let Some(d) = st.draining.get(&g.pci) {
+        let unit = Unit::Gpu(g.pci);
+        if let Some(d) = st.draining.get(&unit) {
             if g.problem.is_none() {
-                g.problem = Some(format!("draining: {}", d.holder(&g.pci)));
+                g.problem = Some(format!("draining: {}", d.holder(&unit)));
             }
         }
     }
@@ -345,7 +346,7 @@ pub fn apply(inv: &mut Inventory, st: &State) {
 mod tests {
     use super::*;
     use crate::ids::Vendor;
-    use crate::reserve::alloc::tests::{gpu, req, with_migs};
+    use crate::reserve::alloc::tests::{gpu, req, unit, with_migs};
     use crate::reserve::state::{Phase, Reservation};
     use std::path::Path;
 
@@ -396,7 +397,7 @@ mod tests {
             kind: Default::default(),
             domain: "web1".into(),
             uuid: "11111111-1111-1111-1111-111111111111".into(),
-            gpus: gpus.iter().map(|s| s.to_string()).collect(),
+            gpus: gpus.iter().map(|s| unit(s)).collect(),
             phase: Phase::Running,
             request: "1 GPU".into(),
             created: "2026-12-01T00:00:00Z".into(),
@@ -472,7 +473,7 @@ mod tests {
             BUDGET,
         );
         assert_eq!(s.draining.len(), 1);
-        let dr = &st.draining["0000:10:00.0"];
+        let dr = &st.draining[&unit("0000:10:00.0")];
         assert_eq!(dr.holders[0].proc.pid, pid);
         assert_eq!(dr.holders[0].comm, "sleep");
         assert_eq!(dr.after, "domain 'web1'");
@@ -693,7 +694,7 @@ int main(int argc, char **argv) {
             BUDGET,
         );
         assert!(s.released.is_empty());
-        assert!(st.draining.contains_key("0000:10:00.0"));
+        assert!(st.draining.contains_key(&unit("0000:10:00.0")));
         child.kill();
         let s = settle(
             &mut st,
@@ -817,23 +818,23 @@ int main(int argc, char **argv) {
         let fresh = freed_units(&inv, &st, &[reservation(&["0000:10:00.0/gi1/ci0"])]);
         assert_eq!(fresh[0].nodes.len(), 2);
         settle(&mut st, fresh, false, proc, "now", BUDGET);
-        let d = &st.draining["0000:10:00.0/gi1/ci0"];
+        let d = &st.draining[&unit("0000:10:00.0/gi1/ci0")];
         assert_eq!(d.holders.len(), 1);
         assert_eq!(
             (d.holders[0].proc.pid, d.holders[0].comm.as_str()),
             (100, "python3")
         );
-        assert_eq!(unit_pids(&st, "0000:10:00.0/gi1/ci0"), vec![100]);
-        assert_eq!(pids_of(&st, "0000:10:00.0"), vec![100]);
+        assert_eq!(unit_pids(&st, &unit("0000:10:00.0/gi1/ci0")), vec![100]);
+        assert_eq!(pids_of(&st, unit("0000:10:00.0").pci()), vec![100]);
         // The GPU whole is busy while one of its instances drains.
-        assert!(crate::reserve::alloc::busy(&st.held(None), "0000:10:00.0").is_some());
+        assert!(crate::reserve::alloc::busy(&st.held(None), unit("0000:10:00.0").pci()).is_some());
         // Passed on: 100 closes it, 300 has it now.
         fp.close(100, 5);
         fp.process(300, "thief", 7000);
         fp.open(300, 9, &ci);
         let s = settle(&mut st, vec![], true, proc, "now", BUDGET);
         assert!(s.released.is_empty());
-        let d = &st.draining["0000:10:00.0/gi1/ci0"];
+        let d = &st.draining[&unit("0000:10:00.0/gi1/ci0")];
         assert_eq!(
             d.holders.iter().map(|o| o.proc.pid).collect::<Vec<_>>(),
             vec![300]
@@ -844,7 +845,7 @@ int main(int argc, char **argv) {
         let s = settle(&mut st, vec![], true, proc, "now", BUDGET);
         assert!(s.released.is_empty());
         assert_eq!(
-            st.draining["0000:10:00.0/gi1/ci0"].holders[0]
+            st.draining[&unit("0000:10:00.0/gi1/ci0")].holders[0]
                 .proc
                 .start_time,
             9999
@@ -1070,15 +1071,15 @@ int main(int argc, char **argv) {
             std::time::Duration::ZERO,
         );
         assert_eq!(s.draining.len(), 1, "{s:?}");
-        let d = &st.draining["0000:10:00.0"];
+        let d = &st.draining[&unit("0000:10:00.0")];
         assert!(d.holders.is_empty());
         assert_eq!((d.unread_total, d.unread[0].proc.pid), (1, 100));
         assert_eq!(
-            d.holder("0000:10:00.0"),
+            d.holder(&unit("0000:10:00.0")),
             "pid 100 (bigfd), whose descriptors were not all read in time (scan incomplete: 0000:10:00.0 may be open there), after domain 'web1' (draining)"
         );
         assert_eq!(d.who(), "pid 100 (bigfd) not read (scan incomplete)");
-        assert_eq!(pids_of(&st, "0000:10:00.0"), vec![100]);
+        assert_eq!(pids_of(&st, unit("0000:10:00.0").pci()), vec![100]);
         assert!(notes(&s)[0].contains("did not finish in time (pid 100 (bigfd) not read)"));
         let e = crate::reserve::alloc::allocate(&inv.gpus, &st.held(None), &req(1))
             .unwrap_err()
@@ -1094,13 +1095,13 @@ int main(int argc, char **argv) {
             std::time::Duration::ZERO,
         );
         assert!(s.released.is_empty());
-        assert!(st.draining.contains_key("0000:10:00.0"));
+        assert!(st.draining.contains_key(&unit("0000:10:00.0")));
         // A real holder seen; then a re-check without time keeps it (not read to the end).
         fp.process(200, "holder", 6000);
         fp.open(200, 4, &n);
         let s = settle(&mut st, vec![], true, proc, "now", BUDGET);
         assert!(s.released.is_empty());
-        let d = &st.draining["0000:10:00.0"];
+        let d = &st.draining[&unit("0000:10:00.0")];
         assert_eq!(
             (d.holders[0].proc.pid, d.unread_total),
             (200, 0),
@@ -1114,7 +1115,7 @@ int main(int argc, char **argv) {
             "now",
             std::time::Duration::ZERO,
         );
-        assert_eq!(st.draining["0000:10:00.0"].holders[0].proc.pid, 200);
+        assert_eq!(st.draining[&unit("0000:10:00.0")].holders[0].proc.pid, 200);
         // Closed, and read in time: free.
         fp.close(200, 4);
         let s = settle(&mut st, vec![], true, proc, "now", BUDGET);
@@ -1128,7 +1129,7 @@ int main(int argc, char **argv) {
     fn state_roundtrip_and_old_files() {
         let mut st = State::default();
         st.draining.insert(
-            "0000:10:00.0".into(),
+            unit("0000:10:00.0"),
             Draining {
                 nodes: vec![Node::new("/dev/nvidia0", 195, 0)],
                 holders: vec![Opener {

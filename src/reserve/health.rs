@@ -290,7 +290,7 @@ pub fn apply(inv: &mut Inventory, st: &State) {
         return;
     }
     for g in &mut inv.gpus {
-        if let Some(q) = st.quarantine.get(&g.pci) {
+        if let Some(q) = st.quarantine.get(g.pci.as_str()) {
             g.problem = Some(format!(
                 "quarantined after Xid {} ({}) at {}; `gpuhook health clear {}` returns it",
                 q.xid, q.reason, q.since, g.pci

@@ -119,7 +119,7 @@ mod tests {
             kind: Default::default(),
             domain: format!("d{uuid}"),
             uuid: uuid.into(),
-            gpus: vec![format!("0000:{uuid}:00.0")],
+            gpus: vec![format!("0000:{uuid}:00.0").parse().unwrap()],
             phase,
             request: "1 GPU".into(),
             created: now_rfc3339(),

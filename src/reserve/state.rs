@@ -10,6 +10,7 @@
 //! parse, or has another version, is an error naming it — never silently reset.
 
 use crate::host::procfs::ProcRef;
+use crate::ids::Unit;
 use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, Mode};
@@ -90,8 +91,8 @@ pub struct Reservation {
     /// The domain name, or for an OCI container its ID.
     pub domain: String,
     pub uuid: String,
-    /// PCI addresses, in index order.
-    pub gpus: Vec<String>,
+    /// Its units (whole GPUs, or MIG instances), in index order.
+    pub gpus: Vec<Unit>,
     pub phase: Phase,
     /// The request as the domain stated it, for operators.
     pub request: String,
@@ -137,7 +138,7 @@ pub struct State {
     /// by unit id (PCI address, `PCI/giG/ciC`): given to no one until none has (files
     /// written before have none).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub draining: BTreeMap<String, Draining>,
+    pub draining: BTreeMap<Unit, Draining>,
 }
 
 /// A unit that is draining: its own nodes, and who had one of them open at the last look.
@@ -206,7 +207,7 @@ impl Draining {
     /// after domain 'web1' (draining)`; when the last look did not finish, `pid 555 (x),
     /// whose descriptors were not all read in time (scan incomplete: 0000:3b:00.0 may be
     /// open there), after domain 'web1' (draining)`.
-    pub fn holder(&self, unit: &str) -> String {
+    pub fn holder(&self, unit: &Unit) -> String {
         let held = format!(
             "{}, which still {} {unit} open",
             Opener::describe(&self.holders),
@@ -289,29 +290,27 @@ impl Default for State {
 }
 
 impl State {
-    /// PCI address → its holder as messages name it (`domain 'web1'`), leaving out the
+    /// Unit → its holder as messages name it (`domain 'web1'`), leaving out the
     /// reservation of `except` (a UUID or container ID). A draining unit is held by the
     /// processes that keep it open.
     pub fn held(&self, except: Option<&str>) -> crate::reserve::alloc::Held {
         let mut h = crate::reserve::alloc::Held::new();
         for (unit, d) in &self.draining {
-            h.insert(unit.clone(), d.holder(unit));
+            h.insert(*unit, d.holder(unit));
         }
         for (uuid, r) in &self.reservations {
             if Some(uuid.as_str()) == except {
                 continue;
             }
             for g in &r.gpus {
-                h.insert(g.clone(), r.who());
+                h.insert(*g, r.who());
             }
         }
         h
     }
 
-    pub fn holder_of(&self, pci: &str) -> Option<&Reservation> {
-        self.reservations
-            .values()
-            .find(|r| r.gpus.iter().any(|g| g == pci))
+    pub fn holder_of(&self, unit: &Unit) -> Option<&Reservation> {
+        self.reservations.values().find(|r| r.gpus.contains(unit))
     }
 
     /// Parses state text; `path` names the file in errors.
@@ -677,7 +676,7 @@ mod tests {
             kind: Default::default(),
             domain: format!("d-{}", &uuid[..4]),
             uuid: uuid.into(),
-            gpus: gpus.iter().map(|s| s.to_string()).collect(),
+            gpus: gpus.iter().map(|s| s.parse().unwrap()).collect(),
             phase: Phase::Prepared,
             request: "1 GPU".into(),
             created: now_rfc3339(),
@@ -728,7 +727,9 @@ mod tests {
         let s = store.read().unwrap();
         assert_eq!(s.reservations[U1].gpus, vec!["0000:07:00.0"]);
         assert_eq!(
-            s.held(None).get("0000:07:00.0").map(String::as_str),
+            s.held(None)
+                .get(&"0000:07:00.0".parse().unwrap())
+                .map(String::as_str),
             Some("domain 'd-1111'")
         );
         assert!(s.held(Some(U1)).is_empty());
@@ -748,6 +749,82 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    /// A state file written before units were typed (their names as strings): whole GPUs,
+    /// MIG instances (gi 10 sorts before gi 2, as names do), an OCI holder, draining units;
+    /// it loads, and is written back byte for byte.
+    #[test]
+    fn a_file_written_before_loads_and_is_written_back_unchanged() {
+        let old = concat!(
+            "{\"version\":1,\"reservations\":{\n",
+            "\"11111111-1111-1111-1111-111111111111\":{\"domain\":\"web1\",\"uuid\":\"11111111-1111-1111-1111-111111111111\",\"gpus\":[\"0000:07:00.0\",\"0000:3b:00.0\"],\"phase\":\"running\",\"request\":\"2 GPUs\",\"created\":\"2026-12-01T00:00:00Z\",\"updated\":\"2026-12-01T00:00:01Z\",\"controller\":1200,\"init\":{\"pid\":1201,\"start_time\":99},\"nodes\":[{\"path\":\"/dev/nvidia0\",\"major\":195,\"minor\":0}]},\n",
+            "\"ctr-a\":{\"kind\":\"oci\",\"domain\":\"ctr-a\",\"uuid\":\"ctr-a\",\"gpus\":[\"0000:1a:00.0/gi10/ci0\",\"0000:1a:00.0/gi2/ci1\"],\"phase\":\"prepared\",\"request\":\"2 MIG instances\",\"created\":\"2026-12-01T00:00:00Z\",\"updated\":\"2026-12-01T00:00:00Z\",\"prepared_by\":{\"pid\":77,\"start_time\":5}}\n",
+            "},\n\"draining\":{",
+            "\"0000:1a:00.0/gi1/ci0\":{\"nodes\":[{\"path\":\"/dev/nvidia-caps/nvidia-cap11\",\"major\":236,\"minor\":11}],\"holders\":[{\"proc\":{\"pid\":42,\"start_time\":7},\"comm\":\"sleep\"}],\"after\":\"domain 'web2'\",\"since\":\"2026-12-01T00:00:00Z\"},",
+            "\"0000:1a:00.0/gi14/ci0\":{\"nodes\":[],\"holders\":[],\"unread\":[{\"proc\":{\"pid\":43,\"start_time\":8},\"comm\":\"x\"}],\"unread_total\":3,\"after\":\"container 'c'\",\"since\":\"2026-12-01T00:00:00Z\"},",
+            "\"0000:1a:00.0/gi3/ci0\":{\"nodes\":[],\"holders\":[],\"after\":\"domain 'web3'\",\"since\":\"2026-12-01T00:00:00Z\"},",
+            "\"0000:3c:00.0\":{\"nodes\":[{\"path\":\"/dev/nvidia1\",\"major\":195,\"minor\":1}],\"holders\":[],\"after\":\"domain 'web4'\",\"since\":\"2026-12-01T00:00:00Z\"}",
+            "}}\n"
+        );
+        let st = State::parse(old.as_bytes(), "x").unwrap();
+        assert_eq!(String::from_utf8(st.to_bytes()).unwrap(), old);
+        let web1 = &st.reservations[U1];
+        assert_eq!(web1.gpus, ["0000:07:00.0", "0000:3b:00.0"]);
+        assert!(web1.gpus.iter().all(|u| !u.is_mig()));
+        let ctr = &st.reservations["ctr-a"];
+        assert_eq!(
+            ctr.gpus,
+            [
+                Unit::Mig {
+                    pci: "0000:1a:00.0".parse().unwrap(),
+                    gi: 10,
+                    ci: 0
+                },
+                Unit::Mig {
+                    pci: "0000:1a:00.0".parse().unwrap(),
+                    gi: 2,
+                    ci: 1
+                }
+            ]
+        );
+        let draining: Vec<String> = st.draining.keys().map(Unit::to_string).collect();
+        assert_eq!(
+            draining,
+            [
+                "0000:1a:00.0/gi1/ci0",
+                "0000:1a:00.0/gi14/ci0",
+                "0000:1a:00.0/gi3/ci0",
+                "0000:3c:00.0"
+            ]
+        );
+        // Who holds what, as messages name them.
+        let held = st.held(None);
+        let names: Vec<(String, &str)> = held
+            .iter()
+            .map(|(u, w)| (u.to_string(), w.as_str()))
+            .collect();
+        assert_eq!(names[0], ("0000:07:00.0".into(), "domain 'web1'"));
+        assert_eq!(
+            names[2],
+            ("0000:1a:00.0/gi10/ci0".into(), "container 'ctr-a'")
+        );
+        assert_eq!(
+            st.holder_of(&"0000:1a:00.0/gi2/ci1".parse().unwrap())
+                .map(|r| r.domain.as_str()),
+            Some("ctr-a")
+        );
+        // A unit of any other shape is a corrupt file, as a wrong type is.
+        for bad in [
+            "0000:07:00.0/gi1",
+            "x/gi1/ci0",
+            "0000:07:00.0/gi01/ci0",
+            "GPU0",
+        ] {
+            let text = old.replace("0000:3b:00.0", bad);
+            let e = State::parse(text.as_bytes(), "x").unwrap_err().to_string();
+            assert!(e.contains("is corrupt") && e.contains(bad), "{e}");
+        }
     }
 
     #[test]

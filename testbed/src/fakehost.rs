@@ -806,7 +806,9 @@ pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
                         kind: Default::default(),
                         domain: format!("bulk{i}"),
                         uuid,
-                        gpus: vec![format!("0001:{:02x}:{:02x}.0", i / 32, i % 32)],
+                        gpus: vec![format!("0001:{:02x}:{:02x}.0", i / 32, i % 32)
+                            .parse()
+                            .expect("a PCI address (n < 8192)")],
                         phase: Phase::Running,
                         request: "1 GPU".into(),
                         created: now_rfc3339(),

@@ -2,12 +2,13 @@
 
 use super::load;
 use crate::host::inventory::{Gpu, Inventory};
+use crate::ids::Unit;
 use crate::reserve::error::Error;
 use crate::reserve::state::State;
 use serde_json::json;
 
 fn holder_json(st: &State, g: &Gpu) -> serde_json::Value {
-    match st.holder_of(&g.pci) {
+    match st.holder_of(&Unit::Gpu(g.pci)) {
         Some(r) => json!({"kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase}),
         None => serde_json::Value::Null,
     }
@@ -37,7 +38,7 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                 "problem": g.problem,
                 "driver": g.driver,
                 "migs": g.migs.iter().map(|m| {
-                    let id = m.id(&g.pci);
+                    let id = m.id(g.pci);
                     json!({
                         "gi": m.gi, "ci": m.ci, "id": id,
                         "nodes": [&m.gi_cap.node, &m.ci_cap.node],
@@ -47,8 +48,8 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                         "draining": crate::reserve::drain::unit_pids(st, &id),
                     })
                 }).collect::<Vec<_>>(),
-                "quarantine": st.quarantine.get(&g.pci),
-                "draining": crate::reserve::drain::pids_of(st, &g.pci),
+                "quarantine": st.quarantine.get(g.pci.as_str()),
+                "draining": crate::reserve::drain::pids_of(st, g.pci),
                 "link": g.link.as_ref().map(|l| json!({
                     "speed": l.speed, "max_speed": l.max_speed,
                     "width": l.width, "max_width": l.max_width,
@@ -86,7 +87,8 @@ pub(super) fn list(as_json: bool) -> Result<i32, Error> {
         .gpus
         .iter()
         .map(|g| {
-            let holder = match (st.holder_of(&g.pci), st.draining.get(&g.pci)) {
+            let unit = Unit::Gpu(g.pci);
+            let holder = match (st.holder_of(&unit), st.draining.get(&unit)) {
                 (Some(r), _) => format!(
                     "{}{} ({})",
                     match r.kind {
@@ -115,7 +117,7 @@ pub(super) fn list(as_json: bool) -> Result<i32, Error> {
             };
             [
                 g.index.to_string(),
-                g.pci.clone(),
+                g.pci.to_string(),
                 g.vendor.to_string(),
                 g.model.clone(),
                 g.arch.clone().unwrap_or_else(|| "-".into()),
@@ -147,13 +149,14 @@ fn mig_cell(st: &State, g: &Gpu) -> String {
         .migs
         .iter()
         .filter_map(|m| {
-            let id = m.id(&g.pci);
+            let id = m.id(g.pci);
+            let name = id.instance()?;
             st.holder_of(&id)
-                .map(|r| format!("gi{}/ci{} {}", m.gi, m.ci, r.domain))
+                .map(|r| format!("{name} {}", r.domain))
                 .or_else(|| {
                     st.draining
                         .get(&id)
-                        .map(|d| format!("gi{}/ci{} draining: {}", m.gi, m.ci, d.who()))
+                        .map(|d| format!("{name} draining: {}", d.who()))
                 })
         })
         .collect();

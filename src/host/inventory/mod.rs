@@ -2,7 +2,7 @@
 //! the roots of the config (so a whole fake host can be described). Read at every hook run:
 //! no daemon, no cache that can go stale.
 
-use crate::ids::Vendor;
+use crate::ids::{Pci, Unit, Vendor};
 use crate::node::Node;
 use crate::request::Capabilities;
 use serde::Serialize;
@@ -51,7 +51,7 @@ pub enum Role {
 pub struct Gpu {
     /// Position in PCI address order among all GPUs found (excluded ones included).
     pub index: usize,
-    pub pci: String,
+    pub pci: Pci,
     pub vendor: Vendor,
     pub vendor_id: u16,
     pub device_id: u16,
@@ -88,16 +88,14 @@ pub struct Mig {
 }
 
 impl Mig {
-    /// The instance's name in reservations: `0000:3b:00.0/gi1/ci0`.
-    pub fn id(&self, pci: &str) -> String {
-        format!("{pci}/gi{}/ci{}", self.gi, self.ci)
+    /// The instance as a unit of GPU `pci` (named `0000:3b:00.0/gi1/ci0`).
+    pub fn id(&self, pci: Pci) -> Unit {
+        Unit::Mig {
+            pci,
+            gi: self.gi,
+            ci: self.ci,
+        }
     }
-}
-
-/// The PCI address of a reserved unit: a whole GPU (`0000:3b:00.0`) or a MIG instance of it
-/// (`0000:3b:00.0/gi1/ci0`).
-pub fn unit_pci(unit: &str) -> &str {
-    unit.split_once('/').map_or(unit, |(p, _)| p)
 }
 
 /// A PCIe link as sysfs shows it (`current_link_speed` `16.0 GT/s PCIe`, `…_width` `16`).
@@ -201,25 +199,36 @@ pub struct Inventory {
 }
 
 impl Inventory {
-    /// The GPU of a PCI address, or of a reserved unit (a MIG instance's is its GPU).
+    /// The GPU of a PCI address.
     pub fn by_pci(&self, pci: &str) -> Option<&Gpu> {
-        let pci = unit_pci(pci);
         self.gpus.iter().find(|g| g.pci == pci)
     }
 
-    /// The MIG instance a unit id names, with its GPU.
-    pub fn mig(&self, unit: &str) -> Option<(&Gpu, &Mig)> {
-        let g = self.by_pci(unit)?;
-        g.migs.iter().find(|m| m.id(&g.pci) == unit).map(|m| (g, m))
+    /// The GPU of a reserved unit (a MIG instance's is its GPU).
+    pub fn by_unit(&self, unit: &Unit) -> Option<&Gpu> {
+        let pci = unit.pci();
+        self.gpus.iter().find(|g| g.pci == pci)
     }
 
-    /// Every node a container holding `gpus` (PCI addresses) gets: the GPUs' own nodes, then
+    /// The MIG instance a unit names, with its GPU.
+    pub fn mig(&self, unit: &Unit) -> Option<(&Gpu, &Mig)> {
+        let Unit::Mig { pci, gi, ci } = *unit else {
+            return None;
+        };
+        let g = self.gpus.iter().find(|g| g.pci == pci)?;
+        g.migs
+            .iter()
+            .find(|m| m.gi == gi && m.ci == ci)
+            .map(|m| (g, m))
+    }
+
+    /// Every node a container holding `gpus` (its units) gets: the GPUs' own nodes, then
     /// the control nodes their vendors need for the capabilities, each once, in a stable order.
-    pub fn nodes_for(&self, gpus: &[String], caps: Capabilities) -> Vec<DevNode> {
-        let chosen: Vec<&Gpu> = gpus.iter().filter_map(|p| self.by_pci(p)).collect();
+    pub fn nodes_for(&self, gpus: &[Unit], caps: Capabilities) -> Vec<DevNode> {
+        let chosen: Vec<&Gpu> = gpus.iter().filter_map(|u| self.by_unit(u)).collect();
         let mut out: Vec<DevNode> = Vec::new();
         for u in gpus {
-            let Some(g) = self.by_pci(u) else { continue };
+            let Some(g) = self.by_unit(u) else { continue };
             // A MIG instance: its GPU's `/dev/nvidiaN` (none of the GPU's DRM nodes, which
             // every holder of an instance would share), then its two access capabilities.
             if let Some((_, m)) = self.mig(u) {

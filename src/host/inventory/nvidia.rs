@@ -49,7 +49,7 @@ pub(super) fn nvidia_details(
         gpu.problem = Some(p);
         return;
     }
-    let info_path = nv_gpus_path.join(&gpu.pci).join("information");
+    let info_path = nv_gpus_path.join(gpu.pci.as_str()).join("information");
     let Some(text) = nv_gpus.and_then(|fd| read_at(fd, &format!("{}/information", gpu.pci))) else {
         gpu.problem = Some(match gpu.driver.as_deref() {
             Some("nvidia") => format!(

@@ -6,10 +6,10 @@ use super::pci::{
     bus_devfn, config_space_problem, is_gpu, may_be_gpu, open_dir, pci_ids, proc_pci_devices,
     read_at, read_link, Listed, DISPLAY_CLASSES,
 };
-use super::{unit_pci, Control, DevNode, Gpu, Inventory, InventoryError, Role};
+use super::{Control, DevNode, Gpu, Inventory, InventoryError, Role};
 use crate::host::arch::{self, PciIds};
 use crate::host::config::Config;
-use crate::ids::{normalize_pci, Vendor};
+use crate::ids::{Pci, Unit, Vendor};
 use crate::node::Node;
 use crate::request::Capabilities;
 use nix::fcntl::{readlinkat, AtFlags, OFlag};
@@ -235,7 +235,7 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
 
 /// A PCI function that is a GPU, before its details are read.
 struct Found {
-    pci: String,
+    pci: Pci,
     name: String,
     vendor: u16,
     device: u16,
@@ -283,7 +283,7 @@ fn find_gpus(dirfd: BorrowedFd, names: Vec<(std::ffi::OsString, Option<Listed>)>
         let Some(name) = name.to_str().map(str::to_owned) else {
             continue;
         };
-        let Some(pci) = normalize_pci(&name) else {
+        let Some(pci) = Pci::normalize(&name) else {
             continue;
         };
         let (driver, ids) = match known {
@@ -307,7 +307,7 @@ fn find_gpus(dirfd: BorrowedFd, names: Vec<(std::ffi::OsString, Option<Listed>)>
             driver,
         });
     }
-    found.sort_by(|a, b| a.pci.cmp(&b.pci));
+    found.sort_by_key(|a| a.pci);
     found
 }
 
@@ -411,10 +411,10 @@ fn name_gpu(gpu: &mut Gpu, cfg: &Config, pci_ids_db: &mut PciIds, vendor: u16, d
 }
 
 impl Inventory {
-    /// Reads what a lazy scan left out for these GPUs (PCI addresses): after it, each of
-    /// them is either usable with its nodes, or has its problem.
-    pub fn settle(&mut self, cfg: &Config, pcis: &[String]) {
-        let wanted = |g: &Gpu| g.pending && pcis.iter().any(|p| unit_pci(p) == g.pci);
+    /// Reads what a lazy scan left out for the GPUs of these units (or PCI addresses): after
+    /// it, each of them is either usable with its nodes, or has its problem.
+    pub fn settle<U: Copy + Into<Unit>>(&mut self, cfg: &Config, units: &[U]) {
+        let wanted = |g: &Gpu| g.pending && units.iter().any(|u| (*u).into().pci() == g.pci);
         if !self.gpus.iter().any(wanted) {
             return;
         }

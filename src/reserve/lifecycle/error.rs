@@ -2,6 +2,7 @@
 //! id or the process, and the cause.
 
 use crate::cgroup::CgroupError;
+use crate::ids::Unit;
 use crate::reserve::error::Error;
 
 #[derive(Debug, thiserror::Error)]
@@ -11,24 +12,30 @@ pub enum LifecycleError {
     #[error("holds no GPU reservation made by this create (was it released or reclaimed?)")]
     NotThisCreate,
     #[error("reserved GPU {unit} is no longer on the host")]
-    UnitGone { unit: String },
+    UnitGone { unit: Unit },
     /// `why`: the inventory's problem with the GPU.
     #[error("reserved GPU {unit} cannot be used: {why}")]
-    UnitUnusable { unit: String, why: String },
+    UnitUnusable { unit: Unit, why: String },
     #[error("reserved GPU {unit} is now excluded by the host config")]
-    UnitExcluded { unit: String },
+    UnitExcluded { unit: Unit },
     #[error("reserved MIG instance {unit} no longer exists")]
-    MigGone { unit: String },
+    MigGone { unit: Unit },
     #[error("GPU {unit} has no device node: {}", why.as_deref().unwrap_or("unknown"))]
-    NoDeviceNode { unit: String, why: Option<String> },
+    NoDeviceNode { unit: Unit, why: Option<String> },
     #[error("cannot read this process's own start time")]
     OwnStartTime,
     #[error("its id {id} is already the key of {holder}'s reservation")]
     KeyOfAnother { id: String, holder: String },
-    #[error("a container with this ID already runs with GPUs {} (init {init})", gpus.join(","))]
-    AlreadyRuns { gpus: Vec<String>, init: i32 },
-    #[error("another create of this container ID holds GPUs {} (runtime pid {pid})", gpus.join(","))]
-    AnotherCreate { gpus: Vec<String>, pid: i32 },
+    #[error(
+        "a container with this ID already runs with GPUs {} (init {init})",
+        Unit::join(gpus, ",")
+    )]
+    AlreadyRuns { gpus: Vec<Unit>, init: i32 },
+    #[error(
+        "another create of this container ID holds GPUs {} (runtime pid {pid})",
+        Unit::join(gpus, ",")
+    )]
+    AnotherCreate { gpus: Vec<Unit>, pid: i32 },
     #[error("GPU reservation was released while the container started")]
     ReleasedWhileStarting,
     #[error("GPU reservation changed while the container started")]
@@ -44,17 +51,17 @@ pub enum LifecycleError {
         error: Box<Error>,
     },
     #[error("it uses GPU {unit}, which is reserved by {holder}")]
-    UsedByAnother { unit: String, holder: String },
+    UsedByAnother { unit: Unit, holder: String },
     #[error("it uses MIG instance {unit}, whose GPU instance gi {gi} is reserved by {holder} (through {through})")]
     GpuInstanceShared {
-        unit: String,
+        unit: Unit,
         gi: u32,
         holder: String,
         through: String,
     },
-    #[error("its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {source}", gpus.join(","))]
+    #[error("its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {source}", Unit::join(gpus, ","))]
     CannotDeny {
-        gpus: Vec<String>,
+        gpus: Vec<Unit>,
         #[source]
         source: CgroupError,
     },
@@ -75,21 +82,19 @@ mod tests {
     /// The words are the product's: as they were when each was built in place.
     #[test]
     fn messages_read_as_before() {
-        let gpus = vec![
-            "0000:3b:00.0".to_string(),
-            "0000:3c:00.0/gi1/ci0".to_string(),
-        ];
+        let unit = |s: &str| s.parse::<Unit>().expect("unit");
+        let gpus = vec![unit("0000:3b:00.0"), unit("0000:3c:00.0/gi1/ci0")];
         let cases: [(LifecycleError, &str); 7] = [
             (
                 LifecycleError::NoDeviceNode {
-                    unit: "0000:3b:00.0".into(),
+                    unit: unit("0000:3b:00.0"),
                     why: None,
                 },
                 "GPU 0000:3b:00.0 has no device node: unknown",
             ),
             (
                 LifecycleError::NoDeviceNode {
-                    unit: "0000:3b:00.0".into(),
+                    unit: unit("0000:3b:00.0"),
                     why: Some("unbound".into()),
                 },
                 "GPU 0000:3b:00.0 has no device node: unbound",

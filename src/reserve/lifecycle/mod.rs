@@ -9,6 +9,7 @@ use crate::enter::container;
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::{self, Proc, ProcRef};
+use crate::ids::Unit;
 use crate::log;
 use crate::node::NodeSpec;
 use crate::request::{Driver, IdMap, Request};
@@ -102,7 +103,7 @@ fn reclaim_stale(f: &Facts, st: &mut State) -> (Vec<String>, Vec<Reservation>) {
                 (
                     format!(
                         "reclaimed GPUs {} of {} ({u}): {why}",
-                        r.gpus.join(","),
+                        Unit::join(&r.gpus, ","),
                         r.who()
                     ),
                     r,
@@ -114,32 +115,36 @@ fn reclaim_stale(f: &Facts, st: &mut State) -> (Vec<String>, Vec<Reservation>) {
 
 /// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
 /// mode, or a MIG instance that exists on a usable GPU.
-fn unit_ok(inv: &Inventory, unit: &str) -> bool {
-    if unit.contains('/') {
+fn unit_ok(inv: &Inventory, unit: &Unit) -> bool {
+    if unit.is_mig() {
         inv.mig(unit).is_some_and(|(g, _)| g.usable())
     } else {
-        inv.by_pci(unit)
+        inv.by_unit(unit)
             .is_some_and(|g| g.usable() && g.migs.is_empty())
     }
 }
 
 /// Whether an existing reservation still fits the request on this inventory.
-fn satisfies(inv: &Inventory, gpus: &[String], req: &Request) -> bool {
+fn satisfies(inv: &Inventory, gpus: &[Unit], req: &Request) -> bool {
     gpus.len() == req.count as usize
         && gpus.iter().all(|p| {
-            p.contains('/') == req.mig
+            p.is_mig() == req.mig
                 && unit_ok(inv, p)
                 && inv
-                    .by_pci(p)
+                    .by_unit(p)
                     .is_some_and(|g| alloc::matches(g, &req.filters))
         })
-        && req
-            .devices
-            .iter()
-            .all(|sel| alloc::resolve(&inv.gpus, sel).is_some_and(|g| gpus.contains(&g.pci)))
+        && req.devices.iter().all(|sel| {
+            alloc::resolve(&inv.gpus, sel).is_some_and(|g| gpus.contains(&Unit::Gpu(g.pci)))
+        })
         && req.migs.iter().all(|sel| {
-            alloc::resolve(&inv.gpus, &sel.gpu)
-                .is_some_and(|g| gpus.contains(&format!("{}/gi{}/ci{}", g.pci, sel.gi, sel.ci)))
+            alloc::resolve(&inv.gpus, &sel.gpu).is_some_and(|g| {
+                gpus.contains(&Unit::Mig {
+                    pci: g.pci,
+                    gi: sel.gi,
+                    ci: sel.ci,
+                })
+            })
         })
 }
 
@@ -172,7 +177,7 @@ pub fn record_init_in(cfg: &Config, h: &Holder, by: ProcRef, init: ProcRef) -> R
         "{}: init {} runs with GPUs {}",
         h.who(),
         init.pid,
-        gpus.join(",")
+        Unit::join(&gpus, ",")
     ));
     Ok(())
 }
@@ -198,20 +203,20 @@ pub fn confirm_with(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
     inv.settle(f.cfg, &r.gpus);
     for p in &r.gpus {
         let g = inv
-            .by_pci(p)
-            .ok_or_else(|| LifecycleError::UnitGone { unit: p.clone() })?;
+            .by_unit(p)
+            .ok_or(LifecycleError::UnitGone { unit: *p })?;
         if let Some(why) = &g.problem {
             return Err(LifecycleError::UnitUnusable {
-                unit: p.clone(),
+                unit: *p,
                 why: why.clone(),
             }
             .into());
         }
         if g.excluded {
-            return Err(LifecycleError::UnitExcluded { unit: p.clone() }.into());
+            return Err(LifecycleError::UnitExcluded { unit: *p }.into());
         }
-        if p.contains('/') && inv.mig(p).is_none() {
-            return Err(LifecycleError::MigGone { unit: p.clone() }.into());
+        if p.is_mig() && inv.mig(p).is_none() {
+            return Err(LifecycleError::MigGone { unit: *p }.into());
         }
     }
     Ok(())
@@ -222,19 +227,19 @@ fn node_specs(
     h: &Holder,
     req: &Request,
     inv: &Inventory,
-    gpus: &[String],
+    gpus: &[Unit],
 ) -> Result<Vec<NodeSpec>, Error> {
     for p in gpus {
         let g = inv
-            .by_pci(p)
-            .ok_or_else(|| LifecycleError::UnitGone { unit: p.clone() })?;
+            .by_unit(p)
+            .ok_or(LifecycleError::UnitGone { unit: *p })?;
         // An instance deleted (or MIG mode left) since: its GPU's node alone would be more.
-        if p.contains('/') && inv.mig(p).is_none() {
-            return Err(LifecycleError::MigGone { unit: p.clone() }.into());
+        if p.is_mig() && inv.mig(p).is_none() {
+            return Err(LifecycleError::MigGone { unit: *p }.into());
         }
         if g.nodes.is_empty() {
             return Err(LifecycleError::NoDeviceNode {
-                unit: p.clone(),
+                unit: *p,
                 why: g.problem.clone(),
             }
             .into());
@@ -260,7 +265,7 @@ pub fn cdi_preview(
     h: &Holder,
     req: &Request,
     inv: &Inventory,
-    gpus: &[String],
+    gpus: &[Unit],
 ) -> Result<Option<cdi::Plan>, Error> {
     let specs = node_specs(h, req, inv, gpus)?;
     Ok(cdi_plan(&Facts::host(cfg), h, req, inv, gpus, &specs)?.map(|(p, _)| p))
@@ -286,7 +291,7 @@ fn cdi_plan(
     h: &Holder,
     req: &Request,
     inv: &Inventory,
-    gpus: &[String],
+    gpus: &[Unit],
     specs: &[NodeSpec],
 ) -> Result<Option<(cdi::Plan, Vec<NodeSpec>)>, Error> {
     let cfg = f.cfg;
@@ -299,24 +304,24 @@ fn cdi_plan(
         ..Default::default()
     };
     for u in gpus {
-        let Some(g) = inv.by_pci(u) else { continue };
+        let Some(g) = inv.by_unit(u) else { continue };
         units.vendors.push(g.vendor);
         let own = match inv.mig(u) {
             Some((_, m)) => vec![num(&m.gi_cap), num(&m.ci_cap)],
             None => g.nodes.iter().map(|(_, n)| num(n)).collect(),
         };
         units.own.push(cdi::Unit {
-            id: u.clone(),
+            id: u.to_string(),
             vendor: g.vendor,
             nodes: own,
         });
     }
     for g in &inv.gpus {
-        if !gpus.contains(&g.pci) {
+        if !gpus.contains(&Unit::Gpu(g.pci)) {
             units.foreign.extend(g.nodes.iter().map(|(_, n)| num(n)));
         }
         for m in &g.migs {
-            if !gpus.contains(&m.id(&g.pci)) {
+            if !gpus.contains(&m.id(g.pci)) {
                 units.foreign.extend([num(&m.gi_cap), num(&m.ci_cap)]);
             }
         }

@@ -7,7 +7,8 @@ use crate::cgroup::{CgroupError, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::rootfs::Mounted;
 use crate::host::config::Config;
-use crate::host::inventory::{self, Inventory, Scan};
+use crate::host::inventory::{Inventory, Scan};
+use crate::ids::{Pci, Unit};
 use crate::log;
 use crate::node::NodeSpec;
 use crate::request::{DeviceSel, Request};
@@ -67,7 +68,7 @@ pub fn readopt(
 type Cgroup = Option<Box<dyn DeviceCgroup>>;
 
 /// What the locked step decided: the GPUs, the nodes, the driver mounts recorded.
-type Decided = (Vec<String>, Vec<NodeSpec>, Vec<Mounted>);
+type Decided = (Vec<Unit>, Vec<NodeSpec>, Vec<Mounted>);
 
 /// [`readopt`] on these facts.
 pub fn readopt_with(
@@ -79,7 +80,7 @@ pub fn readopt_with(
     let mut inv = match (f.scan)(f.cfg, Scan::FULL) {
         Ok(mut i) => {
             // Reconnect is rare: settle every GPU (adoption looks at all of them).
-            let all: Vec<String> = i.gpus.iter().map(|g| g.pci.clone()).collect();
+            let all: Vec<Pci> = i.gpus.iter().map(|g| g.pci).collect();
             i.settle(f.cfg, &all);
             i
         }
@@ -155,7 +156,7 @@ pub fn readopt_with(
                 } else {
                     "kept"
                 },
-                gpus.join(","),
+                Unit::join(&gpus, ","),
                 a.granted.len(),
                 a.created.len()
             ));
@@ -175,11 +176,11 @@ fn decide(
     h: &Holder,
     req: &Request,
     inv: &Inventory,
-    granted: Result<Vec<String>, CgroupError>,
+    granted: Result<Vec<Unit>, CgroupError>,
     cg: &mut Cgroup,
     ct: &Container,
     now: &str,
-    adopted: &mut Option<Vec<String>>,
+    adopted: &mut Option<Vec<Unit>>,
 ) -> Result<Decided, Error> {
     let gpus = match st.reservations.get(h.id) {
         Some(r) => r.gpus.clone(),
@@ -238,7 +239,7 @@ fn decide(
 
 /// The cgroup granted GPUs beyond what the container holds: said, with what a wildcard rule
 /// still allows of them.
-fn warn_ignored(h: &Holder, req: &Request, inv: &Inventory, cg: &Cgroup, ignored: &[String]) {
+fn warn_ignored(h: &Holder, req: &Request, inv: &Inventory, cg: &Cgroup, ignored: &[Unit]) {
     let open = match cg {
         Some(c) => still_allowed(&**c, inv, ignored),
         None => Vec::new(),
@@ -246,7 +247,7 @@ fn warn_ignored(h: &Holder, req: &Request, inv: &Inventory, cg: &Cgroup, ignored
     log::warn(&format!(
         "{}: reconnect: its device cgroup also granted GPU(s) {} beyond what it holds for {req}; access taken away{}",
         h.who(),
-        ignored.join(","),
+        Unit::join(ignored, ","),
         if open.is_empty() {
             String::new()
         } else {
@@ -262,7 +263,7 @@ fn warn_ignored(h: &Holder, req: &Request, inv: &Inventory, cg: &Cgroup, ignored
 /// exact rule (an AMD or Intel GPU's render node alone gives compute). The cgroup is kernel
 /// state the container cannot widen for itself; the nodes in its `/dev` are not evidence (it
 /// can make them), and a wildcard rule names no GPU.
-fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<String>, CgroupError> {
+fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<Unit>, CgroupError> {
     let mut out = Vec::new();
     for g in &inv.gpus {
         // A GPU in MIG mode: its instances, by their compute instance's capability (the
@@ -270,14 +271,14 @@ fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<String>, C
         if !g.migs.is_empty() {
             for m in &g.migs {
                 if cg.grants_exactly(&m.ci_cap.node)? {
-                    out.push(m.id(&g.pci));
+                    out.push(m.id(g.pci));
                 }
             }
             continue;
         }
         for (_, n) in &g.nodes {
             if cg.grants_exactly(&n.node)? {
-                out.push(g.pci.clone());
+                out.push(Unit::Gpu(g.pci));
                 break;
             }
         }
@@ -295,20 +296,20 @@ fn adopt(
     req: &Request,
     inv: &Inventory,
     held: &alloc::Held,
-    granted: &[String],
-) -> Result<(Vec<String>, Vec<String>), Error> {
+    granted: &[Unit],
+) -> Result<(Vec<Unit>, Vec<Unit>), Error> {
     for p in granted {
         // An instance held, or its GPU held whole; a GPU held whole or by an instance.
-        let h = if p.contains('/') {
+        let h = if p.is_mig() {
             held.get(p)
-                .or_else(|| held.get(inventory::unit_pci(p)))
+                .or_else(|| held.get(&Unit::Gpu(p.pci())))
                 .map(String::as_str)
         } else {
-            alloc::busy(held, p)
+            alloc::busy(held, p.pci())
         };
         if let Some(h) = h {
             return Err(LifecycleError::UsedByAnother {
-                unit: p.clone(),
+                unit: *p,
                 holder: h.to_string(),
             }
             .into());
@@ -316,10 +317,10 @@ fn adopt(
         // Another holder's compute instance of the same GPU instance: they would share it.
         if let Some(((other, h), gi)) = inv
             .mig(p)
-            .and_then(|(g, m)| alloc::gi_holder(held, &g.pci, m.gi).map(|x| (x, m.gi)))
+            .and_then(|(g, m)| alloc::gi_holder(held, g.pci, m.gi).map(|x| (x, m.gi)))
         {
             return Err(LifecycleError::GpuInstanceShared {
-                unit: p.clone(),
+                unit: *p,
                 gi,
                 holder: h.to_string(),
                 through: other.to_string(),
@@ -328,12 +329,15 @@ fn adopt(
         }
     }
     if req.mig {
-        let named: Vec<String> = req
+        let named: Vec<Unit> = req
             .migs
             .iter()
             .filter_map(|s| {
-                alloc::resolve(&inv.gpus, &s.gpu)
-                    .map(|g| format!("{}/gi{}/ci{}", g.pci, s.gi, s.ci))
+                alloc::resolve(&inv.gpus, &s.gpu).map(|g| Unit::Mig {
+                    pci: g.pci,
+                    gi: s.gi,
+                    ci: s.ci,
+                })
             })
             .collect();
         let room = (req.count as usize).saturating_sub(req.migs.len());
@@ -346,7 +350,7 @@ fn adopt(
                 .filter(|(g, _)| g.usable() && alloc::matches(g, &req.filters))
                 .take(room)
                 .map(|(g, m)| crate::request::MigSel {
-                    gpu: DeviceSel::Pci(g.pci.clone()),
+                    gpu: DeviceSel::Pci(g.pci.to_string()),
                     gi: m.gi,
                     ci: m.ci,
                 }),
@@ -355,21 +359,21 @@ fn adopt(
         let left_out = granted
             .iter()
             .filter(|p| !units.contains(p))
-            .cloned()
+            .copied()
             .collect();
         return Ok((units, left_out));
     }
-    let named: Vec<&str> = req
+    let named: Vec<Pci> = req
         .devices
         .iter()
-        .filter_map(|s| alloc::resolve(&inv.gpus, s).map(|g| g.pci.as_str()))
+        .filter_map(|s| alloc::resolve(&inv.gpus, s).map(|g| g.pci))
         .collect();
     let room = (req.count as usize).saturating_sub(req.devices.len());
-    let fill: Vec<&String> = granted
+    let fill: Vec<&Unit> = granted
         .iter()
-        .filter(|p| !p.contains('/') && !named.contains(&p.as_str()))
+        .filter(|p| !p.is_mig() && !named.contains(&p.pci()))
         .filter(|p| {
-            inv.by_pci(p)
+            inv.by_unit(p)
                 .is_some_and(|g| g.usable() && alloc::matches(g, &req.filters))
         })
         .take(room)
@@ -381,20 +385,20 @@ fn adopt(
     let left_out = granted
         .iter()
         .filter(|p| !gpus.contains(p))
-        .cloned()
+        .copied()
         .collect();
     Ok((gpus, left_out))
 }
 
 /// The own nodes of these units: a whole GPU's nodes; a MIG instance's two capabilities
 /// (its GPU's node serves every instance of it).
-fn own_nodes<'a>(inv: &'a Inventory, gpus: &'a [String]) -> impl Iterator<Item = Node> + 'a {
+fn own_nodes<'a>(inv: &'a Inventory, gpus: &'a [Unit]) -> impl Iterator<Item = Node> + 'a {
     gpus.iter().flat_map(move |p| -> Vec<Node> {
         match inv.mig(p) {
             Some((_, m)) => vec![m.gi_cap.node.clone(), m.ci_cap.node.clone()],
-            None if p.contains('/') => vec![],
+            None if p.is_mig() => vec![],
             None => inv
-                .by_pci(p)
+                .by_unit(p)
                 .map(|g| g.nodes.iter().map(|(_, n)| n.node.clone()).collect())
                 .unwrap_or_default(),
         }
@@ -408,8 +412,8 @@ fn own_nodes<'a>(inv: &'a Inventory, gpus: &'a [String]) -> impl Iterator<Item =
 fn deny_left_out(
     cg: &mut dyn DeviceCgroup,
     inv: &Inventory,
-    gpus: &[String],
-    kept: &[String],
+    gpus: &[Unit],
+    kept: &[Unit],
 ) -> Result<(), Error> {
     if gpus.is_empty() {
         return Ok(());
@@ -428,7 +432,7 @@ fn deny_left_out(
 
 /// Which of those GPUs' nodes a rule of the container's cgroup still allows after the deny
 /// (a wildcard, `c 226:* rwm`, which an exact deny cannot take back): for the log.
-fn still_allowed(cg: &dyn DeviceCgroup, inv: &Inventory, gpus: &[String]) -> Vec<String> {
+fn still_allowed(cg: &dyn DeviceCgroup, inv: &Inventory, gpus: &[Unit]) -> Vec<String> {
     own_nodes(inv, gpus)
         .filter(|n| cg.is_allowed(n).unwrap_or(false))
         .map(|n| n.path)
@@ -440,11 +444,12 @@ mod tests {
     use super::*;
     use crate::reserve::alloc::tests::{cap_node, dgx, req, with_migs};
 
-    fn pci(i: usize) -> String {
-        format!("0000:{:02x}:00.0", 0x10 + i)
+    /// The whole GPU of index `i` in [`dgx`].
+    fn pci(i: usize) -> Unit {
+        format!("0000:{:02x}:00.0", 0x10 + i).parse().unwrap()
     }
 
-    fn pcis(ix: &[usize]) -> Vec<String> {
+    fn pcis(ix: &[usize]) -> Vec<Unit> {
         ix.iter().map(|i| pci(*i)).collect()
     }
 
@@ -489,7 +494,11 @@ mod tests {
             controls: vec![],
             deferred: 0,
         };
-        let unit = |gi: u32| format!("{}/gi{gi}/ci0", pci(0));
+        let unit = |gi: u32| Unit::Mig {
+            pci: pci(0).pci(),
+            gi,
+            ci: 0,
+        };
         let mut r = req(1);
         r.mig = true;
         let mut held = alloc::Held::new();
@@ -527,7 +536,11 @@ mod tests {
             controls: vec![],
             deferred: 0,
         };
-        let unit = |gi: u32, ci: u32| format!("{}/gi{gi}/ci{ci}", pci(0));
+        let unit = |gi: u32, ci: u32| Unit::Mig {
+            pci: pci(0).pci(),
+            gi,
+            ci,
+        };
         let mut r = req(1);
         r.mig = true;
         let mut held = alloc::Held::new();

@@ -7,6 +7,7 @@ use super::{
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::ProcRef;
+use crate::ids::{Pci, Unit};
 use crate::log;
 use crate::request::{Driver, Request};
 use crate::reserve::alloc;
@@ -21,7 +22,7 @@ use crate::reserve::state::{now_rfc3339, Phase, Reservation, State};
 /// then made again, and a refusal says what holds the GPUs now).
 fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
     let (mut notes, freed) = reclaim_stale(f, st);
-    let units: Vec<String> = freed.iter().flat_map(|r| r.gpus.clone()).collect();
+    let units: Vec<Unit> = freed.iter().flat_map(|r| r.gpus.iter().copied()).collect();
     inv.settle(f.cfg, &units);
     let fresh = drain::freed_units(inv, st, &freed);
     let recheck = !st.draining.is_empty();
@@ -36,39 +37,39 @@ fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, 
 /// A MIG request looks at GPUs' instances (the driver's details) one GPU at a time, the
 /// GPUs it names first, until it knows enough free instances: not at every GPU's.
 fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &Request) {
-    let named: Vec<String> = req
+    let named: Vec<Pci> = req
         .migs
         .iter()
-        .filter_map(|m| alloc::resolve(&inv.gpus, &m.gpu).map(|g| g.pci.clone()))
+        .filter_map(|m| alloc::resolve(&inv.gpus, &m.gpu).map(|g| g.pci))
         .collect();
     inv.settle(cfg, &named);
-    let free_on = |inv: &Inventory, p: &str| {
-        inv.by_pci(p).map_or(0, |g| {
+    let free_on = |inv: &Inventory, p: Pci| {
+        inv.by_pci(&p).map_or(0, |g| {
             g.migs
                 .iter()
-                .filter(|m| alloc::gi_holder(held, &g.pci, m.gi).is_none())
+                .filter(|m| alloc::gi_holder(held, g.pci, m.gi).is_none())
                 .count()
         })
     };
-    let mut free: usize = named.iter().map(|p| free_on(inv, p)).sum();
-    let order: Vec<String> = inv
+    let mut free: usize = named.iter().map(|p| free_on(inv, *p)).sum();
+    let order: Vec<Pci> = inv
         .gpus
         .iter()
         .filter(|g| {
             g.vendor == crate::ids::Vendor::Nvidia
                 && g.usable()
-                && !held.contains_key(&g.pci)
+                && !held.contains_key(&Unit::Gpu(g.pci))
                 && !named.contains(&g.pci)
                 && alloc::matches(g, &req.filters)
         })
-        .map(|g| g.pci.clone())
+        .map(|g| g.pci)
         .collect();
     for p in order {
         if free >= req.count as usize {
             break;
         }
-        inv.settle(cfg, std::slice::from_ref(&p));
-        free += free_on(inv, &p);
+        inv.settle(cfg, &[p]);
+        free += free_on(inv, p);
     }
 }
 
@@ -156,7 +157,7 @@ fn reserve_by(
         "{} ({}): reserved {} for {req}",
         h.who(),
         h.id,
-        gpus.join(",")
+        Unit::join(&gpus, ",")
     ));
     Ok(specs)
 }
@@ -200,7 +201,7 @@ fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Re
     Ok(())
 }
 
-type Reserved = (Vec<String>, Vec<String>, Prepared);
+type Reserved = (Vec<Unit>, Vec<String>, Prepared);
 
 /// The holder's reservation, kept (prepared again) when it still fits the request; else
 /// removed, its GPUs freed for the new choice (one a process still has open drains).
@@ -246,7 +247,7 @@ fn choose(
     st: &mut State,
     inv: &mut Inventory,
     req: &Request,
-) -> Result<(Vec<String>, Vec<String>), Error> {
+) -> Result<(Vec<Unit>, Vec<String>), Error> {
     let mut notes = Vec::new();
     // Stale reservations (holder gone) are reclaimed only when the request does not fit
     // otherwise: the common path reads no /proc file per reservation.
@@ -292,7 +293,7 @@ fn prepared_edits(
     h: &Holder,
     req: &Request,
     inv: &Inventory,
-    gpus: &[String],
+    gpus: &[Unit],
 ) -> Result<Prepared, Error> {
     let cdi = req.driver.unwrap_or(f.cfg.driver) == Driver::Cdi;
     if h.kind == HolderKind::Libvirt && !cdi {

@@ -271,7 +271,7 @@ impl Host {
     }
 
     /// Puts a reservation of these GPUs in the state, for `holder`.
-    fn seed(&self, id: &str, name: &str, gpus: &[String], phase: Phase, init: Option<ProcRef>) {
+    fn seed(&self, id: &str, name: &str, gpus: &[Unit], phase: Phase, init: Option<ProcRef>) {
         store(&self.cfg)
             .update(|st| {
                 st.reservations.insert(
@@ -321,8 +321,9 @@ containerEdits:
           options: [ro, nosuid, nodev, rbind, rprivate]
 "#;
 
-fn pci(i: usize) -> String {
-    format!("0000:{:02x}:00.0", 0x10 + i)
+/// The whole GPU of index `i` of the test host.
+fn pci(i: usize) -> Unit {
+    format!("0000:{:02x}:00.0", 0x10 + i).parse().unwrap()
 }
 
 fn holder(idmap: &IdMap) -> Holder<'_> {
@@ -820,7 +821,7 @@ fn reserve_reclaims_a_stale_reservation_only_when_needed() {
         pid: 6161,
         start_time: 1,
     };
-    let all: Vec<String> = (0..8).map(pci).collect();
+    let all: Vec<Unit> = (0..8).map(pci).collect();
     h.seed("other-uuid", "web2", &all, Phase::Running, Some(gone));
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
