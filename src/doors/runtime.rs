@@ -250,15 +250,17 @@ fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, String> {
     let ld = if plan.ld_folders.is_empty() {
         None
     } else {
-        Some(crate::enter::rootfs::host_ldconfig()?)
+        Some(crate::enter::rootfs::host_ldconfig().map_err(|e| e.to_string())?)
     };
     // The runtime runs this hook in the container's namespaces, user namespace included:
     // uid 0 here is the container's root, whether or not it is host root. (It runs from the
     // container's init, in its cgroups: ldconfig is there already. CAP_SYS_ADMIN of the
     // container's user namespace stays for ldconfig's own namespaces and nodev view.)
     let owner = crate::enter::rootfs::Owner { uid: 0, gid: 0 };
-    crate::enter::rootfs::act_as(owner, ld.is_some())?;
-    crate::enter::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[]).map(|d| d.notes)
+    crate::enter::rootfs::act_as(owner, ld.is_some()).map_err(|e| e.to_string())?;
+    crate::enter::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[])
+        .map(|d| d.notes)
+        .map_err(|e| e.to_string())
 }
 
 /// The container's root filesystem as the runtime will mount it (`root.path`, relative to the
@@ -289,13 +291,13 @@ fn container_root(
     use crate::enter::rootfs::{check_path, split};
     for m in &plan.mounts {
         let (dir, leaf) = split(&m.target);
-        check_path(&fd, dir, Some(leaf)).map_err(Error::Other)?;
+        check_path(&fd, dir, Some(leaf))?;
     }
     for l in &plan.links {
-        check_path(&fd, split(&l.link).0, None).map_err(Error::Other)?;
+        check_path(&fd, split(&l.link).0, None)?;
     }
     for f in &plan.ld_folders {
-        check_path(&fd, f, None).map_err(Error::Other)?;
+        check_path(&fd, f, None)?;
     }
     Ok(root.to_string_lossy().into_owned())
 }
