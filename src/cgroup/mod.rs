@@ -9,31 +9,17 @@
 //! Least privilege: exact device numbers, `rw` only (no `m`, no wildcards).
 
 pub mod bpf;
+mod error;
 mod v1;
 mod v2;
 
+pub use error::{CgroupError, Fault, MapOp, OutsideDomain};
 pub use v1::V1;
 pub use v2::V2;
 
 use crate::host::procfs;
 use crate::node::Node;
 use std::path::{Path, PathBuf};
-
-#[derive(Debug, thiserror::Error)]
-#[error("cgroup {path}: {msg}")]
-pub struct CgroupError {
-    pub path: String,
-    pub msg: String,
-}
-
-impl CgroupError {
-    pub fn new(path: &Path, msg: impl Into<String>) -> Self {
-        CgroupError {
-            path: path.display().to_string(),
-            msg: msg.into(),
-        }
-    }
-}
 
 /// A cgroup whose device access gpuhook can widen by exact character devices.
 pub trait DeviceCgroup {
@@ -85,17 +71,11 @@ fn grant_each<C: DeviceCgroup + ?Sized>(
             Ok(false) => {}
             Err(e) => {
                 let left = revoke_all(cg, &added);
-                return Err(CgroupError {
-                    path: e.path,
-                    msg: format!(
-                        "granting {} ({}:{}): {}{}",
-                        n.path,
-                        n.major,
-                        n.minor,
-                        e.msg,
-                        rollback_note(&left)
-                    ),
-                });
+                let fault = Fault::Granting {
+                    node: n.clone(),
+                    fault: Box::new(e.fault),
+                };
+                return Err(CgroupError::new(&e.path, fault).with_left(left));
             }
         }
     }
@@ -144,7 +124,7 @@ fn under(mount: &Path, root: &str, cg: &str) -> Option<PathBuf> {
 pub fn procs_files(pid: i32) -> Result<Vec<PathBuf>, CgroupError> {
     let proc_path = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let text = std::fs::read_to_string(&proc_path)
-        .map_err(|e| CgroupError::new(&proc_path, format!("cannot read: {e}")))?;
+        .map_err(|e| CgroupError::new(&proc_path, Fault::Read(e.into())))?;
     let ms = procfs::mounts(None).unwrap_or_default();
     let mut out = Vec::new();
     for line in text.lines() {
@@ -166,10 +146,8 @@ pub fn procs_files(pid: i32) -> Result<Vec<PathBuf>, CgroupError> {
         // A hierarchy not mounted here has no file to write.
         let Some(m) = m else { continue };
         let dir = under(Path::new(&m.mount_point), &m.root, path).ok_or_else(|| {
-            CgroupError::new(
-                &proc_path,
-                format!("cgroup path {path} is outside the mount"),
-            )
+            let cgroup = path.to_owned();
+            CgroupError::new(&proc_path, Fault::OutsideMount { cgroup })
         })?;
         out.push(dir.join("cgroup.procs"));
     }
@@ -180,7 +158,7 @@ pub fn procs_files(pid: i32) -> Result<Vec<PathBuf>, CgroupError> {
 fn cgroup_paths(pid: i32) -> Result<(Option<String>, Option<String>), CgroupError> {
     let proc_path = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let text = std::fs::read_to_string(&proc_path)
-        .map_err(|e| CgroupError::new(&proc_path, format!("cannot read: {e}")))?;
+        .map_err(|e| CgroupError::new(&proc_path, Fault::Read(e.into())))?;
     let mut v1_path = None;
     let mut v2_path = None;
     for line in text.lines() {
@@ -195,10 +173,7 @@ fn cgroup_paths(pid: i32) -> Result<(Option<String>, Option<String>), CgroupErro
         }
     }
     if v1_path.is_none() && v2_path.is_none() {
-        return Err(CgroupError::new(
-            &proc_path,
-            "process has no devices cgroup (v1) nor a unified cgroup (v2)",
-        ));
+        return Err(CgroupError::new(&proc_path, Fault::NoDeviceCgroup));
     }
     Ok((v1_path, v2_path))
 }
@@ -213,21 +188,23 @@ fn open(
     let ms = procfs::mounts(None).unwrap_or_default();
     let dir_of = |m: &procfs::Mount, p: &str| {
         let mp = Path::new(&m.mount_point);
-        under(mp, &m.root, p)
-            .ok_or_else(|| CgroupError::new(mp, format!("cgroup path {p} is outside the mount")))
+        under(mp, &m.root, p).ok_or_else(|| {
+            let cgroup = p.to_owned();
+            CgroupError::new(mp, Fault::OutsideMount { cgroup })
+        })
     };
     if let Some(p) = v1 {
         let m = ms
             .iter()
             .find(|m| m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == "devices"))
-            .ok_or_else(|| CgroupError::new(what, "devices controller is not mounted"))?;
+            .ok_or_else(|| CgroupError::new(what, Fault::DevicesNotMounted))?;
         return Ok(Box::new(V1::new(dir_of(m, &p)?)));
     }
     let p = v2.unwrap_or_default();
     let m = ms
         .iter()
         .find(|m| m.fs_type == "cgroup2")
-        .ok_or_else(|| CgroupError::new(what, "no cgroup2 mount"))?;
+        .ok_or_else(|| CgroupError::new(what, Fault::NoCgroup2))?;
     Ok(Box::new(V2::open(&dir_of(m, &p)?)?))
 }
 
@@ -245,16 +222,17 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
 /// container with a writable hierarchy can move its init anywhere below, and make cgroups
 /// there with any name. So: the controller's cgroup, never one below it; the init must be in
 /// it or below. A controller in the root cgroup anchors nothing: then the init's own.
-pub fn domain_path(ctrl: &str, init: &str) -> Result<String, String> {
+pub fn domain_path(ctrl: &str, init: &str) -> Result<String, OutsideDomain> {
     if ctrl == "/" {
         return Ok(init.to_owned());
     }
     if init == ctrl || init.starts_with(&format!("{ctrl}/")) {
         Ok(ctrl.to_owned())
     } else {
-        Err(format!(
-            "container init's cgroup {init} is outside the cgroup libvirt made for it ({ctrl})"
-        ))
+        Err(OutsideDomain {
+            init: init.to_owned(),
+            domain: ctrl.to_owned(),
+        })
     }
 }
 
@@ -271,10 +249,7 @@ pub fn for_container(controller: i32, init: i32) -> Result<Box<dyn DeviceCgroup>
     if (i1.as_deref() == Some("/") && c1.as_deref().is_some_and(|c| c != "/"))
         || (i1.is_none() && i2.as_deref() == Some("/") && c2.as_deref().is_some_and(|c| c != "/"))
     {
-        return Err(CgroupError::new(
-            &what,
-            format!("container init {init} has left its cgroup: it is exiting, or its main thread exited"),
-        ));
+        return Err(CgroupError::new(&what, Fault::InitLeft { pid: init }));
     }
     let pick = |c: Option<String>, i: Option<String>| match (c, i) {
         (Some(c), Some(i)) => domain_path(&c, &i)
@@ -409,6 +384,7 @@ mod tests {
         assert!(domain_path(c, "/machine/lxc-7-t1.libvirt-lxc2").is_err());
         assert!(domain_path(c, "/")
             .unwrap_err()
+            .to_string()
             .contains("outside the cgroup libvirt made"));
         // A controller in the root cgroup anchors nothing.
         assert_eq!(domain_path("/", "/x").unwrap(), "/x");

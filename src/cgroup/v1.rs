@@ -11,7 +11,7 @@
 //! the container took away. A revoke takes the rule back from exactly the cgroups the grant
 //! wrote to.
 
-use super::{CgroupError, DeviceCgroup};
+use super::{CgroupError, DeviceCgroup, Fault};
 use crate::node::Node;
 use std::collections::HashMap;
 use std::io::Write;
@@ -55,17 +55,22 @@ impl V1 {
             .write_all(line.as_bytes())
     }
 
-    fn write_err(dir: &Path, file: &str, line: &str, e: std::io::Error) -> CgroupError {
-        CgroupError::new(dir, format!("write '{line}' to {file}: {e}"))
+    fn write_fault(file: &str, line: &str, e: std::io::Error) -> Fault {
+        Fault::Write {
+            file: file.to_owned(),
+            line: line.to_owned(),
+            error: e.into(),
+        }
     }
 
     /// Denies the node in cgroup `d`; a sub-cgroup that cannot be reached (gone) is fine.
     fn deny_in(&self, d: &Path, n: &Node) -> Result<(), CgroupError> {
         let line = rule(n);
         match Self::write(d, "devices.deny", &line) {
-            Err(e) if !(d != self.dir && vanished(&e)) => {
-                Err(Self::write_err(d, "devices.deny", &line, e))
-            }
+            Err(e) if !(d != self.dir && vanished(&e)) => Err(CgroupError::new(
+                d,
+                Self::write_fault("devices.deny", &line, e),
+            )),
             _ => Ok(()),
         }
     }
@@ -95,7 +100,7 @@ impl V1 {
                 .any(|n| line_grants_exactly(rule, n.major, n.minor))
         };
         let top = Self::rules(&self.dir)
-            .map_err(|e| CgroupError::new(&self.dir, format!("read devices.list: {e}")))?;
+            .map_err(|e| CgroupError::new(&self.dir, Fault::ReadList(e.into())))?;
         let mut todo: Vec<(PathBuf, Vec<String>)> = Vec::new();
         let mut seen = 0usize;
         let mut capped = false;
@@ -107,7 +112,7 @@ impl V1 {
             let rd = match std::fs::read_dir(d) {
                 Ok(rd) => rd,
                 Err(e) if d != self.dir && vanished(&e) => return Ok(()),
-                Err(e) => return Err(CgroupError::new(d, format!("list sub-cgroups: {e}"))),
+                Err(e) => return Err(CgroupError::new(d, Fault::ListSubCgroups(e.into()))),
             };
             for e in rd.flatten() {
                 if !e.file_type().is_ok_and(|t| t.is_dir()) {
@@ -127,7 +132,7 @@ impl V1 {
             let rules = match Self::rules(&d) {
                 Ok(r) => r,
                 Err(e) if vanished(&e) => continue,
-                Err(e) => return Err(CgroupError::new(&d, format!("read devices.list: {e}"))),
+                Err(e) => return Err(CgroupError::new(&d, Fault::ReadList(e.into()))),
             };
             if parent.iter().all(|r| ours(r) || rules.contains(r)) {
                 visit(&d, rules, &mut todo)?;
@@ -195,7 +200,7 @@ impl DeviceCgroup for V1 {
 
     fn grants_exactly(&self, n: &Node) -> Result<bool, CgroupError> {
         Ok(Self::rules(&self.dir)
-            .map_err(|e| CgroupError::new(&self.dir, format!("read devices.list: {e}")))?
+            .map_err(|e| CgroupError::new(&self.dir, Fault::ReadList(e.into())))?
             .iter()
             .any(|l| line_grants_exactly(l, n.major, n.minor)))
     }
@@ -219,27 +224,24 @@ impl DeviceCgroup for V1 {
                     // A sub-cgroup removed meanwhile has no process left to grant to.
                     Err(e) if d != self.dir && vanished(&e) => {}
                     Err(e) => {
-                        return Err(CgroupError::new(
-                            d,
-                            format!(
-                                "granting {} ({}:{}): write '{line}' to devices.allow: {e}",
-                                n.path, n.major, n.minor
-                            ),
-                        ))
+                        let fault = Fault::Granting {
+                            node: (*n).clone(),
+                            fault: Box::new(Self::write_fault("devices.allow", &line, e)),
+                        };
+                        return Err(CgroupError::new(d, fault));
                     }
                 }
             }
             Ok(())
         });
-        if let Err(mut e) = r {
+        if let Err(e) = r {
             // Leave nothing of a half-done grant.
             let left: Vec<String> = wrote
                 .iter()
                 .rev()
                 .filter_map(|(d, n)| self.deny_in(d, n).err().map(|x| x.to_string()))
                 .collect();
-            e.msg.push_str(&super::rollback_note(&left));
-            return Err(e);
+            return Err(e.with_left(left));
         }
         let mut added: Vec<Node> = Vec::new();
         for (d, n) in wrote {

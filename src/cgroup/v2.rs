@@ -9,7 +9,7 @@
 //! of that map: found by `BPF_PROG_QUERY` on the cgroup, then the program's map ids.
 
 use super::bpf;
-use super::{CgroupError, DeviceCgroup};
+use super::{CgroupError, DeviceCgroup, Fault, MapOp};
 use crate::node::Node;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
@@ -40,51 +40,80 @@ pub struct V2 {
 impl V2 {
     /// Opens the device map of the program attached to cgroup `dir`.
     pub fn open(dir: &Path) -> Result<V2, CgroupError> {
-        let e = |m: String| CgroupError::new(dir, m);
+        let e = |f: Fault| CgroupError::new(dir, f);
         let cg = nix::fcntl::open(
             dir,
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|x| e(format!("open: {x}")))?;
+        .map_err(|x| e(Fault::Open(x.into())))?;
         let progs = bpf::prog_query(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
-            .map_err(|x| e(format!("BPF_PROG_QUERY: {x}")))?;
+            .map_err(|x| e(Fault::ProgQuery(x.into())))?;
         let mut found: Vec<(OwnedFd, u32)> = Vec::new();
-        for id in &progs {
-            let prog = bpf::prog_get_fd_by_id(*id)
-                .map_err(|x| e(format!("BPF_PROG_GET_FD_BY_ID {id}: {x}")))?;
-            for mid in
-                bpf::prog_map_ids(prog.as_fd()).map_err(|x| e(format!("program {id} info: {x}")))?
-            {
-                let map = bpf::map_get_fd_by_id(mid)
-                    .map_err(|x| e(format!("BPF_MAP_GET_FD_BY_ID {mid}: {x}")))?;
-                let (ty, ks, vs, max) =
-                    bpf::map_info(map.as_fd()).map_err(|x| e(format!("map {mid} info: {x}")))?;
+        for &id in &progs {
+            let prog = bpf::prog_get_fd_by_id(id).map_err(|x| {
+                let errno = x.into();
+                e(Fault::ProgFd { id, errno })
+            })?;
+            let mids = bpf::prog_map_ids(prog.as_fd()).map_err(|x| {
+                let errno = x.into();
+                e(Fault::ProgInfo { id, errno })
+            })?;
+            for id in mids {
+                let map = bpf::map_get_fd_by_id(id).map_err(|x| {
+                    let errno = x.into();
+                    e(Fault::MapFd { id, errno })
+                })?;
+                let (ty, ks, vs, max) = bpf::map_info(map.as_fd()).map_err(|x| {
+                    let errno = x.into();
+                    e(Fault::MapInfo { id, errno })
+                })?;
                 if ty == bpf::BPF_MAP_TYPE_HASH && ks == 8 && vs == 4 {
                     found.push((map, max));
                 }
             }
         }
         match found.len() {
-            1 => Ok(V2 { dir: dir.to_path_buf(), map: found.pop(), changed: HashMap::new() }),
+            1 => Ok(V2 {
+                dir: dir.to_path_buf(),
+                map: found.pop(),
+                changed: HashMap::new(),
+            }),
             0 if progs.is_empty() => {
-                let eff = bpf::prog_query(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, bpf::BPF_F_QUERY_EFFECTIVE)
-                    .map_err(|x| e(format!("BPF_PROG_QUERY (effective): {x}")))?;
+                let eff = bpf::prog_query(
+                    cg.as_fd(),
+                    bpf::BPF_CGROUP_DEVICE,
+                    bpf::BPF_F_QUERY_EFFECTIVE,
+                )
+                .map_err(|x| e(Fault::ProgQueryEffective(x.into())))?;
                 if eff.is_empty() {
-                    Ok(V2 { dir: dir.to_path_buf(), map: None, changed: HashMap::new() })
+                    Ok(V2 {
+                        dir: dir.to_path_buf(),
+                        map: None,
+                        changed: HashMap::new(),
+                    })
                 } else {
-                    Err(e(format!(
-                        "device access is restricted by {} program(s) of a parent cgroup and none here to update",
-                        eff.len()
-                    )))
+                    Err(e(Fault::ParentPrograms {
+                        programs: eff.len(),
+                    }))
                 }
             }
-            0 => Err(e(format!(
-                "{} device program(s) attached, none with libvirt's map layout (hash, u64 key, u32 value); refusing to guess",
-                progs.len()
-            ))),
-            n => Err(e(format!("{n} device maps of libvirt's layout attached; refusing to guess which one rules"))),
+            0 => Err(e(Fault::NoLibvirtMap {
+                programs: progs.len(),
+            })),
+            maps => Err(e(Fault::SeveralMaps { maps })),
         }
+    }
+
+    fn entry_error(&self, op: MapOp, n: &Node, x: nix::errno::Errno) -> CgroupError {
+        let (major, minor, errno) = (n.major, n.minor, x.into());
+        let fault = Fault::MapEntry {
+            op,
+            major,
+            minor,
+            errno,
+        };
+        CgroupError::new(&self.dir, fault)
     }
 
     fn lookup(&self, k: u64) -> Result<Option<u32>, CgroupError> {
@@ -92,7 +121,7 @@ impl V2 {
             return Ok(None);
         };
         bpf::map_lookup_u32(map.as_fd(), k)
-            .map_err(|x| CgroupError::new(&self.dir, format!("map lookup: {x}")))
+            .map_err(|x| CgroupError::new(&self.dir, Fault::MapLookup(x.into())))
     }
 }
 
@@ -133,22 +162,16 @@ impl DeviceCgroup for V2 {
         };
         if before.is_none() {
             let used = bpf::map_keys(map.as_fd())
-                .map_err(|x| CgroupError::new(&self.dir, format!("counting map entries: {x}")))?
+                .map_err(|x| CgroupError::new(&self.dir, Fault::MapCount(x.into())))?
                 .len();
             if used as u32 >= *max {
-                return Err(CgroupError::new(
-                    &self.dir,
-                    format!("libvirt's device map is full ({used} of {max} entries)"),
-                ));
+                let max = *max;
+                return Err(CgroupError::new(&self.dir, Fault::MapFull { used, max }));
             }
         }
         let value = before.unwrap_or(TYPE_CHAR) | RW_CHAR;
-        bpf::map_update_u32(map.as_fd(), k, value).map_err(|x| {
-            CgroupError::new(
-                &self.dir,
-                format!("map update {}:{}: {x}", n.major, n.minor),
-            )
-        })?;
+        bpf::map_update_u32(map.as_fd(), k, value)
+            .map_err(|x| self.entry_error(MapOp::Update, n, x))?;
         self.changed.entry(k).or_insert(before);
         Ok(())
     }
@@ -161,10 +184,7 @@ impl DeviceCgroup for V2 {
         self.changed.remove(&k);
         match bpf::map_delete(map.as_fd(), k) {
             Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
-            Err(x) => Err(CgroupError::new(
-                &self.dir,
-                format!("map delete {}:{}: {x}", n.major, n.minor),
-            )),
+            Err(x) => Err(self.entry_error(MapOp::Delete, n, x)),
         }
     }
 
@@ -182,11 +202,6 @@ impl DeviceCgroup for V2 {
             // Not added by this run: nothing of ours to take back.
             None => Ok(()),
         };
-        r.map_err(|x| {
-            CgroupError::new(
-                &self.dir,
-                format!("map revoke {}:{}: {x}", n.major, n.minor),
-            )
-        })
+        r.map_err(|x| self.entry_error(MapOp::Revoke, n, x))
     }
 }

@@ -72,8 +72,8 @@ pub enum RuntimeError {
     #[error("container root {root} is not absolute")]
     RootRelative { root: String },
     /// The container's root refuses a CDI edit ([`crate::enter::rootfs`]'s words).
-    #[error("{0}")]
-    Rootfs(String),
+    #[error(transparent)]
+    Rootfs(#[from] crate::enter::rootfs::RootfsError),
     /// A path of the hook's work is not a container path ([`crate::cdi::container_path`]'s words).
     #[error(transparent)]
     CdiPath(#[from] crate::cdi::PathError),

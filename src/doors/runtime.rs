@@ -291,13 +291,13 @@ fn container_root(
     use crate::enter::rootfs::{check_path, split};
     for m in &plan.mounts {
         let (dir, leaf) = split(&m.target);
-        check_path(&fd, dir, Some(leaf)).map_err(RuntimeError::Rootfs)?;
+        check_path(&fd, dir, Some(leaf))?;
     }
     for l in &plan.links {
-        check_path(&fd, split(&l.link).0, None).map_err(RuntimeError::Rootfs)?;
+        check_path(&fd, split(&l.link).0, None)?;
     }
     for f in &plan.ld_folders {
-        check_path(&fd, f, None).map_err(RuntimeError::Rootfs)?;
+        check_path(&fd, f, None)?;
     }
     Ok(root.to_string_lossy().into_owned())
 }

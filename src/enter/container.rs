@@ -11,7 +11,7 @@
 
 use crate::enter::devdir::{self, Sys};
 use crate::enter::rootfs;
-use crate::enter::sandbox::{self, ForkError};
+use crate::enter::sandbox::{self, ForkError, Waited};
 use crate::host::procfs::{self, Proc, ProcRef};
 use crate::node::{NodeSpec, Outcome};
 use nix::fcntl::OFlag;
@@ -21,29 +21,17 @@ use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
-/// Why work on a container failed, as a value the caller decides on (it crosses the fork
-/// from the helper as a serde value); still one line for the user.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-pub enum ContainerError {
-    /// The container's init is gone: its mount namespace, `/dev` and cgroup went with it, so
-    /// nothing of it is left to act on or undo; `cause`: what failed because of it.
-    #[error("container init {pid} exited{}", cause.as_ref().map(|c| format!(" ({c})")).unwrap_or_default())]
-    InitGone { pid: i32, cause: Option<String> },
-    /// The container's `/dev` refused gpuhook (something mounted over it, a symlink or a
-    /// foreign node in the way, no space): the container's doing, refused with rollback.
-    #[error("{0}")]
-    Refused(String),
-    /// Finding the container, or gpuhook's own helper machinery (fork, pipe, reply, time).
-    #[error("{0}")]
-    Other(String),
+mod error;
+pub use error::{CapsError, ContainerError, Failure, Refusal};
+
+fn gone(pid: i32, cause: Option<ContainerError>) -> ContainerError {
+    ContainerError::gone(pid, cause)
 }
 
-fn cerr<T>(m: impl Into<String>) -> Result<T, ContainerError> {
-    Err(ContainerError::Other(m.into()))
-}
-
-fn gone(pid: i32, cause: Option<String>) -> ContainerError {
-    ContainerError::InitGone { pid, cause }
+/// `path: errno`, of a file the helper machinery opens or stats.
+fn at(path: &str, e: nix::errno::Errno) -> Failure {
+    let (path, errno) = (path.to_owned(), e.into());
+    Failure::At { path, errno }
 }
 
 /// A running container: its libvirt_lxc controller, its init, and the identity of the
@@ -74,7 +62,7 @@ const LXC_STATE_DIRS: [&str; 2] = ["/run/libvirt/lxc", "/var/run/libvirt/lxc"];
 /// Finds the container's `/dev` tmpfs among the controller's mounts: the last (topmost)
 /// mount at `LXC_STATE_DIR/NAME.dev`, which must be a tmpfs mounted whole (root `/`).
 /// Returns its mount point and device.
-pub fn dev_mount(mounts: &[procfs::Mount], name: &str) -> Result<(String, u64), String> {
+pub fn dev_mount(mounts: &[procfs::Mount], name: &str) -> Result<(String, u64), Failure> {
     let wanted: Vec<String> = LXC_STATE_DIRS
         .iter()
         .map(|d| format!("{d}/{name}.dev"))
@@ -83,17 +71,15 @@ pub fn dev_mount(mounts: &[procfs::Mount], name: &str) -> Result<(String, u64), 
         .iter()
         .rev()
         .find(|m| wanted.contains(&m.mount_point))
-        .ok_or_else(|| {
-            format!(
-                "libvirt's controller has no /dev tmpfs mounted at {}",
-                wanted[0]
-            )
+        .ok_or_else(|| Failure::NoDevTmpfs {
+            at: wanted[0].clone(),
         })?;
     if m.fs_type != "tmpfs" || m.root != "/" {
-        return Err(format!(
-            "libvirt's controller has {} (root {}) at {}, not the tmpfs it makes for /dev",
-            m.fs_type, m.root, m.mount_point
-        ));
+        return Err(Failure::NotDevTmpfs {
+            fs_type: m.fs_type.clone(),
+            root: m.root.clone(),
+            at: m.mount_point.clone(),
+        });
     }
     Ok((m.mount_point.clone(), m.dev))
 }
@@ -103,19 +89,16 @@ pub fn dev_mount(mounts: &[procfs::Mount], name: &str) -> Result<(String, u64), 
 /// controller's view, which the container cannot change: its own mount namespace is a
 /// private copy).
 pub fn controller_dev(name: &str, controller: i32) -> Result<DevTmpfs, ContainerError> {
-    let mounts = procfs::mounts(Some(controller)).ok_or_else(|| {
-        ContainerError::Other(format!(
-            "controller {controller}: cannot read its mountinfo"
-        ))
-    })?;
-    let (at, dev) = dev_mount(&mounts, name).map_err(ContainerError::Other)?;
+    let mounts = procfs::mounts(Some(controller)).ok_or(Failure::NoMountinfo { controller })?;
+    let (at, dev) = dev_mount(&mounts, name)?;
     let p = format!("/proc/{controller}/root{at}");
-    let st = nix::sys::stat::lstat(p.as_str())
-        .map_err(|e| ContainerError::Other(format!("controller {controller}: {at}: {e}")))?;
+    let st = nix::sys::stat::lstat(p.as_str()).map_err(|e| Failure::DevStat {
+        controller,
+        at: at.clone(),
+        errno: e.into(),
+    })?;
     if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_dev != dev {
-        return cerr(format!(
-            "controller {controller}: {at} is not the tmpfs its mountinfo lists"
-        ));
+        return Err(Failure::DevMismatch { controller, at }.into());
     }
     Ok(DevTmpfs {
         dev,
@@ -131,15 +114,17 @@ fn safe_name(name: &str) -> bool {
 /// The libvirt_lxc controller's PID from `/run/libvirt/lxc/NAME.pid`.
 pub fn pidfile_controller(name: &str) -> Result<i32, ContainerError> {
     if !safe_name(name) {
-        return cerr(format!("unsafe domain name {name:?}"));
+        let name = name.to_owned();
+        return Err(Failure::UnsafeName { name }.into());
     }
     let p = format!("/run/libvirt/lxc/{name}.pid");
-    let s = std::fs::read_to_string(&p).map_err(|e| {
-        ContainerError::Other(format!("domain XML has no id and {p} cannot be read: {e}"))
+    let s = std::fs::read_to_string(&p).map_err(|e| Failure::Pidfile {
+        path: p.clone(),
+        error: e.into(),
     })?;
     s.trim()
         .parse::<i32>()
-        .map_err(|_| ContainerError::Other(format!("{p} holds no PID")))
+        .map_err(|_| Failure::NoPid { path: p }.into())
 }
 
 /// Finds the container of a running domain. `id` is `<domain id=…>` (the controller's
@@ -153,7 +138,7 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
     };
     let proc = &procfs::HOST;
     if proc.start_time(controller).is_none() {
-        return cerr(format!("controller process {controller} does not exist"));
+        return Err(Failure::NoController { controller }.into());
     }
     let inits: Vec<ProcRef> = proc
         .children(controller)
@@ -167,7 +152,7 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
                 if init.alive() {
                     e
                 } else {
-                    gone(init.pid, Some(e.to_string()))
+                    gone(init.pid, Some(e))
                 }
             })?;
             Ok(Container {
@@ -176,13 +161,11 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
                 dev,
             })
         }
-        [] => cerr(format!(
-            "controller {controller} has no child that is PID 1 of a PID namespace (container init not running)"
-        )),
-        many => cerr(format!(
-            "controller {controller} has several container inits {:?}",
-            many.iter().map(|p| p.pid).collect::<Vec<_>>()
-        )),
+        [] => Err(Failure::NoInit { controller }.into()),
+        many => {
+            let pids = many.iter().map(|p| p.pid).collect();
+            Err(Failure::SeveralInits { controller, pids }.into())
+        }
     }
 }
 
@@ -240,7 +223,7 @@ pub fn create_nodes(ct: &Container, nodes: &[NodeSpec]) -> Result<Made, Containe
     match run(ct, &Job::Create(nodes.to_vec()))? {
         Reply::Made(m) => Ok(m),
         Reply::Failed(e) => Err(e),
-        _ => cerr("unexpected reply from container helper"),
+        _ => Err(Failure::UnexpectedReply.into()),
     }
 }
 
@@ -260,15 +243,14 @@ pub fn remove_nodes(
     )? {
         Reply::Removed => Ok(()),
         Reply::Failed(e) => Err(e),
-        _ => cerr("unexpected reply from container helper"),
+        _ => Err(Failure::UnexpectedReply.into()),
     }
 }
 
 /// The `cgroup.procs` files of the init's cgroups, opened on the host for writing (the
 /// container's `ldconfig` joins them: [`rootfs::apply`]).
 fn container_cgroups(pid: i32) -> Result<Vec<OwnedFd>, ContainerError> {
-    let files =
-        crate::cgroup::procs_files(pid).map_err(|e| ContainerError::Other(e.to_string()))?;
+    let files = crate::cgroup::procs_files(pid).map_err(Failure::Cgroup)?;
     files
         .iter()
         .map(|p| {
@@ -277,7 +259,7 @@ fn container_cgroups(pid: i32) -> Result<Vec<OwnedFd>, ContainerError> {
                 OFlag::O_WRONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
                 Mode::empty(),
             )
-            .map_err(|e| ContainerError::Other(format!("{}: {e}", p.display())))
+            .map_err(|e| at(&p.display().to_string(), e).into())
         })
         .collect()
 }
@@ -292,7 +274,7 @@ pub fn inject(
     match run(ct, &Job::Inject(plan.clone(), owner))? {
         Reply::Injected(d) => Ok(d),
         Reply::Failed(e) => Err(e),
-        _ => cerr("unexpected reply from container helper"),
+        _ => Err(Failure::UnexpectedReply.into()),
     }
 }
 
@@ -305,7 +287,7 @@ pub fn uninject(
     match run(ct, &Job::Uninject(done.clone(), owner))? {
         Reply::Left(l) => Ok(l),
         Reply::Failed(e) => Err(e),
-        _ => cerr("unexpected reply from container helper"),
+        _ => Err(Failure::UnexpectedReply.into()),
     }
 }
 
@@ -317,7 +299,7 @@ pub fn check_mounts(
     match run(ct, &Job::Check(mounted.to_vec()))? {
         Reply::Left(l) => Ok(l),
         Reply::Failed(e) => Err(e),
-        _ => cerr("unexpected reply from container helper"),
+        _ => Err(Failure::UnexpectedReply.into()),
     }
 }
 
@@ -329,7 +311,7 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
         OFlag::O_RDONLY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| gone(init.pid, Some(format!("{ns_path}: {e}"))))?;
+    .map_err(|e| gone(init.pid, Some(at(&ns_path, e).into())))?;
     // The cgroups the container's ldconfig joins, opened with the mount namespace (before
     // the check below that they are the init's).
     let cgroups = match job {
@@ -340,17 +322,12 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
     if !init.alive() {
         return Err(gone(init.pid, None));
     }
-    let own = nix::sys::stat::stat("/proc/self/ns/mnt")
-        .map_err(|e| ContainerError::Other(format!("/proc/self/ns/mnt: {e}")))?;
-    let theirs = fstat(&ns).map_err(|e| ContainerError::Other(format!("{ns_path}: {e}")))?;
+    let own = nix::sys::stat::stat("/proc/self/ns/mnt").map_err(|e| at("/proc/self/ns/mnt", e))?;
+    let theirs = fstat(&ns).map_err(|e| at(&ns_path, e))?;
     if own.st_ino == theirs.st_ino && own.st_dev == theirs.st_dev {
-        return cerr(format!(
-            "container init {} shares the host's mount namespace; refusing",
-            init.pid
-        ));
+        return Err(Failure::SharedNamespace { pid: init.pid }.into());
     }
-    let host_dev =
-        nix::sys::stat::stat("/dev").map_err(|e| ContainerError::Other(format!("/dev: {e}")))?;
+    let host_dev = nix::sys::stat::stat("/dev").map_err(|e| at("/dev", e))?;
     let payload = serde_json::to_vec(job).expect("job serializes");
     let helper = move |wr: OwnedFd| {
         let reply = match child(
@@ -361,7 +338,7 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
             &payload,
         ) {
             Ok(r) => r,
-            Err(e) => Reply::Failed(ContainerError::Other(e)),
+            Err(e) => Reply::Failed(e),
         };
         let bytes = serde_json::to_vec(&reply).unwrap_or_default();
         let mut f = std::fs::File::from(wr);
@@ -374,27 +351,25 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
     // malloc's, which glibc makes fork-safe: it only makes syscalls, allocates, serializes
     // and leaves with _exit, never returning into the caller's code.
     let waited = unsafe { sandbox::fork_and_wait(CHILD_TIMEOUT, usize::MAX, helper) };
-    let (out, status) = waited.map_err(|e| {
-        ContainerError::Other(match e {
-            ForkError::Pipe(e) => format!("pipe: {e}"),
-            ForkError::Fork(e) => format!("fork: {e}"),
-            ForkError::TimedOut => format!(
-                "container helper did not finish within {}s; killed",
-                CHILD_TIMEOUT.as_secs()
-            ),
-            ForkError::Read(e) => format!("reading container helper: {e}"),
-        })
+    let (out, status) = waited.map_err(|e| match e {
+        ForkError::Pipe(e) => Failure::Pipe(e),
+        ForkError::Fork(e) => Failure::Fork(e),
+        ForkError::TimedOut => Failure::TimedOut {
+            secs: CHILD_TIMEOUT.as_secs(),
+        },
+        ForkError::Read(e) => Failure::Read(e),
     })?;
     match status {
         Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => {}
-        other => return cerr(format!("container helper failed: {other:?}")),
+        other => return Err(Failure::HelperFailed(Waited::from(other)).into()),
     }
-    let reply: Reply = serde_json::from_slice(&out)
-        .map_err(|e| ContainerError::Other(format!("container helper reply: {e}")))?;
+    let reply: Reply = serde_json::from_slice(&out).map_err(|e| Failure::BadReply {
+        error: e.to_string(),
+    })?;
     // A failure because the init exited meanwhile (its namespace and /dev went under the
     // helper) is said as that: the caller decides on the cause, not the symptom.
     Ok(match reply {
-        Reply::Failed(e) if !init.alive() => Reply::Failed(gone(init.pid, Some(e.to_string()))),
+        Reply::Failed(e) if !init.alive() => Reply::Failed(gone(init.pid, Some(e))),
         r => r,
     })
 }
@@ -407,13 +382,15 @@ fn child(
     host_dev: (u64, u64),
     libvirt_dev: DevTmpfs,
     payload: &[u8],
-) -> Result<Reply, String> {
+) -> Result<Reply, ContainerError> {
     // SAFETY: plain prctl calls on this process.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         libc::prctl(libc::PR_SET_DUMPABLE, 0);
     }
-    let job: Job = serde_json::from_slice(payload).map_err(|e| format!("job: {e}"))?;
+    let job: Job = serde_json::from_slice(payload).map_err(|e| Failure::BadJob {
+        error: e.to_string(),
+    })?;
     // What an injection needs from the host's side: the sources, cloned and made read-only
     // while detached, and the host's ldconfig.
     let mut trees = Vec::new();
@@ -421,20 +398,22 @@ fn child(
     if let Job::Inject(plan, _) = &job {
         match rootfs::open_trees(&plan.mounts) {
             Ok(t) => trees = t,
-            Err(e) => return Ok(Reply::Failed(ContainerError::Refused(e))),
+            Err(e) => return Ok(Reply::Failed(Refusal::Rootfs(e).into())),
         }
         if !plan.ld_folders.is_empty() {
             match rootfs::host_ldconfig() {
                 Ok(l) => ldconfig = Some(l),
-                Err(e) => return Ok(Reply::Failed(ContainerError::Refused(e))),
+                Err(e) => return Ok(Reply::Failed(Refusal::Rootfs(e).into())),
             }
         }
     }
     nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("setns into the container's mount namespace: {e}"))?;
+        .map_err(|e| Failure::Setns(e.into()))?;
     match &job {
-        Job::Inject(_, owner) | Job::Uninject(_, owner) => rootfs::act_as(*owner, true)?,
-        _ => drop_capabilities()?,
+        Job::Inject(_, owner) | Job::Uninject(_, owner) => {
+            rootfs::act_as(*owner, true).map_err(Failure::Identity)?
+        }
+        _ => drop_capabilities().map_err(Failure::Caps)?,
     }
     nix::sys::stat::umask(Mode::empty());
     let root = nix::fcntl::open(
@@ -442,23 +421,19 @@ fn child(
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("container /: {e}"))?;
-    let dev = devdir::open_dir(&Sys, &root, "dev").map_err(|e| format!("container /dev {e}"))?;
-    let st = fstat(&dev).map_err(|e| format!("container /dev: {e}"))?;
-    let refused = |m: String| Ok(Reply::Failed(ContainerError::Refused(m)));
+    .map_err(|e| Failure::Root(e.into()))?;
+    let dev = devdir::open_dir(&Sys, &root, "dev").map_err(Failure::DevDir)?;
+    let st = fstat(&dev).map_err(|e| Failure::DevFstat(e.into()))?;
+    let refused = |r: Refusal| Ok(Reply::Failed(r.into()));
     if (st.st_dev, st.st_ino) == host_dev {
-        return refused("container /dev is the host's /dev; refusing to write there".into());
+        return refused(Refusal::HostDev);
     }
     if (st.st_dev, st.st_ino) != (libvirt_dev.dev, libvirt_dev.ino) {
-        return refused(format!(
-            "container /dev is not the tmpfs libvirt made for it (found device {}:{} inode {}, want {}:{} inode {}): something is mounted over /dev or /; refusing to write there",
-            libc::major(st.st_dev),
-            libc::minor(st.st_dev),
-            st.st_ino,
-            libc::major(libvirt_dev.dev),
-            libc::minor(libvirt_dev.dev),
-            libvirt_dev.ino
-        ));
+        return refused(Refusal::NotLibvirtDev {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            want: libvirt_dev,
+        });
     }
     let dev_fs = st.st_dev;
     Ok(match job {
@@ -475,7 +450,7 @@ fn child(
                             .map(|(n, _)| n.clone())
                             .collect();
                         devdir::remove(&Sys, &dev, dev_fs, &created, &made.dirs);
-                        return Ok(Reply::Failed(ContainerError::Refused(e)));
+                        return Ok(Reply::Failed(Refusal::Node(e).into()));
                     }
                 }
             }
@@ -488,7 +463,7 @@ fn child(
         Job::Inject(plan, owner) => {
             match rootfs::apply(&root, trees, &plan, ldconfig.as_ref(), owner, &cgroups) {
                 Ok(done) => Reply::Injected(done),
-                Err(e) => Reply::Failed(ContainerError::Refused(e)),
+                Err(e) => Reply::Failed(Refusal::Rootfs(e).into()),
             }
         }
         Job::Uninject(done, _) => Reply::Left(rootfs::undo(&root, &done)),
@@ -498,7 +473,7 @@ fn child(
 
 /// Keeps only what making nodes needs: mknod, chown, and reaching into directories the
 /// container's root owns (work in its root: [`rootfs::act_as`]).
-fn drop_capabilities() -> Result<(), String> {
+fn drop_capabilities() -> Result<(), CapsError> {
     use caps::Capability;
     keep_only(&[
         Capability::CAP_MKNOD,
@@ -511,14 +486,15 @@ fn drop_capabilities() -> Result<(), String> {
 
 /// Keeps of this process's capabilities only `want` (those it has), effective and
 /// permitted; none inheritable.
-pub(crate) fn keep_only(want: &[caps::Capability]) -> Result<(), String> {
+pub(crate) fn keep_only(want: &[caps::Capability]) -> Result<(), CapsError> {
     use caps::CapSet;
-    let have =
-        caps::read(None, CapSet::Permitted).map_err(|e| format!("reading capabilities: {e}"))?;
+    // (The caps crate's errors are text: said as they are.)
+    let have = caps::read(None, CapSet::Permitted).map_err(|e| CapsError::Read(e.to_string()))?;
     let keep: caps::CapsHashSet = want.iter().filter(|c| have.contains(c)).copied().collect();
-    caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("dropping capabilities: {e}"))?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("dropping capabilities: {e}"))?;
-    caps::clear(None, CapSet::Inheritable).map_err(|e| format!("dropping capabilities: {e}"))?;
+    let dropping = |e: caps::errors::CapsError| CapsError::Drop(e.to_string());
+    caps::set(None, CapSet::Effective, &keep).map_err(dropping)?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(dropping)?;
+    caps::clear(None, CapSet::Inheritable).map_err(dropping)?;
     Ok(())
 }
 
@@ -531,13 +507,36 @@ mod tests {
     /// The helper's errors cross the fork as values and read as one line.
     #[test]
     fn errors_are_values_across_the_fork() {
+        let enoent = nix::errno::Errno::ENOENT;
         for e in [
             gone(42, None),
-            gone(42, Some("/dev/nvidia0: No such file or directory".into())),
-            ContainerError::Refused(
-                "container /dev is the host's /dev; refusing to write there".into(),
-            ),
-            ContainerError::Other("fork: EAGAIN".into()),
+            gone(42, Some(at("/dev/nvidia0", enoent).into())),
+            Refusal::HostDev.into(),
+            Failure::Fork(nix::errno::Errno::EAGAIN.into()).into(),
+            Refusal::Node(devdir::NodeError::InTheWay {
+                path: "/dev/nvidia0".into(),
+                found: devdir::Found {
+                    kind: libc::S_IFCHR,
+                    rdev: libc::makedev(1, 3),
+                },
+                major: 195,
+                minor: 0,
+            })
+            .into(),
+            Refusal::Rootfs(rootfs::RootfsError::LdconfigFailed {
+                status: Waited::Signaled {
+                    pid: 9,
+                    signal: libc::SIGKILL,
+                    core: false,
+                },
+                said: "ldconfig: cannot open".into(),
+            })
+            .into(),
+            Failure::Cgroup(crate::cgroup::CgroupError::new(
+                std::path::Path::new("/proc/7/cgroup"),
+                crate::cgroup::Fault::Read(std::io::Error::from_raw_os_error(libc::EACCES).into()),
+            ))
+            .into(),
         ] {
             let reply = Reply::Failed(e.clone());
             let back: Reply = serde_json::from_slice(&serde_json::to_vec(&reply).unwrap()).unwrap();
@@ -545,9 +544,18 @@ mod tests {
         }
         assert_eq!(gone(7, None).to_string(), "container init 7 exited");
         assert_eq!(
-            gone(7, Some("setns: ENOENT".into())).to_string(),
-            "container init 7 exited (setns: ENOENT)"
+            gone(7, Some(at("/proc/7/ns/mnt", enoent).into())).to_string(),
+            "container init 7 exited (/proc/7/ns/mnt: ENOENT: No such file or directory)"
         );
+        assert_eq!(
+            ContainerError::from(Failure::Fork(nix::errno::Errno::EAGAIN.into())).to_string(),
+            format!("fork: {}", nix::errno::Errno::EAGAIN)
+        );
+        let ld = ContainerError::from(Refusal::Rootfs(rootfs::RootfsError::LdconfigFailed {
+            status: Waited::Exited { pid: 9, code: 1 },
+            said: String::new(),
+        }));
+        assert_eq!(ld.to_string(), "ldconfig in the container failed (exit 1)");
     }
 
     fn mount(point: &str, fs: &str, root: &str, dev: u64) -> procfs::Mount {
@@ -566,7 +574,7 @@ mod tests {
             mount("/", "ext4", "/", 1),
             mount("/run/libvirt/lxc/t1.devpts", "devpts", "/", 2),
         ];
-        let e = dev_mount(&base, "t1").unwrap_err();
+        let e = dev_mount(&base, "t1").unwrap_err().to_string();
         assert!(
             e.contains("no /dev tmpfs mounted at /run/libvirt/lxc/t1.dev"),
             "{e}"
@@ -580,9 +588,15 @@ mod tests {
         );
         // The topmost mount at the path rules; it must be a whole tmpfs.
         m.push(mount("/run/libvirt/lxc/t1.dev", "ext4", "/", 9));
-        assert!(dev_mount(&m, "t1").unwrap_err().contains("ext4 (root /)"));
+        assert!(dev_mount(&m, "t1")
+            .unwrap_err()
+            .to_string()
+            .contains("ext4 (root /)"));
         m.push(mount("/run/libvirt/lxc/t1.dev", "tmpfs", "/sub", 7));
-        assert!(dev_mount(&m, "t1").unwrap_err().contains("root /sub"));
+        assert!(dev_mount(&m, "t1")
+            .unwrap_err()
+            .to_string()
+            .contains("root /sub"));
         // Builds that keep the state under /var/run.
         let v = vec![mount("/var/run/libvirt/lxc/t1.dev", "tmpfs", "/", 5)];
         assert_eq!(dev_mount(&v, "t1").unwrap().1, 5);

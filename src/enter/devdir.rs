@@ -5,12 +5,129 @@
 //! on directory descriptors (in the helper that joined the container's mount namespace); the
 //! tests drive an in-memory `/dev` that records every call and can be made hostile.
 
+use crate::host::syserr::SysErr;
 use crate::node::{NodeSpec, Outcome};
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, mknodat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
+use serde::{Deserialize, Serialize};
 use std::os::fd::{AsRawFd, OwnedFd};
+
+/// Why a directory could not be opened: what is there instead. Reads as the rest of a line
+/// that names the directory (`container /dev/dri is a symlink; …`, `… : ENOENT: …`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum OpenDirError {
+    #[error("is a symlink; refusing to follow it")]
+    Symlink,
+    #[error("is {0}, not a directory")]
+    NotDir(Found),
+    #[error(": {0}")]
+    Sys(#[source] SysErr),
+}
+
+/// What a stat found at a place, as far as messages say it (`a FIFO`, `the character
+/// device 1:3`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Found {
+    /// `S_IFMT` bits.
+    pub kind: u32,
+    pub rdev: u64,
+}
+
+impl From<&Stat> for Found {
+    fn from(st: &Stat) -> Found {
+        Found {
+            kind: st.kind,
+            rdev: st.rdev,
+        }
+    }
+}
+
+impl std::fmt::Display for Found {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self.kind {
+            libc::S_IFLNK => "a symlink",
+            libc::S_IFREG => "a regular file",
+            libc::S_IFDIR => "a directory",
+            libc::S_IFBLK => "a block device",
+            libc::S_IFIFO => "a FIFO",
+            libc::S_IFSOCK => "a socket",
+            libc::S_IFCHR => {
+                let (ma, mi) = (libc::major(self.rdev), libc::minor(self.rdev));
+                return write!(f, "the character device {ma}:{mi}");
+            }
+            _ => "something unknown",
+        })
+    }
+}
+
+/// Why a node could not be made in the container's `/dev`. A value (serde): it crosses the
+/// fork in the helper's reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum NodeError {
+    #[error("node path {path} is not under /dev")]
+    NotUnderDev { path: String },
+    #[error("bad node path {path}")]
+    BadPath { path: String },
+    #[error("dup: {0}")]
+    Dup(#[source] SysErr),
+    #[error("cannot create container {at}: {errno}")]
+    CreateDir {
+        at: String,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("container {at} {error}")]
+    OpenDir {
+        at: String,
+        #[source]
+        error: OpenDirError,
+    },
+    #[error("container {at}: {errno}")]
+    Stat {
+        at: String,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("container {at} is another mount; refusing")]
+    OtherMount { at: String },
+    #[error("container {path} is {found} (not the character device {major}:{minor}); refusing to replace it")]
+    InTheWay {
+        path: String,
+        found: Found,
+        major: u32,
+        minor: u32,
+    },
+    #[error("bad mode {mode:o} for {path}")]
+    BadMode { mode: u32, path: String },
+    #[error("cannot create container {path} ({major}:{minor}): {errno}")]
+    Mknod {
+        path: String,
+        major: u32,
+        minor: u32,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("container {path} vanished after mknod: {errno}")]
+    Vanished {
+        path: String,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("container {path} was swapped for {found} while being created")]
+    Swapped { path: String, found: Found },
+    #[error("cannot chown container {path} to {uid}:{gid}: {errno}")]
+    Chown {
+        path: String,
+        uid: u32,
+        gid: u32,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("container {path} has mode {mode:o}, wanted {want:o}")]
+    Mode { path: String, mode: u32, want: u32 },
+}
 
 /// What a stat says, as far as the walk cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,34 +235,16 @@ impl DirOps for Sys {
 }
 
 /// Opens a directory of the container's `/dev`; the error says what is there instead.
-pub fn open_dir<D: DirOps>(ops: &D, parent: &D::Dir, name: &str) -> Result<D::Dir, String> {
+pub fn open_dir<D: DirOps>(ops: &D, parent: &D::Dir, name: &str) -> Result<D::Dir, OpenDirError> {
     ops.open_dir(parent, name).map_err(|e| match e {
         // O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR (or ELOOP): say what it is.
         Errno::ELOOP | Errno::ENOTDIR => match ops.lstat(parent, name) {
-            Ok(st) if st.kind == libc::S_IFLNK => "is a symlink; refusing to follow it".to_owned(),
-            Ok(st) => format!("is {}, not a directory", describe(&st)),
-            Err(e) => format!(": {e}"),
+            Ok(st) if st.kind == libc::S_IFLNK => OpenDirError::Symlink,
+            Ok(st) => OpenDirError::NotDir(Found::from(&st)),
+            Err(e) => OpenDirError::Sys(e.into()),
         },
-        e => format!(": {e}"),
+        e => OpenDirError::Sys(e.into()),
     })
-}
-
-/// What kind of thing a stat found, for messages.
-fn describe(st: &Stat) -> String {
-    match st.kind {
-        libc::S_IFLNK => "a symlink".into(),
-        libc::S_IFREG => "a regular file".into(),
-        libc::S_IFDIR => "a directory".into(),
-        libc::S_IFBLK => "a block device".into(),
-        libc::S_IFIFO => "a FIFO".into(),
-        libc::S_IFSOCK => "a socket".into(),
-        libc::S_IFCHR => format!(
-            "the character device {}:{}",
-            libc::major(st.rdev),
-            libc::minor(st.rdev)
-        ),
-        _ => "something unknown".into(),
-    }
 }
 
 fn is_node(st: &Stat, n: &NodeSpec) -> bool {
@@ -153,16 +252,16 @@ fn is_node(st: &Stat, n: &NodeSpec) -> bool {
 }
 
 /// The components of a path under `/dev`, each a plain name.
-fn components(path: &str) -> Result<Vec<&str>, String> {
+fn components(path: &str) -> Result<Vec<&str>, NodeError> {
     let rest = path
         .strip_prefix("/dev/")
-        .ok_or_else(|| format!("node path {path} is not under /dev"))?;
+        .ok_or_else(|| NodeError::NotUnderDev { path: path.into() })?;
     let comps: Vec<&str> = rest.split('/').collect();
     if comps
         .iter()
         .any(|c| c.is_empty() || *c == "." || *c == ".." || c.contains('\0'))
     {
-        return Err(format!("bad node path {path}"));
+        return Err(NodeError::BadPath { path: path.into() });
     }
     Ok(comps)
 }
@@ -176,12 +275,12 @@ fn walk_parent<'a, D: DirOps>(
     dev_fs: u64,
     path: &'a str,
     mut dirs: Option<&mut Vec<String>>,
-) -> Result<Option<(D::Dir, &'a str)>, String> {
+) -> Result<Option<(D::Dir, &'a str)>, NodeError> {
     let comps = components(path)?;
     let (leaf, parents) = comps
         .split_last()
-        .ok_or_else(|| format!("bad node path {path}"))?;
-    let mut cur = ops.dup(dev).map_err(|e| format!("dup: {e}"))?;
+        .ok_or_else(|| NodeError::BadPath { path: path.into() })?;
+    let mut cur = ops.dup(dev).map_err(|e| NodeError::Dup(e.into()))?;
     let mut at = String::from("/dev");
     for c in parents {
         at = format!("{at}/{c}");
@@ -194,17 +293,24 @@ fn walk_parent<'a, D: DirOps>(
                 match ops.mkdir(&cur, c, 0o755) {
                     Ok(()) => d.push(at.clone()),
                     Err(Errno::EEXIST) => {}
-                    Err(e) => return Err(format!("cannot create container {at}: {e}")),
+                    Err(e) => {
+                        let errno = e.into();
+                        return Err(NodeError::CreateDir { at, errno });
+                    }
                 }
-                open_dir(ops, &cur, c).map_err(|e| format!("container {at} {e}"))?
+                open_dir(ops, &cur, c).map_err(|error| NodeError::OpenDir {
+                    at: at.clone(),
+                    error,
+                })?
             }
-            Err(e) => return Err(format!("container {at} {e}")),
+            Err(error) => return Err(NodeError::OpenDir { at, error }),
         };
-        let st = ops
-            .fstat(&next)
-            .map_err(|e| format!("container {at}: {e}"))?;
+        let st = ops.fstat(&next).map_err(|e| NodeError::Stat {
+            at: at.clone(),
+            errno: e.into(),
+        })?;
         if st.fs != dev_fs {
-            return Err(format!("container {at} is another mount; refusing"));
+            return Err(NodeError::OtherMount { at });
         }
         cur = next;
     }
@@ -219,60 +325,66 @@ pub fn create_one<D: DirOps>(
     dev_fs: u64,
     n: &NodeSpec,
     dirs: &mut Vec<String>,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, NodeError> {
     let (dir, leaf) = walk_parent(ops, dev, dev_fs, &n.path, Some(dirs))?.expect("dirs given");
+    let path = || n.path.clone();
+    let stat_err = |e: Errno| NodeError::Stat {
+        at: path(),
+        errno: e.into(),
+    };
     match ops.lstat(&dir, leaf) {
         Ok(st) if is_node(&st, n) => return Ok(Outcome::Existing),
         Ok(st) => {
-            return Err(format!(
-                "container {} is {} (not the character device {}:{}); refusing to replace it",
-                n.path,
-                describe(&st),
-                n.major,
-                n.minor
-            ))
+            return Err(NodeError::InTheWay {
+                path: path(),
+                found: Found::from(&st),
+                major: n.major,
+                minor: n.minor,
+            })
         }
         Err(Errno::ENOENT) => {}
-        Err(e) => return Err(format!("container {}: {e}", n.path)),
+        Err(e) => return Err(stat_err(e)),
     }
     if n.mode & !0o777 != 0 {
-        return Err(format!("bad mode {:o} for {}", n.mode, n.path));
+        let mode = n.mode;
+        return Err(NodeError::BadMode { mode, path: path() });
     }
-    ops.mknod_chr(&dir, leaf, n.mode, n.rdev()).map_err(|e| {
-        format!(
-            "cannot create container {} ({}:{}): {e}",
-            n.path, n.major, n.minor
-        )
-    })?;
+    ops.mknod_chr(&dir, leaf, n.mode, n.rdev())
+        .map_err(|e| NodeError::Mknod {
+            path: path(),
+            major: n.major,
+            minor: n.minor,
+            errno: e.into(),
+        })?;
     // From here on, act on the node we made through a handle that names it, never by path.
     let done = (|| {
-        let o = ops
-            .open_obj(&dir, leaf)
-            .map_err(|e| format!("container {} vanished after mknod: {e}", n.path))?;
-        let st = ops
-            .fstat_obj(&o)
-            .map_err(|e| format!("container {}: {e}", n.path))?;
-        if !is_node(&st, n) {
-            return Err(format!(
-                "container {} was swapped for {} while being created",
-                n.path,
-                describe(&st)
-            ));
-        }
-        ops.chown_obj(&o, n.uid, n.gid).map_err(|e| {
-            format!(
-                "cannot chown container {} to {}:{}: {e}",
-                n.path, n.uid, n.gid
-            )
+        let o = ops.open_obj(&dir, leaf).map_err(|e| NodeError::Vanished {
+            path: path(),
+            errno: e.into(),
         })?;
-        let st = ops
-            .fstat_obj(&o)
-            .map_err(|e| format!("container {}: {e}", n.path))?;
+        let st = ops.fstat_obj(&o).map_err(stat_err)?;
+        if !is_node(&st, n) {
+            let found = Found::from(&st);
+            return Err(NodeError::Swapped {
+                path: path(),
+                found,
+            });
+        }
+        ops.chown_obj(&o, n.uid, n.gid)
+            .map_err(|e| NodeError::Chown {
+                path: path(),
+                uid: n.uid,
+                gid: n.gid,
+                errno: e.into(),
+            })?;
+        let st = ops.fstat_obj(&o).map_err(stat_err)?;
         if st.mode != n.mode {
-            return Err(format!(
-                "container {} has mode {:o}, wanted {:o}",
-                n.path, st.mode, n.mode
-            ));
+            let (mode, want) = (st.mode, n.mode);
+            return Err(NodeError::Mode {
+                path: path(),
+                mode,
+                want,
+            });
         }
         Ok(())
     })();
@@ -485,7 +597,7 @@ mod tests {
 
     fn create(f: &Fake, n: &NodeSpec) -> (Result<Outcome, String>, Vec<String>) {
         let mut dirs = Vec::new();
-        let r = create_one(f, &0, 1, n, &mut dirs);
+        let r = create_one(f, &0, 1, n, &mut dirs).map_err(|e| e.to_string());
         (r, dirs)
     }
 

@@ -25,7 +25,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 /// `00-lxdcdi.conf`, nvidia-cdi-hook `00-nvcr-*.conf`).
 pub const LD_CONF: &str = "00-gpuhook-cdi.conf";
 
+mod error;
 mod ldconfig;
+pub use error::{ComponentError, RootfsError};
 pub use ldconfig::{host_ldconfig, LDCONFIG_ID};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,12 +81,14 @@ pub struct Tree {
 
 /// Clones each mount's source (in this, the host's, mount namespace) and sets its
 /// attributes while it is detached.
-pub fn open_trees(mounts: &[BindMount]) -> Result<Vec<Tree>, String> {
+pub fn open_trees(mounts: &[BindMount]) -> Result<Vec<Tree>, RootfsError> {
     mounts.iter().map(open_tree).collect()
 }
 
-fn open_tree(m: &BindMount) -> Result<Tree, String> {
-    let src = CString::new(m.source.as_str()).map_err(|_| format!("{}: NUL in path", m.source))?;
+fn open_tree(m: &BindMount) -> Result<Tree, RootfsError> {
+    let path = || m.source.clone();
+    let src =
+        CString::new(m.source.as_str()).map_err(|_| RootfsError::NulInPath { path: path() })?;
     let mut flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
     if m.recursive {
         flags |= AT_RECURSIVE;
@@ -92,7 +96,11 @@ fn open_tree(m: &BindMount) -> Result<Tree, String> {
     // SAFETY: open_tree with a valid C string; the returned descriptor is owned below.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, src.as_ptr(), flags) };
     if fd < 0 {
-        return Err(format!("cannot clone {}: {}", m.source, Errno::last()));
+        let errno = Errno::last().into();
+        return Err(RootfsError::Clone {
+            path: path(),
+            errno,
+        });
     }
     // SAFETY: a fresh descriptor the kernel just returned, owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
@@ -125,13 +133,16 @@ fn open_tree(m: &BindMount) -> Result<Tree, String> {
         )
     };
     if r < 0 {
-        return Err(format!(
-            "cannot make {} read-only, nosuid, nodev: {}",
-            m.source,
-            Errno::last()
-        ));
+        let errno = Errno::last().into();
+        return Err(RootfsError::SetAttr {
+            path: path(),
+            errno,
+        });
     }
-    let st = fstat(&fd).map_err(|e| format!("{}: {e}", m.source))?;
+    let st = fstat(&fd).map_err(|e| RootfsError::SourceStat {
+        path: path(),
+        errno: e.into(),
+    })?;
     Ok(Tree {
         fd,
         dev: st.st_dev,
@@ -158,10 +169,10 @@ fn walk_to(
     rel: &str,
     missing: Missing,
     done: &mut Done,
-) -> Result<Option<(OwnedFd, String)>, String> {
+) -> Result<Option<(OwnedFd, String)>, RootfsError> {
     let mut dir = root
         .try_clone()
-        .map_err(|e| format!("container root: {e}"))?;
+        .map_err(|e| RootfsError::RootDup(e.into()))?;
     let mut path = String::new();
     for c in rel.split('/').filter(|c| !c.is_empty()) {
         path.push('/');
@@ -175,20 +186,26 @@ fn walk_to(
                 if missing == Missing::Stop {
                     return Ok(None);
                 }
-                mkdirat(&dir, c, Mode::from_bits_truncate(0o755))
-                    .map_err(|e| format!("cannot create {path} in the container: {e}"))?;
+                mkdirat(&dir, c, Mode::from_bits_truncate(0o755)).map_err(|e| {
+                    RootfsError::Create {
+                        path: path.clone(),
+                        errno: e.into(),
+                    }
+                })?;
                 done.created.push(path.clone());
-                dir =
-                    devdir::open_dir(&Sys, &dir, c).map_err(|e| format!("container {path} {e}"))?;
+                dir = devdir::open_dir(&Sys, &dir, c).map_err(|e| RootfsError::Walk {
+                    path: path.clone(),
+                    error: e.into(),
+                })?;
             }
-            Err(e) => return Err(format!("container {path} {e}")),
+            Err(error) => return Err(RootfsError::Walk { path, error }),
         }
     }
     Ok(Some((dir, path)))
 }
 
 /// [`walk_to`], creating missing directories (`create`) or failing on them.
-fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<OwnedFd, String> {
+fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<OwnedFd, RootfsError> {
     let missing = if create {
         Missing::Create
     } else {
@@ -196,7 +213,7 @@ fn walk(root: &OwnedFd, rel: &str, create: bool, done: &mut Done) -> Result<Owne
     };
     walk_to(root, rel, missing, done)?
         .map(|(d, _)| d)
-        .ok_or_else(|| format!("container /{rel}: missing"))
+        .ok_or_else(|| RootfsError::Missing { rel: rel.into() })
 }
 
 /// The top-level links of a merged-`/usr` root (Debian ≥ 12, Ubuntu, Fedora images):
@@ -207,26 +224,34 @@ const MERGED_USR: [&str; 6] = ["lib", "lib64", "lib32", "libx32", "bin", "sbin"]
 /// Opens directory `name` in `dir` without following a symlink, except, at the top of the
 /// root (`top`), a merged-`/usr` link to its `usr/` directory (walked itself one component
 /// at a time).
-fn open_component(root: &OwnedFd, dir: &OwnedFd, top: bool, name: &str) -> Result<OwnedFd, String> {
+fn open_component(
+    root: &OwnedFd,
+    dir: &OwnedFd,
+    top: bool,
+    name: &str,
+) -> Result<OwnedFd, ComponentError> {
     match devdir::open_dir(&Sys, dir, name) {
         Ok(d) => Ok(d),
         Err(e) if top && MERGED_USR.contains(&name) => {
             let target = nix::fcntl::readlinkat(dir, name).map_err(|_| e.clone())?;
             let t = target.to_string_lossy();
             if t.trim_start_matches('/').trim_end_matches('/') != format!("usr/{name}") {
-                return Err(e);
+                return Err(e.into());
             }
-            let usr = devdir::open_dir(&Sys, root, "usr").map_err(|e| format!("(/usr {e})"))?;
-            devdir::open_dir(&Sys, &usr, name).map_err(|e| format!("(/usr/{name} {e})"))
+            let usr = devdir::open_dir(&Sys, root, "usr").map_err(ComponentError::Usr)?;
+            devdir::open_dir(&Sys, &usr, name).map_err(|error| ComponentError::UsrDir {
+                name: name.into(),
+                error,
+            })
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Checks, without changing anything, that the directories of `dir` (absolute, in the root)
 /// that exist are directories, not symlinks; `leaf`: also that `dir/leaf`, if it exists, is
 /// not a symlink. For the OCI door, before the runtime mounts there.
-pub fn check_path(root: &OwnedFd, dir: &str, leaf: Option<&str>) -> Result<(), String> {
+pub fn check_path(root: &OwnedFd, dir: &str, leaf: Option<&str>) -> Result<(), RootfsError> {
     let Some((d, path)) = walk_to(root, dir, Missing::Stop, &mut Done::default())? else {
         return Ok(());
     };
@@ -234,9 +259,10 @@ pub fn check_path(root: &OwnedFd, dir: &str, leaf: Option<&str>) -> Result<(), S
         if fstatat(&d, l, AtFlags::AT_SYMLINK_NOFOLLOW)
             .is_ok_and(|s| s.st_mode & libc::S_IFMT == libc::S_IFLNK)
         {
-            return Err(format!(
-                "container {path}/{l} is a symlink; refusing to mount over it"
-            ));
+            return Err(RootfsError::SymlinkLeaf {
+                dir: path,
+                leaf: l.into(),
+            });
         }
     }
     Ok(())
@@ -268,7 +294,7 @@ pub struct Owner {
 /// `mounts`: keep `CAP_SYS_ADMIN` (the libvirt door mounts and joins namespaces; the OCI
 /// hook does neither). `CAP_KILL` stays: the time limit on `ldconfig`, which runs as the
 /// container's root, must be able to end it.
-pub fn act_as(owner: Owner, mounts: bool) -> Result<(), String> {
+pub fn act_as(owner: Owner, mounts: bool) -> Result<(), RootfsError> {
     use caps::Capability;
     let mut keep = vec![
         Capability::CAP_SYS_CHROOT,
@@ -284,7 +310,7 @@ pub fn act_as(owner: Owner, mounts: bool) -> Result<(), String> {
     // namespace whose setgroups is denied there are none of the host's to drop.)
     match nix::unistd::setgroups(&[]) {
         Ok(()) | Err(Errno::EPERM) => {}
-        Err(e) => return Err(format!("setgroups: {e}")),
+        Err(e) => return Err(RootfsError::Setgroups(e.into())),
     }
     crate::enter::container::keep_only(&keep)?;
     // setfsuid/setfsgid say nothing on failure: the second call returns the id in force.
@@ -293,13 +319,11 @@ pub fn act_as(owner: Owner, mounts: bool) -> Result<(), String> {
     nix::unistd::setfsuid(owner.uid.into());
     let uid = nix::unistd::setfsuid(owner.uid.into());
     if (uid.as_raw(), gid.as_raw()) != (owner.uid, owner.gid) {
-        return Err(format!(
-            "cannot act as the container's root ({}:{}): file-system ids stayed {}:{}",
-            owner.uid,
-            owner.gid,
-            uid.as_raw(),
-            gid.as_raw()
-        ));
+        return Err(RootfsError::FsIds {
+            want: owner,
+            uid: uid.as_raw(),
+            gid: gid.as_raw(),
+        });
     }
     Ok(())
 }
@@ -316,7 +340,7 @@ pub fn apply(
     ldconfig: Option<&OwnedFd>,
     owner: Owner,
     cgroups: &[OwnedFd],
-) -> Result<Done, String> {
+) -> Result<Done, RootfsError> {
     let mut done = Done::default();
     match apply_into(root, trees, plan, ldconfig, owner, cgroups, &mut done) {
         Ok(()) => Ok(done),
@@ -325,7 +349,8 @@ pub fn apply(
             if left.is_empty() {
                 Err(e)
             } else {
-                Err(format!("{e} (rollback left: {})", left.join("; ")))
+                let error = Box::new(e);
+                Err(RootfsError::RolledBack { error, left })
             }
         }
     }
@@ -339,7 +364,7 @@ fn apply_into(
     owner: Owner,
     cgroups: &[OwnedFd],
     done: &mut Done,
-) -> Result<(), String> {
+) -> Result<(), RootfsError> {
     for (t, m) in trees.into_iter().zip(&plan.mounts) {
         mount_one(root, t, m, done)?;
     }
@@ -360,10 +385,11 @@ fn apply_into(
                 }
             }
             Err(e) => {
-                return Err(format!(
-                    "cannot create link {} in the container: {e}",
-                    l.link
-                ))
+                let link = l.link.clone();
+                return Err(RootfsError::Link {
+                    link,
+                    errno: e.into(),
+                });
             }
         }
     }
@@ -376,8 +402,13 @@ fn apply_into(
     Ok(())
 }
 
-fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<(), String> {
+fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<(), RootfsError> {
     let (parent, name) = split(&m.target);
+    let target = || m.target.clone();
+    let at = |e: Errno| RootfsError::At {
+        path: target(),
+        errno: e.into(),
+    };
     let dir = walk(root, parent, true, done)?;
     let want = if m.dir { libc::S_IFDIR } else { libc::S_IFREG };
     match fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
@@ -385,17 +416,8 @@ fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<
             let kind = s.st_mode & libc::S_IFMT;
             let fits = kind == want || (!m.dir && kind == libc::S_IFSOCK);
             if !fits {
-                return Err(format!(
-                    "container {} is {}; refusing to mount {} there",
-                    m.target,
-                    match kind {
-                        libc::S_IFLNK => "a symlink",
-                        libc::S_IFDIR => "a directory",
-                        libc::S_IFREG => "a file",
-                        _ => "a special file",
-                    },
-                    m.source
-                ));
+                let (target, src) = (target(), m.source.clone());
+                return Err(RootfsError::Occupied { target, kind, src });
             }
         }
         Err(Errno::ENOENT) => {
@@ -414,24 +436,24 @@ fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<
                 )
                 .map(drop)
             }
-            .map_err(|e| format!("cannot create {} in the container: {e}", m.target))?;
+            .map_err(|e| RootfsError::Create {
+                path: target(),
+                errno: e.into(),
+            })?;
             done.created.push(m.target.clone());
         }
-        Err(e) => return Err(format!("container {}: {e}", m.target)),
+        Err(e) => return Err(at(e)),
     }
-    let target = openat(
+    let to = openat(
         &dir,
         name,
         OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("container {}: {e}", m.target))?;
-    let kind = fstat(&target).map(|s| s.st_mode & libc::S_IFMT);
+    .map_err(at)?;
+    let kind = fstat(&to).map(|s| s.st_mode & libc::S_IFMT);
     if kind == Ok(libc::S_IFLNK) {
-        return Err(format!(
-            "container {} became a symlink; refusing to mount there",
-            m.target
-        ));
+        return Err(RootfsError::BecameSymlink { target: target() });
     }
     // SAFETY: move_mount between two descriptors we hold, with empty paths.
     let r = unsafe {
@@ -439,18 +461,15 @@ fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<
             libc::SYS_move_mount,
             t.fd.as_raw_fd(),
             c"".as_ptr(),
-            target.as_raw_fd(),
+            to.as_raw_fd(),
             c"".as_ptr(),
             MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
         )
     };
     if r < 0 {
-        return Err(format!(
-            "cannot mount {} at {} in the container: {}",
-            m.source,
-            m.target,
-            Errno::last()
-        ));
+        let errno = Errno::last().into();
+        let (src, target) = (m.source.clone(), target());
+        return Err(RootfsError::Mount { src, target, errno });
     }
     done.mounted.push(Mounted {
         target: m.target.clone(),
@@ -465,19 +484,18 @@ fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<
 /// final name (which replaces a file or node the container left there; a mount point there
 /// refuses). A root without `/etc/ld.so.conf` (busybox images) gets one that includes the
 /// directory, as nvidia-cdi-hook does.
-fn write_conf(root: &OwnedFd, folders: &[String], done: &mut Done) -> Result<(), String> {
+fn write_conf(root: &OwnedFd, folders: &[String], done: &mut Done) -> Result<(), RootfsError> {
     let dir = walk(root, "etc/ld.so.conf.d", true, done)?;
     let text: String = folders.iter().map(|d| format!("{d}\n")).collect();
     let existed = fstatat(&dir, LD_CONF, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok();
-    replace_file(&dir, LD_CONF, &text)
-        .map_err(|e| format!("cannot write /etc/ld.so.conf.d/{LD_CONF} in the container: {e}"))?;
+    replace_file(&dir, LD_CONF, &text).map_err(|e| RootfsError::WriteConf(e.into()))?;
     if !existed {
         done.written.push(format!("/etc/ld.so.conf.d/{LD_CONF}"));
     }
     let etc = walk(root, "etc", false, done)?;
     if fstatat(&etc, "ld.so.conf", AtFlags::AT_SYMLINK_NOFOLLOW) == Err(Errno::ENOENT) {
         replace_file(&etc, "ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
-            .map_err(|e| format!("cannot write /etc/ld.so.conf in the container: {e}"))?;
+            .map_err(|e| RootfsError::WriteLdSoConf(e.into()))?;
         done.written.push("/etc/ld.so.conf".into());
     }
     Ok(())
@@ -507,12 +525,14 @@ fn replace_bytes(dir: &OwnedFd, name: &str, text: &[u8]) -> Result<(), Errno> {
 }
 
 /// Whether `m` is still mounted at its place (what is there is the inode gpuhook mounted).
-fn in_place(root: &OwnedFd, m: &Mounted) -> Result<(OwnedFd, bool), String> {
+fn in_place(root: &OwnedFd, m: &Mounted) -> Result<(OwnedFd, bool), RootfsError> {
     let (parent, name) = split(&m.target);
     let mut scratch = Done::default();
     let dir = walk(root, parent, false, &mut scratch)?;
-    let st = fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-        .map_err(|e| format!("container {}: {e}", m.target))?;
+    let st = fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| RootfsError::At {
+        path: m.target.clone(),
+        errno: e.into(),
+    })?;
     Ok((dir, (st.st_dev, st.st_ino) == (m.dev, m.ino)))
 }
 

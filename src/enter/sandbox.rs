@@ -11,31 +11,35 @@
 //! goes through [`fork_and_wait`]: a pipe read to its end within a deadline, the child
 //! killed when it runs over, and reaped.
 
+use crate::host::syserr::{IoErr, SysErr};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::resource::Resource;
 use nix::sys::wait::WaitStatus;
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-/// Why the program could not be readied (each says which step, of which program).
-#[derive(Debug, thiserror::Error)]
+/// Why the program could not be readied (each says which step, of which program). A value
+/// (serde): it crosses the fork in the container helper's reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum SandboxError {
     #[error("{0}: NUL in name")]
     NulInName(String),
     #[error("memfd for {0}: {1}")]
-    Memfd(String, Errno),
+    Memfd(String, #[source] SysErr),
     #[error("copying {0}: {1}")]
-    Copy(String, std::io::Error),
+    Copy(String, #[source] IoErr),
     #[error("chmod of the copy of {0}: {1}")]
-    Chmod(String, Errno),
+    Chmod(String, #[source] SysErr),
     #[error("sealing the copy of {0}: {1}")]
-    Seal(String, Errno),
+    Seal(String, #[source] SysErr),
     #[error("reopening the copy of {0}: {1}")]
-    Reopen(String, Errno),
+    Reopen(String, #[source] SysErr),
+    /// What seccompiler said (its errors are neither `Clone` nor serde).
     #[error("seccomp: {0}")]
     Seccomp(String),
 }
@@ -66,21 +70,21 @@ pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, SandboxE
         fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
     }
     if fd < 0 {
-        return Err(SandboxError::Memfd(name.into(), Errno::last()));
+        return Err(SandboxError::Memfd(name.into(), Errno::last().into()));
     }
     // SAFETY: a fresh descriptor the kernel just returned.
     let mut copy = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let mut src = f;
-    std::io::copy(&mut src, &mut copy).map_err(|e| SandboxError::Copy(name.into(), e))?;
+    std::io::copy(&mut src, &mut copy).map_err(|e| SandboxError::Copy(name.into(), e.into()))?;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
     nix::sys::stat::fchmod(
         copy.as_fd(),
         nix::sys::stat::Mode::from_bits_truncate(0o111),
     )
-    .map_err(|e| SandboxError::Chmod(name.into(), e))?;
+    .map_err(|e| SandboxError::Chmod(name.into(), e.into()))?;
     // SAFETY: fcntl on our descriptor.
     if unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(SandboxError::Seal(name.into(), Errno::last()));
+        return Err(SandboxError::Seal(name.into(), Errno::last().into()));
     }
     // The program must not be executed through a writable descriptor (ETXTBSY): reopened
     // read-only, the writable one closed.
@@ -89,7 +93,7 @@ pub fn exec_only_copy(f: &std::fs::File, name: &str) -> Result<OwnedFd, SandboxE
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
-    .map_err(|e| SandboxError::Reopen(name.into(), e))?;
+    .map_err(|e| SandboxError::Reopen(name.into(), e.into()))?;
     Ok(ro)
 }
 
@@ -188,17 +192,94 @@ pub fn confine_and_exec(exe: &OwnedFd, argv: &[CString], c: &Confinement) -> (St
     ("exec".into(), e)
 }
 
-/// What kept [`fork_and_wait`] from the child's whole output.
-#[derive(Debug)]
+/// What kept [`fork_and_wait`] from the child's whole output (each caller says it for its
+/// own child). A value (serde): it crosses the fork in the container helper's reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ForkError {
     /// The pipe could not be made.
-    Pipe(Errno),
+    Pipe(SysErr),
     /// The child could not be forked.
-    Fork(Errno),
+    Fork(SysErr),
     /// Its output did not end within the limit (the child was killed and reaped).
     TimedOut,
     /// Reading its output failed (the child was killed and reaped).
-    Read(String),
+    Read(PipeError),
+}
+
+/// Why a pipe could not be read to its end ([`read_pipe`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum PipeError {
+    #[error("poll: {0}")]
+    Poll(#[source] SysErr),
+    #[error("{0}")]
+    Read(#[source] IoErr),
+}
+
+/// How a child waited for ended (or why the wait failed), as a value: reads as the
+/// `waitpid` result's `Debug` (`Ok(Signaled(Pid(7), SIGKILL, false))`, `Err(ECHILD)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Waited {
+    Exited { pid: i32, code: i32 },
+    Signaled { pid: i32, signal: i32, core: bool },
+    Stopped { pid: i32, signal: i32 },
+    PtraceEvent { pid: i32, signal: i32, event: i32 },
+    PtraceSyscall { pid: i32 },
+    Continued { pid: i32 },
+    StillAlive,
+    Failed(SysErr),
+}
+
+impl From<nix::Result<WaitStatus>> for Waited {
+    fn from(r: nix::Result<WaitStatus>) -> Waited {
+        let raw = |p: nix::unistd::Pid| p.as_raw();
+        match r {
+            Ok(WaitStatus::Exited(p, code)) => Waited::Exited { pid: raw(p), code },
+            Ok(WaitStatus::Signaled(p, s, core)) => Waited::Signaled {
+                pid: raw(p),
+                signal: s as i32,
+                core,
+            },
+            Ok(WaitStatus::Stopped(p, s)) => Waited::Stopped {
+                pid: raw(p),
+                signal: s as i32,
+            },
+            Ok(WaitStatus::PtraceEvent(p, s, event)) => Waited::PtraceEvent {
+                pid: raw(p),
+                signal: s as i32,
+                event,
+            },
+            Ok(WaitStatus::PtraceSyscall(p)) => Waited::PtraceSyscall { pid: raw(p) },
+            Ok(WaitStatus::Continued(p)) => Waited::Continued { pid: raw(p) },
+            Ok(WaitStatus::StillAlive) => Waited::StillAlive,
+            Err(e) => Waited::Failed(e.into()),
+        }
+    }
+}
+
+impl std::fmt::Display for Waited {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        // A signal as nix names it (`SIGKILL`); a number no signal has, as that number.
+        let sig = |s: i32| {
+            nix::sys::signal::Signal::try_from(s)
+                .map_or_else(|_| s.to_string(), |s| format!("{s:?}"))
+        };
+        match *self {
+            Waited::Exited { pid, code } => write!(f, "Ok(Exited(Pid({pid}), {code}))"),
+            Waited::Signaled { pid, signal, core } => {
+                write!(f, "Ok(Signaled(Pid({pid}), {}, {core}))", sig(signal))
+            }
+            Waited::Stopped { pid, signal } => {
+                write!(f, "Ok(Stopped(Pid({pid}), {}))", sig(signal))
+            }
+            Waited::PtraceEvent { pid, signal, event } => {
+                write!(f, "Ok(PtraceEvent(Pid({pid}), {}, {event}))", sig(signal))
+            }
+            Waited::PtraceSyscall { pid } => write!(f, "Ok(PtraceSyscall(Pid({pid})))"),
+            Waited::Continued { pid } => write!(f, "Ok(Continued(Pid({pid})))"),
+            Waited::StillAlive => f.write_str("Ok(StillAlive)"),
+            Waited::Failed(e) => write!(f, "Err({:?})", e.errno()),
+        }
+    }
 }
 
 /// Forks a child that runs `child` with the write end of a pipe (the read end closed there)
@@ -218,9 +299,9 @@ pub unsafe fn fork_and_wait(
     max: usize,
     child: impl FnOnce(OwnedFd) -> i32,
 ) -> Result<(Vec<u8>, nix::Result<WaitStatus>), ForkError> {
-    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(ForkError::Pipe)?;
+    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| ForkError::Pipe(e.into()))?;
     // SAFETY: the caller's promise (above) on what `child` does.
-    match unsafe { nix::unistd::fork() }.map_err(ForkError::Fork)? {
+    match unsafe { nix::unistd::fork() }.map_err(|e| ForkError::Fork(e.into()))? {
         nix::unistd::ForkResult::Child => {
             drop(rd);
             let code = child(wr);
@@ -245,7 +326,7 @@ pub unsafe fn fork_and_wait(
 
 /// Reads a pipe to its end within `limit`, keeping at most `max` bytes (the rest is read
 /// and dropped, so the writer never blocks). `Err(None)`: the time ran out.
-pub fn read_pipe(fd: OwnedFd, limit: Duration, max: usize) -> Result<Vec<u8>, Option<String>> {
+pub fn read_pipe(fd: OwnedFd, limit: Duration, max: usize) -> Result<Vec<u8>, Option<PipeError>> {
     use std::io::Read;
     let deadline = Instant::now() + limit;
     let mut f = std::fs::File::from(fd);
@@ -267,7 +348,7 @@ pub fn read_pipe(fd: OwnedFd, limit: Duration, max: usize) -> Result<Vec<u8>, Op
             if Errno::last() == Errno::EINTR {
                 continue;
             }
-            return Err(Some(format!("poll: {}", Errno::last())));
+            return Err(Some(PipeError::Poll(Errno::last().into())));
         }
         if r == 0 {
             continue;
@@ -277,7 +358,7 @@ pub fn read_pipe(fd: OwnedFd, limit: Duration, max: usize) -> Result<Vec<u8>, Op
             Ok(n) if out.len() < max => out.extend_from_slice(&buf[..n]),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Some(e.to_string())),
+            Err(e) => return Err(Some(PipeError::Read(e.into()))),
         }
     }
 }
@@ -321,6 +402,36 @@ mod tests {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::SIGKILL);
                 (waitpid(child, None).unwrap(), owner)
             }
+        }
+    }
+
+    /// A child's end reads as nix's `Debug` of the `waitpid` result said it.
+    #[test]
+    fn waited_reads_as_the_wait_result() {
+        use nix::sys::signal::Signal;
+        use nix::unistd::Pid;
+        for r in [
+            Ok(WaitStatus::Exited(Pid::from_raw(7), 3)),
+            Ok(WaitStatus::Signaled(
+                Pid::from_raw(7),
+                Signal::SIGKILL,
+                false,
+            )),
+            Ok(WaitStatus::Stopped(Pid::from_raw(7), Signal::SIGSTOP)),
+            Ok(WaitStatus::PtraceEvent(
+                Pid::from_raw(7),
+                Signal::SIGTRAP,
+                4,
+            )),
+            Ok(WaitStatus::PtraceSyscall(Pid::from_raw(7))),
+            Ok(WaitStatus::Continued(Pid::from_raw(7))),
+            Ok(WaitStatus::StillAlive),
+            Err(Errno::ECHILD),
+        ] {
+            let w = Waited::from(r);
+            assert_eq!(w.to_string(), format!("{r:?}"));
+            let back: Waited = serde_json::from_str(&serde_json::to_string(&w).unwrap()).unwrap();
+            assert_eq!(back, w);
         }
     }
 

@@ -3,6 +3,7 @@
 use crate::cdi::{LoadError, PlanError};
 use crate::cgroup::CgroupError;
 use crate::enter::container::ContainerError;
+use crate::enter::rootfs::RootfsError;
 use crate::host::config::ConfigError;
 use crate::host::inventory::InventoryError;
 use crate::request::metadata::ParseError;
@@ -30,6 +31,9 @@ pub enum Error {
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
     Unmapped(#[from] Unmapped),
+    /// The OCI door's check of the container's root ([`crate::enter::rootfs::check_path`]).
+    #[error(transparent)]
+    Rootfs(#[from] RootfsError),
     /// A failure whose rollback could not undo everything: what is left is said on the same
     /// line, and kept as a value for callers.
     #[error("{error}{}", crate::cgroup::rollback_note(left))]

@@ -3,7 +3,7 @@
 //! `/etc` ([`run_ldconfig`]).
 
 use super::*;
-use crate::enter::sandbox::{self, ForkError};
+use crate::enter::sandbox::{self, ForkError, Waited};
 use std::time::Duration;
 
 /// How long the container's `ldconfig` may take.
@@ -11,7 +11,7 @@ const LDCONFIG_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a host's static `ldconfig` is (Ubuntu's `/sbin/ldconfig` is a script around
 /// `ldconfig.real`).
-const LDCONFIGS: [&str; 4] = [
+pub(super) const LDCONFIGS: [&str; 4] = [
     "/sbin/ldconfig.real",
     "/usr/sbin/ldconfig.real",
     "/sbin/ldconfig",
@@ -22,31 +22,34 @@ const LDCONFIGS: [&str; 4] = [
 /// The host's static `ldconfig`, as an exec-only copy ([`sandbox::exec_only_copy`])
 /// to be run over a container's root. One that needs a program interpreter would load the
 /// container's `ld.so`: refused.
-pub fn host_ldconfig() -> Result<OwnedFd, String> {
-    let path = LDCONFIGS
+pub fn host_ldconfig() -> Result<OwnedFd, RootfsError> {
+    let path = *LDCONFIGS
         .iter()
         .find(|p| std::path::Path::new(p).is_file())
-        .ok_or_else(|| {
-            format!(
-                "no ldconfig on the host (looked at {})",
-                LDCONFIGS.join(", ")
-            )
-        })?;
-    let f = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
-    if has_interpreter(&f).map_err(|e| format!("{path}: {e}"))? {
-        return Err(format!(
-            "the host's {path} is dynamically linked: run inside a container it would load the container's libraries; gpuhook needs a static ldconfig"
-        ));
+        .ok_or(RootfsError::NoLdconfig)?;
+    let f = std::fs::File::open(path).map_err(|e| RootfsError::LdconfigOpen {
+        path: path.into(),
+        error: e.into(),
+    })?;
+    if has_interpreter(&f, path)? {
+        let path = path.into();
+        return Err(RootfsError::LdconfigDynamic { path });
     }
-    sandbox::exec_only_copy(&f, "ldconfig").map_err(|e| format!("{path}: {e}"))
+    sandbox::exec_only_copy(&f, "ldconfig").map_err(|error| RootfsError::LdconfigCopy {
+        path: path.into(),
+        error,
+    })
 }
 
-/// Whether a 64-bit ELF file has a `PT_INTERP` program header.
-fn has_interpreter(f: &std::fs::File) -> Result<bool, crate::cdi::ElfError> {
+/// Whether a 64-bit ELF file (at `path`, for messages) has a `PT_INTERP` program header.
+fn has_interpreter(f: &std::fs::File, path: &str) -> Result<bool, RootfsError> {
     const PT_INTERP: u32 = 3;
-    Ok(crate::cdi::soname::program_headers(f)?
-        .iter()
-        .any(|s| s.kind == PT_INTERP))
+    let headers = crate::cdi::soname::program_headers(f).map_err(|e| RootfsError::LdconfigElf {
+        path: path.into(),
+        // (The ELF reader's error, said as it says it: it crosses the fork as text.)
+        error: e.to_string(),
+    })?;
+    Ok(headers.iter().any(|s| s.kind == PT_INTERP))
 }
 
 // ---- in the container's root ----
@@ -94,13 +97,13 @@ pub(super) fn run_ldconfig(
     folders: &[String],
     owner: Owner,
     cgroups: &[OwnedFd],
-) -> Result<(), String> {
+) -> Result<(), RootfsError> {
     let mut argv: Vec<CString> = vec![c"ldconfig".into(), c"-i".into(), c"-X".into()];
     for f in folders {
-        argv.push(CString::new(f.as_str()).map_err(|_| "NUL in a folder".to_string())?);
+        argv.push(CString::new(f.as_str()).map_err(|_| RootfsError::NulInFolder)?);
     }
     let etc = walk(root, "etc", false, &mut Done::default())?;
-    let filter = sandbox::no_fork_filter().map_err(|e| e.to_string())?;
+    let filter = sandbox::no_fork_filter().map_err(RootfsError::Filter)?;
     let first = move |wr: OwnedFd| {
         // SAFETY: plain syscalls on descriptors we own.
         unsafe {
@@ -122,31 +125,21 @@ pub(super) fn run_ldconfig(
     // child only makes syscalls and execs or _exits.
     let waited = unsafe { sandbox::fork_and_wait(LDCONFIG_TIMEOUT, 65536, first) };
     let (out, status) = waited.map_err(|e| match e {
-        ForkError::Pipe(e) => format!("pipe: {e}"),
-        ForkError::Fork(e) => format!("fork: {e}"),
-        ForkError::TimedOut => format!(
-            "ldconfig in the container did not finish within {}s; killed",
-            LDCONFIG_TIMEOUT.as_secs()
-        ),
-        ForkError::Read(e) => format!("reading ldconfig's output: {e}"),
+        ForkError::Pipe(e) => RootfsError::LdconfigPipe(e),
+        ForkError::Fork(e) => RootfsError::LdconfigFork(e),
+        ForkError::TimedOut => RootfsError::LdconfigTimedOut {
+            secs: LDCONFIG_TIMEOUT.as_secs(),
+        },
+        ForkError::Read(e) => RootfsError::LdconfigRead(e),
     })?;
     match status {
         Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
         other => {
+            // What it wrote is its own text: the first line is said as it is.
             let text = String::from_utf8_lossy(&out);
-            let first = text.lines().next().unwrap_or("").trim();
-            Err(format!(
-                "ldconfig in the container failed ({}){}",
-                match other {
-                    Ok(nix::sys::wait::WaitStatus::Exited(_, c)) => format!("exit {c}"),
-                    o => format!("{o:?}"),
-                },
-                if first.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {first}")
-                }
-            ))
+            let said = text.lines().next().unwrap_or("").trim().to_owned();
+            let status = Waited::from(other);
+            Err(RootfsError::LdconfigFailed { status, said })
         }
     }
 }
@@ -185,7 +178,7 @@ fn ldconfig_child(
     // glibc's ldconfig writes its auxiliary cache too where that directory exists (even
     // with -i): a tmpfs of its own there as well. A symlink on the way would take that
     // write elsewhere: refused.
-    let aux = aux_cache_dir(&view).map_err(|e| (127, e))?;
+    let aux = aux_cache_dir(&view).map_err(|e| (127, e.to_string()))?;
     if aux && cache.is_some() && cache_tmpfs(&view, &["var", "cache", "ldconfig"], id).is_none() {
         return Err((127, "cannot mount a tmpfs over /var/cache/ldconfig".into()));
     }
@@ -279,20 +272,22 @@ fn in_initial_user_ns() -> bool {
 
 /// Whether the view has a `/var/cache/ldconfig` directory (each component a directory,
 /// none a symlink); a symlink or other file on the way is refused.
-fn aux_cache_dir(view: &OwnedFd) -> Result<bool, String> {
+fn aux_cache_dir(view: &OwnedFd) -> Result<bool, RootfsError> {
     let mut at: Option<OwnedFd> = None;
     let mut path = String::new();
     for c in ["var", "cache", "ldconfig"] {
         path.push('/');
         path.push_str(c);
         let dir = at.as_ref().unwrap_or(view);
+        let at_path = |e: Errno| RootfsError::At {
+            path: path.clone(),
+            errno: e.into(),
+        };
         match fstatat(dir, c, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Err(Errno::ENOENT) => return Ok(false),
-            Err(e) => return Err(format!("container {path}: {e}")),
+            Err(e) => return Err(at_path(e)),
             Ok(st) if st.st_mode & libc::S_IFMT != libc::S_IFDIR => {
-                return Err(format!(
-                    "container {path} is not a directory; refusing to run ldconfig (it would write its auxiliary cache through it)"
-                ))
+                return Err(RootfsError::AuxCacheNotDir { path })
             }
             Ok(_) => {}
         }
@@ -303,7 +298,7 @@ fn aux_cache_dir(view: &OwnedFd) -> Result<bool, String> {
                 OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
                 Mode::empty(),
             )
-            .map_err(|e| format!("container {path}: {e}"))?,
+            .map_err(at_path)?,
         );
     }
     Ok(true)
@@ -438,25 +433,34 @@ fn cache_tmpfs(view: &OwnedFd, dir: &[&str], owner: Owner) -> Option<OwnedFd> {
 }
 
 /// The cache `ldconfig` left in its tmpfs: a regular file, bounded.
-fn read_cache(tmp: &OwnedFd) -> Result<Vec<u8>, String> {
+fn read_cache(tmp: &OwnedFd) -> Result<Vec<u8>, CacheError> {
     use std::io::Read;
     let fd = openat(
         tmp,
         "ld.so.cache",
         OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
         Mode::empty(),
-    )
-    .map_err(|e| e.to_string())?;
-    let st = fstat(&fd).map_err(|e| e.to_string())?;
+    )?;
+    let st = fstat(&fd)?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as u64 > CACHE_MAX {
-        return Err("not a regular file of at most 64 MiB".into());
+        return Err(CacheError::NotRegular);
     }
     let mut out = Vec::with_capacity(st.st_size as usize);
     std::fs::File::from(fd)
         .take(CACHE_MAX)
-        .read_to_end(&mut out)
-        .map_err(|e| e.to_string())?;
+        .read_to_end(&mut out)?;
     Ok(out)
+}
+
+/// Why the cache `ldconfig` built could not be read back (said by its first child).
+#[derive(Debug, thiserror::Error)]
+enum CacheError {
+    #[error("{0}")]
+    Sys(#[from] Errno),
+    #[error("not a regular file of at most 64 MiB")]
+    NotRegular,
+    #[error("{0}")]
+    Read(#[from] std::io::Error),
 }
 
 #[cfg(test)]
@@ -467,9 +471,9 @@ mod tests {
     fn host_ldconfig_is_static() {
         // The build machine's ldconfig (glibc builds it static-pie).
         let fd = host_ldconfig().expect("a static ldconfig on this host");
-        assert!(!has_interpreter(&std::fs::File::from(fd)).unwrap());
+        assert!(!has_interpreter(&std::fs::File::from(fd), "copy").unwrap());
         // A dynamically linked program has an interpreter.
         let sh = std::fs::File::open("/bin/sh").unwrap();
-        assert!(has_interpreter(&sh).unwrap());
+        assert!(has_interpreter(&sh, "/bin/sh").unwrap());
     }
 }

@@ -2,6 +2,7 @@
 //! id or the process, and the cause.
 
 use crate::cgroup::CgroupError;
+use crate::enter::container::ContainerError;
 use crate::ids::Unit;
 use crate::reserve::error::Error;
 
@@ -42,7 +43,10 @@ pub enum LifecycleError {
     ChangedWhileStarting,
     /// The container helper said the init is gone (with what it saw, if anything).
     #[error("container init {pid} exited during started{}", in_parens(cause))]
-    InitExited { pid: i32, cause: Option<String> },
+    InitExited {
+        pid: i32,
+        cause: Option<Box<ContainerError>>,
+    },
     /// A step failed and the init turned out gone: that is the cause, the failure in brackets.
     #[error("container init {pid} exited during started ({error})")]
     InitExitedAfter {
@@ -68,7 +72,7 @@ pub enum LifecycleError {
 }
 
 /// ` (CAUSE)`, or nothing.
-fn in_parens(cause: &Option<String>) -> String {
+fn in_parens(cause: &Option<Box<ContainerError>>) -> String {
     cause
         .as_ref()
         .map(|c| format!(" ({c})"))

@@ -1,0 +1,167 @@
+//! Why work on a cgroup failed: the cgroup, and what went wrong there ([`Fault`]), with the
+//! OS error it came from. A value (serde): it is said in the container helper's reply too.
+
+use crate::host::syserr::{IoErr, SysErr};
+use crate::node::Node;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("cgroup {path}: {fault}")]
+pub struct CgroupError {
+    pub path: PathBuf,
+    pub fault: Fault,
+}
+
+impl CgroupError {
+    pub fn new(path: &Path, fault: impl Into<Fault>) -> Self {
+        CgroupError {
+            path: path.to_path_buf(),
+            fault: fault.into(),
+        }
+    }
+
+    /// The same error, saying also what a rollback after it could not undo (nothing more
+    /// when `left` is empty).
+    pub fn with_left(self, left: Vec<String>) -> Self {
+        if left.is_empty() {
+            return self;
+        }
+        CgroupError {
+            path: self.path,
+            fault: Fault::RollbackIncomplete {
+                fault: Box::new(self.fault),
+                left,
+            },
+        }
+    }
+}
+
+/// What a bpf map operation was doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MapOp {
+    Update,
+    Delete,
+    Revoke,
+}
+
+impl std::fmt::Display for MapOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self {
+            MapOp::Update => "update",
+            MapOp::Delete => "delete",
+            MapOp::Revoke => "revoke",
+        })
+    }
+}
+
+/// What went wrong at a cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum Fault {
+    #[error("cannot read: {0}")]
+    Read(#[source] IoErr),
+    #[error("cgroup path {cgroup} is outside the mount")]
+    OutsideMount { cgroup: String },
+    #[error("process has no devices cgroup (v1) nor a unified cgroup (v2)")]
+    NoDeviceCgroup,
+    #[error("devices controller is not mounted")]
+    DevicesNotMounted,
+    #[error("no cgroup2 mount")]
+    NoCgroup2,
+    #[error("container init {pid} has left its cgroup: it is exiting, or its main thread exited")]
+    InitLeft { pid: i32 },
+    #[error(transparent)]
+    OutsideDomain(#[from] OutsideDomain),
+    /// Granting one node failed.
+    #[error("granting {} ({}:{}): {fault}", node.path, node.major, node.minor)]
+    Granting { node: Node, fault: Box<Fault> },
+    #[error("{fault}{}", super::rollback_note(left))]
+    RollbackIncomplete {
+        fault: Box<Fault>,
+        left: Vec<String>,
+    },
+    // ---- v1 ----
+    #[error("write '{line}' to {file}: {error}")]
+    Write {
+        file: String,
+        line: String,
+        #[source]
+        error: IoErr,
+    },
+    #[error("read devices.list: {0}")]
+    ReadList(#[source] IoErr),
+    #[error("list sub-cgroups: {0}")]
+    ListSubCgroups(#[source] IoErr),
+    // ---- v2 ----
+    #[error("open: {0}")]
+    Open(#[source] SysErr),
+    #[error("BPF_PROG_QUERY: {0}")]
+    ProgQuery(#[source] SysErr),
+    #[error("BPF_PROG_QUERY (effective): {0}")]
+    ProgQueryEffective(#[source] SysErr),
+    #[error("BPF_PROG_GET_FD_BY_ID {id}: {errno}")]
+    ProgFd {
+        id: u32,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("program {id} info: {errno}")]
+    ProgInfo {
+        id: u32,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("BPF_MAP_GET_FD_BY_ID {id}: {errno}")]
+    MapFd {
+        id: u32,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("map {id} info: {errno}")]
+    MapInfo {
+        id: u32,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("device access is restricted by {programs} program(s) of a parent cgroup and none here to update")]
+    ParentPrograms { programs: usize },
+    #[error("{programs} device program(s) attached, none with libvirt's map layout (hash, u64 key, u32 value); refusing to guess")]
+    NoLibvirtMap { programs: usize },
+    #[error("{maps} device maps of libvirt's layout attached; refusing to guess which one rules")]
+    SeveralMaps { maps: usize },
+    #[error("map lookup: {0}")]
+    MapLookup(#[source] SysErr),
+    #[error("counting map entries: {0}")]
+    MapCount(#[source] SysErr),
+    #[error("libvirt's device map is full ({used} of {max} entries)")]
+    MapFull { used: usize, max: u32 },
+    #[error("map {op} {major}:{minor}: {errno}")]
+    MapEntry {
+        op: MapOp,
+        major: u32,
+        minor: u32,
+        #[source]
+        errno: SysErr,
+    },
+    /// What a test double says.
+    #[cfg(test)]
+    #[error("{0}")]
+    Fake(String),
+}
+
+/// A container init's cgroup that is not the one libvirt made for the container, nor below
+/// it ([`super::domain_path`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[error("container init's cgroup {init} is outside the cgroup libvirt made for it ({domain})")]
+pub struct OutsideDomain {
+    pub init: String,
+    pub domain: String,
+}
+
+/// What a test double's cgroup says.
+#[cfg(test)]
+impl From<&str> for Fault {
+    fn from(said: &str) -> Fault {
+        Fault::Fake(said.into())
+    }
+}
