@@ -2,6 +2,7 @@
 //! OS error it came from. A value (serde): it is said in the container helper's reply too.
 
 use crate::host::syserr::{IoErr, SysErr};
+use crate::log::Leftovers;
 use crate::node::Node;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -23,7 +24,7 @@ impl CgroupError {
 
     /// The same error, saying also what a rollback after it could not undo (nothing more
     /// when `left` is empty).
-    pub fn with_left(self, left: Vec<String>) -> Self {
+    pub fn with_left(self, left: Leftovers) -> Self {
         if left.is_empty() {
             return self;
         }
@@ -75,11 +76,8 @@ pub enum Fault {
     /// Granting one node failed.
     #[error("granting {} ({}:{}): {fault}", node.path, node.major, node.minor)]
     Granting { node: Node, fault: Box<Fault> },
-    #[error("{fault}{}", super::rollback_note(left))]
-    RollbackIncomplete {
-        fault: Box<Fault>,
-        left: Vec<String>,
-    },
+    #[error("{fault}{}", left.note())]
+    RollbackIncomplete { fault: Box<Fault>, left: Leftovers },
     // ---- v1 ----
     #[error("write '{line}' to {file}: {error}")]
     Write {

@@ -18,6 +18,7 @@ pub use v1::V1;
 pub use v2::V2;
 
 use crate::host::procfs;
+use crate::log::Leftovers;
 use crate::node::Node;
 use std::path::{Path, PathBuf};
 
@@ -84,21 +85,12 @@ fn grant_each<C: DeviceCgroup + ?Sized>(
 
 /// Best-effort revoke, newest first; returns what could not be taken back, so the caller
 /// can say it on its one error line.
-pub fn revoke_all<C: DeviceCgroup + ?Sized>(cg: &mut C, nodes: &[Node]) -> Vec<String> {
+pub fn revoke_all<C: DeviceCgroup + ?Sized>(cg: &mut C, nodes: &[Node]) -> Leftovers {
     nodes
         .iter()
         .rev()
         .filter_map(|n| cg.revoke(n).err().map(|e| e.to_string()))
         .collect()
-}
-
-/// `""`, or `"; rollback incomplete: …"` naming what a rollback could not undo.
-pub fn rollback_note(left: &[String]) -> String {
-    if left.is_empty() {
-        String::new()
-    } else {
-        format!("; rollback incomplete: {}", left.join("; "))
-    }
 }
 
 /// Joins a mount point and a cgroup path (relative to the mount's root).
@@ -365,7 +357,7 @@ mod tests {
             cg.log,
             vec!["allow 195:0", "allow 195:1", "revoke 195:1", "revoke 195:0"]
         );
-        assert_eq!(rollback_note(&[]), "");
+        assert_eq!(Leftovers::default().note(), "");
     }
 
     #[test]

@@ -236,7 +236,7 @@ impl DeviceCgroup for V1 {
         });
         if let Err(e) = r {
             // Leave nothing of a half-done grant.
-            let left: Vec<String> = wrote
+            let left: crate::log::Leftovers = wrote
                 .iter()
                 .rev()
                 .filter_map(|(d, n)| self.deny_in(d, n).err().map(|x| x.to_string()))

@@ -208,8 +208,10 @@ enum Reply {
     Made(Made),
     Removed,
     Injected(rootfs::Done),
-    /// What could not be undone, or the mounts no longer in place.
-    Left(Vec<String>),
+    /// What could not be undone.
+    Left(crate::log::Leftovers),
+    /// The mounts no longer in place.
+    Missing(Vec<String>),
     Failed(ContainerError),
 }
 
@@ -283,7 +285,7 @@ pub fn uninject(
     ct: &Container,
     done: &rootfs::Done,
     owner: rootfs::Owner,
-) -> Result<Vec<String>, ContainerError> {
+) -> Result<crate::log::Leftovers, ContainerError> {
     match run(ct, &Job::Uninject(done.clone(), owner))? {
         Reply::Left(l) => Ok(l),
         Reply::Failed(e) => Err(e),
@@ -297,7 +299,7 @@ pub fn check_mounts(
     mounted: &[rootfs::Mounted],
 ) -> Result<Vec<String>, ContainerError> {
     match run(ct, &Job::Check(mounted.to_vec()))? {
-        Reply::Left(l) => Ok(l),
+        Reply::Missing(l) => Ok(l),
         Reply::Failed(e) => Err(e),
         _ => Err(Failure::UnexpectedReply.into()),
     }
@@ -467,7 +469,7 @@ fn child(
             }
         }
         Job::Uninject(done, _) => Reply::Left(rootfs::undo(&root, &done)),
-        Job::Check(mounted) => Reply::Left(rootfs::missing(&root, &mounted)),
+        Job::Check(mounted) => Reply::Missing(rootfs::missing(&root, &mounted)),
     })
 }
 

@@ -547,8 +547,8 @@ pub fn missing(root: &OwnedFd, mounted: &[Mounted]) -> Vec<String> {
 
 /// Takes back what [`apply`] did (each thing only if it is still what gpuhook made);
 /// returns what could not be.
-pub fn undo(root: &OwnedFd, done: &Done) -> Vec<String> {
-    let mut left = Vec::new();
+pub fn undo(root: &OwnedFd, done: &Done) -> crate::log::Leftovers {
+    let mut left = crate::log::Leftovers::default();
     for m in done.mounted.iter().rev() {
         match in_place(root, m) {
             Ok((dir, true)) => {
@@ -560,11 +560,11 @@ pub fn undo(root: &OwnedFd, done: &Done) -> Vec<String> {
                     )
                 });
                 if let Err(e) = r {
-                    left.push(format!("mount {}: {e}", m.target));
+                    left.push(format_args!("mount {}: {e}", m.target));
                 }
             }
             Ok((_, false)) => {}
-            Err(e) => left.push(format!("mount {}: {e}", m.target)),
+            Err(e) => left.push(format_args!("mount {}: {e}", m.target)),
         }
     }
     let _ = nix::unistd::fchdir(root);

@@ -36,10 +36,10 @@ pub enum Error {
     Rootfs(#[from] RootfsError),
     /// A failure whose rollback could not undo everything: what is left is said on the same
     /// line, and kept as a value for callers.
-    #[error("{error}{}", crate::cgroup::rollback_note(left))]
+    #[error("{error}{}", left.note())]
     RollbackIncomplete {
         error: Box<Error>,
-        left: Vec<String>,
+        left: crate::log::Leftovers,
     },
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),

@@ -11,6 +11,7 @@ use crate::enter::rootfs::{Done, Mounted, Owner};
 use crate::host::config::Config;
 use crate::host::inventory::{self, Inventory, InventoryError, Scan};
 use crate::host::procfs::{self, Proc};
+use crate::log::Leftovers;
 use crate::node::NodeSpec;
 use std::path::PathBuf;
 
@@ -39,7 +40,7 @@ pub trait Enter {
         ct: &Container,
         done: &Done,
         owner: Owner,
-    ) -> Result<Vec<String>, ContainerError>;
+    ) -> Result<Leftovers, ContainerError>;
     /// The mounts of `mounted` no longer in place in the container.
     fn check_mounts(
         &self,
@@ -76,7 +77,7 @@ impl Enter for Host {
         ct: &Container,
         done: &Done,
         owner: Owner,
-    ) -> Result<Vec<String>, ContainerError> {
+    ) -> Result<Leftovers, ContainerError> {
         container::uninject(ct, done, owner)
     }
     fn check_mounts(

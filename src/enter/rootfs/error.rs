@@ -64,11 +64,11 @@ pub enum RootfsError {
     #[error("cannot act as the container's root ({}:{}): file-system ids stayed {uid}:{gid}", want.uid, want.gid)]
     FsIds { want: Owner, uid: u32, gid: u32 },
     // ---- mounts, links, files ----
-    #[error("{error} (rollback left: {})", left.join("; "))]
+    #[error("{error} (rollback left: {left})")]
     RolledBack {
         #[source]
         error: Box<RootfsError>,
-        left: Vec<String>,
+        left: crate::log::Leftovers,
     },
     #[error("cannot create link {link} in the container: {errno}")]
     Link {

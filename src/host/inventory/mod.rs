@@ -14,9 +14,18 @@ mod scan;
 pub use nvidia::{parse_nvidia_information, NvidiaInfo};
 pub use scan::{scan, scan_with, Scan};
 
+/// The host's GPUs cannot be read at all (a GPU that cannot be used is a problem of that GPU,
+/// not this).
 #[derive(Debug, thiserror::Error)]
-#[error("inventory: {0}")]
-pub struct InventoryError(pub String);
+pub enum InventoryError {
+    /// The PCI devices directory (`SYSFS/bus/pci/devices`) cannot be listed.
+    #[error("inventory: cannot list {}: {source}", path.display())]
+    CannotList {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// A host's device node: the [`Node`] a container gets (path in its `/dev`, number) and the
 /// mode, as `stat` of the host node gives them.

@@ -179,12 +179,9 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| {
-        InventoryError(format!(
-            "cannot list {}: {}",
-            devices.display(),
-            std::io::Error::from(e)
-        ))
+    .map_err(|e| InventoryError::CannotList {
+        path: devices.clone(),
+        source: e.into(),
     })?;
     // A lazy scan skips what the kernel's list already rules out, and looks no closer at
     // functions that can be no usable GPU: without even a copy of their names.

@@ -10,6 +10,7 @@ use crate::cgroup::{self, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
 use crate::host::config::Config;
 use crate::log;
+use crate::log::Leftovers;
 use crate::node::{NodeSpec, Outcome};
 use crate::request::Request;
 use crate::reserve::error::Error;
@@ -46,19 +47,19 @@ pub(super) fn apply(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<App
         }
         Err(e) => Err(with_rollback(
             e.into(),
-            &cgroup::revoke_all(&mut *cg, &granted),
+            cgroup::revoke_all(&mut *cg, &granted),
         )),
     }
 }
 
 /// The error, with what its rollback could not undo said on the same line.
-pub(super) fn with_rollback(e: Error, left: &[String]) -> Error {
+pub(super) fn with_rollback(e: Error, left: Leftovers) -> Error {
     if left.is_empty() {
         e
     } else {
         Error::RollbackIncomplete {
             error: Box::new(e),
-            left: left.to_vec(),
+            left,
         }
     }
 }
@@ -66,16 +67,16 @@ pub(super) fn with_rollback(e: Error, left: &[String]) -> Error {
 /// Takes back what `apply` did; returns what could not be undone (empty when all was).
 /// A container whose init has exited lost its `/dev` with its mount namespace, and its
 /// cgroup goes with it: nothing there is left to undo, whatever failed.
-fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Vec<String> {
-    let mut left = Vec::new();
+fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Leftovers {
+    let mut left = Leftovers::default();
     if let Err(e) = f.enter.remove_nodes(ct, &a.created, &a.dirs) {
-        left.push(format!("nodes: {e}"));
+        left.push(format_args!("nodes: {e}"));
     }
-    left.extend(cgroup::revoke_all(&mut *a.cg, &a.granted));
+    left.append(cgroup::revoke_all(&mut *a.cg, &a.granted));
     if f.proc.alive(&ct.init) {
         left
     } else {
-        Vec::new()
+        Leftovers::default()
     }
 }
 
@@ -116,7 +117,7 @@ pub fn activate_with(
     {
         Some(p) => match f.enter.inject(&ct, p, root_owner(h)) {
             Ok(d) => Some(d),
-            Err(e) => return Err(with_rollback(e.into(), &undo(f, &ct, applied))),
+            Err(e) => return Err(with_rollback(e.into(), undo(f, &ct, applied))),
         },
         None => None,
     };
@@ -138,15 +139,15 @@ pub fn activate_with(
         Ok(())
     });
     if let Err(e) = recorded {
-        let mut left = Vec::new();
+        let mut left = Leftovers::default();
         if let Some(d) = &done {
             match f.enter.uninject(&ct, d, root_owner(h)) {
-                Ok(l) => left.extend(l),
-                Err(e) => left.push(format!("driver files: {e}")),
+                Ok(l) => left.append(l),
+                Err(e) => left.push(format_args!("driver files: {e}")),
             }
         }
-        left.extend(undo(f, &ct, applied));
-        return Err(with_rollback(e, &left));
+        left.append(undo(f, &ct, applied));
+        return Err(with_rollback(e, left));
     }
     if let Some(p) = &plan {
         log_cdi(h, p, done.as_ref());

@@ -156,9 +156,14 @@ impl Enter for Fake {
             ..Default::default()
         })
     }
-    fn uninject(&self, _: &Container, _: &Done, _: Owner) -> Result<Vec<String>, ContainerError> {
+    fn uninject(
+        &self,
+        _: &Container,
+        _: &Done,
+        _: Owner,
+    ) -> Result<crate::log::Leftovers, ContainerError> {
         self.call("uninject".into());
-        Ok(vec![])
+        Ok(Default::default())
     }
     fn check_mounts(&self, _: &Container, m: &[Mounted]) -> Result<Vec<String>, ContainerError> {
         self.call(format!("check {} mount(s)", m.len()));
@@ -230,9 +235,10 @@ impl Host {
         let no_inventory = fake.no_inventory;
         let scan = move |_: &Config, _: Scan| {
             if no_inventory {
-                Err(InventoryError(
-                    "cannot list /sys/bus/pci/devices: EIO".into(),
-                ))
+                Err(InventoryError::CannotList {
+                    path: "/sys/bus/pci/devices".into(),
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                })
             } else {
                 Ok(inv.clone())
             }
