@@ -77,22 +77,19 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
             .map(|(u, why)| (st.reservations[&u].clone(), why))
             .collect::<Vec<_>>()
     } else {
-        // Decide again under the lock: a domain that started meanwhile is kept.
-        store
-            .update(|st| {
-                let plan = reconcile::plan(st, &world);
-                let freed: Vec<_> = plan
-                    .into_iter()
-                    .filter_map(|(u, why)| st.reservations.remove(&u).map(|r| (r, why)))
-                    .collect();
-                let rs: Vec<_> = freed.iter().map(|(r, _)| r.clone()).collect();
-                // Their GPUs that a process still has open drain; draining ones nothing
-                // has open any more are free again.
-                gpuhook::reserve::drain::after_free(&cfg, st, &rs);
-                gpuhook::reserve::drain::log_settled(&gpuhook::reserve::drain::recheck(st));
-                Ok::<_, gpuhook::Error>(freed)
-            })
-            .map_err(|e| e.to_string())?
+        // Decide again under the lock: a domain that started meanwhile is kept. Their GPUs
+        // that a process still has open drain; draining ones nothing has open any more are
+        // free again.
+        let recheck = |st: &mut gpuhook::reserve::state::State| {
+            gpuhook::reserve::drain::log_settled(&gpuhook::reserve::drain::recheck(st))
+        };
+        gpuhook::reserve::lifecycle::free_with(
+            &gpuhook::reserve::facts::Facts::host(&cfg),
+            |st| reconcile::plan(st, &world),
+            recheck,
+        )
+        .map_err(|e| e.to_string())?
+        .freed
     };
     let verb = if dry_run { "would free" } else { "freed" };
     for (r, why) in &freed {

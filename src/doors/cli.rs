@@ -11,7 +11,9 @@ use crate::log;
 use crate::request::metadata;
 use crate::reserve::alloc;
 use crate::reserve::error::Error;
-use crate::reserve::state::{State, Store};
+use crate::reserve::facts::Facts;
+use crate::reserve::lifecycle;
+use crate::reserve::state::{Reservation, State, Store};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -500,21 +502,16 @@ fn print_cdi(p: &crate::cdi::Plan) {
 fn release(domain: &str) -> Result<i32, Error> {
     let cfg = Config::load()?;
     let key = domain.to_ascii_lowercase();
-    let freed = Store::new(&cfg.state_file).update(|st| {
-        let victims: Vec<String> = st
-            .reservations
+    let theirs = |st: &State| {
+        st.reservations
             .iter()
             .filter(|(u, r)| **u == key || r.domain == domain)
-            .map(|(u, _)| u.clone())
-            .collect();
-        let freed: Vec<_> = victims
-            .into_iter()
-            .filter_map(|u| st.reservations.remove(&u))
-            .collect();
-        let drained = crate::reserve::drain::after_free(&cfg, st, &freed);
-        Ok::<_, Error>((freed, drained))
-    })?;
-    let (freed, drained) = freed;
+            .map(|(u, _)| (u.clone(), ()))
+            .collect()
+    };
+    let lifecycle::Freed { freed, drained } =
+        lifecycle::free_with(&Facts::host(&cfg), theirs, |_| {})?;
+    let freed: Vec<Reservation> = freed.into_iter().map(|(r, ())| r).collect();
     if freed.is_empty() {
         println!("'{domain}' holds no GPUs; nothing to release");
     }

@@ -22,6 +22,7 @@ use crate::log;
 use crate::node::NodeSpec;
 use crate::request::IdMap;
 use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
 use crate::reserve::lifecycle::{self, Holder, HolderKind};
 use crate::reserve::state::Reservation;
 use std::ffi::{CString, OsStr, OsString};
@@ -420,17 +421,12 @@ fn free_oci(
     id: &str,
     cond: impl FnOnce(&Reservation) -> bool,
 ) -> Result<Option<Reservation>, Error> {
-    lifecycle::with_state(cfg, |st| {
-        let freed = match st.reservations.get(id) {
-            Some(r) if r.kind == HolderKind::Oci && cond(r) => st.reservations.remove(id),
-            _ => None,
-        };
-        if let Some(r) = &freed {
-            crate::reserve::drain::after_free(cfg, st, std::slice::from_ref(r));
-        }
-        sweep(cfg, st);
-        Ok(freed)
-    })
+    let mine = |st: &crate::reserve::state::State| match st.reservations.get(id) {
+        Some(r) if r.kind == HolderKind::Oci && cond(r) => vec![(id.to_string(), ())],
+        _ => Vec::new(),
+    };
+    let freed = lifecycle::free_with(&Facts::host(cfg), mine, |st| sweep(cfg, st))?;
+    Ok(freed.freed.into_iter().next().map(|(r, ())| r))
 }
 
 /// Edits the config and replaces it atomically (temp file in the same directory, rename),

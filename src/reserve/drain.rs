@@ -17,7 +17,7 @@
 //! instance of it uses.
 
 use crate::host::config::Config;
-use crate::host::inventory::{self, Inventory, Scan};
+use crate::host::inventory::Inventory;
 use crate::host::procfs::{Proc, ProcRef};
 use crate::ids::{Pci, Unit};
 use crate::log;
@@ -223,40 +223,8 @@ pub fn log_settled(s: &Settled) {
 }
 
 /// After `freed` left the state (under its lock): their units that a process still has open
-/// become draining. The nodes' numbers come from the host's inventory, read here (lazily:
-/// the driver's details of the freed GPUs only); when it cannot be read that is said, and
-/// the units are free as before.
-pub fn after_free(cfg: &Config, st: &mut State, freed: &[Reservation]) -> Settled {
-    if freed.iter().all(|r| r.gpus.is_empty()) {
-        return Settled::default();
-    }
-    let lazy = Scan {
-        caps: None,
-        lazy: true,
-    };
-    let mut inv = match inventory::scan_with(cfg, lazy) {
-        Ok(i) => i,
-        Err(e) => {
-            log::warn(&format!(
-                "cannot look for processes that keep freed GPUs open ({e}): they are free"
-            ));
-            return Settled::default();
-        }
-    };
-    after_free_on(&mut inv, cfg, st, freed)
-}
-
-/// [`after_free`] on an inventory at hand (settled here for the freed GPUs).
-pub fn after_free_on(
-    inv: &mut Inventory,
-    cfg: &Config,
-    st: &mut State,
-    freed: &[Reservation],
-) -> Settled {
-    after_free_in(inv, cfg, st, freed, crate::host::procfs::HOST)
-}
-
-/// [`after_free_on`], the openers looked for in this `/proc`.
+/// (looked for in `proc`) become draining; `inv` is settled here for the freed GPUs. The
+/// state's one free path is [`crate::reserve::lifecycle::free_with`].
 pub fn after_free_in(
     inv: &mut Inventory,
     cfg: &Config,

@@ -14,13 +14,13 @@ use crate::log;
 use crate::node::NodeSpec;
 use crate::request::{Driver, IdMap, Request};
 use crate::reserve::alloc;
-use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State, StateError, Store};
 
 mod activate;
 mod error;
+mod free;
 mod readopt;
 mod reserve;
 #[cfg(test)]
@@ -29,6 +29,7 @@ mod tests;
 pub use crate::reserve::state::HolderKind;
 pub use activate::{activate, activate_with};
 pub use error::LifecycleError;
+pub use free::{free, free_with, Freed};
 pub use readopt::{readopt, readopt_with, Readopted};
 pub use reserve::{reserve, reserve_nodes, reserve_nodes_with, reserve_with};
 
@@ -364,21 +365,6 @@ fn root_owner(h: &Holder) -> crate::enter::rootfs::Owner {
         uid: h.idmap.host_uid(0).unwrap_or(65534),
         gid: h.idmap.host_gid(0).unwrap_or(65534),
     }
-}
-
-/// `stopped`/`release`/`delete`: frees the reservation the state holds under `id` for a
-/// holder of this kind (whatever the holder's request says now); returns it, if there was one.
-pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
-    store(cfg).update(|s| {
-        let freed = match s.reservations.get(id) {
-            Some(r) if r.kind == kind => s.reservations.remove(id),
-            _ => None,
-        };
-        if let Some(r) = &freed {
-            drain::after_free(cfg, s, std::slice::from_ref(r));
-        }
-        Ok::<_, Error>(freed)
-    })
 }
 
 /// Runs `f` on the state under its lock (written back only when it changed): for a front

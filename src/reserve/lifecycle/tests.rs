@@ -800,6 +800,109 @@ fn readopt_checks_the_driver_mounts_it_recorded() {
 
 // ---- reserve, confirm, free ----
 
+impl Host {
+    /// Process `pid` of the fake `/proc` with descriptor 3 on `node` (a symlink to it, which
+    /// `statx` follows as it follows the kernel's magic links), opened with `flags` (octal,
+    /// as its `fdinfo` says them).
+    fn opener(&self, pid: i32, node: &str, flags: &str) {
+        self.process(
+            ProcRef {
+                pid,
+                start_time: 900,
+            },
+            1,
+        );
+        let dir = self.cfg.proc.join(pid.to_string());
+        std::fs::create_dir_all(dir.join("fd")).unwrap();
+        std::fs::create_dir_all(dir.join("fdinfo")).unwrap();
+        std::os::unix::fs::symlink(node, dir.join("fd/3")).unwrap();
+        std::fs::write(dir.join("fdinfo/3"), format!("pos:\t0\nflags:\t{flags}\n")).unwrap();
+    }
+}
+
+fn all_of(id: &'static str) -> impl FnOnce(&State) -> Vec<(String, ())> {
+    move |st| {
+        st.reservations
+            .keys()
+            .filter(|k| *k == id)
+            .map(|k| (k.clone(), ()))
+            .collect()
+    }
+}
+
+#[test]
+fn free_drains_a_unit_a_process_keeps_open() {
+    // GPU 0 is /dev/null here, GPU 1 /dev/zero: process 4300 has GPU 0 really open, 4301
+    // holds only an O_PATH descriptor on GPU 1 (which holds nothing).
+    let h = cdi_host();
+    h.opener(4300, "/dev/null", "0100002");
+    h.opener(4301, "/dev/zero", "010000000");
+    h.seed(ID, "web1", &[pci(0), pci(1)], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake::default());
+    let out = h.with(&fake, |f| free_with(f, all_of(ID), |_| {})).unwrap();
+    assert_eq!(out.freed.len(), 1);
+    assert_eq!(out.freed[0].0.gpus, vec![pci(0), pci(1)]);
+    let st = h.state();
+    assert!(st.reservations.is_empty());
+    assert_eq!(crate::reserve::drain::unit_pids(&st, &pci(0)), vec![4300]);
+    assert!(!st.draining.contains_key(&pci(1)), "{:?}", st.draining);
+    assert_eq!(
+        out.drained
+            .draining
+            .iter()
+            .map(|(u, _)| *u)
+            .collect::<Vec<_>>(),
+        vec![pci(0)]
+    );
+    // Nothing the fake container was asked to do: a free touches no container.
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+}
+
+#[test]
+fn free_without_an_inventory_frees_and_drains_nothing() {
+    let h = cdi_host();
+    h.opener(4300, "/dev/null", "0100002");
+    h.seed(ID, "web1", &[pci(0)], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake {
+        no_inventory: true,
+        ..Fake::default()
+    });
+    let out = h.with(&fake, |f| free_with(f, all_of(ID), |_| {})).unwrap();
+    assert_eq!(out.freed.len(), 1);
+    let st = h.state();
+    assert!(st.reservations.is_empty() && st.draining.is_empty());
+}
+
+#[test]
+fn free_takes_only_what_is_chosen_and_runs_then_in_the_same_step() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Running, Some(INIT));
+    h.seed("other-uuid", "web2", &[pci(1)], Phase::Running, None);
+    let fake = h.fake(Fake::default());
+    let seen = Cell::new(false);
+    let out = h
+        .with(&fake, |f| {
+            free_with(
+                f,
+                |_| vec![(ID.to_string(), "why"), ("no-such-id".to_string(), "x")],
+                |st| {
+                    // Under the same lock: the freed one is out, the other still in.
+                    assert!(!st.reservations.contains_key(ID));
+                    assert!(st.reservations.contains_key("other-uuid"));
+                    seen.set(true);
+                },
+            )
+        })
+        .unwrap();
+    assert!(seen.get());
+    assert_eq!(out.freed.len(), 1);
+    assert_eq!(out.freed[0].1, "why");
+    assert_eq!(
+        h.state().reservations.keys().collect::<Vec<_>>(),
+        vec!["other-uuid"]
+    );
+}
+
 #[test]
 fn reserve_confirm_activate_free_in_memory() {
     let h = host();
@@ -836,4 +939,122 @@ fn reserve_reclaims_a_stale_reservation_only_when_needed() {
     let st = h.state();
     assert!(!st.reservations.contains_key("other-uuid"));
     assert_eq!(st.reservations[ID].gpus.len(), 1);
+}
+
+// ---- the OCI door's reserve (its token), MIG ----
+
+fn oci_holder(idmap: &IdMap) -> Holder<'_> {
+    Holder {
+        kind: HolderKind::Oci,
+        name: "ctr1",
+        id: "ctr1",
+        idmap,
+    }
+}
+
+#[test]
+fn oci_reserve_is_held_by_the_create_that_made_it() {
+    let h = host();
+    let me = ProcRef {
+        pid: std::process::id() as i32,
+        start_time: 31337,
+    };
+    h.process(me, 1);
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    let who = oci_holder(&idmap);
+    let ((specs, _), by) = h
+        .with(&fake, |f| reserve_nodes_with(f, &who, &req(1)))
+        .unwrap();
+    // The token its hooks carry is this process, as the fake /proc knows it.
+    assert_eq!(by, me);
+    let r = h.state().reservations["ctr1"].clone();
+    assert_eq!(
+        (r.kind, r.phase, r.prepared_by),
+        (HolderKind::Oci, Phase::Prepared, Some(me))
+    );
+    assert_eq!(r.nodes, as_nodes(&specs));
+    assert_eq!(r.gpus.len(), 1);
+    // The same create again keeps its GPU; another live create of the ID is refused.
+    h.with(&fake, |f| reserve_nodes_with(f, &who, &req(1)))
+        .unwrap();
+    assert_eq!(h.state().reservations["ctr1"].gpus, r.gpus);
+    let other = ProcRef {
+        pid: 4300,
+        start_time: 900,
+    };
+    h.process(other, 1);
+    store(&h.cfg)
+        .update(|st| {
+            st.reservations.get_mut("ctr1").unwrap().prepared_by = Some(other);
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    let e = h
+        .with(&fake, |f| reserve_nodes_with(f, &who, &req(1)))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "another create of this container ID holds GPUs {} (runtime pid 4300)",
+            r.gpus[0]
+        )
+    );
+    // A libvirt domain may not take the OCI container's key.
+    let e = h
+        .with(&fake, |f| {
+            reserve_with(f, &holder_with_id(&idmap, "ctr1"), &req(1))
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("ctr1"), "{e}");
+}
+
+fn holder_with_id<'a>(idmap: &'a IdMap, id: &'a str) -> Holder<'a> {
+    Holder {
+        id,
+        ..holder(idmap)
+    }
+}
+
+#[test]
+fn mig_reserve_and_activate_give_the_instances_capabilities() {
+    use crate::reserve::alloc::tests::with_migs;
+    let mut h = host();
+    h.inv.gpus[0] = with_migs(h.inv.gpus[0].clone(), &[(1, 0), (2, 0), (2, 1)]);
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    let mut r = req(2);
+    r.mig = true;
+    h.with(&fake, |f| reserve_with(f, &holder(&idmap), &r))
+        .unwrap();
+    let gpus = h.state().reservations[ID].gpus.clone();
+    assert!(
+        gpus.iter().all(|u| u.is_mig() && u.pci() == pci(0).pci()),
+        "{gpus:?}"
+    );
+    assert_eq!(gpus.len(), 2);
+    h.with(&fake, |f| activate_with(f, &holder(&idmap), &r, found))
+        .unwrap();
+    let calls = fake.calls();
+    // The parent GPU's node and each instance's GPU-instance and compute-instance
+    // capabilities are granted and made.
+    for cap in gpus.iter().flat_map(|u| {
+        let (gi, ci) = (u.gi().unwrap(), u.to_string());
+        let ci: u32 = ci.rsplit("/ci").next().unwrap().parse().unwrap();
+        [gi * 9, gi * 9 + 1 + ci]
+    }) {
+        assert!(
+            calls.iter().any(|c| c == &format!("allow 236:{cap}")),
+            "cap {cap} not granted: {calls:?}"
+        );
+    }
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with("create ") && c.contains("nvidia-caps")),
+        "{calls:?}"
+    );
+    // Freed, nothing of it is left reserved.
+    assert!(free(&h.cfg, HolderKind::Libvirt, ID).unwrap().is_some());
+    assert!(h.state().reservations.is_empty());
 }

@@ -1,0 +1,77 @@
+//! The one free path: every door's stop, an operator's `release`, and `reconcile` take
+//! reservations out of the state through [`free_with`], so a freed unit that a process still
+//! has open is draining whoever freed it.
+
+use super::store;
+use crate::host::config::Config;
+use crate::host::inventory::Scan;
+use crate::log;
+use crate::reserve::drain::{self, Settled};
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{HolderKind, Reservation, State};
+
+/// What one free took out of the state, each with what the chooser said of it (`why`: a
+/// reason for `reconcile`, nothing for the others), and which of its units now drain.
+#[derive(Debug)]
+pub struct Freed<W = ()> {
+    pub freed: Vec<(Reservation, W)>,
+    pub drained: Settled,
+}
+
+/// Frees, in one step under the state's lock: `choose` names the reservations (by key) to
+/// take out, each with a `why`; their units that a process still has open become draining
+/// (nodes read through `f.scan`, openers looked for in `f.proc`); then `then` runs on the
+/// state (a door's own bookkeeping, in the same locked step). A key that is not in the state
+/// frees nothing.
+pub fn free_with<W>(
+    f: &Facts,
+    choose: impl FnOnce(&State) -> Vec<(String, W)>,
+    then: impl FnOnce(&mut State),
+) -> Result<Freed<W>, Error> {
+    store(f.cfg).update(|st| {
+        let freed: Vec<(Reservation, W)> = choose(st)
+            .into_iter()
+            .filter_map(|(k, why)| st.reservations.remove(&k).map(|r| (r, why)))
+            .collect();
+        let drained = drain_freed(f, st, &freed);
+        then(st);
+        Ok::<_, Error>(Freed { freed, drained })
+    })
+}
+
+/// After `freed` left the state: their units that a process still has open become draining.
+/// The nodes' numbers come from the host's inventory, read here (lazily: the driver's details
+/// of the freed GPUs only); when it cannot be read that is said, and the units are free.
+fn drain_freed<W>(f: &Facts, st: &mut State, freed: &[(Reservation, W)]) -> Settled {
+    if freed.iter().all(|(r, _)| r.gpus.is_empty()) {
+        return Settled::default();
+    }
+    let lazy = Scan {
+        caps: None,
+        lazy: true,
+    };
+    let mut inv = match (f.scan)(f.cfg, lazy) {
+        Ok(i) => i,
+        Err(e) => {
+            log::warn(&format!(
+                "cannot look for processes that keep freed GPUs open ({e}): they are free"
+            ));
+            return Settled::default();
+        }
+    };
+    let rs: Vec<Reservation> = freed.iter().map(|(r, _)| r.clone()).collect();
+    drain::after_free_in(&mut inv, f.cfg, st, &rs, f.proc)
+}
+
+/// `stopped`/`release`/`delete`: frees the reservation the state holds under `id` for a
+/// holder of this kind (whatever the holder's request says now); returns it, if there was one.
+pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
+    let f = Facts::host(cfg);
+    let mine = |st: &State| match st.reservations.get(id) {
+        Some(r) if r.kind == kind => vec![(id.to_string(), ())],
+        _ => Vec::new(),
+    };
+    let freed = free_with(&f, mine, |_| {})?;
+    Ok(freed.freed.into_iter().next().map(|(r, ())| r))
+}
