@@ -7,13 +7,163 @@
 //! root port) the same way, then lowest index.
 
 use crate::host::inventory::Gpu;
-use crate::ids::{Pci, Unit};
-use crate::request::{DeviceSel, Field, Filter, Request};
+use crate::ids::{Pci, Unit, Vendor};
+use crate::request::{DeviceSel, Field, Filter, MigSel, Request};
 use std::collections::BTreeMap;
 
+/// Why a request gets no GPUs: each refusal with what it names, printed as one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct AllocError(pub String);
+pub enum AllocError {
+    /// A `<gpu:device>` (or a MIG selector's GPU) names no GPU of this host.
+    #[error("no GPU with {sel} on this host")]
+    NoGpu { sel: DeviceSel },
+    /// Two `<gpu:device>` selectors name one GPU.
+    #[error("{sel} names GPU {pci} a second time")]
+    NamedTwice { sel: DeviceSel, pci: Pci },
+    /// A named GPU is excluded by the host config.
+    #[error("GPU {pci} ({sel}) is excluded by the host config")]
+    Excluded { pci: Pci, sel: DeviceSel },
+    /// A named GPU has a problem (no driver, quarantined…).
+    #[error("GPU {pci} ({sel}) cannot be used: {problem}")]
+    Unusable {
+        pci: Pci,
+        sel: DeviceSel,
+        problem: String,
+    },
+    /// A named GPU is handed out as its MIG instances only.
+    #[error(
+        "GPU {pci} ({sel}) is in MIG mode with {instances} instances: ask for them (mig='yes')"
+    )]
+    InMigMode {
+        pci: Pci,
+        sel: DeviceSel,
+        instances: usize,
+    },
+    /// A named GPU, or one of its MIG instances, is held by `holder`.
+    #[error("GPU {pci} ({sel}) is held by {holder}")]
+    Held {
+        pci: Pci,
+        sel: DeviceSel,
+        holder: String,
+    },
+    /// A named GPU fails one of the request's filters.
+    #[error(
+        "GPU {pci} ({sel}) does not match {filter} (it is {vendor} {} {model})",
+        .arch.as_deref().unwrap_or("unknown-arch")
+    )]
+    Mismatch {
+        pci: Pci,
+        sel: DeviceSel,
+        filter: Box<Filter>,
+        vendor: Vendor,
+        arch: Option<String>,
+        model: String,
+    },
+    /// Fewer usable, free, matching GPUs than asked: `free` of the `matching` ones, and why
+    /// the others are not (`why`: one reason per cause).
+    #[error(
+        "cannot reserve {req}: only {free} of the host's {matching} matching GPU{} {} free{}",
+        plural(*.matching),
+        is_are(*.free),
+        detail(.why, ", ")
+    )]
+    Shortage {
+        req: Box<Request>,
+        free: usize,
+        matching: usize,
+        why: Vec<String>,
+    },
+    /// A `<gpu:mig>` names an instance its GPU does not have.
+    #[error("GPU {pci} has no MIG instance gi {} ci {} ({sel})", .sel.gi, .sel.ci)]
+    NoMig { pci: Pci, sel: MigSel },
+    #[error("{sel} is named twice")]
+    MigNamedTwice { sel: MigSel },
+    /// The GPU of a named MIG instance has a problem, or is excluded.
+    #[error("GPU {pci} ({sel}) cannot be used: {problem}")]
+    MigUnusable {
+        pci: Pci,
+        sel: MigSel,
+        problem: String,
+    },
+    /// The GPU of a named MIG instance is held whole.
+    #[error("GPU {pci} ({sel}) is held whole by {holder}")]
+    HeldWhole {
+        pci: Pci,
+        sel: MigSel,
+        holder: String,
+    },
+    /// A named MIG instance is held.
+    #[error("{unit} ({sel}) is held by {holder}")]
+    MigHeld {
+        unit: Unit,
+        sel: MigSel,
+        holder: String,
+    },
+    /// Another holder uses the named instance's GPU instance (`sel.gi`), through `through`.
+    #[error("{unit} ({sel}): its GPU instance gi {} is held by {holder} (through {through}); compute instances of one GPU instance share its memory and engines", .sel.gi)]
+    GiHeld {
+        unit: Unit,
+        sel: MigSel,
+        holder: String,
+        through: Unit,
+    },
+    /// The GPU of a named MIG instance fails one of the request's filters.
+    #[error("GPU {pci} ({sel}) does not match {filter}")]
+    MigMismatch {
+        pci: Pci,
+        sel: MigSel,
+        filter: Box<Filter>,
+    },
+    /// Fewer free MIG instances than asked: `free` (the named ones included) of the `total`
+    /// on matching GPUs, and why the others are not (`why`).
+    #[error(
+        "cannot reserve {req}: only {free} of the host's {total} MIG instance{} on matching GPUs {} free{}",
+        plural(*.total),
+        is_are(*.free),
+        detail(.why, "; ")
+    )]
+    MigShortage {
+        req: Box<Request>,
+        free: usize,
+        total: usize,
+        why: Vec<String>,
+    },
+}
+
+/// The plural ending for `n` things.
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// The verb for `n` things.
+fn is_are(n: usize) -> &'static str {
+    if n == 1 {
+        "is"
+    } else {
+        "are"
+    }
+}
+
+/// A shortage's reasons after a colon, joined by `sep`; nothing when there are none.
+fn detail<'a>(why: &'a [String], sep: &'static str) -> Detail<'a> {
+    Detail(why, sep)
+}
+
+/// [`detail`]'s words, written as they are displayed.
+struct Detail<'a>(&'a [String], &'static str);
+
+impl std::fmt::Display for Detail<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        write!(f, ": {}", self.0.join(self.1))
+    }
+}
 
 /// Who holds a unit (a whole GPU, a MIG instance): unit → its holder as messages name it
 /// (`domain 'web1'`, `container 'ID'`).
@@ -71,48 +221,53 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, A
     }
     let mut chosen: Vec<&Gpu> = Vec::new();
     for sel in &req.devices {
-        let g = resolve(gpus, sel)
-            .ok_or_else(|| AllocError(format!("no GPU with {sel} on this host")))?;
+        let g = resolve(gpus, sel).ok_or_else(|| AllocError::NoGpu { sel: sel.clone() })?;
         if chosen.iter().any(|c| c.pci == g.pci) {
-            return Err(AllocError(format!(
-                "{sel} names GPU {} a second time",
-                g.pci
-            )));
+            return Err(AllocError::NamedTwice {
+                sel: sel.clone(),
+                pci: g.pci,
+            });
         }
         if g.excluded {
-            return Err(AllocError(format!(
-                "GPU {} ({sel}) is excluded by the host config",
-                g.pci
-            )));
+            return Err(AllocError::Excluded {
+                pci: g.pci,
+                sel: sel.clone(),
+            });
         }
         if let Some(p) = &g.problem {
-            return Err(AllocError(format!(
-                "GPU {} ({sel}) cannot be used: {p}",
-                g.pci
-            )));
+            return Err(AllocError::Unusable {
+                pci: g.pci,
+                sel: sel.clone(),
+                problem: p.clone(),
+            });
         }
         if !g.migs.is_empty() {
-            return Err(AllocError(format!(
-                "GPU {} ({sel}) is in MIG mode with {} instances: ask for them (mig='yes')",
-                g.pci,
-                g.migs.len()
-            )));
+            return Err(AllocError::InMigMode {
+                pci: g.pci,
+                sel: sel.clone(),
+                instances: g.migs.len(),
+            });
         }
         if let Some(h) = busy(held, g.pci) {
-            return Err(AllocError(format!("GPU {} ({sel}) is held by {h}", g.pci)));
+            return Err(AllocError::Held {
+                pci: g.pci,
+                sel: sel.clone(),
+                holder: h.to_string(),
+            });
         }
         if let Some(f) = req
             .filters
             .iter()
             .find(|f| !f.op.matches(field_value(g, f.field)))
         {
-            return Err(AllocError(format!(
-                "GPU {} ({sel}) does not match {f} (it is {} {} {})",
-                g.pci,
-                g.vendor,
-                g.arch.as_deref().unwrap_or("unknown-arch"),
-                g.model
-            )));
+            return Err(AllocError::Mismatch {
+                pci: g.pci,
+                sel: sel.clone(),
+                filter: Box::new(f.clone()),
+                vendor: g.vendor,
+                arch: g.arch.clone(),
+                model: g.model.clone(),
+            });
         }
         chosen.push(g);
     }
@@ -180,17 +335,12 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
             first.problem.as_deref().unwrap_or_default()
         ));
     }
-    let detail = if why.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", why.join(", "))
-    };
-    AllocError(format!(
-        "cannot reserve {req}: only {free} of the host's {} matching GPU{} {} free{detail}",
-        matching.len(),
-        if matching.len() == 1 { "" } else { "s" },
-        if free == 1 { "is" } else { "are" },
-    ))
+    AllocError::Shortage {
+        req: Box::new(req.clone()),
+        free,
+        matching: matching.len(),
+        why,
+    }
 }
 
 /// Chooses `req.count` MIG compute instances: the exact ones the request names, then free
@@ -248,56 +398,64 @@ pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Uni
 fn named_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<(usize, Unit)>, AllocError> {
     let mut chosen: Vec<(usize, Unit)> = Vec::new();
     for sel in &req.migs {
-        let g = resolve(gpus, &sel.gpu)
-            .ok_or_else(|| AllocError(format!("no GPU with {} on this host", sel.gpu)))?;
+        let g = resolve(gpus, &sel.gpu).ok_or_else(|| AllocError::NoGpu {
+            sel: sel.gpu.clone(),
+        })?;
         let m = g
             .migs
             .iter()
             .find(|m| m.gi == sel.gi && m.ci == sel.ci)
-            .ok_or_else(|| {
-                AllocError(format!(
-                    "GPU {} has no MIG instance gi {} ci {} ({sel})",
-                    g.pci, sel.gi, sel.ci
-                ))
+            .ok_or_else(|| AllocError::NoMig {
+                pci: g.pci,
+                sel: sel.clone(),
             })?;
         let id = m.id(g.pci);
         if chosen.iter().any(|(_, c)| *c == id) {
-            return Err(AllocError(format!("{sel} is named twice")));
+            return Err(AllocError::MigNamedTwice { sel: sel.clone() });
         }
         if let Some(p) = g
             .problem
             .as_deref()
             .or(g.excluded.then_some("excluded by the host config"))
         {
-            return Err(AllocError(format!(
-                "GPU {} ({sel}) cannot be used: {p}",
-                g.pci
-            )));
+            return Err(AllocError::MigUnusable {
+                pci: g.pci,
+                sel: sel.clone(),
+                problem: p.to_string(),
+            });
         }
         if let Some(h) = held.get(&Unit::Gpu(g.pci)) {
-            return Err(AllocError(format!(
-                "GPU {} ({sel}) is held whole by {h}",
-                g.pci
-            )));
+            return Err(AllocError::HeldWhole {
+                pci: g.pci,
+                sel: sel.clone(),
+                holder: h.clone(),
+            });
         }
         if let Some(h) = held.get(&id) {
-            return Err(AllocError(format!("{id} ({sel}) is held by {h}")));
+            return Err(AllocError::MigHeld {
+                unit: id,
+                sel: sel.clone(),
+                holder: h.clone(),
+            });
         }
         if let Some((other, h)) = gi_holder(held, g.pci, m.gi) {
-            return Err(AllocError(format!(
-                "{id} ({sel}): its GPU instance gi {} is held by {h} (through {other}); compute instances of one GPU instance share its memory and engines",
-                m.gi
-            )));
+            return Err(AllocError::GiHeld {
+                unit: id,
+                sel: sel.clone(),
+                holder: h.to_string(),
+                through: other,
+            });
         }
         if let Some(f) = req
             .filters
             .iter()
             .find(|f| !f.op.matches(field_value(g, f.field)))
         {
-            return Err(AllocError(format!(
-                "GPU {} ({sel}) does not match {f}",
-                g.pci
-            )));
+            return Err(AllocError::MigMismatch {
+                pci: g.pci,
+                sel: sel.clone(),
+                filter: Box::new(f.clone()),
+            });
         }
         chosen.push((g.index, id));
     }
@@ -341,17 +499,12 @@ fn mig_shortage(
             g.problem.as_deref().unwrap_or("excluded")
         ));
     }
-    AllocError(format!(
-        "cannot reserve {req}: only {} of the host's {total} MIG instance{} on matching GPUs {} free{}",
-        free + chosen,
-        if total == 1 { "" } else { "s" },
-        if free + chosen == 1 { "is" } else { "are" },
-        if why.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", why.join("; "))
-        }
-    ))
+    AllocError::MigShortage {
+        req: Box::new(req.clone()),
+        free: free + chosen,
+        total,
+        why,
+    }
 }
 
 /// Groups GPUs by a key, keeping index order inside each group.
@@ -574,7 +727,7 @@ pub(crate) mod tests {
         r.count = 4;
         assert_eq!(allocate(&gs, &held, &r).unwrap().len(), 4);
         r.count = 5;
-        assert!(allocate(&gs, &held, &r).unwrap_err().0.contains(
+        assert!(allocate(&gs, &held, &r).unwrap_err().to_string().contains(
             "only 4 of the host's 5 MIG instances on matching GPUs are free: held by domain 'x'"
         ));
         // Whole GPUs: never one with instances, nor one whose instance is held.
@@ -585,7 +738,7 @@ pub(crate) mod tests {
         assert!(!whole.contains(&unit("0000:10:00.0")) && !whole.contains(&unit("0000:11:00.0")));
         assert!(allocate(&gs, &held, &req(7))
             .unwrap_err()
-            .0
+            .to_string()
             .contains("2 in MIG mode"));
         // A GPU held whole gives no instance.
         held.insert(unit("0000:10:00.0"), "domain 'w'".into());
@@ -597,7 +750,7 @@ pub(crate) mod tests {
         }];
         assert!(allocate(&gs, &held, &r)
             .unwrap_err()
-            .0
+            .to_string()
             .contains("is held whole by domain 'w'"));
     }
 
@@ -634,7 +787,7 @@ pub(crate) mod tests {
         assert_eq!(gi_holder(&held, pci("0000:10:00.0"), 8), None);
         // An exact request for the other compute instance of gi 7: refused, naming 'a'.
         assert_eq!(
-            allocate(&gs, &held, &exact(&[(7, 1)])).unwrap_err().0,
+            allocate(&gs, &held, &exact(&[(7, 1)])).unwrap_err().to_string(),
             "0000:10:00.0/gi7/ci1 (MIG index 0 gi 7 ci 1): its GPU instance gi 7 is held by domain 'a' (through 0000:10:00.0/gi7/ci0); compute instances of one GPU instance share its memory and engines"
         );
         assert_eq!(allocate(&gs, &held, &exact(&[(8, 0)])).unwrap(), [id(8, 0)]);
@@ -645,7 +798,7 @@ pub(crate) mod tests {
         r.count = 2;
         let e = allocate(&gs, &held, &r).unwrap_err();
         assert!(
-            e.0.contains(
+            e.to_string().contains(
                 "only 1 of the host's 3 MIG instances on matching GPUs is free: held by domain 'a'"
             ),
             "{e}"
@@ -689,7 +842,8 @@ pub(crate) mod tests {
         }
         let e = allocate(&g, &Held::new(), &req(9)).unwrap_err();
         assert!(
-            e.0.contains("only 8 of the host's 8 matching GPUs are free"),
+            e.to_string()
+                .contains("only 8 of the host's 8 matching GPUs are free"),
             "{e}"
         );
     }
@@ -787,7 +941,8 @@ pub(crate) mod tests {
         }];
         let e = allocate(&g, &Held::new(), &r).unwrap_err();
         assert!(
-            e.0.contains("only 0 of the host's 0 matching GPUs are free"),
+            e.to_string()
+                .contains("only 0 of the host's 0 matching GPUs are free"),
             "{e}"
         );
     }
@@ -812,18 +967,22 @@ pub(crate) mod tests {
         let a = allocate(&g, &Held::new(), &req(6)).unwrap();
         assert!(!idx(&g, &a).contains(&0) && !idx(&g, &a).contains(&1));
         let e = allocate(&g, &Held::new(), &req(7)).unwrap_err();
-        assert!(e.0.contains("1 excluded"), "{e}");
-        assert!(e.0.contains("1 unusable (0000:11:00.0: no driver)"), "{e}");
+        assert!(e.to_string().contains("1 excluded"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("1 unusable (0000:11:00.0: no driver)"),
+            "{e}"
+        );
         let mut r = req(1);
         r.devices = vec![DeviceSel::Index(0)];
         assert!(allocate(&g, &Held::new(), &r)
             .unwrap_err()
-            .0
+            .to_string()
             .contains("excluded by the host config"));
         r.devices = vec![DeviceSel::Pci(g[1].pci.to_string())];
         assert!(allocate(&g, &Held::new(), &r)
             .unwrap_err()
-            .0
+            .to_string()
             .contains("cannot be used: no driver"));
     }
 
@@ -840,16 +999,16 @@ pub(crate) mod tests {
         assert_eq!(idx(&g, &allocate(&g, &h, &r).unwrap()), vec![4, 6, 7]);
         h.insert(Unit::Gpu(g[6].pci), "domain 'other'".into());
         let e = allocate(&g, &h, &r).unwrap_err();
-        assert!(e.0.contains("is held by domain 'other'"), "{e}");
+        assert!(e.to_string().contains("is held by domain 'other'"), "{e}");
         r.devices = vec![DeviceSel::Pci("0000:99:00.0".into())];
         assert!(allocate(&g, &h, &r)
             .unwrap_err()
-            .0
+            .to_string()
             .contains("no GPU with pci 0000:99:00.0"));
         r.devices = vec![DeviceSel::Index(1), DeviceSel::Pci(g[1].pci.to_string())];
         assert!(allocate(&g, &h, &r)
             .unwrap_err()
-            .0
+            .to_string()
             .contains("a second time"));
         r.devices = vec![DeviceSel::Index(1)];
         r.filters = vec![Filter {
@@ -857,7 +1016,10 @@ pub(crate) mod tests {
             op: Op::Eq("fermi".into()),
         }];
         let e = allocate(&g, &h, &r).unwrap_err();
-        assert!(e.0.contains("does not match arch == fermi"), "{e}");
+        assert!(
+            e.to_string().contains("does not match arch == fermi"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -870,8 +1032,160 @@ pub(crate) mod tests {
         }
         let e = allocate(&g, &h, &req(2)).unwrap_err();
         assert_eq!(
-            e.0,
+            e.to_string(),
             "cannot reserve 2 GPUs: only 1 of the host's 8 matching GPUs is free: 7 held by domain 'a', container 'b'"
+        );
+    }
+
+    /// Every refusal of a whole-GPU request word for word: these lines are what the product says.
+    #[test]
+    fn gpu_refusals_word_for_word() {
+        let said = |gs: &[Gpu], h: &Held, r: &Request| allocate(gs, h, r).unwrap_err().to_string();
+        let mut gs = dgx();
+        gs[2].excluded = true;
+        gs[3].problem = Some("no driver".into());
+        gs[4] = with_migs(gs[4].clone(), &[(1, 0), (2, 0)]);
+        gs[5].arch = None;
+        let mut h = Held::new();
+        h.insert(Unit::Gpu(gs[6].pci), "domain 'a'".into());
+        let named = |devices: Vec<DeviceSel>| Request { devices, ..req(1) };
+        let cases = [
+            (vec![DeviceSel::Index(9)], "no GPU with index 9 on this host"),
+            (
+                vec![DeviceSel::Index(0), DeviceSel::Uuid("gpu-00000000".into())],
+                "uuid gpu-00000000 names GPU 0000:10:00.0 a second time",
+            ),
+            (
+                vec![DeviceSel::Index(2)],
+                "GPU 0000:12:00.0 (index 2) is excluded by the host config",
+            ),
+            (
+                vec![DeviceSel::Index(3)],
+                "GPU 0000:13:00.0 (index 3) cannot be used: no driver",
+            ),
+            (
+                vec![DeviceSel::Index(4)],
+                "GPU 0000:14:00.0 (index 4) is in MIG mode with 2 instances: ask for them (mig='yes')",
+            ),
+            (
+                vec![DeviceSel::Index(6)],
+                "GPU 0000:16:00.0 (index 6) is held by domain 'a'",
+            ),
+        ];
+        for (devices, text) in cases {
+            assert_eq!(said(&gs, &h, &named(devices)), text);
+        }
+        let mut r = named(vec![DeviceSel::Pci("0000:15:00.0".into())]);
+        r.filters = vec![Filter {
+            field: Field::Arch,
+            op: Op::Eq("hopper".into()),
+        }];
+        assert_eq!(
+            said(&gs, &h, &r),
+            "GPU 0000:15:00.0 (pci 0000:15:00.0) does not match arch == hopper (it is nvidia unknown-arch Model hopper)"
+        );
+        let e = allocate(&gs, &h, &req(8)).unwrap_err();
+        assert!(
+            matches!(&e, AllocError::Shortage { free: 4, matching: 8, why, .. } if why.len() == 4),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "cannot reserve 8 GPUs: only 4 of the host's 8 matching GPUs are free: 1 held by domain 'a', 1 excluded, 1 in MIG mode (handed out as instances: mig='yes'), 1 unusable (0000:13:00.0: no driver)"
+        );
+        let one = [gpu(0, Some(0), "a", Vendor::Amd, "cdna2")];
+        assert_eq!(
+            said(&one, &Held::new(), &req(2)),
+            "cannot reserve 2 GPUs: only 1 of the host's 1 matching GPU is free"
+        );
+    }
+
+    /// Every refusal of a MIG request word for word: named instances, then counted ones.
+    #[test]
+    fn mig_refusals_word_for_word() {
+        let said = |gs: &[Gpu], h: &Held, r: &Request| allocate(gs, h, r).unwrap_err().to_string();
+        let mut m = dgx();
+        m[0] = with_migs(m[0].clone(), &[(1, 0), (1, 1), (2, 0)]);
+        for g in &mut m[1..4] {
+            *g = with_migs(g.clone(), &[(1, 0)]);
+        }
+        m[1].excluded = true;
+        m[2].problem = Some("Xid 79".into());
+        let mut h = Held::new();
+        h.insert(Unit::Gpu(m[3].pci), "domain 'w'".into());
+        h.insert(unit("0000:10:00.0/gi1/ci0"), "container 'c'".into());
+        let migs = |count: u32, sels: &[(u32, u32, u32)]| Request {
+            mig: true,
+            migs: sels
+                .iter()
+                .map(|&(i, gi, ci)| crate::request::MigSel {
+                    gpu: DeviceSel::Index(i),
+                    gi,
+                    ci,
+                })
+                .collect(),
+            ..req(count)
+        };
+        let cases = [
+            (migs(1, &[(9, 1, 0)]), "no GPU with index 9 on this host"),
+            (
+                migs(1, &[(0, 3, 0)]),
+                "GPU 0000:10:00.0 has no MIG instance gi 3 ci 0 (MIG index 0 gi 3 ci 0)",
+            ),
+            (
+                migs(2, &[(0, 2, 0), (0, 2, 0)]),
+                "MIG index 0 gi 2 ci 0 is named twice",
+            ),
+            (
+                migs(1, &[(1, 1, 0)]),
+                "GPU 0000:11:00.0 (MIG index 1 gi 1 ci 0) cannot be used: excluded by the host config",
+            ),
+            (
+                migs(1, &[(2, 1, 0)]),
+                "GPU 0000:12:00.0 (MIG index 2 gi 1 ci 0) cannot be used: Xid 79",
+            ),
+            (
+                migs(1, &[(3, 1, 0)]),
+                "GPU 0000:13:00.0 (MIG index 3 gi 1 ci 0) is held whole by domain 'w'",
+            ),
+            (
+                migs(1, &[(0, 1, 0)]),
+                "0000:10:00.0/gi1/ci0 (MIG index 0 gi 1 ci 0) is held by container 'c'",
+            ),
+            (
+                migs(3, &[]),
+                "cannot reserve 3 MIG instances: only 1 of the host's 6 MIG instances on matching GPUs is free: held by container 'c'; 0000:11:00.0 unusable: excluded",
+            ),
+            (
+                migs(2, &[(0, 2, 0)]),
+                "cannot reserve 2 MIG instances, MIG index 0 gi 2 ci 0: only 1 of the host's 6 MIG instances on matching GPUs is free: held by container 'c'; 0000:11:00.0 unusable: excluded",
+            ),
+        ];
+        for (r, text) in cases {
+            assert_eq!(said(&m, &h, &r), text);
+        }
+        let e = allocate(&m, &h, &migs(1, &[(0, 1, 1)])).unwrap_err();
+        assert!(
+            matches!(e, AllocError::GiHeld { through, .. } if through == unit("0000:10:00.0/gi1/ci0")),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "0000:10:00.0/gi1/ci1 (MIG index 0 gi 1 ci 1): its GPU instance gi 1 is held by container 'c' (through 0000:10:00.0/gi1/ci0); compute instances of one GPU instance share its memory and engines"
+        );
+        let mut r = migs(1, &[(0, 2, 0)]);
+        r.filters = vec![Filter {
+            field: Field::Arch,
+            op: Op::Eq("fermi".into()),
+        }];
+        assert_eq!(
+            said(&m, &h, &r),
+            "GPU 0000:10:00.0 (MIG index 0 gi 2 ci 0) does not match arch == fermi"
+        );
+        let lone = [with_migs(m[4].clone(), &[(1, 0)])];
+        assert_eq!(
+            said(&lone, &Held::new(), &migs(2, &[])),
+            "cannot reserve 2 MIG instances: only 1 of the host's 1 MIG instance on matching GPUs is free"
         );
     }
 }
