@@ -9,6 +9,7 @@
 //! Arguments filter cases by substring.
 
 mod common;
+mod hotplug;
 
 use gpuhook::enter::container::Container;
 use nix::errno::Errno;
@@ -2193,6 +2194,20 @@ const CASES: &[(&str, Case)] = &[
     ("init_exits_during_started", init_exits_during_started),
     ("killed_behind_libvirts_back", killed_behind_libvirts_back),
     ("request_through_libvirt", request_through_libvirt),
+    (
+        "attach_and_detach_in_a_running_domain",
+        hotplug::attach_and_detach_in_a_running_domain,
+    ),
+    (
+        "attach_to_a_domain_without_a_request",
+        hotplug::attach_to_a_domain_without_a_request,
+    ),
+    ("attach_refusals", hotplug::attach_refusals),
+    (
+        "attaches_race_for_the_last_gpu",
+        hotplug::attaches_race_for_the_last_gpu,
+    ),
+    ("detach_of_an_open_gpu", hotplug::detach_of_an_open_gpu),
     (
         "reconcile_frees_only_the_gone",
         reconcile_frees_only_the_gone,

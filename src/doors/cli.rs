@@ -1,4 +1,4 @@
-//! `gpuhook` command line (clap): `list`, `check`, `release`, `hook`.
+//! `gpuhook` command line (clap): `list`, `check`, `attach`, `detach`, `release`, `hook`, ….
 //!
 //! The clap definitions of both binaries live here so that man pages and completions can
 //! be generated from them (`cargo xtask man`) without linking libvirt.
@@ -56,6 +56,11 @@ pub enum Command {
         #[arg(default_value = "-", value_name = "FILE|-")]
         file: String,
     },
+    /// Give a running container more GPUs (or MIG instances): reserved, granted in its
+    /// device cgroup and made in its /dev, all or nothing
+    Attach(crate::doors::hotplug::AttachArgs),
+    /// Take GPUs back from a running container: revoked, removed from its /dev, freed
+    Detach(crate::doors::hotplug::DetachArgs),
     /// Free a domain's or an OCI container's GPU reservation
     Release {
         /// Domain name or UUID, or container ID
@@ -237,6 +242,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         },
         Command::List { json } => report(list(json)),
         Command::Check { file } => report(check(&file)),
+        Command::Attach(a) => report(crate::doors::hotplug::attach(&a)),
+        Command::Detach(d) => report(crate::doors::hotplug::detach(&d)),
         Command::Release { domain } => report(release(&domain)),
         Command::Metrics { output } => report(metrics(output.as_deref())),
         Command::Placement { output } => report(placement(output.as_deref())),

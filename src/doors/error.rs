@@ -37,6 +37,38 @@ pub enum CliError {
         #[source]
         source: ParseError,
     },
+    /// `attach`/`detach`: nothing runs under that name.
+    #[error("no running libvirt domain or OCI container named '{name}'")]
+    NoContainer { name: String },
+    /// `attach`/`detach` of an OCI container: not in this gpuhook yet.
+    #[error("container '{id}': attach and detach of OCI containers are not available yet; recreate it with the GPUs it needs")]
+    OciHotplug { id: String },
+    #[error("--share: shared GPU slots are not available in this gpuhook yet")]
+    ShareNotOffered,
+    /// A libvirt status file cannot be read.
+    #[error("{}: {source}", path.display())]
+    ReadStatus {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A libvirt status file holds no domain gpuhook can read.
+    #[error("{}: {source}", path.display())]
+    StatusXml {
+        path: PathBuf,
+        #[source]
+        source: ParseError,
+    },
+    /// An `attach` option is refused (it says which).
+    #[error(transparent)]
+    Request(#[from] crate::request::oci::OciError),
+    /// A `detach --device` is no GPU selector.
+    #[error("--device {sel}: {source}")]
+    Selector {
+        sel: String,
+        #[source]
+        source: crate::request::oci::DevicesError,
+    },
 }
 
 /// What the OCI runtime wrapper and its hooks could not do.

@@ -57,7 +57,7 @@ pub struct DevTmpfs {
 
 /// Where libvirt keeps its LXC state (`LXC_STATE_DIR`): `/run/libvirt/lxc`, or
 /// `/var/run/libvirt/lxc` in builds configured with that run-state directory.
-const LXC_STATE_DIRS: [&str; 2] = ["/run/libvirt/lxc", "/var/run/libvirt/lxc"];
+pub const LXC_STATE_DIRS: [&str; 2] = ["/run/libvirt/lxc", "/var/run/libvirt/lxc"];
 
 /// Finds the container's `/dev` tmpfs among the controller's mounts: the last (topmost)
 /// mount at `LXC_STATE_DIR/NAME.dev`, which must be a tmpfs mounted whole (root `/`).
@@ -107,7 +107,7 @@ pub fn controller_dev(name: &str, controller: i32) -> Result<DevTmpfs, Container
 }
 
 /// Accepts a domain name for use in `/run/libvirt/lxc/NAME.pid` (libvirt forbids `/`).
-fn safe_name(name: &str) -> bool {
+pub fn safe_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
 }
 

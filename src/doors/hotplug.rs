@@ -1,0 +1,379 @@
+//! `gpuhook attach` and `gpuhook detach`: GPUs into and out of a running container (SPEC
+//! "Hotplug"). This door finds the container and says what happened; the steps themselves
+//! are the lifecycle's ([`lifecycle::attach`], [`lifecycle::detach`]).
+//!
+//! A libvirt domain is found as libvirt's LXC driver keeps a running one: its status file
+//! `LXC_STATE_DIR/NAME.xml` (`<domstatus>` around the live `<domain>`), by name, or by UUID
+//! among those files; the container then as at `started` (its controller's init, the same
+//! `/dev` identity checks).
+
+use crate::doors::error::CliError;
+use crate::enter::container;
+use crate::host::config::Config;
+use crate::ids::{normalize_uuid, Unit};
+use crate::request::metadata::{self, Domain};
+use crate::request::oci::{self, Pairs};
+use crate::request::{DeviceSel, Request};
+use crate::reserve::lifecycle::{self, Attached, Detached, Holder, HolderKind, Which};
+use crate::reserve::state::{Store, State};
+use std::io::Read;
+use std::path::Path;
+
+/// What `gpuhook attach` asks for (the attributes of `<gpu:gpus>`, as options).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct AttachArgs {
+    /// Domain name or UUID, or OCI container ID
+    pub name: String,
+    /// How many GPUs (or MIG instances) more (default: the number of --device, else 1)
+    #[arg(long)]
+    pub count: Option<u32>,
+    /// Vendor: nvidia, amd, intel
+    #[arg(long)]
+    pub vendor: Option<String>,
+    /// Architecture (fermi, kepler, … hopper, blackwell)
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Substring of the model name
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Exact GPU by PCI address, GPU UUID or index (repeatable)
+    #[arg(long, value_name = "SEL")]
+    pub device: Vec<String>,
+    /// MIG compute instances instead of whole GPUs
+    #[arg(long)]
+    pub mig: bool,
+    /// A shared slot of a GPU (the host's sharing policy; see "Sharing")
+    #[arg(long)]
+    pub share: bool,
+    /// compute,utility,graphics,video
+    #[arg(long, value_name = "LIST")]
+    pub capabilities: Option<String>,
+    /// The host driver's user space: none (nodes only) or cdi (from the vendor's CDI spec)
+    #[arg(long, value_parser = ["none", "cdi"])]
+    pub driver: Option<String>,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `gpuhook detach` takes back.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DetachArgs {
+    /// Domain name or UUID, or OCI container ID
+    pub name: String,
+    /// A GPU it holds, by PCI address, GPU UUID or index, or a MIG instance
+    /// (0000:3b:00.0/gi1/ci0) (repeatable)
+    #[arg(long, value_name = "SEL", required_unless_present = "all", conflicts_with = "all")]
+    pub device: Vec<String>,
+    /// Every GPU it holds
+    #[arg(long)]
+    pub all: bool,
+    /// Detach even while a process of the container has the GPU open (it keeps its open file)
+    #[arg(long)]
+    pub force: bool,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A running container the command names.
+enum Target {
+    Libvirt(Domain),
+}
+
+/// The container `name` names: a running libvirt domain (by name or UUID); an OCI container
+/// gpuhook holds GPUs for, or one the runtime's state names, is said to be one this door
+/// cannot reach yet.
+fn target(cfg: &Config, name: &str) -> Result<Target, CliError> {
+    if let Some(d) = running_domain(container::LXC_STATE_DIRS.iter().map(Path::new), name)? {
+        return Ok(Target::Libvirt(d));
+    }
+    let st: State = Store::new(&cfg.state_file).read().map_err(crate::reserve::error::Error::from)?;
+    if st
+        .reservations
+        .get(name)
+        .is_some_and(|r| r.kind == HolderKind::Oci)
+    {
+        return Err(CliError::OciHotplug {
+            id: name.to_string(),
+        });
+    }
+    Err(CliError::NoContainer {
+        name: name.to_string(),
+    })
+}
+
+/// The live `<domain>` of a running libvirt LXC domain named `name` (or of UUID `name`), from
+/// the status files in `dirs`; `None` when none runs.
+pub fn running_domain<'a>(
+    dirs: impl Iterator<Item = &'a Path> + Clone,
+    name: &str,
+) -> Result<Option<Domain>, CliError> {
+    if container::safe_name(name) {
+        for d in dirs.clone() {
+            let p = d.join(format!("{name}.xml"));
+            if let Some(xml) = status_domain(&p)? {
+                return parsed(&p, &xml).map(Some);
+            }
+        }
+    }
+    let Some(uuid) = normalize_uuid(name) else {
+        return Ok(None);
+    };
+    for d in dirs {
+        let Ok(entries) = std::fs::read_dir(d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_none_or(|x| x != "xml") {
+                continue;
+            }
+            if let Some(xml) = status_domain(&p)? {
+                if metadata::domain_uuid(&xml).as_deref() == Some(uuid.as_str()) {
+                    return parsed(&p, &xml).map(Some);
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn parsed(p: &Path, xml: &[u8]) -> Result<Domain, CliError> {
+    metadata::parse_domain(xml).map_err(|source| CliError::StatusXml {
+        path: p.to_path_buf(),
+        source,
+    })
+}
+
+/// The `<domain>…</domain>` of a status file, or `None` when there is no such file (or it
+/// holds no domain: not a status file).
+fn status_domain(p: &Path) -> Result<Option<Vec<u8>>, CliError> {
+    let f = match std::fs::File::open(p) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(CliError::ReadStatus {
+                path: p.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut bytes = Vec::new();
+    f.take(metadata::MAX_XML as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| CliError::ReadStatus {
+            path: p.to_path_buf(),
+            source,
+        })?;
+    Ok(domain_element(&bytes).map(<[u8]>::to_vec))
+}
+
+/// The first `<domain …>` element through the last `</domain>`.
+fn domain_element(b: &[u8]) -> Option<&[u8]> {
+    let start = find(b, b"<domain ").or_else(|| find(b, b"<domain>"))?;
+    let end_tag = b"</domain>";
+    let end = b
+        .windows(end_tag.len())
+        .rposition(|w| w == end_tag)
+        .filter(|e| *e > start)?;
+    Some(&b[start..end + end_tag.len()])
+}
+
+fn find(b: &[u8], needle: &[u8]) -> Option<usize> {
+    b.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The request the options make, each checked as the XML's attribute of that name is.
+pub fn attach_request(a: &AttachArgs) -> Result<Request, CliError> {
+    if a.share {
+        return Err(CliError::ShareNotOffered);
+    }
+    let mut pairs = Pairs::new();
+    let mut put = |key: &str, flag: &str, v: Option<String>| {
+        if let Some(v) = v {
+            pairs.insert(key.to_string(), (flag.to_string(), v));
+        }
+    };
+    put("gpus", "--count", a.count.map(|c| c.to_string()));
+    put("vendor", "--vendor", a.vendor.clone());
+    put("arch", "--arch", a.arch.clone());
+    put("model", "--model", a.model.clone());
+    put(
+        "devices",
+        "--device",
+        (!a.device.is_empty()).then(|| a.device.join(",")),
+    );
+    put("mig", "--mig", a.mig.then(|| "yes".to_string()));
+    put("capabilities", "--capabilities", a.capabilities.clone());
+    put("driver", "--driver", a.driver.clone());
+    Ok(oci::request(&pairs)?)
+}
+
+/// `detach`'s selectors: a MIG instance by its unit name, else what `--device` takes.
+fn which(d: &DetachArgs) -> Result<Which, CliError> {
+    if d.all {
+        return Ok(Which::All);
+    }
+    let mut sels = Vec::new();
+    for s in &d.device {
+        match s.parse::<Unit>() {
+            Ok(u) if u.is_mig() => sels.push(DeviceSel::Unit(u)),
+            _ => sels.extend(oci::devices(s).map_err(|source| CliError::Selector {
+                sel: s.clone(),
+                source,
+            })?),
+        }
+    }
+    Ok(Which::Units(sels))
+}
+
+fn holder(d: &Domain) -> Holder<'_> {
+    Holder {
+        kind: HolderKind::Libvirt,
+        name: &d.name,
+        id: &d.uuid,
+        idmap: &d.idmap,
+    }
+}
+
+/// `gpuhook attach`.
+pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
+    let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
+    let req = attach_request(a)?;
+    let Target::Libvirt(dom) = target(&cfg, &a.name)?;
+    let h = holder(&dom);
+    let find = || container::find(&dom.name, dom.id);
+    let got = lifecycle::attach(&cfg, &h, &req, find)?;
+    if a.json {
+        println!("{}", attached_json(&h, &got));
+    } else {
+        for u in &got.units {
+            println!("attached {u} to {}", h.who());
+        }
+        let nodes: Vec<&str> = got.nodes.iter().map(|n| n.node.path.as_str()).collect();
+        if !nodes.is_empty() {
+            println!("  device nodes: {}", nodes.join(" "));
+        }
+    }
+    Ok(0)
+}
+
+/// `gpuhook detach`.
+pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
+    let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
+    let which = which(d)?;
+    let Target::Libvirt(dom) = target(&cfg, &d.name)?;
+    let h = holder(&dom);
+    let find = || container::find(&dom.name, dom.id);
+    let got = lifecycle::detach(&cfg, &h, &which, d.force, find)?;
+    if d.json {
+        println!("{}", detached_json(&h, &got));
+        return Ok(0);
+    }
+    for u in &got.units {
+        println!("detached {u} from {}", h.who());
+    }
+    for (u, pids) in &got.kept_open {
+        let pids: Vec<String> = pids.iter().map(|p| p.pid.to_string()).collect();
+        println!(
+            "{u}: process {} of the container keeps its open file (detached with --force)",
+            pids.join(", ")
+        );
+    }
+    for u in &got.draining {
+        println!("{u} is draining: a process still has it open; it is given to no one until closed");
+    }
+    Ok(0)
+}
+
+fn holder_json(h: &Holder) -> serde_json::Value {
+    serde_json::json!({"kind": h.kind, "name": h.name, "uuid": h.id})
+}
+
+fn attached_json(h: &Holder, a: &Attached) -> serde_json::Value {
+    serde_json::json!({
+        "holder": holder_json(h),
+        "attached": a.units,
+        "devices": a.nodes.iter().map(|n| n.node.path.as_str()).collect::<Vec<_>>(),
+    })
+}
+
+fn detached_json(h: &Holder, d: &Detached) -> serde_json::Value {
+    serde_json::json!({
+        "holder": holder_json(h),
+        "detached": d.units,
+        "kept_open": d.kept_open.iter().map(|(u, p)| serde_json::json!({
+            "unit": u,
+            "pids": p.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "draining": d.draining,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATUS: &str = "<!--\nWARNING: THIS IS AN AUTO-GENERATED FILE.\n-->\n\n<domstatus state='running' reason='booted' pid='29936'>\n  <init pid='29937'/>\n  <domain type='lxc' id='29936'>\n    <name>web1</name>\n    <uuid>4c7f30aa-ffe6-489b-80ff-0f27ece176a3</uuid>\n    <memory unit='KiB'>65536</memory>\n    <os>\n      <type arch='x86_64'>exe</type>\n      <init>/bin/sh</init>\n    </os>\n  </domain>\n  <cgroup/>\n</domstatus>\n";
+
+    #[test]
+    fn a_running_domain_by_name_or_uuid() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("web1.xml"), STATUS).unwrap();
+        std::fs::write(t.path().join("web1.pid"), "29936\n").unwrap();
+        let dirs = [t.path()];
+        let d = running_domain(dirs.iter().copied(), "web1").unwrap().unwrap();
+        assert_eq!((d.name.as_str(), d.id), ("web1", Some(29936)));
+        let by_uuid = running_domain(
+            dirs.iter().copied(),
+            "4C7F30AA-FFE6-489B-80FF-0F27ECE176A3",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(by_uuid.uuid, "4c7f30aa-ffe6-489b-80ff-0f27ece176a3");
+        assert!(running_domain(dirs.iter().copied(), "web2").unwrap().is_none());
+        // A name that is a path is no domain's.
+        assert!(running_domain(dirs.iter().copied(), "../web1")
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn a_broken_status_file_is_said() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(
+            t.path().join("web1.xml"),
+            "<domstatus><domain type='lxc'><name>web1</name></domain></domstatus>",
+        )
+        .unwrap();
+        let e = running_domain([t.path()].iter().copied(), "web1").unwrap_err();
+        assert!(e.to_string().contains("web1.xml"), "{e}");
+    }
+
+    #[test]
+    fn attach_options_are_checked_as_attributes() {
+        let a = AttachArgs {
+            name: "web1".into(),
+            arch: Some("ampere".into()),
+            device: vec!["0000:3b:00.0".into(), "1".into()],
+            ..Default::default()
+        };
+        let r = attach_request(&a).unwrap();
+        assert_eq!(r.count, 2);
+        assert_eq!(r.devices.len(), 2);
+        let one = attach_request(&AttachArgs::default()).unwrap();
+        assert_eq!((one.count, one.mig), (1, false));
+        let bad = AttachArgs {
+            arch: Some("pentium".into()),
+            ..Default::default()
+        };
+        let e = attach_request(&bad).unwrap_err().to_string();
+        assert!(e.starts_with("--arch: "), "{e}");
+        let share = AttachArgs {
+            share: true,
+            ..Default::default()
+        };
+        assert!(attach_request(&share).is_err());
+    }
+}
