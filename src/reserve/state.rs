@@ -113,6 +113,11 @@ pub struct Reservation {
     /// checks they are still in place).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<crate::enter::rootfs::Mounted>,
+    /// Changed in the running container by `gpuhook attach` or `detach`: its units and nodes
+    /// are what it holds, whatever its request says (`reconnect` keeps them). Absent in the
+    /// file when not (files written before load unchanged).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hotplugged: bool,
 }
 
 impl Reservation {
@@ -686,6 +691,7 @@ mod tests {
             init: None,
             nodes: vec![],
             mounts: vec![],
+            hotplugged: false,
         }
     }
 
@@ -749,6 +755,23 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    /// A reservation changed by attach or detach says so in the file; one that was not is
+    /// written as before (no key).
+    #[test]
+    fn hotplugged_is_written_only_when_set() {
+        let mut st = State::default();
+        st.reservations
+            .insert(U1.into(), res(U1, &["0000:3b:00.0"]));
+        let plain = String::from_utf8(st.to_bytes()).unwrap();
+        assert!(!plain.contains("hotplugged"), "{plain}");
+        st.reservations.get_mut(U1).unwrap().hotplugged = true;
+        let text = st.to_bytes();
+        assert!(String::from_utf8_lossy(&text).contains(",\"hotplugged\":true}"));
+        assert_eq!(State::parse(&text, "x").unwrap(), st);
+        let old = State::parse(plain.as_bytes(), "x").unwrap();
+        assert!(!old.reservations[U1].hotplugged);
     }
 
     /// A state file written before units were typed (their names as strings): whole GPUs,

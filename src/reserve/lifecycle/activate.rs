@@ -67,7 +67,7 @@ pub(super) fn with_rollback(e: Error, left: Leftovers) -> Error {
 /// Takes back what `apply` did; returns what could not be undone (empty when all was).
 /// A container whose init has exited lost its `/dev` with its mount namespace, and its
 /// cgroup goes with it: nothing there is left to undo, whatever failed.
-fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Leftovers {
+pub(super) fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Leftovers {
     let mut left = Leftovers::default();
     if let Err(e) = f.enter.remove_nodes(ct, &a.created, &a.dirs) {
         left.push(format_args!("nodes: {e}"));

@@ -63,6 +63,26 @@ pub enum LifecycleError {
         holder: String,
         through: String,
     },
+    /// `attach` to a holder whose reservation is not yet running (between `prepare` and
+    /// `started`, or an OCI `create` before its init).
+    #[error(
+        "its GPU reservation is prepared but not running: attach gives GPUs to a running container"
+    )]
+    AttachPrepared,
+    /// `attach`: the reservation records another init than the container found (it
+    /// restarted, or the record is stale).
+    #[error(
+        "its GPU reservation records container init {}, but its init now is {found}: not the running container (did reconnect run?)",
+        recorded.map_or("none".to_string(), |p| p.to_string())
+    )]
+    AttachOtherInit { recorded: Option<i32>, found: i32 },
+    #[error("attach with --driver cdi is not supported yet")]
+    AttachCdi,
+    #[error(
+        "GPU reservation was released or changed while GPUs {} were attached",
+        Unit::join(units, ",")
+    )]
+    ChangedWhileAttaching { units: Vec<Unit> },
     #[error("its device cgroup grants GPU(s) {} it does not hold, and that access cannot be taken away: {source}", Unit::join(gpus, ","))]
     CannotDeny {
         gpus: Vec<Unit>,

@@ -19,6 +19,7 @@ use crate::reserve::facts::Facts;
 use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State, StateError, Store};
 
 mod activate;
+mod attach;
 mod error;
 mod free;
 mod readopt;
@@ -28,6 +29,7 @@ mod tests;
 
 pub use crate::reserve::state::HolderKind;
 pub use activate::{activate, activate_with};
+pub use attach::{attach, attach_with, Attached};
 pub use error::LifecycleError;
 pub use free::{free, free_with, Freed};
 pub use readopt::{readopt, readopt_with, Readopted};
@@ -183,6 +185,33 @@ pub fn record_init_in(cfg: &Config, h: &Holder, by: ProcRef, init: ProcRef) -> R
     Ok(())
 }
 
+/// A new reservation of these units for the holder, in this phase, as of `now`; what a step
+/// knows of its container it fills in.
+fn new_reservation(
+    h: &Holder,
+    req: &Request,
+    gpus: &[Unit],
+    phase: Phase,
+    now: &str,
+) -> Reservation {
+    Reservation {
+        kind: h.kind,
+        domain: h.name.to_string(),
+        uuid: h.id.to_string(),
+        gpus: gpus.to_vec(),
+        phase,
+        request: req.to_string(),
+        created: now.to_string(),
+        updated: now.to_string(),
+        prepared_by: None,
+        controller: None,
+        init: None,
+        nodes: Vec::new(),
+        mounts: Vec::new(),
+        hotplugged: false,
+    }
+}
+
 fn reservation(st: &State, h: &Holder) -> Result<Reservation, Error> {
     st.reservations
         .get(h.id)
@@ -246,13 +275,29 @@ fn node_specs(
             .into());
         }
     }
+    owned(
+        h,
+        req,
+        inv.nodes_for(gpus, req.capabilities)
+            .into_iter()
+            .map(|n| (n.node, n.mode)),
+    )
+}
+
+/// Nodes (each with its host node's mode) as the container gets them: the request's mode, if
+/// it says one, and owned by the request's container-side uid and gid through the holder's
+/// id map.
+fn owned(
+    h: &Holder,
+    req: &Request,
+    nodes: impl IntoIterator<Item = (Node, u32)>,
+) -> Result<Vec<NodeSpec>, Error> {
     let (uid, gid) = h.idmap.owner(req.uid, req.gid, h.idmap_names())?;
-    Ok(inv
-        .nodes_for(gpus, req.capabilities)
+    Ok(nodes
         .into_iter()
-        .map(|n| NodeSpec {
-            mode: req.mode.unwrap_or(n.mode),
-            node: n.node,
+        .map(|(node, mode)| NodeSpec {
+            mode: req.mode.unwrap_or(mode),
+            node,
             uid,
             gid,
         })
@@ -341,17 +386,7 @@ fn cdi_plan(
         dirs: &cfg.cdi_spec_dirs,
     };
     let plan = cdi::plan(&loaded, &units, &host)?;
-    let (uid, gid) = h.idmap.owner(req.uid, req.gid, h.idmap_names())?;
-    let extra = plan
-        .nodes
-        .iter()
-        .map(|n| NodeSpec {
-            node: n.node.clone(),
-            mode: req.mode.unwrap_or(n.mode),
-            uid,
-            gid,
-        })
-        .collect();
+    let extra = owned(h, req, plan.nodes.iter().map(|n| (n.node.clone(), n.mode)))?;
     Ok(Some((plan, extra)))
 }
 

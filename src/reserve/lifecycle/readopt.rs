@@ -2,7 +2,10 @@
 //! device cgroup's exact grants.
 
 use super::activate::apply;
-use super::{as_nodes, cdi_plan, node_specs, reclaim_stale, store, Holder, LifecycleError};
+use super::{
+    as_nodes, cdi_plan, new_reservation, node_specs, owned, reclaim_stale, store, Holder,
+    LifecycleError,
+};
 use crate::cgroup::{CgroupError, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::rootfs::Mounted;
@@ -16,7 +19,7 @@ use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
-use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
+use crate::reserve::state::{now_rfc3339, Node, Phase, State};
 
 /// How [`readopt`] ended; the front door decides what it means for the container (libvirt
 /// kills it when it is inconsistent).
@@ -182,8 +185,10 @@ fn decide(
     now: &str,
     adopted: &mut Option<Vec<Unit>>,
 ) -> Result<Decided, Error> {
-    let gpus = match st.reservations.get(h.id) {
-        Some(r) => r.gpus.clone(),
+    // A reservation changed in the running container (attach, detach) holds what it holds,
+    // whatever the request says: its units, and the nodes recorded for them.
+    let (gpus, recorded) = match st.reservations.get(h.id) {
+        Some(r) => (r.gpus.clone(), r.hotplugged.then(|| r.nodes.clone())),
         None => {
             let held = st.held(Some(h.id));
             // A top-up never takes a quarantined GPU.
@@ -197,10 +202,14 @@ fn decide(
                 deny_left_out(&mut **c, inv, &ignored, &g)?;
             }
             *adopted = Some(ignored);
-            g
+            (g, None)
         }
     };
     let mut specs = node_specs(h, req, inv, &gpus)?;
+    if let Some(nodes) = recorded {
+        let more = recorded_beyond(h, req, inv, &nodes, &specs)?;
+        specs.extend(more);
+    }
     // The nodes a CDI spec gives come back too (a spec that went bad since is said,
     // and the container keeps what it has).
     match cdi_plan(f, h, req, inv, &gpus, &specs) {
@@ -214,27 +223,46 @@ fn decide(
     let r = st
         .reservations
         .entry(h.id.to_string())
-        .or_insert_with(|| Reservation {
-            kind: h.kind,
-            domain: h.name.to_string(),
-            uuid: h.id.to_string(),
-            gpus: gpus.clone(),
-            phase: Phase::Running,
-            request: req.to_string(),
-            created: now.to_string(),
-            updated: now.to_string(),
-            prepared_by: None,
-            controller: None,
-            init: None,
-            nodes: vec![],
-            mounts: vec![],
-        });
+        .or_insert_with(|| new_reservation(h, req, &gpus, Phase::Running, now));
     r.phase = Phase::Running;
     r.controller = Some(ct.controller);
     r.init = Some(ct.init);
     r.nodes = as_nodes(&specs);
     r.updated = now.to_string();
     Ok((gpus, specs, r.mounts.clone()))
+}
+
+/// The nodes recorded for a hotplugged reservation beyond those its request gives its units
+/// (an attach asked for other capabilities): the host's nodes of those numbers, owned as the
+/// request's are. A recorded node the host no longer has is not made again (a CDI spec's
+/// nodes come back through the spec).
+fn recorded_beyond(
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    recorded: &[Node],
+    specs: &[NodeSpec],
+) -> Result<Vec<NodeSpec>, Error> {
+    let host = inv
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.nodes
+                .iter()
+                .map(|(_, n)| n)
+                .chain(g.migs.iter().flat_map(|m| [&m.gi_cap, &m.ci_cap]))
+        })
+        .chain(inv.controls.iter().map(|(_, n)| n));
+    let mut more: Vec<(Node, u32)> = Vec::new();
+    for n in host {
+        if recorded.contains(&n.node)
+            && !specs.iter().any(|s| s.node == n.node)
+            && !more.iter().any(|(m, _)| *m == n.node)
+        {
+            more.push((n.node.clone(), n.mode));
+        }
+    }
+    owned(h, req, more)
 }
 
 /// The cgroup granted GPUs beyond what the container holds: said, with what a wildcard rule

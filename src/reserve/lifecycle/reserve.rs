@@ -1,8 +1,8 @@
 //! `prepare` and OCI `create`: choosing GPUs for a holder, or keeping what it has.
 
 use super::{
-    as_nodes, cdi_plan, node_specs, reclaim_stale, satisfies, scan_for, store, unit_ok, Holder,
-    HolderKind, LifecycleError, Prepared,
+    as_nodes, cdi_plan, new_reservation, node_specs, reclaim_stale, satisfies, scan_for, store,
+    unit_ok, Holder, HolderKind, LifecycleError, Prepared,
 };
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
@@ -133,19 +133,9 @@ fn reserve_by(
         st.reservations.insert(
             h.id.to_string(),
             Reservation {
-                kind: h.kind,
-                domain: h.name.to_string(),
-                uuid: h.id.to_string(),
-                gpus: gpus.clone(),
-                phase: Phase::Prepared,
-                request: req.to_string(),
-                created: now.clone(),
-                updated: now.clone(),
                 prepared_by: by,
-                controller: None,
-                init: None,
                 nodes: as_nodes(&specs.0),
-                mounts: Vec::new(),
+                ..new_reservation(h, req, &gpus, Phase::Prepared, &now)
             },
         );
         Ok((gpus, notes, specs))
@@ -168,13 +158,7 @@ fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Re
     let Some(r) = st.reservations.get(h.id) else {
         return Ok(());
     };
-    if r.kind != h.kind {
-        return Err(LifecycleError::KeyOfAnother {
-            id: h.id.to_string(),
-            holder: r.who(),
-        }
-        .into());
-    }
+    same_kind(r, h)?;
     // A second `create` of a container ID that holds GPUs (an engine's retry, another
     // runtime root, a race) must neither take over nor move a reservation whose
     // container runs or is being created: refused while that init, or that `create`,
@@ -197,6 +181,18 @@ fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Re
             }
             _ => {}
         }
+    }
+    Ok(())
+}
+
+/// The holder's id is the key of another kind's reservation: refused.
+pub(super) fn same_kind(r: &Reservation, h: &Holder) -> Result<(), Error> {
+    if r.kind != h.kind {
+        return Err(LifecycleError::KeyOfAnother {
+            id: h.id.to_string(),
+            holder: r.who(),
+        }
+        .into());
     }
     Ok(())
 }
@@ -242,7 +238,7 @@ fn keep_or_free(
 }
 
 /// The choice: GPUs for the request, and what reclaiming for it did (for the log).
-fn choose(
+pub(super) fn choose(
     f: &Facts,
     st: &mut State,
     inv: &mut Inventory,

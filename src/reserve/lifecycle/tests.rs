@@ -9,6 +9,7 @@ use crate::enter::container::{Container, ContainerError, DevTmpfs, Made};
 use crate::enter::rootfs::{Done, Mounted, Owner};
 use crate::host::inventory::{InventoryError, Scan};
 use crate::node::Outcome;
+use crate::request::DeviceSel;
 use crate::reserve::alloc::tests::{dgx, req};
 use crate::reserve::facts::Enter;
 use std::cell::{Cell, RefCell};
@@ -276,6 +277,16 @@ impl Host {
         store(&self.cfg).read().unwrap()
     }
 
+    /// Another domain, `web2` (`other-uuid`), running with these GPUs: its init lives.
+    fn other_running(&self, gpus: &[Unit]) {
+        let other = ProcRef {
+            pid: 5151,
+            start_time: 888,
+        };
+        self.process(other, 5100);
+        self.seed("other-uuid", "web2", gpus, Phase::Running, Some(other));
+    }
+
     /// Puts a reservation of these GPUs in the state, for `holder`.
     fn seed(&self, id: &str, name: &str, gpus: &[Unit], phase: Phase, init: Option<ProcRef>) {
         store(&self.cfg)
@@ -296,6 +307,7 @@ impl Host {
                         init,
                         nodes: vec![],
                         mounts: vec![],
+                        hotplugged: false,
                     },
                 );
                 Ok::<_, Error>(())
@@ -672,12 +684,7 @@ fn readopt_takes_away_grants_beyond_the_request() {
 #[test]
 fn readopt_inconsistent_when_its_gpu_is_anothers() {
     let h = host();
-    let other = ProcRef {
-        pid: 5151,
-        start_time: 888,
-    };
-    h.process(other, 5100);
-    h.seed("other-uuid", "web2", &[pci(3)], Phase::Running, Some(other));
+    h.other_running(&[pci(3)]);
     let fake = h.fake(Fake {
         allowed: RefCell::new(vec![(195, 3)]),
         ..Default::default()
@@ -1057,4 +1064,331 @@ fn mig_reserve_and_activate_give_the_instances_capabilities() {
     // Freed, nothing of it is left reserved.
     assert!(free(&h.cfg, HolderKind::Libvirt, ID).unwrap().is_some());
     assert!(h.state().reservations.is_empty());
+}
+
+// ---- attach ----
+
+impl Host {
+    /// `attach` of `r` for `web1`, found running, on this host and `fake`.
+    fn attach(&self, fake: &Rc<Fake>, r: &Request) -> Result<Attached, Error> {
+        let idmap = IdMap::default();
+        self.with(fake, |f| attach_with(f, &holder(&idmap), r, found))
+    }
+}
+
+/// `/dev/nvidiactl` and `/dev/nvidia-modeset` on the test host: one control node every NVIDIA
+/// container gets, one that comes with `graphics`.
+fn with_controls(h: &mut Host) {
+    use crate::host::inventory::{Control, DevNode};
+    let dev = |path: &str, minor| DevNode {
+        node: Node::new(path, 195, minor),
+        mode: 0o666,
+    };
+    h.inv.controls = vec![
+        (Control::NvidiaCtl, dev("/dev/nvidiactl", 255)),
+        (Control::NvidiaModeset, dev("/dev/nvidia-modeset", 254)),
+    ];
+}
+
+/// A running container of GPU 0 (activated as at `started`: its nodes recorded); the fake
+/// cgroup after it grants what `started` granted.
+fn running_on_gpu0(h: &Host, r: &Request) -> Rc<Fake> {
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    h.with(&fake, |f| activate_with(f, &holder(&idmap), r, found))
+        .unwrap();
+    let allowed = fake.allowed.borrow().clone();
+    h.fake(Fake {
+        allowed: RefCell::new(allowed),
+        ..Default::default()
+    })
+}
+
+fn state_bytes(h: &Host) -> Vec<u8> {
+    std::fs::read(&h.cfg.state_file).unwrap()
+}
+
+/// A request for these GPUs of the test host by index.
+fn req_of(ix: &[usize]) -> Request {
+    let mut r = req(ix.len() as u32);
+    r.devices = ix.iter().map(|i| DeviceSel::Index(*i as u32)).collect();
+    r
+}
+
+#[test]
+fn attach_adds_to_a_running_reservation_only_the_new_nodes() {
+    let mut h = host();
+    with_controls(&mut h);
+    let fake = running_on_gpu0(&h, &req(1));
+    let got = h.attach(&fake, &req(1)).unwrap();
+    assert_eq!(got.units.len(), 1);
+    let u = got.units[0];
+    assert_ne!(u, pci(0));
+    let n = h.inv.by_unit(&u).unwrap().nodes[0].1.node.clone();
+    // nvidiactl: granted and made at started, neither again (nor taken back by a rollback).
+    assert_eq!(
+        fake.calls(),
+        [format!("allow {}", num(&n)), format!("create {}", n.path)]
+    );
+    assert_eq!(paths(&got.nodes), n.path);
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.gpus, [pci(0), u]);
+    assert_eq!(
+        (r.phase, r.init, r.hotplugged),
+        (Phase::Running, Some(INIT), true)
+    );
+    assert_eq!(
+        r.nodes.iter().map(|n| n.path.as_str()).collect::<Vec<_>>(),
+        ["/dev/nvidia0", "/dev/nvidiactl", n.path.as_str()]
+    );
+    // A second attach does not take what it holds again.
+    let more = h.attach(&fake, &req(2)).unwrap();
+    assert!(more.units.iter().all(|m| *m != pci(0) && *m != u));
+    assert_eq!(h.state().reservations[ID].gpus.len(), 4);
+}
+
+#[test]
+fn attach_to_a_container_without_a_reservation_makes_a_running_one() {
+    let h = host();
+    let fake = h.fake(Fake::default());
+    let got = h.attach(&fake, &req_of(&[3, 4])).unwrap();
+    assert_eq!(got.units, [pci(3), pci(4)]);
+    assert_eq!(
+        fake.calls(),
+        [
+            "allow 195:3",
+            "allow 195:4",
+            "create /dev/nvidia3 /dev/nvidia4"
+        ]
+    );
+    let r = h.state().reservations[ID].clone();
+    assert_eq!(
+        (r.kind, r.phase, r.init, r.controller, r.hotplugged),
+        (
+            HolderKind::Libvirt,
+            Phase::Running,
+            Some(INIT),
+            Some(CTRL),
+            true
+        )
+    );
+    assert_eq!(
+        r.nodes.iter().map(num).collect::<Vec<_>>(),
+        ["195:3", "195:4"]
+    );
+    // Its init lives: not stale; once it is gone, it is.
+    let alive = |_: &str| true;
+    assert_eq!(stale_on(&r, Proc { root: &h.proc }, &alive), None);
+    std::fs::remove_file(h.cfg.proc.join(INIT.pid.to_string()).join("stat")).unwrap();
+    assert!(stale_on(&r, Proc { root: &h.proc }, &alive).is_some());
+    // A stop frees it with the rest.
+    assert!(free(&h.cfg, HolderKind::Libvirt, ID).unwrap().is_some());
+    assert!(h.state().reservations.is_empty());
+}
+
+#[test]
+fn attach_refused_when_not_enough_units_changes_nothing() {
+    let h = host();
+    h.other_running(&(1..7).map(pci).collect::<Vec<_>>());
+    h.seed(ID, "web1", &[pci(0)], Phase::Running, Some(INIT));
+    let before = state_bytes(&h);
+    let fake = h.fake(Fake::default());
+    let e = h.attach(&fake, &req(2)).unwrap_err();
+    assert_eq!(e.to_string(), "cannot reserve 2 GPUs: only 1 of the host's 8 matching GPUs is free: 7 held by domain 'web1', domain 'web2'");
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    assert_eq!(state_bytes(&h), before);
+    // A GPU it names that another holds: that holder named.
+    let e = h.attach(&fake, &req_of(&[2])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "GPU 0000:12:00.0 (index 2) is held by domain 'web2'"
+    );
+    assert_eq!(state_bytes(&h), before);
+}
+
+#[test]
+fn attach_refused_to_a_prepared_or_other_reservation_and_with_cdi() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let before = state_bytes(&h);
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    let attach = |r: &Request| h.attach(&fake, r).unwrap_err().to_string();
+    assert_eq!(
+        attach(&req(1)),
+        "its GPU reservation is prepared but not running: attach gives GPUs to a running container"
+    );
+    assert_eq!(state_bytes(&h), before);
+    // A reservation recording another init (the container restarted, reconnect did not run).
+    let old = Some(ProcRef { pid: 4100, ..INIT });
+    h.seed(ID, "web1", &[pci(0)], Phase::Running, old);
+    let before_other = state_bytes(&h);
+    assert_eq!(
+        attach(&req(1)),
+        "its GPU reservation records container init 4100, but its init now is 4242: not the running container (did reconnect run?)"
+    );
+    assert_eq!(state_bytes(&h), before_other);
+    assert_eq!(
+        attach(&cdi_req(1)),
+        "attach with --driver cdi is not supported yet"
+    );
+    // Not running: what finding it said.
+    let e = h
+        .with(&fake, |f| {
+            attach_with(f, &holder(&idmap), &req(1), || {
+                Err(ContainerError::Other("domain is not running".into()))
+            })
+        })
+        .unwrap_err();
+    assert_eq!(e.to_string(), "domain is not running");
+    // An OCI container's key.
+    let e = h
+        .with(&fake, |f| {
+            let oci = Holder {
+                kind: HolderKind::Oci,
+                ..holder(&idmap)
+            };
+            attach_with(f, &oci, &req(1), found)
+        })
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("its id {ID} is already the key of domain 'web1''s reservation")
+    );
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+}
+
+#[test]
+fn attach_rolls_back_when_a_grant_fails() {
+    let h = host();
+    h.seed(ID, "web1", &[pci(0)], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake {
+        fail_allow: Some(4),
+        ..Default::default()
+    });
+    let e = h.attach(&fake, &req_of(&[3, 4])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cgroup /fake: granting /dev/nvidia4 (195:4): Operation not permitted"
+    );
+    assert_eq!(fake.calls(), ["allow 195:3", "allow 195:4", "revoke 195:3"]);
+    assert!(fake.allowed.borrow().is_empty());
+    let r = &h.state().reservations[ID];
+    assert_eq!((r.gpus.clone(), r.hotplugged), (vec![pci(0)], false));
+    // A reservation the attach made is deleted.
+    let h = host();
+    let e = h.attach(&fake, &req_of(&[4]));
+    assert!(e.is_err());
+    assert!(h.state().reservations.is_empty());
+}
+
+#[test]
+fn attach_rolls_back_when_a_node_cannot_be_made() {
+    let h = host();
+    let fake = h.fake(Fake {
+        fail_create: Some(ContainerError::Refused(
+            "/dev/nvidia2: a symlink is in the way".into(),
+        )),
+        ..Default::default()
+    });
+    let e = h.attach(&fake, &req_of(&[2])).unwrap_err();
+    assert_eq!(e.to_string(), "/dev/nvidia2: a symlink is in the way");
+    assert_eq!(
+        fake.calls(),
+        ["allow 195:2", "create /dev/nvidia2", "revoke 195:2"]
+    );
+    assert!(h.state().reservations.is_empty());
+}
+
+#[test]
+fn attach_keeps_the_units_reserved_while_a_grant_could_not_be_revoked() {
+    let h = host();
+    let fake = h.fake(Fake {
+        fail_create: Some(ContainerError::Refused("no space".into())),
+        fail_revoke: true,
+        ..Default::default()
+    });
+    let e = h.attach(&fake, &req_of(&[2])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no space; rollback incomplete: cgroup /fake: No such file or directory; GPUs 0000:12:00.0 stay reserved for domain 'web1'"
+    );
+    assert!(matches!(e, Error::RollbackIncomplete { .. }), "{e:?}");
+    // The container may still open it: no one else may get it.
+    assert_eq!(h.state().reservations[ID].gpus, [pci(2)]);
+}
+
+#[test]
+fn mig_attach_gives_free_instances_and_their_capabilities() {
+    use crate::reserve::alloc::tests::with_migs;
+    let mut h = host();
+    h.inv.gpus[0] = with_migs(h.inv.gpus[0].clone(), &[(1, 0), (2, 0)]);
+    let gi = |g: u32| Unit::Mig {
+        pci: pci(0).pci(),
+        gi: g,
+        ci: 0,
+    };
+    let mut r = req(1);
+    r.mig = true;
+    h.seed(ID, "web1", &[gi(1)], Phase::Prepared, None);
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    h.with(&fake, |f| activate_with(f, &holder(&idmap), &r, found))
+        .unwrap();
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(fake.allowed.borrow().clone()),
+        ..Default::default()
+    });
+    let got = h.attach(&fake, &r).unwrap();
+    // Its own gi1 counts as held: gi2, with its two capabilities; the GPU's node, granted
+    // and made for gi1, neither again.
+    assert_eq!(got.units, [gi(2)]);
+    assert_eq!(
+        fake.calls(),
+        [
+            "allow 236:18",
+            "allow 236:19",
+            "create /dev/nvidia-caps/nvidia-cap18 /dev/nvidia-caps/nvidia-cap19"
+        ]
+    );
+    assert_eq!(h.state().reservations[ID].gpus, [gi(1), gi(2)]);
+    // None left: refused, naming the holder.
+    let e = h.attach(&fake, &r).unwrap_err();
+    assert_eq!(e.to_string(), "cannot reserve 1 MIG instance: only 0 of the host's 2 MIG instances on matching GPUs are free: held by domain 'web1'");
+}
+
+#[test]
+fn readopt_keeps_a_hotplugged_reservation_as_it_is() {
+    let mut h = host();
+    with_controls(&mut h);
+    let fake = running_on_gpu0(&h, &req(1));
+    let idmap = IdMap::default();
+    // Attached with graphics: the GPU and /dev/nvidia-modeset, beyond what the XML asks.
+    let mut gfx = req_of(&[5]);
+    gfx.capabilities.graphics = true;
+    h.attach(&fake, &gfx).unwrap();
+    let kept = h.state().reservations[ID].clone();
+    // libvirtd restarted and the cgroup lost its grants: the XML asks for 1 GPU.
+    let fake = h.fake(Fake::default());
+    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    assert_eq!(r, Readopted::Consistent);
+    assert_eq!(
+        fake.calls(),
+        [
+            "allow 195:0",
+            "allow 195:5",
+            "allow 195:255",
+            "allow 195:254",
+            "create /dev/nvidia0 /dev/nvidia5 /dev/nvidiactl /dev/nvidia-modeset"
+        ]
+    );
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.gpus, [pci(0), pci(5)]);
+    assert!(r.hotplugged);
+    let mut want = kept.nodes.clone();
+    want.sort();
+    let mut got = r.nodes.clone();
+    got.sort();
+    assert_eq!(got, want);
 }

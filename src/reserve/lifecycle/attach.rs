@@ -1,0 +1,234 @@
+//! `gpuhook attach`: more GPUs (or MIG instances) for a running container, all or nothing.
+//! In this order: reserved (added to its reservation, or a new running one), granted in its
+//! device cgroup, made in its `/dev`, recorded. A failure takes back what was done, the grants
+//! before the units: a unit is never free while the container may still use it, whenever the
+//! process is killed.
+
+use super::activate::{apply, undo, with_rollback};
+use super::reserve::{choose, same_kind};
+use super::{as_nodes, new_reservation, node_specs, store, Holder, LifecycleError};
+use crate::cgroup::{CgroupError, Fault};
+use crate::enter::container::{Container, ContainerError};
+use crate::host::config::Config;
+use crate::host::inventory::{Inventory, Scan};
+use crate::ids::Unit;
+use crate::log::{self, Leftovers};
+use crate::node::NodeSpec;
+use crate::request::{Driver, Request};
+use crate::reserve::drain;
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{now_rfc3339, Phase, Reservation, State};
+
+/// What one attach gave the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attached {
+    /// The units added to its reservation.
+    pub units: Vec<Unit>,
+    /// The nodes granted and made for them (those its reservation did not record already).
+    pub nodes: Vec<NodeSpec>,
+}
+
+/// What the locked step reserved, and what taking it back needs.
+struct Reserved {
+    units: Vec<Unit>,
+    /// Their nodes that the reservation did not record yet.
+    specs: Vec<NodeSpec>,
+    /// The reservation is this attach's own (the container held none).
+    created: bool,
+    /// Whether the reservation was hotplugged before.
+    was_hotplugged: bool,
+}
+
+/// `attach`: reserves `req.count` more units for the holder's running container (`find`),
+/// grants their nodes in its device cgroup and makes them in its `/dev`; nothing of it is
+/// left on failure. Refused (nothing changed) when the container does not run, its
+/// reservation is only prepared or records another init, or the units are not there.
+pub fn attach(
+    cfg: &Config,
+    h: &Holder,
+    req: &Request,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Result<Attached, Error> {
+    attach_with(&Facts::host(cfg), h, req, find)
+}
+
+/// [`attach`] on these facts.
+pub fn attach_with(
+    f: &Facts,
+    h: &Holder,
+    req: &Request,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Result<Attached, Error> {
+    if req.driver == Some(Driver::Cdi) {
+        return Err(LifecycleError::AttachCdi.into());
+    }
+    let ct = find()?;
+    let mut inv = (f.scan)(f.cfg, Scan::for_request(req))?;
+    let now = now_rfc3339();
+    let (got, notes) =
+        store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &now))?;
+    for n in notes {
+        log::info(&n);
+    }
+    let applied = match apply(f, &ct, &got.specs) {
+        Ok(a) => a,
+        Err(e) => {
+            let (e, left) = split(e);
+            return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
+        }
+    };
+    if let Err(e) = record(f, h, &got) {
+        let left = undo(f, &ct, applied);
+        return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
+    }
+    log::info(&format!(
+        "{} ({}): attached {} for {req} (asked by uid {}); granted {} and created {} node(s) in container (init {})",
+        h.who(),
+        h.id,
+        Unit::join(&got.units, ","),
+        nix::unistd::getuid(),
+        applied.granted.len(),
+        applied.created.len(),
+        ct.init.pid
+    ));
+    Ok(Attached {
+        units: got.units,
+        nodes: got.specs,
+    })
+}
+
+/// Under the state lock: the holder's reservation may take more (a running one of this
+/// container, or none), the units are chosen as `reserve` chooses them (the holder's own
+/// count as held) and added to it.
+fn reserve_more(
+    f: &Facts,
+    st: &mut State,
+    inv: &mut Inventory,
+    h: &Holder,
+    req: &Request,
+    ct: &Container,
+    now: &str,
+) -> Result<(Reserved, Vec<String>), Error> {
+    // A quarantined GPU is given to no one.
+    crate::reserve::health::apply(inv, st);
+    if let Some(r) = st.reservations.get(h.id) {
+        same_kind(r, h)?;
+        if r.phase == Phase::Prepared {
+            return Err(LifecycleError::AttachPrepared.into());
+        }
+        if r.init != Some(ct.init) {
+            return Err(LifecycleError::AttachOtherInit {
+                recorded: r.init.map(|i| i.pid),
+                found: ct.init.pid,
+            }
+            .into());
+        }
+    }
+    let (units, notes) = choose(f, st, inv, req)?;
+    let specs = node_specs(h, req, inv, &units)?;
+    let r = st.reservations.get(h.id);
+    let (created, was_hotplugged) = (r.is_none(), r.is_some_and(|r| r.hotplugged));
+    let r = st
+        .reservations
+        .entry(h.id.to_string())
+        .or_insert_with(|| Reservation {
+            controller: Some(ct.controller),
+            init: Some(ct.init),
+            ..new_reservation(h, req, &[], Phase::Running, now)
+        });
+    let specs: Vec<NodeSpec> = specs
+        .into_iter()
+        .filter(|s| !r.nodes.contains(&s.node))
+        .collect();
+    r.gpus.extend(&units);
+    r.hotplugged = true;
+    r.updated = now.to_string();
+    let got = Reserved {
+        units,
+        specs,
+        created,
+        was_hotplugged,
+    };
+    Ok((got, notes))
+}
+
+/// A failure of [`apply`], and apart from it what its own rollback could not undo (a grant
+/// that could not be revoked: the units must then stay reserved).
+fn split(e: Error) -> (Error, Leftovers) {
+    match e {
+        Error::RollbackIncomplete { error, left } => (*error, left),
+        Error::Cgroup(CgroupError {
+            path,
+            fault: Fault::RollbackIncomplete { fault, left },
+        }) => (CgroupError::new(&path, *fault).into(), left),
+        e => (e, Leftovers::default()),
+    }
+}
+
+/// Under the state lock: the nodes made for the attached units are recorded in the
+/// reservation, when it still holds them (a stop or a detach may have come in between).
+fn record(f: &Facts, h: &Holder, got: &Reserved) -> Result<(), Error> {
+    store(f.cfg).update(|st| -> Result<(), Error> {
+        let r = st
+            .reservations
+            .get_mut(h.id)
+            .filter(|r| got.units.iter().all(|u| r.gpus.contains(u)))
+            .ok_or_else(|| LifecycleError::ChangedWhileAttaching {
+                units: got.units.clone(),
+            })?;
+        r.nodes.extend(as_nodes(&got.specs));
+        r.updated = now_rfc3339();
+        Ok(())
+    })
+}
+
+/// A failure `e` after the units were reserved, with what undoing the grants and nodes left
+/// (`left`): the units are taken back out of the reservation (one this attach made is
+/// deleted). While a grant of them may be left, they stay reserved, and the error says so. A
+/// container whose init is gone took its cgroup and `/dev` with it: nothing is left there.
+fn take_back(
+    f: &Facts,
+    inv: &mut Inventory,
+    h: &Holder,
+    ct: &Container,
+    got: &Reserved,
+    e: Error,
+    mut left: Leftovers,
+) -> Error {
+    if !f.proc.alive(&ct.init) {
+        left = Leftovers::default();
+    }
+    let units = Unit::join(&got.units, ",");
+    if !left.is_empty() {
+        left.push(format_args!("GPUs {units} stay reserved for {}", h.who()));
+    } else if let Err(u) = unreserve(f, inv, h, got) {
+        left.push(format_args!(
+            "GPUs {units} stay reserved for {}: {u}",
+            h.who()
+        ));
+    }
+    with_rollback(e, left)
+}
+
+/// Under the state lock: the units out of the holder's reservation (draining if a process
+/// opened one meanwhile), the reservation deleted when this attach made it and nothing else
+/// came into it.
+fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &Reserved) -> Result<(), Error> {
+    store(f.cfg).update(|st| -> Result<(), Error> {
+        let Some(r) = st.reservations.get_mut(h.id) else {
+            return Ok(());
+        };
+        r.gpus.retain(|u| !got.units.contains(u));
+        r.hotplugged = got.was_hotplugged;
+        let out = Reservation {
+            gpus: got.units.clone(),
+            ..r.clone()
+        };
+        if got.created && r.gpus.is_empty() {
+            st.reservations.remove(h.id);
+        }
+        drain::after_free_in(inv, f.cfg, st, &[out], f.proc);
+        Ok(())
+    })
+}
