@@ -19,6 +19,6 @@ fuzz_target!(|data: &[u8]| {
             }
             assert!(!d.name.is_empty() && d.uuid.len() == 36);
         }
-        Err(e) => assert!(!e.0.contains('\n') && !e.0.contains('\r'), "multi-line error {e:?}"),
+        Err(e) => assert!(!e.to_string().contains('\n') && !e.to_string().contains('\r'), "multi-line error {e:?}"),
     }
 });

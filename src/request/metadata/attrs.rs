@@ -1,7 +1,8 @@
 //! A request's attributes and children, whichever front door they came through, and the
 //! [`Request`] they build.
 
-use super::{err, ParseError, MAX_DEVICES, MAX_VALUE};
+use super::error::{CountFrom, Resources, SpecFault};
+use super::{err, AttrError, Kind, ParseError, MAX_DEVICES, MAX_VALUE};
 use crate::ids::{normalize_pci, Vendor};
 use crate::request::extra_specs::{self, Op};
 use crate::request::{Capabilities, DeviceSel, Field, Filter, IdRange, MigSel, Request};
@@ -39,36 +40,43 @@ pub(super) fn attr_value(
 ) -> Result<String, ParseError> {
     let v = a
         .normalized_value(XmlVersion::Implicit1_0)
-        .map_err(|e| ParseError::new(format!("bad attribute value: {e}")))?;
+        .map_err(Kind::AttrValue)?;
     if v.len() > MAX_VALUE {
-        return err(format!(
-            "attribute '{}' is longer than {MAX_VALUE} bytes",
-            a.key.as_ref()
-        ));
+        return err(Kind::AttrTooLong {
+            key: a.key.as_ref().into(),
+        });
     }
     Ok(v.into_owned())
 }
 
-pub(super) fn parse_u32(what: &str, s: &str) -> Result<u32, ParseError> {
+pub(super) fn parse_u32(what: &'static str, s: &str) -> Result<u32, ParseError> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return err(format!("{what} '{s}' is not a non-negative whole number"));
+        return err(Kind::NotWhole {
+            what,
+            value: s.into(),
+        });
     }
-    s.parse::<u32>()
-        .map_err(|_| ParseError::new(format!("{what} '{s}' is out of range")))
+    s.parse::<u32>().or_else(|source| {
+        err(Kind::OutOfRange {
+            what,
+            value: s.into(),
+            source,
+        })
+    })
 }
 
 pub(super) fn parse_mode(s: &str) -> Result<u32, ParseError> {
     let digits = s.strip_prefix("0o").unwrap_or(s);
     if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
     {
-        return err(format!("mode '{s}' is not an octal permission like 0660"));
+        return err(Kind::ModeNotOctal { value: s.into() });
     }
-    let m =
-        u32::from_str_radix(digits, 8).map_err(|_| ParseError::new(format!("bad mode '{s}'")))?;
+    let m = u32::from_str_radix(digits, 8).map_err(|source| Kind::BadMode {
+        value: s.into(),
+        source,
+    })?;
     if m & !0o777 != 0 {
-        return err(format!(
-            "mode '{s}' sets setuid/setgid/sticky bits; only permission bits (0777) are allowed"
-        ));
+        return err(Kind::ModeSpecialBits { value: s.into() });
     }
     Ok(m)
 }
@@ -78,13 +86,16 @@ pub(super) fn parse_mode(s: &str) -> Result<u32, ParseError> {
 pub(super) fn push_unique<T: PartialEq + std::fmt::Display>(
     v: &mut Vec<T>,
     x: T,
-    what: &str,
+    what: &'static str,
 ) -> Result<(), ParseError> {
     if v.len() >= MAX_DEVICES {
-        return err(format!("more than {MAX_DEVICES} <{what}> children"));
+        return err(Kind::TooManyChildren { what });
     }
     if v.contains(&x) {
-        return err(format!("{what} {x} is named twice"));
+        return err(Kind::NamedTwice {
+            what,
+            sel: x.to_string(),
+        });
     }
     v.push(x);
     Ok(())
@@ -97,7 +108,7 @@ pub(super) fn is_xmlns(key: &str) -> bool {
 pub(super) fn parse_idmap_entry(e: &BytesStart) -> Result<IdRange, ParseError> {
     let (mut start, mut target, mut count) = (None, None, None);
     for a in e.attributes() {
-        let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
+        let a = a.map_err(Kind::XmlAttr)?;
         let v = attr_value(&a)?;
         match a.key.as_ref() {
             "start" => start = Some(parse_u32("idmap start", &v)?),
@@ -112,7 +123,7 @@ pub(super) fn parse_idmap_entry(e: &BytesStart) -> Result<IdRange, ParseError> {
             target,
             count,
         }),
-        _ => err("<idmap> entry needs start, target and count"),
+        _ => err(Kind::IdmapEntry),
     }
 }
 
@@ -121,20 +132,20 @@ pub(super) fn parse_idmap_entry(e: &BytesStart) -> Result<IdRange, ParseError> {
 pub(super) fn each_attr(
     reader: &NsReader<&[u8]>,
     e: &BytesStart,
-    elem: &str,
+    elem: &'static str,
     mut f: impl FnMut(&str, &quick_xml::events::attributes::Attribute) -> Result<(), ParseError>,
 ) -> Result<(), ParseError> {
     for a in e.attributes() {
-        let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
+        let a = a.map_err(Kind::XmlAttr)?;
         if is_xmlns(a.key.as_ref()) {
             continue;
         }
         let (ans, key) = reader.resolver().resolve_attribute(a.key);
         if !matches!(ans, ResolveResult::Unbound) {
-            return err(format!(
-                "unknown attribute '{}' on <{elem}>",
-                a.key.as_ref()
-            ));
+            return err(Kind::UnknownAttr {
+                key: a.key.as_ref().into(),
+                elem,
+            });
         }
         f(key.as_ref(), &a)?;
     }
@@ -150,33 +161,13 @@ pub(super) fn parse_gpus_attrs(
         let v = attr_value(a)?;
         match set_attr(g, key, &v) {
             Ok(true) => Ok(()),
-            Ok(false) => err(format!(
-                "unknown attribute '{key}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid, mig, driver)"
-            )),
-            Err(m) => err(format!("<gpus {key}>: {m}")),
+            Ok(false) => err(Kind::UnknownGpusAttr { key: key.into() }),
+            Err(source) => err(Kind::GpusAttr {
+                key: key.into(),
+                source,
+            }),
         }
     })
-}
-
-/// Why a request attribute's value is refused (the caller names where it was).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AttrError {
-    /// `count` (or `gpus`).
-    #[error(transparent)]
-    Count(#[from] extra_specs::ValueError),
-    #[error("unknown vendor '{0}' (known: nvidia, amd, intel)")]
-    Vendor(String),
-    /// An empty `arch` ("architecture") or `model`.
-    #[error("empty {0}")]
-    Empty(&'static str),
-    /// `capabilities` or `driver`.
-    #[error(transparent)]
-    Word(#[from] crate::request::WordError),
-    #[error("mig '{0}' is not yes or no")]
-    Mig(String),
-    /// `mode`, `uid` or `gid`.
-    #[error(transparent)]
-    Value(#[from] ParseError),
 }
 
 /// Applies one request attribute, whichever front door it came through (`<gpus KEY='…'>`,
@@ -237,7 +228,7 @@ pub(super) fn parse_device(
 ) -> Result<DeviceSel, ParseError> {
     let mut sel = None;
     for a in e.attributes() {
-        let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
+        let a = a.map_err(Kind::XmlAttr)?;
         if is_xmlns(a.key.as_ref()) {
             continue;
         }
@@ -248,32 +239,27 @@ pub(super) fn parse_device(
             _ => None,
         };
         let Some(this) = named else {
-            return err(format!(
-                "unknown attribute '{}' on <device> (known: pci, uuid, index)",
-                a.key.as_ref()
-            ));
+            return err(Kind::UnknownDeviceAttr {
+                key: a.key.as_ref().into(),
+            });
         };
         if sel.is_some() {
-            return err("<device> must name exactly one of pci, uuid, index");
+            return err(Kind::DeviceTwoNames);
         }
         sel = Some(this);
     }
-    sel.ok_or_else(|| ParseError::new("<device> must name one of pci, uuid, index"))
+    Ok(sel.ok_or(Kind::DeviceNoName)?)
 }
 
 /// The GPU a `pci`, `uuid` or `index` attribute (of `<device>` or `<mig>`) names; `None` for
 /// another attribute.
 pub(super) fn device_sel(key: &str, v: &str) -> Result<Option<DeviceSel>, ParseError> {
     Ok(Some(match key {
-        "pci" => DeviceSel::Pci(normalize_pci(v).ok_or_else(|| {
-            ParseError::new(format!(
-                "<device pci='{v}'> is not a PCI address like 0000:3b:00.0"
-            ))
-        })?),
+        "pci" => DeviceSel::Pci(normalize_pci(v).ok_or_else(|| Kind::BadPci { value: v.into() })?),
         "uuid" => {
             let u = v.trim();
             if u.is_empty() || !u.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-                return err(format!("<device uuid='{v}'> is not a GPU UUID like GPU-…"));
+                return err(Kind::BadGpuUuid { value: v.into() });
             }
             DeviceSel::Uuid(u.to_ascii_lowercase())
         }
@@ -291,24 +277,17 @@ pub(super) fn parse_mig(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<MigS
             "gi" => gi = Some(parse_u32("mig gi", &v)?),
             "ci" => ci = Some(parse_u32("mig ci", &v)?),
             _ => match device_sel(key, &v)? {
-                Some(_) if gpu.is_some() => {
-                    return err("<mig> must name its GPU by exactly one of pci, uuid, index")
-                }
+                Some(_) if gpu.is_some() => return err(Kind::MigTwoGpus),
                 Some(sel) => gpu = Some(sel),
-                None => {
-                    return err(format!(
-                        "unknown attribute '{key}' on <mig> (known: pci, uuid, index, gi, ci)"
-                    ))
-                }
+                None => return err(Kind::UnknownMigAttr { key: key.into() }),
             },
         }
         Ok(())
     })?;
-    let gpu =
-        gpu.ok_or_else(|| ParseError::new("<mig> must name its GPU by one of pci, uuid, index"))?;
+    let gpu = gpu.ok_or(Kind::MigNoGpu)?;
     match (gi, ci) {
         (Some(gi), Some(ci)) => Ok(MigSel { gpu, gi, ci }),
-        _ => err("<mig> needs gi and ci (its GPU instance and compute instance)"),
+        _ => err(Kind::MigNeedsGiCi),
     }
 }
 
@@ -317,16 +296,21 @@ pub(super) fn apply_extra_spec(
     key: &str,
     value: &str,
 ) -> Result<(), ParseError> {
-    let bad = |m: &dyn std::fmt::Display| {
-        ParseError::new(format!("extra_spec '{key}' ('{}'): {m}", value.trim()))
+    let bad = |fault: SpecFault| -> ParseError {
+        Kind::Spec {
+            key: key.into(),
+            value: value.trim().into(),
+            source: fault,
+        }
+        .into()
     };
     if let Some(class) = extra_specs::gpu_resource_class(key) {
         if !crate::request::extra_specs::valid_custom_name(class) {
-            return Err(bad(&format!(
-                "'{class}' is not a Placement resource class name (CUSTOM_[A-Z0-9_]+)"
-            )));
+            return Err(bad(SpecFault::NotAClass {
+                class: class.into(),
+            }));
         }
-        let n = extra_specs::parse_amount(value).map_err(|e| bad(&e))?;
+        let n = extra_specs::parse_amount(value).map_err(|e| bad(e.into()))?;
         if n > 0 {
             g.resources.push((key.to_owned(), class.to_owned(), n));
         }
@@ -334,11 +318,11 @@ pub(super) fn apply_extra_spec(
     }
     match key {
         "gpus" => {
-            let (n, at_least) = extra_specs::parse_count_bound(value).map_err(|e| bad(&e))?;
+            let (n, at_least) = extra_specs::parse_count_bound(value).map_err(|e| bad(e.into()))?;
             g.spec_count = Some((n, value.trim().to_owned(), at_least));
         }
         "gpu_arch" | "gpu_model" | "gpu_vendor" => {
-            let op = extra_specs::parse_string_op(value).map_err(|e| bad(&e))?;
+            let op = extra_specs::parse_string_op(value).map_err(|e| bad(e.into()))?;
             let field = match key {
                 "gpu_arch" => Field::Arch,
                 "gpu_model" => Field::Model,
@@ -351,9 +335,9 @@ pub(super) fn apply_extra_spec(
                     _ => vec![],
                 };
                 if let Some(v) = names.iter().find(|v| Vendor::from_name(v).is_none()) {
-                    return Err(bad(&format!(
-                        "unknown vendor '{v}' (known: nvidia, amd, intel)"
-                    )));
+                    return Err(bad(SpecFault::Vendor {
+                        vendor: v.to_string(),
+                    }));
                 }
             }
             g.filters.push(Filter { field, op });
@@ -366,79 +350,84 @@ pub(super) fn apply_extra_spec(
 
 pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     if g.mig == Some(false) && !g.migs.is_empty() {
-        return err("<mig> children ask for MIG instances, but mig='no'");
+        return err(Kind::MigNo);
     }
     let mig = g.mig.unwrap_or(false) || !g.migs.is_empty();
     if mig && !g.devices.is_empty() {
-        return err("a request is either whole GPUs (<device>) or MIG instances (mig='yes', <mig>), not both");
+        return err(Kind::MigAndDevices);
     }
     if mig && !g.resources.is_empty() {
-        return err("Placement's CUSTOM_GPU_<ARCH> classes count whole GPUs, not MIG instances");
+        return err(Kind::MigAndResources);
     }
     let n = (g.devices.len() + g.migs.len()) as u32;
     // Placement's resources: one class (one architecture), amounts added up.
-    let mut resources: Option<(u32, String)> = None;
+    let mut resources: Option<(u32, Resources)> = None;
     if let Some((_, class, _)) = g.resources.first() {
         let class = class.clone();
         if let Some((_, other, _)) = g.resources.iter().find(|(_, c, _)| *c != class) {
-            return err(format!(
-                "resources ask for GPUs of two classes ({class}, {other}); one request takes GPUs of one class"
-            ));
+            return err(Kind::TwoClasses {
+                class,
+                other: other.clone(),
+            });
         }
         let total: u32 = g.resources.iter().map(|(_, _, a)| *a).sum();
-        let keys: Vec<String> = g
-            .resources
-            .iter()
-            .map(|(k, _, a)| format!("{k}={a}"))
-            .collect();
+        let keys = Resources(
+            g.resources
+                .iter()
+                .map(|(k, _, a)| (k.clone(), *a))
+                .collect(),
+        );
         if total > extra_specs::MAX_COUNT {
-            return err(format!(
-                "resources ({}) ask for {total} GPUs (at most {})",
-                keys.join(", "),
-                extra_specs::MAX_COUNT
-            ));
+            return err(Kind::TooManyResources { keys, total });
         }
         g.filters.push(Filter {
             field: Field::Arch,
             op: Op::Class(class),
         });
-        resources = Some((total, keys.join(", ")));
+        resources = Some((total, keys));
     }
     // Beside Placement's number, `gpus = N` / `>= N` is what Nova makes of it: at least N.
     let spec = match (&g.spec_count, &resources) {
         (Some((s, raw, true)), Some((t, keys))) => {
             if t < s {
-                return err(format!(
-                    "resources ({keys}) ask for {t} GPU{}, fewer than extra_spec gpus '{raw}'",
-                    if *t == 1 { "" } else { "s" }
-                ));
+                return err(Kind::FewerThanSpec {
+                    keys: keys.clone(),
+                    total: *t,
+                    raw: raw.clone(),
+                });
             }
             None
         }
-        (Some((s, raw, _)), _) => Some((*s, format!("extra_spec gpus '{raw}'"))),
+        (Some((s, raw, _)), _) => Some((*s, CountFrom::Spec(raw.clone()))),
         (None, _) => None,
     };
-    let mut count: Option<(u32, String)> = None;
+    let mut count: Option<(u32, CountFrom)> = None;
     for (c, what) in [
-        g.count_attr.map(|a| (a, format!("count='{a}'"))),
+        g.count_attr.map(|a| (a, CountFrom::Attr(a))),
         spec,
-        resources.map(|(t, keys)| (t, format!("resources ({keys})"))),
+        resources.map(|(t, keys)| (t, CountFrom::Resources(keys))),
     ]
     .into_iter()
     .flatten()
     {
         match &count {
-            Some((c0, what0)) if *c0 != c => return err(format!("{what0} contradicts {what}")),
+            Some((c0, first)) if *c0 != c => {
+                return err(Kind::Contradicts {
+                    first: first.clone(),
+                    then: what,
+                })
+            }
             Some(_) => {}
             None => count = Some((c, what)),
         }
     }
     let count = count.map_or(n.max(1), |(c, _)| c);
     if count < n {
-        return err(format!(
-            "count {count} is less than the {n} <{}> children",
-            if mig { "mig" } else { "device" }
-        ));
+        return err(Kind::CountBelowChildren {
+            count,
+            n,
+            what: if mig { "mig" } else { "device" },
+        });
     }
     Ok(Request {
         count,

@@ -10,15 +10,16 @@
 //! element. Everything else of Nova's is left unread.
 
 use crate::ids::normalize_uuid;
-use crate::log::one_line;
 use crate::request::{IdMap, Request};
+use error::{err, Kind};
 use parser::Parser;
 
 mod attrs;
+mod error;
 mod parser;
 
-pub use attrs::AttrError;
 pub(crate) use attrs::{build_request, set_attr, GpusBuilder};
+pub use error::{AttrError, ParseError};
 
 /// gpuhook's XML namespace.
 pub const NS: &str = "urn:gpuhook:gpu:1";
@@ -33,22 +34,6 @@ pub const IDMAP: &str = "the domain's <idmap>";
 const MAX_DEVICES: usize = 256;
 const MAX_EXTRA_SPECS: usize = 64;
 const MAX_VALUE: usize = 256;
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ParseError(pub String);
-
-impl ParseError {
-    /// A one-line message: input quoted in it may hold newlines or control characters, which
-    /// are escaped, and it is bounded in length.
-    pub fn new(msg: impl Into<String>) -> ParseError {
-        ParseError(one_line(&msg.into(), 400))
-    }
-}
-
-fn err<T>(msg: impl Into<String>) -> Result<T, ParseError> {
-    Err(ParseError::new(msg))
-}
 
 /// Whether the document mentions gpuhook's namespace.
 pub fn mentions_gpuhook(xml: &[u8]) -> bool {
@@ -157,14 +142,9 @@ impl std::fmt::Display for Source {
 /// Parses a domain XML. Errors are one line, without the domain name (callers add it).
 pub fn parse_domain(xml: &[u8]) -> Result<Domain, ParseError> {
     if xml.len() > MAX_XML {
-        return err(format!("domain XML is larger than {} MiB", MAX_XML >> 20));
+        return err(Kind::TooLarge);
     }
-    let text = std::str::from_utf8(xml).map_err(|e| {
-        ParseError::new(format!(
-            "domain XML is not valid UTF-8 (byte {})",
-            e.valid_up_to()
-        ))
-    })?;
+    let text = std::str::from_utf8(xml).map_err(Kind::NotUtf8)?;
     Parser::default().run(text)
 }
 

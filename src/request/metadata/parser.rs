@@ -5,7 +5,7 @@ use super::attrs::{
     parse_idmap_entry, parse_mig, push_unique, GpusBuilder,
 };
 use super::{
-    err, Domain, ParseError, Source, IDMAP, MAX_EXTRA_SPECS, MAX_VALUE, NOVA_NS_PREFIX, NS,
+    err, Domain, Kind, ParseError, Source, IDMAP, MAX_EXTRA_SPECS, MAX_VALUE, NOVA_NS_PREFIX, NS,
 };
 use crate::ids::normalize_uuid;
 use crate::request::extra_specs;
@@ -83,9 +83,7 @@ impl Parser {
         let mut reader = NsReader::from_str(text);
         reader.config_mut().check_end_names = true;
         loop {
-            let (ns, ev) = reader
-                .read_resolved_event()
-                .map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
+            let (ns, ev) = reader.read_resolved_event().map_err(Kind::Xml)?;
             let ns = Self::ns_of(&ns);
             if !self.event(&reader, ev, ns)? {
                 break;
@@ -125,9 +123,7 @@ impl Parser {
                 self.text_in(s)?
             }
             Event::GeneralRef(r) => self.text_in(&general_ref(&r)?)?,
-            Event::DocType(_) => {
-                return err("document type declarations are not allowed in domain XML")
-            }
+            Event::DocType(_) => return err(Kind::DocType),
             Event::Decl(_) | Event::PI(_) | Event::Comment(_) => {}
             Event::Eof => return Ok(false),
         }
@@ -137,24 +133,18 @@ impl Parser {
     /// The domain, once the whole document is read.
     fn finish(mut self) -> Result<Domain, ParseError> {
         if !self.saw_root {
-            return err("empty document: no <domain> element");
+            return err(Kind::EmptyDocument);
         }
         if !self.stack.is_empty() {
-            return err("malformed XML: unexpected end of document");
+            return err(Kind::UnexpectedEnd);
         }
         let (request, source) = self.request()?;
-        let name = self
-            .name
-            .take()
-            .ok_or_else(|| ParseError::new("domain XML has no <name>"))?;
-        let uuid = self
-            .uuid
-            .take()
-            .ok_or_else(|| ParseError::new("domain XML has no <uuid>"))?;
+        let name = self.name.take().ok_or(Kind::NoName)?;
+        let uuid = self.uuid.take().ok_or(Kind::NoUuid)?;
         if let Some(r) = &request {
             self.idmap
                 .owner(r.uid, r.gid, (IDMAP, IDMAP))
-                .map_err(|e| ParseError::new(e.to_string()))?;
+                .map_err(Kind::Unmapped)?;
         }
         Ok(Domain {
             name,
@@ -180,9 +170,10 @@ impl Parser {
                     nova_ignored: (!self.nova.specs.is_empty()).then_some(nova_flavor),
                 },
             ),
-            None => match nova_request(&self.nova.specs)
-                .map_err(|e| ParseError::new(format!("Nova flavor '{nova_flavor}': {e}")))?
-            {
+            None => match nova_request(&self.nova.specs).map_err(|source| Kind::Nova {
+                flavor: nova_flavor.clone(),
+                source,
+            })? {
                 Some(r) => (
                     Some(r),
                     Source::Nova {
@@ -198,31 +189,29 @@ impl Parser {
         match self.top() {
             Some(Ctx::Name) | Some(Ctx::Uuid) => {
                 if self.text.len() + s.len() > 1024 {
-                    return err("<name>/<uuid> is too long");
+                    return err(Kind::NameTooLong);
                 }
                 self.text.push_str(s)
             }
             Some(Ctx::ExtraSpec) => {
                 let g = self.gpus.as_mut().expect("extra_spec inside gpus");
                 if g.text.len() + s.len() > MAX_VALUE {
-                    return err(format!("extra_spec value is longer than {MAX_VALUE} bytes"));
+                    return err(Kind::SpecTooLong);
                 }
                 g.text.push_str(s);
             }
             Some(Ctx::NovaExtraSpec) => {
                 if self.nova.text.len() + s.len() > MAX_VALUE {
-                    return err(format!(
-                        "Nova flavor extra spec '{}' is longer than {MAX_VALUE} bytes",
-                        self.nova.current.as_deref().unwrap_or_default()
-                    ));
+                    return err(Kind::NovaSpecTooLong {
+                        key: self.nova.current.clone().unwrap_or_default(),
+                    });
                 }
                 self.nova.text.push_str(s);
             }
             Some(Ctx::Gpus) | Some(Ctx::Device) | Some(Ctx::Mig) if !s.trim().is_empty() => {
-                return err(format!(
-                    "unexpected text '{}' in gpuhook element",
-                    s.trim().chars().take(40).collect::<String>()
-                ));
+                return err(Kind::Text {
+                    text: s.trim().chars().take(40).collect(),
+                });
             }
             _ => {}
         }
@@ -256,10 +245,9 @@ impl Parser {
                 open_in_gpus(g, reader, e, ours, local)?
             }
             Some(Ctx::Device) | Some(Ctx::Mig) | Some(Ctx::ExtraSpec) => {
-                return err(format!(
-                    "unexpected element <{}> inside a gpuhook element",
-                    e.name().as_ref()
-                ))
+                return err(Kind::ElementInside {
+                    name: e.name().as_ref().into(),
+                })
             }
             // Nova's flavor metadata: only the path to its extra specs is followed, leniently
             // (Nova's elements are Nova's business); nothing else of Nova's is read.
@@ -273,11 +261,10 @@ impl Parser {
             Some(Ctx::NovaFlavor) if nova && local == "extraSpecs" => Ctx::NovaExtraSpecs,
             Some(Ctx::NovaExtraSpecs) if nova && local == "extraSpec" => self.open_nova_spec(e)?,
             Some(Ctx::NovaExtraSpec) => {
-                return err(format!(
-                    "unexpected element <{}> inside Nova flavor extra spec '{}'",
-                    e.name().as_ref(),
-                    self.nova.current.as_deref().unwrap_or_default()
-                ))
+                return err(Kind::ElementInNovaSpec {
+                    name: e.name().as_ref().into(),
+                    key: self.nova.current.clone().unwrap_or_default(),
+                })
             }
             _ => Ctx::Other,
         };
@@ -287,23 +274,22 @@ impl Parser {
     /// The root element: `<domain>`, its `id`.
     fn open_root(&mut self, e: &BytesStart, no_ns: bool, local: &str) -> Result<Ctx, ParseError> {
         if self.saw_root {
-            return err("malformed XML: more than one root element");
+            return err(Kind::MoreThanOneRoot);
         }
         self.saw_root = true;
         if !(no_ns && local == "domain") {
-            return err(format!(
-                "root element is <{}>, not <domain>",
-                e.name().as_ref()
-            ));
+            return err(Kind::Root {
+                name: e.name().as_ref().into(),
+            });
         }
         for a in e.attributes() {
-            let a = a.map_err(|e| ParseError::new(format!("malformed XML: {e}")))?;
+            let a = a.map_err(Kind::XmlAttr)?;
             if a.key.as_ref() == "id" {
                 let v = attr_value(&a)?;
-                self.id =
-                    Some(v.parse::<i32>().map_err(|_| {
-                        ParseError::new(format!("<domain id='{v}'> is not a number"))
-                    })?);
+                match v.parse::<i32>() {
+                    Ok(id) => self.id = Some(id),
+                    Err(source) => return err(Kind::DomainId { value: v, source }),
+                }
             }
         }
         Ok(Ctx::Domain)
@@ -334,13 +320,10 @@ impl Parser {
         local: &str,
     ) -> Result<Ctx, ParseError> {
         if local != "gpus" {
-            return err(format!(
-                "unknown gpuhook element <{}> in <metadata> (expected <gpus>)",
-                local
-            ));
+            return err(Kind::NotGpus { name: local.into() });
         }
         if self.seen_gpus {
-            return err("more than one gpuhook <gpus> element in <metadata>");
+            return err(Kind::MoreThanOneGpus);
         }
         self.seen_gpus = true;
         let mut g = GpusBuilder::default();
@@ -354,9 +337,7 @@ impl Parser {
         Ok(match lenient_attr(e, "name") {
             Some(key) if nova_gpu_key(&key) => {
                 if self.nova.specs.len() >= MAX_EXTRA_SPECS {
-                    return err(format!(
-                        "more than {MAX_EXTRA_SPECS} GPU extra specs in the Nova flavor"
-                    ));
+                    return err(Kind::TooManyNovaSpecs);
                 }
                 self.nova.current = Some(key);
                 self.nova.text.clear();
@@ -367,21 +348,18 @@ impl Parser {
     }
 
     fn close(&mut self) -> Result<(), ParseError> {
-        let ctx = self
-            .stack
-            .pop()
-            .ok_or_else(|| ParseError::new("malformed XML: unexpected closing tag"))?;
+        let ctx = self.stack.pop().ok_or(Kind::UnexpectedClose)?;
         match ctx {
             Ctx::Name => {
                 let n = self.text.trim().to_owned();
                 if n.is_empty() {
-                    return err("domain <name> is empty");
+                    return err(Kind::EmptyName);
                 }
                 self.name = Some(n);
             }
             Ctx::Uuid => {
-                let u = normalize_uuid(&self.text).ok_or_else(|| {
-                    ParseError::new(format!("bad domain <uuid> '{}'", self.text.trim()))
+                let u = normalize_uuid(&self.text).ok_or_else(|| Kind::BadUuid {
+                    value: self.text.trim().into(),
                 })?;
                 self.uuid = Some(u);
             }
@@ -394,7 +372,7 @@ impl Parser {
             Ctx::NovaExtraSpec => {
                 let key = self.nova.current.take().unwrap_or_default();
                 if self.nova.specs.iter().any(|(k, _)| *k == key) {
-                    return err(format!("Nova flavor extra spec '{key}' is given twice"));
+                    return err(Kind::NovaSpecTwice { key });
                 }
                 let value = std::mem::take(&mut self.nova.text);
                 self.nova.specs.push((key, value));
@@ -442,15 +420,15 @@ fn general_ref(r: &BytesRef) -> Result<String, ParseError> {
     if r.is_char_ref() {
         match r.resolve_char_ref() {
             Ok(Some(c)) => Ok(c.to_string()),
-            _ => err(format!("bad character reference '&{};'", &**r)),
+            res => err(Kind::BadCharRef {
+                name: (**r).into(),
+                source: res.err(),
+            }),
         }
     } else {
         match resolve_predefined_entity(r) {
             Some(s) => Ok(s.to_owned()),
-            None => err(format!(
-                "unknown entity '&{};' (entities are not allowed)",
-                &**r
-            )),
+            None => err(Kind::UnknownEntity { name: (**r).into() }),
         }
     }
 }
@@ -464,10 +442,9 @@ fn open_in_gpus(
     local: &str,
 ) -> Result<Ctx, ParseError> {
     if !ours {
-        return err(format!(
-            "unexpected element <{}> inside gpuhook <gpus> (only gpuhook <device>, <mig> and <extra_spec>)",
-            e.name().as_ref()
-        ));
+        return err(Kind::ForeignInGpus {
+            name: e.name().as_ref().into(),
+        });
     }
     match local {
         "device" => {
@@ -479,10 +456,7 @@ fn open_in_gpus(
             Ok(Ctx::Mig)
         }
         "extra_spec" => open_extra_spec(g, reader, e),
-        other => err(format!(
-            "unknown gpuhook element <{}> inside <gpus> (expected <device>, <mig> or <extra_spec>)",
-            other
-        )),
+        other => err(Kind::UnknownInGpus { name: other.into() }),
     }
 }
 
@@ -493,19 +467,22 @@ fn open_extra_spec(
     e: &BytesStart,
 ) -> Result<Ctx, ParseError> {
     if g.spec_keys.len() >= MAX_EXTRA_SPECS {
-        return err(format!("more than {MAX_EXTRA_SPECS} <extra_spec> children"));
+        return err(Kind::TooManySpecs);
     }
     let mut name = None;
     each_attr(reader, e, "extra_spec", |key, a| {
         if key != "name" {
-            return err(format!("unknown attribute '{key}' on <extra_spec>"));
+            return err(Kind::UnknownAttr {
+                key: key.into(),
+                elem: "extra_spec",
+            });
         }
         name = Some(attr_value(a)?);
         Ok(())
     })?;
-    let name = name.ok_or_else(|| ParseError::new("<extra_spec> without name"))?;
+    let name = name.ok_or(Kind::SpecWithoutName)?;
     if g.spec_keys.contains(&name) {
-        return err(format!("extra_spec '{name}' is given twice"));
+        return err(Kind::SpecTwice { name });
     }
     g.spec_keys.push(name.clone());
     g.current_spec = Some(name);

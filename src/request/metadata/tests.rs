@@ -19,8 +19,16 @@ fn fails(meta: &str, needle: &str) {
     match parse_domain(dom(meta).as_bytes()) {
         Ok(d) => panic!("accepted {meta}: {d:?}"),
         Err(e) => {
-            assert!(e.0.contains(needle), "error {:?} lacks {needle:?}", e.0);
-            assert!(!e.0.contains('\n'), "multi-line error {:?}", e.0);
+            assert!(
+                e.to_string().contains(needle),
+                "error {:?} lacks {needle:?}",
+                e.to_string()
+            );
+            assert!(
+                !e.to_string().contains('\n'),
+                "multi-line error {:?}",
+                e.to_string()
+            );
         }
     }
 }
@@ -319,7 +327,7 @@ fn malformed_request_extra_specs() {
         "</metadata><idmap><uid start='0' target='1000' count='5'/><gid start='0' target='1000' count='5'/></idmap>",
     );
     let e = parse_domain(xml.as_bytes()).unwrap_err();
-    assert!(e.0.contains("uid 7 is not mapped"), "{e}");
+    assert!(e.to_string().contains("uid 7 is not mapped"), "{e}");
 }
 
 #[test]
@@ -343,12 +351,19 @@ fn malformed_documents() {
         ("<domain/><domain/>", "more than one root"),
     ] {
         let e = parse_domain(xml.as_bytes()).expect_err(xml);
-        assert!(e.0.contains(needle), "{xml}: {:?} lacks {needle:?}", e.0);
+        assert!(
+            e.to_string().contains(needle),
+            "{xml}: {:?} lacks {needle:?}",
+            e.to_string()
+        );
     }
     let e = parse_domain(b"<domain><name>\xff\xfe</name></domain>").unwrap_err();
-    assert!(e.0.contains("UTF-8"));
+    assert!(e.to_string().contains("UTF-8"));
     let big = vec![b' '; MAX_XML + 1];
-    assert!(parse_domain(&big).unwrap_err().0.contains("larger"));
+    assert!(parse_domain(&big)
+        .unwrap_err()
+        .to_string()
+        .contains("larger"));
 }
 
 /// Found by the metadata fuzzer: control characters in quoted input made a two-line error.
@@ -356,11 +371,17 @@ fn malformed_documents() {
 fn errors_stay_one_line() {
     let xml = b"<domain type='lxc'><name>a</name><uuid>155\r\0\0\0\0\0\0\0c9-40ab-9e0e-8fd8636abd19</uuid></domain>";
     let e = parse_domain(xml).unwrap_err();
-    assert!(e.0.starts_with("bad domain <uuid> '155\\n\\u{0}"), "{e:?}");
-    assert!(!e.0.contains('\n') && !e.0.contains('\0'));
+    assert!(
+        e.to_string().starts_with("bad domain <uuid> '155\\n\\u{0}"),
+        "{e:?}"
+    );
+    assert!(!e.to_string().contains('\n') && !e.to_string().contains('\0'));
     let long = format!("<domain><name>{}</name></domain>", "x\n".repeat(5000));
     let e = parse_domain(long.as_bytes()).unwrap_err();
-    assert!(e.0.chars().count() <= 401 && !e.0.contains('\n'), "{e:?}");
+    assert!(
+        e.to_string().chars().count() <= 401 && !e.to_string().contains('\n'),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -368,7 +389,7 @@ fn billion_laughs_is_refused() {
     let xml = r#"<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;">]><domain><name>&lol2;</name></domain>"#;
     assert!(parse_domain(xml.as_bytes())
         .unwrap_err()
-        .0
+        .to_string()
         .contains("document type"));
 }
 
@@ -592,19 +613,19 @@ fn nova_faults_are_one_line_and_name_the_flavor() {
         ),
     ] {
         let e = nova_req(&specs).unwrap_err();
-        assert!(e.0.starts_with("Nova flavor 'g1.test': "), "{e}");
-        assert!(e.0.contains(needle), "{e} lacks {needle}");
-        assert!(!e.0.contains('\n'));
+        assert!(e.to_string().starts_with("Nova flavor 'g1.test': "), "{e}");
+        assert!(e.to_string().contains(needle), "{e} lacks {needle}");
+        assert!(!e.to_string().contains('\n'));
     }
     let twice = nova("f", &[("gpus", "1"), ("gpus", "2")]);
     assert!(parse_domain(twice.as_bytes())
         .unwrap_err()
-        .0
+        .to_string()
         .contains("'gpus' is given twice"));
     let long = nova("f", &[("gpus", &"1".repeat(300))]);
     assert!(parse_domain(long.as_bytes())
         .unwrap_err()
-        .0
+        .to_string()
         .contains("longer than"));
 }
 
@@ -628,4 +649,55 @@ fn pci_normalization() {
     assert_eq!(normalize_pci("0000:3b:00.8"), None);
     assert_eq!(normalize_pci("0000:3b:00"), None);
     assert_eq!(normalize_pci("../../etc/x"), None);
+}
+
+/// The exact words of some faults (pinned before they became typed): quoted input escaped,
+/// the whole message bounded, nested faults said after their context.
+#[test]
+fn error_texts_are_pinned() {
+    let text = |xml: &[u8]| parse_domain(xml).unwrap_err().to_string();
+    let gpus = |body: &str| dom(&format!(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"{body}"#));
+    let long = nova(&"f".repeat(200), &[("gpus", &"x".repeat(250))]);
+    for (got, want) in [
+        (
+            text(b"<domain><name>x</nam></domain>"),
+            "malformed XML: ill-formed document: expected `</name>`, but `</nam>` was found"
+                .to_string(),
+        ),
+        (text(b"<domain>\xff</domain>"), "domain XML is not valid UTF-8 (byte 8)".into()),
+        (
+            text(gpus(">a\u{1}b\tc</gpu:gpus>").as_bytes()),
+            r"unexpected text 'a\u{1}b\tc' in gpuhook element".into(),
+        ),
+        (
+            text(gpus(r#" mode="4755"/>"#).as_bytes()),
+            "<gpus mode>: mode '4755' sets setuid/setgid/sticky bits; only permission bits (0777) are allowed".into(),
+        ),
+        (
+            text(gpus(r#"><gpu:device index="1"/><gpu:device index="1"/></gpu:gpus>"#).as_bytes()),
+            "device index 1 is named twice".into(),
+        ),
+        (
+            text(gpus(r#" count="1"><gpu:extra_spec name="resources:CUSTOM_GPU_A">2</gpu:extra_spec><gpu:extra_spec name="resources2:CUSTOM_GPU_A">1</gpu:extra_spec></gpu:gpus>"#).as_bytes()),
+            "count='1' contradicts resources (resources:CUSTOM_GPU_A=2, resources2:CUSTOM_GPU_A=1)".into(),
+        ),
+        (
+            text(nova("g1", &[("resources:CUSTOM_GPU_A", "1"), ("gpus", ">= 3")]).as_bytes()),
+            "Nova flavor 'g1': resources (resources:CUSTOM_GPU_A=1) ask for 1 GPU, fewer than extra_spec gpus '>= 3'".into(),
+        ),
+        (
+            text(nova("g1", &[("gpu_vendor", "s== 3dfx")]).as_bytes()),
+            "Nova flavor 'g1': extra_spec 'gpu_vendor' ('s== 3dfx'): unknown vendor '3dfx' (known: nvidia, amd, intel)".into(),
+        ),
+        (
+            text(long.as_bytes()),
+            format!(
+                "Nova flavor '{}': extra_spec 'gpus' ('{}…",
+                "f".repeat(200),
+                "x".repeat(164)
+            ),
+        ),
+    ] {
+        assert_eq!(got, want);
+    }
 }
