@@ -47,6 +47,11 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
         return 0;
     }
     if !metadata::may_request(xml) {
+        // A domain that asked for nothing may hold GPUs `gpuhook attach` gave it: a
+        // reconnect re-adopts those (and only then is the state looked at).
+        if op == "reconnect" {
+            return reconnect_attached(xml);
+        }
         return 0;
     }
     let must_succeed = matches!(op, "prepare" | "start" | "started");
@@ -103,6 +108,32 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
             log::error(&format!("domain '{}': {e}", dom.name));
             1
         }
+    }
+}
+
+/// `reconnect` of a domain whose XML asks for no GPU: when the state holds a reservation
+/// under its UUID (GPUs attached while it ran), it is re-adopted as a request-less domain's
+/// (the reservation's units, nodes owned by the container's root). Anything unreadable here
+/// (config, state, XML) leaves the domain alone: it asked gpuhook for nothing.
+fn reconnect_attached(xml: &[u8]) -> i32 {
+    let Some(uuid) = metadata::domain_uuid(xml) else {
+        return 0;
+    };
+    let Ok(cfg) = Config::load() else { return 0 };
+    if !lifecycle::may_hold(&cfg, &uuid) {
+        return 0;
+    }
+    let (Ok(dom), Ok(req)) = (
+        metadata::parse_domain(xml),
+        crate::request::oci::request(&Default::default()),
+    ) else {
+        return 0;
+    };
+    let h = holder(&dom);
+    let find = || container::find(&dom.name, dom.id);
+    match lifecycle::readopt(&h, &req, find) {
+        Readopted::Inconsistent => 1,
+        Readopted::Consistent | Readopted::LeftAlone => 0,
     }
 }
 
