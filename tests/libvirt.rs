@@ -1430,6 +1430,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                 }),
                 nodes: vec![],
                 mounts: vec![],
+                hotplugged: false,
             }
         };
     Store::new(&b.state())

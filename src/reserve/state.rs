@@ -113,6 +113,11 @@ pub struct Reservation {
     /// checks they are still in place).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<crate::enter::rootfs::Mounted>,
+    /// Changed in the running container by `gpuhook attach` or `detach`: its units and nodes
+    /// are what it holds, whatever its request says (`reconnect` keeps them). Absent in the
+    /// file when not (files written before load unchanged).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hotplugged: bool,
 }
 
 impl Reservation {
@@ -686,6 +691,7 @@ mod tests {
             init: None,
             nodes: vec![],
             mounts: vec![],
+            hotplugged: false,
         }
     }
 

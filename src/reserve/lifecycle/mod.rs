@@ -19,6 +19,7 @@ use crate::reserve::facts::Facts;
 use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State, StateError, Store};
 
 mod activate;
+mod detach;
 mod error;
 mod free;
 mod readopt;
@@ -28,6 +29,7 @@ mod tests;
 
 pub use crate::reserve::state::HolderKind;
 pub use activate::{activate, activate_with};
+pub use detach::{detach, detach_with, Detached, Which};
 pub use error::LifecycleError;
 pub use free::{free, free_with, Freed};
 pub use readopt::{readopt, readopt_with, Readopted};

@@ -228,6 +228,7 @@ fn decide(
             init: None,
             nodes: vec![],
             mounts: vec![],
+            hotplugged: false,
         });
     r.phase = Phase::Running;
     r.controller = Some(ct.controller);

@@ -146,6 +146,7 @@ fn reserve_by(
                 init: None,
                 nodes: as_nodes(&specs.0),
                 mounts: Vec::new(),
+                hotplugged: false,
             },
         );
         Ok((gpus, notes, specs))
