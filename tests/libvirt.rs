@@ -9,6 +9,7 @@
 //! Arguments filter cases by substring.
 
 mod common;
+#[path = "libvirt/hotplug.rs"]
 mod hotplug;
 
 use gpuhook::enter::container::Container;

@@ -15,7 +15,7 @@ use crate::request::metadata::{self, Domain};
 use crate::request::oci::{self, Pairs};
 use crate::request::{DeviceSel, Request};
 use crate::reserve::lifecycle::{self, Attached, Detached, Holder, HolderKind, Which};
-use crate::reserve::state::{Store, State};
+use crate::reserve::state::{State, Store};
 use std::io::Read;
 use std::path::Path;
 
@@ -63,7 +63,12 @@ pub struct DetachArgs {
     pub name: String,
     /// A GPU it holds, by PCI address, GPU UUID or index, or a MIG instance
     /// (0000:3b:00.0/gi1/ci0) (repeatable)
-    #[arg(long, value_name = "SEL", required_unless_present = "all", conflicts_with = "all")]
+    #[arg(
+        long,
+        value_name = "SEL",
+        required_unless_present = "all",
+        conflicts_with = "all"
+    )]
     pub device: Vec<String>,
     /// Every GPU it holds
     #[arg(long)]
@@ -88,7 +93,9 @@ fn target(cfg: &Config, name: &str) -> Result<Target, CliError> {
     if let Some(d) = running_domain(container::LXC_STATE_DIRS.iter().map(Path::new), name)? {
         return Ok(Target::Libvirt(d));
     }
-    let st: State = Store::new(&cfg.state_file).read().map_err(crate::reserve::error::Error::from)?;
+    let st: State = Store::new(&cfg.state_file)
+        .read()
+        .map_err(crate::reserve::error::Error::from)?;
     if st
         .reservations
         .get(name)
@@ -218,7 +225,7 @@ fn which(d: &DetachArgs) -> Result<Which, CliError> {
     let mut sels = Vec::new();
     for s in &d.device {
         match s.parse::<Unit>() {
-            Ok(u) if u.is_mig() => sels.push(DeviceSel::Unit(u)),
+            Ok(u) if u.is_mig() => sels.push(DeviceSel::Pci(u.to_string())),
             _ => sels.extend(oci::devices(s).map_err(|source| CliError::Selector {
                 sel: s.clone(),
                 source,
@@ -282,7 +289,9 @@ pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
         );
     }
     for u in &got.draining {
-        println!("{u} is draining: a process still has it open; it is given to no one until closed");
+        println!(
+            "{u} is draining: a process still has it open; it is given to no one until closed"
+        );
     }
     Ok(0)
 }
@@ -323,16 +332,17 @@ mod tests {
         std::fs::write(t.path().join("web1.xml"), STATUS).unwrap();
         std::fs::write(t.path().join("web1.pid"), "29936\n").unwrap();
         let dirs = [t.path()];
-        let d = running_domain(dirs.iter().copied(), "web1").unwrap().unwrap();
+        let d = running_domain(dirs.iter().copied(), "web1")
+            .unwrap()
+            .unwrap();
         assert_eq!((d.name.as_str(), d.id), ("web1", Some(29936)));
-        let by_uuid = running_domain(
-            dirs.iter().copied(),
-            "4C7F30AA-FFE6-489B-80FF-0F27ECE176A3",
-        )
-        .unwrap()
-        .unwrap();
+        let by_uuid = running_domain(dirs.iter().copied(), "4C7F30AA-FFE6-489B-80FF-0F27ECE176A3")
+            .unwrap()
+            .unwrap();
         assert_eq!(by_uuid.uuid, "4c7f30aa-ffe6-489b-80ff-0f27ece176a3");
-        assert!(running_domain(dirs.iter().copied(), "web2").unwrap().is_none());
+        assert!(running_domain(dirs.iter().copied(), "web2")
+            .unwrap()
+            .is_none());
         // A name that is a path is no domain's.
         assert!(running_domain(dirs.iter().copied(), "../web1")
             .unwrap()
@@ -365,11 +375,11 @@ mod tests {
         let one = attach_request(&AttachArgs::default()).unwrap();
         assert_eq!((one.count, one.mig), (1, false));
         let bad = AttachArgs {
-            arch: Some("pentium".into()),
+            capabilities: Some("teleport".into()),
             ..Default::default()
         };
         let e = attach_request(&bad).unwrap_err().to_string();
-        assert!(e.starts_with("--arch: "), "{e}");
+        assert!(e.starts_with("--capabilities: "), "{e}");
         let share = AttachArgs {
             share: true,
             ..Default::default()

@@ -120,6 +120,13 @@ impl Proc<'_> {
             .unwrap_or_default()
     }
 
+    /// The inode of a process's PID namespace (`ns/pid`, a link to `pid:[INODE]`).
+    pub fn pid_ns(&self, pid: i32) -> Option<u64> {
+        let l = std::fs::read_link(self.path(pid, "ns/pid")).ok()?;
+        let inode = l.to_str()?.strip_prefix("pid:[")?.strip_suffix(']')?;
+        inode.parse().ok()
+    }
+
     pub fn comm(&self, pid: i32) -> Option<String> {
         read(self.path(pid, "comm")).map(|s| s.trim_end().to_owned())
     }
@@ -394,10 +401,15 @@ impl Proc<'_> {
         }
     }
 
-    /// One pass over every process but `skip` (ourselves): which have one of `wanted` open,
-    /// within `budget`. The tables larger than [`LARGE`] are read last, smallest first;
-    /// those the budget did not reach (or did not finish) are in [`Found::unread`].
-    pub fn openers(&self, wanted: &BTreeSet<u64>, skip: i32, budget: &Budget) -> Found {
+    /// One pass over the processes `keep` takes (all but ourselves; no kernel thread): which
+    /// have one of `wanted` open, within `budget`. The tables larger than [`LARGE`] are read
+    /// last, smallest first; those the budget did not reach (or finish) are in [`Found::unread`].
+    pub fn openers(
+        &self,
+        wanted: &BTreeSet<u64>,
+        keep: impl Fn(i32) -> bool,
+        budget: &Budget,
+    ) -> Found {
         let mut out = Found::default();
         if wanted.is_empty() {
             return out;
@@ -412,7 +424,7 @@ impl Proc<'_> {
         let pids: Vec<i32> = self
             .pids()
             .into_iter()
-            .filter(|p| *p != skip && !kernel.contains(p))
+            .filter(|p| !kernel.contains(p) && keep(*p))
             .collect();
         let mut large = Vec::new();
         // Not read to the end: the large tables the budget did not reach first.
@@ -831,7 +843,11 @@ mod tests {
                     nix::unistd::setuid(65534.into()).ok()?;
                     let p = Proc { root: &root };
                     let wanted: BTreeSet<u64> = [libc::makedev(195, 0)].into();
-                    let f = p.openers(&wanted, 0, &Budget::new(std::time::Duration::from_secs(5)));
+                    let f = p.openers(
+                        &wanted,
+                        |_| true,
+                        &Budget::new(std::time::Duration::from_secs(5)),
+                    );
                     Some(if !f.complete() && f.unread.iter().any(|r| r.pid == 100) {
                         0
                     } else {

@@ -129,7 +129,7 @@ pub fn settle(
     if wanted.is_empty() {
         return out;
     }
-    let found = proc.openers(&wanted, std::process::id() as i32, &budget);
+    let found = proc.openers(&wanted, |p| p != std::process::id() as i32, &budget);
     let opener = |p: ProcRef| Opener {
         proc: p,
         comm: proc.comm(p.pid).unwrap_or_else(|| "?".into()),
@@ -350,7 +350,7 @@ mod tests {
         let (ma, mi) = full();
         let found = crate::host::procfs::HOST.openers(
             &[libc::makedev(ma, mi)].into(),
-            std::process::id() as i32,
+            |p| p != std::process::id() as i32,
             &crate::host::procfs::Budget::new(BUDGET),
         );
         assert!(
@@ -413,7 +413,7 @@ mod tests {
         let pid = child.id() as i32;
         let wanted: BTreeSet<u64> = [libc::makedev(ma, mi)].into();
         let me = std::process::id() as i32;
-        let found = crate::host::procfs::HOST.openers(&wanted, me, &budget());
+        let found = crate::host::procfs::HOST.openers(&wanted, |p| p != me, &budget());
         assert!(found.complete());
         let procs = &found.openers[&libc::makedev(ma, mi)];
         assert_eq!(procs.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![pid]);
@@ -472,8 +472,11 @@ mod tests {
             })
             .collect();
         assert!(fds.contains(&libc::makedev(195, 216)), "{fds:?}");
-        let found =
-            crate::host::procfs::HOST.openers(&wanted, std::process::id() as i32, &budget());
+        let found = crate::host::procfs::HOST.openers(
+            &wanted,
+            |p| p != std::process::id() as i32,
+            &budget(),
+        );
         assert!(found.openers.is_empty(), "{found:?}");
         assert_eq!(
             crate::host::procfs::HOST.holds_any(pid, &wanted, &budget()),
@@ -583,8 +586,11 @@ int main(int argc, char **argv) {
                 })
                 .collect();
             assert!(!own.contains(&libc::makedev(ma, mi)), "{mode}: {own:?}");
-            let found =
-                crate::host::procfs::HOST.openers(&wanted, std::process::id() as i32, &budget());
+            let found = crate::host::procfs::HOST.openers(
+                &wanted,
+                |p| p != std::process::id() as i32,
+                &budget(),
+            );
             assert_eq!(
                 found
                     .openers
@@ -900,7 +906,7 @@ int main(int argc, char **argv) {
             let (mut t, mut old): (Vec<u128>, Vec<u128>) = (0..31)
                 .map(|_| {
                     let t0 = std::time::Instant::now();
-                    let f = crate::host::procfs::HOST.openers(&wanted, me, &budget());
+                    let f = crate::host::procfs::HOST.openers(&wanted, |p| p != me, &budget());
                     assert!(f.openers.is_empty() && f.complete());
                     let new = t0.elapsed().as_micros();
                     let t0 = std::time::Instant::now();
@@ -987,12 +993,12 @@ int main(int argc, char **argv) {
         let big: BTreeSet<i32> = huge.iter().map(|h| h.id() as i32).collect();
         for _ in 0..3 {
             let t0 = std::time::Instant::now();
-            let f = crate::host::procfs::HOST.openers(wanted, me, &budget());
+            let f = crate::host::procfs::HOST.openers(wanted, |p| p != me, &budget());
             let bounded = t0.elapsed().as_millis();
             let t0 = std::time::Instant::now();
             let all = crate::host::procfs::HOST.openers(
                 wanted,
-                me,
+                |p| p != me,
                 &crate::host::procfs::Budget::new(std::time::Duration::from_secs(120)),
             );
             let unbounded = t0.elapsed().as_millis();

@@ -4,7 +4,10 @@
 use crate::cgroup::CgroupError;
 use crate::enter::container::ContainerError;
 use crate::ids::Unit;
+use crate::log::Leftovers;
+use crate::request::DeviceSel;
 use crate::reserve::error::Error;
+use crate::reserve::state::Phase;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -89,6 +92,72 @@ pub enum LifecycleError {
         #[source]
         source: CgroupError,
     },
+    #[error("holds no GPU to detach")]
+    NothingToDetach,
+    #[error("is not running (its GPU reservation is {}): nothing to detach from", phase_word(*phase))]
+    NotRunning { phase: Phase },
+    #[error("its GPU reservation is not for the container that runs now (init {init}): is it restarting?")]
+    NotThisInit { init: i32 },
+    #[error("{sel} names no GPU it holds (it holds {})", Unit::join(held, ","))]
+    NotHeld { sel: DeviceSel, held: Vec<Unit> },
+    /// A process of the container (PID, its command) has one of the unit's own nodes open.
+    #[error("GPU {unit} is open in the container: process {pid} ({comm}){}; close it or detach with --force", more(*others))]
+    OpenInContainer {
+        unit: Unit,
+        pid: i32,
+        comm: String,
+        others: usize,
+    },
+    /// The look at the container's processes did not read them all in time.
+    #[error("cannot tell whether GPU(s) {} are open in the container: {unread} of its processes could not be read in time; try again, or detach with --force", Unit::join(units, ","))]
+    MaybeOpen { units: Vec<Unit>, unread: usize },
+    #[error("cannot tell which processes are the container's (the PID namespace of its init {init} cannot be read), so whether its GPUs are open; detach with --force to go ahead")]
+    NamespaceUnknown { init: i32 },
+    #[error("GPU reservation changed while detaching; try again")]
+    ChangedWhileDetaching,
+    /// Grants that could not be taken back (`left`): their units stay reserved.
+    #[error(
+        "the device-cgroup grants of GPU(s) {} cannot be taken back ({left}): they stay reserved{}",
+        Unit::join(kept, ","),
+        detached_too(detached)
+    )]
+    CannotRevoke {
+        kept: Vec<Unit>,
+        detached: Vec<Unit>,
+        left: Leftovers,
+    },
+    #[error("detached GPU(s) {} (their grants taken back), but their nodes could not be removed from the container's /dev: {source}", Unit::join(units, ","))]
+    NodesNotRemoved {
+        units: Vec<Unit>,
+        #[source]
+        source: Box<ContainerError>,
+    },
+}
+
+/// How a reservation's phase is named (as the state file writes it).
+fn phase_word(p: Phase) -> &'static str {
+    match p {
+        Phase::Prepared => "prepared",
+        Phase::Running => "running",
+    }
+}
+
+/// ` and N more processes`, or nothing.
+fn more(others: usize) -> String {
+    match others {
+        0 => String::new(),
+        1 => " and 1 more process".into(),
+        n => format!(" and {n} more processes"),
+    }
+}
+
+/// `; GPU(s) … detached`, or nothing.
+fn detached_too(units: &[Unit]) -> String {
+    if units.is_empty() {
+        String::new()
+    } else {
+        format!("; GPU(s) {} detached", Unit::join(units, ","))
+    }
 }
 
 /// ` (CAUSE)`, or nothing.

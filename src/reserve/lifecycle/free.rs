@@ -43,7 +43,7 @@ pub fn free_with<W>(
 /// After `freed` left the state: their units that a process still has open become draining.
 /// The nodes' numbers come from the host's inventory, read here (lazily: the driver's details
 /// of the freed GPUs only); when it cannot be read that is said, and the units are free.
-fn drain_freed<W>(f: &Facts, st: &mut State, freed: &[(Reservation, W)]) -> Settled {
+pub(super) fn drain_freed<W>(f: &Facts, st: &mut State, freed: &[(Reservation, W)]) -> Settled {
     if freed.iter().all(|(r, _)| r.gpus.is_empty()) {
         return Settled::default();
     }

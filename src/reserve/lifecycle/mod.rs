@@ -20,6 +20,7 @@ use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State, StateE
 
 mod activate;
 mod attach;
+mod detach;
 mod error;
 mod free;
 mod readopt;
@@ -30,6 +31,7 @@ mod tests;
 pub use crate::reserve::state::HolderKind;
 pub use activate::{activate, activate_with};
 pub use attach::{attach, attach_with, Attached};
+pub use detach::{detach, detach_with, Detached, Which};
 pub use error::LifecycleError;
 pub use free::{free, free_with, Freed};
 pub use readopt::{readopt, readopt_with, Readopted};

@@ -32,9 +32,13 @@ struct Fake {
     /// Granting this minor fails.
     fail_allow: Option<u32>,
     fail_revoke: bool,
+    /// Taking away this minor fails.
+    fail_deny: Option<u32>,
     /// The cgroup cannot be found.
     no_cgroup: bool,
     fail_create: Option<ContainerError>,
+    /// Removing nodes fails.
+    fail_remove: bool,
     fail_inject: bool,
     /// The init exits during this call (`create`, `inject`).
     init_exits_in: Option<&'static str>,
@@ -97,6 +101,9 @@ impl DeviceCgroup for Cg {
     }
     fn deny(&mut self, n: &Node) -> Result<(), CgroupError> {
         self.0.call(format!("deny {}", num(n)));
+        if self.0.fail_deny == Some(n.minor) {
+            return Err(CgroupError::new(self.path(), "Operation not permitted"));
+        }
         self.0
             .allowed
             .borrow_mut()
@@ -133,6 +140,11 @@ impl Enter for Fake {
         _: &[String],
     ) -> Result<(), ContainerError> {
         self.call(format!("remove {}", paths(nodes)));
+        if self.fail_remove {
+            return Err(ContainerError::Refused(
+                "/dev is not libvirt's tmpfs".into(),
+            ));
+        }
         Ok(())
     }
     fn inject(&self, _: &Container, plan: &cdi::Plan, _: Owner) -> Result<Done, ContainerError> {
@@ -1391,4 +1403,357 @@ fn readopt_keeps_a_hotplugged_reservation_as_it_is() {
     let mut got = r.nodes.clone();
     got.sort();
     assert_eq!(got, want);
+}
+
+// ---- detach ----
+
+/// The PID namespace of the container's init, and the host's.
+const CT_NS: &str = "pid:[4026532001]";
+const HOST_NS: &str = "pid:[4026531836]";
+
+impl Host {
+    /// Puts process `pid` of the fake `/proc` in PID namespace `ns` (its `ns/pid` link).
+    fn in_ns(&self, pid: i32, ns: &str) {
+        let dir = self.cfg.proc.join(pid.to_string()).join("ns");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(ns, dir.join("pid")).unwrap();
+    }
+
+    /// Process `pid`, with descriptor 3 really open on `node`, in PID namespace `ns`,
+    /// its command `comm`.
+    fn opener_in(&self, pid: i32, node: &str, ns: &str, comm: &str) {
+        self.opener(pid, node, "0100002");
+        self.in_ns(pid, ns);
+        std::fs::write(self.cfg.proc.join(pid.to_string()).join("comm"), comm).unwrap();
+    }
+
+    /// A running container (its init in [`CT_NS`]) that holds `gpus` through `req`, its
+    /// nodes granted and made by `activate`.
+    fn running_with(&self, gpus: &[Unit], req: &Request) {
+        self.in_ns(INIT.pid, CT_NS);
+        self.seed(ID, "web1", gpus, Phase::Prepared, None);
+        let idmap = IdMap::default();
+        let fake = self.fake(Fake::default());
+        self.with(&fake, |f| activate_with(f, &holder(&idmap), req, found))
+            .unwrap();
+    }
+
+    /// `detach` on a fake host whose cgroup grants what `activate` granted.
+    fn detach(&self, fake: Fake, which: Which, force: bool) -> (Rc<Fake>, Result<Detached, Error>) {
+        let allowed = self.state().reservations[ID]
+            .nodes
+            .iter()
+            .map(|n| (n.major, n.minor))
+            .collect();
+        let fake = self.fake(Fake {
+            allowed: RefCell::new(allowed),
+            ..fake
+        });
+        let idmap = IdMap::default();
+        let out = self.with(&fake, |f| {
+            detach_with(f, &holder(&idmap), &which, force, found)
+        });
+        (fake, out)
+    }
+}
+
+/// A host with NVIDIA's control nodes (`nvidiactl` 195:255, `nvidia-uvm` 510:0).
+fn host_with_controls() -> Host {
+    use crate::host::inventory::{Control, DevNode};
+    let mut h = host();
+    let dev = |p: &str, ma, mi| DevNode {
+        node: Node::new(p.to_string(), ma, mi),
+        mode: 0o666,
+    };
+    h.inv.controls = vec![
+        (Control::NvidiaCtl, dev("/dev/nvidiactl", 195, 255)),
+        (Control::NvidiaUvm, dev("/dev/nvidia-uvm", 510, 0)),
+    ];
+    h
+}
+
+/// The grants the fake cgroup was asked to take away.
+fn denied(fake: &Fake) -> Vec<String> {
+    let mut c = fake.calls();
+    c.retain(|c| c.starts_with("deny"));
+    c
+}
+
+fn sel(u: Unit) -> Which {
+    Which::Units(vec![DeviceSel::Pci(u.to_string())])
+}
+
+#[test]
+fn detach_one_of_two_gpus_takes_back_its_own_nodes_only() {
+    let h = host_with_controls();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let (fake, out) = h.detach(Fake::default(), sel(pci(1)), false);
+    let out = out.unwrap();
+    assert_eq!(out.units, [pci(1)]);
+    assert!(out.kept_open.is_empty() && out.draining.is_empty());
+    // Its own node: the control nodes the other GPU needs stay.
+    assert_eq!(fake.calls(), ["deny 195:1", "remove /dev/nvidia1"]);
+    assert_eq!(*fake.allowed.borrow(), [(195, 0), (195, 255), (510, 0)]);
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.gpus, [pci(0)]);
+    assert_eq!(
+        r.nodes.iter().map(|n| n.path.as_str()).collect::<Vec<_>>(),
+        ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    );
+    assert!(r.hotplugged && r.phase == Phase::Running && r.init == Some(INIT));
+}
+
+#[test]
+fn detach_all_takes_back_every_node_and_keeps_the_reservation() {
+    let h = host_with_controls();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let (fake, out) = h.detach(Fake::default(), Which::All, false);
+    assert_eq!(out.unwrap().units, [pci(0), pci(1)]);
+    assert_eq!(
+        fake.calls(),
+        [
+            "deny 195:0",
+            "deny 195:1",
+            "deny 195:255",
+            "deny 510:0",
+            "remove /dev/nvidia0 /dev/nvidia1 /dev/nvidiactl /dev/nvidia-uvm",
+        ]
+    );
+    assert!(fake.allowed.borrow().is_empty());
+    // The container keeps running: its (empty) reservation stays until it stops.
+    let r = &h.state().reservations[ID];
+    assert!(r.gpus.is_empty() && r.nodes.is_empty() && r.hotplugged);
+    assert_eq!(r.phase, Phase::Running);
+    // Nothing left to detach.
+    let (fake, out) = h.detach(Fake::default(), Which::All, false);
+    assert_eq!(out.unwrap_err().to_string(), "holds no GPU to detach");
+    assert!(fake.calls().is_empty());
+}
+
+#[test]
+fn detach_refuses_a_selector_of_a_gpu_it_does_not_hold() {
+    let h = host_with_controls();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let before = h.state();
+    for (which, want) in [
+        (
+            Which::Units(vec![DeviceSel::Index(5)]),
+            "index 5 names no GPU it holds (it holds 0000:10:00.0,0000:11:00.0)",
+        ),
+        (
+            Which::Units(vec![
+                DeviceSel::Pci(pci(0).to_string()),
+                DeviceSel::Pci("0000:99:00.0".into()),
+            ]),
+            "pci 0000:99:00.0 names no GPU it holds (it holds 0000:10:00.0,0000:11:00.0)",
+        ),
+        (
+            Which::Units(vec![DeviceSel::Uuid("gpu-00000003".into())]),
+            "uuid gpu-00000003 names no GPU it holds (it holds 0000:10:00.0,0000:11:00.0)",
+        ),
+    ] {
+        let (fake, out) = h.detach(Fake::default(), which, false);
+        assert_eq!(out.unwrap_err().to_string(), want);
+        assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    }
+    assert_eq!(h.state(), before);
+    // A UUID and an index of a GPU it holds are its.
+    let (_, out) = h.detach(
+        Fake::default(),
+        Which::Units(vec![DeviceSel::Uuid("gpu-00000001".into())]),
+        false,
+    );
+    assert_eq!(out.unwrap().units, [pci(1)]);
+}
+
+/// A container running with GPUs 0 (`/dev/null`) and 1 (`/dev/zero`), which process `pid`
+/// (command `comm`, in PID namespace `ns`) has open.
+fn gpu1_open_by(pid: i32, ns: &str, comm: &str) -> Host {
+    let h = cdi_host();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    h.opener_in(pid, "/dev/zero", ns, comm);
+    h
+}
+
+#[test]
+fn detach_refuses_a_gpu_a_container_process_has_open() {
+    let h = gpu1_open_by(4300, CT_NS, "python3");
+    let before = h.state();
+    let (fake, out) = h.detach(Fake::default(), sel(pci(1)), false);
+    assert_eq!(
+        out.unwrap_err().to_string(),
+        "GPU 0000:11:00.0 is open in the container: process 4300 (python3); close it or detach with --force"
+    );
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    assert_eq!(h.state(), before);
+    // The other GPU is not open: it goes.
+    let (_, out) = h.detach(Fake::default(), sel(pci(0)), false);
+    assert_eq!(out.unwrap().units, [pci(0)]);
+}
+
+#[test]
+fn detach_with_force_goes_ahead_and_the_open_gpu_drains() {
+    let h = gpu1_open_by(4300, CT_NS, "python3");
+    let (fake, out) = h.detach(Fake::default(), sel(pci(1)), true);
+    let out = out.unwrap();
+    let p = ProcRef {
+        pid: 4300,
+        start_time: 900,
+    };
+    assert_eq!(out.units, [pci(1)]);
+    assert_eq!(out.kept_open, [(pci(1), vec![p])]);
+    assert_eq!(out.draining, [pci(1)]);
+    assert_eq!(fake.calls(), ["deny 1:5", "remove /dev/zero"]);
+    let st = h.state();
+    assert_eq!(st.reservations[ID].gpus, [pci(0)]);
+    assert_eq!(crate::reserve::drain::unit_pids(&st, &pci(1)), [4300]);
+    assert_eq!(st.draining[&pci(1)].holders[0].comm, "python3");
+}
+
+#[test]
+fn detach_of_a_gpu_open_outside_the_container_goes_ahead_and_drains() {
+    // Process 4301 of the host (another PID namespace) holds GPU 1 open (a descriptor
+    // passed out of the container, say); 4302 has no namespace to read: not the container's.
+    let h = gpu1_open_by(4301, HOST_NS, "sidecar");
+    h.opener(4302, "/dev/zero", "0100002");
+    let (fake, out) = h.detach(Fake::default(), sel(pci(1)), false);
+    let out = out.unwrap();
+    assert_eq!(out.units, [pci(1)]);
+    assert!(out.kept_open.is_empty());
+    assert_eq!(out.draining, [pci(1)]);
+    assert_eq!(fake.calls(), ["deny 1:5", "remove /dev/zero"]);
+    let st = h.state();
+    assert_eq!(crate::reserve::drain::unit_pids(&st, &pci(1)), [4301, 4302]);
+}
+
+#[test]
+fn detach_keeps_a_unit_whose_grant_cannot_be_taken_back() {
+    let h = host_with_controls();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let before = h.state();
+    let fail = || Fake {
+        fail_deny: Some(1),
+        ..Fake::default()
+    };
+    let (fake, out) = h.detach(fail(), sel(pci(1)), false);
+    assert_eq!(
+        out.unwrap_err().to_string(),
+        "the device-cgroup grants of GPU(s) 0000:11:00.0 cannot be taken back (cgroup /fake: Operation not permitted): they stay reserved"
+    );
+    assert_eq!(fake.calls(), ["deny 195:1"]);
+    let r = &h.state().reservations[ID];
+    assert_eq!(
+        (&r.gpus, &r.nodes),
+        (
+            &before.reservations[ID].gpus,
+            &before.reservations[ID].nodes
+        )
+    );
+    // All of them: the other goes; the control nodes the kept one needs stay granted.
+    let (fake, out) = h.detach(fail(), Which::All, false);
+    assert_eq!(
+        out.unwrap_err().to_string(),
+        "the device-cgroup grants of GPU(s) 0000:11:00.0 cannot be taken back (cgroup /fake: Operation not permitted): they stay reserved; GPU(s) 0000:10:00.0 detached"
+    );
+    assert_eq!(
+        fake.calls(),
+        ["deny 195:0", "deny 195:1", "remove /dev/nvidia0"]
+    );
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.gpus, [pci(1)]);
+    assert_eq!(
+        r.nodes.iter().map(|n| n.path.as_str()).collect::<Vec<_>>(),
+        ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    );
+}
+
+#[test]
+fn detach_of_a_mig_instance_keeps_what_its_gpu_instance_still_needs() {
+    use crate::reserve::alloc::tests::with_migs;
+    let mut h = host();
+    h.inv.gpus[0] = with_migs(h.inv.gpus[0].clone(), &[(1, 0), (2, 0), (2, 1)]);
+    let mig = |gi, ci| Unit::Mig {
+        pci: pci(0).pci(),
+        gi,
+        ci,
+    };
+    let mut r = req(3);
+    r.mig = true;
+    h.running_with(&[mig(1, 0), mig(2, 0), mig(2, 1)], &r);
+    // gi2/ci0: its compute instance's capability only (gi2 stays, through ci1).
+    let (fake, out) = h.detach(Fake::default(), sel(mig(2, 0)), false);
+    assert_eq!(out.unwrap().units, [mig(2, 0)]);
+    assert_eq!(
+        fake.calls(),
+        ["deny 236:19", "remove /dev/nvidia-caps/nvidia-cap19"]
+    );
+    // gi2/ci1 then: now its GPU instance's capability goes too, not the GPU's node.
+    let (fake, out) = h.detach(Fake::default(), sel(mig(2, 1)), false);
+    assert_eq!(out.unwrap().units, [mig(2, 1)]);
+    assert_eq!(denied(&fake), ["deny 236:18", "deny 236:20"]);
+    // The GPU's PCI address names every instance it still holds of it.
+    let (fake, out) = h.detach(Fake::default(), sel(pci(0)), false);
+    assert_eq!(out.unwrap().units, [mig(1, 0)]);
+    assert_eq!(denied(&fake), ["deny 195:0", "deny 236:9", "deny 236:10"]);
+    assert!(h.state().reservations[ID].gpus.is_empty());
+}
+
+#[test]
+fn detach_refuses_a_container_not_running_as_recorded() {
+    let h = host_with_controls();
+    h.in_ns(INIT.pid, CT_NS);
+    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
+    let idmap = IdMap::default();
+    let fake = h.fake(Fake::default());
+    let run = |f: &Facts| detach_with(f, &holder(&idmap), &Which::All, false, found);
+    let e = h.with(&fake, run).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "is not running (its GPU reservation is prepared): nothing to detach from"
+    );
+    let other = ProcRef {
+        pid: 5151,
+        start_time: 888,
+    };
+    h.seed(ID, "web1", &[pci(0)], Phase::Running, Some(other));
+    let e = h.with(&fake, run).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "its GPU reservation is not for the container that runs now (init 4242): is it restarting?"
+    );
+    assert!(fake.calls().is_empty());
+}
+
+#[test]
+fn detach_that_cannot_tell_the_containers_processes_refuses_unless_forced() {
+    let h = cdi_host();
+    h.running_with(&[pci(0)], &req(1));
+    std::fs::remove_file(h.cfg.proc.join(INIT.pid.to_string()).join("ns/pid")).unwrap();
+    let (fake, out) = h.detach(Fake::default(), Which::All, false);
+    assert_eq!(
+        out.unwrap_err().to_string(),
+        "cannot tell which processes are the container's (the PID namespace of its init 4242 cannot be read), so whether its GPUs are open; detach with --force to go ahead"
+    );
+    assert!(fake.calls().is_empty());
+    let (fake, out) = h.detach(Fake::default(), Which::All, true);
+    assert_eq!(out.unwrap().units, [pci(0)]);
+    assert_eq!(fake.calls(), ["deny 1:3", "remove /dev/null"]);
+}
+
+#[test]
+fn detach_whose_nodes_cannot_be_removed_says_so_after_freeing() {
+    let h = host_with_controls();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let fake = Fake {
+        fail_remove: true,
+        ..Fake::default()
+    };
+    let (fake, out) = h.detach(fake, sel(pci(0)), false);
+    assert_eq!(
+        out.unwrap_err().to_string(),
+        "detached GPU(s) 0000:10:00.0 (their grants taken back), but their nodes could not be removed from the container's /dev: /dev is not libvirt's tmpfs"
+    );
+    assert_eq!(fake.calls(), ["deny 195:0", "remove /dev/nvidia0"]);
+    // No longer granted: freed.
+    assert_eq!(h.state().reservations[ID].gpus, [pci(1)]);
 }

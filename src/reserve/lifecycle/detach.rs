@@ -1,0 +1,418 @@
+//! `gpuhook detach`: GPUs (or MIG instances) taken back from a running container. The units
+//! are resolved among those its reservation holds; a process of the container that has one
+//! of their own nodes open refuses it (unless forced); then, in one step under the state
+//! lock, their grants are taken back from its device cgroup and only then are they freed (a
+//! unit whose grant could not be taken back stays reserved); last their nodes leave its
+//! `/dev`. A unit a process (anywhere) still has open is draining, as after every free.
+
+use super::free::drain_freed;
+use super::{store, Holder, LifecycleError};
+use crate::cgroup::DeviceCgroup;
+use crate::enter::container::{Container, ContainerError};
+use crate::host::config::Config;
+use crate::host::inventory::{Inventory, Scan};
+use crate::host::procfs::{Budget, ProcRef};
+use crate::ids::Unit;
+use crate::log::{self, Leftovers};
+use crate::node::NodeSpec;
+use crate::request::{Capabilities, DeviceSel};
+use crate::reserve::alloc;
+use crate::reserve::drain;
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
+use std::collections::BTreeSet;
+
+/// Which of its units a container gives back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Which {
+    /// The GPUs these select (PCI address, UUID, index: every unit it holds of that GPU);
+    /// a [`DeviceSel::Pci`] that is a MIG unit's name (`PCI/giN/ciM`) selects that instance.
+    Units(Vec<DeviceSel>),
+    /// Every unit it holds.
+    All,
+}
+
+/// What a detach did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Detached {
+    /// The units taken back and freed.
+    pub units: Vec<Unit>,
+    /// With `force`: the detached units a process of the container had open, and those
+    /// processes (they keep their open files).
+    pub kept_open: Vec<(Unit, Vec<ProcRef>)>,
+    /// The detached units a process still has open: draining, given to no one until closed.
+    pub draining: Vec<Unit>,
+}
+
+/// Every node a unit can come with, whatever capabilities its request named: what a
+/// remaining unit may need is never taken away.
+const EVERY: Capabilities = Capabilities {
+    compute: true,
+    utility: true,
+    graphics: true,
+    video: true,
+};
+
+/// `detach` on this host's facts.
+pub fn detach(
+    cfg: &Config,
+    h: &Holder,
+    which: &Which,
+    force: bool,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Result<Detached, Error> {
+    detach_with(&Facts::host(cfg), h, which, force, find)
+}
+
+/// Takes `which` of its units back from the holder's running container (found by `find`):
+/// refused, nothing changed, when it is not running with this init, a selector names no
+/// unit it holds, or (without `force`) a process of the container has one of their own
+/// nodes open or might have; then grants taken back, units freed, nodes removed.
+pub fn detach_with(
+    f: &Facts,
+    h: &Holder,
+    which: &Which,
+    force: bool,
+    find: impl FnOnce() -> Result<Container, ContainerError>,
+) -> Result<Detached, Error> {
+    let ct = find()?;
+    let st = store(f.cfg).read()?;
+    let r = running(st.reservations.get(h.id), &ct)?;
+    let mut inv = (f.scan)(f.cfg, scan_for(which))?;
+    inv.settle(f.cfg, &r.gpus);
+    let units = resolve(&inv, r, which)?;
+    let open = open_in_container(f, &inv, &st, h, &units, &ct, force)?;
+    let mut cg = (f.cgroup)(&ct)?;
+    let now = now_rfc3339();
+    let (freed, revoked, draining) = store(f.cfg).update(|st| -> Result<_, Error> {
+        let r = st.reservations.get_mut(h.id);
+        running(r.as_deref(), &ct)?;
+        let r = r.ok_or(LifecycleError::ChangedWhileDetaching)?;
+        if !units.iter().all(|u| r.gpus.contains(u)) {
+            return Err(LifecycleError::ChangedWhileDetaching.into());
+        }
+        let revoked = revoke(&mut *cg, plan(&inv, r, &units));
+        let freed: Vec<Unit> = units
+            .iter()
+            .filter(|u| !revoked.kept.contains(u))
+            .copied()
+            .collect();
+        if !freed.is_empty() || !revoked.denied.is_empty() {
+            r.gpus.retain(|u| !freed.contains(u));
+            r.nodes.retain(|n| !revoked.denied.contains(n));
+            r.hotplugged = true;
+            r.updated = now;
+        }
+        let gone = Reservation {
+            gpus: freed.clone(),
+            ..r.clone()
+        };
+        let settled = drain_freed(f, st, &[(gone, ())]);
+        let draining = settled.draining.into_iter().map(|(u, _)| u).collect();
+        Ok((freed, revoked, draining))
+    })?;
+    let out = Detached {
+        kept_open: open
+            .into_iter()
+            .filter(|(u, _)| freed.contains(u))
+            .collect(),
+        units: freed,
+        draining,
+    };
+    log_detached(f, h, &out);
+    finish(f, &ct, out, revoked)
+}
+
+/// The holder's reservation, when it is running with this container's init.
+fn running<'r>(r: Option<&'r Reservation>, ct: &Container) -> Result<&'r Reservation, Error> {
+    let r = r
+        .filter(|r| !r.gpus.is_empty())
+        .ok_or(LifecycleError::NothingToDetach)?;
+    if r.phase != Phase::Running {
+        return Err(LifecycleError::NotRunning { phase: r.phase }.into());
+    }
+    if r.init != Some(ct.init) {
+        return Err(LifecycleError::NotThisInit { init: ct.init.pid }.into());
+    }
+    Ok(r)
+}
+
+/// What of the host the selectors need: every node of every GPU (a unit's nodes are taken
+/// back whatever capabilities gave them); all GPUs looked at for an index, the driver's
+/// details for a UUID.
+fn scan_for(which: &Which) -> Scan {
+    let by_place = match which {
+        Which::All => false,
+        Which::Units(sels) => sels
+            .iter()
+            .any(|s| matches!(s, DeviceSel::Uuid(_) | DeviceSel::Index(_))),
+    };
+    Scan {
+        caps: None,
+        lazy: !by_place,
+    }
+}
+
+/// The units `which` names among those `r` holds, in its order; a selector that names none
+/// of them is refused.
+fn resolve(inv: &Inventory, r: &Reservation, which: &Which) -> Result<Vec<Unit>, Error> {
+    let sels = match which {
+        Which::All => return Ok(r.gpus.clone()),
+        Which::Units(sels) => sels,
+    };
+    let mut named = BTreeSet::new();
+    for sel in sels {
+        let unit = match sel {
+            DeviceSel::Pci(s) => s.parse::<Unit>().ok(),
+            _ => None,
+        };
+        let unit = unit.or_else(|| alloc::resolve(&inv.gpus, sel).map(|g| Unit::Gpu(g.pci)));
+        let of: Vec<Unit> = r
+            .gpus
+            .iter()
+            .filter(|u| match unit {
+                Some(Unit::Gpu(p)) => u.pci() == p,
+                Some(m) => **u == m,
+                None => false,
+            })
+            .copied()
+            .collect();
+        if of.is_empty() {
+            return Err(LifecycleError::NotHeld {
+                sel: sel.clone(),
+                held: r.gpus.clone(),
+            }
+            .into());
+        }
+        named.extend(of);
+    }
+    if named.is_empty() {
+        return Err(LifecycleError::NothingToDetach.into());
+    }
+    Ok(r.gpus
+        .iter()
+        .filter(|u| named.contains(u))
+        .copied()
+        .collect())
+}
+
+fn number(n: &Node) -> u64 {
+    libc::makedev(n.major, n.minor)
+}
+
+/// The units (of `units`) whose own nodes a process of the container (one in its init's PID
+/// namespace) has open, with those processes. Without `force`, any such process refuses
+/// the detach (naming it), and so does a look that could not read every process in time.
+fn open_in_container(
+    f: &Facts,
+    inv: &Inventory,
+    st: &State,
+    h: &Holder,
+    units: &[Unit],
+    ct: &Container,
+    force: bool,
+) -> Result<Vec<(Unit, Vec<ProcRef>)>, Error> {
+    // Own nodes as a free sees them: with the state as this detach leaves it (a GPU
+    // instance another of its instances still uses is not this unit's alone).
+    let mut after = st.clone();
+    let Some(r) = after.reservations.get_mut(h.id) else {
+        return Ok(Vec::new());
+    };
+    r.gpus.retain(|u| !units.contains(u));
+    let gone = Reservation {
+        gpus: units.to_vec(),
+        ..r.clone()
+    };
+    let own = drain::freed_units(inv, &after, &[gone]);
+    let wanted: BTreeSet<u64> = own.iter().flat_map(|u| &u.nodes).map(number).collect();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(ns) = f.proc.pid_ns(ct.init.pid) else {
+        return if force {
+            Ok(Vec::new())
+        } else {
+            Err(LifecycleError::NamespaceUnknown { init: ct.init.pid }.into())
+        };
+    };
+    let me = std::process::id() as i32;
+    let in_ct = |p: i32| p != me && f.proc.pid_ns(p) == Some(ns);
+    let found = f.proc.openers(&wanted, in_ct, &Budget::new(drain::BUDGET));
+    let open: Vec<(Unit, Vec<ProcRef>)> = own
+        .iter()
+        .filter_map(|u| {
+            let procs: BTreeSet<ProcRef> = u
+                .nodes
+                .iter()
+                .filter_map(|n| found.openers.get(&number(n)))
+                .flatten()
+                .copied()
+                .collect();
+            (!procs.is_empty()).then(|| (u.unit, procs.into_iter().collect()))
+        })
+        .collect();
+    if force {
+        return Ok(open);
+    }
+    if let Some((unit, procs)) = open.first() {
+        return Err(LifecycleError::OpenInContainer {
+            unit: *unit,
+            pid: procs[0].pid,
+            comm: f.proc.comm(procs[0].pid).unwrap_or_else(|| "?".into()),
+            others: procs.len() - 1,
+        }
+        .into());
+    }
+    if !found.complete() {
+        return Err(LifecycleError::MaybeOpen {
+            units: units.to_vec(),
+            unread: found.unread_total,
+        }
+        .into());
+    }
+    Ok(open)
+}
+
+/// The nodes recorded for `r` that only `units` need, each with the units that need it
+/// (fewest first): a whole GPU's own nodes; a MIG instance's compute-instance capability,
+/// its GPU instance's unless another instance of it stays, its GPU's node unless another
+/// instance of that GPU stays; the control nodes once no unit of their vendor stays. When
+/// no unit stays, every recorded node (a CDI spec's too). Never a node not recorded: what
+/// the container had of its own is not gpuhook's to take.
+fn plan(inv: &Inventory, r: &Reservation, units: &[Unit]) -> Vec<(Node, Vec<Unit>)> {
+    let stay: Vec<Unit> = r
+        .gpus
+        .iter()
+        .filter(|u| !units.contains(u))
+        .copied()
+        .collect();
+    let needed: BTreeSet<u64> = inv
+        .nodes_for(&stay, EVERY)
+        .iter()
+        .map(|n| number(n))
+        .collect();
+    let own: Vec<(Unit, BTreeSet<u64>)> = units
+        .iter()
+        .map(|u| {
+            (
+                *u,
+                inv.nodes_for(&[*u], EVERY)
+                    .iter()
+                    .map(|n| number(n))
+                    .collect(),
+            )
+        })
+        .collect();
+    let mut out: Vec<(Node, Vec<Unit>)> = r
+        .nodes
+        .iter()
+        .filter(|n| !needed.contains(&number(n)))
+        .filter_map(|n| {
+            let by: Vec<Unit> = own
+                .iter()
+                .filter(|(_, nums)| nums.contains(&number(n)))
+                .map(|(u, _)| *u)
+                .collect();
+            match (by.is_empty(), stay.is_empty()) {
+                (false, _) => Some((n.clone(), by)),
+                (true, true) => Some((n.clone(), units.to_vec())),
+                (true, false) => None,
+            }
+        })
+        .collect();
+    out.sort_by_key(|(_, by)| by.len());
+    out
+}
+
+/// What taking the grants back did.
+#[derive(Debug, Default)]
+struct Revoked {
+    /// The nodes no longer granted.
+    denied: Vec<Node>,
+    /// The units a grant of which could not be taken back: they stay reserved.
+    kept: Vec<Unit>,
+    left: Leftovers,
+}
+
+/// Takes back each planned grant (whoever added it: an earlier run did); a node that a unit
+/// already kept needs is left granted.
+fn revoke(cg: &mut dyn DeviceCgroup, plan: Vec<(Node, Vec<Unit>)>) -> Revoked {
+    let mut out = Revoked::default();
+    for (n, by) in plan {
+        if by.iter().any(|u| out.kept.contains(u)) {
+            continue;
+        }
+        match cg.deny(&n) {
+            Ok(()) => out.denied.push(n),
+            Err(e) => {
+                out.left.push(e);
+                // None of them is kept yet (else this node was left granted above).
+                out.kept.extend(by);
+            }
+        }
+    }
+    out
+}
+
+/// Logs the detach: holder, id, units, the uid that asked, the processes that keep a
+/// detached unit open.
+fn log_detached(f: &Facts, h: &Holder, d: &Detached) {
+    if d.units.is_empty() {
+        return;
+    }
+    log::info(&format!(
+        "{} ({}): detached {} (asked by uid {})",
+        h.who(),
+        h.id,
+        Unit::join(&d.units, ","),
+        nix::unistd::getuid()
+    ));
+    for (u, procs) in &d.kept_open {
+        for p in procs {
+            log::warn(&format!(
+                "{}: detached {u} with --force: process {} ({}) keeps its open file",
+                h.who(),
+                p.pid,
+                f.proc.comm(p.pid).unwrap_or_else(|| "?".into())
+            ));
+        }
+    }
+}
+
+/// After the locked step: the nodes whose grants were taken back leave the container's
+/// `/dev`; a grant that could not be taken back, or a node that could not be removed, is
+/// the error (said after what was detached).
+fn finish(f: &Facts, ct: &Container, out: Detached, revoked: Revoked) -> Result<Detached, Error> {
+    let specs: Vec<NodeSpec> = revoked
+        .denied
+        .iter()
+        .map(|n| NodeSpec {
+            node: n.clone(),
+            mode: 0,
+            uid: 0,
+            gid: 0,
+        })
+        .collect();
+    let removed = if specs.is_empty() {
+        Ok(())
+    } else {
+        f.enter.remove_nodes(ct, &specs, &[])
+    };
+    if !revoked.kept.is_empty() {
+        return Err(LifecycleError::CannotRevoke {
+            kept: revoked.kept,
+            detached: out.units,
+            left: revoked.left,
+        }
+        .into());
+    }
+    match removed {
+        Ok(()) => Ok(out),
+        Err(e) => Err(LifecycleError::NodesNotRemoved {
+            units: out.units,
+            source: Box::new(e),
+        }
+        .into()),
+    }
+}
