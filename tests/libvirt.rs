@@ -2211,6 +2211,14 @@ const CASES: &[(&str, Case)] = &[
     ),
     ("detach_of_an_open_gpu", hotplug::detach_of_an_open_gpu),
     (
+        "attach_killed_at_each_step",
+        hotplug::attach_killed_at_each_step,
+    ),
+    (
+        "detach_killed_at_each_step",
+        hotplug::detach_killed_at_each_step,
+    ),
+    (
         "reconcile_frees_only_the_gone",
         reconcile_frees_only_the_gone,
     ),

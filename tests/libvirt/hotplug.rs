@@ -4,18 +4,26 @@
 
 use super::{spec, Bed};
 use crate::common;
+use gpuhook::enter::container::Container;
 use nix::errno::Errno;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use testbed::{DomainSpec, FakeHost};
 
 impl Bed {
     /// The CLI as an operator runs it on this host: in libvirtd's mount namespace.
     fn gh_host(&self, args: &[&str]) -> Output {
+        self.gh_host_under(&[], args)
+    }
+
+    /// [`Bed::gh_host`] with the binary run by `wrap` (a command and its arguments).
+    fn gh_host_under(&self, wrap: &[&str], args: &[&str]) -> Output {
         let pid = self.d.pid().expect("libvirtd runs");
         Command::new("nsenter")
             .arg(format!("--mount=/proc/{pid}/ns/mnt"))
             .arg("--")
+            .args(wrap)
             .arg(common::bin())
             .args(args)
             .env("GPUHOOK_CONFIG", self.config())
@@ -229,4 +237,191 @@ pub fn detach_of_an_open_gpu(b: &mut Bed) {
     // A second domain cannot get the draining GPU.
     b.define(&spec("gh-hpo2", r#"count="2""#));
     assert!(b.start("gh-hpo2").is_err());
+}
+
+/// The blueprint's GPUs and the minor of each one's node (major 195).
+const GPUS: [(&str, u32); 2] = [("0000:07:00.0", 0), ("0000:08:00.0", 1)];
+
+/// A step at which strace kills the CLI: at the entry of the `when`-th call of `syscall`
+/// (not made) in the CLI's own process, or with `helper` in the one it forks into the
+/// container's mount namespace.
+struct Kill {
+    /// The step, in words.
+    at: &'static str,
+    syscall: &'static str,
+    when: u32,
+    helper: bool,
+    /// Right after the kill: whether the domain holds the attached (or detached) GPU, and
+    /// whether its cgroup lets it open that GPU.
+    held: bool,
+    open: bool,
+}
+
+impl Kill {
+    const fn at(
+        at: &'static str,
+        syscall: &'static str,
+        when: u32,
+        held: bool,
+        open: bool,
+    ) -> Kill {
+        Kill {
+            at,
+            syscall,
+            when,
+            helper: false,
+            held,
+            open,
+        }
+    }
+}
+
+/// `gpuhook attach` of the second GPU, step by step (see `strace -f` of it): the state
+/// lock (flock 1), reserve written (write 1) and renamed (renameat 1), the grant (write 2 to
+/// `devices.allow`), the helper forked (clone 1) makes the node (mknodat), the record under
+/// the lock (flock 2; written only when it changes the file: the reserve recorded the nodes).
+const ATTACH_KILLS: &[Kill] = &[
+    Kill::at("before the reserve", "flock", 1, false, false),
+    Kill::at("reserve written, not renamed", "renameat", 1, false, false),
+    Kill::at("reserved, not granted", "write", 2, true, false),
+    Kill::at("granted, no node made", "clone", 1, true, true),
+    Kill {
+        helper: true,
+        ..Kill::at(
+            "helper killed making the node (attach takes it all back)",
+            "mknodat",
+            1,
+            false,
+            false,
+        )
+    },
+    Kill::at("node made, not recorded", "flock", 2, true, true),
+];
+
+/// `gpuhook detach` of the attached GPU: under the state lock the deny (write 1 to
+/// `devices.deny`) and the state written and renamed (renameat 1); then the helper forked
+/// (clone 1) removes the node.
+const DETACH_KILLS: &[Kill] = &[
+    Kill::at("locked, nothing denied", "write", 1, true, true),
+    Kill::at("denied, state not updated", "renameat", 1, true, false),
+    Kill::at("freed, node not removed", "clone", 1, false, false),
+];
+
+/// SIGKILL of `gpuhook attach` at each step never leaves a GPU usable by a container that
+/// does not hold it, and what a kill leaves is cleaned up by detach, attach and destroy.
+pub fn attach_killed_at_each_step(b: &mut Bed) {
+    for k in ATTACH_KILLS {
+        killed(b, &["attach", "gh-hpk1"], false, k);
+    }
+}
+
+/// The same for `gpuhook detach`, with a second domain waiting for the detached GPU.
+pub fn detach_killed_at_each_step(b: &mut Bed) {
+    for k in DETACH_KILLS {
+        killed(b, &["detach", "gh-hpk1", "--device", GPUS[1].0], true, k);
+    }
+}
+
+/// Domain gh-hpk1 holds GPU 0 (and GPU 1 when `attached`); `args` killed at `k`; then
+/// checked: what the kill left, and the invariant ([`assert_safe`]) after each of: domain
+/// gh-hpk2 (one GPU) started (refused while gh-hpk1 holds GPU 1), a detach of GPU 1, gh-hpk2
+/// started, gh-hpk2 destroyed and GPU 1 attached to gh-hpk1 again, gh-hpk1 destroyed.
+fn killed(b: &mut Bed, args: &[&str], attached: bool, k: &Kill) {
+    let (gpu, at) = (GPUS[1].0, k.at);
+    b.d.cleanup("gh-hpk");
+    b.use_host(FakeHost::blueprint());
+    b.define_start(&spec("gh-hpk1", r#"count="1""#));
+    b.define(&spec("gh-hpk2", r#"count="1""#));
+    let c1 = b.ct("gh-hpk1");
+    if attached {
+        b.gh_host_ok(&["attach", "gh-hpk1"]);
+    }
+    let inject = format!("inject={}:signal=SIGKILL:when={}", k.syscall, k.when);
+    let trace = format!("trace={}", k.syscall);
+    let mut wrap = vec!["strace", "-e", &trace, "-e", &inject];
+    if k.helper {
+        wrap.push("-f");
+    }
+    let err = common::stderr(&b.gh_host_under(&wrap, args));
+    assert!(err.contains("killed by SIGKILL"), "{at}: not killed: {err}");
+    let holds = |b: &Bed| {
+        b.holders()
+            .get("gh-hpk1")
+            .is_some_and(|g| g.iter().any(|p| p == gpu))
+    };
+    assert_eq!(holds(b), k.held, "{at}: held? {:?}", b.holders());
+    assert_eq!(b.can_open(&c1, GPUS[1].1), k.open, "{at}: open?");
+    assert_safe(b, &[("gh-hpk1", &c1)], at);
+    assert_eq!(
+        b.start("gh-hpk2").is_ok(),
+        !k.held,
+        "{at}: gh-hpk2 waits for GPU 1"
+    );
+    if k.held {
+        b.gh_host_ok(&["detach", "gh-hpk1", "--device", gpu]);
+        assert_safe(b, &[("gh-hpk1", &c1)], at);
+        let left = b.nodes(&c1);
+        assert!(!left.contains_key("/dev/nvidia1"), "{at}: {left:?}");
+        b.start("gh-hpk2")
+            .unwrap_or_else(|e| panic!("{at}: gh-hpk2: {e}"));
+    }
+    assert_safe(b, &[("gh-hpk1", &c1), ("gh-hpk2", &b.ct("gh-hpk2"))], at);
+    b.d.virsh_ok(&["destroy", "gh-hpk2"]).unwrap();
+    assert!(b.wait_shut_off("gh-hpk2"));
+    b.gh_host_ok(&["attach", "gh-hpk1"]);
+    assert!(b.can_open(&c1, GPUS[1].1), "{at}: attached again");
+    assert_eq!(b.nodes(&c1).get("/dev/nvidia1"), Some(&(195, 1)), "{at}");
+    assert_safe(b, &[("gh-hpk1", &c1)], at);
+    b.d.virsh_ok(&["destroy", "gh-hpk1"]).unwrap();
+    assert!(b.wait_shut_off("gh-hpk1"));
+    assert!(b.holders().is_empty(), "{at}: {:?}", b.holders());
+}
+
+/// The safety invariant: no GPU is in two reservations of the state, and each container's
+/// cgroup lets it open a GPU only when its domain's reservation holds it.
+fn assert_safe(b: &Bed, cts: &[(&str, &Container)], at: &str) {
+    let st: Value = std::fs::read(b.state())
+        .map(|s| serde_json::from_slice(&s).expect("state"))
+        .unwrap_or(Value::Null);
+    let mut held: BTreeMap<String, String> = BTreeMap::new();
+    for r in st["reservations"]
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.values())
+    {
+        let name = r["domain"].as_str().expect("domain");
+        for g in r["gpus"].as_array().expect("gpus") {
+            let g = g.as_str().expect("unit").to_owned();
+            let other = held.insert(g.clone(), name.to_owned());
+            assert!(other.is_none(), "{at}: {g} held by {other:?} and {name}");
+        }
+    }
+    for (name, ct) in cts {
+        for (pci, minor) in GPUS {
+            if b.can_open(ct, minor) {
+                assert_eq!(
+                    held.get(pci).map(String::as_str),
+                    Some(*name),
+                    "{at}: {name} can open {pci}, held by {:?}",
+                    held.get(pci)
+                );
+            }
+        }
+    }
+}
+
+impl Bed {
+    /// Whether the container's cgroup lets it open c 195:`minor` (through a node of its own
+    /// made for the probe: ENXIO, no driver behind it, is allowed; EPERM refused).
+    fn can_open(&self, ct: &Container, minor: u32) -> bool {
+        let probe = format!("/dev/.gh-probe-{minor}");
+        common::assert_ok(&self.sh_in(ct, &format!("rm -f {probe}; mknod {probe} c 195 {minor}")));
+        let r = self.open_in(ct, &[&probe]);
+        common::assert_ok(&self.sh_in(ct, &format!("rm -f {probe}")));
+        match r[0] {
+            Err(Errno::ENXIO) => true,
+            Err(Errno::EPERM) => false,
+            e => panic!("open of c 195:{minor} in the container: {e:?}"),
+        }
+    }
 }

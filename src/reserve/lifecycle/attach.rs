@@ -1,8 +1,9 @@
 //! `gpuhook attach`: more GPUs (or MIG instances) for a running container, all or nothing.
-//! In this order: reserved (added to its reservation, or a new running one), granted in its
-//! device cgroup, made in its `/dev`, recorded. A failure takes back what was done, the grants
-//! before the units: a unit is never free while the container may still use it, whenever the
-//! process is killed.
+//! In this order: reserved (added to its reservation, or a new running one, with the nodes
+//! about to be granted), granted in its device cgroup, made in its `/dev`, recorded. A
+//! failure takes back what was done, the grants before the units: a unit is never free while
+//! the container may still use it, whenever the process is killed; and what a killed attach
+//! granted is recorded, so a later detach (or stop) takes it back before the unit is free.
 
 use super::activate::{apply, undo, with_rollback};
 use super::reserve::{choose, same_kind};
@@ -142,6 +143,9 @@ fn reserve_more(
         .filter(|s| !r.nodes.contains(&s.node))
         .collect();
     r.gpus.extend(&units);
+    // Recorded before they are granted: a detach of a killed attach's units takes back
+    // their grants before it frees them.
+    r.nodes.extend(as_nodes(&specs));
     r.hotplugged = true;
     r.updated = now.to_string();
     let got = Reserved {
@@ -166,8 +170,9 @@ fn split(e: Error) -> (Error, Leftovers) {
     }
 }
 
-/// Under the state lock: the nodes made for the attached units are recorded in the
-/// reservation, when it still holds them (a stop or a detach may have come in between).
+/// Under the state lock: the attached units, granted and made, recorded as the reservation's
+/// when it still holds them (a stop or a detach may have come in between); their nodes, which
+/// the reserve recorded, again if something in between left them out.
 fn record(f: &Facts, h: &Holder, got: &Reserved) -> Result<(), Error> {
     store(f.cfg).update(|st| -> Result<(), Error> {
         let r = st
@@ -177,7 +182,11 @@ fn record(f: &Facts, h: &Holder, got: &Reserved) -> Result<(), Error> {
             .ok_or_else(|| LifecycleError::ChangedWhileAttaching {
                 units: got.units.clone(),
             })?;
-        r.nodes.extend(as_nodes(&got.specs));
+        for n in as_nodes(&got.specs) {
+            if !r.nodes.contains(&n) {
+                r.nodes.push(n);
+            }
+        }
         r.updated = now_rfc3339();
         Ok(())
     })
@@ -211,15 +220,17 @@ fn take_back(
     with_rollback(e, left)
 }
 
-/// Under the state lock: the units out of the holder's reservation (draining if a process
-/// opened one meanwhile), the reservation deleted when this attach made it and nothing else
-/// came into it.
+/// Under the state lock: the units and the nodes the reserve recorded for them out of the
+/// holder's reservation (draining if a process opened one meanwhile), the reservation deleted
+/// when this attach made it and nothing else came into it.
 fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &Reserved) -> Result<(), Error> {
     store(f.cfg).update(|st| -> Result<(), Error> {
         let Some(r) = st.reservations.get_mut(h.id) else {
             return Ok(());
         };
         r.gpus.retain(|u| !got.units.contains(u));
+        let nodes = as_nodes(&got.specs);
+        r.nodes.retain(|n| !nodes.contains(n));
         r.hotplugged = got.was_hotplugged;
         let out = Reservation {
             gpus: got.units.clone(),

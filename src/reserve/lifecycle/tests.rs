@@ -46,6 +46,10 @@ struct Fake {
     no_inventory: bool,
     proc_root: PathBuf,
     ended: Cell<bool>,
+    /// The state file as the first grant found it (read from this path): what an attach
+    /// killed at its grant leaves.
+    state_at_allow: Option<PathBuf>,
+    seen_at_allow: RefCell<Option<Vec<u8>>>,
 }
 
 impl Fake {
@@ -82,6 +86,10 @@ impl DeviceCgroup for Cg {
     }
     fn allow(&mut self, n: &Node) -> Result<(), CgroupError> {
         self.0.call(format!("allow {}", num(n)));
+        if let Some(p) = &self.0.state_at_allow {
+            let mut seen = self.0.seen_at_allow.borrow_mut();
+            seen.get_or_insert_with(|| std::fs::read(p).unwrap());
+        }
         if self.0.fail_allow == Some(n.minor) {
             return Err(CgroupError::new(self.path(), "Operation not permitted"));
         }
@@ -1275,6 +1283,7 @@ fn attach_refused_to_a_prepared_or_other_reservation_and_with_cdi() {
 fn attach_rolls_back_when_a_grant_fails() {
     let h = host();
     h.seed(ID, "web1", &[pci(0)], Phase::Running, Some(INIT));
+    let before = h.state().reservations[ID].nodes.clone();
     let fake = h.fake(Fake {
         fail_allow: Some(4),
         ..Default::default()
@@ -1288,6 +1297,10 @@ fn attach_rolls_back_when_a_grant_fails() {
     assert!(fake.allowed.borrow().is_empty());
     let r = &h.state().reservations[ID];
     assert_eq!((r.gpus.clone(), r.hotplugged), (vec![pci(0)], false));
+    assert_eq!(
+        r.nodes, before,
+        "the nodes the reserve recorded go with the units"
+    );
     // A reservation the attach made is deleted.
     let h = host();
     let e = h.attach(&fake, &req_of(&[4]));
@@ -1329,6 +1342,46 @@ fn attach_keeps_the_units_reserved_while_a_grant_could_not_be_revoked() {
     assert!(matches!(e, Error::RollbackIncomplete { .. }), "{e:?}");
     // The container may still open it: no one else may get it.
     assert_eq!(h.state().reservations[ID].gpus, [pci(2)]);
+}
+
+#[test]
+fn attach_killed_at_its_grant_leaves_the_grant_for_detach_to_take_back() {
+    let h = host_with_controls();
+    h.running_with(&[pci(0)], &req(1));
+    let fake = h.fake(Fake {
+        state_at_allow: Some(h.cfg.state_file.clone()),
+        ..Default::default()
+    });
+    h.attach(&fake, &req_of(&[1])).unwrap();
+    // Killed at the grant: the state as it found it, the grant made.
+    std::fs::write(&h.cfg.state_file, fake.seen_at_allow.take().unwrap()).unwrap();
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.gpus, [pci(0), pci(1)]);
+    assert!(r.nodes.iter().any(|n| n.path == "/dev/nvidia1"), "{r:?}");
+    let (fake, out) = h.detach(Fake::default(), sel(pci(1)), false);
+    assert_eq!(out.unwrap().units, [pci(1)]);
+    assert_eq!(denied(&fake), ["deny 195:1"]);
+    assert!(!fake.allowed.borrow().contains(&(195, 1)));
+    assert_eq!(h.state().reservations[ID].gpus, [pci(0)]);
+}
+
+#[test]
+fn attach_whose_grant_stays_records_it_for_detach_to_take_back() {
+    let h = host();
+    h.in_ns(INIT.pid, CT_NS);
+    let fake = h.fake(Fake {
+        fail_create: Some(ContainerError::Refused("no space".into())),
+        fail_revoke: true,
+        ..Default::default()
+    });
+    assert!(h.attach(&fake, &req_of(&[2])).is_err());
+    assert_eq!(*fake.allowed.borrow(), [(195, 2)]);
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.gpus, [pci(2)]);
+    assert_eq!(r.nodes.iter().map(num).collect::<Vec<_>>(), ["195:2"]);
+    let (fake, out) = h.detach(Fake::default(), Which::All, false);
+    assert_eq!(out.unwrap().units, [pci(2)]);
+    assert_eq!(denied(&fake), ["deny 195:2"]);
 }
 
 #[test]
