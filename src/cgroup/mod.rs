@@ -207,6 +207,16 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     open(v1, v2, Path::new(&format!("/proc/{pid}/cgroup")))
 }
 
+/// The v1 devices cgroup of a process (an OCI container's init: the cgroup its runtime
+/// made); [`Fault::NoV1Devices`] when its devices controller is not on a v1 hierarchy.
+pub fn v1_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+    let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
+    match cgroup_paths(pid)? {
+        (Some(v1), _) => open(Some(v1), None, &what),
+        (None, _) => Err(CgroupError::new(&what, Fault::NoV1Devices)),
+    }
+}
+
 /// The cgroup libvirt made for a container, given its controller's and its init's cgroup
 /// paths on one hierarchy. libvirt's controller joins the domain's cgroup (under systemd the
 /// nested `libvirt/` one where libvirt >= 7.1 keeps its rules: `virCgroupAddMachineProcess`),
