@@ -400,20 +400,24 @@ fn runc_bundle_gets_a_mig_instance() {
     }
 }
 
-/// A user-namespaced container (podman --uidmap): gpuhook makes the nodes, owned by the
-/// host ids the request's uid/gid map to, and the runtime bind-mounts them; the container
-/// sees its own ids, as with libvirt's <idmap>.
-#[test]
-fn user_namespaced_podman_container_owns_its_nodes() {
-    let o = Oci::new(FakeHost::blueprint(), RUNC);
-    // A root filesystem the container's root (host uid 100000) owns, as podman's own
-    // --userns images are.
+/// A root filesystem the container's root (host uid 100000) owns, as podman's own --userns
+/// images are.
+fn chown_rootfs_to_100000(o: &Oci) {
     let st = Command::new("chown")
         .args(["-R", "-h", "100000:100000"])
         .arg(&o.rootfs)
         .status()
         .unwrap();
     assert!(st.success());
+}
+
+/// A user-namespaced container (podman --uidmap): gpuhook makes the nodes, owned by the
+/// host ids the request's uid/gid map to, and the runtime bind-mounts them; the container
+/// sees its own ids, as with libvirt's <idmap>.
+#[test]
+fn user_namespaced_podman_container_owns_its_nodes() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    chown_rootfs_to_100000(&o);
     let r = o
         .podman(
             Cgroup::V1,
@@ -1910,6 +1914,50 @@ fn oci_attach_refuses_a_dev_the_container_replaced() {
     assert!(
         said.contains("not the tmpfs its OCI runtime mounts; refusing to write there"),
         "{said}"
+    );
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    podman_rm(&id);
+}
+
+/// A crun container on cgroup v2 (its runtime's device program is not replaced yet): refused
+/// in one line, nothing reserved.
+#[test]
+fn oci_attach_refuses_a_cgroup_v2_container() {
+    let o = Oci::new(FakeHost::blueprint(), CRUN);
+    podman_rm("gh-oci-hp4");
+    let r = o
+        .podman(Cgroup::V2, &["-d", "--name", "gh-oci-hp4"], "sleep 600")
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    let e = o.host.cmd().args(["attach", &id]).output().unwrap();
+    let said = stderr(&e);
+    assert!(!e.status.success(), "{}", out(&e));
+    assert_eq!(
+        said.trim(),
+        format!("gpuhook: container '{id}': cgroup v2 OCI containers: not supported yet")
+    );
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    let _ = in_cgroup(Cgroup::V2, "podman")
+        .args(["--cgroup-manager", "cgroupfs", "rm", "-f", "-t", "0", &id])
+        .output();
+    podman_rm(&id);
+}
+
+/// A user-namespaced container (podman --uidmap): its `/dev` tmpfs is its user namespace's
+/// (the host's root can make no node there), so attach refuses it in one line, nothing held.
+#[test]
+fn oci_attach_refuses_a_user_namespaced_container() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    chown_rootfs_to_100000(&o);
+    let maps = ["--uidmap", "0:100000:65536", "--gidmap", "0:100000:65536"];
+    let id = podman_detached(&o, "gh-oci-hp5", &maps, "sleep 600");
+    let e = o.host.cmd().args(["attach", &id]).output().unwrap();
+    assert!(!e.status.success(), "{}", out(&e));
+    assert_eq!(
+        stderr(&e).trim(),
+        format!("gpuhook: container '{id}': user-namespaced OCI containers: not supported yet")
     );
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
     podman_rm(&id);

@@ -208,12 +208,18 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
 }
 
 /// The v1 devices cgroup of a process (an OCI container's init: the cgroup its runtime
-/// made); [`Fault::NoV1Devices`] when its devices controller is not on a v1 hierarchy.
+/// made); [`Fault::NoV1Devices`] when its devices controller is not on a v1 hierarchy, or
+/// it is in the root devices cgroup while its runtime placed it on the unified hierarchy
+/// (a cgroup v2 container on a hybrid host), [`Fault::InitLeft`] when it is in no cgroup
+/// but the roots (an exiting init: the root devices cgroup confines nothing).
 pub fn v1_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
     match cgroup_paths(pid)? {
-        (Some(v1), _) => open(Some(v1), None, &what),
-        (None, _) => Err(CgroupError::new(&what, Fault::NoV1Devices)),
+        (Some(v1), _) if v1 != "/" => open(Some(v1), None, &what),
+        (Some(_), v2) if v2.as_deref().is_none_or(|p| p == "/") => {
+            Err(CgroupError::new(&what, Fault::InitLeft { pid }))
+        }
+        _ => Err(CgroupError::new(&what, Fault::NoV1Devices)),
     }
 }
 

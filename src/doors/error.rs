@@ -44,6 +44,10 @@ pub enum CliError {
     /// not replaced yet.
     #[error("container '{id}': cgroup v2 OCI containers: not supported yet")]
     OciCgroupV2 { id: String },
+    /// `attach`/`detach` of a user-namespaced OCI container: its `/dev` is its user
+    /// namespace's, where nodes would have to be bind-mounted.
+    #[error("container '{id}': user-namespaced OCI containers: not supported yet")]
+    OciUserNamespace { id: String },
     /// The runtime's state names an init that is gone (or whose PID another process has).
     #[error("container '{id}' is not running (its init, pid {pid}, is gone)")]
     OciNotRunning { id: String, pid: i32 },

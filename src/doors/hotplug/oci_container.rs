@@ -158,6 +158,11 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
     };
     v1_cgroup(id, init.pid)?;
     let idmap = id_map(init.pid)?;
+    // Its `/dev` tmpfs belongs to its user namespace: the host's root can make no node there
+    // (EOVERFLOW: not mapped), and one made would be `nodev`. runc bind-mounts nodes for it.
+    if idmap != IdMap::default() {
+        return Err(CliError::OciUserNamespace { id: id.to_string() });
+    }
     Ok(Some(Oci {
         id: id.to_string(),
         init,
