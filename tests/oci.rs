@@ -400,20 +400,24 @@ fn runc_bundle_gets_a_mig_instance() {
     }
 }
 
-/// A user-namespaced container (podman --uidmap): gpuhook makes the nodes, owned by the
-/// host ids the request's uid/gid map to, and the runtime bind-mounts them; the container
-/// sees its own ids, as with libvirt's <idmap>.
-#[test]
-fn user_namespaced_podman_container_owns_its_nodes() {
-    let o = Oci::new(FakeHost::blueprint(), RUNC);
-    // A root filesystem the container's root (host uid 100000) owns, as podman's own
-    // --userns images are.
+/// A root filesystem the container's root (host uid 100000) owns, as podman's own --userns
+/// images are.
+fn chown_rootfs_to_100000(o: &Oci) {
     let st = Command::new("chown")
         .args(["-R", "-h", "100000:100000"])
         .arg(&o.rootfs)
         .status()
         .unwrap();
     assert!(st.success());
+}
+
+/// A user-namespaced container (podman --uidmap): gpuhook makes the nodes, owned by the
+/// host ids the request's uid/gid map to, and the runtime bind-mounts them; the container
+/// sees its own ids, as with libvirt's <idmap>.
+#[test]
+fn user_namespaced_podman_container_owns_its_nodes() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    chown_rootfs_to_100000(&o);
     let r = o
         .podman(
             Cgroup::V1,
@@ -1698,4 +1702,263 @@ fn podman_gpu_kept_open_outside_drains() {
         common::gpu_of(&o.host.list(), "0000:07:00.0")["draining"],
         json!([])
     );
+}
+
+/// `podman exec` of a script in a running container (through the runtime it was made with).
+fn podman_exec(id: &str, script: &str) -> Output {
+    Command::new("podman")
+        .args(["exec", id, "sh", "-c", script])
+        .output()
+        .expect("podman exec")
+}
+
+/// `gpuhook ARGS… --json` on the fake host, which must succeed: what it printed.
+fn gh_json(o: &Oci, args: &[&str]) -> Value {
+    let r = o.host.cmd().args(args).output().unwrap();
+    assert_ok(&r);
+    serde_json::from_slice(&r.stdout).unwrap()
+}
+
+/// A running podman container's init (host PID).
+fn init_pid(id: &str) -> String {
+    let o = Command::new("podman")
+        .args(["inspect", "-f", "{{.State.Pid}}", id])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    out(&o).trim().to_string()
+}
+
+/// The `devices.list` of a running podman container's v1 devices cgroup (its init's).
+fn devices_list(id: &str) -> Vec<String> {
+    let pid = init_pid(id);
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let path = cg
+        .lines()
+        .find_map(|l| l.split_once(":devices:").map(|(_, p)| p.to_string()))
+        .expect("a v1 devices cgroup");
+    let list = std::fs::read_to_string(format!("/sys/fs/cgroup/devices{path}/devices.list"))
+        .expect("devices.list");
+    list.lines().map(str::to_string).collect()
+}
+
+/// A detached podman container (runc, cgroup v1) named `name`, through gpuhook-runtime,
+/// with these options, running `script`; its ID.
+fn podman_detached(o: &Oci, name: &str, extra: &[&str], script: &str) -> String {
+    podman_rm(name);
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[&["-d", "--name", name][..], extra].concat(),
+            script,
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    out(&r).trim().to_string()
+}
+
+/// Whether root in the container may open the node `major:minor` (ENXIO: its device cgroup
+/// allows it, no driver behind the fake major) or not (EPERM), through a node it makes.
+fn open_in(id: &str, mm: &str) -> &'static str {
+    let (ma, mi) = mm.split_once(':').unwrap();
+    let r = podman_exec(
+        id,
+        &format!(
+            "rm -f /dev/probe; mknod /dev/probe c {ma} {mi}; cat /dev/probe; rm -f /dev/probe"
+        ),
+    );
+    let e = stderr(&r);
+    if e.contains("No such device or address") {
+        "open"
+    } else if e.contains("Operation not permitted") {
+        "denied"
+    } else {
+        panic!("{mm}: {e}")
+    }
+}
+
+/// A podman (runc, cgroup v1) container started with one of the blueprint's GPUs gets the
+/// second by `gpuhook attach` (node, exact grant, openable), gives it back by `detach` (node
+/// and grant gone), and its removal frees everything, the attached GPU included.
+#[test]
+fn oci_attach_and_detach_in_a_running_podman_container() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let id = podman_detached(
+        &o,
+        "gh-oci-hp1",
+        &["--annotation", "gpuhook.io/devices=0"],
+        "sleep 600",
+    );
+    assert_eq!(o.host.holders()[&id], ["0000:07:00.0"]);
+    assert_eq!(open_in(&id, "195:1"), "denied");
+    let a = o.host.cmd().args(["attach", &id]).output().unwrap();
+    assert_ok(&a);
+    assert!(
+        out(&a).contains(&format!("attached 0000:08:00.0 to container '{id}'")),
+        "{}",
+        out(&a)
+    );
+    assert_eq!(o.host.holders()[&id], ["0000:07:00.0", "0000:08:00.0"]);
+    let ls = podman_exec(&id, "ls /dev");
+    assert!(out(&ls).lines().any(|l| l == "nvidia1"), "{}", out(&ls));
+    assert!(
+        devices_list(&id).iter().any(|l| l == "c 195:1 rw"),
+        "{:?}",
+        devices_list(&id)
+    );
+    let r = podman_exec(&id, "cat /dev/nvidia1");
+    assert!(
+        stderr(&r).contains("No such device or address"),
+        "{}",
+        stderr(&r)
+    );
+    assert_eq!(open_in(&id, "195:1"), "open");
+    // Nothing more to give: refused in one line naming the holders.
+    let e = o.host.cmd().args(["attach", &id]).output().unwrap();
+    assert!(!e.status.success());
+    assert_eq!(stderr(&e).trim().lines().count(), 1, "{}", stderr(&e));
+    let j = gh_json(&o, &["detach", &id, "--device", "0000:08:00.0", "--json"]);
+    assert_eq!(j["detached"], json!(["0000:08:00.0"]), "{j}");
+    assert_eq!(j["holder"]["kind"], json!("oci"), "{j}");
+    assert_eq!(o.host.holders()[&id], ["0000:07:00.0"]);
+    let ls = podman_exec(&id, "ls /dev");
+    assert!(!out(&ls).lines().any(|l| l == "nvidia1"), "{}", out(&ls));
+    assert!(out(&ls).lines().any(|l| l == "nvidia0"), "{}", out(&ls));
+    assert!(
+        !devices_list(&id).iter().any(|l| l == "c 195:1 rw"),
+        "{:?}",
+        devices_list(&id)
+    );
+    assert_eq!(open_in(&id, "195:1"), "denied");
+    assert_eq!(open_in(&id, "195:0"), "open", "its own GPU stays");
+    // Attached again, then removed: the stop frees both.
+    assert_ok(
+        &o.host
+            .cmd()
+            .args(["attach", &id, "--device", "1"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(o.host.holders()[&id].len(), 2);
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
+/// A container started without a request gets a GPU by attach (found through runc's state:
+/// gpuhook recorded nothing of it), and its removal frees it.
+#[test]
+fn oci_attach_to_a_podman_container_that_asked_for_none() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let id = podman_detached(&o, "gh-oci-hp2", &[], "sleep 600");
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    let j = gh_json(&o, &["attach", &id, "--device", "0000:08:00.0", "--json"]);
+    assert_eq!(j["attached"], json!(["0000:08:00.0"]), "{j}");
+    assert!(
+        j["devices"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("/dev/nvidia1")),
+        "{j}"
+    );
+    assert_eq!(o.host.holders()[&id], ["0000:08:00.0"]);
+    let r = podman_exec(&id, "cat /dev/nvidia1; cat /dev/nvidiactl");
+    assert_eq!(
+        stderr(&r).matches("No such device or address").count(),
+        2,
+        "{}",
+        stderr(&r)
+    );
+    assert!(devices_list(&id).iter().any(|l| l == "c 195:1 rw"));
+    // Not a container of this host: refused in one line.
+    let e = o
+        .host
+        .cmd()
+        .args(["attach", "gh-oci-none"])
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&e).contains("no running libvirt domain or OCI container named 'gh-oci-none'"),
+        "{}",
+        stderr(&e)
+    );
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
+/// A container that mounted another directory over its `/dev` is refused in one line, as a
+/// domain's is at `started`: nothing reserved, nothing made.
+#[test]
+fn oci_attach_refuses_a_dev_the_container_replaced() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let id = podman_detached(
+        &o,
+        "gh-oci-hp3",
+        &["--cap-add", "sys_admin"],
+        "mkdir -p /tmp/d && busybox mount --bind /tmp/d /dev && sleep 600",
+    );
+    let pid = init_pid(&id);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let bound = || {
+        std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+            .is_ok_and(|m| m.lines().any(|l| l.contains("/tmp/d /dev ")))
+    };
+    while !bound() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(bound(), "the container never mounted over its /dev");
+    let e = o.host.cmd().args(["attach", &id]).output().unwrap();
+    assert!(!e.status.success(), "{}", out(&e));
+    let said = stderr(&e);
+    assert_eq!(said.trim().lines().count(), 1, "{said}");
+    assert!(
+        said.contains("not the tmpfs its OCI runtime mounts; refusing to write there"),
+        "{said}"
+    );
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    podman_rm(&id);
+}
+
+/// A crun container on cgroup v2 (its runtime's device program is not replaced yet): refused
+/// in one line, nothing reserved.
+#[test]
+fn oci_attach_refuses_a_cgroup_v2_container() {
+    let o = Oci::new(FakeHost::blueprint(), CRUN);
+    podman_rm("gh-oci-hp4");
+    let r = o
+        .podman(Cgroup::V2, &["-d", "--name", "gh-oci-hp4"], "sleep 600")
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    let e = o.host.cmd().args(["attach", &id]).output().unwrap();
+    let said = stderr(&e);
+    assert!(!e.status.success(), "{}", out(&e));
+    assert_eq!(
+        said.trim(),
+        format!("gpuhook: container '{id}': cgroup v2 OCI containers: not supported yet")
+    );
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    let _ = in_cgroup(Cgroup::V2, "podman")
+        .args(["--cgroup-manager", "cgroupfs", "rm", "-f", "-t", "0", &id])
+        .output();
+    podman_rm(&id);
+}
+
+/// A user-namespaced container (podman --uidmap): its `/dev` tmpfs is its user namespace's
+/// (the host's root can make no node there), so attach refuses it in one line, nothing held.
+#[test]
+fn oci_attach_refuses_a_user_namespaced_container() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    chown_rootfs_to_100000(&o);
+    let maps = ["--uidmap", "0:100000:65536", "--gidmap", "0:100000:65536"];
+    let id = podman_detached(&o, "gh-oci-hp5", &maps, "sleep 600");
+    let e = o.host.cmd().args(["attach", &id]).output().unwrap();
+    assert!(!e.status.success(), "{}", out(&e));
+    assert_eq!(
+        stderr(&e).trim(),
+        format!("gpuhook: container '{id}': user-namespaced OCI containers: not supported yet")
+    );
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    podman_rm(&id);
 }

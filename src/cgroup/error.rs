@@ -65,6 +65,9 @@ pub enum Fault {
     OutsideMount { cgroup: String },
     #[error("process has no devices cgroup (v1) nor a unified cgroup (v2)")]
     NoDeviceCgroup,
+    /// Its devices controller is on no v1 hierarchy (a cgroup v2 container).
+    #[error("no devices controller on a cgroup v1 hierarchy")]
+    NoV1Devices,
     #[error("devices controller is not mounted")]
     DevicesNotMounted,
     #[error("no cgroup2 mount")]

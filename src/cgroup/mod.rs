@@ -207,6 +207,22 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     open(v1, v2, Path::new(&format!("/proc/{pid}/cgroup")))
 }
 
+/// The v1 devices cgroup of a process (an OCI container's init: the cgroup its runtime
+/// made); [`Fault::NoV1Devices`] when its devices controller is not on a v1 hierarchy, or
+/// it is in the root devices cgroup while its runtime placed it on the unified hierarchy
+/// (a cgroup v2 container on a hybrid host), [`Fault::InitLeft`] when it is in no cgroup
+/// but the roots (an exiting init: the root devices cgroup confines nothing).
+pub fn v1_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+    let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
+    match cgroup_paths(pid)? {
+        (Some(v1), _) if v1 != "/" => open(Some(v1), None, &what),
+        (Some(_), v2) if v2.as_deref().is_none_or(|p| p == "/") => {
+            Err(CgroupError::new(&what, Fault::InitLeft { pid }))
+        }
+        _ => Err(CgroupError::new(&what, Fault::NoV1Devices)),
+    }
+}
+
 /// The cgroup libvirt made for a container, given its controller's and its init's cgroup
 /// paths on one hierarchy. libvirt's controller joins the domain's cgroup (under systemd the
 /// nested `libvirt/` one where libvirt >= 7.1 keeps its rules: `virCgroupAddMachineProcess`),

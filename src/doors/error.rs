@@ -40,9 +40,40 @@ pub enum CliError {
     /// `attach`/`detach`: nothing runs under that name.
     #[error("no running libvirt domain or OCI container named '{name}'")]
     NoContainer { name: String },
-    /// `attach`/`detach` of an OCI container: not in this gpuhook yet.
-    #[error("container '{id}': attach and detach of OCI containers are not available yet; recreate it with the GPUs it needs")]
-    OciHotplug { id: String },
+    /// `attach`/`detach` of an OCI container on cgroup v2: its runtime's device program is
+    /// not replaced yet.
+    #[error("container '{id}': cgroup v2 OCI containers: not supported yet")]
+    OciCgroupV2 { id: String },
+    /// `attach`/`detach` of a user-namespaced OCI container: its `/dev` is its user
+    /// namespace's, where nodes would have to be bind-mounted.
+    #[error("container '{id}': user-namespaced OCI containers: not supported yet")]
+    OciUserNamespace { id: String },
+    /// The runtime's state names an init that is gone (or whose PID another process has).
+    #[error("container '{id}' is not running (its init, pid {pid}, is gone)")]
+    OciNotRunning { id: String, pid: i32 },
+    /// An OCI runtime's state file cannot be read.
+    #[error("{}: {source}", path.display())]
+    ReadOciState {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An OCI runtime's state file names no init.
+    #[error("{}: {source}", path.display())]
+    OciState {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A container init's `uid_map` or `gid_map` cannot be read.
+    #[error("{}: {source}", path.display())]
+    ReadIdMap {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not an id mapping (ID-INSIDE ID-OUTSIDE LENGTH lines)", path.display())]
+    IdMap { path: PathBuf },
     #[error("--share: shared GPU slots are not available in this gpuhook yet")]
     ShareNotOffered,
     /// A libvirt status file cannot be read.

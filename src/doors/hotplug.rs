@@ -5,8 +5,11 @@
 //! A libvirt domain is found as libvirt's LXC driver keeps a running one: its status file
 //! `LXC_STATE_DIR/NAME.xml` (`<domstatus>` around the live `<domain>`), by name, or by UUID
 //! among those files; the container then as at `started` (its controller's init, the same
-//! `/dev` identity checks).
+//! `/dev` identity checks). An OCI container by its ID ([`oci_container`]): gpuhook's record of its
+//! init, else its runtime's state; its `/dev` from its init's mounts, its device cgroup its
+//! init's (cgroup v1).
 
+use crate::doors::bundle;
 use crate::doors::error::CliError;
 use crate::enter::container;
 use crate::host::config::Config;
@@ -18,6 +21,8 @@ use crate::reserve::lifecycle::{self, Attached, Detached, Holder, HolderKind, Wh
 use crate::reserve::state::{State, Store};
 use std::io::Read;
 use std::path::Path;
+
+pub mod oci_container;
 
 /// What `gpuhook attach` asks for (the attributes of `<gpu:gpus>`, as options).
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -84,26 +89,41 @@ pub struct DetachArgs {
 /// A running container the command names.
 enum Target {
     Libvirt(Domain),
+    Oci(oci_container::Oci),
 }
 
-/// The container `name` names: a running libvirt domain (by name or UUID); an OCI container
-/// gpuhook holds GPUs for, or one the runtime's state names, is said to be one this door
-/// cannot reach yet.
+impl Target {
+    fn holder(&self) -> Holder<'_> {
+        match self {
+            Target::Libvirt(d) => Holder {
+                kind: HolderKind::Libvirt,
+                name: &d.name,
+                id: &d.uuid,
+                idmap: &d.idmap,
+            },
+            Target::Oci(o) => Holder {
+                kind: HolderKind::Oci,
+                name: &o.id,
+                id: &o.id,
+                idmap: &o.idmap,
+            },
+        }
+    }
+}
+
+/// The container `name` names: a running libvirt domain (by name or UUID), else a running
+/// OCI container of that ID.
 fn target(cfg: &Config, name: &str) -> Result<Target, CliError> {
     if let Some(d) = running_domain(container::LXC_STATE_DIRS.iter().map(Path::new), name)? {
         return Ok(Target::Libvirt(d));
     }
-    let st: State = Store::new(&cfg.state_file)
-        .read()
-        .map_err(crate::reserve::error::Error::from)?;
-    if st
-        .reservations
-        .get(name)
-        .is_some_and(|r| r.kind == HolderKind::Oci)
-    {
-        return Err(CliError::OciHotplug {
-            id: name.to_string(),
-        });
+    if bundle::valid_id(name) {
+        let st: State = Store::new(&cfg.state_file)
+            .read()
+            .map_err(crate::reserve::error::Error::from)?;
+        if let Some(o) = oci_container::find(cfg, &st, name)? {
+            return Ok(Target::Oci(o));
+        }
     }
     Err(CliError::NoContainer {
         name: name.to_string(),
@@ -235,23 +255,20 @@ fn which(d: &DetachArgs) -> Result<Which, CliError> {
     Ok(Which::Units(sels))
 }
 
-fn holder(d: &Domain) -> Holder<'_> {
-    Holder {
-        kind: HolderKind::Libvirt,
-        name: &d.name,
-        id: &d.uuid,
-        idmap: &d.idmap,
-    }
-}
-
 /// `gpuhook attach`.
 pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
     let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
     let req = attach_request(a)?;
-    let Target::Libvirt(dom) = target(&cfg, &a.name)?;
-    let h = holder(&dom);
-    let find = || container::find(&dom.name, dom.id);
-    let got = lifecycle::attach(&cfg, &h, &req, find)?;
+    let t = target(&cfg, &a.name)?;
+    let h = t.holder();
+    let got = match &t {
+        Target::Libvirt(dom) => {
+            lifecycle::attach(&cfg, &h, &req, || container::find(&dom.name, dom.id))?
+        }
+        Target::Oci(o) => lifecycle::attach_with(&oci_container::facts(&cfg), &h, &req, || {
+            container::find_oci(o.init)
+        })?,
+    };
     if a.json {
         println!("{}", attached_json(&h, &got));
     } else {
@@ -270,10 +287,17 @@ pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
 pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
     let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
     let which = which(d)?;
-    let Target::Libvirt(dom) = target(&cfg, &d.name)?;
-    let h = holder(&dom);
-    let find = || container::find(&dom.name, dom.id);
-    let got = lifecycle::detach(&cfg, &h, &which, d.force, find)?;
+    let t = target(&cfg, &d.name)?;
+    let h = t.holder();
+    let got = match &t {
+        Target::Libvirt(dom) => lifecycle::detach(&cfg, &h, &which, d.force, || {
+            container::find(&dom.name, dom.id)
+        })?,
+        Target::Oci(o) => {
+            let find = || container::find_oci(o.init);
+            lifecycle::detach_with(&oci_container::facts(&cfg), &h, &which, d.force, find)?
+        }
+    };
     if d.json {
         println!("{}", detached_json(&h, &got));
         return Ok(0);

@@ -1,5 +1,5 @@
-//! Entering a running libvirt LXC container: finding its init, and creating device nodes in
-//! its `/dev`.
+//! Entering a running container (a libvirt LXC domain, an OCI container): finding its init,
+//! and creating device nodes in its `/dev`.
 //!
 //! The container's `/dev` is hostile and can race us. All work there happens in a forked
 //! child that `setns`es into the init's mount namespace (never a path through
@@ -34,8 +34,11 @@ fn at(path: &str, e: nix::errno::Errno) -> Failure {
     Failure::At { path, errno }
 }
 
-/// A running container: its libvirt_lxc controller, its init, and the identity of the
-/// `/dev` libvirt made for it.
+/// A running container: whose view of the mounts its `/dev` identity was read from
+/// (`controller`: libvirt's `libvirt_lxc` controller; for an OCI container, which has no
+/// process of its runtime left, its init itself), its init, and the identity of the `/dev`
+/// made for it. Only the cgroup of a libvirt domain is found through `controller`
+/// ([`crate::cgroup::for_container`]); an OCI container's is its init's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Container {
     pub controller: i32,
@@ -45,19 +48,65 @@ pub struct Container {
 
 /// The tmpfs libvirt's controller mounts at `/run/libvirt/lxc/NAME.dev` in its own mount
 /// namespace and moves to the container's `/dev` (`virLXCControllerSetupDev`,
-/// `lxcContainerMountFSDev`): its device and the inode of its root. The only `/dev` gpuhook
-/// writes into is the directory with exactly this identity; a container that bind-mounts
-/// another directory (of its host-backed rootfs, a `<filesystem>` passthrough, a fresh
-/// devtmpfs) over `/dev` or `/` is refused.
+/// `lxcContainerMountFSDev`), or the one an OCI runtime mounts at the container's `/dev`:
+/// its device and the inode of its root. The only `/dev` gpuhook writes into is the
+/// directory with exactly this identity; a container that bind-mounts another directory (of
+/// its host-backed rootfs, a `<filesystem>` passthrough, a fresh devtmpfs) over `/dev` or `/`
+/// is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DevTmpfs {
     pub dev: u64,
     pub ino: u64,
+    /// Who made it (and whose mounts it was read from).
+    #[serde(default)]
+    pub by: DevBy,
+}
+
+/// Who made a container's `/dev` tmpfs, and whose mounts gpuhook reads it from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DevBy {
+    /// libvirt's controller, read from the controller's own mounts (the container cannot
+    /// change them).
+    #[default]
+    Libvirt,
+    /// The OCI runtime, read from the container init's mounts.
+    Runtime,
+}
+
+impl DevBy {
+    /// Who made it, as messages say.
+    pub fn maker(self) -> &'static str {
+        match self {
+            DevBy::Libvirt => "libvirt",
+            DevBy::Runtime => "its OCI runtime",
+        }
+    }
+
+    /// Whose mounts it is read from, as messages say.
+    pub fn viewer(self) -> &'static str {
+        match self {
+            DevBy::Libvirt => "controller",
+            DevBy::Runtime => "container init",
+        }
+    }
 }
 
 /// Where libvirt keeps its LXC state (`LXC_STATE_DIR`): `/run/libvirt/lxc`, or
 /// `/var/run/libvirt/lxc` in builds configured with that run-state directory.
 pub const LXC_STATE_DIRS: [&str; 2] = ["/run/libvirt/lxc", "/var/run/libvirt/lxc"];
+
+/// The last (topmost) of `mounts` at one of `points`.
+fn topmost<'m>(mounts: &'m [procfs::Mount], points: &[String]) -> Option<&'m procfs::Mount> {
+    mounts
+        .iter()
+        .rev()
+        .find(|m| points.contains(&m.mount_point))
+}
+
+/// Whether a mount is a tmpfs mounted whole (root `/`).
+fn whole_tmpfs(m: &procfs::Mount) -> bool {
+    m.fs_type == "tmpfs" && m.root == "/"
+}
 
 /// Finds the container's `/dev` tmpfs among the controller's mounts: the last (topmost)
 /// mount at `LXC_STATE_DIR/NAME.dev`, which must be a tmpfs mounted whole (root `/`).
@@ -67,14 +116,10 @@ pub fn dev_mount(mounts: &[procfs::Mount], name: &str) -> Result<(String, u64), 
         .iter()
         .map(|d| format!("{d}/{name}.dev"))
         .collect();
-    let m = mounts
-        .iter()
-        .rev()
-        .find(|m| wanted.contains(&m.mount_point))
-        .ok_or_else(|| Failure::NoDevTmpfs {
-            at: wanted[0].clone(),
-        })?;
-    if m.fs_type != "tmpfs" || m.root != "/" {
+    let m = topmost(mounts, &wanted).ok_or_else(|| Failure::NoDevTmpfs {
+        at: wanted[0].clone(),
+    })?;
+    if !whole_tmpfs(m) {
         return Err(Failure::NotDevTmpfs {
             fs_type: m.fs_type.clone(),
             root: m.root.clone(),
@@ -84,25 +129,78 @@ pub fn dev_mount(mounts: &[procfs::Mount], name: &str) -> Result<(String, u64), 
     Ok((m.mount_point.clone(), m.dev))
 }
 
+/// An OCI container's `/dev` among its init's own mounts: the topmost mount at `/dev`, which
+/// must be a tmpfs mounted whole (the one the runtime mounts there). Returns its device.
+pub fn oci_dev_mount(mounts: &[procfs::Mount]) -> Result<u64, Refusal> {
+    let m = topmost(mounts, &["/dev".to_string()]).ok_or(Refusal::NoDevMount)?;
+    if !whole_tmpfs(m) {
+        return Err(Refusal::NotTmpfsDev {
+            fs_type: m.fs_type.clone(),
+            root: m.root.clone(),
+        });
+    }
+    Ok(m.dev)
+}
+
+/// The identity of the directory `at` on the filesystem `dev`, seen through `pid`'s root
+/// (`lstat`: a symlink there is no directory).
+fn dev_identity(by: DevBy, pid: i32, at: &str, dev: u64) -> Result<DevTmpfs, ContainerError> {
+    let p = format!("/proc/{pid}/root{at}");
+    let at = at.to_owned();
+    let st = nix::sys::stat::lstat(p.as_str()).map_err(|e| Failure::DevStat {
+        by,
+        pid,
+        at: at.clone(),
+        errno: e.into(),
+    })?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_dev != dev {
+        return Err(Failure::DevMismatch { by, pid, at }.into());
+    }
+    Ok(DevTmpfs {
+        dev,
+        ino: st.st_ino,
+        by,
+    })
+}
+
 /// The identity of the container's `/dev` tmpfs, read from its controller: the mount from the
 /// controller's `mountinfo`, the root inode by `stat` through the controller's root (both the
 /// controller's view, which the container cannot change: its own mount namespace is a
 /// private copy).
 pub fn controller_dev(name: &str, controller: i32) -> Result<DevTmpfs, ContainerError> {
-    let mounts = procfs::mounts(Some(controller)).ok_or(Failure::NoMountinfo { controller })?;
-    let (at, dev) = dev_mount(&mounts, name)?;
-    let p = format!("/proc/{controller}/root{at}");
-    let st = nix::sys::stat::lstat(p.as_str()).map_err(|e| Failure::DevStat {
-        controller,
-        at: at.clone(),
-        errno: e.into(),
+    let by = DevBy::Libvirt;
+    let mounts = procfs::mounts(Some(controller)).ok_or(Failure::NoMountinfo {
+        by,
+        pid: controller,
     })?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR || st.st_dev != dev {
-        return Err(Failure::DevMismatch { controller, at }.into());
+    let (at, dev) = dev_mount(&mounts, name)?;
+    dev_identity(by, controller, &at, dev)
+}
+
+/// The running OCI container whose init is `init` (found by the front door: gpuhook's
+/// record, or the runtime's state): the `/dev` tmpfs of the init's own mount namespace
+/// (its `mountinfo`, and its root inode through the init's root), checked again by the
+/// helper as at `started`. `controller` is the init itself.
+pub fn find_oci(init: ProcRef) -> Result<Container, ContainerError> {
+    let by = DevBy::Runtime;
+    let pid = init.pid;
+    if !init.alive() {
+        return Err(gone(pid, None));
     }
-    Ok(DevTmpfs {
+    let still = |e: ContainerError| if init.alive() { e } else { gone(pid, Some(e)) };
+    let mounts = procfs::mounts(Some(pid))
+        .ok_or(Failure::NoMountinfo { by, pid })
+        .map_err(|e| still(e.into()))?;
+    let dev = oci_dev_mount(&mounts).map_err(|e| still(e.into()))?;
+    let dev = dev_identity(by, pid, "/dev", dev).map_err(still)?;
+    // Read through its PID: the same process still, or what was read is another's.
+    if !init.alive() {
+        return Err(gone(pid, None));
+    }
+    Ok(Container {
+        controller: pid,
+        init,
         dev,
-        ino: st.st_ino,
     })
 }
 
@@ -382,7 +480,7 @@ fn child(
     ns: &OwnedFd,
     cgroups: Vec<OwnedFd>,
     host_dev: (u64, u64),
-    libvirt_dev: DevTmpfs,
+    want: DevTmpfs,
     payload: &[u8],
 ) -> Result<Reply, ContainerError> {
     // SAFETY: plain prctl calls on this process.
@@ -430,11 +528,11 @@ fn child(
     if (st.st_dev, st.st_ino) == host_dev {
         return refused(Refusal::HostDev);
     }
-    if (st.st_dev, st.st_ino) != (libvirt_dev.dev, libvirt_dev.ino) {
-        return refused(Refusal::NotLibvirtDev {
+    if (st.st_dev, st.st_ino) != (want.dev, want.ino) {
+        return refused(Refusal::NotItsDev {
             dev: st.st_dev,
             ino: st.st_ino,
-            want: libvirt_dev,
+            want,
         });
     }
     let dev_fs = st.st_dev;
@@ -602,6 +700,50 @@ mod tests {
         // Builds that keep the state under /var/run.
         let v = vec![mount("/var/run/libvirt/lxc/t1.dev", "tmpfs", "/", 5)];
         assert_eq!(dev_mount(&v, "t1").unwrap().1, 5);
+    }
+
+    /// An OCI container's `/dev` is the topmost mount at `/dev` of its init's: a whole tmpfs.
+    #[test]
+    fn an_oci_containers_dev_among_its_inits_mounts() {
+        let mut m = vec![mount("/", "overlay", "/", 1)];
+        assert_eq!(oci_dev_mount(&m), Err(Refusal::NoDevMount));
+        m.push(mount("/dev", "tmpfs", "/", 7));
+        m.push(mount("/dev/shm", "tmpfs", "/", 8));
+        assert_eq!(oci_dev_mount(&m), Ok(7));
+        // Something mounted over it: a bind of another directory, the host's devtmpfs.
+        m.push(mount("/dev", "tmpfs", "/sub", 9));
+        let e = ContainerError::from(oci_dev_mount(&m).unwrap_err()).to_string();
+        assert_eq!(e, "container /dev is tmpfs (root /sub), not the tmpfs its OCI runtime mounts; refusing to write there");
+        m.push(mount("/dev", "devtmpfs", "/", 5));
+        assert!(
+            matches!(oci_dev_mount(&m), Err(Refusal::NotTmpfsDev { fs_type, .. }) if fs_type == "devtmpfs")
+        );
+        // The helper's refusal names who made the /dev it wanted.
+        let want = |by| DevTmpfs {
+            dev: libc::makedev(0, 43),
+            ino: 1,
+            by,
+        };
+        let found = |by| {
+            Refusal::NotItsDev {
+                dev: libc::makedev(0, 50),
+                ino: 2,
+                want: want(by),
+            }
+            .to_string()
+        };
+        assert!(found(DevBy::Libvirt).starts_with("container /dev is not the tmpfs libvirt made for it (found device 0:50 inode 2, want 0:43 inode 1)"));
+        assert!(found(DevBy::Runtime)
+            .starts_with("container /dev is not the tmpfs its OCI runtime made for it"));
+        let f = Failure::DevMismatch {
+            by: DevBy::Runtime,
+            pid: 7,
+            at: "/dev".into(),
+        };
+        assert_eq!(
+            f.to_string(),
+            "container init 7: /dev is not the tmpfs its mountinfo lists"
+        );
     }
 
     /// A written-out `/proc`: each process's `stat` (state, parent, flags, start time),

@@ -16,6 +16,10 @@ pub const DEFAULT_STATE_FILE: &str = "/run/gpuhook/state.json";
 
 pub const CDI_DEFAULT_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
+/// Where the OCI runtimes keep their containers' state as root (`--root`): runc's
+/// `ROOT/ID/state.json` (podman runs runc with its default root), crun's `ROOT/ID/status`.
+pub const OCI_STATE_DEFAULT_ROOTS: [&str; 2] = ["/run/runc", "/run/crun"];
+
 /// What becomes of a spec's hooks that gpuhook does not do itself (config key
 /// `cdi_foreign_hooks`): they run as root against the container's image (OCI: the runtime
 /// runs them), so a host can refuse them.
@@ -72,6 +76,7 @@ struct Raw {
     pci_ids: Option<PathBuf>,
     oci_runtime: Option<PathBuf>,
     oci_env_requests: Option<bool>,
+    oci_state_roots: Option<Vec<PathBuf>>,
     cdi_spec_dirs: Option<Vec<PathBuf>>,
     cdi_foreign_hooks: Option<String>,
     driver: Option<String>,
@@ -97,6 +102,9 @@ pub struct Config {
     pub oci_runtime: Option<PathBuf>,
     /// Whether `GPUHOOK_…` variables in an OCI container's env are a request (default yes).
     pub oci_env_requests: bool,
+    /// Where `gpuhook attach`/`detach` look for an OCI container's state (its init) when
+    /// gpuhook recorded none: the runtimes' roots (`/run/runc`, `/run/crun`).
+    pub oci_state_roots: Vec<PathBuf>,
     /// Where CDI specs are, lowest priority first (`/etc/cdi`, `/var/run/cdi`).
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// CDI hooks gpuhook does not do itself: passed on (`pass`, the default) or refused.
@@ -119,6 +127,7 @@ impl Default for Config {
             pci_ids: None,
             oci_runtime: None,
             oci_env_requests: true,
+            oci_state_roots: OCI_STATE_DEFAULT_ROOTS.iter().map(PathBuf::from).collect(),
             cdi_spec_dirs: CDI_DEFAULT_DIRS.iter().map(PathBuf::from).collect(),
             cdi_foreign_hooks: ForeignHooks::Pass,
             driver: crate::request::Driver::None,
@@ -183,13 +192,20 @@ impl Config {
                 *slot = Some(p);
             }
         }
-        if let Some(dirs) = raw.cdi_spec_dirs {
-            if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
-                return Err(e(format!(
-                    "\"cdi_spec_dirs\" must hold absolute paths, not {d:?}"
-                )));
+        for (key, val, slot) in [
+            ("cdi_spec_dirs", raw.cdi_spec_dirs, &mut c.cdi_spec_dirs),
+            (
+                "oci_state_roots",
+                raw.oci_state_roots,
+                &mut c.oci_state_roots,
+            ),
+        ] {
+            if let Some(dirs) = val {
+                if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
+                    return Err(e(format!("\"{key}\" must hold absolute paths, not {d:?}")));
+                }
+                *slot = dirs;
             }
-            c.cdi_spec_dirs = dirs;
         }
         if let Some(v) = raw.cdi_foreign_hooks {
             c.cdi_foreign_hooks =
@@ -207,7 +223,18 @@ impl Config {
             })?;
             c.exclude.push(a);
         }
-        for (key, o) in raw.overrides {
+        c.set_overrides(raw.overrides, &e)?;
+        Ok(c)
+    }
+
+    /// The `overrides`, each keyed by a PCI id or a PCI address.
+    fn set_overrides(
+        &mut self,
+        raw: BTreeMap<String, Override>,
+        e: &dyn Fn(String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        let c = self;
+        for (key, o) in raw {
             for (what, v) in [("arch", &o.arch), ("model", &o.model)] {
                 if let Some(v) = v {
                     if v.trim().is_empty() || v.len() > 128 {
@@ -231,7 +258,7 @@ impl Config {
                 )));
             }
         }
-        Ok(c)
+        Ok(())
     }
 
     /// Loads the host config: `$GPUHOOK_CONFIG` if set (it must exist), else
@@ -346,6 +373,15 @@ mod tests {
         let c = p("{}").unwrap();
         assert_eq!(c.state_file, PathBuf::from(DEFAULT_STATE_FILE));
         assert_eq!(c.sysfs, PathBuf::from("/sys"));
+        assert_eq!(
+            c.oci_state_roots,
+            [PathBuf::from("/run/runc"), PathBuf::from("/run/crun")]
+        );
+        let c = p(r#"{"oci_state_roots": ["/run/containerd/runc/k8s.io"]}"#).unwrap();
+        assert_eq!(
+            c.oci_state_roots,
+            [PathBuf::from("/run/containerd/runc/k8s.io")]
+        );
     }
 
     #[test]
@@ -374,6 +410,10 @@ mod tests {
             (
                 r#"{"cdi_foreign_hooks": true}"#,
                 "invalid type: boolean `true`, expected a string",
+            ),
+            (
+                r#"{"oci_state_roots": ["run/runc"]}"#,
+                "\"oci_state_roots\" must hold absolute paths, not \"run/runc\"",
             ),
             ("{", "EOF"),
             ("[]", "must be a JSON object"),

@@ -3,7 +3,7 @@
 //! helper as serde, so every error in it is a value: OS errors by their numbers
 //! ([`crate::host::syserr`]), what a library or a child said by its text.
 
-use super::DevTmpfs;
+use super::{DevBy, DevTmpfs};
 use crate::cgroup::CgroupError;
 use crate::enter::devdir::{NodeError, OpenDirError};
 use crate::enter::rootfs::RootfsError;
@@ -56,10 +56,15 @@ pub enum Refusal {
     #[error("container /dev is the host's /dev; refusing to write there")]
     HostDev,
     #[error(
-        "container /dev is not the tmpfs libvirt made for it (found device {}:{} inode {ino}, want {}:{} inode {}): something is mounted over /dev or /; refusing to write there",
-        libc::major(*dev), libc::minor(*dev), libc::major(want.dev), libc::minor(want.dev), want.ino
+        "container /dev is not the tmpfs {} made for it (found device {}:{} inode {ino}, want {}:{} inode {}): something is mounted over /dev or /; refusing to write there",
+        want.by.maker(), libc::major(*dev), libc::minor(*dev), libc::major(want.dev), libc::minor(want.dev), want.ino
     )]
-    NotLibvirtDev { dev: u64, ino: u64, want: DevTmpfs },
+    NotItsDev { dev: u64, ino: u64, want: DevTmpfs },
+    /// An OCI container whose `/dev` is no mount of its own (the runtime mounts a tmpfs).
+    #[error("container /dev is no mount of its own, not the tmpfs its OCI runtime mounts; refusing to write there")]
+    NoDevMount,
+    #[error("container /dev is {fs_type} (root {root}), not the tmpfs its OCI runtime mounts; refusing to write there")]
+    NotTmpfsDev { fs_type: String, root: String },
     /// A node could not be made in its `/dev`.
     #[error(transparent)]
     Node(#[from] NodeError),
@@ -86,17 +91,18 @@ pub enum Failure {
         root: String,
         at: String,
     },
-    #[error("controller {controller}: cannot read its mountinfo")]
-    NoMountinfo { controller: i32 },
-    #[error("controller {controller}: {at}: {errno}")]
+    #[error("{} {pid}: cannot read its mountinfo", by.viewer())]
+    NoMountinfo { by: DevBy, pid: i32 },
+    #[error("{} {pid}: {at}: {errno}", by.viewer())]
     DevStat {
-        controller: i32,
+        by: DevBy,
+        pid: i32,
         at: String,
         #[source]
         errno: SysErr,
     },
-    #[error("controller {controller}: {at} is not the tmpfs its mountinfo lists")]
-    DevMismatch { controller: i32, at: String },
+    #[error("{} {pid}: {at} is not the tmpfs its mountinfo lists", by.viewer())]
+    DevMismatch { by: DevBy, pid: i32, at: String },
     #[error("unsafe domain name {name:?}")]
     UnsafeName { name: String },
     #[error("domain XML has no id and {path} cannot be read: {error}")]

@@ -7,7 +7,7 @@
 
 use super::activate::{apply, undo, with_rollback};
 use super::reserve::{choose, same_kind};
-use super::{as_nodes, new_reservation, node_specs, store, Holder, LifecycleError};
+use super::{as_nodes, new_reservation, node_specs, store, Holder, HolderKind, LifecycleError};
 use crate::cgroup::{CgroupError, Fault};
 use crate::enter::container::{Container, ContainerError};
 use crate::host::config::Config;
@@ -134,7 +134,8 @@ fn reserve_more(
         .reservations
         .entry(h.id.to_string())
         .or_insert_with(|| Reservation {
-            controller: Some(ct.controller),
+            // An OCI container has no controller (its `Container` names its init there).
+            controller: (h.kind == HolderKind::Libvirt).then_some(ct.controller),
             init: Some(ct.init),
             ..new_reservation(h, req, &[], Phase::Running, now)
         });

@@ -377,7 +377,11 @@ fn container() -> Container {
     Container {
         controller: CTRL,
         init: INIT,
-        dev: DevTmpfs { dev: 1, ino: 2 },
+        dev: DevTmpfs {
+            dev: 1,
+            ino: 2,
+            by: Default::default(),
+        },
     }
 }
 

@@ -1,0 +1,377 @@
+//! An OCI container for `attach` and `detach` (SPEC "Hotplug"): its init through gpuhook's
+//! own record (the init its `createRuntime` hook recorded), else the runtime's state under the
+//! config's `oci_state_roots` (runc: `ROOT/ID/state.json`, crun: `ROOT/ID/status`); its user
+//! namespace's id map from the init's `/proc/PID/uid_map` and `gid_map`; its device cgroup
+//! the init's v1 devices cgroup (the runtime's device program on cgroup v2 is not replaced
+//! yet: refused).
+
+use crate::cgroup::{self, CgroupError, DeviceCgroup, Fault};
+use crate::doors::error::CliError;
+use crate::enter::container::Container;
+use crate::host::config::Config;
+use crate::host::procfs::{self, ProcRef};
+use crate::request::{IdMap, IdRange};
+use crate::reserve::facts::Facts;
+use crate::reserve::lifecycle::HolderKind;
+use crate::reserve::state::State;
+use serde::Deserialize;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// A running OCI container: its ID, its init, its user namespace's id map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Oci {
+    pub id: String,
+    pub init: ProcRef,
+    pub idmap: IdMap,
+}
+
+/// What a runtime's state says of its container's init: its PID and, where the runtime
+/// records it, its start time (so a reused PID is not taken for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InitOf {
+    pub pid: i32,
+    pub start_time: Option<u64>,
+}
+
+/// runc's `ROOT/ID/state.json` (libcontainer's `State`), what gpuhook reads of it.
+#[derive(Deserialize)]
+struct RuncState {
+    init_process_pid: i32,
+    #[serde(default)]
+    init_process_start: Option<u64>,
+}
+
+/// crun's `ROOT/ID/status` (`libcrun_container_status_t`), what gpuhook reads of it.
+#[derive(Deserialize)]
+struct CrunStatus {
+    pid: i32,
+    #[serde(default, rename = "process-start-time")]
+    process_start_time: Option<u64>,
+}
+
+/// A runtime's state file, by its name in `ROOT/ID/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateFile {
+    /// runc's `state.json`.
+    Runc,
+    /// crun's `status`.
+    Crun,
+}
+
+impl StateFile {
+    const ALL: [StateFile; 2] = [StateFile::Runc, StateFile::Crun];
+
+    fn name(self) -> &'static str {
+        match self {
+            StateFile::Runc => "state.json",
+            StateFile::Crun => "status",
+        }
+    }
+
+    /// The init the file names.
+    pub fn parse(self, bytes: &[u8]) -> Result<InitOf, serde_json::Error> {
+        Ok(match self {
+            StateFile::Runc => {
+                let s: RuncState = serde_json::from_slice(bytes)?;
+                InitOf {
+                    pid: s.init_process_pid,
+                    start_time: s.init_process_start,
+                }
+            }
+            StateFile::Crun => {
+                let s: CrunStatus = serde_json::from_slice(bytes)?;
+                InitOf {
+                    pid: s.pid,
+                    start_time: s.process_start_time,
+                }
+            }
+        })
+    }
+}
+
+/// The most of a state file read (runc's holds the container's whole config).
+const MAX_STATE: u64 = 16 << 20;
+
+/// The init the runtime's state of container `id` names, under the first of `roots` that
+/// has it, with the file it came from; `None` when none has it.
+pub fn runtime_init(roots: &[PathBuf], id: &str) -> Result<Option<(PathBuf, InitOf)>, CliError> {
+    for root in roots {
+        for f in StateFile::ALL {
+            let p = root.join(id).join(f.name());
+            let Some(bytes) = read_state(&p)? else {
+                continue;
+            };
+            let init = f.parse(&bytes).map_err(|source| CliError::OciState {
+                path: p.clone(),
+                source,
+            })?;
+            return Ok(Some((p, init)));
+        }
+    }
+    Ok(None)
+}
+
+/// A state file's bytes, `None` when there is none.
+fn read_state(p: &Path) -> Result<Option<Vec<u8>>, CliError> {
+    let io = |source| CliError::ReadOciState {
+        path: p.to_path_buf(),
+        source,
+    };
+    let f = match std::fs::File::open(p) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+    };
+    let mut bytes = Vec::new();
+    f.take(MAX_STATE).read_to_end(&mut bytes).map_err(io)?;
+    Ok(Some(bytes))
+}
+
+/// The running init the runtime's state names: alive, and (where the state records it)
+/// started when it says.
+fn running(id: &str, of: InitOf) -> Result<ProcRef, CliError> {
+    procfs::HOST
+        .proc_ref(of.pid)
+        .filter(|p| of.start_time.is_none_or(|t| t == p.start_time) && p.alive())
+        .ok_or_else(|| CliError::OciNotRunning {
+            id: id.to_string(),
+            pid: of.pid,
+        })
+}
+
+/// The running OCI container `id`: the init gpuhook recorded for it while that init lives,
+/// else the one its runtime's state names (which must run); `None` when neither knows it.
+pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError> {
+    let recorded = st
+        .reservations
+        .get(id)
+        .filter(|r| r.kind == HolderKind::Oci)
+        .and_then(|r| r.init)
+        .filter(ProcRef::alive);
+    let init = match recorded {
+        Some(i) => i,
+        None => match runtime_init(&cfg.oci_state_roots, id)? {
+            Some((_, of)) => running(id, of)?,
+            None => return Ok(None),
+        },
+    };
+    v1_cgroup(id, init.pid)?;
+    let idmap = id_map(init.pid)?;
+    // Its `/dev` tmpfs belongs to its user namespace: the host's root can make no node there
+    // (EOVERFLOW: not mapped), and one made would be `nodev`. runc bind-mounts nodes for it.
+    if idmap != IdMap::default() {
+        return Err(CliError::OciUserNamespace { id: id.to_string() });
+    }
+    Ok(Some(Oci {
+        id: id.to_string(),
+        init,
+        idmap,
+    }))
+}
+
+/// Refuses a container whose devices controller is not on a v1 hierarchy (its runtime's
+/// device program on cgroup v2 is not replaced yet).
+fn v1_cgroup(id: &str, pid: i32) -> Result<(), CliError> {
+    match cgroup::v1_for_pid(pid) {
+        Ok(_) => Ok(()),
+        Err(CgroupError {
+            fault: Fault::NoV1Devices,
+            ..
+        }) => Err(CliError::OciCgroupV2 { id: id.to_string() }),
+        Err(e) => Err(crate::reserve::error::Error::from(e).into()),
+    }
+}
+
+/// An OCI container's device cgroup: its init's v1 devices cgroup.
+fn init_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+    cgroup::v1_for_pid(ct.init.pid)
+}
+
+/// This host's facts, with an OCI container's device cgroup.
+pub fn facts(cfg: &Config) -> Facts<'_> {
+    Facts {
+        cgroup: &init_cgroup,
+        ..Facts::host(cfg)
+    }
+}
+
+/// The id map of the init's user namespace (`/proc/PID/uid_map`, `gid_map`): empty (ids as
+/// they are) for the host's.
+fn id_map(pid: i32) -> Result<IdMap, CliError> {
+    let read = |which: &str| {
+        let path = PathBuf::from(format!("/proc/{pid}/{which}"));
+        let text = std::fs::read_to_string(&path).map_err(|source| CliError::ReadIdMap {
+            path: path.clone(),
+            source,
+        })?;
+        parse_id_map(&text).ok_or(CliError::IdMap { path })
+    };
+    Ok(IdMap {
+        uid: read("uid_map")?,
+        gid: read("gid_map")?,
+    })
+}
+
+/// A `uid_map`/`gid_map` (`ID-INSIDE ID-OUTSIDE LENGTH` a line) as id ranges; the identity
+/// of the host's user namespace (`0 0 4294967295`) is no mapping. `None` when a line is not
+/// three numbers, or there is none (a namespace with no map written maps no id).
+pub fn parse_id_map(text: &str) -> Option<Vec<IdRange>> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let n: Vec<u32> = line
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let [start, target, count] = n[..] else {
+            return None;
+        };
+        out.push(IdRange {
+            start,
+            target,
+            count,
+        });
+    }
+    let identity = IdRange {
+        start: 0,
+        target: 0,
+        count: u32::MAX,
+    };
+    if out == [identity] {
+        out.clear();
+    } else if out.is_empty() {
+        return None;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// runc 1.1's `state.json`, as this host's podman leaves it (the config cut short).
+    const RUNC_STATE: &str = r#"{"id":"b1238305c630f7efb71369966e00592a2cf7cb92ac527b45f153f7af3eeb2b06","init_process_pid":14797,"init_process_start":1265849,"created":"2026-12-02T00:24:09.619135877Z","config":{"no_pivot_root":false,"parent_death_signal":0,"rootfs":"/tmp/probe/rootfs","umask":18,"readonlyfs":false,"rootPropagation":0,"mounts":[{"source":"tmpfs","destination":"/dev","device":"tmpfs","flags":16777226,"data":"mode=755,size=65536k"}]},"rootless":false,"cgroup_paths":{"devices":"/sys/fs/cgroup/devices/libpod_parent/libpod-b123"},"namespace_paths":{"NEWNS":"/proc/14797/ns/mnt"},"external_descriptors":["/dev/null","pipe:[3]","pipe:[4]"],"intel_rdt_path":""}"#;
+
+    /// crun's `status`, as `libcrun_write_container_status` writes it.
+    const CRUN_STATUS: &str = r#"{
+    "pid": 139179,
+    "process-start-time": 263473330,
+    "cgroup-path": "/busybox1",
+    "scope": "",
+    "rootfs": "rootfs",
+    "systemd-cgroup": false,
+    "bundle": "/home/u/my_container",
+    "created": "2021-08-29T14:34:52.000293421Z",
+    "owner": "root",
+    "detached": true,
+    "external_descriptors": "[\"/dev/pts/1\",\"/dev/pts/1\",\"/dev/pts/1\"]"
+}"#;
+
+    #[test]
+    fn runtime_state_files() {
+        assert_eq!(
+            StateFile::Runc.parse(RUNC_STATE.as_bytes()).unwrap(),
+            InitOf {
+                pid: 14797,
+                start_time: Some(1265849)
+            }
+        );
+        assert_eq!(
+            StateFile::Crun.parse(CRUN_STATUS.as_bytes()).unwrap(),
+            InitOf {
+                pid: 139179,
+                start_time: Some(263473330)
+            }
+        );
+        // Older crun wrote no start time.
+        assert_eq!(
+            StateFile::Crun
+                .parse(br#"{"pid": 7, "bundle": "/b"}"#)
+                .unwrap(),
+            InitOf {
+                pid: 7,
+                start_time: None
+            }
+        );
+        assert!(StateFile::Runc.parse(CRUN_STATUS.as_bytes()).is_err());
+        assert!(StateFile::Crun.parse(b"7").is_err());
+    }
+
+    /// Under the roots in order, runc's file before crun's; a broken one is said with its path.
+    #[test]
+    fn runtime_init_under_the_roots() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("runc"), t.path().join("crun"));
+        std::fs::create_dir_all(a.join("c1")).unwrap();
+        std::fs::create_dir_all(b.join("c2")).unwrap();
+        std::fs::write(a.join("c1/state.json"), RUNC_STATE).unwrap();
+        std::fs::write(b.join("c2/status"), CRUN_STATUS).unwrap();
+        let roots = [a.clone(), b.clone()];
+        let (p, i) = runtime_init(&roots, "c1").unwrap().unwrap();
+        assert_eq!((p, i.pid), (a.join("c1/state.json"), 14797));
+        let (p, i) = runtime_init(&roots, "c2").unwrap().unwrap();
+        assert_eq!((p, i.pid), (b.join("c2/status"), 139179));
+        assert!(runtime_init(&roots, "c3").unwrap().is_none());
+        std::fs::write(b.join("c2/status"), "{").unwrap();
+        let e = runtime_init(&roots, "c2").unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("{}: ", b.join("c2/status").display())),
+            "{e}"
+        );
+    }
+
+    /// The runtime's init must run, started when the state says.
+    #[test]
+    fn the_runtimes_init_must_run() {
+        let me = procfs::HOST.proc_ref(std::process::id() as i32).unwrap();
+        let of = |start_time| InitOf {
+            pid: me.pid,
+            start_time,
+        };
+        assert_eq!(running("c1", of(Some(me.start_time))).unwrap(), me);
+        assert_eq!(running("c1", of(None)).unwrap(), me);
+        let e = running("c1", of(Some(me.start_time + 1))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "container 'c1' is not running (its init, pid {}, is gone)",
+                me.pid
+            )
+        );
+    }
+
+    #[test]
+    fn user_namespace_id_maps() {
+        assert_eq!(
+            parse_id_map("         0          0 4294967295\n"),
+            Some(vec![])
+        );
+        assert_eq!(
+            parse_id_map("         0     100000      65536\n     65536          0          1\n"),
+            Some(vec![
+                IdRange {
+                    start: 0,
+                    target: 100000,
+                    count: 65536
+                },
+                IdRange {
+                    start: 65536,
+                    target: 0,
+                    count: 1
+                },
+            ])
+        );
+        // A namespace with no map written yet maps nothing: not the identity.
+        assert_eq!(parse_id_map(""), None);
+        assert_eq!(parse_id_map("0 0\n"), None);
+        assert_eq!(parse_id_map("0 x 1\n"), None);
+        let m = IdMap {
+            uid: parse_id_map("0 100000 65536").unwrap(),
+            gid: parse_id_map("0 200000 65536").unwrap(),
+        };
+        assert_eq!(m.host_uid(0), Some(100000));
+        assert_eq!(m.host_gid(5), Some(200005));
+        assert_eq!(m.host_uid(70000), None);
+    }
+}
