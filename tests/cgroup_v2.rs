@@ -201,3 +201,64 @@ fn foreign_program_is_refused() {
     );
     drop(child);
 }
+
+/// Hotplug on cgroup v2 (libvirt's map): `gpuhook attach` grants in one process and
+/// `gpuhook detach` takes a node back in another, by deleting its entry: the grants the
+/// container keeps (another GPU's, the shared control node, libvirt's own defaults) stay.
+#[test]
+fn detach_denies_in_libvirts_map() {
+    common::require_root();
+    let cg = Cg(unified_root().join(format!("gpuhook-test-v2-hp-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<PathBuf> = ["nvidia0", "nvidia1", "nvidiactl"]
+        .iter()
+        .map(|n| dir.path().join(n))
+        .collect();
+    for (p, minor) in paths.iter().zip([0, 1, 255]) {
+        testbed::fakehost::node(p, 195, minor, 0o666, 0).unwrap();
+    }
+    let cgfd = nix::fcntl::open(
+        &cg.0,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    let (_prog, map) = bpfprog::attach_libvirt_program(cgfd.as_fd()).unwrap();
+    let nodes = [
+        node("/dev/nvidia0", 195, 0),
+        node("/dev/nvidia1", 195, 1),
+        node("/dev/nvidiactl", 195, 255),
+    ];
+    // The attach (its own process, its own V2).
+    grant_all(&mut V2::open(&cg.0).unwrap(), &nodes).unwrap();
+    let all: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    let mut with_null = all.clone();
+    with_null.push(Path::new("/dev/null"));
+    assert_eq!(
+        opens(&cg.0, &with_null),
+        vec![
+            Err(Errno::ENXIO),
+            Err(Errno::ENXIO),
+            Err(Errno::ENXIO),
+            Ok(())
+        ]
+    );
+    // The detach of GPU 1 (another process): only its entry goes.
+    V2::open(&cg.0).unwrap().deny(&nodes[1]).unwrap();
+    assert_eq!(
+        opens(&cg.0, &with_null),
+        vec![
+            Err(Errno::ENXIO),
+            Err(Errno::EPERM),
+            Err(Errno::ENXIO),
+            Ok(())
+        ]
+    );
+    assert_eq!(
+        bpf::map_keys(map.as_fd()).unwrap().len(),
+        bpfprog::DEFAULT_ALLOW.len() + 2
+    );
+    // Denying what is not there is no error (a detach after a killed one).
+    V2::open(&cg.0).unwrap().deny(&nodes[1]).unwrap();
+}
