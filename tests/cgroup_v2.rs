@@ -41,6 +41,16 @@ fn node(path: &str, major: u32, minor: u32) -> Node {
     }
 }
 
+/// A descriptor of the cgroup directory (device programs attach to it).
+fn dir_fd(p: &Path) -> std::os::fd::OwnedFd {
+    nix::fcntl::open(
+        p,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap()
+}
+
 fn opens(cg: &Path, paths: &[&Path]) -> Vec<Result<(), Errno>> {
     probe::open_in_cgroup(&cg.join("cgroup.procs"), None, paths).expect("probe")
 }
@@ -63,12 +73,7 @@ fn grant_through_libvirts_map() {
     let free = V2::open(&cg.0).unwrap();
     assert!(free.is_allowed(&node("/dev/nvidia0", 195, 0)).unwrap());
 
-    let cgfd = nix::fcntl::open(
-        &cg.0,
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
-        nix::sys::stat::Mode::empty(),
-    )
-    .unwrap();
+    let cgfd = dir_fd(&cg.0);
     let (_prog, map) = bpfprog::attach_libvirt_program(cgfd.as_fd()).unwrap();
     assert_eq!(
         bpf::prog_query(cgfd.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
@@ -162,12 +167,7 @@ fn foreign_program_is_refused() {
     common::require_root();
     let cg = Cg(unified_root().join(format!("gpuhook-test-v2f-{}", std::process::id())));
     std::fs::create_dir(&cg.0).unwrap();
-    let cgfd = nix::fcntl::open(
-        &cg.0,
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
-        nix::sys::stat::Mode::empty(),
-    )
-    .unwrap();
+    let cgfd = dir_fd(&cg.0);
     // A deny-all program with no map: gpuhook cannot widen it and says so.
     let insns = [
         bpf::Insn {
@@ -218,12 +218,7 @@ fn detach_denies_in_libvirts_map() {
     for (p, minor) in paths.iter().zip([0, 1, 255]) {
         testbed::fakehost::node(p, 195, minor, 0o666, 0).unwrap();
     }
-    let cgfd = nix::fcntl::open(
-        &cg.0,
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
-        nix::sys::stat::Mode::empty(),
-    )
-    .unwrap();
+    let cgfd = dir_fd(&cg.0);
     let (_prog, map) = bpfprog::attach_libvirt_program(cgfd.as_fd()).unwrap();
     let nodes = [
         node("/dev/nvidia0", 195, 0),
