@@ -51,6 +51,12 @@ pub enum CliError {
     /// The runtime's state names an init that is gone (or whose PID another process has).
     #[error("container '{id}' is not running (its init, pid {pid}, is gone)")]
     OciNotRunning { id: String, pid: i32 },
+    /// The runtime's state names an init without its start time.
+    #[error("container '{id}': its runtime's state records no start time of its init (pid {pid}): gpuhook cannot tell it from a later process with that PID")]
+    OciNoStartTime { id: String, pid: i32 },
+    /// The runtime's state names a process that is no PID namespace's init.
+    #[error("container '{id}': pid {pid}, which its runtime's state names, is not the init of a PID namespace of its own")]
+    OciNotInit { id: String, pid: i32 },
     /// An OCI runtime's state file cannot be read.
     #[error("{}: {source}", path.display())]
     ReadOciState {

@@ -123,6 +123,18 @@ fn reconnect_attached(xml: &[u8]) -> i32 {
     if !lifecycle::may_hold(&cfg, &uuid) {
         return 0;
     }
+    // Only a libvirt reservation under exactly this UUID is re-adopted (the bytes matched
+    // anywhere); never one allocated afresh for a domain that asked for nothing.
+    let held = lifecycle::with_state(&cfg, |st| {
+        Ok::<_, crate::reserve::error::Error>(
+            st.reservations
+                .get(&uuid)
+                .is_some_and(|r| r.kind == HolderKind::Libvirt),
+        )
+    });
+    if !matches!(held, Ok(true)) {
+        return 0;
+    }
     let (Ok(dom), Ok(req)) = (
         metadata::parse_domain(xml),
         crate::request::oci::request(&Default::default()),

@@ -136,17 +136,32 @@ pub fn running_domain<'a>(
     dirs: impl Iterator<Item = &'a Path> + Clone,
     name: &str,
 ) -> Result<Option<Domain>, CliError> {
-    if container::safe_name(name) {
-        for d in dirs.clone() {
-            let p = d.join(format!("{name}.xml"));
-            if let Some(xml) = status_domain(&p)? {
-                return parsed(&p, &xml).map(Some);
-            }
+    // A UUID first, as virsh looks a domain up: one *named* like another's UUID does not
+    // capture the commands meant for that one.
+    if let Some(uuid) = normalize_uuid(name) {
+        if let Some(d) = by_uuid(dirs.clone(), &uuid)? {
+            return Ok(Some(d));
         }
     }
-    let Some(uuid) = normalize_uuid(name) else {
+    if !container::safe_name(name) {
         return Ok(None);
-    };
+    }
+    for d in dirs {
+        let p = d.join(format!("{name}.xml"));
+        if let Some(xml) = status_domain(&p)? {
+            let dom = parsed(&p, &xml)?;
+            // libvirt names the file after the domain: the one in it must be that one.
+            return Ok((dom.name == name).then_some(dom));
+        }
+    }
+    Ok(None)
+}
+
+/// The running domain of this UUID among the status files in `dirs`.
+fn by_uuid<'a>(
+    dirs: impl Iterator<Item = &'a Path>,
+    uuid: &str,
+) -> Result<Option<Domain>, CliError> {
     for d in dirs {
         let Ok(entries) = std::fs::read_dir(d) else {
             continue;
@@ -157,8 +172,9 @@ pub fn running_domain<'a>(
                 continue;
             }
             if let Some(xml) = status_domain(&p)? {
-                if metadata::domain_uuid(&xml).as_deref() == Some(uuid.as_str()) {
-                    return parsed(&p, &xml).map(Some);
+                if metadata::domain_uuid(&xml).as_deref() == Some(uuid) {
+                    let dom = parsed(&p, &xml)?;
+                    return Ok((dom.uuid == uuid).then_some(dom));
                 }
             }
         }
@@ -365,6 +381,22 @@ mod tests {
             .unwrap();
         assert_eq!(by_uuid.uuid, "4c7f30aa-ffe6-489b-80ff-0f27ece176a3");
         assert!(running_domain(dirs.iter().copied(), "web2")
+            .unwrap()
+            .is_none());
+        // A domain named like web1's UUID does not capture it; a file that is not its
+        // domain's own is no domain of that name.
+        let uuid = "4c7f30aa-ffe6-489b-80ff-0f27ece176a3";
+        std::fs::write(
+            t.path().join(format!("{uuid}.xml")),
+            STATUS
+                .replace(uuid, "5d8041bb-0000-4000-8000-000000000001")
+                .replace("<name>web1</name>", &format!("<name>{uuid}</name>")),
+        )
+        .unwrap();
+        let d = running_domain(dirs.iter().copied(), uuid).unwrap().unwrap();
+        assert_eq!(d.name, "web1");
+        std::fs::write(t.path().join("web3.xml"), STATUS).unwrap();
+        assert!(running_domain(dirs.iter().copied(), "web3")
             .unwrap()
             .is_none());
         // A name that is a path is no domain's.

@@ -128,16 +128,31 @@ fn read_state(p: &Path) -> Result<Option<Vec<u8>>, CliError> {
     Ok(Some(bytes))
 }
 
-/// The running init the runtime's state names: alive, and (where the state records it)
-/// started when it says.
+/// The running init the runtime's state names: alive, started when the state says (a state
+/// that records no start time names no process gpuhook can tell from a later one with its
+/// PID), and PID 1 of a PID namespace of its own, as an OCI container's init is.
 fn running(id: &str, of: InitOf) -> Result<ProcRef, CliError> {
-    procfs::HOST
+    let Some(start_time) = of.start_time else {
+        return Err(CliError::OciNoStartTime {
+            id: id.to_string(),
+            pid: of.pid,
+        });
+    };
+    let p = procfs::HOST
         .proc_ref(of.pid)
-        .filter(|p| of.start_time.is_none_or(|t| t == p.start_time) && p.alive())
+        .filter(|p| p.start_time == start_time && p.alive())
         .ok_or_else(|| CliError::OciNotRunning {
             id: id.to_string(),
             pid: of.pid,
-        })
+        })?;
+    let ns = procfs::HOST.nspid(p.pid);
+    if ns.len() < 2 || ns.last() != Some(&1) {
+        return Err(CliError::OciNotInit {
+            id: id.to_string(),
+            pid: p.pid,
+        });
+    }
+    Ok(p)
 }
 
 /// The running OCI container `id`: the init gpuhook recorded for it while that init lives,
@@ -183,9 +198,19 @@ fn v1_cgroup(id: &str, pid: i32) -> Result<(), CliError> {
     }
 }
 
-/// An OCI container's device cgroup: its init's v1 devices cgroup.
+/// An OCI container's device cgroup: its init's v1 devices cgroup, read from its
+/// `/proc/PID/cgroup` and taken only while that very init (PID and start time) still runs:
+/// a PID reused after the init exited (by a process of another container) gets nothing.
 fn init_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
-    cgroup::v1_for_pid(ct.init.pid)
+    let cg = cgroup::v1_for_pid(ct.init.pid)?;
+    if !ct.init.alive() {
+        let what = PathBuf::from(format!("/proc/{}/cgroup", ct.init.pid));
+        return Err(CgroupError::new(
+            &what,
+            Fault::InitLeft { pid: ct.init.pid },
+        ));
+    }
+    Ok(cg)
 }
 
 /// This host's facts, with an OCI container's device cgroup.
@@ -321,24 +346,55 @@ mod tests {
         );
     }
 
-    /// The runtime's init must run, started when the state says.
+    /// The runtime's init must run, started when the state says, and be PID 1 of a PID
+    /// namespace of its own.
     #[test]
     fn the_runtimes_init_must_run() {
-        let me = procfs::HOST.proc_ref(std::process::id() as i32).unwrap();
-        let of = |start_time| InitOf {
-            pid: me.pid,
-            start_time,
+        let mut ns = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "sleep", "30"])
+            .spawn()
+            .expect("unshare (as root)");
+        let child = || {
+            let kids =
+                std::fs::read_to_string(format!("/proc/{}/task/{}/children", ns.id(), ns.id()))
+                    .ok()?;
+            let pid: i32 = kids.split_whitespace().next()?.parse().ok()?;
+            (procfs::comm(pid).as_deref() == Some("sleep")).then_some(pid)
         };
-        assert_eq!(running("c1", of(Some(me.start_time))).unwrap(), me);
-        assert_eq!(running("c1", of(None)).unwrap(), me);
-        let e = running("c1", of(Some(me.start_time + 1))).unwrap_err();
+        let mut init = None;
+        for _ in 0..400 {
+            init = child();
+            if init.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let init = procfs::HOST
+            .proc_ref(init.expect("the namespace's init"))
+            .unwrap();
+        let of = |pid, start_time| InitOf { pid, start_time };
+        assert_eq!(
+            running("c1", of(init.pid, Some(init.start_time))).unwrap(),
+            init
+        );
+        let e = running("c1", of(init.pid, None)).unwrap_err().to_string();
+        assert!(e.contains("records no start time"), "{e}");
+        let e = running("c1", of(init.pid, Some(init.start_time + 1))).unwrap_err();
         assert_eq!(
             e.to_string(),
             format!(
                 "container 'c1' is not running (its init, pid {}, is gone)",
-                me.pid
+                init.pid
             )
         );
+        // A process that is no namespace's init (this test) is no container's.
+        let me = procfs::HOST.proc_ref(std::process::id() as i32).unwrap();
+        let e = running("c1", of(me.pid, Some(me.start_time)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not the init of a PID namespace"), "{e}");
+        let _ = ns.kill();
+        let _ = ns.wait();
     }
 
     #[test]
