@@ -1,6 +1,8 @@
 //! `gpuhook attach`: more GPUs (or MIG instances) for a running container, all or nothing.
 //! In this order: reserved (added to its reservation, or a new running one, with the nodes
-//! about to be granted), granted in its device cgroup, made in its `/dev`, recorded. A
+//! about to be granted), granted in its device cgroup, made in its `/dev`, recorded. A node
+//! its cgroup allowed before, and that its reservation does not record, is the container's
+//! own: neither granted, made nor recorded (so a detach never takes it). A
 //! failure takes back what was done, the grants before the units: a unit is never free while
 //! the container may still use it, whenever the process is killed; and what a killed attach
 //! granted is recorded, so a later detach (or stop) takes it back before the unit is free.
@@ -8,7 +10,7 @@
 use super::activate::{apply, undo, with_rollback};
 use super::reserve::{choose, same_kind};
 use super::{as_nodes, new_reservation, node_specs, store, Holder, HolderKind, LifecycleError};
-use crate::cgroup::{CgroupError, Fault};
+use crate::cgroup::{CgroupError, DeviceCgroup, Fault};
 use crate::enter::container::{Container, ContainerError};
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
@@ -19,21 +21,22 @@ use crate::request::{Driver, Request};
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
-use crate::reserve::state::{now_rfc3339, Phase, Reservation, State};
+use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
 
 /// What one attach gave the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attached {
     /// The units added to its reservation.
     pub units: Vec<Unit>,
-    /// The nodes granted and made for them (those its reservation did not record already).
+    /// The nodes granted and made for them (those its reservation did not record already,
+    /// nor its device cgroup allow: those are the container's own).
     pub nodes: Vec<NodeSpec>,
 }
 
 /// What the locked step reserved, and what taking it back needs.
 struct Reserved {
     units: Vec<Unit>,
-    /// Their nodes that the reservation did not record yet.
+    /// Their nodes that the reservation did not record yet and the cgroup did not allow.
     specs: Vec<NodeSpec>,
     /// The reservation is this attach's own (the container held none).
     created: bool,
@@ -65,10 +68,11 @@ pub fn attach_with(
         return Err(LifecycleError::AttachCdi.into());
     }
     let ct = find()?;
+    let cg = (f.cgroup)(&ct)?;
     let mut inv = (f.scan)(f.cfg, Scan::for_request(req))?;
-    let now = now_rfc3339();
     let (got, notes) =
-        store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &now))?;
+        store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg))?;
+    drop(cg);
     for n in notes {
         log::info(&n);
     }
@@ -101,7 +105,8 @@ pub fn attach_with(
 
 /// Under the state lock: the holder's reservation may take more (a running one of this
 /// container, or none), the units are chosen as `reserve` chooses them (the holder's own
-/// count as held) and added to it.
+/// count as held) and added to it, with the nodes about to be granted (not those `cg`
+/// allows already: the container's own).
 fn reserve_more(
     f: &Facts,
     st: &mut State,
@@ -109,8 +114,9 @@ fn reserve_more(
     h: &Holder,
     req: &Request,
     ct: &Container,
-    now: &str,
+    cg: &dyn DeviceCgroup,
 ) -> Result<(Reserved, Vec<String>), Error> {
+    let now = &now_rfc3339();
     // A quarantined GPU is given to no one.
     crate::reserve::health::apply(inv, st);
     if let Some(r) = st.reservations.get(h.id) {
@@ -126,9 +132,10 @@ fn reserve_more(
             .into());
         }
     }
-    let (units, notes) = choose(f, st, inv, req)?;
+    let (units, mut notes) = choose(f, st, inv, req)?;
     let specs = node_specs(h, req, inv, &units)?;
     let r = st.reservations.get(h.id);
+    let specs = not_yet_allowed(h, cg, r.map_or(&[], |r| &r.nodes[..]), specs, &mut notes)?;
     let (created, was_hotplugged) = (r.is_none(), r.is_some_and(|r| r.hotplugged));
     let r = st
         .reservations
@@ -139,10 +146,6 @@ fn reserve_more(
             init: Some(ct.init),
             ..new_reservation(h, req, &[], Phase::Running, now)
         });
-    let specs: Vec<NodeSpec> = specs
-        .into_iter()
-        .filter(|s| !r.nodes.contains(&s.node))
-        .collect();
     r.gpus.extend(&units);
     // Recorded before they are granted: a detach of a killed attach's units takes back
     // their grants before it frees them.
@@ -156,6 +159,33 @@ fn reserve_more(
         was_hotplugged,
     };
     Ok((got, notes))
+}
+
+/// Of `specs`, those to grant, make and record: not one `recorded` already, nor one `cg`
+/// allows already that it does not record (the container's own: a `--device` of its own, a
+/// `<hostdev>`, a wildcard rule; said in `notes`), which a detach must then never take.
+fn not_yet_allowed(
+    h: &Holder,
+    cg: &dyn DeviceCgroup,
+    recorded: &[Node],
+    specs: Vec<NodeSpec>,
+    notes: &mut Vec<String>,
+) -> Result<Vec<NodeSpec>, Error> {
+    let mut out = Vec::new();
+    for s in specs.into_iter().filter(|s| !recorded.contains(&s.node)) {
+        if cg.is_allowed(&s.node)? {
+            notes.push(format!(
+                "{}: {} ({}:{}) is already allowed in its device cgroup: the container's own, not granted, made or recorded",
+                h.who(),
+                s.path,
+                s.major,
+                s.minor
+            ));
+        } else {
+            out.push(s);
+        }
+    }
+    Ok(out)
 }
 
 /// A failure of [`apply`], and apart from it what its own rollback could not undo (a grant

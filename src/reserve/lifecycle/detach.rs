@@ -2,8 +2,8 @@
 //! are resolved among those its reservation holds; a process of the container that has one
 //! of their own nodes open refuses it (unless forced); then, in one step under the state
 //! lock, their grants are taken back from its device cgroup and only then are they freed (a
-//! unit whose grant could not be taken back stays reserved); last their nodes leave its
-//! `/dev`. A unit a process (anywhere) still has open is draining, as after every free.
+//! unit whose grant could not be taken back, or whose node another rule of the cgroup still
+//! allows after the deny, stays reserved); last their nodes leave its `/dev`. A unit a process (anywhere) still has open is draining, as after every free.
 
 use super::free::drain_freed;
 use super::{store, Holder, LifecycleError};
@@ -336,14 +336,15 @@ struct Revoked {
 }
 
 /// Takes back each planned grant (whoever added it: an earlier run did); a node that a unit
-/// already kept needs is left granted.
+/// already kept needs is left granted. A deny counts only once the cgroup no longer allows
+/// the node: a wildcard rule (`c 195:* rwm`) makes v1's deny of an exact rule a no-op.
 fn revoke(cg: &mut dyn DeviceCgroup, plan: Vec<(Node, Vec<Unit>)>) -> Revoked {
     let mut out = Revoked::default();
     for (n, by) in plan {
         if by.iter().any(|u| out.kept.contains(u)) {
             continue;
         }
-        match cg.deny(&n) {
+        match cg.deny(&n).map_err(Error::from).and_then(|()| gone(cg, &n)) {
             Ok(()) => out.denied.push(n),
             Err(e) => {
                 out.left.push(e);
@@ -353,6 +354,18 @@ fn revoke(cg: &mut dyn DeviceCgroup, plan: Vec<(Node, Vec<Unit>)>) -> Revoked {
         }
     }
     out
+}
+
+/// Whether the cgroup now refuses the node: one another rule still allows is an error.
+fn gone(cg: &dyn DeviceCgroup, n: &Node) -> Result<(), Error> {
+    if cg.is_allowed(n)? {
+        return Err(LifecycleError::StillAllowed {
+            path: cg.path().to_path_buf(),
+            node: n.clone(),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// Logs the detach: holder, id, units, the uid that asked, the processes that keep a

@@ -7,7 +7,8 @@ use crate::ids::Unit;
 use crate::log::Leftovers;
 use crate::request::DeviceSel;
 use crate::reserve::error::Error;
-use crate::reserve::state::Phase;
+use crate::reserve::state::{Node, Phase};
+use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
@@ -126,6 +127,16 @@ pub enum LifecycleError {
         detached: Vec<Unit>,
         left: Leftovers,
     },
+    /// A deny that took nothing away: another rule of the container's cgroup (a wildcard such
+    /// as `c 195:* rwm`) still allows the node.
+    #[error(
+        "cgroup {}: {} ({}:{}) is still allowed by another rule of the container's cgroup",
+        path.display(),
+        node.path,
+        node.major,
+        node.minor
+    )]
+    StillAllowed { path: PathBuf, node: Node },
     #[error("detached GPU(s) {} (their grants taken back), but their nodes could not be removed from the container's /dev: {source}", Unit::join(units, ","))]
     NodesNotRemoved {
         units: Vec<Unit>,

@@ -29,6 +29,9 @@ struct Fake {
     calls: RefCell<Vec<String>>,
     /// The device numbers the container's cgroup grants (by exact rules).
     allowed: RefCell<Vec<(u32, u32)>>,
+    /// A wildcard rule (`c MAJOR:* rwm`) allows every minor of this major: a deny of an
+    /// exact rule leaves it allowed, as v1's does.
+    wildcard: Option<u32>,
     /// Granting this minor fails.
     fail_allow: Option<u32>,
     fail_revoke: bool,
@@ -79,10 +82,11 @@ impl DeviceCgroup for Cg {
         Path::new("/fake")
     }
     fn is_allowed(&self, n: &Node) -> Result<bool, CgroupError> {
-        Ok(self.0.allowed.borrow().contains(&(n.major, n.minor)))
+        Ok(self.0.wildcard == Some(n.major)
+            || self.0.allowed.borrow().contains(&(n.major, n.minor)))
     }
     fn grants_exactly(&self, n: &Node) -> Result<bool, CgroupError> {
-        self.is_allowed(n)
+        Ok(self.0.allowed.borrow().contains(&(n.major, n.minor)))
     }
     fn allow(&mut self, n: &Node) -> Result<(), CgroupError> {
         self.0.call(format!("allow {}", num(n)));
@@ -1389,6 +1393,74 @@ fn attach_whose_grant_stays_records_it_for_detach_to_take_back() {
 }
 
 #[test]
+fn attach_leaves_the_containers_own_nodes_to_it() {
+    // The container's own `--device /dev/nvidiactl` (195:255): allowed before gpuhook.
+    let h = host_with_controls();
+    h.in_ns(INIT.pid, CT_NS);
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(vec![(195, 255)]),
+        state_at_allow: Some(h.cfg.state_file.clone()),
+        ..Default::default()
+    });
+    let got = h.attach(&fake, &req_of(&[3])).unwrap();
+    assert_eq!(
+        fake.calls(),
+        [
+            "allow 195:3",
+            "allow 510:0",
+            "create /dev/nvidia3 /dev/nvidia-uvm"
+        ]
+    );
+    assert_eq!(paths(&got.nodes), "/dev/nvidia3 /dev/nvidia-uvm");
+    let recorded = |st: &State| {
+        let r = &st.reservations[ID];
+        r.nodes.iter().map(num).collect::<Vec<_>>()
+    };
+    assert_eq!(recorded(&h.state()), ["195:3", "510:0"]);
+    // Recorded before the grant (a kill there leaves them for detach), its own not.
+    let seen = State::parse(&fake.seen_at_allow.take().unwrap(), "seen").unwrap();
+    assert_eq!(recorded(&seen), ["195:3", "510:0"]);
+    // Detach takes back only what gpuhook granted: the container keeps its nvidiactl.
+    let own = Fake {
+        allowed: RefCell::new(vec![(195, 255)]),
+        ..Default::default()
+    };
+    let (fake, out) = h.detach(own, Which::All, false);
+    assert_eq!(out.unwrap().units, [pci(3)]);
+    assert_eq!(
+        fake.calls(),
+        [
+            "deny 195:3",
+            "deny 510:0",
+            "remove /dev/nvidia3 /dev/nvidia-uvm"
+        ]
+    );
+    assert_eq!(*fake.allowed.borrow(), [(195, 255)]);
+}
+
+#[test]
+fn attach_under_a_wildcard_rule_grants_makes_and_records_none_of_its_nodes() {
+    // `c 195:* rwm` of the container's own: every NVIDIA node of major 195 is its already.
+    let h = host_with_controls();
+    h.in_ns(INIT.pid, CT_NS);
+    let wild = || Fake {
+        wildcard: Some(195),
+        ..Default::default()
+    };
+    let fake = h.fake(wild());
+    let got = h.attach(&fake, &req_of(&[3])).unwrap();
+    assert_eq!(got.units, [pci(3)]);
+    assert_eq!(fake.calls(), ["allow 510:0", "create /dev/nvidia-uvm"]);
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.nodes.iter().map(num).collect::<Vec<_>>(), ["510:0"]);
+    // Detach takes back only the grant gpuhook made, and frees the GPU: nothing of
+    // gpuhook's lets the container open it (its own rule did before gpuhook, as any GPU).
+    let (fake, out) = h.detach(wild(), Which::All, false);
+    assert_eq!(out.unwrap().units, [pci(3)]);
+    assert_eq!(fake.calls(), ["deny 510:0", "remove /dev/nvidia-uvm"]);
+}
+
+#[test]
 fn mig_attach_gives_free_instances_and_their_capabilities() {
     use crate::reserve::alloc::tests::with_migs;
     let mut h = host();
@@ -1495,13 +1567,16 @@ impl Host {
             .unwrap();
     }
 
-    /// `detach` on a fake host whose cgroup grants what `activate` granted.
+    /// `detach` on a fake host whose cgroup grants what `activate` granted (after what
+    /// `fake` allows of the container's own).
     fn detach(&self, fake: Fake, which: Which, force: bool) -> (Rc<Fake>, Result<Detached, Error>) {
-        let allowed = self.state().reservations[ID]
-            .nodes
-            .iter()
-            .map(|n| (n.major, n.minor))
-            .collect();
+        let mut allowed = fake.allowed.take();
+        allowed.extend(
+            self.state().reservations[ID]
+                .nodes
+                .iter()
+                .map(|n| (n.major, n.minor)),
+        );
         let fake = self.fake(Fake {
             allowed: RefCell::new(allowed),
             ..fake
@@ -1722,6 +1797,46 @@ fn detach_keeps_a_unit_whose_grant_cannot_be_taken_back() {
         r.nodes.iter().map(|n| n.path.as_str()).collect::<Vec<_>>(),
         ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"]
     );
+}
+
+#[test]
+fn detach_keeps_a_unit_whose_node_another_rule_still_allows() {
+    // Granted at started; then the container's cgroup has `c 195:* rwm` too: v1's deny of
+    // `c 195:1 rw` succeeds and changes nothing.
+    let h = host_with_controls();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let before = h.state();
+    let wild = || Fake {
+        wildcard: Some(195),
+        ..Default::default()
+    };
+    let (fake, out) = h.detach(wild(), sel(pci(1)), false);
+    let e = out.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the device-cgroup grants of GPU(s) 0000:11:00.0 cannot be taken back (cgroup /fake: /dev/nvidia1 (195:1) is still allowed by another rule of the container's cgroup): they stay reserved"
+    );
+    assert!(
+        matches!(
+            e,
+            Error::Lifecycle(LifecycleError::CannotRevoke { ref detached, .. }) if detached.is_empty()
+        ),
+        "{e:?}"
+    );
+    // Not freed, its node neither unrecorded nor removed.
+    assert_eq!(fake.calls(), ["deny 195:1"]);
+    let r = &h.state().reservations[ID];
+    let b = &before.reservations[ID];
+    assert_eq!((&r.gpus, &r.nodes), (&b.gpus, &b.nodes));
+    // All of them: both stay, and the control nodes they need are not denied.
+    let (fake, out) = h.detach(wild(), Which::All, false);
+    assert_eq!(
+        out.unwrap_err().to_string(),
+        "the device-cgroup grants of GPU(s) 0000:10:00.0,0000:11:00.0 cannot be taken back (cgroup /fake: /dev/nvidia0 (195:0) is still allowed by another rule of the container's cgroup; cgroup /fake: /dev/nvidia1 (195:1) is still allowed by another rule of the container's cgroup): they stay reserved"
+    );
+    assert_eq!(fake.calls(), ["deny 195:0", "deny 195:1"]);
+    let r = &h.state().reservations[ID];
+    assert_eq!((&r.gpus, &r.nodes), (&b.gpus, &b.nodes));
 }
 
 #[test]
