@@ -1,6 +1,6 @@
 //! `gpuhook attach` and `gpuhook detach`: GPUs into and out of a running container (SPEC
 //! "Hotplug"). This door finds the container and says what happened; the steps themselves
-//! are the lifecycle's ([`lifecycle::attach`], [`lifecycle::detach`]).
+//! are the lifecycle's ([`lifecycle::attach_with`], [`lifecycle::detach_with`], on the facts of the kind of container).
 //!
 //! A libvirt domain is found as libvirt's LXC driver keeps a running one: its status file
 //! `LXC_STATE_DIR/NAME.xml` (`<domstatus>` around the live `<domain>`), by name, or by UUID
@@ -11,12 +11,13 @@
 
 use crate::doors::bundle;
 use crate::doors::error::CliError;
-use crate::enter::container;
+use crate::enter::container::{self, Container, ContainerError};
 use crate::host::config::Config;
 use crate::ids::{normalize_uuid, Unit};
 use crate::request::metadata::{self, Domain};
 use crate::request::oci::{self, Pairs};
 use crate::request::{DeviceSel, Request};
+use crate::reserve::facts::Facts;
 use crate::reserve::lifecycle::{self, Attached, Detached, Holder, HolderKind, Which};
 use crate::reserve::state::{State, Store};
 use std::io::Read;
@@ -107,6 +108,23 @@ impl Target {
                 id: &o.id,
                 idmap: &o.idmap,
             },
+        }
+    }
+
+    /// The host's facts for its lifecycle steps (an OCI container's device cgroup is its
+    /// init's).
+    fn facts<'a>(&self, cfg: &'a Config) -> Facts<'a> {
+        match self {
+            Target::Libvirt(_) => Facts::host(cfg),
+            Target::Oci(_) => oci_container::facts(cfg),
+        }
+    }
+
+    /// Finds the running container, as at `started` (libvirt) or from its init (OCI).
+    fn find(&self) -> Result<Container, ContainerError> {
+        match self {
+            Target::Libvirt(d) => container::find(&d.name, d.id),
+            Target::Oci(o) => container::find_oci(o.init),
         }
     }
 }
@@ -277,14 +295,7 @@ pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
     let req = attach_request(a)?;
     let t = target(&cfg, &a.name)?;
     let h = t.holder();
-    let got = match &t {
-        Target::Libvirt(dom) => {
-            lifecycle::attach(&cfg, &h, &req, || container::find(&dom.name, dom.id))?
-        }
-        Target::Oci(o) => lifecycle::attach_with(&oci_container::facts(&cfg), &h, &req, || {
-            container::find_oci(o.init)
-        })?,
-    };
+    let got = lifecycle::attach_with(&t.facts(&cfg), &h, &req, || t.find())?;
     if a.json {
         println!("{}", attached_json(&h, &got));
     } else {
@@ -305,15 +316,7 @@ pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
     let which = which(d)?;
     let t = target(&cfg, &d.name)?;
     let h = t.holder();
-    let got = match &t {
-        Target::Libvirt(dom) => lifecycle::detach(&cfg, &h, &which, d.force, || {
-            container::find(&dom.name, dom.id)
-        })?,
-        Target::Oci(o) => {
-            let find = || container::find_oci(o.init);
-            lifecycle::detach_with(&oci_container::facts(&cfg), &h, &which, d.force, find)?
-        }
-    };
+    let got = lifecycle::detach_with(&t.facts(&cfg), &h, &which, d.force, || t.find())?;
     if d.json {
         println!("{}", detached_json(&h, &got));
         return Ok(0);

@@ -12,7 +12,6 @@ use super::reserve::{choose, same_kind};
 use super::{as_nodes, new_reservation, node_specs, store, Holder, HolderKind, LifecycleError};
 use crate::cgroup::{CgroupError, DeviceCgroup, Fault};
 use crate::enter::container::{Container, ContainerError};
-use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::ids::Unit;
 use crate::log::{self, Leftovers};
@@ -47,17 +46,8 @@ struct Reserved {
 /// `attach`: reserves `req.count` more units for the holder's running container (`find`),
 /// grants their nodes in its device cgroup and makes them in its `/dev`; nothing of it is
 /// left on failure. Refused (nothing changed) when the container does not run, its
-/// reservation is only prepared or records another init, or the units are not there.
-pub fn attach(
-    cfg: &Config,
-    h: &Holder,
-    req: &Request,
-    find: impl FnOnce() -> Result<Container, ContainerError>,
-) -> Result<Attached, Error> {
-    attach_with(&Facts::host(cfg), h, req, find)
-}
-
-/// [`attach`] on these facts.
+/// reservation is only prepared or records another init, or the units are not there. The
+/// door passes the facts of its kind of container (an OCI one's device cgroup is its init's).
 pub fn attach_with(
     f: &Facts,
     h: &Holder,

@@ -9,7 +9,6 @@ use super::free::drain_freed;
 use super::{store, Holder, LifecycleError};
 use crate::cgroup::DeviceCgroup;
 use crate::enter::container::{Container, ContainerError};
-use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::{Budget, ProcRef};
 use crate::ids::Unit;
@@ -53,17 +52,6 @@ const EVERY: Capabilities = Capabilities {
     graphics: true,
     video: true,
 };
-
-/// `detach` on this host's facts.
-pub fn detach(
-    cfg: &Config,
-    h: &Holder,
-    which: &Which,
-    force: bool,
-    find: impl FnOnce() -> Result<Container, ContainerError>,
-) -> Result<Detached, Error> {
-    detach_with(&Facts::host(cfg), h, which, force, find)
-}
 
 /// Takes `which` of its units back from the holder's running container (found by `find`):
 /// refused, nothing changed, when it is not running with this init, a selector names no

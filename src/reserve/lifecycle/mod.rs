@@ -30,8 +30,8 @@ mod tests;
 
 pub use crate::reserve::state::HolderKind;
 pub use activate::{activate, activate_with};
-pub use attach::{attach, attach_with, Attached};
-pub use detach::{detach, detach_with, Detached, Which};
+pub use attach::{attach_with, Attached};
+pub use detach::{detach_with, Detached, Which};
 pub use error::LifecycleError;
 pub use free::{free, free_with, Freed};
 pub use readopt::{readopt, readopt_with, Readopted};
