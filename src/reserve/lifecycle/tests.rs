@@ -532,13 +532,7 @@ fn activate_cdi_inject_failure_removes_nodes_and_revokes() {
 #[test]
 fn activate_cdi_records_the_driver_mounts() {
     let h = cdi_host();
-    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
-    let fake = h.fake(Fake::default());
-    let idmap = IdMap::default();
-    h.with(&fake, |f| {
-        activate_with(f, &holder(&idmap), &cdi_req(1), found)
-    })
-    .unwrap();
+    h.activated(&[pci(0)], &cdi_req(1));
     let r = &h.state().reservations[ID];
     assert_eq!(r.phase, Phase::Running);
     assert_eq!(
@@ -812,13 +806,8 @@ fn readopt_leaves_it_alone_when_gpuhooks_own_files_are_broken() {
 #[test]
 fn readopt_checks_the_driver_mounts_it_recorded() {
     let h = cdi_host();
-    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
-    let fake = h.fake(Fake::default());
+    h.activated(&[pci(0)], &cdi_req(1));
     let idmap = IdMap::default();
-    h.with(&fake, |f| {
-        activate_with(f, &holder(&idmap), &cdi_req(1), found)
-    })
-    .unwrap();
     let fake = h.fake(Fake {
         allowed: RefCell::new(vec![(1, 3), (1, 7)]),
         ..Default::default()
@@ -1120,12 +1109,21 @@ fn with_controls(h: &mut Host) {
 
 /// A running container of GPU 0 (activated as at `started`: its nodes recorded); the fake
 /// cgroup after it grants what `started` granted.
+impl Host {
+    /// `web1` reserved `gpus` (prepared) and `started` with `req` on a fake host that lets
+    /// everything through; the fake it ran on.
+    fn activated(&self, gpus: &[Unit], req: &Request) -> Rc<Fake> {
+        self.seed(ID, "web1", gpus, Phase::Prepared, None);
+        let fake = self.fake(Fake::default());
+        let idmap = IdMap::default();
+        self.with(&fake, |f| activate_with(f, &holder(&idmap), req, found))
+            .unwrap();
+        fake
+    }
+}
+
 fn running_on_gpu0(h: &Host, r: &Request) -> Rc<Fake> {
-    h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
-    let fake = h.fake(Fake::default());
-    let idmap = IdMap::default();
-    h.with(&fake, |f| activate_with(f, &holder(&idmap), r, found))
-        .unwrap();
+    let fake = h.activated(&[pci(0)], r);
     let allowed = fake.allowed.borrow().clone();
     h.fake(Fake {
         allowed: RefCell::new(allowed),
@@ -1560,11 +1558,7 @@ impl Host {
     /// nodes granted and made by `activate`.
     fn running_with(&self, gpus: &[Unit], req: &Request) {
         self.in_ns(INIT.pid, CT_NS);
-        self.seed(ID, "web1", gpus, Phase::Prepared, None);
-        let idmap = IdMap::default();
-        let fake = self.fake(Fake::default());
-        self.with(&fake, |f| activate_with(f, &holder(&idmap), req, found))
-            .unwrap();
+        self.activated(gpus, req);
     }
 
     /// `detach` on a fake host whose cgroup grants what `activate` granted (after what
