@@ -6,7 +6,9 @@
 //!    `config.json` rewrite), with and without a request;
 //! 2. the same with the real runc: `create` + `delete` of a busybox bundle, direct vs
 //!    through the wrapper with a request;
-//! 3. `podman run --rm` of a busybox rootfs (podman + runc), with one GPU vs without.
+//! 3. `podman run --rm` of a busybox rootfs (podman + runc), with one GPU vs without;
+//! 4. hotplug into a running runc container, cgroup v1 and v2: `gpuhook attach` and
+//!    `gpuhook detach` of one GPU vs the static no-op.
 //!
 //! Run with `make bench` (benches/run.sh). Needs root, runc, podman, busybox-static.
 //! Prints a Markdown report; no assertion on time.
@@ -275,4 +277,80 @@ fn main() {
         ms(b),
         b.as_secs_f64() / a.as_secs_f64()
     );
+
+    // 4. Hotplug into a running runc container (found through runc's state).
+    hotplug(&s, &hook, &noop, &runc, (n / 4).max(10));
+}
+
+/// `gpuhook attach` (reserve + grant + node) and `gpuhook detach` (revoke + node removed +
+/// free) of one GPU into a running runc container, on cgroup v1 (`devices.allow`) and v2
+/// (runc's device program replaced), interleaved with the static no-op.
+fn hotplug(s: &Setup, hook: &Path, noop: &Path, runc: &Path, rounds: usize) {
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+    c["oci_state_roots"] = json!(["/run/gpuhook-bench"]);
+    write_config(&s.config, &c);
+    println!("\nHotplug of 1 GPU into a running runc container, {rounds} rounds:\n");
+    println!("| | median ms | over the no-op |");
+    println!("|---|---|---|");
+    for v2 in [false, true] {
+        let id = format!("hp-v{}", if v2 { 2 } else { 1 });
+        let (b, _) = bundle(s, &id, json!({}));
+        let p = b.join("config.json");
+        let mut c: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        c["process"]["args"] = json!(["sleep", "600"]);
+        std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
+        let mut run = if v2 {
+            // runc on a cgroup2-only /sys/fs/cgroup, in a mount namespace of its own.
+            let mut u = Command::new("unshare");
+            u.args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "umount -R /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"",
+                "sh",
+            ])
+            .arg(runc);
+            u
+        } else {
+            Command::new(runc)
+        };
+        run.args(["--root", "/run/gpuhook-bench", "run", "-d", "--bundle"])
+            .arg(&b)
+            .arg(&id);
+        timed(&mut run);
+        let gh = |verb: &str| {
+            let mut c = Command::new(hook);
+            c.env("GPUHOOK_CONFIG", &s.config)
+                .args([verb, &id, "--device", "0"]);
+            c
+        };
+        let (mut base, mut at, mut de) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            base.push(timed(Command::new(noop).args(["attach", &id])));
+            at.push(timed(&mut gh("attach")));
+            de.push(timed(&mut gh("detach")));
+        }
+        timed(Command::new(runc).args(["--root", "/run/gpuhook-bench", "delete", "--force", &id]));
+        let (z, a, d) = (median(&mut base), median(&mut at), median(&mut de));
+        let cg = if v2 {
+            "cgroup v2, runc's program replaced"
+        } else {
+            "cgroup v1, devices.allow"
+        };
+        println!("| static no-op | {} | — |", ms(z));
+        println!(
+            "| `gpuhook attach` ({cg}) | {} | +{} ms ({:.2}×) |",
+            ms(a),
+            ms(a.saturating_sub(z)),
+            a.as_secs_f64() / z.as_secs_f64()
+        );
+        println!(
+            "| `gpuhook detach` ({cg}) | {} | +{} ms ({:.2}×) |",
+            ms(d),
+            ms(d.saturating_sub(z)),
+            d.as_secs_f64() / z.as_secs_f64()
+        );
+    }
 }

@@ -257,3 +257,193 @@ fn detach_denies_in_libvirts_map() {
     // Denying what is not there is no error (a detach after a killed one).
     V2::open(&cg.0).unwrap().deny(&nodes[1]).unwrap();
 }
+
+/// An OCI runtime's device program (runc's shape, no map) replaced by gpuhook's: attached
+/// with `BPF_F_ALLOW_MULTI` as runc and crun attach (new before old), and without flags
+/// (replaced in one step); the kernel's verdicts are what the rules plus gpuhook's entries
+/// say, exactly one program is attached after each change, the replacement reads back, a
+/// revoke takes back only this run's grant, and a program gpuhook cannot read is refused.
+#[test]
+fn runtime_program_replaced_with_multi_and_without() {
+    use gpuhook::cgroup::program::{runc_like, Replace, Rule};
+    common::require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let nv0 = dir.path().join("nvidia0");
+    let nv1 = dir.path().join("nvidia1");
+    let ctl = dir.path().join("nvidiactl");
+    testbed::fakehost::node(&nv0, 195, 0, 0o666, 0).unwrap();
+    testbed::fakehost::node(&nv1, 195, 1, 0o666, 0).unwrap();
+    testbed::fakehost::node(&ctl, 195, 255, 0o666, 0).unwrap();
+    let null = Path::new("/dev/null");
+    let rule = |allow, kind, major, minor, access| Rule {
+        allow,
+        kind,
+        major,
+        minor,
+        access,
+    };
+    // podman's rules for runc, with nvidia0 given at create.
+    let rules = [
+        rule(false, b'a', None, None, 7),
+        rule(true, b'c', Some(1), Some(3), 7),
+        rule(true, b'c', Some(195), Some(0), 6),
+    ];
+    for flags in [bpf::BPF_F_ALLOW_MULTI, 0] {
+        let cg = Cg(unified_root().join(format!("gpuhook-test-v2r{flags}-{}", std::process::id())));
+        std::fs::create_dir(&cg.0).unwrap();
+        let cgfd = dir_fd(&cg.0);
+        let prog =
+            bpf::prog_load(bpf::BPF_PROG_TYPE_CGROUP_DEVICE, &runc_like(&rules), "GPL").unwrap();
+        bpf::prog_attach(cgfd.as_fd(), prog.as_fd(), bpf::BPF_CGROUP_DEVICE, flags).unwrap();
+        drop(prog);
+        let progs = || bpf::prog_query(cgfd.as_fd(), bpf::BPF_CGROUP_DEVICE, 0).unwrap();
+        let first = progs();
+        assert_eq!(
+            opens(&cg.0, &[&nv0, &nv1, &ctl, null]),
+            vec![
+                Err(Errno::ENXIO),
+                Err(Errno::EPERM),
+                Err(Errno::EPERM),
+                Ok(())
+            ]
+        );
+
+        let mut r = Replace::open(&cg.0).unwrap();
+        let n1 = node("/dev/nvidia1", 195, 1);
+        let nctl = node("/dev/nvidiactl", 195, 255);
+        assert!(!r.is_allowed(&n1).unwrap());
+        assert!(r.is_allowed(&node("/dev/nvidia0", 195, 0)).unwrap());
+        let added = grant_all(&mut r, &[n1.clone(), nctl.clone()]).unwrap();
+        assert_eq!(added.len(), 2);
+        assert_eq!(
+            opens(&cg.0, &[&nv0, &nv1, &ctl, null]),
+            vec![
+                Err(Errno::ENXIO),
+                Err(Errno::ENXIO),
+                Err(Errno::ENXIO),
+                Ok(())
+            ],
+            "flags {flags}"
+        );
+        let second = progs();
+        assert_eq!(second.len(), 1, "flags {flags}: {second:?}");
+        assert_ne!(second, first);
+        drop(r);
+
+        // Read back from the kernel: gpuhook's entries are known, a revoke of another run's
+        // grant takes nothing, a deny of the runtime's own GPU takes it.
+        let mut r = Replace::open(&cg.0).unwrap();
+        assert!(r.grants_exactly(&n1).unwrap());
+        assert!(!r.grants_exactly(&node("/dev/nvidia0", 195, 0)).unwrap());
+        revoke_all(&mut r, std::slice::from_ref(&n1));
+        assert_eq!(opens(&cg.0, &[&nv1]), vec![Err(Errno::ENXIO)]);
+        r.deny(&node("/dev/nvidia0", 195, 0)).unwrap();
+        r.deny(&n1).unwrap();
+        assert_eq!(
+            opens(&cg.0, &[&nv0, &nv1, &ctl, null]),
+            vec![
+                Err(Errno::EPERM),
+                Err(Errno::EPERM),
+                Err(Errno::ENXIO),
+                Ok(())
+            ]
+        );
+        assert_eq!(progs().len(), 1);
+        drop(r);
+        // Taken back by this run: only what it added.
+        let mut r = Replace::open(&cg.0).unwrap();
+        let again = grant_all(&mut r, &[n1.clone(), nctl.clone()]).unwrap();
+        assert_eq!(
+            again,
+            std::slice::from_ref(&n1),
+            "nvidiactl was allowed already"
+        );
+        revoke_all(&mut r, &again);
+        assert_eq!(
+            opens(&cg.0, &[&nv1, &ctl]),
+            vec![Err(Errno::EPERM), Err(Errno::ENXIO)]
+        );
+    }
+
+    // A gpuhook killed between attaching its replacement and detaching the old program left
+    // both: the kernel asks both, and so does the next gpuhook, which then leaves one.
+    use gpuhook::cgroup::program::Prologue;
+    let cg = Cg(unified_root().join(format!("gpuhook-test-v2rk-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let cgfd = dir_fd(&cg.0);
+    let runtime = runc_like(&rules);
+    let mut old = Prologue::default();
+    old.allow.insert((195, 255));
+    let mut new = old.clone();
+    new.allow.insert((195, 1));
+    new.deny.insert((195, 0));
+    for p in [&old, &new] {
+        let prog = bpf::prog_load(
+            bpf::BPF_PROG_TYPE_CGROUP_DEVICE,
+            &p.compile(&runtime),
+            "GPL",
+        )
+        .unwrap();
+        bpf::prog_attach(
+            cgfd.as_fd(),
+            prog.as_fd(),
+            bpf::BPF_CGROUP_DEVICE,
+            bpf::BPF_F_ALLOW_MULTI,
+        )
+        .unwrap();
+    }
+    let both = vec![
+        Err(Errno::EPERM),
+        Err(Errno::EPERM),
+        Err(Errno::ENXIO),
+        Ok(()),
+    ];
+    assert_eq!(opens(&cg.0, &[&nv0, &nv1, &ctl, null]), both);
+    let mut r = Replace::open(&cg.0).unwrap();
+    assert!(!r.is_allowed(&node("/dev/nvidia0", 195, 0)).unwrap());
+    assert!(!r.is_allowed(&node("/dev/nvidia1", 195, 1)).unwrap());
+    assert!(r.is_allowed(&node("/dev/nvidiactl", 195, 255)).unwrap());
+    r.deny(&node("/dev/nvidia1", 195, 1)).unwrap();
+    assert_eq!(
+        bpf::prog_query(cgfd.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(opens(&cg.0, &[&nv0, &nv1, &ctl, null]), both);
+
+    // Two programs attached, or one with a map (libvirt's), or one gpuhook cannot run: refused.
+    let cg = Cg(unified_root().join(format!("gpuhook-test-v2rx-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let cgfd = dir_fd(&cg.0);
+    let (_p, _m) = bpfprog::attach_libvirt_program(cgfd.as_fd()).unwrap();
+    let e = Replace::open(&cg.0)
+        .err()
+        .expect("a map program is refused");
+    assert!(
+        e.to_string()
+            .contains("is not plain code gpuhook can read (1 map(s)"),
+        "{e}"
+    );
+    let cg = Cg(unified_root().join(format!("gpuhook-test-v2ry-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let cgfd = dir_fd(&cg.0);
+    for _ in 0..2 {
+        let p =
+            bpf::prog_load(bpf::BPF_PROG_TYPE_CGROUP_DEVICE, &runc_like(&rules), "GPL").unwrap();
+        bpf::prog_attach(
+            cgfd.as_fd(),
+            p.as_fd(),
+            bpf::BPF_CGROUP_DEVICE,
+            bpf::BPF_F_ALLOW_MULTI,
+        )
+        .unwrap();
+    }
+    let e = Replace::open(&cg.0)
+        .err()
+        .expect("two programs are refused");
+    assert!(
+        e.to_string().contains("2 device programs attached here"),
+        "{e}"
+    );
+}

@@ -1706,8 +1706,16 @@ fn podman_gpu_kept_open_outside_drains() {
 
 /// `podman exec` of a script in a running container (through the runtime it was made with).
 fn podman_exec(id: &str, script: &str) -> Output {
-    Command::new("podman")
-        .args(["exec", id, "sh", "-c", script])
+    podman_exec_in(Cgroup::V1, id, script)
+}
+
+/// [`podman_exec`] in that cgroup layout (the one the container was made in).
+fn podman_exec_in(cg: Cgroup, id: &str, script: &str) -> Output {
+    let mut c = in_cgroup(cg, "podman");
+    if cg == Cgroup::V2 {
+        c.args(["--cgroup-manager", "cgroupfs"]);
+    }
+    c.args(["exec", id, "sh", "-c", script])
         .output()
         .expect("podman exec")
 }
@@ -1761,15 +1769,22 @@ fn podman_detached(o: &Oci, name: &str, extra: &[&str], script: &str) -> String 
 /// Whether root in the container may open the node `major:minor` (ENXIO: its device cgroup
 /// allows it, no driver behind the fake major) or not (EPERM), through a node it makes.
 fn open_in(id: &str, mm: &str) -> &'static str {
+    open_in_cg(Cgroup::V1, id, mm)
+}
+
+/// [`open_in`] for a container made in that cgroup layout.
+fn open_in_cg(cg: Cgroup, id: &str, mm: &str) -> &'static str {
     let (ma, mi) = mm.split_once(':').unwrap();
-    let r = podman_exec(
+    let r = podman_exec_in(
+        cg,
         id,
         &format!(
             "rm -f /dev/probe; mknod /dev/probe c {ma} {mi}; cat /dev/probe; rm -f /dev/probe"
         ),
     );
     let e = stderr(&r);
-    if e.contains("No such device or address") {
+    // A real device (1:3, /dev/null) opens and reads without a word.
+    if e.contains("No such device or address") || (r.status.success() && e.trim().is_empty()) {
         "open"
     } else if e.contains("Operation not permitted") {
         "denied"
@@ -1919,30 +1934,104 @@ fn oci_attach_refuses_a_dev_the_container_replaced() {
     podman_rm(&id);
 }
 
-/// A crun container on cgroup v2 (its runtime's device program is not replaced yet): refused
-/// in one line, nothing reserved.
+/// The device programs attached to a running container's init's cgroup on the unified
+/// hierarchy (this host's is at `/sys/fs/cgroup/unified`).
+fn device_programs(id: &str) -> Vec<u32> {
+    let pid = init_pid(id);
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let path = cg
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a unified cgroup")
+        .to_string();
+    let dir = std::fs::File::open(format!("/sys/fs/cgroup/unified{path}")).unwrap();
+    use std::os::fd::AsFd;
+    gpuhook::cgroup::bpf::prog_query(dir.as_fd(), gpuhook::cgroup::bpf::BPF_CGROUP_DEVICE, 0)
+        .unwrap()
+}
+
+/// A crun container on cgroup v2, started with one GPU: attach replaces crun's device program
+/// by one that allows what crun's did plus the second GPU, detach of the GPU it got at create
+/// by one that denies it; crun's own rules (`/dev/null`) stay, one program is attached at a
+/// time, and the removal frees everything. Device access is probed by the kernel (EPERM from
+/// the program, ENXIO past it), not read from gpuhook's words.
 #[test]
-fn oci_attach_refuses_a_cgroup_v2_container() {
-    let o = Oci::new(FakeHost::blueprint(), CRUN);
-    podman_rm("gh-oci-hp4");
+fn oci_attach_and_detach_in_a_crun_container_on_cgroup_v2() {
+    attach_and_detach_on_cgroup_v2(CRUN);
+}
+
+/// The same with runc's device program (runc's `devicefilter`).
+#[test]
+fn oci_attach_and_detach_in_a_runc_container_on_cgroup_v2() {
+    attach_and_detach_on_cgroup_v2(RUNC);
+}
+
+fn attach_and_detach_on_cgroup_v2(runtime: &str) {
+    let o = Oci::new(FakeHost::blueprint(), runtime);
+    let name = format!("gh-oci-hp4-{}", runtime.rsplit('/').next().unwrap());
+    podman_rm(&name);
     let r = o
-        .podman(Cgroup::V2, &["-d", "--name", "gh-oci-hp4"], "sleep 600")
+        .podman(
+            Cgroup::V2,
+            &[
+                "-d",
+                "--name",
+                &name,
+                "--annotation",
+                "gpuhook.io/devices=0",
+            ],
+            "sleep 600",
+        )
         .output()
         .unwrap();
     assert_ok(&r);
     let id = out(&r).trim().to_string();
-    let e = o.host.cmd().args(["attach", &id]).output().unwrap();
-    let said = stderr(&e);
-    assert!(!e.status.success(), "{}", out(&e));
-    assert_eq!(
-        said.trim(),
-        format!("gpuhook: container '{id}': cgroup v2 OCI containers: not supported yet")
+    let open = |mm| open_in_cg(Cgroup::V2, &id, mm);
+    let crun_prog = device_programs(&id);
+    assert_eq!(crun_prog.len(), 1, "{crun_prog:?}");
+    assert_eq!(open("195:0"), "open");
+    assert_eq!(open("195:1"), "denied");
+
+    let j = gh_json(&o, &["attach", &id, "--json"]);
+    assert_eq!(j["attached"], json!(["0000:08:00.0"]), "{j}");
+    assert_eq!(o.host.holders()[&id], ["0000:07:00.0", "0000:08:00.0"]);
+    let ls = podman_exec_in(Cgroup::V2, &id, "ls /dev");
+    assert!(out(&ls).lines().any(|l| l == "nvidia1"), "{}", out(&ls));
+    let replaced = device_programs(&id);
+    assert_eq!(replaced.len(), 1, "{replaced:?}");
+    assert_ne!(replaced, crun_prog, "crun's program was not replaced");
+    assert_eq!(open("195:1"), "open");
+    assert_eq!(open("195:0"), "open");
+    assert_eq!(open("1:3"), "open", "crun's own rules stay");
+    assert_eq!(open("195:2"), "denied", "nothing but the GPU's nodes more");
+    assert_eq!(open("7:0"), "denied");
+
+    // The GPU crun granted at create (from config.json) is taken back too.
+    let j = gh_json(&o, &["detach", &id, "--device", "0000:07:00.0", "--json"]);
+    assert_eq!(j["detached"], json!(["0000:07:00.0"]), "{j}");
+    assert_eq!(open("195:0"), "denied");
+    assert_eq!(open("195:1"), "open");
+    let j = gh_json(&o, &["detach", &id, "--device", "0000:08:00.0", "--json"]);
+    assert_eq!(j["detached"], json!(["0000:08:00.0"]), "{j}");
+    assert_eq!(open("195:1"), "denied");
+    assert_eq!(open("1:3"), "open");
+    assert_eq!(device_programs(&id).len(), 1);
+    let held: Vec<Value> = o.reservations().iter().map(|r| r["gpus"].clone()).collect();
+    assert_eq!(held, [json!([])], "the container's record holds no GPU");
+
+    assert_ok(
+        &o.host
+            .cmd()
+            .args(["attach", &id, "--device", "1"])
+            .output()
+            .unwrap(),
     );
-    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    assert_eq!(open("195:1"), "open");
     let _ = in_cgroup(Cgroup::V2, "podman")
         .args(["--cgroup-manager", "cgroupfs", "rm", "-f", "-t", "0", &id])
         .output();
     podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
 /// A user-namespaced container (podman --uidmap): its `/dev` tmpfs is its user namespace's

@@ -1,8 +1,9 @@
 //! The few `bpf(2)` commands gpuhook needs, called directly through `libc::syscall`.
 //!
-//! gpuhook only *updates* the map of the device program libvirt attached; loading and
-//! attaching programs (`prog_load`, `prog_attach`, `map_create`) is here for the tests, which
-//! attach a program of libvirt's layout to a cgroup of their own.
+//! For a libvirt domain gpuhook only *updates* the map of the device program libvirt
+//! attached (`map_create` is here for the tests, which attach a program of libvirt's layout
+//! to a cgroup of their own). For an OCI container it replaces the runtime's program
+//! (`prog_xlated`, `prog_load`, `prog_attach`, `prog_detach`: [`super::program`]).
 
 use nix::errno::Errno;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -24,6 +25,8 @@ pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
 pub const BPF_CGROUP_DEVICE: u32 = 6;
 pub const BPF_F_QUERY_EFFECTIVE: u32 = 1;
+/// Attach flags: several programs on one cgroup, all of which must allow.
+pub const BPF_F_ALLOW_MULTI: u32 = 2;
 const BPF_ANY: u64 = 0;
 
 /// Zeroed attribute block large enough for every command used here.
@@ -69,6 +72,16 @@ fn fd_result(r: libc::c_long) -> OwnedFd {
 /// IDs of the programs attached to a cgroup for `attach_type` (`flags`: 0 for the ones
 /// attached to this cgroup, `BPF_F_QUERY_EFFECTIVE` for all that apply).
 pub fn prog_query(cgroup: BorrowedFd, attach_type: u32, flags: u32) -> Result<Vec<u32>, Errno> {
+    prog_query_flags(cgroup, attach_type, flags).map(|(ids, _)| ids)
+}
+
+/// [`prog_query`], with the attach flags the programs attached to this cgroup were attached
+/// with (`BPF_F_ALLOW_MULTI`, `BPF_F_ALLOW_OVERRIDE` or none).
+pub fn prog_query_flags(
+    cgroup: BorrowedFd,
+    attach_type: u32,
+    flags: u32,
+) -> Result<(Vec<u32>, u32), Errno> {
     let mut ids = [0u32; 64];
     let mut a = Attr::new();
     a.u32(0, cgroup.as_raw_fd() as u32)
@@ -78,7 +91,7 @@ pub fn prog_query(cgroup: BorrowedFd, attach_type: u32, flags: u32) -> Result<Ve
         .u32(24, ids.len() as u32);
     sys(BPF_PROG_QUERY, &mut a)?;
     let n = (a.get_u32(24) as usize).min(ids.len());
-    Ok(ids[..n].to_vec())
+    Ok((ids[..n].to_vec(), a.get_u32(12)))
 }
 
 pub fn prog_get_fd_by_id(id: u32) -> Result<OwnedFd, Errno> {
@@ -107,6 +120,52 @@ pub fn prog_map_ids(prog: BorrowedFd) -> Result<Vec<u32>, Errno> {
     sys(BPF_OBJ_GET_INFO_BY_FD, &mut a)?;
     let n = u32::from_ne_bytes(info[52..56].try_into().expect("4 bytes")) as usize;
     Ok(ids[..n.min(ids.len())].to_vec())
+}
+
+/// The most instructions of a program gpuhook reads back (the kernel's own limit for a
+/// privileged program is a million; a runtime's device program has a few hundred).
+pub const MAX_INSNS: usize = 1 << 16;
+
+/// A program's instructions as the verifier left them (`bpf_prog_info.xlated_prog_insns`),
+/// and how many maps it uses.
+pub fn prog_xlated(prog: BorrowedFd) -> Result<(Vec<Insn>, u32), Errno> {
+    // struct bpf_prog_info: xlated_prog_len at 20, xlated_prog_insns at 32, nr_map_ids at 52.
+    let len_of = |info: &[u8; 64], o: usize| {
+        u32::from_ne_bytes(info[o..o + 4].try_into().expect("4 bytes")) as usize
+    };
+    let get = |info: &mut [u8; 64]| {
+        let mut a = Attr::new();
+        a.u32(0, prog.as_raw_fd() as u32)
+            .u32(4, info.len() as u32)
+            .u64(8, info.as_mut_ptr() as u64);
+        sys(BPF_OBJ_GET_INFO_BY_FD, &mut a).map(|_| ())
+    };
+    let mut info = [0u8; 64];
+    get(&mut info)?;
+    let bytes = len_of(&info, 20);
+    let size = std::mem::size_of::<Insn>();
+    if bytes % size != 0 || bytes / size > MAX_INSNS {
+        return Err(Errno::E2BIG);
+    }
+    let mut insns = vec![
+        Insn {
+            code: 0,
+            regs: 0,
+            off: 0,
+            imm: 0
+        };
+        bytes / size
+    ];
+    let mut info = [0u8; 64];
+    info[20..24].copy_from_slice(&(bytes as u32).to_ne_bytes());
+    info[32..40].copy_from_slice(&(insns.as_mut_ptr() as u64).to_ne_bytes());
+    get(&mut info)?;
+    if len_of(&info, 20) != bytes {
+        // Another program under the same fd cannot be; a kernel that says a new length
+        // gave no consistent copy.
+        return Err(Errno::EAGAIN);
+    }
+    Ok((insns, len_of(&info, 52) as u32))
 }
 
 /// (type, key_size, value_size, max_entries) of a map.
@@ -229,15 +288,12 @@ pub struct Insn {
 
 pub fn prog_load(prog_type: u32, insns: &[Insn], license: &str) -> Result<OwnedFd, Errno> {
     let lic = std::ffi::CString::new(license).map_err(|_| Errno::EINVAL)?;
-    let mut log = vec![0u8; 65536];
+    // No verifier log: a log buffer too small for a long program fails the load (ENOSPC).
     let mut a = Attr::new();
     a.u32(0, prog_type)
         .u32(4, insns.len() as u32)
         .u64(8, insns.as_ptr() as u64)
-        .u64(16, lic.as_ptr() as u64)
-        .u32(24, 1)
-        .u32(28, log.len() as u32)
-        .u64(32, log.as_mut_ptr() as u64);
+        .u64(16, lic.as_ptr() as u64);
     sys(BPF_PROG_LOAD, &mut a).map(fd_result)
 }
 

@@ -144,6 +144,21 @@ pub enum Fault {
         #[source]
         errno: SysErr,
     },
+    // ---- v2, an OCI runtime's program ----
+    #[error("flock: {0}")]
+    Lock(#[source] SysErr),
+    #[error("{programs} device programs attached here, not the one of an OCI runtime; refusing to guess")]
+    NotOneProgram { programs: usize },
+    #[error("device program {id} is not plain code gpuhook can read ({maps} map(s), or an instruction it does not model); refusing to replace it")]
+    UnreadableProgram { id: u32, maps: u32 },
+    #[error("the device program gives no verdict gpuhook can read for {major}:{minor}")]
+    UnreadableVerdict { major: u32, minor: u32 },
+    #[error("BPF_PROG_LOAD of the replacement device program: {0}")]
+    ProgLoad(#[source] SysErr),
+    #[error("BPF_PROG_ATTACH of the replacement device program: {0}")]
+    ProgAttach(#[source] SysErr),
+    #[error("BPF_PROG_DETACH of the device program it replaces: {0}")]
+    ProgDetach(#[source] SysErr),
     /// What a test double says.
     #[cfg(test)]
     #[error("{0}")]

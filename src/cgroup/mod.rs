@@ -5,11 +5,14 @@
 //!   revokes; `devices.list` says what is allowed.
 //! - v2: libvirt's own `BPF_PROG_TYPE_CGROUP_DEVICE` program on the init's cgroup keeps its
 //!   rules in a hash map; gpuhook adds exact entries to that map (never a second program).
+//!   An OCI runtime's program has no map: gpuhook replaces it with one that allows exactly
+//!   what it allowed plus or minus exact GPU nodes ([`program`]).
 //!
 //! Least privilege: exact device numbers, `rw` only (no `m`, no wildcards).
 
 pub mod bpf;
 mod error;
+pub mod program;
 mod v1;
 mod v2;
 
@@ -221,6 +224,31 @@ pub fn v1_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
         }
         _ => Err(CgroupError::new(&what, Fault::NoV1Devices)),
     }
+}
+
+/// The device cgroup of an OCI container's init on cgroup v2: its own cgroup on the unified
+/// hierarchy, where its runtime attached its device program ([`program::Replace`]). Only that
+/// one: a cgroup above it rules other processes too, and one its init moved itself to below
+/// it has no program of the runtime's (refused: [`Fault::NotOneProgram`]).
+pub fn program_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+    let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
+    let (_, v2) = cgroup_paths(pid)?;
+    let p = match v2 {
+        Some(p) if p != "/" => p,
+        Some(_) => return Err(CgroupError::new(&what, Fault::InitLeft { pid })),
+        None => return Err(CgroupError::new(&what, Fault::NoCgroup2)),
+    };
+    let ms = procfs::mounts(None).unwrap_or_default();
+    let m = ms
+        .iter()
+        .find(|m| m.fs_type == "cgroup2")
+        .ok_or_else(|| CgroupError::new(&what, Fault::NoCgroup2))?;
+    let mp = Path::new(&m.mount_point);
+    let dir = under(mp, &m.root, &p).ok_or_else(|| {
+        let cgroup = p.clone();
+        CgroupError::new(mp, Fault::OutsideMount { cgroup })
+    })?;
+    Ok(Box::new(program::Replace::open(&dir)?))
 }
 
 /// The cgroup libvirt made for a container, given its controller's and its init's cgroup

@@ -40,10 +40,6 @@ pub enum CliError {
     /// `attach`/`detach`: nothing runs under that name.
     #[error("no running libvirt domain or OCI container named '{name}'")]
     NoContainer { name: String },
-    /// `attach`/`detach` of an OCI container on cgroup v2: its runtime's device program is
-    /// not replaced yet.
-    #[error("container '{id}': cgroup v2 OCI containers: not supported yet")]
-    OciCgroupV2 { id: String },
     /// `attach`/`detach` of a user-namespaced OCI container: its `/dev` is its user
     /// namespace's, where nodes would have to be bind-mounted.
     #[error("container '{id}': user-namespaced OCI containers: not supported yet")]

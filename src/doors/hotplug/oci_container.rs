@@ -2,8 +2,8 @@
 //! own record (the init its `createRuntime` hook recorded), else the runtime's state under the
 //! config's `oci_state_roots` (runc: `ROOT/ID/state.json`, crun: `ROOT/ID/status`); its user
 //! namespace's id map from the init's `/proc/PID/uid_map` and `gid_map`; its device cgroup
-//! the init's v1 devices cgroup (the runtime's device program on cgroup v2 is not replaced
-//! yet: refused).
+//! the init's v1 devices cgroup, else (cgroup v2) the runtime's device program on the init's
+//! unified cgroup, which attach and detach replace ([`crate::cgroup::program`]).
 
 use crate::cgroup::{self, CgroupError, DeviceCgroup, Fault};
 use crate::doors::error::CliError;
@@ -171,7 +171,6 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
             None => return Ok(None),
         },
     };
-    v1_cgroup(id, init.pid)?;
     let idmap = id_map(init.pid)?;
     // Its `/dev` tmpfs belongs to its user namespace: the host's root can make no node there
     // (EOVERFLOW: not mapped), and one made would be `nodev`. runc bind-mounts nodes for it.
@@ -185,24 +184,19 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
     }))
 }
 
-/// Refuses a container whose devices controller is not on a v1 hierarchy (its runtime's
-/// device program on cgroup v2 is not replaced yet).
-fn v1_cgroup(id: &str, pid: i32) -> Result<(), CliError> {
-    match cgroup::v1_for_pid(pid) {
-        Ok(_) => Ok(()),
+/// An OCI container's device cgroup: its init's v1 devices cgroup, or where its devices
+/// controller is on no v1 hierarchy its runtime's device program on the init's unified cgroup;
+/// read from its `/proc/PID/cgroup` and taken only while that very init (PID and start time)
+/// still runs: a PID reused after the init exited (by a process of another container) gets
+/// nothing.
+fn init_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+    let cg = match cgroup::v1_for_pid(ct.init.pid) {
         Err(CgroupError {
             fault: Fault::NoV1Devices,
             ..
-        }) => Err(CliError::OciCgroupV2 { id: id.to_string() }),
-        Err(e) => Err(crate::reserve::error::Error::from(e).into()),
-    }
-}
-
-/// An OCI container's device cgroup: its init's v1 devices cgroup, read from its
-/// `/proc/PID/cgroup` and taken only while that very init (PID and start time) still runs:
-/// a PID reused after the init exited (by a process of another container) gets nothing.
-fn init_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
-    let cg = cgroup::v1_for_pid(ct.init.pid)?;
+        }) => cgroup::program_for_pid(ct.init.pid)?,
+        r => r?,
+    };
     if !ct.init.alive() {
         let what = PathBuf::from(format!("/proc/{}/cgroup", ct.init.pid));
         return Err(CgroupError::new(
