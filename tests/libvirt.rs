@@ -2218,6 +2218,7 @@ const CASES: &[(&str, Case)] = &[
         "detach_killed_at_each_step",
         hotplug::detach_killed_at_each_step,
     ),
+    ("mig_attach_and_detach", hotplug::mig_attach_and_detach),
     (
         "reconcile_frees_only_the_gone",
         reconcile_frees_only_the_gone,

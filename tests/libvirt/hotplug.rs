@@ -428,3 +428,103 @@ impl Bed {
         }
     }
 }
+
+/// MIG instances attached to a running domain that asked for none (`--mig --count 2`): each
+/// instance's capability nodes and its GPU's `/dev/nvidiaN` are made and granted (openable
+/// past the cgroup); detach by the GPU's PCI address takes back every instance of it held,
+/// with their nodes and grants; destroy frees the rest.
+pub fn mig_attach_and_detach(b: &mut Bed) {
+    b.use_host(FakeHost::dgx8_mig());
+    b.define_start(&DomainSpec::new("gh-hp-mig", ""));
+    let ct = b.ct("gh-hp-mig");
+    let j: Value = serde_json::from_str(&b.gh_host_ok(&[
+        "attach",
+        "gh-hp-mig",
+        "--mig",
+        "--count",
+        "2",
+        "--json",
+    ]))
+    .expect("attach --json");
+    let ids: Vec<String> = j["attached"]
+        .as_array()
+        .expect("attached")
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 2, "{j}");
+    assert!(ids.iter().all(|i| i.contains("/gi")), "MIG instances: {j}");
+    let devices: Vec<String> = j["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        devices.iter().any(|d| d.starts_with("/dev/nvidia-caps/")),
+        "{j}"
+    );
+    assert!(
+        devices
+            .iter()
+            .any(|d| d.starts_with("/dev/nvidia") && d[11..].parse::<u32>().is_ok()),
+        "the parent GPU's node: {j}"
+    );
+    let made = b.nodes(&ct);
+    let rules = b.devices_list(&ct);
+    for d in &devices {
+        let (ma, mi) = made
+            .get(d)
+            .unwrap_or_else(|| panic!("{d} not made: {made:?}"));
+        assert!(
+            rules.iter().any(|l| *l == format!("c {ma}:{mi} rw")),
+            "{d} not granted: {rules:?}"
+        );
+    }
+    let paths: Vec<&str> = devices.iter().map(String::as_str).collect();
+    assert!(
+        b.open_in(&ct, &paths)
+            .iter()
+            .all(|r| *r == Err(Errno::ENXIO)),
+        "{:?}",
+        b.open_in(&ct, &paths)
+    );
+    // Held by the domain, instance by instance.
+    let list = b.list();
+    let held: Vec<String> = list["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["migs"].as_array().unwrap().iter())
+        .filter(|m| m["holder"]["domain"] == "gh-hp-mig")
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(held, ids);
+
+    let pci = ids[0].split('/').next().unwrap().to_owned();
+    let out = b.gh_host_ok(&["detach", "gh-hp-mig", "--device", &pci]);
+    assert!(out.contains("detached"), "{out}");
+    let left: Vec<String> = b.reservation("gh-hp-mig").expect("reservation")["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert!(left.iter().all(|u| !u.starts_with(&pci)), "{left:?}");
+    let rules = b.devices_list(&ct);
+    let nodes = b.nodes(&ct);
+    let gone: Vec<&String> = devices.iter().filter(|d| !nodes.contains_key(*d)).collect();
+    assert!(!gone.is_empty(), "detach removed no node: {nodes:?}");
+    for d in gone {
+        let (ma, mi) = made[d];
+        assert!(
+            !rules.iter().any(|l| *l == format!("c {ma}:{mi} rw")),
+            "{d} still granted: {rules:?}"
+        );
+    }
+    b.d.virsh_ok(&["destroy", "gh-hp-mig"]).unwrap();
+    assert!(b.wait_shut_off("gh-hp-mig"));
+    assert!(b
+        .reservation("gh-hp-mig")
+        .is_none_or(|r| r["gpus"] == serde_json::json!([])));
+}
