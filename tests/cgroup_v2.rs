@@ -55,18 +55,24 @@ fn opens(cg: &Path, paths: &[&Path]) -> Vec<Result<(), Errno>> {
     probe::open_in_cgroup(&cg.join("cgroup.procs"), None, paths).expect("probe")
 }
 
+/// A temp directory with the fake nodes of two GPUs and the control node (195:0, 195:1,
+/// 195:255: ENXIO when a cgroup lets an open through, no driver behind them).
+fn fake_nodes() -> (tempfile::TempDir, [PathBuf; 3]) {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)].map(|(n, mi)| {
+        let p = dir.path().join(n);
+        testbed::fakehost::node(&p, 195, mi, 0o666, 0).unwrap();
+        p
+    });
+    (dir, nodes)
+}
+
 #[test]
 fn grant_through_libvirts_map() {
     common::require_root();
     let cg = Cg(unified_root().join(format!("gpuhook-test-v2-{}", std::process::id())));
     std::fs::create_dir(&cg.0).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let nv0 = dir.path().join("nvidia0");
-    let nv1 = dir.path().join("nvidia1");
-    let ctl = dir.path().join("nvidiactl");
-    testbed::fakehost::node(&nv0, 195, 0, 0o666, 0).unwrap();
-    testbed::fakehost::node(&nv1, 195, 1, 0o666, 0).unwrap();
-    testbed::fakehost::node(&ctl, 195, 255, 0o666, 0).unwrap();
+    let (dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");
 
     // Before libvirt's program: v2 imposes nothing, and gpuhook sees nothing to do.
@@ -267,13 +273,7 @@ fn detach_denies_in_libvirts_map() {
 fn runtime_program_replaced_with_multi_and_without() {
     use gpuhook::cgroup::program::{runc_like, Replace, Rule};
     common::require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let nv0 = dir.path().join("nvidia0");
-    let nv1 = dir.path().join("nvidia1");
-    let ctl = dir.path().join("nvidiactl");
-    testbed::fakehost::node(&nv0, 195, 0, 0o666, 0).unwrap();
-    testbed::fakehost::node(&nv1, 195, 1, 0o666, 0).unwrap();
-    testbed::fakehost::node(&ctl, 195, 255, 0o666, 0).unwrap();
+    let (dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");
     let rule = |allow, kind, major, minor, access| Rule {
         allow,

@@ -48,18 +48,18 @@ const ACC_WRITE: u32 = 4;
 /// The prologue's first instruction's immediate: "GPUH".
 pub const MAGIC: i32 = 0x4750_5548;
 
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: dst | (src << 4),
-        off,
-        imm,
-    }
-}
-
-/// The instructions gpuhook writes (and the tests' runtime-like programs).
+/// The instructions gpuhook writes (and the tests' runtime-like and libvirt programs).
 pub mod asm {
-    use super::{insn, Insn};
+    use super::Insn;
+    /// One instruction: opcode, registers, offset, immediate.
+    pub fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+        Insn {
+            code,
+            regs: dst | (src << 4),
+            off,
+            imm,
+        }
+    }
     pub fn mov64_imm(d: u8, imm: i32) -> Insn {
         insn(0xb7, d, 0, 0, imm)
     }

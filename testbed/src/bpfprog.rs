@@ -12,22 +12,10 @@ const R2: u8 = 2;
 const R6: u8 = 6;
 const R10: u8 = 10;
 
-fn i(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: dst | (src << 4),
-        off,
-        imm,
-    }
-}
+use gpuhook::cgroup::program::asm::{exit, insn as i, ldx_w, mov64_imm};
+
 fn mov64_reg(d: u8, s: u8) -> Insn {
     i(0xbf, d, s, 0, 0)
-}
-fn mov64_imm(d: u8, imm: i32) -> Insn {
-    i(0xb7, d, 0, 0, imm)
-}
-fn ldx_w(d: u8, s: u8, off: i16) -> Insn {
-    i(0x61, d, s, off, 0)
 }
 fn stx_dw(d: u8, s: u8, off: i16) -> Insn {
     i(0x7b, d, s, off, 0)
@@ -52,9 +40,6 @@ fn jeq_reg(d: u8, s: u8, off: i16) -> Insn {
 }
 fn call(f: i32) -> Insn {
     i(0x85, 0, 0, 0, f)
-}
-fn exit() -> Insn {
-    i(0x95, 0, 0, 0, 0)
 }
 fn ld_imm64(d: u8, v: u64) -> [Insn; 2] {
     [
