@@ -72,7 +72,7 @@ fn grant_through_libvirts_map() {
     common::require_root();
     let cg = Cg(unified_root().join(format!("gpuhook-test-v2-{}", std::process::id())));
     std::fs::create_dir(&cg.0).unwrap();
-    let (dir, [nv0, nv1, ctl]) = fake_nodes();
+    let (_dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");
 
     // Before libvirt's program: v2 imposes nothing, and gpuhook sees nothing to do.
@@ -273,7 +273,7 @@ fn detach_denies_in_libvirts_map() {
 fn runtime_program_replaced_with_multi_and_without() {
     use gpuhook::cgroup::program::{runc_like, Replace, Rule};
     common::require_root();
-    let (dir, [nv0, nv1, ctl]) = fake_nodes();
+    let (_dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");
     let rule = |allow, kind, major, minor, access| Rule {
         allow,
