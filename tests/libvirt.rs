@@ -1432,6 +1432,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                 }),
                 nodes: vec![],
                 mounts: vec![],
+                rootfs: Default::default(),
                 hotplugged: false,
             }
         };
