@@ -2207,6 +2207,10 @@ const CASES: &[(&str, Case)] = &[
     ),
     ("attach_refusals", hotplug::attach_refusals),
     (
+        "attach_cdi_in_a_domain_with_its_own_root",
+        hotplug::attach_cdi_in_a_domain_with_its_own_root,
+    ),
+    (
         "attaches_race_for_the_last_gpu",
         hotplug::attaches_race_for_the_last_gpu,
     ),
