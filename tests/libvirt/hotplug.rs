@@ -498,9 +498,16 @@ pub fn attach_cdi_in_a_domain_with_its_own_root(b: &mut Bed) {
     assert!(said.contains("dlopen libcuda.so.1: ok"), "{said}");
     // Detach of the last: the mounts and links go.
     b.gh_host_ok(&["detach", "gh-hpcdi", "--device", "0000:08:00.0"]);
-    assert!(driver_mounts(b, &ct).is_empty(), "{:?}", driver_mounts(b, &ct));
+    assert!(
+        driver_mounts(b, &ct).is_empty(),
+        "{:?}",
+        driver_mounts(b, &ct)
+    );
     assert_eq!(recorded_mounts(b, "gh-hpcdi"), 0);
-    let o = b.sh_in(&ct, "ls /usr/lib/x86_64-linux-gnu/; grep -c . /proc/1/mounts");
+    let o = b.sh_in(
+        &ct,
+        "ls /usr/lib/x86_64-linux-gnu/; grep -c . /proc/1/mounts",
+    );
     let said = String::from_utf8_lossy(&o.stdout);
     assert!(!said.contains("libcuda"), "{said}");
     assert!(host_mounts_empty(&rootfs));

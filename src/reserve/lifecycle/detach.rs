@@ -565,3 +565,68 @@ fn finish(
         .into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::enter::rootfs::{Files, Mounted};
+
+    fn mounted(t: &str) -> Mounted {
+        Mounted {
+            target: t.into(),
+            dev: 1,
+            ino: 2,
+        }
+    }
+
+    /// What a kept unit needs stays recorded, with the directories and files it is at or
+    /// under; the rest comes back to be taken out; the linker-cache files go with the last
+    /// folder.
+    #[test]
+    fn only_what_no_kept_unit_needs_is_taken() {
+        let idmap = crate::request::IdMap::default();
+        let h = Holder {
+            kind: crate::reserve::state::HolderKind::Libvirt,
+            name: "web1",
+            id: "11111111-1111-1111-1111-111111111111",
+            idmap: &idmap,
+        };
+        let req = crate::reserve::alloc::tests::req(1);
+        let mut r = super::super::new_reservation(&h, &req, &[], Phase::Running, "now");
+        r.mounts = vec![mounted("/usr/lib/a/libx.so.1"), mounted("/opt/y/bin/tool")];
+        r.rootfs = Files {
+            created: vec![
+                "/usr/lib/a".into(),
+                "/usr/lib/a/libx.so.1".into(),
+                "/opt/y".into(),
+                "/opt/y/bin".into(),
+                "/opt/y/bin/tool".into(),
+                "/opt/yy".into(),
+            ],
+            links: vec!["/usr/lib/a/libx.so".into(), "/opt/y/tool".into()],
+            written: vec!["/etc/ld.so.conf.d/00-gpuhook-cdi.conf".into()],
+            ld_folders: vec!["/usr/lib/a".into(), "/opt/y".into()],
+        };
+        let needed = Needed {
+            paths: ["/usr/lib/a/libx.so.1", "/usr/lib/a/libx.so"]
+                .map(String::from)
+                .into(),
+            ld_folders: vec!["/usr/lib/a".into()],
+        };
+        let gone = take_files(&mut r, &needed);
+        assert_eq!(gone.mounted, [mounted("/opt/y/bin/tool")]);
+        assert_eq!(gone.links, ["/opt/y/tool"]);
+        assert_eq!(
+            gone.created,
+            ["/opt/y", "/opt/y/bin", "/opt/y/bin/tool", "/opt/yy"]
+        );
+        assert!(gone.written.is_empty());
+        assert_eq!(r.rootfs.created, ["/usr/lib/a", "/usr/lib/a/libx.so.1"]);
+        assert_eq!(r.rootfs.ld_folders, ["/usr/lib/a"]);
+        // The last: everything, the linker cache's file too.
+        let gone = take_files(&mut r, &Needed::default());
+        assert_eq!(gone.mounted, [mounted("/usr/lib/a/libx.so.1")]);
+        assert_eq!(gone.written, ["/etc/ld.so.conf.d/00-gpuhook-cdi.conf"]);
+        assert!(r.mounts.is_empty() && r.rootfs.is_empty(), "{r:?}");
+    }
+}
