@@ -2075,7 +2075,7 @@ fn attach_cdi_killed_before_its_mounts_leaves_them_recorded_for_detach() {
     // anything was granted or mounted.
     std::fs::write(&h.cfg.state_file, fake.seen_at_allow.take().unwrap()).unwrap();
     let planned = format!("{LIBCUDA} ({})", source_identity());
-    assert_eq!(mount_targets(&h), [planned.clone()]);
+    assert_eq!(mount_targets(&h), std::slice::from_ref(&planned));
     let (fake, out) = h.detach(Fake::default(), Which::All, false);
     assert_eq!(out.unwrap().units, [pci(0)]);
     assert_eq!(
