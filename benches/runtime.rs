@@ -84,7 +84,7 @@ fn setup(fake: FakeHost, hook: &Path) -> Setup {
         std::fs::create_dir_all(rootfs.join(d)).unwrap();
     }
     std::fs::copy("/usr/bin/busybox", rootfs.join("bin/busybox")).unwrap();
-    for a in ["sh", "true", "ls"] {
+    for a in ["sh", "true", "ls", "sleep"] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(a)).unwrap();
     }
     Setup {

@@ -1432,6 +1432,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                 }),
                 nodes: vec![],
                 mounts: vec![],
+                rootfs: Default::default(),
                 hotplugged: false,
             }
         };
@@ -2205,6 +2206,10 @@ const CASES: &[(&str, Case)] = &[
         hotplug::attach_to_a_domain_without_a_request,
     ),
     ("attach_refusals", hotplug::attach_refusals),
+    (
+        "attach_cdi_in_a_domain_with_its_own_root",
+        hotplug::attach_cdi_in_a_domain_with_its_own_root,
+    ),
     (
         "attaches_race_for_the_last_gpu",
         hotplug::attaches_race_for_the_last_gpu,

@@ -2051,3 +2051,82 @@ fn oci_attach_refuses_a_user_namespaced_container() {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
     podman_rm(&id);
 }
+
+/// The driver's mounts (`/proc/1/mounts` in the container) of libcuda and nvidia-smi.
+fn oci_driver_mounts(id: &str) -> Vec<String> {
+    let r = podman_exec(id, "cat /proc/1/mounts");
+    out(&r)
+        .lines()
+        .filter(|l| l.contains("libcuda.so.535.129.03 ") || l.contains("/usr/bin/nvidia-smi "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A running podman container (runc, cgroup v1) with its own root filesystem and no GPU
+/// gets one by `gpuhook attach --driver cdi`: the driver's files, links and linker cache from
+/// the CDI spec inside (as a `driver=cdi` create gives them); a second GPU keeps the same
+/// mounts; detach of one keeps what the other needs; detach of the last takes them out.
+#[test]
+fn oci_attach_cdi_into_a_running_podman_container_with_its_own_root() {
+    let fake = FakeHost::blueprint();
+    let o = Oci::new(fake.clone(), RUNC);
+    o.host.with_cdi(&fake);
+    let rootfs = testbed::driver::rootfs(&o.host.root().join("cdi-hp")).unwrap();
+    let name = "gh-oci-hpcdi";
+    podman_rm(name);
+    let r = o
+        .podman_with(
+            Cgroup::V1,
+            o.runtime.as_os_str(),
+            &rootfs,
+            &["-d", "--name", name],
+            "sleep 600",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    assert!(oci_driver_mounts(&id).is_empty());
+    let attach = |dev: &str| {
+        let a = o
+            .host
+            .cmd()
+            .args(["attach", &id, "--driver", "cdi", "--device", dev])
+            .output()
+            .unwrap();
+        assert_ok(&a);
+    };
+    attach("0000:07:00.0");
+    let r = podman_exec(&id, common::CDI_PROBE);
+    common::assert_cdi_probe(&out(&r));
+    let mounts = oci_driver_mounts(&id);
+    assert_eq!(mounts.len(), 2, "{mounts:?}");
+    attach("0000:08:00.0");
+    assert_eq!(o.host.holders()[&id], ["0000:07:00.0", "0000:08:00.0"]);
+    assert_eq!(oci_driver_mounts(&id), mounts);
+    let ls = podman_exec(&id, "ls /dev");
+    assert!(out(&ls).lines().any(|l| l == "nvidia1"), "{}", out(&ls));
+    let d = |dev: &str| {
+        let r = o
+            .host
+            .cmd()
+            .args(["detach", &id, "--device", dev])
+            .output()
+            .unwrap();
+        assert_ok(&r);
+    };
+    d("0000:07:00.0");
+    assert_eq!(oci_driver_mounts(&id), mounts);
+    let r = podman_exec(&id, "cuda-probe");
+    assert!(out(&r).contains("dlopen libcuda.so.1: ok"), "{}", out(&r));
+    d("0000:08:00.0");
+    assert!(
+        oci_driver_mounts(&id).is_empty(),
+        "{:?}",
+        oci_driver_mounts(&id)
+    );
+    let ls = podman_exec(&id, "ls /usr/lib/x86_64-linux-gnu/");
+    assert!(!out(&ls).contains("libcuda"), "{}", out(&ls));
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}

@@ -37,6 +37,47 @@ pub struct Mounted {
     pub ino: u64,
 }
 
+/// What gpuhook made in a container's root for CDI besides its mounts, as the state records
+/// it (so `detach` can take back what no GPU the container keeps needs): the links, the
+/// directories and mount-point files created, the files written, and the folders its linker
+/// cache was built for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Files {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub created: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub written: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ld_folders: Vec<String>,
+}
+
+impl Files {
+    pub fn is_empty(&self) -> bool {
+        self.created.is_empty()
+            && self.links.is_empty()
+            && self.written.is_empty()
+            && self.ld_folders.is_empty()
+    }
+
+    /// Adds what `done` made (each path once), and the linker cache's folders, if any.
+    pub fn add(&mut self, done: &Done, ld_folders: &[String]) {
+        let put = |to: &mut Vec<String>, from: &[String]| {
+            for p in from {
+                if !to.contains(p) {
+                    to.push(p.clone());
+                }
+            }
+        };
+        put(&mut self.created, &done.created);
+        put(&mut self.links, &done.links);
+        put(&mut self.written, &done.written);
+        put(&mut self.ld_folders, ld_folders);
+    }
+}
+
 /// What was done in a container's root, for rollback and later checks.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Done {

@@ -375,6 +375,7 @@ mod tests {
             init: None,
             nodes: vec![],
             mounts: vec![],
+            rootfs: Default::default(),
             hotplugged: false,
         }
     }

@@ -129,6 +129,7 @@ mod tests {
             init: init.map(|pid| ProcRef { pid, start_time: 1 }),
             nodes: vec![],
             mounts: vec![],
+            rootfs: Default::default(),
             hotplugged: false,
         }
     }

@@ -113,6 +113,10 @@ pub struct Reservation {
     /// checks they are still in place).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<crate::enter::rootfs::Mounted>,
+    /// The rest of what gpuhook made in its root from CDI specs (links, directories, files,
+    /// the linker cache's folders): what `detach` takes back once no GPU it keeps needs it.
+    #[serde(default, skip_serializing_if = "crate::enter::rootfs::Files::is_empty")]
+    pub rootfs: crate::enter::rootfs::Files,
     /// Changed in the running container by `gpuhook attach` or `detach`: its units and nodes
     /// are what it holds, whatever its request says (`reconnect` keeps them). Absent in the
     /// file when not (files written before load unchanged).
@@ -691,6 +695,7 @@ mod tests {
             init: None,
             nodes: vec![],
             mounts: vec![],
+            rootfs: Default::default(),
             hotplugged: false,
         }
     }

@@ -818,6 +818,7 @@ pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
                         init: Some(me),
                         nodes: vec![],
                         mounts: vec![],
+                        rootfs: Default::default(),
                         hotplugged: false,
                     },
                 );

@@ -528,3 +528,94 @@ pub fn mig_attach_and_detach(b: &mut Bed) {
         .reservation("gh-hp-mig")
         .is_none_or(|r| r["gpus"] == serde_json::json!([])));
 }
+
+/// The driver's mounts of the container's init (`/proc/1/mounts` inside) under `lib`.
+fn driver_mounts(b: &Bed, ct: &Container) -> Vec<String> {
+    let o = b.sh_in(ct, "cat /proc/1/mounts");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains("libcuda.so.535.129.03 ") || l.contains("/usr/bin/nvidia-smi "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The driver mounts the state records for the domain.
+fn recorded_mounts(b: &Bed, name: &str) -> usize {
+    let st: Value = serde_json::from_slice(&std::fs::read(b.state()).unwrap()).unwrap();
+    st["reservations"]
+        .as_object()
+        .and_then(|m| m.values().find(|r| r["domain"] == name))
+        .and_then(|r| r["mounts"].as_array().map(Vec::len))
+        .unwrap_or(0)
+}
+
+/// A domain with its own root and no GPU gets one with `attach --driver cdi`: the driver's
+/// files, links and linker cache from the CDI spec in the running container (as at
+/// `started`); a second GPU keeps the same mounts; detach of one keeps what the other needs;
+/// detach of the last takes them out (nothing left mounted, no link).
+pub fn attach_cdi_in_a_domain_with_its_own_root(b: &mut Bed) {
+    let (_drv, rootfs) = super::cdi_host(b, "cdi-hp");
+    let mut s = DomainSpec::new("gh-hpcdi", "");
+    s.rootfs = Some((rootfs.clone(), false));
+    b.define_start(&s);
+    let ct = b.ct("gh-hpcdi");
+    assert!(driver_mounts(b, &ct).is_empty());
+    let out = b.gh_host_ok(&[
+        "attach",
+        "gh-hpcdi",
+        "--driver",
+        "cdi",
+        "--device",
+        "0000:07:00.0",
+    ]);
+    assert!(out.contains("attached 0000:07:00.0"), "{out}");
+    let o = b.sh_in(&ct, common::CDI_PROBE);
+    common::assert_cdi_probe(&String::from_utf8_lossy(&o.stdout));
+    let cache = std::fs::read(rootfs.join("etc/ld.so.cache")).unwrap();
+    assert!(cache.starts_with(b"glibc-ld.so.cache"), "not a cache");
+    let mounts = driver_mounts(b, &ct);
+    assert_eq!(mounts.len(), 2, "{mounts:?}");
+    let recorded = recorded_mounts(b, "gh-hpcdi");
+    assert!(recorded > 10, "{recorded}");
+    // A second GPU: its node; the driver's mounts stay as they are (none twice).
+    b.gh_host_ok(&[
+        "attach",
+        "gh-hpcdi",
+        "--driver",
+        "cdi",
+        "--device",
+        "0000:08:00.0",
+    ]);
+    assert_eq!(b.nodes(&ct)["/dev/nvidia1"], (195, 1));
+    assert_eq!(driver_mounts(b, &ct), mounts);
+    assert_eq!(recorded_mounts(b, "gh-hpcdi"), recorded);
+    // Detach of the first: the second keeps the driver.
+    b.gh_host_ok(&["detach", "gh-hpcdi", "--device", "0000:07:00.0"]);
+    assert_eq!(driver_mounts(b, &ct), mounts);
+    assert_eq!(recorded_mounts(b, "gh-hpcdi"), recorded);
+    let o = b.sh_in(&ct, "/sbin/ldconfig -p | grep libcuda.so.1; cuda-probe");
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("dlopen libcuda.so.1: ok"), "{said}");
+    // Detach of the last: the mounts and links go.
+    b.gh_host_ok(&["detach", "gh-hpcdi", "--device", "0000:08:00.0"]);
+    assert!(
+        driver_mounts(b, &ct).is_empty(),
+        "{:?}",
+        driver_mounts(b, &ct)
+    );
+    assert_eq!(recorded_mounts(b, "gh-hpcdi"), 0);
+    let o = b.sh_in(
+        &ct,
+        "ls /usr/lib/x86_64-linux-gnu/; grep -c . /proc/1/mounts",
+    );
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(!said.contains("libcuda"), "{said}");
+    assert!(host_mounts_empty(&rootfs));
+    b.d.virsh_ok(&["destroy", "gh-hpcdi"]).unwrap();
+    assert!(b.wait_shut_off("gh-hpcdi"));
+    assert!(b.holders().is_empty(), "{:?}", b.holders());
+}
+
+fn host_mounts_empty(dir: &std::path::Path) -> bool {
+    super::host_mounts_under(dir).is_empty()
+}

@@ -135,6 +135,10 @@ pub fn activate_with(
         cur.init = Some(ct.init);
         cur.nodes = as_nodes(&specs);
         cur.mounts = done.as_ref().map(|d| d.mounted.clone()).unwrap_or_default();
+        cur.rootfs = Default::default();
+        if let (Some(d), Some(p)) = (&done, &plan) {
+            cur.rootfs.add(d, &p.ld_folders);
+        }
         cur.updated = now;
         Ok(())
     });
@@ -191,9 +195,18 @@ fn apply_in_started(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<App
     })
 }
 
-/// What a libvirt container got from the CDI specs, and what of them gpuhook does not do
-/// for libvirt (other hooks: the container's process already runs; its environment).
-fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::rootfs::Done>) {
+/// What a running container (libvirt's at `started`, or any at `attach`) got from the CDI
+/// specs, and what of them gpuhook does not do there (other hooks: the container's process
+/// already runs; its environment).
+pub(super) fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::rootfs::Done>) {
+    let (hooks, env) = match h.kind {
+        crate::reserve::state::HolderKind::Libvirt => {
+            ("a libvirt container", "a running libvirt container")
+        }
+        crate::reserve::state::HolderKind::Oci => {
+            ("a running OCI container", "a running OCI container")
+        }
+    };
     log::info(&format!(
         "{}: driver files from {} ({}): {} mount(s), {} link(s), linker cache {}",
         h.who(),
@@ -212,7 +225,7 @@ fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::rootfs::Done>)
     }
     if !p.hooks.is_empty() {
         log::info(&format!(
-            "{}: CDI hooks not run for a libvirt container: {}",
+            "{}: CDI hooks not run for {hooks}: {}",
             h.who(),
             p.hooks
                 .iter()
@@ -223,7 +236,7 @@ fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::rootfs::Done>)
     }
     if !p.env.is_empty() {
         log::info(&format!(
-            "{}: CDI environment not set in a running libvirt container: {}",
+            "{}: CDI environment not set in {env}: {}",
             h.who(),
             p.env.join(" ")
         ));

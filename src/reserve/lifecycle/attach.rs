@@ -6,17 +6,28 @@
 //! failure takes back what was done, the grants before the units: a unit is never free while
 //! the container may still use it, whenever the process is killed; and what a killed attach
 //! granted is recorded, so a later detach (or stop) takes it back before the unit is free.
+//!
+//! With the driver's user space (`--driver cdi`), the new units' CDI edits come too, as at
+//! `started` (`activate.rs`): the spec's extra nodes with the GPU's, then its mounts, links and
+//! linker cache in the container's root (through the same helper and checks), only what the
+//! container does not have from gpuhook already. The mounts are recorded with the nodes before
+//! they are made (so a detach after a SIGKILL takes them back), the rest once made.
 
-use super::activate::{apply, undo, with_rollback};
+use super::activate::{apply, log_cdi, undo, with_rollback};
 use super::reserve::{choose, same_kind};
-use super::{as_nodes, new_reservation, node_specs, store, Holder, HolderKind, LifecycleError};
+use super::{
+    as_nodes, driver_plan, new_reservation, node_specs, owned, root_owner, scan_for, store,
+    wants_cdi, Holder, HolderKind, LifecycleError,
+};
+use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup, Fault};
 use crate::enter::container::{Container, ContainerError};
-use crate::host::inventory::{Inventory, Scan};
+use crate::enter::rootfs::{Done, Mounted};
+use crate::host::inventory::Inventory;
 use crate::ids::Unit;
 use crate::log::{self, Leftovers};
 use crate::node::NodeSpec;
-use crate::request::{Driver, Request};
+use crate::request::Request;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
@@ -41,6 +52,20 @@ struct Reserved {
     created: bool,
     /// Whether the reservation was hotplugged before.
     was_hotplugged: bool,
+    /// With the driver's user space: what of the CDI edits is new to the container (its
+    /// mounts not recorded yet; its links; its linker cache, for every folder recorded too).
+    plan: Option<cdi::Plan>,
+    /// The plan's mounts as recorded before they are made (their sources' identity).
+    mounts: Vec<Mounted>,
+}
+
+impl Reserved {
+    /// The plan, when it has anything to do in the container's root.
+    fn rootfs_work(&self) -> Option<&cdi::Plan> {
+        self.plan
+            .as_ref()
+            .filter(|p| !p.mounts.is_empty() || p.writes_rootfs())
+    }
 }
 
 /// `attach`: reserves `req.count` more units for the holder's running container (`find`),
@@ -54,12 +79,9 @@ pub fn attach_with(
     req: &Request,
     find: impl FnOnce() -> Result<Container, ContainerError>,
 ) -> Result<Attached, Error> {
-    if req.driver == Some(Driver::Cdi) {
-        return Err(LifecycleError::AttachCdi.into());
-    }
     let ct = find()?;
     let cg = (f.cgroup)(&ct)?;
-    let mut inv = (f.scan)(f.cfg, Scan::for_request(req))?;
+    let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let (got, notes) =
         store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg))?;
     drop(cg);
@@ -73,9 +95,30 @@ pub fn attach_with(
             return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
         }
     };
-    if let Err(e) = record(f, h, &got) {
-        let left = undo(f, &ct, applied);
+    // The driver's files (undone there on failure; then the nodes and grants are too).
+    let done = match got.rootfs_work() {
+        Some(p) => match f.enter.inject(&ct, p, root_owner(h)) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                let left = undo(f, &ct, applied);
+                return Err(take_back(f, &mut inv, h, &ct, &got, e.into(), left));
+            }
+        },
+        None => None,
+    };
+    if let Err(e) = record(f, h, &got, done.as_ref()) {
+        let mut left = Leftovers::default();
+        if let Some(d) = &done {
+            match f.enter.uninject(&ct, d, root_owner(h)) {
+                Ok(l) => left.append(l),
+                Err(e) => left.push(format_args!("driver files: {e}")),
+            }
+        }
+        left.append(undo(f, &ct, applied));
         return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
+    }
+    if let Some(p) = &got.plan {
+        log_cdi(h, p, done.as_ref());
     }
     log::info(&format!(
         "{} ({}): attached {} for {req} (asked by uid {}); granted {} and created {} node(s) in container (init {})",
@@ -123,8 +166,16 @@ fn reserve_more(
         }
     }
     let (units, mut notes) = choose(f, st, inv, req)?;
-    let specs = node_specs(h, req, inv, &units)?;
+    let mut specs = node_specs(h, req, inv, &units)?;
     let r = st.reservations.get(h.id);
+    let plan = match wants_cdi(f.cfg, req) {
+        true => Some(new_edits(f, h, req, inv, &units, r, &mut specs)?),
+        false => None,
+    };
+    let mounts = match &plan {
+        Some(p) => p.mounts.iter().map(planned).collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
     let specs = not_yet_allowed(h, cg, r.map_or(&[], |r| &r.nodes[..]), specs, &mut notes)?;
     let (created, was_hotplugged) = (r.is_none(), r.is_some_and(|r| r.hotplugged));
     let r = st
@@ -140,6 +191,7 @@ fn reserve_more(
     // Recorded before they are granted: a detach of a killed attach's units takes back
     // their grants before it frees them.
     r.nodes.extend(as_nodes(&specs));
+    r.mounts.extend(mounts.iter().cloned());
     r.hotplugged = true;
     r.updated = now.to_string();
     let got = Reserved {
@@ -147,8 +199,70 @@ fn reserve_more(
         specs,
         created,
         was_hotplugged,
+        plan,
+        mounts,
     };
     Ok((got, notes))
+}
+
+/// The CDI edits of the new `units` that the container (its reservation `r`) does not have
+/// from gpuhook yet: the spec's extra nodes join `specs` (owned as they are); its mounts
+/// recorded already are left out; the linker cache is built for the folders recorded too
+/// (gpuhook's `ld.so.conf.d` file lists them all).
+fn new_edits(
+    f: &Facts,
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    units: &[Unit],
+    r: Option<&Reservation>,
+    specs: &mut Vec<NodeSpec>,
+) -> Result<cdi::Plan, Error> {
+    let holds = r.map_or(&[][..], |r| &r.gpus[..]);
+    let recorded = r.map_or(&[][..], |r| &r.nodes[..]);
+    let granted = specs
+        .iter()
+        .map(|s| &s.node)
+        .chain(recorded)
+        .map(|n| (n.major, n.minor))
+        .collect();
+    let mut plan = driver_plan(f, inv, units, holds, granted)?;
+    specs.extend(owned(
+        h,
+        req,
+        plan.nodes.iter().map(|n| (n.node.clone(), n.mode)),
+    )?);
+    if let Some(r) = r {
+        plan.mounts
+            .retain(|m| !r.mounts.iter().any(|x| x.target == m.target));
+        if !plan.ld_folders.is_empty() {
+            let mut folders = r.rootfs.ld_folders.clone();
+            folders.extend(
+                plan.ld_folders
+                    .iter()
+                    .filter(|d| !r.rootfs.ld_folders.contains(d))
+                    .cloned(),
+            );
+            plan.ld_folders = folders;
+        }
+    }
+    Ok(plan)
+}
+
+/// A mount as the state records it before it is made: its target, and the identity its
+/// source has on the host (what the mount shows at the target, `open_tree` following links
+/// as this `stat` does), so that a detach after a SIGKILL unmounts it only if it is there.
+fn planned(m: &cdi::BindMount) -> Result<Mounted, Error> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(&m.source).map_err(|source| LifecycleError::MountSource {
+        path: m.source.clone(),
+        source,
+    })?;
+    Ok(Mounted {
+        target: m.target.clone(),
+        dev: md.dev(),
+        ino: md.ino(),
+    })
 }
 
 /// Of `specs`, those to grant, make and record: not one `recorded` already, nor one `cg`
@@ -194,7 +308,7 @@ fn split(e: Error) -> (Error, Leftovers) {
 /// Under the state lock: the attached units, granted and made, recorded as the reservation's
 /// when it still holds them (a stop or a detach may have come in between); their nodes, which
 /// the reserve recorded, again if something in between left them out.
-fn record(f: &Facts, h: &Holder, got: &Reserved) -> Result<(), Error> {
+fn record(f: &Facts, h: &Holder, got: &Reserved, done: Option<&Done>) -> Result<(), Error> {
     store(f.cfg).update(|st| -> Result<(), Error> {
         let r = st
             .reservations
@@ -207,6 +321,13 @@ fn record(f: &Facts, h: &Holder, got: &Reserved) -> Result<(), Error> {
             if !r.nodes.contains(&n) {
                 r.nodes.push(n);
             }
+        }
+        // The mounts as made (recorded before as planned); the rest of what was made.
+        let planned = |m: &Mounted| got.mounts.iter().any(|x| x.target == m.target);
+        r.mounts.retain(|m| !planned(m));
+        if let (Some(d), Some(p)) = (done, &got.plan) {
+            r.mounts.extend(d.mounted.iter().cloned());
+            r.rootfs.add(d, &p.ld_folders);
         }
         r.updated = now_rfc3339();
         Ok(())
@@ -252,6 +373,7 @@ fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &Reserved) -> Resu
         r.gpus.retain(|u| !got.units.contains(u));
         let nodes = as_nodes(&got.specs);
         r.nodes.retain(|n| !nodes.contains(n));
+        r.mounts.retain(|m| !got.mounts.contains(m));
         r.hotplugged = got.was_hotplugged;
         let out = Reservation {
             gpus: got.units.clone(),

@@ -4,11 +4,18 @@
 //! lock, their grants are taken back from its device cgroup and only then are they freed (a
 //! unit whose grant could not be taken back, or whose node another rule of the cgroup still
 //! allows after the deny, stays reserved); last their nodes leave its `/dev`. A unit a process (anywhere) still has open is draining, as after every free.
+//!
+//! The CDI driver files gpuhook put in its root (at `started` or `attach`) go with the last
+//! unit that needs them: those the CDI specs give the units it keeps stay (a spec that cannot
+//! be read now keeps them all while any unit stays); the rest leave the record in the same
+//! locked step and are then taken out of its root, each only while it is still what gpuhook
+//! made.
 
 use super::free::drain_freed;
-use super::{store, Holder, LifecycleError};
+use super::{driver_plan, root_owner, store, Holder, LifecycleError};
 use crate::cgroup::DeviceCgroup;
 use crate::enter::container::{Container, ContainerError};
+use crate::enter::rootfs::Done;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::{Budget, ProcRef};
 use crate::ids::Unit;
@@ -71,9 +78,10 @@ pub fn detach_with(
     inv.settle(f.cfg, &r.gpus);
     let units = resolve(&inv, r, which)?;
     let open = open_in_container(f, &inv, &st, h, &units, &ct, force)?;
+    let needed = driver_needed(f, h, &inv, r, &units);
     let mut cg = (f.cgroup)(&ct)?;
     let now = now_rfc3339();
-    let (freed, revoked, draining) = store(f.cfg).update(|st| -> Result<_, Error> {
+    let (freed, revoked, draining, files) = store(f.cfg).update(|st| -> Result<_, Error> {
         let r = st.reservations.get_mut(h.id);
         running(r.as_deref(), &ct)?;
         let r = r.ok_or(LifecycleError::ChangedWhileDetaching)?;
@@ -92,13 +100,18 @@ pub fn detach_with(
             r.hotplugged = true;
             r.updated = now;
         }
+        // The driver files only these units needed, once they all are freed.
+        let files = match revoked.kept.is_empty() {
+            true => take_files(r, &needed),
+            false => Done::default(),
+        };
         let gone = Reservation {
             gpus: freed.clone(),
             ..r.clone()
         };
         let settled = drain_freed(f, st, &[(gone, ())]);
         let draining = settled.draining.into_iter().map(|(u, _)| u).collect();
-        Ok((freed, revoked, draining))
+        Ok((freed, revoked, draining, files))
     })?;
     let out = Detached {
         kept_open: open
@@ -109,7 +122,105 @@ pub fn detach_with(
         draining,
     };
     log_detached(f, h, &out);
-    finish(f, &ct, out, revoked)
+    finish(f, h, &ct, out, revoked, &files)
+}
+
+/// What of the CDI driver files recorded for `r` the units it keeps (all but `units`) need.
+#[derive(Debug, Default)]
+struct Needed {
+    /// Mount targets and link paths.
+    paths: BTreeSet<String>,
+    ld_folders: Vec<String>,
+}
+
+/// What the CDI specs give the units `r` keeps when `units` go: nothing once none stays (or
+/// none was recorded); everything recorded when the specs cannot say it now (said in the
+/// log: files of the driver stay rather than a GPU it keeps losing them).
+fn driver_needed(
+    f: &Facts,
+    h: &Holder,
+    inv: &Inventory,
+    r: &Reservation,
+    units: &[Unit],
+) -> Needed {
+    let stay: Vec<Unit> = r
+        .gpus
+        .iter()
+        .filter(|u| !units.contains(u))
+        .copied()
+        .collect();
+    if stay.is_empty() || (r.mounts.is_empty() && r.rootfs.is_empty()) {
+        return Needed::default();
+    }
+    let granted = r.nodes.iter().map(|n| (n.major, n.minor)).collect();
+    match driver_plan(f, inv, &stay, &[], granted) {
+        Ok(p) => Needed {
+            paths: p
+                .mounts
+                .iter()
+                .map(|m| m.target.clone())
+                .chain(p.links.iter().map(|l| l.link.clone()))
+                .collect(),
+            ld_folders: p.ld_folders,
+        },
+        Err(e) => {
+            log::warn(&format!(
+                "{}: cannot tell which CDI driver files the GPUs it keeps need ({e}): all stay",
+                h.who()
+            ));
+            Needed {
+                paths: r
+                    .mounts
+                    .iter()
+                    .map(|m| m.target.clone())
+                    .chain(r.rootfs.links.iter().cloned())
+                    .collect(),
+                ld_folders: r.rootfs.ld_folders.clone(),
+            }
+        }
+    }
+}
+
+/// Takes out of `r`'s record the driver files no kept unit needs, and returns them: mounts and
+/// links not `needed`, the directories and mount-point files made for them (none a kept mount
+/// or link is at or under), and gpuhook's linker-cache files once no folder is needed.
+fn take_files(r: &mut Reservation, needed: &Needed) -> Done {
+    let mut out = Done::default();
+    let (keep, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut r.mounts)
+        .into_iter()
+        .partition(|m| needed.paths.contains(&m.target));
+    r.mounts = keep;
+    out.mounted = gone;
+    let (keep, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut r.rootfs.links)
+        .into_iter()
+        .partition(|l| needed.paths.contains(l));
+    r.rootfs.links = keep;
+    out.links = gone;
+    let kept: Vec<&String> = r
+        .mounts
+        .iter()
+        .map(|m| &m.target)
+        .chain(&r.rootfs.links)
+        .collect();
+    let holds = |c: &String| {
+        kept.iter().any(|k| {
+            *k == c
+                || k.strip_prefix(c.as_str())
+                    .is_some_and(|t| t.starts_with('/'))
+        })
+    };
+    let (keep, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut r.rootfs.created)
+        .into_iter()
+        .partition(holds);
+    r.rootfs.created = keep;
+    out.created = gone;
+    r.rootfs
+        .ld_folders
+        .retain(|d| needed.ld_folders.contains(d));
+    if r.rootfs.ld_folders.is_empty() {
+        out.written = std::mem::take(&mut r.rootfs.written);
+    }
+    out
 }
 
 /// The holder's reservation, when it is running with this container's init.
@@ -384,7 +495,14 @@ fn log_detached(f: &Facts, h: &Holder, d: &Detached) {
 /// After the locked step: the nodes whose grants were taken back leave the container's
 /// `/dev`; a grant that could not be taken back, or a node that could not be removed, is
 /// the error (said after what was detached).
-fn finish(f: &Facts, ct: &Container, out: Detached, revoked: Revoked) -> Result<Detached, Error> {
+fn finish(
+    f: &Facts,
+    h: &Holder,
+    ct: &Container,
+    out: Detached,
+    revoked: Revoked,
+    files: &Done,
+) -> Result<Detached, Error> {
     let specs: Vec<NodeSpec> = revoked
         .denied
         .iter()
@@ -400,6 +518,14 @@ fn finish(f: &Facts, ct: &Container, out: Detached, revoked: Revoked) -> Result<
     } else {
         f.enter.remove_nodes(ct, &specs, &[])
     };
+    let empty = files.mounted.is_empty()
+        && files.links.is_empty()
+        && files.created.is_empty()
+        && files.written.is_empty();
+    let taken = match empty {
+        true => Ok(Leftovers::default()),
+        false => f.enter.uninject(ct, files, root_owner(h)),
+    };
     if !revoked.kept.is_empty() {
         return Err(LifecycleError::CannotRevoke {
             kept: revoked.kept,
@@ -408,12 +534,99 @@ fn finish(f: &Facts, ct: &Container, out: Detached, revoked: Revoked) -> Result<
         }
         .into());
     }
-    match removed {
-        Ok(()) => Ok(out),
-        Err(e) => Err(LifecycleError::NodesNotRemoved {
+    if let Err(e) = removed {
+        return Err(LifecycleError::NodesNotRemoved {
+            units: out.units,
+            source: Box::new(e),
+        }
+        .into());
+    }
+    match taken {
+        Ok(left) if left.is_empty() => {
+            if !empty {
+                log::info(&format!(
+                    "{}: took back {} CDI driver mount(s) and {} link(s) no GPU it keeps needs",
+                    h.who(),
+                    files.mounted.len(),
+                    files.links.len()
+                ));
+            }
+            Ok(out)
+        }
+        Ok(left) => Err(LifecycleError::DriverFilesLeft {
+            units: out.units,
+            left,
+        }
+        .into()),
+        Err(e) => Err(LifecycleError::DriverFilesNotRemoved {
             units: out.units,
             source: Box::new(e),
         }
         .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::enter::rootfs::{Files, Mounted};
+
+    fn mounted(t: &str) -> Mounted {
+        Mounted {
+            target: t.into(),
+            dev: 1,
+            ino: 2,
+        }
+    }
+
+    /// What a kept unit needs stays recorded, with the directories and files it is at or
+    /// under; the rest comes back to be taken out; the linker-cache files go with the last
+    /// folder.
+    #[test]
+    fn only_what_no_kept_unit_needs_is_taken() {
+        let idmap = crate::request::IdMap::default();
+        let h = Holder {
+            kind: crate::reserve::state::HolderKind::Libvirt,
+            name: "web1",
+            id: "11111111-1111-1111-1111-111111111111",
+            idmap: &idmap,
+        };
+        let req = crate::reserve::alloc::tests::req(1);
+        let mut r = super::super::new_reservation(&h, &req, &[], Phase::Running, "now");
+        r.mounts = vec![mounted("/usr/lib/a/libx.so.1"), mounted("/opt/y/bin/tool")];
+        r.rootfs = Files {
+            created: vec![
+                "/usr/lib/a".into(),
+                "/usr/lib/a/libx.so.1".into(),
+                "/opt/y".into(),
+                "/opt/y/bin".into(),
+                "/opt/y/bin/tool".into(),
+                "/opt/yy".into(),
+            ],
+            links: vec!["/usr/lib/a/libx.so".into(), "/opt/y/tool".into()],
+            written: vec!["/etc/ld.so.conf.d/00-gpuhook-cdi.conf".into()],
+            ld_folders: vec!["/usr/lib/a".into(), "/opt/y".into()],
+        };
+        let needed = Needed {
+            paths: ["/usr/lib/a/libx.so.1", "/usr/lib/a/libx.so"]
+                .map(String::from)
+                .into(),
+            ld_folders: vec!["/usr/lib/a".into()],
+        };
+        let gone = take_files(&mut r, &needed);
+        assert_eq!(gone.mounted, [mounted("/opt/y/bin/tool")]);
+        assert_eq!(gone.links, ["/opt/y/tool"]);
+        assert_eq!(
+            gone.created,
+            ["/opt/y", "/opt/y/bin", "/opt/y/bin/tool", "/opt/yy"]
+        );
+        assert!(gone.written.is_empty());
+        assert_eq!(r.rootfs.created, ["/usr/lib/a", "/usr/lib/a/libx.so.1"]);
+        assert_eq!(r.rootfs.ld_folders, ["/usr/lib/a"]);
+        // The last: everything, the linker cache's file too.
+        let gone = take_files(&mut r, &Needed::default());
+        assert_eq!(gone.mounted, [mounted("/usr/lib/a/libx.so.1")]);
+        assert_eq!(gone.written, ["/etc/ld.so.conf.d/00-gpuhook-cdi.conf"]);
+        assert!(r.mounts.is_empty() && r.rootfs.is_empty(), "{r:?}");
     }
 }

@@ -80,8 +80,13 @@ pub enum LifecycleError {
         recorded.map_or("none".to_string(), |p| p.to_string())
     )]
     AttachOtherInit { recorded: Option<i32>, found: i32 },
-    #[error("attach with --driver cdi is not supported yet")]
-    AttachCdi,
+    /// A CDI mount's source could not be read on the host (to record it before it is made).
+    #[error("CDI mount source {path}: {source}")]
+    MountSource {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(
         "GPU reservation was released or changed while GPUs {} were attached",
         Unit::join(units, ",")
@@ -137,6 +142,14 @@ pub enum LifecycleError {
         node.minor
     )]
     StillAllowed { path: PathBuf, node: Node },
+    #[error("detached GPU(s) {} (their grants taken back), but the CDI driver files only they needed could not be taken out of the container's root: {source}", Unit::join(units, ","))]
+    DriverFilesNotRemoved {
+        units: Vec<Unit>,
+        #[source]
+        source: Box<ContainerError>,
+    },
+    #[error("detached GPU(s) {} (their grants taken back), but of the CDI driver files only they needed some are left in the container's root: {left}", Unit::join(units, ","))]
+    DriverFilesLeft { units: Vec<Unit>, left: Leftovers },
     #[error("detached GPU(s) {} (their grants taken back), but their nodes could not be removed from the container's /dev: {source}", Unit::join(units, ","))]
     NodesNotRemoved {
         units: Vec<Unit>,

@@ -210,6 +210,7 @@ fn new_reservation(
         init: None,
         nodes: Vec::new(),
         mounts: Vec::new(),
+        rootfs: Default::default(),
         hotplugged: false,
     }
 }
@@ -342,13 +343,36 @@ fn cdi_plan(
     gpus: &[Unit],
     specs: &[NodeSpec],
 ) -> Result<Option<(cdi::Plan, Vec<NodeSpec>)>, Error> {
-    let cfg = f.cfg;
-    if req.driver.unwrap_or(cfg.driver) != Driver::Cdi {
+    if !wants_cdi(f.cfg, req) {
         return Ok(None);
     }
-    let num = |n: &Node| (n.major, n.minor);
+    let granted = specs.iter().map(|s| num(s)).collect();
+    let plan = driver_plan(f, inv, gpus, &[], granted)?;
+    let extra = owned(h, req, plan.nodes.iter().map(|n| (n.node.clone(), n.mode)))?;
+    Ok(Some((plan, extra)))
+}
+
+/// Whether a request (or the host default) asks for the driver's user space.
+fn wants_cdi(cfg: &Config, req: &Request) -> bool {
+    req.driver.unwrap_or(cfg.driver) == Driver::Cdi
+}
+
+fn num(n: &Node) -> (u32, u32) {
+    (n.major, n.minor)
+}
+
+/// The edits of the vendors' CDI specs for `gpus`; `holds`: other units the container holds
+/// (their nodes are its own, not another GPU's), `granted`: the nodes it is granted anyway.
+fn driver_plan(
+    f: &Facts,
+    inv: &Inventory,
+    gpus: &[Unit],
+    holds: &[Unit],
+    granted: std::collections::BTreeSet<(u32, u32)>,
+) -> Result<cdi::Plan, Error> {
+    let cfg = f.cfg;
     let mut units = cdi::Units {
-        granted: specs.iter().map(|s| num(s)).collect(),
+        granted,
         ..Default::default()
     };
     for u in gpus {
@@ -364,12 +388,13 @@ fn cdi_plan(
             nodes: own,
         });
     }
+    let mine = |u: Unit| gpus.contains(&u) || holds.contains(&u);
     for g in &inv.gpus {
-        if !gpus.contains(&Unit::Gpu(g.pci)) {
+        if !mine(Unit::Gpu(g.pci)) {
             units.foreign.extend(g.nodes.iter().map(|(_, n)| num(n)));
         }
         for m in &g.migs {
-            if !gpus.contains(&m.id(g.pci)) {
+            if !mine(m.id(g.pci)) {
                 units.foreign.extend([num(&m.gi_cap), num(&m.ci_cap)]);
             }
         }
@@ -387,9 +412,7 @@ fn cdi_plan(
         nvidia_version: version,
         dirs: &cfg.cdi_spec_dirs,
     };
-    let plan = cdi::plan(&loaded, &units, &host)?;
-    let extra = owned(h, req, plan.nodes.iter().map(|n| (n.node.clone(), n.mode)))?;
-    Ok(Some((plan, extra)))
+    Ok(cdi::plan(&loaded, &units, &host)?)
 }
 
 fn as_nodes(specs: &[NodeSpec]) -> Vec<Node> {

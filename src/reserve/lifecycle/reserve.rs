@@ -228,6 +228,7 @@ fn keep_or_free(
         if let Some(r) = st.reservations.get_mut(h.id) {
             r.nodes = as_nodes(&specs.0);
             r.mounts.clear();
+            r.rootfs = Default::default();
         }
         return Ok(Some((gpus, Vec::new(), specs)));
     }

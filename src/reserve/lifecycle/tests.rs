@@ -43,6 +43,8 @@ struct Fake {
     /// Removing nodes fails.
     fail_remove: bool,
     fail_inject: bool,
+    /// Taking the driver files out of the container's root fails.
+    fail_uninject: bool,
     /// The init exits during this call (`create`, `inject`).
     init_exits_in: Option<&'static str>,
     /// The inventory cannot be read.
@@ -184,10 +186,19 @@ impl Enter for Fake {
     fn uninject(
         &self,
         _: &Container,
-        _: &Done,
+        d: &Done,
         _: Owner,
     ) -> Result<crate::log::Leftovers, ContainerError> {
-        self.call("uninject".into());
+        let what: Vec<String> = d
+            .mounted
+            .iter()
+            .map(|m| format!("{} ({}:{})", m.target, m.dev, m.ino))
+            .chain(d.links.iter().cloned())
+            .collect();
+        self.call(format!("uninject {}", what.join(" ")));
+        if self.fail_uninject {
+            return Err(ContainerError::Refused("/ is not the container's".into()));
+        }
         Ok(Default::default())
     }
     fn check_mounts(&self, _: &Container, m: &[Mounted]) -> Result<Vec<String>, ContainerError> {
@@ -331,6 +342,7 @@ impl Host {
                         init,
                         nodes: vec![],
                         mounts: vec![],
+                        rootfs: Default::default(),
                         hotplugged: false,
                     },
                 );
@@ -1234,7 +1246,7 @@ fn attach_refused_when_not_enough_units_changes_nothing() {
 }
 
 #[test]
-fn attach_refused_to_a_prepared_or_other_reservation_and_with_cdi() {
+fn attach_refused_to_a_prepared_or_other_reservation() {
     let h = host();
     h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
     let before = state_bytes(&h);
@@ -1255,10 +1267,6 @@ fn attach_refused_to_a_prepared_or_other_reservation_and_with_cdi() {
         "its GPU reservation records container init 4100, but its init now is 4242: not the running container (did reconnect run?)"
     );
     assert_eq!(state_bytes(&h), before_other);
-    assert_eq!(
-        attach(&cdi_req(1)),
-        "attach with --driver cdi is not supported yet"
-    );
     // Not running: what finding it said.
     let e = h
         .with(&fake, |f| {
@@ -1922,4 +1930,193 @@ fn detach_whose_nodes_cannot_be_removed_says_so_after_freeing() {
     assert_eq!(fake.calls(), ["deny 195:0", "remove /dev/nvidia0"]);
     // No longer granted: freed.
     assert_eq!(h.state().reservations[ID].gpus, [pci(1)]);
+}
+
+// ---- attach and detach with the driver's user space (CDI) ----
+
+/// [`cdi_req`] for these GPUs of the test host by index.
+fn cdi_req_of(ix: &[usize]) -> Request {
+    let mut r = req_of(ix);
+    r.driver = Some(Driver::Cdi);
+    r
+}
+
+/// [`SPEC`]'s one driver mount.
+const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.535.129.03";
+
+fn mount_targets(h: &Host) -> Vec<String> {
+    h.state().reservations[ID]
+        .mounts
+        .iter()
+        .map(|m| format!("{} ({}:{})", m.target, m.dev, m.ino))
+        .collect()
+}
+
+/// What `/etc/hostname` ([`SPEC`]'s mount source) is on this host: what a mount of it shows.
+fn source_identity() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata("/etc/hostname").unwrap();
+    format!("{}:{}", md.dev(), md.ino())
+}
+
+#[test]
+fn attach_cdi_gives_the_new_gpus_driver_files_and_detach_takes_them_with_the_last() {
+    let h = cdi_host();
+    h.in_ns(INIT.pid, CT_NS);
+    let fake = h.fake(Fake::default());
+    h.attach(&fake, &cdi_req_of(&[0])).unwrap();
+    // The GPU's node and the spec's common one granted and made, then its mount.
+    assert_eq!(
+        fake.calls(),
+        [
+            "allow 1:3",
+            "allow 1:7",
+            "create /dev/null /dev/full",
+            &format!("inject {LIBCUDA}")
+        ]
+    );
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.nodes.iter().map(num).collect::<Vec<_>>(), ["1:3", "1:7"]);
+    // Recorded as made (the fake helper's identity).
+    assert_eq!(mount_targets(&h), [format!("{LIBCUDA} (9:99)")]);
+    // A second GPU: its node; the driver's mount is there already (no second mount).
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(vec![(1, 3), (1, 7)]),
+        ..Default::default()
+    });
+    h.attach(&fake, &cdi_req_of(&[1])).unwrap();
+    assert_eq!(fake.calls(), ["allow 1:5", "create /dev/zero"]);
+    assert_eq!(h.state().reservations[ID].gpus, [pci(0), pci(1)]);
+    assert_eq!(mount_targets(&h), [format!("{LIBCUDA} (9:99)")]);
+    // Detach of one: GPU 0 keeps the driver.
+    let (fake, out) = h.detach(Fake::default(), sel(pci(1)), false);
+    assert_eq!(out.unwrap().units, [pci(1)]);
+    assert_eq!(fake.calls(), ["deny 1:5", "remove /dev/zero"]);
+    assert_eq!(mount_targets(&h), [format!("{LIBCUDA} (9:99)")]);
+    // Detach of the last: every node, and the driver's mount.
+    let (fake, out) = h.detach(Fake::default(), sel(pci(0)), false);
+    assert_eq!(out.unwrap().units, [pci(0)]);
+    assert_eq!(
+        fake.calls(),
+        [
+            "deny 1:3",
+            "deny 1:7",
+            "remove /dev/null /dev/full",
+            &format!("uninject {LIBCUDA} (9:99)")
+        ]
+    );
+    let r = &h.state().reservations[ID];
+    assert!(
+        r.gpus.is_empty() && r.nodes.is_empty() && r.mounts.is_empty(),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn attach_cdi_to_a_container_started_with_the_driver_adds_only_the_gpus_node() {
+    let h = cdi_host();
+    h.in_ns(INIT.pid, CT_NS);
+    h.activated(&[pci(0)], &cdi_req(1));
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(vec![(1, 3), (1, 7)]),
+        ..Default::default()
+    });
+    h.attach(&fake, &cdi_req_of(&[1])).unwrap();
+    assert_eq!(fake.calls(), ["allow 1:5", "create /dev/zero"]);
+    // Detach of the GPU `started` gave: the attached one keeps the driver's mount.
+    let (fake, out) = h.detach(Fake::default(), sel(pci(0)), false);
+    assert_eq!(out.unwrap().units, [pci(0)]);
+    assert_eq!(fake.calls(), ["deny 1:3", "remove /dev/null"]);
+    assert_eq!(mount_targets(&h), [format!("{LIBCUDA} (9:99)")]);
+}
+
+#[test]
+fn attach_cdi_whose_driver_files_fail_takes_everything_back() {
+    let h = cdi_host();
+    h.in_ns(INIT.pid, CT_NS);
+    h.seed(ID, "web1", &[], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake {
+        fail_inject: true,
+        ..Default::default()
+    });
+    let e = h.attach(&fake, &cdi_req_of(&[0])).unwrap_err();
+    assert_eq!(e.to_string(), "mount over /usr/lib: Permission denied");
+    assert_eq!(
+        fake.calls(),
+        [
+            "allow 1:3",
+            "allow 1:7",
+            "create /dev/null /dev/full",
+            &format!("inject {LIBCUDA}"),
+            "remove /dev/null /dev/full",
+            "revoke 1:7",
+            "revoke 1:3",
+        ]
+    );
+    assert!(fake.allowed.borrow().is_empty());
+    let r = &h.state().reservations[ID];
+    assert!(
+        r.gpus.is_empty() && r.nodes.is_empty() && r.mounts.is_empty(),
+        "{r:?}"
+    );
+    assert!(!r.hotplugged);
+}
+
+#[test]
+fn attach_cdi_killed_before_its_mounts_leaves_them_recorded_for_detach() {
+    let h = cdi_host();
+    h.in_ns(INIT.pid, CT_NS);
+    let fake = h.fake(Fake {
+        state_at_allow: Some(h.cfg.state_file.clone()),
+        ..Default::default()
+    });
+    h.attach(&fake, &cdi_req_of(&[0])).unwrap();
+    // Killed at the grant: the mount is recorded as planned (its source's identity), before
+    // anything was granted or mounted.
+    std::fs::write(&h.cfg.state_file, fake.seen_at_allow.take().unwrap()).unwrap();
+    let planned = format!("{LIBCUDA} ({})", source_identity());
+    assert_eq!(mount_targets(&h), std::slice::from_ref(&planned));
+    let (fake, out) = h.detach(Fake::default(), Which::All, false);
+    assert_eq!(out.unwrap().units, [pci(0)]);
+    assert_eq!(
+        fake.calls(),
+        [
+            "deny 1:3",
+            "deny 1:7",
+            "remove /dev/null /dev/full",
+            &format!("uninject {planned}")
+        ]
+    );
+    assert!(h.state().reservations[ID].mounts.is_empty());
+}
+
+#[test]
+fn detach_whose_driver_files_cannot_be_taken_out_says_so_after_freeing() {
+    let h = cdi_host();
+    h.in_ns(INIT.pid, CT_NS);
+    h.activated(&[pci(0)], &cdi_req(1));
+    let (fake, out) = h.detach(
+        Fake {
+            fail_uninject: true,
+            ..Default::default()
+        },
+        Which::All,
+        false,
+    );
+    let e = out.unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "detached GPU(s) 0000:10:00.0 (their grants taken back), but the CDI driver files only they needed could not be taken out of the container's root: / is not the container's"
+    );
+    assert_eq!(
+        fake.calls(),
+        [
+            "deny 1:3",
+            "deny 1:7",
+            "remove /dev/null /dev/full",
+            &format!("uninject {LIBCUDA} (9:99)")
+        ]
+    );
+    let r = &h.state().reservations[ID];
+    assert!(r.gpus.is_empty() && r.mounts.is_empty(), "{r:?}");
 }
