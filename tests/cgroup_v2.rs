@@ -288,8 +288,9 @@ fn runtime_program_replaced_with_multi_and_without() {
         rule(true, b'c', Some(1), Some(3), 7),
         rule(true, b'c', Some(195), Some(0), 6),
     ];
-    for flags in [bpf::BPF_F_ALLOW_MULTI, 0] {
-        let cg = Cg(unified_root().join(format!("gpuhook-test-v2r{flags}-{}", std::process::id())));
+    {
+        let flags = bpf::BPF_F_ALLOW_MULTI;
+        let cg = Cg(unified_root().join(format!("gpuhook-test-v2r-{}", std::process::id())));
         std::fs::create_dir(&cg.0).unwrap();
         let cgfd = dir_fd(&cg.0);
         let prog =
@@ -363,7 +364,41 @@ fn runtime_program_replaced_with_multi_and_without() {
             opens(&cg.0, &[&nv1, &ctl]),
             vec![Err(Errno::EPERM), Err(Errno::ENXIO)]
         );
+        // The runtime's own GPU, denied by a detach, attached again and rolled back: denied
+        // again (the deny is put back, not only the allow taken out).
+        let n0 = node("/dev/nvidia0", 195, 0);
+        assert!(!r.is_allowed(&n0).unwrap());
+        let n0s = std::slice::from_ref(&n0);
+        assert_eq!(grant_all(&mut r, n0s).unwrap(), n0s);
+        assert_eq!(opens(&cg.0, &[&nv0]), vec![Err(Errno::ENXIO)]);
+        assert!(revoke_all(&mut r, std::slice::from_ref(&n0)).is_empty());
+        assert_eq!(opens(&cg.0, &[&nv0]), vec![Err(Errno::EPERM)]);
+        assert!(!r.is_allowed(&n0).unwrap());
+        drop(r);
+        // A lock on the cgroup directory, which anyone who can open it may take (the
+        // container too, through its cgroup namespace), holds nothing up.
+        let held = nix::fcntl::Flock::lock(
+            std::fs::File::open(&cg.0).unwrap(),
+            nix::fcntl::FlockArg::LockExclusive,
+        )
+        .unwrap();
+        let t = std::time::Instant::now();
+        let mut r = Replace::open(&cg.0).unwrap();
+        r.allow(&n1).unwrap();
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        drop(held);
     }
+
+    // A program attached without BPF_F_ALLOW_MULTI (an attach would replace whatever is
+    // there then, a third party's too): refused, nothing changed.
+    let cg = Cg(unified_root().join(format!("gpuhook-test-v2r0-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let cgfd = dir_fd(&cg.0);
+    let prog = bpf::prog_load(bpf::BPF_PROG_TYPE_CGROUP_DEVICE, &runc_like(&rules), "GPL").unwrap();
+    bpf::prog_attach(cgfd.as_fd(), prog.as_fd(), bpf::BPF_CGROUP_DEVICE, 0).unwrap();
+    let e = Replace::open(&cg.0).err().expect("flags 0 are refused");
+    assert!(e.to_string().contains("not BPF_F_ALLOW_MULTI"), "{e}");
+    assert_eq!(opens(&cg.0, &[&nv1]), vec![Err(Errno::EPERM)]);
 
     // A gpuhook killed between attaching its replacement and detaching the old program left
     // both: the kernel asks both, and so does the next gpuhook, which then leaves one.
@@ -417,6 +452,29 @@ fn runtime_program_replaced_with_multi_and_without() {
     std::fs::create_dir(&cg.0).unwrap();
     let cgfd = dir_fd(&cg.0);
     let (_p, _m) = bpfprog::attach_libvirt_program(cgfd.as_fd()).unwrap();
+    // libvirt's (flags 0, a map)
+    let e = Replace::open(&cg.0)
+        .err()
+        .expect("libvirt's program is refused");
+    assert!(e.to_string().contains("not BPF_F_ALLOW_MULTI"), "{e}");
+    // one with a map, attached as the runtimes attach
+    let cg = Cg(unified_root().join(format!("gpuhook-test-v2rm-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let cgfd = dir_fd(&cg.0);
+    let map = bpf::map_create(bpf::BPF_MAP_TYPE_HASH, 8, 4, 64).unwrap();
+    let mprog = bpf::prog_load(
+        bpf::BPF_PROG_TYPE_CGROUP_DEVICE,
+        &bpfprog::libvirt_device_program(map.as_raw_fd()),
+        "GPL",
+    )
+    .unwrap();
+    bpf::prog_attach(
+        cgfd.as_fd(),
+        mprog.as_fd(),
+        bpf::BPF_CGROUP_DEVICE,
+        bpf::BPF_F_ALLOW_MULTI,
+    )
+    .unwrap();
     let e = Replace::open(&cg.0)
         .err()
         .expect("a map program is refused");

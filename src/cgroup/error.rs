@@ -145,8 +145,12 @@ pub enum Fault {
         errno: SysErr,
     },
     // ---- v2, an OCI runtime's program ----
-    #[error("flock: {0}")]
+    #[error("gpuhook's lock of this cgroup (/run/gpuhook/cgroup-locks): {0}")]
     Lock(#[source] SysErr),
+    #[error("its device program is attached with flags {flags:#x}, not BPF_F_ALLOW_MULTI as runc and crun attach theirs; refusing to replace it")]
+    NotMulti { flags: u32 },
+    #[error("{entries} device entries of gpuhook's in one program; at most {max}")]
+    TooManyEntries { entries: usize, max: usize },
     #[error("{programs} device programs attached here, not the one of an OCI runtime; refusing to guess")]
     NotOneProgram { programs: usize },
     #[error("device program {id} is not plain code gpuhook can read ({maps} map(s), or an instruction it does not model); refusing to replace it")]

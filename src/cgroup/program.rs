@@ -13,9 +13,10 @@
 //!
 //! The new program is attached (`BPF_F_ALLOW_MULTI`, as runc and crun attach theirs) before
 //! the old one is detached: while both are attached an access needs both to allow it, so at
-//! no moment is more allowed than either program allows. A runtime that attached without
-//! `BPF_F_ALLOW_MULTI` is replaced in one step by an attach with its own flags. Changes to one
-//! cgroup's program are serialized by a `flock` on the cgroup directory.
+//! no moment is more allowed than either program allows. A program attached without
+//! `BPF_F_ALLOW_MULTI` is refused (an attach would replace whatever is there then, also a
+//! program a third party put there after gpuhook read the old one). Changes to one cgroup's
+//! program are serialized by a `flock` of a file of root's named by the cgroup's inode.
 //!
 //! What the program allows is read by running it, here, on the access in question: a small
 //! interpreter of the instructions such programs use ([`eval`]); a program with anything else
@@ -151,6 +152,10 @@ const MAX_STEPS: usize = 1 << 16;
 /// `None` when it does something this interpreter does not model (a map, a call, a store, a
 /// load outside the context, a jump outside the program, a register read before it is set).
 pub fn eval(prog: &[Insn], ctx: DevCtx) -> Option<bool> {
+    // The context's bytes are read as the kernel lays them out on a little-endian host.
+    if cfg!(target_endian = "big") {
+        return None;
+    }
     let mut r = [Reg::Unset; 11];
     r[1] = Reg::Ctx;
     let cb = ctx.bytes();
@@ -170,6 +175,11 @@ pub fn eval(prog: &[Insn], ctx: DevCtx) -> Option<bool> {
             CLASS_ALU | CLASS_ALU64 => {
                 let op = i.code & 0xf0;
                 let wide = class == CLASS_ALU64;
+                // cpu v4's signed div/mod and sign-extending mov (`off`), an address-space
+                // cast (`imm` of a register mov): not modelled.
+                if i.off != 0 || (i.code & SRC_X != 0 && i.imm != 0) {
+                    return None;
+                }
                 if op == 0xb0 && i.code & SRC_X != 0 && r[s] == Reg::Ctx {
                     // A copy of the context pointer stays one (64-bit mov only).
                     r[d] = if wide { Reg::Ctx } else { return None };
@@ -208,6 +218,9 @@ pub fn eval(prog: &[Insn], ctx: DevCtx) -> Option<bool> {
                 let mut v = [0u8; 8];
                 v[..size].copy_from_slice(bytes);
                 r[d] = Reg::Val(u64::from_le_bytes(v));
+                if i.imm != 0 {
+                    return None;
+                }
                 pc += 1;
             }
             CLASS_LD => {
@@ -393,36 +406,113 @@ impl Prologue {
 
 // ---- the backend ----
 
+/// Where gpuhook's locks of cgroups whose program it replaces are: root's alone (a lock on
+/// the cgroup directory itself could be taken by anyone who can open it, the container
+/// included, through its cgroup namespace).
+const LOCK_DIR: [&str; 3] = ["/run", "gpuhook", "cgroup-locks"];
+
+/// How long a replacement waits for another gpuhook's on the same cgroup.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The most entries gpuhook puts in front of a runtime's program (the verifier's limits
+/// refuse a program of about a thousand; a container holds a few GPUs).
+pub const MAX_ENTRIES: usize = 256;
+
+/// What a node was in gpuhook's entries before this run allowed it.
+#[derive(Debug, Clone, Copy)]
+struct Before {
+    denied: bool,
+    allowed: bool,
+}
+
 /// An OCI container's cgroup on the unified hierarchy with the runtime's device program,
 /// which gpuhook widens or narrows by replacing it.
 pub struct Replace {
     dir: PathBuf,
-    /// The cgroup directory, `flock`ed for as long as this value lives.
-    cg: Flock<OwnedFd>,
-    /// The flags the runtime attached with.
-    flags: u32,
+    cg: OwnedFd,
+    /// gpuhook's lock of this cgroup, held for as long as this value lives.
+    _lock: Flock<std::fs::File>,
     /// The programs attached now: one, or two where a gpuhook was killed between attaching
     /// its replacement and detaching the program it replaced (both rule, see [`Replace::open`]).
     current: Vec<OwnedFd>,
     prologue: Prologue,
     runtime: Vec<Insn>,
-    /// Devices this run allowed that were not allowed before (what `revoke` may take back).
-    added: BTreeSet<(u32, u32)>,
+    /// Devices this run turned from denied to allowed, with what gpuhook's entries said of
+    /// them before (what `revoke` puts back).
+    added: std::collections::BTreeMap<(u32, u32), Before>,
+}
+
+/// A directory of root's that no one else may write, made if missing.
+fn root_dir(parent: &OwnedFd, name: &str) -> Result<OwnedFd, nix::errno::Errno> {
+    use nix::errno::Errno;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = match nix::fcntl::openat(parent, name, flags, Mode::empty()) {
+        Err(Errno::ENOENT) => {
+            match nix::sys::stat::mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(x) => return Err(x),
+            }
+            nix::fcntl::openat(parent, name, flags, Mode::empty())?
+        }
+        r => r?,
+    };
+    let st = nix::sys::stat::fstat(&fd)?;
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(Errno::EPERM);
+    }
+    Ok(fd)
+}
+
+/// gpuhook's lock of the cgroup whose directory is `cg`: a file named by the cgroup's
+/// device and inode in [`LOCK_DIR`], taken within [`LOCK_WAIT`].
+fn lock(cg: &OwnedFd) -> Result<Flock<std::fs::File>, Fault> {
+    use nix::errno::Errno;
+    let mut dir = nix::fcntl::open(
+        "/",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|x| Fault::Lock(x.into()))?;
+    for name in &LOCK_DIR[..] {
+        let name = name.trim_start_matches('/');
+        dir = root_dir(&dir, name).map_err(|x| Fault::Lock(x.into()))?;
+    }
+    let st = nix::sys::stat::fstat(cg).map_err(|x| Fault::Lock(x.into()))?;
+    let name = format!("{:x}-{:x}", st.st_dev, st.st_ino);
+    let fd = nix::fcntl::openat(
+        &dir,
+        name.as_str(),
+        OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|x| Fault::Lock(x.into()))?;
+    let mut file = std::fs::File::from(fd);
+    let until = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => return Ok(l),
+            Err((f, Errno::EWOULDBLOCK)) if std::time::Instant::now() < until => {
+                file = f;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err((_, x)) => return Err(Fault::Lock(x.into())),
+        }
+    }
 }
 
 impl Replace {
-    /// The device program attached to cgroup `dir` (exactly one, of plain code that
-    /// [`eval`] can read), locked against another gpuhook's replacement.
+    /// The device program attached to cgroup `dir` (exactly one, attached as runc and crun
+    /// attach theirs, of plain code that [`eval`] can read), locked against another
+    /// gpuhook's replacement.
     pub fn open(dir: &Path) -> Result<Replace, CgroupError> {
         let e = |f: Fault| CgroupError::new(dir, f);
-        let fd = nix::fcntl::open(
+        let cg = nix::fcntl::open(
             dir,
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
         .map_err(|x| e(Fault::Open(x.into())))?;
-        let cg =
-            Flock::lock(fd, FlockArg::LockExclusive).map_err(|(_, x)| e(Fault::Lock(x.into())))?;
+        let lock = lock(&cg).map_err(e)?;
         let (ids, flags) = bpf::prog_query_flags(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
             .map_err(|x| e(Fault::ProgQuery(x.into())))?;
         let several = || {
@@ -432,6 +522,12 @@ impl Replace {
         };
         if ids.is_empty() || ids.len() > 2 {
             return Err(several());
+        }
+        // Without BPF_F_ALLOW_MULTI an attach replaces whatever program is there at that
+        // moment, also one a third party put there after gpuhook read the old one: no
+        // replacement can be bounded by both. runc and crun attach with it.
+        if flags & bpf::BPF_F_ALLOW_MULTI == 0 {
+            return Err(e(Fault::NotMulti { flags }));
         }
         let mut current = Vec::new();
         let mut read: Vec<(Prologue, Vec<Insn>)> = Vec::new();
@@ -470,12 +566,12 @@ impl Replace {
         }
         Ok(Replace {
             dir: dir.to_path_buf(),
-            flags,
+            cg,
+            _lock: lock,
             current,
             runtime,
             prologue,
-            added: BTreeSet::new(),
-            cg,
+            added: Default::default(),
         })
     }
 
@@ -483,39 +579,64 @@ impl Replace {
         self.prologue.compile(&self.runtime)
     }
 
-    /// Loads the program of `next` and puts it in the current one's place: attached first,
-    /// the old one detached after (or replaced in one step where the runtime attached
-    /// without `BPF_F_ALLOW_MULTI`).
+    /// Loads the program of `next` and puts it in the current one's place: attached first
+    /// (`BPF_F_ALLOW_MULTI`), the old one detached after.
     fn replace(&mut self, next: Prologue) -> Result<(), CgroupError> {
         let e = |f: Fault| CgroupError::new(&self.dir, f);
+        let entries = next.allow.len() + next.deny.len();
+        if entries > MAX_ENTRIES {
+            let max = MAX_ENTRIES;
+            return Err(e(Fault::TooManyEntries { entries, max }));
+        }
         let insns = next.compile(&self.runtime);
         let prog = bpf::prog_load(bpf::BPF_PROG_TYPE_CGROUP_DEVICE, &insns, "GPL")
             .map_err(|x| e(Fault::ProgLoad(x.into())))?;
         let cg = self.cg.as_fd();
-        bpf::prog_attach(cg, prog.as_fd(), bpf::BPF_CGROUP_DEVICE, self.flags)
-            .map_err(|x| e(Fault::ProgAttach(x.into())))?;
-        if self.flags & bpf::BPF_F_ALLOW_MULTI != 0 {
-            for (k, old) in self.current.iter().enumerate() {
-                if let Err(x) = bpf::prog_detach(cg, old.as_fd(), bpf::BPF_CGROUP_DEVICE) {
-                    // What is attached allows no more than the old ones together: the
-                    // new one is taken away again where none of the old ones is gone yet.
-                    let undo = if k == 0 {
-                        bpf::prog_detach(cg, prog.as_fd(), bpf::BPF_CGROUP_DEVICE).err()
-                    } else {
-                        None
-                    };
-                    let fault = Fault::ProgDetach(x.into());
-                    let left = undo
-                        .map(|u| e(Fault::ProgDetach(u.into())).to_string())
-                        .into_iter()
-                        .collect();
-                    return Err(e(fault).with_left(left));
+        bpf::prog_attach(
+            cg,
+            prog.as_fd(),
+            bpf::BPF_CGROUP_DEVICE,
+            bpf::BPF_F_ALLOW_MULTI,
+        )
+        .map_err(|x| e(Fault::ProgAttach(x.into())))?;
+        let old = std::mem::take(&mut self.current);
+        for (k, p) in old.iter().enumerate() {
+            if let Err(x) = bpf::prog_detach(cg, p.as_fd(), bpf::BPF_CGROUP_DEVICE) {
+                // What is attached allows no more than the old ones together: the new one
+                // is taken away again where none of the old ones is gone yet.
+                let undo = if k == 0 {
+                    bpf::prog_detach(cg, prog.as_fd(), bpf::BPF_CGROUP_DEVICE).err()
+                } else {
+                    None
+                };
+                self.current = old.into_iter().skip(k).collect();
+                if undo.is_some() || k > 0 {
+                    self.current.push(prog);
                 }
+                let fault = Fault::ProgDetach(x.into());
+                let left = undo
+                    .map(|u| e(Fault::ProgDetach(u.into())).to_string())
+                    .into_iter()
+                    .collect();
+                return Err(e(fault).with_left(left));
             }
         }
         self.current = vec![prog];
         self.prologue = next;
         Ok(())
+    }
+
+    /// Puts `next` in place where it changes anything (and where two programs left by a
+    /// killed gpuhook become one).
+    fn settle(&mut self, next: Prologue) -> Result<(), CgroupError> {
+        if next != self.prologue || self.current.len() > 1 {
+            self.replace(next)?;
+        }
+        Ok(())
+    }
+
+    fn runtime_allows(&self, n: &Node) -> Option<bool> {
+        eval(&self.runtime, DevCtx::rw_char(n.major, n.minor))
     }
 }
 
@@ -537,31 +658,41 @@ impl DeviceCgroup for Replace {
 
     fn allow(&mut self, n: &Node) -> Result<(), CgroupError> {
         let k = (n.major, n.minor);
+        let was = self.is_allowed(n)?;
+        let before = Before {
+            denied: self.prologue.deny.contains(&k),
+            allowed: self.prologue.allow.contains(&k),
+        };
         let mut next = self.prologue.clone();
         next.deny.remove(&k);
         // An entry only where the runtime's rules do not allow it already.
-        if eval(&self.runtime, DevCtx::rw_char(n.major, n.minor)) != Some(true) {
+        if self.runtime_allows(n) != Some(true) {
             next.allow.insert(k);
         }
-        let adds = next.allow.contains(&k) && !self.prologue.allow.contains(&k);
-        // Two programs left by a killed gpuhook become one at the next change.
-        if next != self.prologue || self.current.len() > 1 {
-            self.replace(next)?;
-        }
-        if adds {
-            self.added.insert(k);
+        self.settle(next)?;
+        if !was {
+            self.added.entry(k).or_insert(before);
         }
         Ok(())
     }
 
     fn revoke(&mut self, n: &Node) -> Result<(), CgroupError> {
         let k = (n.major, n.minor);
-        if !self.added.remove(&k) {
+        let Some(before) = self.added.remove(&k) else {
             return Ok(());
-        }
+        };
+        // What gpuhook's entries said before this run allowed it: a deny put back too (a
+        // node the runtime's rules allow, which an earlier detach had denied).
         let mut next = self.prologue.clone();
-        next.allow.remove(&k);
-        self.replace(next)
+        if before.allowed {
+            next.allow.insert(k);
+        } else {
+            next.allow.remove(&k);
+        }
+        if before.denied {
+            next.deny.insert(k);
+        }
+        self.settle(next)
     }
 
     fn deny(&mut self, n: &Node) -> Result<(), CgroupError> {
@@ -569,15 +700,12 @@ impl DeviceCgroup for Replace {
         self.added.remove(&k);
         let mut next = self.prologue.clone();
         next.allow.remove(&k);
-        // The runtime's rules allow it (a GPU given at create, in `config.json`): denied.
-        if eval(&self.runtime, DevCtx::rw_char(n.major, n.minor)) != Some(false) {
+        // The runtime's rules allow it (a GPU given at create, in `config.json`), or may:
+        // denied.
+        if self.runtime_allows(n) != Some(false) {
             next.deny.insert(k);
         }
-        // Two programs left by a killed gpuhook become one at the next change.
-        if next != self.prologue || self.current.len() > 1 {
-            self.replace(next)?;
-        }
-        Ok(())
+        self.settle(next)
     }
 }
 
@@ -772,6 +900,11 @@ mod tests {
         assert_eq!(allows(&[mov64_imm(0, 1)], 1, 3), None);
         // a store
         assert_eq!(allows(&[insn(0x63, 10, 1, -4, 0), exit()], 1, 3), None);
+        // cpu v4: a sign-extending mov (off 8), a signed div (off 1)
+        let movsx = insn(0xbf, 2, 1, 8, 0);
+        assert_eq!(allows(&[mov64_imm(1, 5), movsx, exit()], 1, 3), None);
+        let sdiv = insn(0x37, 0, 0, 1, 2);
+        assert_eq!(allows(&[mov64_imm(0, 2), sdiv, exit()], 1, 3), None);
         // returns 1 / 0
         assert_eq!(allows(&[mov64_imm(0, 1), exit()], 1, 3), Some(true));
         assert_eq!(allows(&[mov64_imm(0, 0), exit()], 1, 3), Some(false));
