@@ -5,7 +5,7 @@ set -eu
 export PATH="$HOME/.cargo/bin:$PATH"
 pkgs="libvirt-daemon libvirt-daemon-driver-lxc libvirt-clients libvirt-dev pkg-config hwdata util-linux file gzip"
 if [ "${1:-}" = full ]; then
-    pkgs="$pkgs rpm lintian rpmlint hyperfine valgrind dpkg-dev podman runc crun conmon busybox-static docker.io gcc libc6-dev prometheus python3-venv strace"
+    pkgs="$pkgs rpm lintian rpmlint hyperfine valgrind dpkg-dev podman runc crun conmon busybox-static docker.io containerd gcc libc6-dev prometheus python3-venv strace"
 fi
 missing=""
 for p in $pkgs; do

@@ -19,6 +19,8 @@ step "packages"
 ./packaging/build.sh
 step "package lifecycle and the installed hook under libvirtd"
 ./scripts/package-test.sh
+step "the .rpm installed with rpm: scripts, links, units, upgrade, erase"
+./scripts/rpm-test.sh
 step "bounded fuzz pass"
 ./scripts/fuzz.sh 20
 step "all tests passed"

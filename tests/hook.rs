@@ -385,9 +385,23 @@ fn stale_prepared_reservation_is_reclaimed() {
             .contains("which is gone"),
         "{l}"
     );
+    // Listed as stale, never as a live holder: in the JSON and in the table.
+    for g in l["gpus"].as_array().unwrap() {
+        assert_eq!(g["holder"]["domain"], "gone", "{g}");
+        assert_eq!(g["holder"]["stale"], true, "{g}");
+    }
+    let text = h.cmd().arg("list").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(
+        text.matches("stale: gone (it was prepared by pid ").count(),
+        2,
+        "{text}"
+    );
+    assert!(!text.contains("gone (prepared)"), "{text}");
     // A new prepare reclaims it.
     assert_ok(&h.hook("new", "prepare", &domain("new", 2, &gpus(r#"count="2""#))));
     assert_eq!(h.holders().keys().collect::<Vec<_>>(), vec!["new"]);
+    assert_eq!(h.list()["gpus"][0]["holder"]["stale"], false);
     // A reservation whose preparer is alive is never reclaimed.
     assert_fails(
         &h.hook("third", "prepare", &domain("third", 3, &gpus(""))),
@@ -520,7 +534,7 @@ fn list_json_schema() {
     );
     assert_eq!(
         g["holder"],
-        serde_json::json!({"kind": "libvirt", "domain": "m", "uuid": uuid(1), "phase": "prepared"})
+        serde_json::json!({"kind": "libvirt", "domain": "m", "uuid": uuid(1), "phase": "prepared", "stale": false})
     );
     assert_eq!(l["gpus"][1]["uuid"].as_str().unwrap().len(), 40);
     assert_eq!(l["gpus"][1]["holder"], serde_json::Value::Null);

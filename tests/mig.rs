@@ -35,11 +35,13 @@ fn inventory_lists_instances_with_their_capability_nodes() {
     let list = h.list();
     let migs = gpu(&list, "0000:18:00.0")["migs"].as_array().unwrap();
     assert_eq!(migs.len(), 7);
-    // /dev/nvidia2's GPU instance 7, compute instance 0.
+    // /dev/nvidia2's GPU instance 7, compute instance 0: every node a holder gets, the
+    // parent's /dev/nvidia2 first.
     assert_eq!(migs[0]["id"], "0000:18:00.0/gi7/ci0");
     assert_eq!(
         migs[0]["nodes"],
         serde_json::json!([
+            {"path": "/dev/nvidia2", "major": 195, "minor": 2},
             {"path": format!("/dev/nvidia-caps/nvidia-cap{}", mig_minor(2, 7, None)), "major": CAPS_MAJOR, "minor": mig_minor(2, 7, None)},
             {"path": format!("/dev/nvidia-caps/nvidia-cap{}", mig_minor(2, 7, Some(0))), "major": CAPS_MAJOR, "minor": mig_minor(2, 7, Some(0))},
         ])
@@ -67,11 +69,11 @@ fn inventory_lists_instances_with_their_capability_nodes() {
     std::fs::remove_dir_all(h.root().join("host/dev/nvidia-caps")).unwrap();
     let list = h.list();
     assert_eq!(
-        gpu(&list, "0000:1a:00.0")["migs"][1]["nodes"][1]["minor"],
+        gpu(&list, "0000:1a:00.0")["migs"][1]["nodes"][2]["minor"],
         mig_minor(3, 2, Some(0))
     );
     assert_eq!(
-        gpu(&list, "0000:1a:00.0")["migs"][1]["nodes"][1]["major"],
+        gpu(&list, "0000:1a:00.0")["migs"][1]["nodes"][2]["major"],
         CAPS_MAJOR
     );
 }
@@ -301,4 +303,53 @@ fn malformed_mig_requests() {
         assert_fails(&h.hook("m", "prepare", &domain("m", 1, &meta)), "m", needle);
     }
     assert!(h.holders().is_empty());
+}
+
+/// An instance whose holder is gone (prepared by a process that exited, no container) is
+/// listed as stale in `list --json` and in the table, never as a live holder; a live
+/// holder's is not. Its nodes are the ones a holder gets, the parent's `/dev/nvidiaN` first.
+#[test]
+fn a_gone_holder_of_an_instance_is_listed_stale() {
+    let h = Host::new(FakeHost::dgx8_mig());
+    let one = |gi: u32| {
+        format!(r#"<gpu:gpus {NS}><gpu:mig pci="0000:40:00.0" gi="{gi}" ci="0"/></gpu:gpus>"#)
+    };
+    let o = common::run_with_stdin(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{} hook gone prepare begin - ; exit $?",
+                common::bin().display()
+            ))
+            .env("GPUHOOK_CONFIG", &h.config),
+        &domain("gone", 1, &one(1)),
+    );
+    assert_ok(&o);
+    assert_ok(&h.hook("live", "prepare", &domain("live", 2, &one(5))));
+    let list = h.list();
+    let migs = gpu(&list, "0000:40:00.0")["migs"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let by_id = |id: &str| migs.iter().find(|m| m["id"] == id).unwrap().clone();
+    let gone = by_id("0000:40:00.0/gi1/ci0");
+    assert_eq!(
+        (&gone["holder"]["domain"], &gone["holder"]["stale"]),
+        (&serde_json::json!("gone"), &serde_json::json!(true)),
+        "{gone}"
+    );
+    let live = by_id("0000:40:00.0/gi5/ci0");
+    assert_eq!(
+        (&live["holder"]["domain"], &live["holder"]["stale"]),
+        (&serde_json::json!("live"), &serde_json::json!(false)),
+        "{live}"
+    );
+    assert_eq!(live["nodes"][0]["path"], "/dev/nvidia0", "{live}");
+    assert_eq!(live["nodes"].as_array().unwrap().len(), 3, "{live}");
+    let text = h.cmd().arg("list").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("MIG: 2 of 4 instances free (gi1/ci0 stale: gone, gi5/ci0 live)"),
+        "{text}"
+    );
 }

@@ -1,21 +1,84 @@
-//! `gpuhook list`: the GPUs and who holds them, as a table or as JSON.
+//! `gpuhook list`: the GPUs and who holds them, as a table or as JSON. A reservation whose
+//! holder is gone (stale: the next request that needs its units reclaims it) is listed as
+//! such, never as a live holder.
 
 use super::load;
 use crate::host::inventory::{Gpu, Inventory};
 use crate::ids::Unit;
 use crate::reserve::error::Error;
-use crate::reserve::state::State;
+use crate::reserve::state::{HolderKind, Reservation, State};
 use serde_json::json;
+use std::collections::HashMap;
 
-fn holder_json(st: &State, g: &Gpu) -> serde_json::Value {
-    match st.holder_of(&Unit::Gpu(g.pci)) {
-        Some(r) => json!({"kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase}),
-        None => serde_json::Value::Null,
+/// The state's reservations with, for each, why its holder is gone (`None`: it lives),
+/// looked at once per listing.
+struct Holders<'a> {
+    st: &'a State,
+    stale: HashMap<&'a str, Option<String>>,
+}
+
+impl<'a> Holders<'a> {
+    fn new(st: &'a State, stale: &dyn Fn(&Reservation) -> Option<String>) -> Holders<'a> {
+        let stale = st
+            .reservations
+            .values()
+            .map(|r| (r.uuid.as_str(), stale(r)))
+            .collect();
+        Holders { st, stale }
+    }
+
+    /// Why `r`'s holder is gone, if it is.
+    fn stale(&self, r: &Reservation) -> Option<&str> {
+        self.stale.get(r.uuid.as_str()).and_then(|w| w.as_deref())
+    }
+
+    /// Who holds `unit`, and why that holder is gone if it is.
+    fn of(&self, unit: &Unit) -> Option<(&'a Reservation, Option<&str>)> {
+        self.st.holder_of(unit).map(|r| (r, self.stale(r)))
+    }
+
+    /// `holder` in `list --json`: `null` when free.
+    fn json(&self, unit: &Unit) -> serde_json::Value {
+        match self.of(unit) {
+            Some((r, why)) => json!({
+                "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase,
+                "stale": why.is_some(),
+            }),
+            None => serde_json::Value::Null,
+        }
+    }
+
+    /// The HOLDER cell of a held unit: `web1 (running)`, `container ID (prepared)`, or
+    /// `stale: web1 (its container init (pid 4242) is gone)`.
+    fn cell(&self, unit: &Unit) -> Option<String> {
+        let (r, why) = self.of(unit)?;
+        let name = match r.kind {
+            HolderKind::Libvirt => r.domain.clone(),
+            HolderKind::Oci => format!("container {}", r.domain),
+        };
+        Some(match why {
+            Some(why) => format!("stale: {name} ({why})"),
+            None => format!(
+                "{name} ({})",
+                serde_json::to_value(r.phase)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            ),
+        })
     }
 }
 
 /// The stable JSON form of `list`.
 pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
+    json_with(
+        inv,
+        &Holders::new(st, &crate::reserve::lifecycle::stale_reason),
+    )
+}
+
+fn json_with(inv: &Inventory, h: &Holders) -> serde_json::Value {
+    let st = h.st;
     let gpus: Vec<_> = inv
         .gpus
         .iter()
@@ -30,7 +93,7 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                 "numa_node": g.numa_node,
                 "devices": g.paths(),
                 "excluded": g.excluded,
-                "holder": holder_json(st, g),
+                "holder": h.json(&Unit::Gpu(g.pci)),
                 "vendor_id": format!("{:04x}", g.vendor_id),
                 "device_id": format!("{:04x}", g.device_id),
                 "parent": g.parent,
@@ -41,10 +104,8 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                     let id = m.id(g.pci);
                     json!({
                         "gi": m.gi, "ci": m.ci, "id": id,
-                        "nodes": [&m.gi_cap.node, &m.ci_cap.node],
-                        "holder": st.holder_of(&id).map(|r| json!({
-                            "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase,
-                        })),
+                        "nodes": g.mig_nodes(m).collect::<Vec<_>>(),
+                        "holder": h.json(&id),
                         "draining": crate::reserve::drain::unit_pids(st, &id),
                     })
                 }).collect::<Vec<_>>(),
@@ -67,7 +128,7 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
                 "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase, "gpus": r.gpus,
                 "request": r.request, "created": r.created, "updated": r.updated,
                 "init_pid": r.init.map(|i| i.pid),
-                "stale": crate::reserve::lifecycle::stale_reason(r),
+                "stale": h.stale(r),
             })
         })
         .collect();
@@ -76,38 +137,45 @@ pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
 
 pub(super) fn list(as_json: bool) -> Result<i32, Error> {
     let (cfg, inv, st) = load()?;
+    let holders = Holders::new(&st, &crate::reserve::lifecycle::stale_reason);
     if as_json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&list_json(&inv, &st)).expect("json")
+            serde_json::to_string_pretty(&json_with(&inv, &holders)).expect("json")
         );
         return Ok(0);
     }
-    let rows: Vec<[String; 8]> = inv
-        .gpus
+    print_table(
+        &[
+            "INDEX", "PCI", "VENDOR", "MODEL", "ARCH", "NUMA", "DEVICES", "HOLDER",
+        ],
+        &rows(&inv, &holders),
+    );
+    if inv.gpus.is_empty() {
+        println!(
+            "(no NVIDIA, AMD or Intel GPU found under {})",
+            cfg.sysfs.display()
+        );
+    }
+    Ok(0)
+}
+
+/// The text table's rows, one per GPU.
+fn rows(inv: &Inventory, h: &Holders) -> Vec<[String; 8]> {
+    let st = h.st;
+    inv.gpus
         .iter()
         .map(|g| {
             let unit = Unit::Gpu(g.pci);
-            let holder = match (st.holder_of(&unit), st.draining.get(&unit)) {
-                (Some(r), _) => format!(
-                    "{}{} ({})",
-                    match r.kind {
-                        crate::reserve::state::HolderKind::Libvirt => "",
-                        crate::reserve::state::HolderKind::Oci => "container ",
-                    },
-                    r.domain,
-                    serde_json::to_value(r.phase)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default()
-                ),
+            let holder = match (h.cell(&unit), st.draining.get(&unit)) {
+                (Some(c), _) => c,
                 (None, Some(d)) => {
                     format!("draining: {}", d.who())
                 }
                 (None, None) if g.excluded => "excluded".into(),
                 (None, None) => match &g.problem {
                     Some(p) => format!("unusable: {p}"),
-                    None if !g.migs.is_empty() => mig_cell(&st, g),
+                    None if !g.migs.is_empty() => mig_cell(h, g),
                     None => "free".into(),
                 },
             };
@@ -126,33 +194,24 @@ pub(super) fn list(as_json: bool) -> Result<i32, Error> {
                 holder,
             ]
         })
-        .collect();
-    print_table(
-        &[
-            "INDEX", "PCI", "VENDOR", "MODEL", "ARCH", "NUMA", "DEVICES", "HOLDER",
-        ],
-        &rows,
-    );
-    if inv.gpus.is_empty() {
-        println!(
-            "(no NVIDIA, AMD or Intel GPU found under {})",
-            cfg.sysfs.display()
-        );
-    }
-    Ok(0)
+        .collect()
 }
 
 /// The HOLDER cell of a GPU in MIG mode: how many instances are free, who holds the others
-/// (or keeps them draining).
-fn mig_cell(st: &State, g: &Gpu) -> String {
+/// (a holder that is gone as `stale: NAME`), or keeps them draining.
+fn mig_cell(h: &Holders, g: &Gpu) -> String {
+    let st = h.st;
     let held: Vec<String> = g
         .migs
         .iter()
         .filter_map(|m| {
             let id = m.id(g.pci);
             let name = id.instance()?;
-            st.holder_of(&id)
-                .map(|r| format!("{name} {}", r.domain))
+            h.of(&id)
+                .map(|(r, why)| match why {
+                    Some(_) => format!("{name} stale: {}", r.domain),
+                    None => format!("{name} {}", r.domain),
+                })
                 .or_else(|| {
                     st.draining
                         .get(&id)
@@ -190,5 +249,140 @@ fn print_table(head: &[&str; 8], rows: &[[String; 8]]) {
     line(head.to_vec());
     for r in rows {
         line(r.iter().map(String::as_str).collect());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::Vendor;
+    use crate::reserve::alloc::tests::{gpu, unit, with_migs};
+    use crate::reserve::state::Phase;
+
+    fn reservation(domain: &str, uuid: &str, kind: HolderKind, units: &[&str]) -> Reservation {
+        Reservation {
+            kind,
+            domain: domain.into(),
+            uuid: uuid.into(),
+            gpus: units.iter().map(|s| unit(s)).collect(),
+            phase: Phase::Running,
+            request: "1 GPU".into(),
+            created: "2026-12-01T00:00:00Z".into(),
+            updated: "2026-12-01T00:00:00Z".into(),
+            prepared_by: None,
+            controller: None,
+            init: None,
+            nodes: vec![],
+            mounts: vec![],
+            hotplugged: false,
+        }
+    }
+
+    /// GPU 0 held by a live domain, GPU 1 by a container that is gone, GPU 2 free; GPU 3 in
+    /// MIG mode with one instance of a live domain's, one of a gone domain's, one free.
+    fn host() -> (Inventory, State) {
+        let inv = Inventory {
+            gpus: vec![
+                gpu(0, Some(0), "sw0", Vendor::Nvidia, "hopper"),
+                gpu(1, Some(0), "sw0", Vendor::Nvidia, "hopper"),
+                gpu(2, Some(0), "sw1", Vendor::Nvidia, "hopper"),
+                with_migs(
+                    gpu(3, Some(0), "sw1", Vendor::Nvidia, "hopper"),
+                    &[(1, 0), (2, 0), (3, 0)],
+                ),
+            ],
+            ..Default::default()
+        };
+        let mut st = State::default();
+        for r in [
+            reservation("web1", "u-live", HolderKind::Libvirt, &["0000:10:00.0"]),
+            reservation("c1", "c1", HolderKind::Oci, &["0000:11:00.0"]),
+            reservation(
+                "m1",
+                "u-mig-live",
+                HolderKind::Libvirt,
+                &["0000:13:00.0/gi1/ci0"],
+            ),
+            reservation(
+                "m2",
+                "u-mig-gone",
+                HolderKind::Libvirt,
+                &["0000:13:00.0/gi2/ci0"],
+            ),
+        ] {
+            st.reservations.insert(r.uuid.clone(), r);
+        }
+        (inv, st)
+    }
+
+    /// The holders of `c1` and `m2` are gone.
+    fn gone(r: &Reservation) -> Option<String> {
+        matches!(r.uuid.as_str(), "c1" | "u-mig-gone")
+            .then(|| "its container init (pid 4242) is gone".to_owned())
+    }
+
+    #[test]
+    fn a_gone_holder_is_listed_stale_in_json() {
+        let (inv, st) = host();
+        let l = json_with(&inv, &Holders::new(&st, &gone));
+        assert_eq!(
+            l["gpus"][0]["holder"],
+            json!({"kind": "libvirt", "domain": "web1", "uuid": "u-live", "phase": "running", "stale": false})
+        );
+        assert_eq!(
+            l["gpus"][1]["holder"],
+            json!({"kind": "oci", "domain": "c1", "uuid": "c1", "phase": "running", "stale": true})
+        );
+        assert_eq!(l["gpus"][2]["holder"], serde_json::Value::Null);
+        let migs = &l["gpus"][3]["migs"];
+        assert_eq!(migs[0]["holder"]["stale"], false);
+        assert_eq!(migs[1]["holder"]["stale"], true);
+        assert_eq!(migs[1]["holder"]["domain"], "m2");
+        assert_eq!(migs[2]["holder"], serde_json::Value::Null);
+        let stale: Vec<(&str, &serde_json::Value)> = l["reservations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["uuid"].as_str().unwrap(), &r["stale"]))
+            .collect();
+        assert!(stale.contains(&("c1", &json!("its container init (pid 4242) is gone"))));
+        assert!(stale.contains(&("u-live", &serde_json::Value::Null)));
+    }
+
+    #[test]
+    fn a_gone_holder_is_listed_stale_in_the_table() {
+        let (inv, st) = host();
+        let rows = rows(&inv, &Holders::new(&st, &gone));
+        let holder: Vec<&str> = rows.iter().map(|r| r[7].as_str()).collect();
+        assert_eq!(
+            holder,
+            [
+                "web1 (running)",
+                "stale: container c1 (its container init (pid 4242) is gone)",
+                "free",
+                "MIG: 1 of 3 instances free (gi1/ci0 m1, gi2/ci0 stale: m2)",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_mig_instance_lists_its_parent_node_and_both_capabilities() {
+        let (inv, st) = host();
+        let l = json_with(&inv, &Holders::new(&st, &gone));
+        assert_eq!(
+            l["gpus"][3]["migs"][1]["nodes"],
+            json!([
+                {"path": "/dev/nvidia3", "major": 195, "minor": 3},
+                {"path": "/dev/nvidia-caps/nvidia-cap18", "major": 236, "minor": 18},
+                {"path": "/dev/nvidia-caps/nvidia-cap19", "major": 236, "minor": 19},
+            ])
+        );
+        // What a holder of the instance is given, listed as it is given.
+        let given: Vec<serde_json::Value> = inv
+            .nodes_for(&[unit("0000:13:00.0/gi2/ci0")], Default::default())
+            .iter()
+            .map(|n| json!(n))
+            .collect();
+        assert_eq!(l["gpus"][3]["migs"][1]["nodes"], json!(given));
     }
 }

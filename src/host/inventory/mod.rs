@@ -162,6 +162,17 @@ impl Gpu {
             .map(|(_, n)| n)
     }
 
+    /// The nodes a holder of its MIG instance `m` gets: the GPU's `/dev/nvidiaN` (none of its
+    /// DRM nodes, which every holder of an instance would share), then the instance's two
+    /// access capabilities.
+    pub fn mig_nodes<'a>(&'a self, m: &'a Mig) -> impl Iterator<Item = &'a DevNode> {
+        self.nodes
+            .iter()
+            .filter(|(r, _)| *r == Role::Nvidia)
+            .map(|(_, n)| n)
+            .chain([&m.gi_cap, &m.ci_cap])
+    }
+
     /// Every node of the GPU, for listings.
     pub fn paths(&self) -> Vec<String> {
         self.nodes.iter().map(|(_, n)| n.path.clone()).collect()
@@ -238,17 +249,8 @@ impl Inventory {
         let mut out: Vec<DevNode> = Vec::new();
         for u in gpus {
             let Some(g) = self.by_unit(u) else { continue };
-            // A MIG instance: its GPU's `/dev/nvidiaN` (none of the GPU's DRM nodes, which
-            // every holder of an instance would share), then its two access capabilities.
             if let Some((_, m)) = self.mig(u) {
-                out.extend(
-                    g.nodes
-                        .iter()
-                        .filter(|(r, _)| *r == Role::Nvidia)
-                        .map(|(_, n)| n.clone()),
-                );
-                out.push(m.gi_cap.clone());
-                out.push(m.ci_cap.clone());
+                out.extend(g.mig_nodes(m).cloned());
                 continue;
             }
             out.extend(g.nodes_for(caps).cloned());
