@@ -275,6 +275,7 @@ mod tests {
             nodes: vec![],
             mounts: vec![],
             hotplugged: false,
+            rootfs: Default::default(),
         }
     }
 
