@@ -2130,3 +2130,122 @@ fn oci_attach_cdi_into_a_running_podman_container_with_its_own_root() {
     podman_rm(&id);
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
+
+/// `gpuhook ARGS…` under strace, its `bpf` calls logged to `log`; with `kill_at` (1-based
+/// among them) SIGKILLed at that one. Its stderr and strace's log.
+fn under_strace(o: &Oci, args: &[&str], kill_at: Option<usize>, log: &Path) -> String {
+    let mut c = Command::new("strace");
+    c.args(["-e", "trace=bpf", "-o"]).arg(log);
+    if let Some(n) = kill_at {
+        c.args(["-e", &format!("inject=bpf:signal=SIGKILL:when={n}")]);
+    }
+    let r = c
+        .arg(common::bin())
+        .args(args)
+        .env("GPUHOOK_CONFIG", &o.host.config)
+        .output()
+        .expect("strace");
+    // strace's own words (`+++ killed by SIGKILL +++`) are in its log.
+    format!(
+        "{}{}",
+        stderr(&r),
+        std::fs::read_to_string(log).unwrap_or_default()
+    )
+}
+
+/// The 1-based place of each `bpf` command in an strace log.
+fn bpf_calls(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_once("bpf(").map(|(_, r)| r))
+        .map(|r| r.split(',').next().unwrap().to_string())
+        .collect()
+}
+
+/// SIGKILL of `gpuhook attach` and `detach` of a crun container on cgroup v2 at each step of
+/// the program's replacement (its load, the new one's attach, the old one's detach): the
+/// container can open the GPU only while its reservation holds it, and what a kill left (two
+/// programs, which rule together) is made one program by the next detach.
+#[test]
+fn oci_v2_replacement_killed_at_each_step() {
+    let o = Oci::new(FakeHost::blueprint(), CRUN);
+    let name = "gh-oci-hpk";
+    podman_rm(name);
+    let r = o
+        .podman(
+            Cgroup::V2,
+            &["-d", "--name", name, "--annotation", "gpuhook.io/devices=0"],
+            "sleep 600",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    let open = |mm| open_in_cg(Cgroup::V2, &id, mm);
+    let holds = || {
+        o.host
+            .holders()
+            .get(&id)
+            .is_some_and(|g| g.iter().any(|p| p == "0000:08:00.0"))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("strace");
+    let attach = ["attach", id.as_str(), "--device", "0000:08:00.0"];
+    let detach = ["detach", id.as_str(), "--device", "0000:08:00.0"];
+    // The steps, from an attach and a detach that run to their end.
+    under_strace(&o, &attach, None, &log);
+    let at = bpf_calls(&log);
+    assert_eq!(open("195:1"), "open");
+    under_strace(&o, &detach, None, &log);
+    let de = bpf_calls(&log);
+    assert_eq!(open("195:1"), "denied");
+    let step = |calls: &[String], cmd: &str| {
+        1 + calls
+            .iter()
+            .position(|c| c == cmd)
+            .unwrap_or_else(|| panic!("no {cmd} in {calls:?}"))
+    };
+    // (step, command, its calls, GPU attached before, programs attached after the kill)
+    for (cmd, args, calls, attached, programs) in [
+        ("BPF_PROG_LOAD", &attach, &at, false, 1),
+        ("BPF_PROG_ATTACH", &attach, &at, false, 1),
+        ("BPF_PROG_DETACH", &attach, &at, false, 2),
+        ("BPF_PROG_ATTACH", &detach, &de, true, 1),
+        ("BPF_PROG_DETACH", &detach, &de, true, 2),
+    ] {
+        let what = format!("{} killed at {cmd}", args[0]);
+        if attached {
+            assert_ok(&o.host.cmd().args(attach).output().unwrap());
+        }
+        let err = under_strace(&o, args, Some(step(calls, cmd)), &log);
+        assert!(err.contains("killed by SIGKILL"), "{what}: {err}");
+        // Never usable unless held; a kill between the two steps leaves two programs.
+        if open("195:1") == "open" {
+            assert!(
+                holds(),
+                "{what}: the container opens a GPU it does not hold"
+            );
+        }
+        assert_eq!(open("195:0"), "open", "{what}: its own GPU");
+        assert_eq!(open("1:3"), "open", "{what}: crun's rules");
+        assert_eq!(device_programs(&id).len(), programs, "{what}");
+        // The next detach (or the kill's own, done) leaves one program, the GPU denied.
+        if holds() {
+            assert_ok(&o.host.cmd().args(detach).output().unwrap());
+        }
+        assert!(!holds(), "{what}");
+        assert_eq!(open("195:1"), "denied", "{what}");
+        if device_programs(&id).len() > 1 {
+            // A detach killed after its state was written: the next change merges.
+            assert_ok(&o.host.cmd().args(attach).output().unwrap());
+            assert_ok(&o.host.cmd().args(detach).output().unwrap());
+        }
+        assert_eq!(device_programs(&id).len(), 1, "{what}");
+    }
+    let _ = in_cgroup(Cgroup::V2, "podman")
+        .args(["--cgroup-manager", "cgroupfs", "rm", "-f", "-t", "0", &id])
+        .output();
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
