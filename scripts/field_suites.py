@@ -6,17 +6,11 @@ gpuhook-runtime). Subcommands:
                               skipped ("needs a registry" ...) with `skip`
   compare DOC TAPDIR          compare the runs' TAP results test for test; the only
                               differences allowed are the ones DOC lists, each exactly
-  recvtty --pid-file F --mode null SOCK
-                              runc's contrib/cmd/recvtty (Go, not in Debian's binary
-                              packages) in its null mode: takes each console sent to SOCK
-                              and reads it to nowhere
 """
 import os
 import re
 import shutil
-import socket
 import sys
-import threading
 
 RUNS = ("runc", "gpuhook", "gpu")
 
@@ -150,45 +144,6 @@ def compare(doc, tapdir):
     print("field-suites: results identical test for test, but for the listed differences")
 
 
-def recvtty(argv):
-    pid_file, mode, path = None, "single", None
-    it = iter(argv)
-    for a in it:
-        if a == "--pid-file":
-            pid_file = next(it)
-        elif a in ("--mode", "-m"):
-            mode = next(it)
-        elif a == "--no-stdin":
-            pass
-        else:
-            path = a
-    if mode != "null" or not path:
-        sys.exit("recvtty: only `--mode null SOCKET` is implemented")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(path)
-    s.listen(64)
-    if pid_file:
-        with open(pid_file, "w") as f:
-            f.write(str(os.getpid()))
-
-    def drain(conn):
-        try:
-            _, fds, _, _ = socket.recv_fds(conn, 4096, 4)
-        finally:
-            conn.close()
-        for fd in fds:
-            try:
-                while os.read(fd, 65536):
-                    pass
-            except OSError:
-                pass
-            os.close(fd)
-
-    while True:
-        conn, _ = s.accept()
-        threading.Thread(target=drain, args=(conn,), daemon=True).start()
-
-
 def main():
     a = sys.argv[1:]
     if a[:1] == ["prepare"] and len(a) == 5:
@@ -198,8 +153,6 @@ def main():
         prepare(src, dst, suite, doc)
     elif a[:1] == ["compare"] and len(a) == 3:
         compare(a[1], a[2])
-    elif a[:1] == ["recvtty"]:
-        recvtty(a[1:])
     else:
         sys.exit(__doc__)
 
