@@ -13,7 +13,7 @@ set -eu
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 doc=$repo/docs/FIELD-SUITES.md
-helper="/usr/bin/python3 $repo/scripts/field_suites.py"
+helper="/usr/bin/python3 -B $repo/scripts/field_suites.py"
 bin=$(readlink -f "${1:-target/debug/gpuhook}")
 testbed=$repo/target/debug/gpuhook-testbed
 src=${GPUHOOK_FIELD_SRC:-/var/cache/gpuhook-field-suites}
@@ -48,6 +48,9 @@ cleanup() {
     awk -v w="$w" 'index($2, w) == 1 { print $2 }' /proc/mounts | sort -r | while read -r m; do
         umount -l "$m" || true
     done
+    # 030-run's "full path to --runtime" test copies the runtime to /var/tmp/myruntime…
+    # and removes it only when it passes.
+    for f in /var/tmp/myruntime*; do grep -qs "$w" "$f" && rm -f "$f"; done
     rm -rf "$w"
 }
 trap cleanup EXIT
