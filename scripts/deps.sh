@@ -5,7 +5,7 @@ set -eu
 export PATH="$HOME/.cargo/bin:$PATH"
 pkgs="libvirt-daemon libvirt-daemon-driver-lxc libvirt-clients libvirt-dev pkg-config hwdata util-linux file gzip"
 if [ "${1:-}" = full ]; then
-    pkgs="$pkgs rpm lintian rpmlint hyperfine valgrind dpkg-dev podman runc crun conmon busybox-static docker.io containerd gcc libc6-dev prometheus python3-venv strace"
+    pkgs="$pkgs rpm lintian rpmlint hyperfine valgrind dpkg-dev podman runc crun conmon busybox-static docker.io containerd gcc libc6-dev prometheus python3-venv strace bats jq gawk"
 fi
 missing=""
 for p in $pkgs; do
@@ -21,6 +21,26 @@ getent group kvm >/dev/null || groupadd -r kvm
 getent group libvirt-qemu >/dev/null || groupadd -r libvirt-qemu
 getent passwd libvirt-qemu >/dev/null || useradd -r -g kvm -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
 if [ "${1:-}" = full ]; then
+    # scripts/field-suites.sh: the sources of the installed podman and runc (their bats
+    # suites), from deb-src lines for the archive the deb lines name.
+    src=/var/cache/gpuhook-field-suites
+    for b in podman runc; do
+        sp=$(dpkg-query -W -f='${source:Package}' "$b") && sv=$(dpkg-query -W -f='${source:Version}' "$b")
+        dir=$src/$sp-$(v=${sv#*:} && echo "${v%-*}")
+        [ -d "$dir" ] && continue
+        if ! apt-cache showsrc "$sp=$sv" 2>/dev/null | grep -q '^Package:'; then
+            for f in /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list.d/ubuntu.sources; do
+                [ -f "$f" ] && sed 's/^Types: deb$/Types: deb-src/' "$f" >/etc/apt/sources.list.d/gpuhook-deb-src.sources
+            done
+            if [ -f /etc/apt/sources.list ] && grep -q '^deb ' /etc/apt/sources.list; then
+                sed -n 's/^deb /deb-src /p' /etc/apt/sources.list >/etc/apt/sources.list.d/gpuhook-deb-src.list
+            fi
+            apt-get update -qq
+        fi
+        mkdir -p "$src" && (cd "$src" && apt-get source -qq "$sp=$sv" >/dev/null 2>&1) ||
+            { echo "deps: apt-get source $sp=$sv failed" >&2; exit 1; }
+        [ -d "$dir" ] || { echo "deps: no $dir after apt-get source" >&2; exit 1; }
+    done
     for tool in cargo-deb@3.8.0 cargo-generate-rpm@0.21.1 cargo-fuzz@0.13.2; do
         name=${tool%@*}
         command -v "$name" >/dev/null 2>&1 || cargo install --locked --quiet "$tool"

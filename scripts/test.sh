@@ -15,6 +15,8 @@ step "build"
 cargo build --workspace --locked
 step "unit and integration tests (fake hosts, cgroup v1/v2, real libvirtd)"
 cargo test --workspace --locked
+step "podman's and runc's own bats suites: runc, gpuhook-runtime, gpuhook-runtime with a GPU"
+./scripts/field-suites.sh
 step "packages"
 ./packaging/build.sh
 step "package lifecycle and the installed hook under libvirtd"
