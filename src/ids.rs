@@ -69,7 +69,7 @@ pub struct Pci([u8; 12]);
 
 /// A name that is not a GPU unit (a PCI address, or `PCI/giG/ciC`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("not a GPU unit (PCI address or PCI/giG/ciC): {0:?}")]
+#[error("not a GPU unit (PCI address, PCI/giG/ciC or PCI/slotN): {0:?}")]
 pub struct UnitError(pub String);
 
 impl Pci {
@@ -176,14 +176,27 @@ impl<'de> serde::Deserialize<'de> for Pci {
 pub enum Unit {
     Gpu(Pci),
     Mig { pci: Pci, gi: u32, ci: u32 },
+    /// One of the `replicas` slots of a shareable GPU (SPEC "Sharing"), written
+    /// `0000:04:00.0/slot1`: its holder gets the GPU's nodes, as a whole GPU's would.
+    Slot { pci: Pci, slot: u32 },
 }
 
 impl Unit {
     /// The GPU's PCI address (a MIG instance's is its GPU's).
     pub fn pci(&self) -> Pci {
         match *self {
-            Unit::Gpu(p) | Unit::Mig { pci: p, .. } => p,
+            Unit::Gpu(p) | Unit::Mig { pci: p, .. } | Unit::Slot { pci: p, .. } => p,
         }
+    }
+
+    /// Whether it is a slot of a shared GPU.
+    pub fn is_slot(&self) -> bool {
+        matches!(self, Unit::Slot { .. })
+    }
+
+    /// The first slot of `pci` in [`Unit`]'s order: every slot of the GPU follows it.
+    pub fn first_slot(pci: Pci) -> Unit {
+        Unit::Slot { pci, slot: 0 }
     }
 
     pub fn is_mig(&self) -> bool {
@@ -193,7 +206,7 @@ impl Unit {
     /// The part of a MIG unit's name after its GPU's, `gi1/ci0` (listings under its GPU).
     pub fn instance(&self) -> Option<Instance> {
         match *self {
-            Unit::Gpu(_) => None,
+            Unit::Gpu(_) | Unit::Slot { .. } => None,
             Unit::Mig { gi, ci, .. } => Some(Instance { gi, ci }),
         }
     }
@@ -201,7 +214,7 @@ impl Unit {
     /// The GPU instance of a MIG unit.
     pub fn gi(&self) -> Option<u32> {
         match *self {
-            Unit::Gpu(_) => None,
+            Unit::Gpu(_) | Unit::Slot { .. } => None,
             Unit::Mig { gi, .. } => Some(gi),
         }
     }
@@ -271,6 +284,10 @@ impl fmt::Display for Unit {
                 write!(f, "{pci}/{}", Instance { gi: *gi, ci: *ci })
             }
             Unit::Mig { pci, gi, ci } => f.pad(&format!("{pci}/{}", Instance { gi: *gi, ci: *ci })),
+            Unit::Slot { pci, slot } if f.width().is_none() && f.precision().is_none() => {
+                write!(f, "{pci}/slot{slot}")
+            }
+            Unit::Slot { pci, slot } => f.pad(&format!("{pci}/slot{slot}")),
         }
     }
 }
@@ -291,16 +308,19 @@ impl std::str::FromStr for Unit {
             return s.parse().map(Unit::Gpu).map_err(|_| bad());
         };
         let pci: Pci = pci.parse().map_err(|_| bad())?;
-        let (gi, ci) = rest
-            .strip_prefix("gi")
-            .and_then(|r| r.split_once("/ci"))
-            .ok_or_else(bad)?;
         let num = |d: &str| {
             let canonical = !d.is_empty()
                 && d.bytes().all(|c| c.is_ascii_digit())
                 && (d == "0" || !d.starts_with('0'));
             canonical.then(|| d.parse::<u32>().ok()).flatten()
         };
+        if let Some(n) = rest.strip_prefix("slot") {
+            return num(n).map(|slot| Unit::Slot { pci, slot }).ok_or_else(bad);
+        }
+        let (gi, ci) = rest
+            .strip_prefix("gi")
+            .and_then(|r| r.split_once("/ci"))
+            .ok_or_else(bad)?;
         match (num(gi), num(ci)) {
             (Some(gi), Some(ci)) => Ok(Unit::Mig { pci, gi, ci }),
             _ => Err(bad()),
@@ -329,17 +349,18 @@ impl Ord for Unit {
     /// The order of the names: a GPU, then its MIG units (`PCI/gi…` follows `PCI`), by GPU
     /// instance then compute instance, each number ordered as its decimal name (a `/` sorts
     /// before any digit, so `gi1/…` comes before `gi10/…`, which comes before `gi2/…`).
+    /// A GPU's slots (`PCI/slot…`) follow its MIG units (`g` sorts before `s`).
     fn cmp(&self, o: &Unit) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
         let key = |u: &Unit| match *u {
-            Unit::Gpu(p) => (p, None),
-            Unit::Mig { pci, gi, ci } => (pci, Some((gi, ci))),
+            Unit::Gpu(p) => (p, 0, 0, 0),
+            Unit::Mig { pci, gi, ci } => (pci, 1, gi, ci),
+            Unit::Slot { pci, slot } => (pci, 2, slot, 0),
         };
-        let ((pa, ma), (pb, mb)) = (key(self), key(o));
-        pa.cmp(&pb).then_with(|| match (ma, mb) {
-            (None, None) => std::cmp::Ordering::Equal,
-            (None, Some(_)) => std::cmp::Ordering::Less,
-            (Some(_), None) => std::cmp::Ordering::Greater,
-            (Some((ga, ca)), Some((gb, cb))) => cmp_decimal(ga, gb).then(cmp_decimal(ca, cb)),
+        let ((pa, ka, a1, a2), (pb, kb, b1, b2)) = (key(self), key(o));
+        pa.cmp(&pb).then(ka.cmp(&kb)).then_with(|| match ka {
+            0 => Ordering::Equal,
+            _ => cmp_decimal(a1, b1).then(cmp_decimal(a2, b2)),
         })
     }
 }
@@ -379,6 +400,8 @@ mod tests {
             "abcd:ff:1f.7/gi0/ci0",
             "0000:3b:00.0/gi14/ci7",
             "0000:3b:00.0/gi4294967295/ci0",
+            "0000:04:00.0/slot0",
+            "0000:04:00.0/slot63",
         ] {
             assert_eq!(u(s).to_string(), s);
             let j = serde_json::to_string(&u(s)).unwrap();
@@ -430,6 +453,11 @@ mod tests {
             "0000:3g:00.0",
             "../../etc/x",
             "0000:3b:00.0é",
+            "0000:04:00.0/slot",
+            "0000:04:00.0/slot01",
+            "0000:04:00.0/slot-1",
+            "0000:04:00.0/slot1/",
+            "0000:04:00.0/SLOT1",
         ] {
             let e = s.parse::<Unit>().unwrap_err();
             assert_eq!(e, UnitError(s.to_owned()), "{s:?}");
@@ -440,7 +468,7 @@ mod tests {
         }
         assert_eq!(
             "x/gi1/ci0".parse::<Unit>().unwrap_err().to_string(),
-            "not a GPU unit (PCI address or PCI/giG/ciC): \"x/gi1/ci0\""
+            "not a GPU unit (PCI address, PCI/giG/ciC or PCI/slotN): \"x/gi1/ci0\""
         );
         assert!(serde_json::from_str::<Unit>("7").is_err());
         assert!("0000:3b:00.0/gi1/ci0".parse::<Pci>().is_err());
@@ -461,6 +489,9 @@ mod tests {
             "0000:3b:00.0/gi0/ci1",
             "0000:3b:00.0/gi100/ci3",
             "0000:3b:00.0/gi19/ci0",
+            "0000:3b:00.0/slot10",
+            "0000:3b:00.0/slot2",
+            "0000:3b:00.0/slot0",
         ];
         let mut by_name = names.to_vec();
         by_name.sort();
@@ -478,7 +509,17 @@ mod tests {
             .filter(|x| **x >= Unit::first_mig(p))
             .take_while(|x| x.pci() == p)
             .collect();
-        assert!(of_gpu.iter().all(|x| x.is_mig()) && of_gpu.len() == 8);
+        // Its MIG units, then its slots.
+        assert!(of_gpu[..8].iter().all(|x| x.is_mig()) && of_gpu.len() == 11);
+        assert!(of_gpu[8..].iter().all(|x| x.is_slot()));
+        assert_eq!(
+            units
+                .iter()
+                .filter(|x| **x >= Unit::first_slot(p))
+                .take_while(|x| x.pci() == p)
+                .count(),
+            3
+        );
         let of_gi: Vec<&Unit> = units
             .iter()
             .filter(|x| **x >= Unit::first_of_gi(p, 1))

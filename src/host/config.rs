@@ -80,7 +80,59 @@ struct Raw {
     cdi_spec_dirs: Option<Vec<PathBuf>>,
     cdi_foreign_hooks: Option<String>,
     driver: Option<String>,
+    #[serde(default)]
+    sharing: BTreeMap<String, RawSharing>,
+    mps_control: Option<PathBuf>,
 }
+
+/// One `sharing` entry as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSharing {
+    replicas: u32,
+    mode: Option<String>,
+    memory_limit_mib: Option<u64>,
+    active_thread_percentage: Option<u32>,
+}
+
+/// How a shareable GPU is shared (SPEC "Sharing").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShareMode {
+    /// The sharers take turns as CUDA schedules them: nothing is started.
+    #[default]
+    Timeslice,
+    /// NVIDIA's MPS control daemon, one per GPU, started by gpuhook.
+    Mps,
+}
+
+impl ShareMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareMode::Timeslice => "timeslice",
+            ShareMode::Mps => "mps",
+        }
+    }
+}
+
+/// A GPU that may be shared: given only as one of its `replicas` slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Sharing {
+    pub mode: ShareMode,
+    pub replicas: u32,
+    /// MPS only: `set_default_device_pinned_mem_limit 0 <M>M`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_limit_mib: Option<u64>,
+    /// MPS only: `set_default_active_thread_percentage <P>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_thread_percentage: Option<u32>,
+}
+
+/// The bounds of `replicas`.
+pub const REPLICAS: std::ops::RangeInclusive<u32> = 2..=64;
+
+/// NVIDIA's MPS control program (config `mps_control`).
+pub const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -111,6 +163,11 @@ pub struct Config {
     pub cdi_foreign_hooks: ForeignHooks,
     /// The driver user space a request gets when it does not say (`none`).
     pub driver: crate::request::Driver,
+    /// Shareable GPUs by normalized PCI address, and by (vendor, device) PCI id.
+    pub share_by_address: BTreeMap<String, Sharing>,
+    pub share_by_id: BTreeMap<(u16, u16), Sharing>,
+    /// NVIDIA's MPS control program.
+    pub mps_control: PathBuf,
 }
 
 impl Default for Config {
@@ -131,6 +188,9 @@ impl Default for Config {
             cdi_spec_dirs: CDI_DEFAULT_DIRS.iter().map(PathBuf::from).collect(),
             cdi_foreign_hooks: ForeignHooks::Pass,
             driver: crate::request::Driver::None,
+            share_by_address: BTreeMap::new(),
+            share_by_id: BTreeMap::new(),
+            mps_control: DEFAULT_MPS_CONTROL.into(),
         }
     }
 }
@@ -224,7 +284,92 @@ impl Config {
             c.exclude.push(a);
         }
         c.set_overrides(raw.overrides, &e)?;
+        c.set_sharing(raw.sharing, &e)?;
+        if let Some(p) = raw.mps_control {
+            if !p.is_absolute() {
+                return Err(e(format!(
+                    "\"mps_control\" must be an absolute path, not {p:?}"
+                )));
+            }
+            c.mps_control = p;
+        }
         Ok(c)
+    }
+
+    /// The `sharing` entries, each keyed by a PCI id or a PCI address.
+    fn set_sharing(
+        &mut self,
+        raw: BTreeMap<String, RawSharing>,
+        e: &dyn Fn(String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        for (key, r) in raw {
+            let at = |m: String| e(format!("\"sharing\".\"{key}\": {m}"));
+            let mode = match r.mode.as_deref() {
+                None | Some("timeslice") => ShareMode::Timeslice,
+                Some("mps") => ShareMode::Mps,
+                Some(o) => {
+                    return Err(at(format!(
+                        "unknown mode '{o}' (known: timeslice, mps)"
+                    )))
+                }
+            };
+            if !REPLICAS.contains(&r.replicas) {
+                return Err(at(format!(
+                    "replicas {} is out of range ({}-{})",
+                    r.replicas,
+                    REPLICAS.start(),
+                    REPLICAS.end()
+                )));
+            }
+            if mode != ShareMode::Mps {
+                for (k, set) in [
+                    ("memory_limit_mib", r.memory_limit_mib.is_some()),
+                    (
+                        "active_thread_percentage",
+                        r.active_thread_percentage.is_some(),
+                    ),
+                ] {
+                    if set {
+                        return Err(at(format!("{k} is only for mode \"mps\"")));
+                    }
+                }
+            }
+            if let Some(p) = r.active_thread_percentage {
+                if !(1..=100).contains(&p) {
+                    return Err(at(format!(
+                        "active_thread_percentage {p} is out of range (1-100)"
+                    )));
+                }
+            }
+            if r.memory_limit_mib == Some(0) {
+                return Err(at("memory_limit_mib must be at least 1".into()));
+            }
+            let s = Sharing {
+                mode,
+                replicas: r.replicas,
+                memory_limit_mib: r.memory_limit_mib,
+                active_thread_percentage: r.active_thread_percentage,
+            };
+            if let Some(id) = parse_pci_id(&key.to_ascii_lowercase()) {
+                self.share_by_id.insert(id, s);
+            } else if let Some(a) = normalize_pci(&key) {
+                self.share_by_address.insert(a, s);
+            } else {
+                return Err(at(
+                    "the key is neither a PCI id like 10de:1028 nor a PCI address like 0000:04:00.0"
+                        .into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether and how a GPU may be shared: its PCI address wins over its PCI id.
+    pub fn sharing_for(&self, pci: &str, vendor: u16, device: u16) -> Option<Sharing> {
+        self.share_by_address
+            .get(pci)
+            .or_else(|| self.share_by_id.get(&(vendor, device)))
+            .copied()
     }
 
     /// The `overrides`, each keyed by a PCI id or a PCI address.
@@ -415,6 +560,50 @@ mod tests {
                 r#"{"oci_state_roots": ["run/runc"]}"#,
                 "\"oci_state_roots\" must hold absolute paths, not \"run/runc\"",
             ),
+            (
+                r#"{"sharing": {"0000:04:00.0": {"replicas": 1}}}"#,
+                "\"sharing\".\"0000:04:00.0\": replicas 1 is out of range (2-64)",
+            ),
+            (
+                r#"{"sharing": {"0000:04:00.0": {"replicas": 65}}}"#,
+                "replicas 65 is out of range (2-64)",
+            ),
+            (
+                r#"{"sharing": {"0000:04:00.0": {"mode": "mps"}}}"#,
+                "missing field `replicas`",
+            ),
+            (
+                r#"{"sharing": {"10de:1028": {"replicas": 2, "mode": "mig"}}}"#,
+                "\"sharing\".\"10de:1028\": unknown mode 'mig' (known: timeslice, mps)",
+            ),
+            (
+                r#"{"sharing": {"10de:1028": {"replicas": 2, "memory_limit_mib": 512}}}"#,
+                "memory_limit_mib is only for mode \"mps\"",
+            ),
+            (
+                r#"{"sharing": {"10de:1028": {"replicas": 2, "mode": "mps", "active_thread_percentage": 0}}}"#,
+                "active_thread_percentage 0 is out of range (1-100)",
+            ),
+            (
+                r#"{"sharing": {"10de:1028": {"replicas": 2, "mode": "mps", "active_thread_percentage": 101}}}"#,
+                "out of range (1-100)",
+            ),
+            (
+                r#"{"sharing": {"gpu0": {"replicas": 2}}}"#,
+                "\"sharing\".\"gpu0\": the key is neither a PCI id",
+            ),
+            (
+                r#"{"sharing": {"10de:1028": {"replicas": 2, "slots": 3}}}"#,
+                "unknown field `slots`",
+            ),
+            (
+                r#"{"sharing": {"10de:1028": {"replicas": -2}}}"#,
+                "invalid value",
+            ),
+            (
+                r#"{"mps_control": "nvidia-cuda-mps-control"}"#,
+                "\"mps_control\" must be an absolute path",
+            ),
             ("{", "EOF"),
             ("[]", "must be a JSON object"),
             ("", "must be a JSON object"),
@@ -425,6 +614,23 @@ mod tests {
             assert!(s.starts_with("config /etc/gpuhook/config.json: "), "{s}");
             assert!(!s.contains('\n'));
         }
+    }
+
+    #[test]
+    fn sharing_by_address_wins_over_id() {
+        let c = p(r#"{"sharing": {
+            "0000:04:00.0": {"replicas": 3},
+            "10de:1028": {"replicas": 2, "mode": "mps", "memory_limit_mib": 2048, "active_thread_percentage": 50}
+        }, "mps_control": "/opt/mps/control"}"#)
+        .unwrap();
+        let a = c.sharing_for("0000:04:00.0", 0x10de, 0x1028).unwrap();
+        assert_eq!((a.mode, a.replicas, a.memory_limit_mib), (ShareMode::Timeslice, 3, None));
+        let b = c.sharing_for("0000:05:00.0", 0x10de, 0x1028).unwrap();
+        assert_eq!(b.mode, ShareMode::Mps);
+        assert_eq!((b.memory_limit_mib, b.active_thread_percentage), (Some(2048), Some(50)));
+        assert_eq!(c.sharing_for("0000:05:00.0", 0x10de, 0x1091), None);
+        assert_eq!(c.mps_control, Path::new("/opt/mps/control"));
+        assert_eq!(Config::default().mps_control, Path::new(DEFAULT_MPS_CONTROL));
     }
 
     #[test]

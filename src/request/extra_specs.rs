@@ -172,6 +172,9 @@ pub fn parse_positive_count(s: &str) -> Result<u32, ValueError> {
 /// The resource class of a Placement request key, `resources[GROUP]:CUSTOM_GPU_<ARCH>`
 /// (Nova's granular groups: `resources1:…`, `resources_gpu:…`), when `key` is one that
 /// names GPUs; `None` for every other key (`resources:VCPU`, `hw:…`).
+/// The suffix of the Placement classes of shareable GPUs' slots (`CUSTOM_GPU_FERMI_SHARED`).
+pub const SHARED_SUFFIX: &str = "_SHARED";
+
 pub fn gpu_resource_class(key: &str) -> Option<&str> {
     let (group, class) = key.split_once(':')?;
     let suffix = group.strip_prefix("resources")?;

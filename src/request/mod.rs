@@ -152,6 +152,9 @@ pub struct Request {
     pub migs: Vec<MigSel>,
     /// The host driver's user space (`driver="cdi"`); `None`: the host config's default.
     pub driver: Option<Driver>,
+    /// Slots of shareable GPUs instead of whole GPUs (`share="yes"`, SPEC "Sharing"):
+    /// `count` of them, each on a different GPU.
+    pub share: bool,
 }
 
 /// What of the host driver a container gets besides its GPUs' nodes.
@@ -181,7 +184,13 @@ impl fmt::Display for Request {
             f,
             "{} {}{}",
             self.count,
-            if self.mig { "MIG instance" } else { "GPU" },
+            if self.mig {
+                "MIG instance"
+            } else if self.share {
+                "shared GPU slot"
+            } else {
+                "GPU"
+            },
             if self.count == 1 { "" } else { "s" }
         )?;
         for flt in &self.filters {

@@ -13,7 +13,7 @@ pub const ANNOTATION_PREFIX: &str = "gpuhook.io/";
 pub const ENV_PREFIX: &str = "GPUHOOK_";
 /// The request keys, as annotations (`gpuhook.io/KEY`) and env (`GPUHOOK_KEY`, upper case).
 pub const KEYS: &str =
-    "gpus, arch, vendor, model, devices, capabilities, mode, uid, gid, mig, driver";
+    "gpus, arch, vendor, model, devices, capabilities, mode, uid, gid, mig, share, driver";
 const MAX_VALUE: usize = 4096;
 const MAX_DEVICES: usize = 256;
 /// gpuhook's own variables, which a container's environment may carry (it is not a request).

@@ -73,6 +73,38 @@ pub enum AllocError {
         matching: usize,
         why: Vec<String>,
     },
+    /// A named GPU is shared: it is given as slots only.
+    #[error("GPU {pci} ({sel}) is shared ({replicas} slots): ask for a slot (share='yes')")]
+    Shareable {
+        pci: Pci,
+        sel: DeviceSel,
+        replicas: u32,
+    },
+    /// A shared request names a GPU the host config does not share.
+    #[error("GPU {pci} ({sel}) is not shared by the host config (\"sharing\"): ask for it whole (no share='yes')")]
+    NotShareable { pci: Pci, sel: DeviceSel },
+    /// Every slot of a named shared GPU is taken.
+    #[error("GPU {pci} ({sel}): all {replicas} slots are taken, by {}", .holders.join(", "))]
+    SlotsFull {
+        pci: Pci,
+        sel: DeviceSel,
+        replicas: u32,
+        holders: Vec<String>,
+    },
+    /// Fewer shared GPUs with a free slot than asked (one slot each): `free` of the
+    /// `shareable` matching ones, and why the others are not (`why`).
+    #[error(
+        "cannot reserve {req}: only {free} of the host's {shareable} matching shared GPU{} {} a free slot{}",
+        plural(*.shareable),
+        if *.free == 1 { "has" } else { "have" },
+        detail(.why, "; ")
+    )]
+    SlotShortage {
+        req: Box<Request>,
+        free: usize,
+        shareable: usize,
+        why: Vec<String>,
+    },
     /// A `<gpu:mig>` names an instance its GPU does not have.
     #[error("GPU {pci} has no MIG instance gi {} ci {} ({sel})", .sel.gi, .sel.ci)]
     NoMig { pci: Pci, sel: MigSel },
@@ -219,6 +251,9 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, A
     if req.mig {
         return allocate_migs(gpus, held, req);
     }
+    if req.share {
+        return allocate_slots(gpus, held, req);
+    }
     let mut chosen: Vec<&Gpu> = Vec::new();
     for sel in &req.devices {
         let g = resolve(gpus, sel).ok_or_else(|| AllocError::NoGpu { sel: sel.clone() })?;
@@ -246,6 +281,13 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, A
                 pci: g.pci,
                 sel: sel.clone(),
                 instances: g.migs.len(),
+            });
+        }
+        if let Some(sh) = g.sharing {
+            return Err(AllocError::Shareable {
+                pci: g.pci,
+                sel: sel.clone(),
+                replicas: sh.replicas,
             });
         }
         if let Some(h) = busy(held, g.pci) {
@@ -277,6 +319,7 @@ pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, A
         .filter(|g| {
             g.usable()
                 && g.migs.is_empty()
+                && g.sharing.is_none()
                 && busy(held, g.pci).is_none()
                 && matches(g, &req.filters)
         })
@@ -323,6 +366,13 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
             "{n_mig} in MIG mode (handed out as instances: mig='yes')"
         ));
     }
+    let n_shared = matching
+        .iter()
+        .filter(|g| g.sharing.is_some() && g.migs.is_empty() && !held.contains_key(&Unit::Gpu(g.pci)))
+        .count();
+    if n_shared > 0 {
+        why.push(format!("{n_shared} shared (handed out as slots: share='yes')"));
+    }
     let unusable: Vec<&&Gpu> = matching
         .iter()
         .filter(|g| !g.excluded && g.problem.is_some())
@@ -339,6 +389,181 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
         req: Box::new(req.clone()),
         free,
         matching: matching.len(),
+        why,
+    }
+}
+
+/// The slots of GPU `pci` in use: (slot number, holder), in slot order.
+pub fn slots_of(held: &Held, pci: Pci) -> impl Iterator<Item = (u32, &str)> {
+    held.range(Unit::first_slot(pci)..)
+        .take_while(move |(k, _)| k.pci() == pci)
+        .filter_map(|(k, v)| match *k {
+            Unit::Slot { slot, .. } => Some((slot, v.as_str())),
+            _ => None,
+        })
+}
+
+/// Who holds slots of GPU `pci`, each once, in slot order.
+pub fn sharers(held: &Held, pci: Pci) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for (_, h) in slots_of(held, pci) {
+        if !v.iter().any(|x| x == h) {
+            v.push(h.to_string());
+        }
+    }
+    v
+}
+
+/// The lowest free slot of a shared GPU, if it has one.
+fn free_slot(g: &Gpu, held: &Held) -> Option<Unit> {
+    let replicas = g.sharing?.replicas;
+    let used: Vec<u32> = slots_of(held, g.pci).map(|(s, _)| s).collect();
+    (0..replicas)
+        .find(|s| !used.contains(s))
+        .map(|slot| Unit::Slot { pci: g.pci, slot })
+}
+
+/// Chooses `req.count` slots of shared GPUs (SPEC "Sharing"), each on a different GPU: the
+/// GPUs the request names, then, among the usable, matching shared GPUs with a free slot, the
+/// one with the fewest slots in use first (then the lowest index). Never a GPU in MIG mode
+/// (MIG instances are never shared) nor one someone holds whole. Returns the slots in the
+/// GPUs' index order.
+pub fn allocate_slots(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, AllocError> {
+    let mut chosen: Vec<(&Gpu, Unit)> = Vec::new();
+    for sel in &req.devices {
+        let g = resolve(gpus, sel).ok_or_else(|| AllocError::NoGpu { sel: sel.clone() })?;
+        if chosen.iter().any(|(c, _)| c.pci == g.pci) {
+            return Err(AllocError::NamedTwice {
+                sel: sel.clone(),
+                pci: g.pci,
+            });
+        }
+        if g.excluded {
+            return Err(AllocError::Excluded {
+                pci: g.pci,
+                sel: sel.clone(),
+            });
+        }
+        if let Some(p) = &g.problem {
+            return Err(AllocError::Unusable {
+                pci: g.pci,
+                sel: sel.clone(),
+                problem: p.clone(),
+            });
+        }
+        if !g.migs.is_empty() {
+            return Err(AllocError::InMigMode {
+                pci: g.pci,
+                sel: sel.clone(),
+                instances: g.migs.len(),
+            });
+        }
+        let Some(sh) = g.sharing else {
+            return Err(AllocError::NotShareable {
+                pci: g.pci,
+                sel: sel.clone(),
+            });
+        };
+        if let Some(h) = whole_or_mig_holder(held, g.pci) {
+            return Err(AllocError::Held {
+                pci: g.pci,
+                sel: sel.clone(),
+                holder: h.to_string(),
+            });
+        }
+        let Some(slot) = free_slot(g, held) else {
+            return Err(AllocError::SlotsFull {
+                pci: g.pci,
+                sel: sel.clone(),
+                replicas: sh.replicas,
+                holders: sharers(held, g.pci),
+            });
+        };
+        if let Some(f) = req
+            .filters
+            .iter()
+            .find(|f| !f.op.matches(field_value(g, f.field)))
+        {
+            return Err(AllocError::Mismatch {
+                pci: g.pci,
+                sel: sel.clone(),
+                filter: Box::new(f.clone()),
+                vendor: g.vendor,
+                arch: g.arch.clone(),
+                model: g.model.clone(),
+            });
+        }
+        chosen.push((g, slot));
+    }
+    let want = req.count as usize - chosen.len();
+    let mut candidates: Vec<(usize, &Gpu, Unit)> = gpus
+        .iter()
+        .filter(|g| {
+            g.usable()
+                && g.migs.is_empty()
+                && g.sharing.is_some()
+                && whole_or_mig_holder(held, g.pci).is_none()
+                && matches(g, &req.filters)
+                && !chosen.iter().any(|(c, _)| c.pci == g.pci)
+        })
+        .filter_map(|g| free_slot(g, held).map(|s| (slots_of(held, g.pci).count(), g, s)))
+        .collect();
+    if candidates.len() < want {
+        return Err(slot_shortage(gpus, held, req, chosen.len() + candidates.len()));
+    }
+    candidates.sort_by_key(|(used, g, _)| (*used, g.index));
+    chosen.extend(candidates.into_iter().take(want).map(|(_, g, s)| (g, s)));
+    chosen.sort_by_key(|(g, _)| g.index);
+    Ok(chosen.into_iter().map(|(_, s)| s).collect())
+}
+
+/// Who holds GPU `pci` whole, or one of its MIG instances (not its slots).
+fn whole_or_mig_holder(held: &Held, pci: Pci) -> Option<&str> {
+    held.get(&Unit::Gpu(pci)).map(String::as_str).or_else(|| {
+        held.range(Unit::first_mig(pci)..)
+            .next()
+            .filter(|(k, _)| k.pci() == pci && k.is_mig())
+            .map(|(_, v)| v.as_str())
+    })
+}
+
+/// The refusal of a shared request: which matching shared GPUs are full (and whose slots
+/// they are), which are unusable, and how many matching GPUs are not shared at all.
+fn slot_shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError {
+    let matching: Vec<&Gpu> = gpus.iter().filter(|g| matches(g, &req.filters)).collect();
+    let shared: Vec<&&Gpu> = matching
+        .iter()
+        .filter(|g| g.sharing.is_some() && g.migs.is_empty())
+        .collect();
+    let mut why = Vec::new();
+    for g in &shared {
+        let replicas = g.sharing.map_or(0, |s| s.replicas);
+        if let Some(h) = whole_or_mig_holder(held, g.pci) {
+            why.push(format!("{} held whole by {h}", g.pci));
+        } else if g.excluded {
+            why.push(format!("{} excluded", g.pci));
+        } else if let Some(p) = &g.problem {
+            why.push(format!("{} unusable ({p})", g.pci));
+        } else if free_slot(g, held).is_none() {
+            why.push(format!(
+                "{} has {replicas}/{replicas} slots taken by {}",
+                g.pci,
+                sharers(held, g.pci).join(", ")
+            ));
+        }
+    }
+    let n_not = matching.len() - shared.len();
+    if n_not > 0 {
+        why.push(format!(
+            "{n_not} matching GPU{} {} not shared by the host config",
+            plural(n_not),
+            is_are(n_not)
+        ));
+    }
+    AllocError::SlotShortage {
+        req: Box::new(req.clone()),
+        free,
+        shareable: shared.len(),
         why,
     }
 }
@@ -627,6 +852,7 @@ pub(crate) mod tests {
             driver: Some("nvidia".into()),
             migs: vec![],
             link: None,
+            sharing: None,
         }
     }
 
@@ -657,6 +883,7 @@ pub(crate) mod tests {
             mig: false,
             migs: vec![],
             driver: None,
+            share: false,
         }
     }
 
@@ -1186,6 +1413,139 @@ pub(crate) mod tests {
         assert_eq!(
             said(&lone, &Held::new(), &migs(2, &[])),
             "cannot reserve 2 MIG instances: only 1 of the host's 1 MIG instance on matching GPUs is free"
+        );
+    }
+
+    /// 4 GPUs: 0 and 1 shared (3 and 2 slots), 2 whole, 3 shared but in MIG mode.
+    fn shared_host() -> Vec<Gpu> {
+        let mut v: Vec<Gpu> = (0..4)
+            .map(|i| gpu(i, Some(0), "sw0", Vendor::Nvidia, "fermi"))
+            .collect();
+        let share = |replicas| {
+            Some(crate::host::config::Sharing {
+                mode: crate::host::config::ShareMode::Timeslice,
+                replicas,
+                memory_limit_mib: None,
+                active_thread_percentage: None,
+            })
+        };
+        v[0].sharing = share(3);
+        v[1].sharing = share(2);
+        v[3].sharing = share(2);
+        v[3] = with_migs(v[3].clone(), &[(1, 0)]);
+        v
+    }
+
+    fn shared(count: u32) -> Request {
+        Request {
+            share: true,
+            ..req(count)
+        }
+    }
+
+    #[test]
+    fn slots_fewest_used_first_each_on_another_gpu() {
+        let g = shared_host();
+        let mut h = Held::new();
+        let take = |who: &str, n: u32, h: &mut Held| -> Result<Vec<Unit>, AllocError> {
+            let u = allocate(&g, h, &shared(n))?;
+            for x in &u {
+                h.insert(*x, format!("domain '{who}'"));
+            }
+            Ok(u)
+        };
+        assert_eq!(
+            take("a", 1, &mut h).unwrap(),
+            vec![unit("0000:10:00.0/slot0")]
+        );
+        // 0 has one in use, 1 none: 1 first.
+        assert_eq!(
+            take("b", 1, &mut h).unwrap(),
+            vec![unit("0000:11:00.0/slot0")]
+        );
+        // Two slots: on two GPUs, never two of one.
+        assert_eq!(
+            take("c", 2, &mut h).unwrap(),
+            vec![unit("0000:10:00.0/slot1"), unit("0000:11:00.0/slot1")]
+        );
+        // 1 is full (2/2), 0 has one left; two slots cannot be on one GPU.
+        assert_eq!(
+            allocate(&g, &h, &shared(2)).unwrap_err().to_string(),
+            "cannot reserve 2 shared GPU slots: only 1 of the host's 2 matching shared GPUs has a free slot: \
+             0000:11:00.0 has 2/2 slots taken by domain 'b', domain 'c'; 2 matching GPUs are not shared by the host config"
+        );
+        assert_eq!(
+            take("d", 1, &mut h).unwrap(),
+            vec![unit("0000:10:00.0/slot2")]
+        );
+        assert_eq!(
+            allocate(&g, &h, &shared(1)).unwrap_err().to_string(),
+            "cannot reserve 1 shared GPU slot: only 0 of the host's 2 matching shared GPUs have a free slot: \
+             0000:10:00.0 has 3/3 slots taken by domain 'a', domain 'c', domain 'd'; \
+             0000:11:00.0 has 2/2 slots taken by domain 'b', domain 'c'; 2 matching GPUs are not shared by the host config"
+        );
+        // A freed slot is taken again, the lowest first.
+        h.remove(&unit("0000:10:00.0/slot1"));
+        assert_eq!(
+            allocate(&g, &h, &shared(1)).unwrap(),
+            vec![unit("0000:10:00.0/slot1")]
+        );
+        // Whole requests never get a shared GPU, nor a MIG GPU's instances shared.
+        assert_eq!(
+            allocate(&g, &Held::new(), &req(1)).unwrap(),
+            vec![unit("0000:12:00.0")]
+        );
+        let e = allocate(&g, &Held::new(), &req(2)).unwrap_err().to_string();
+        assert!(e.contains("2 shared (handed out as slots: share='yes')"), "{e}");
+    }
+
+    #[test]
+    fn named_slots_and_their_refusals() {
+        let g = shared_host();
+        let mut h = Held::new();
+        let named = |sel: &str| {
+            let mut r = shared(1);
+            r.devices = vec![DeviceSel::Pci(sel.into())];
+            r
+        };
+        assert_eq!(
+            allocate(&g, &h, &named("0000:11:00.0")).unwrap(),
+            vec![unit("0000:11:00.0/slot0")]
+        );
+        h.insert(unit("0000:11:00.0/slot0"), "domain 'a'".into());
+        h.insert(unit("0000:11:00.0/slot1"), "container 'b'".into());
+        let said = |r: &Request, h: &Held| allocate(&g, h, r).unwrap_err().to_string();
+        assert_eq!(
+            said(&named("0000:11:00.0"), &h),
+            "GPU 0000:11:00.0 (pci 0000:11:00.0): all 2 slots are taken, by domain 'a', container 'b'"
+        );
+        assert_eq!(
+            said(&named("0000:12:00.0"), &h),
+            "GPU 0000:12:00.0 (pci 0000:12:00.0) is not shared by the host config (\"sharing\"): ask for it whole (no share='yes')"
+        );
+        assert_eq!(
+            said(&named("0000:13:00.0"), &h),
+            "GPU 0000:13:00.0 (pci 0000:13:00.0) is in MIG mode with 1 instances: ask for them (mig='yes')"
+        );
+        let mut whole = req(1);
+        whole.devices = vec![DeviceSel::Pci("0000:10:00.0".into())];
+        assert_eq!(
+            said(&whole, &h),
+            "GPU 0000:10:00.0 (pci 0000:10:00.0) is shared (3 slots): ask for a slot (share='yes')"
+        );
+        // Held whole (say, before the config shared it): no slot of it.
+        let mut w = Held::new();
+        w.insert(unit("0000:10:00.0"), "domain 'old'".into());
+        assert_eq!(
+            said(&named("0000:10:00.0"), &w),
+            "GPU 0000:10:00.0 (pci 0000:10:00.0) is held by domain 'old'"
+        );
+        assert!(said(&shared(2), &w).contains("0000:10:00.0 held whole by domain 'old'"));
+        // The slots of one GPU are neighbours: another GPU's units are not counted.
+        assert_eq!(slots_of(&h, pci("0000:10:00.0")).count(), 0);
+        assert_eq!(
+            sharers(&h, pci("0000:11:00.0")),
+            vec!["domain 'a'".to_string(), "container 'b'".to_string()]
         );
     }
 }

@@ -60,6 +60,17 @@ pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<Fr
                     v
                 }
                 None if unit.is_mig() => Vec::new(),
+                // A slot: its GPU is open by its other sharers by design; when it was the
+                // last, the GPU drains whole (below).
+                None if unit.is_slot()
+                    && st
+                        .reservations
+                        .values()
+                        .flat_map(|o| &o.gpus)
+                        .any(|u| u.is_slot() && u.pci() == unit.pci()) =>
+                {
+                    Vec::new()
+                }
                 None => inv
                     .by_unit(unit)
                     .map(|g| g.nodes.iter().map(|(_, n)| n.node.clone()).collect())
@@ -67,7 +78,13 @@ pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<Fr
             };
             if !nodes.is_empty() {
                 out.push(Freed {
-                    unit: *unit,
+                    // The last slot of a shared GPU: the GPU drains whole, so that neither a
+                    // sharer nor a holder gets it while a process keeps it open.
+                    unit: if unit.is_slot() {
+                        Unit::Gpu(unit.pci())
+                    } else {
+                        *unit
+                    },
                     nodes,
                     after: r.who(),
                 });

@@ -84,6 +84,9 @@ pub struct Gpu {
     pub migs: Vec<Mig>,
     /// Its PCIe link, read for listings only.
     pub link: Option<Link>,
+    /// Whether the host config lets it be shared (SPEC "Sharing"): then it is only ever
+    /// given as one of its slots, never whole.
+    pub sharing: Option<crate::host::config::Sharing>,
 }
 
 /// A MIG compute instance: the parent GPU's node plus the access capabilities of its GPU

@@ -327,6 +327,7 @@ fn new_gpu(cfg: &Config, what: Scan, dirfd: BorrowedFd, index: usize, f: Found) 
     Gpu {
         index,
         excluded: cfg.is_excluded(&f.pci),
+        sharing: cfg.sharing_for(&f.pci, f.vendor, f.device),
         pci: f.pci,
         vendor,
         vendor_id: f.vendor,

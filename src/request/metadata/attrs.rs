@@ -33,6 +33,17 @@ pub(crate) struct GpusBuilder {
     pub(super) migs: Vec<MigSel>,
     /// `driver="none|cdi"`.
     pub(super) driver: Option<crate::request::Driver>,
+    /// `share="yes|no"`.
+    pub(super) share: Option<bool>,
+}
+
+/// A yes/no attribute's value.
+fn yes_no(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "yes" | "true" | "1" => Some(true),
+        "no" | "false" | "0" => Some(false),
+        _ => None,
+    }
 }
 
 pub(super) fn attr_value(
@@ -206,13 +217,8 @@ pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, 
             });
         }
         "capabilities" => g.capabilities = Some(Capabilities::parse(v)?),
-        "mig" => {
-            g.mig = Some(match v.trim().to_ascii_lowercase().as_str() {
-                "yes" | "true" | "1" => true,
-                "no" | "false" | "0" => false,
-                _ => return Err(AttrError::Mig(v.to_string())),
-            })
-        }
+        "mig" => g.mig = Some(yes_no(v).ok_or_else(|| AttrError::Mig(v.to_string()))?),
+        "share" => g.share = Some(yes_no(v).ok_or_else(|| AttrError::Share(v.to_string()))?),
         "mode" => g.mode = Some(parse_mode(v)?),
         "driver" => g.driver = Some(crate::request::Driver::parse(v)?),
         "uid" => g.uid = Some(parse_u32("uid", v)?),
@@ -359,6 +365,20 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     if mig && !g.resources.is_empty() {
         return err(Kind::MigAndResources);
     }
+    // `resources:CUSTOM_GPU_<ARCH>_SHARED`: slots of shareable GPUs of that architecture.
+    let shared_class = g
+        .resources
+        .first()
+        .and_then(|(_, c, _)| c.strip_suffix(extra_specs::SHARED_SUFFIX).map(|b| (c.clone(), b.to_owned())));
+    if let (Some(false), Some((class, _))) = (g.share, &shared_class) {
+        return err(Kind::ShareNo {
+            class: class.clone(),
+        });
+    }
+    let share = g.share.unwrap_or(false) || shared_class.is_some();
+    if share && mig {
+        return err(Kind::ShareAndMig);
+    }
     let n = (g.devices.len() + g.migs.len()) as u32;
     // Placement's resources: one class (one architecture), amounts added up.
     let mut resources: Option<(u32, Resources)> = None;
@@ -382,7 +402,7 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
         }
         g.filters.push(Filter {
             field: Field::Arch,
-            op: Op::Class(class),
+            op: Op::Class(shared_class.map_or(class, |(_, base)| base)),
         });
         resources = Some((total, keys));
     }
@@ -440,5 +460,6 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
         mig,
         migs: g.migs,
         driver: g.driver,
+        share,
     })
 }

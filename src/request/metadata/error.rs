@@ -122,7 +122,7 @@ pub(super) enum Kind {
     Text { text: String },
     #[error("unknown attribute '{key}' on <{elem}>")]
     UnknownAttr { key: String, elem: &'static str },
-    #[error("unknown attribute '{key}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid, mig, driver)")]
+    #[error("unknown attribute '{key}' on <gpus> (known: count, vendor, arch, model, capabilities, mode, uid, gid, mig, share, driver)")]
     UnknownGpusAttr { key: String },
     #[error("<gpus {key}>: {source}")]
     GpusAttr {
@@ -220,6 +220,10 @@ pub(super) enum Kind {
     MigAndDevices,
     #[error("Placement's CUSTOM_GPU_<ARCH> classes count whole GPUs, not MIG instances")]
     MigAndResources,
+    #[error("MIG instances are never shared: a request is either MIG instances (mig='yes') or shared GPU slots (share='yes')")]
+    ShareAndMig,
+    #[error("resources ask for a _SHARED class ({class}), but share='no'")]
+    ShareNo { class: String },
     #[error("resources ask for GPUs of two classes ({class}, {other}); one request takes GPUs of one class")]
     TwoClasses { class: String, other: String },
     #[error("resources ({keys}) ask for {total} GPUs (at most {MAX_COUNT})")]
@@ -302,6 +306,8 @@ pub enum AttrError {
     Word(#[from] WordError),
     #[error("mig '{0}' is not yes or no")]
     Mig(String),
+    #[error("share '{0}' is not yes or no")]
+    Share(String),
     /// `mode`, `uid` or `gid`.
     #[error(transparent)]
     Value(#[from] ParseError),

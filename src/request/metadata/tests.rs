@@ -701,3 +701,55 @@ fn error_texts_are_pinned() {
         assert_eq!(got, want);
     }
 }
+
+#[test]
+fn shared_requests_from_every_source() {
+    let g = r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="2" share="yes"/>"#;
+    let r = req(g).unwrap();
+    assert!(r.share && !r.mig && r.count == 2);
+    assert_eq!(r.to_string(), "2 shared GPU slots");
+    assert!(!req(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" share="no"/>"#).unwrap().share);
+    fails(
+        r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" share="maybe"/>"#,
+        "share 'maybe' is not yes or no",
+    );
+    fails(
+        r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" share="yes" mig="yes"/>"#,
+        "MIG instances are never shared",
+    );
+    // Nova: CUSTOM_GPU_<ARCH>_SHARED counts slots of that architecture's shared GPUs.
+    let r = nova_req(&[("resources:CUSTOM_GPU_FERMI_SHARED", "2")])
+        .unwrap()
+        .unwrap();
+    assert!(r.share);
+    assert_eq!(
+        r.filters,
+        vec![Filter {
+            field: Field::Arch,
+            op: Op::Class("CUSTOM_GPU_FERMI".into())
+        }]
+    );
+    assert_eq!(
+        r.to_string(),
+        "2 shared GPU slots, arch in resource class CUSTOM_GPU_FERMI"
+    );
+    let e = nova_req(&[
+        ("resources:CUSTOM_GPU_FERMI_SHARED", "1"),
+        ("resources:CUSTOM_GPU_FERMI", "1"),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("two classes"), "{e}");
+    // The OCI door's keys: annotation, then env.
+    let cfg = serde_json::json!({"annotations": {"gpuhook.io/gpus": "1", "gpuhook.io/share": "yes"}});
+    let r = crate::request::oci::request(&crate::request::oci::pairs(&cfg, true).unwrap()).unwrap();
+    assert!(r.share);
+    let cfg = serde_json::json!({"process": {"env": ["GPUHOOK_GPUS=1", "GPUHOOK_SHARE=yes"]}});
+    let r = crate::request::oci::request(&crate::request::oci::pairs(&cfg, true).unwrap()).unwrap();
+    assert!(r.share);
+    let cfg = serde_json::json!({"process": {"env": ["GPUHOOK_GPUS=1", "GPUHOOK_SHARE=often"]}});
+    let e = crate::request::oci::request(&crate::request::oci::pairs(&cfg, true).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "environment variable GPUHOOK_SHARE: share 'often' is not yes or no");
+}

@@ -121,11 +121,15 @@ fn reclaim_stale(f: &Facts, st: &mut State) -> (Vec<String>, Vec<Reservation>) {
 /// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
 /// mode, or a MIG instance that exists on a usable GPU.
 fn unit_ok(inv: &Inventory, unit: &Unit) -> bool {
-    if unit.is_mig() {
-        inv.mig(unit).is_some_and(|(g, _)| g.usable())
-    } else {
-        inv.by_unit(unit)
-            .is_some_and(|g| g.usable() && g.migs.is_empty())
+    match *unit {
+        Unit::Mig { .. } => inv.mig(unit).is_some_and(|(g, _)| g.usable()),
+        // A slot: its GPU is still shared, with this slot among its replicas.
+        Unit::Slot { slot, .. } => inv.by_unit(unit).is_some_and(|g| {
+            g.usable() && g.migs.is_empty() && g.sharing.is_some_and(|s| slot < s.replicas)
+        }),
+        Unit::Gpu(_) => inv
+            .by_unit(unit)
+            .is_some_and(|g| g.usable() && g.migs.is_empty() && g.sharing.is_none()),
     }
 }
 
@@ -134,13 +138,15 @@ fn satisfies(inv: &Inventory, gpus: &[Unit], req: &Request) -> bool {
     gpus.len() == req.count as usize
         && gpus.iter().all(|p| {
             p.is_mig() == req.mig
+                && p.is_slot() == req.share
                 && unit_ok(inv, p)
                 && inv
                     .by_unit(p)
                     .is_some_and(|g| alloc::matches(g, &req.filters))
         })
         && req.devices.iter().all(|sel| {
-            alloc::resolve(&inv.gpus, sel).is_some_and(|g| gpus.contains(&Unit::Gpu(g.pci)))
+            alloc::resolve(&inv.gpus, sel)
+                .is_some_and(|g| gpus.iter().any(|u| !u.is_mig() && u.pci() == g.pci))
         })
         && req.migs.iter().all(|sel| {
             alloc::resolve(&inv.gpus, &sel.gpu).is_some_and(|g| {

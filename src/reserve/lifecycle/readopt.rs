@@ -332,6 +332,9 @@ fn adopt(
             held.get(p)
                 .or_else(|| held.get(&Unit::Gpu(p.pci())))
                 .map(String::as_str)
+        } else if req.share && inv.by_unit(p).is_some_and(|g| g.sharing.is_some()) {
+            // Its other sharers are no obstacle: allocating a slot of it decides.
+            None
         } else {
             alloc::busy(held, p.pci())
         };
@@ -410,9 +413,10 @@ fn adopt(
     want.devices
         .extend(fill.iter().map(|p| DeviceSel::Pci(p.to_string())));
     let gpus = alloc::allocate(&inv.gpus, held, &want)?;
+    // A slot of a shared GPU keeps what the whole GPU was granted.
     let left_out = granted
         .iter()
-        .filter(|p| !gpus.contains(p))
+        .filter(|p| !gpus.iter().any(|u| u.pci() == p.pci()))
         .copied()
         .collect();
     Ok((gpus, left_out))
