@@ -175,10 +175,17 @@ impl<'de> serde::Deserialize<'de> for Pci {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Unit {
     Gpu(Pci),
-    Mig { pci: Pci, gi: u32, ci: u32 },
+    Mig {
+        pci: Pci,
+        gi: u32,
+        ci: u32,
+    },
     /// One of the `replicas` slots of a shareable GPU (SPEC "Sharing"), written
     /// `0000:04:00.0/slot1`: its holder gets the GPU's nodes, as a whole GPU's would.
-    Slot { pci: Pci, slot: u32 },
+    Slot {
+        pci: Pci,
+        slot: u32,
+    },
 }
 
 impl Unit {

@@ -256,3 +256,87 @@ fn degraded_link_is_shown_not_held_against_the_gpu() {
         r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"><gpu:device pci="0000:40:00.0"/></gpu:gpus>"#;
     assert_ok(&h.hook("a", "prepare", &domain("a", 1, exact)));
 }
+
+/// A shared GPU (config `sharing`) through the real binary: its slots in `list`, metrics and
+/// Placement; quarantined, it names every sharer and takes no new one.
+#[test]
+fn shared_gpu_listed_counted_and_quarantined() {
+    let h = Host::with(FakeHost::dgx8(), |c| {
+        c["sharing"] = serde_json::json!({"0000:1a:00.0": {"replicas": 3}});
+    });
+    let share = gpus(r#"share="yes""#);
+    for (name, n) in [("s1", 11), ("s2", 12)] {
+        let o = h.hook(name, "prepare", &domain(name, n, &share));
+        assert_ok(&o);
+    }
+    assert_eq!(h.holders()["s1"], ["0000:1a:00.0/slot0"]);
+    assert_eq!(h.holders()["s2"], ["0000:1a:00.0/slot1"]);
+    let l = h.list();
+    let g = gpu(&l, "0000:1a:00.0");
+    assert_eq!(g["holder"], Value::Null);
+    assert_eq!(g["sharing"]["mode"], "timeslice");
+    assert_eq!(g["sharing"]["replicas"], 3);
+    let who: Vec<&str> = g["sharing"]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["domain"].as_str().unwrap())
+        .collect();
+    assert_eq!(who, ["s1", "s2"]);
+    let t = h.cmd().arg("list").output().unwrap();
+    let t = String::from_utf8_lossy(&t.stdout);
+    assert!(t.contains("2/3 shared: s1, s2"), "{t}");
+    let m = h.cmd().arg("metrics").output().unwrap();
+    let m = String::from_utf8_lossy(&m.stdout);
+    assert!(
+        m.contains(r#"gpuhook_gpu_shared_slots{pci="0000:1a:00.0",mode="timeslice"} 3"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"gpuhook_gpu_shared_used{pci="0000:1a:00.0"} 2"#),
+        "{m}"
+    );
+    let p = h.cmd().arg("placement").output().unwrap();
+    let p = String::from_utf8_lossy(&p.stdout);
+    assert!(
+        p.contains("- CUSTOM_GPU_HOPPER_SHARED:\n            total: 3\n"),
+        "{p}"
+    );
+    assert!(
+        p.contains("- CUSTOM_GPU_HOPPER:\n            total: 7\n"),
+        "{p}"
+    );
+    // An exclusive request never gets it: 7 whole GPUs at most.
+    assert_fails(
+        &h.hook("big", "prepare", &domain("big", 13, &gpus(r#"count="8""#))),
+        "big",
+        "1 shared (handed out as slots: share='yes')",
+    );
+
+    std::fs::write(kmsg(&h), RECORDS).unwrap();
+    let o = health(&h, &["scan"]);
+    assert_ok(&o);
+    let e = common::stderr(&o);
+    assert!(
+        e.contains("GPU 0000:1a:00.0 quarantined: Xid 79 (GPU has fallen off the bus)")
+            && e.contains(
+                "still held by domain 's1', domain 's2' (no new holder or sharer gets it)"
+            ),
+        "{e}"
+    );
+    assert_fails(
+        &h.hook("s3", "prepare", &domain("s3", 14, &share)),
+        "s3",
+        "0000:1a:00.0 unusable (quarantined after Xid 79",
+    );
+    let p = h.cmd().arg("placement").output().unwrap();
+    let p = String::from_utf8_lossy(&p.stdout);
+    assert!(
+        p.contains("- CUSTOM_GPU_HOPPER_SHARED:\n            total: 3\n            reserved: 3\n"),
+        "{p}"
+    );
+    // The sharers keep their slots; freed, the GPU still takes no one.
+    assert_eq!(h.holders()["s1"], ["0000:1a:00.0/slot0"]);
+    assert_ok(&h.hook("s1", "release", &domain("s1", 11, &share)));
+    assert!(!h.holders().contains_key("s1"));
+}

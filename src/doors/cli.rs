@@ -263,8 +263,15 @@ fn health(action: HealthAction) -> Result<i32, Error> {
         HealthAction::Scan => {
             let r = crate::reserve::health::scan(&cfg)?;
             for (pci, q) in &r.quarantined {
+                let held = match r.holders.get(pci) {
+                    Some(h) => format!(
+                        "; still held by {} (no new holder or sharer gets it)",
+                        h.join(", ")
+                    ),
+                    None => String::new(),
+                };
                 log::warn(&format!(
-                    "GPU {pci} quarantined: Xid {} ({}): {}",
+                    "GPU {pci} quarantined: Xid {} ({}): {}{held}",
                     q.xid, q.reason, q.message
                 ));
             }

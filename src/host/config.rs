@@ -307,11 +307,7 @@ impl Config {
             let mode = match r.mode.as_deref() {
                 None | Some("timeslice") => ShareMode::Timeslice,
                 Some("mps") => ShareMode::Mps,
-                Some(o) => {
-                    return Err(at(format!(
-                        "unknown mode '{o}' (known: timeslice, mps)"
-                    )))
-                }
+                Some(o) => return Err(at(format!("unknown mode '{o}' (known: timeslice, mps)"))),
             };
             if !REPLICAS.contains(&r.replicas) {
                 return Err(at(format!(
@@ -624,13 +620,22 @@ mod tests {
         }, "mps_control": "/opt/mps/control"}"#)
         .unwrap();
         let a = c.sharing_for("0000:04:00.0", 0x10de, 0x1028).unwrap();
-        assert_eq!((a.mode, a.replicas, a.memory_limit_mib), (ShareMode::Timeslice, 3, None));
+        assert_eq!(
+            (a.mode, a.replicas, a.memory_limit_mib),
+            (ShareMode::Timeslice, 3, None)
+        );
         let b = c.sharing_for("0000:05:00.0", 0x10de, 0x1028).unwrap();
         assert_eq!(b.mode, ShareMode::Mps);
-        assert_eq!((b.memory_limit_mib, b.active_thread_percentage), (Some(2048), Some(50)));
+        assert_eq!(
+            (b.memory_limit_mib, b.active_thread_percentage),
+            (Some(2048), Some(50))
+        );
         assert_eq!(c.sharing_for("0000:05:00.0", 0x10de, 0x1091), None);
         assert_eq!(c.mps_control, Path::new("/opt/mps/control"));
-        assert_eq!(Config::default().mps_control, Path::new(DEFAULT_MPS_CONTROL));
+        assert_eq!(
+            Config::default().mps_control,
+            Path::new(DEFAULT_MPS_CONTROL)
+        );
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub fn render(inv: &Inventory, st: &State) -> String {
     gpu_reserved(&mut out, inv, st);
     gpu_health(&mut out, inv, st);
     mig_reserved(&mut out, inv, st);
+    shared_slots(&mut out, inv, st);
     link_degraded(&mut out, inv);
     reservations(&mut out, st);
     out
@@ -171,6 +172,46 @@ fn mig_reserved(out: &mut String, inv: &Inventory, st: &State) {
     }
 }
 
+/// `gpuhook_gpu_shared_slots` and `gpuhook_gpu_shared_used`, when some GPU is shared.
+fn shared_slots(out: &mut String, inv: &Inventory, st: &State) {
+    let shared: Vec<_> = inv
+        .gpus
+        .iter()
+        .filter_map(|g| g.sharing.map(|s| (g, s)))
+        .collect();
+    if shared.is_empty() {
+        return;
+    }
+    family(
+        out,
+        "gpuhook_gpu_shared_slots",
+        "How many slots a shared GPU is given as (its replicas); mode timeslice or mps.",
+    );
+    for (g, s) in &shared {
+        sample(
+            out,
+            "gpuhook_gpu_shared_slots",
+            &[("pci", &g.pci), ("mode", s.mode.as_str())],
+            u64::from(s.replicas),
+        );
+    }
+    family(
+        out,
+        "gpuhook_gpu_shared_used",
+        "How many slots of a shared GPU are reserved.",
+    );
+    let held = st.held(None);
+    for (g, _) in &shared {
+        let used = crate::reserve::alloc::slots_of(&held, g.pci).count();
+        sample(
+            out,
+            "gpuhook_gpu_shared_used",
+            &[("pci", &g.pci)],
+            used as u64,
+        );
+    }
+}
+
 /// `gpuhook_gpu_link_degraded`, when the scan read some GPU's link.
 fn link_degraded(out: &mut String, inv: &Inventory) {
     if !inv.gpus.iter().any(|g| g.link.is_some()) {
@@ -220,6 +261,48 @@ fn reservations(out: &mut String, st: &State) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_gpus_count_their_slots() {
+        use crate::reserve::alloc::tests::{gpu, unit};
+        let mut inv = Inventory {
+            gpus: vec![
+                gpu(0, Some(0), "sw0", crate::ids::Vendor::Nvidia, "fermi"),
+                gpu(1, Some(0), "sw0", crate::ids::Vendor::Nvidia, "fermi"),
+            ],
+            ..Default::default()
+        };
+        assert!(!render(&inv, &State::default()).contains("shared"));
+        inv.gpus[1].sharing = Some(crate::host::config::Sharing {
+            mode: crate::host::config::ShareMode::Timeslice,
+            replicas: 3,
+            memory_limit_mib: None,
+            active_thread_percentage: None,
+        });
+        let mut st = State::default();
+        let mut r: crate::reserve::state::Reservation = serde_json::from_value(serde_json::json!({
+            "domain": "a", "uuid": "u-a", "gpus": ["0000:11:00.0/slot0"], "phase": "running",
+            "request": "1 shared GPU slot", "created": "x", "updated": "x"
+        }))
+        .unwrap();
+        st.reservations.insert(r.uuid.clone(), r.clone());
+        r.uuid = "u-b".into();
+        r.gpus = vec![unit("0000:11:00.0/slot1")];
+        st.reservations.insert(r.uuid.clone(), r);
+        let t = render(&inv, &st);
+        assert!(
+            t.contains("gpuhook_gpu_shared_slots{pci=\"0000:11:00.0\",mode=\"timeslice\"} 3\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("gpuhook_gpu_shared_used{pci=\"0000:11:00.0\"} 2\n"),
+            "{t}"
+        );
+        assert!(
+            !t.contains("gpuhook_gpu_shared_used{pci=\"0000:10:00.0\""),
+            "{t}"
+        );
+    }
 
     #[test]
     fn label_values_are_escaped() {

@@ -7,6 +7,10 @@
 //! the excluded or unusable ones and those in MIG mode, `min_unit` 1, `max_unit` total, `step_size` 1,
 //! `allocation_ratio` 1.0; traits `CUSTOM_GPU_VENDOR_<VENDOR>` and `CUSTOM_GPU_ARCH_<ARCH>`.
 //! GPUs of unknown architecture get no inventory (a flavor cannot name them).
+//!
+//! A shared GPU (config `sharing`) counts only in `CUSTOM_GPU_<ARCH>_SHARED`, with its
+//! `replicas` slots in `total`; `max_unit` there is the number of shared GPUs, since one
+//! request's slots are each on another GPU.
 
 use crate::host::inventory::Inventory;
 use std::collections::BTreeMap;
@@ -14,20 +18,39 @@ use std::fmt::Write;
 
 pub use crate::request::extra_specs::{custom_name, valid_custom_name};
 
-/// Per architecture: (total, reserved).
-fn per_arch(inv: &Inventory) -> BTreeMap<String, (u32, u32)> {
-    let mut m: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+/// One resource class's inventory.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    total: u32,
+    reserved: u32,
+    max_unit: u32,
+}
+
+/// Per resource class: whole GPUs in `CUSTOM_GPU_<ARCH>`, slots in `…_SHARED`.
+fn per_arch(inv: &Inventory) -> BTreeMap<String, Counts> {
+    let mut m: BTreeMap<String, Counts> = BTreeMap::new();
     for g in &inv.gpus {
         let Some(arch) = g.arch.as_deref() else {
             continue;
         };
-        let e = m.entry(custom_name("GPU_", arch)).or_default();
-        e.0 += 1;
-        // Unusable, or in MIG mode (handed out as instances, never whole): not for flavors.
+        let mut rc = custom_name("GPU_", arch);
+        let n = match g.sharing {
+            Some(s) => {
+                rc.push_str(crate::request::extra_specs::SHARED_SUFFIX);
+                s.replicas
+            }
+            None => 1,
+        };
+        let e = m.entry(rc).or_default();
+        e.total += n;
+        e.max_unit += 1;
+        // Unusable (quarantined, draining…), or in MIG mode (handed out as instances, never
+        // whole, never shared): not for flavors.
         if !g.usable() || !g.migs.is_empty() {
-            e.1 += 1;
+            e.reserved += n;
         }
     }
+    // `max_unit`: whole GPUs, one each; shared, at most one slot of each GPU per request.
     m
 }
 
@@ -40,10 +63,11 @@ pub fn render(inv: &Inventory) -> String {
     let arches = per_arch(inv);
     if !arches.is_empty() {
         out.push_str("    inventories:\n      additional:\n");
-        for (rc, (total, reserved)) in &arches {
+        for (rc, c) in &arches {
             let _ = write!(
                 out,
-                "        - {rc}:\n            total: {total}\n            reserved: {reserved}\n            min_unit: 1\n            max_unit: {total}\n            step_size: 1\n            allocation_ratio: 1.0\n"
+                "        - {rc}:\n            total: {}\n            reserved: {}\n            min_unit: 1\n            max_unit: {}\n            step_size: 1\n            allocation_ratio: 1.0\n",
+                c.total, c.reserved, c.max_unit
             );
         }
     }
@@ -71,6 +95,37 @@ pub fn render(inv: &Inventory) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_gpus_count_their_slots_in_their_own_class() {
+        use crate::reserve::alloc::tests::gpu;
+        let mut inv = Inventory {
+            gpus: (0..4)
+                .map(|i| gpu(i, Some(0), "sw0", crate::ids::Vendor::Nvidia, "fermi"))
+                .collect(),
+            ..Default::default()
+        };
+        let share = |replicas| {
+            Some(crate::host::config::Sharing {
+                mode: crate::host::config::ShareMode::Timeslice,
+                replicas,
+                memory_limit_mib: None,
+                active_thread_percentage: None,
+            })
+        };
+        inv.gpus[1].sharing = share(3);
+        inv.gpus[2].sharing = share(2);
+        inv.gpus[2].problem = Some("quarantined".into());
+        let y = render(&inv);
+        assert!(
+            y.contains("        - CUSTOM_GPU_FERMI:\n            total: 2\n            reserved: 0\n            min_unit: 1\n            max_unit: 2\n"),
+            "{y}"
+        );
+        assert!(
+            y.contains("        - CUSTOM_GPU_FERMI_SHARED:\n            total: 5\n            reserved: 2\n            min_unit: 1\n            max_unit: 2\n"),
+            "{y}"
+        );
+    }
 
     #[test]
     fn names_follow_placements_rules() {

@@ -368,10 +368,14 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
     }
     let n_shared = matching
         .iter()
-        .filter(|g| g.sharing.is_some() && g.migs.is_empty() && !held.contains_key(&Unit::Gpu(g.pci)))
+        .filter(|g| {
+            g.sharing.is_some() && g.migs.is_empty() && !held.contains_key(&Unit::Gpu(g.pci))
+        })
         .count();
     if n_shared > 0 {
-        why.push(format!("{n_shared} shared (handed out as slots: share='yes')"));
+        why.push(format!(
+            "{n_shared} shared (handed out as slots: share='yes')"
+        ));
     }
     let unusable: Vec<&&Gpu> = matching
         .iter()
@@ -509,7 +513,12 @@ pub fn allocate_slots(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Un
         .filter_map(|g| free_slot(g, held).map(|s| (slots_of(held, g.pci).count(), g, s)))
         .collect();
     if candidates.len() < want {
-        return Err(slot_shortage(gpus, held, req, chosen.len() + candidates.len()));
+        return Err(slot_shortage(
+            gpus,
+            held,
+            req,
+            chosen.len() + candidates.len(),
+        ));
     }
     candidates.sort_by_key(|(used, g, _)| (*used, g.index));
     chosen.extend(candidates.into_iter().take(want).map(|(_, g, s)| (g, s)));
@@ -1496,7 +1505,10 @@ pub(crate) mod tests {
             vec![unit("0000:12:00.0")]
         );
         let e = allocate(&g, &Held::new(), &req(2)).unwrap_err().to_string();
-        assert!(e.contains("2 shared (handed out as slots: share='yes')"), "{e}");
+        assert!(
+            e.contains("2 shared (handed out as slots: share='yes')"),
+            "{e}"
+        );
     }
 
     #[test]

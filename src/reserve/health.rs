@@ -199,6 +199,20 @@ pub struct ScanReport {
     pub unlisted: Vec<String>,
     /// Xid lines written into the log from userspace (not the driver's): ignored.
     pub forged: Vec<String>,
+    /// Who holds each GPU quarantined by this scan (whole, by its MIG instances, or every
+    /// sharer of a shared GPU), as messages name them: they keep it until they stop.
+    pub holders: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// Everyone who holds any unit of GPU `pci`, each once, in the state's order.
+pub fn holders_of(st: &State, pci: &str) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for r in st.reservations.values() {
+        if r.gpus.iter().any(|u| u.pci() == *pci) && !v.contains(&r.who()) {
+            v.push(r.who());
+        }
+    }
+    v
 }
 
 /// The kernel's boot id (`<proc>/sys/kernel/random/boot_id`): sequence numbers of the kernel
@@ -260,6 +274,10 @@ pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
                 since: now.clone(),
             };
             st.quarantine.insert(pci.clone(), q.clone());
+            let holders = holders_of(st, &pci);
+            if !holders.is_empty() {
+                rep.holders.insert(pci.clone(), holders);
+            }
             rep.quarantined.push((pci, q));
         }
         if let Some(seq) = last {

@@ -113,7 +113,8 @@ impl Host {
         serde_json::from_slice(&o.stdout).expect("list json")
     }
 
-    /// PCI addresses each domain holds, per `list --json`.
+    /// PCI addresses each domain holds, per `list --json` (a shared GPU's slots as
+    /// `PCI/slotN`).
     pub fn holders(&self) -> std::collections::BTreeMap<String, Vec<String>> {
         let mut m: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for g in self.list()["gpus"].as_array().expect("gpus") {
@@ -121,6 +122,11 @@ impl Host {
                 m.entry(d.to_owned())
                     .or_default()
                     .push(g["pci"].as_str().expect("pci").to_owned());
+            }
+            for s in g["sharing"]["holders"].as_array().into_iter().flatten() {
+                m.entry(s["domain"].as_str().expect("domain").to_owned())
+                    .or_default()
+                    .push(s["slot"].as_str().expect("slot").to_owned());
             }
         }
         m

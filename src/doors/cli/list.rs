@@ -48,6 +48,71 @@ impl<'a> Holders<'a> {
         }
     }
 
+    /// A shared GPU's slots in use: (slot unit, its holder, why that holder is gone), in
+    /// slot order.
+    fn slots(&self, g: &Gpu) -> Vec<(Unit, &'a Reservation, Option<&str>)> {
+        let Some(sh) = g.sharing else {
+            return vec![];
+        };
+        (0..sh.replicas)
+            .map(|slot| Unit::Slot { pci: g.pci, slot })
+            .filter_map(|u| self.of(&u).map(|(r, why)| (u, r, why)))
+            .collect()
+    }
+
+    /// `sharing` in `list --json`: `null` for a GPU that is not shared.
+    fn sharing_json(&self, g: &Gpu) -> serde_json::Value {
+        let Some(sh) = g.sharing else {
+            return serde_json::Value::Null;
+        };
+        let holders: Vec<_> = self
+            .slots(g)
+            .into_iter()
+            .map(|(u, r, why)| {
+                json!({
+                    "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase,
+                    "stale": why.is_some(), "slot": u,
+                })
+            })
+            .collect();
+        json!({
+            "mode": sh.mode, "replicas": sh.replicas, "used": holders.len(),
+            "memory_limit_mib": sh.memory_limit_mib,
+            "active_thread_percentage": sh.active_thread_percentage,
+            "holders": holders,
+        })
+    }
+
+    /// The HOLDER cell of a shared GPU: `2/3 shared: web1, container c1` (`stale: NAME` for
+    /// a holder that is gone), `0/3 shared`.
+    fn shared_cell(&self, g: &Gpu) -> Option<String> {
+        let sh = g.sharing?;
+        let slots = self.slots(g);
+        let names: Vec<String> = slots
+            .iter()
+            .map(|(_, r, why)| {
+                let name = match r.kind {
+                    HolderKind::Libvirt => r.domain.clone(),
+                    HolderKind::Oci => format!("container {}", r.domain),
+                };
+                match why {
+                    Some(_) => format!("stale: {name}"),
+                    None => name,
+                }
+            })
+            .collect();
+        Some(format!(
+            "{}/{} shared{}",
+            slots.len(),
+            sh.replicas,
+            if names.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", names.join(", "))
+            }
+        ))
+    }
+
     /// The HOLDER cell of a held unit: `web1 (running)`, `container ID (prepared)`, or
     /// `stale: web1 (its container init (pid 4242) is gone)`.
     fn cell(&self, unit: &Unit) -> Option<String> {
@@ -94,6 +159,7 @@ fn json_with(inv: &Inventory, h: &Holders) -> serde_json::Value {
                 "devices": g.paths(),
                 "excluded": g.excluded,
                 "holder": h.json(&Unit::Gpu(g.pci)),
+                "sharing": h.sharing_json(g),
                 "vendor_id": format!("{:04x}", g.vendor_id),
                 "device_id": format!("{:04x}", g.device_id),
                 "parent": g.parent,
@@ -173,10 +239,12 @@ fn rows(inv: &Inventory, h: &Holders) -> Vec<[String; 8]> {
                     format!("draining: {}", d.who())
                 }
                 (None, None) if g.excluded => "excluded".into(),
-                (None, None) => match &g.problem {
-                    Some(p) => format!("unusable: {p}"),
-                    None if !g.migs.is_empty() => mig_cell(h, g),
-                    None => "free".into(),
+                (None, None) => match (&g.problem, h.shared_cell(g)) {
+                    (Some(p), Some(c)) => format!("{c} [unusable: {p}]"),
+                    (Some(p), None) => format!("unusable: {p}"),
+                    (None, _) if !g.migs.is_empty() => mig_cell(h, g),
+                    (None, Some(c)) => c,
+                    (None, None) => "free".into(),
                 },
             };
             let holder = match &g.link {
@@ -364,6 +432,43 @@ mod tests {
                 "MIG: 1 of 3 instances free (gi1/ci0 m1, gi2/ci0 stale: m2)",
             ]
         );
+    }
+
+    #[test]
+    fn a_shared_gpu_lists_its_sharers() {
+        let (mut inv, mut st) = host();
+        inv.gpus[2].sharing = Some(crate::host::config::Sharing {
+            mode: crate::host::config::ShareMode::Mps,
+            replicas: 3,
+            memory_limit_mib: Some(2048),
+            active_thread_percentage: None,
+        });
+        for r in [
+            reservation("a", "u-a", HolderKind::Libvirt, &["0000:12:00.0/slot0"]),
+            reservation("c1", "c1", HolderKind::Oci, &["0000:12:00.0/slot2"]),
+        ] {
+            st.reservations.insert(r.uuid.clone(), r);
+        }
+        let l = json_with(&inv, &Holders::new(&st, &gone));
+        let g = &l["gpus"][2];
+        assert_eq!(g["holder"], serde_json::Value::Null);
+        assert_eq!(
+            g["sharing"],
+            json!({
+                "mode": "mps", "replicas": 3, "used": 2, "memory_limit_mib": 2048,
+                "active_thread_percentage": null,
+                "holders": [
+                    {"kind": "libvirt", "domain": "a", "uuid": "u-a", "phase": "running", "stale": false, "slot": "0000:12:00.0/slot0"},
+                    {"kind": "oci", "domain": "c1", "uuid": "c1", "phase": "running", "stale": true, "slot": "0000:12:00.0/slot2"},
+                ]
+            })
+        );
+        assert_eq!(l["gpus"][0]["sharing"], serde_json::Value::Null);
+        let rows = rows(&inv, &Holders::new(&st, &gone));
+        assert_eq!(rows[2][7], "2/3 shared: a, stale: container c1");
+        st.reservations.clear();
+        let rows = super::rows(&inv, &Holders::new(&st, &gone));
+        assert_eq!(rows[2][7], "0/3 shared");
     }
 
     #[test]

@@ -366,10 +366,10 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
         return err(Kind::MigAndResources);
     }
     // `resources:CUSTOM_GPU_<ARCH>_SHARED`: slots of shareable GPUs of that architecture.
-    let shared_class = g
-        .resources
-        .first()
-        .and_then(|(_, c, _)| c.strip_suffix(extra_specs::SHARED_SUFFIX).map(|b| (c.clone(), b.to_owned())));
+    let shared_class = g.resources.first().and_then(|(_, c, _)| {
+        c.strip_suffix(extra_specs::SHARED_SUFFIX)
+            .map(|b| (c.clone(), b.to_owned()))
+    });
     if let (Some(false), Some((class, _))) = (g.share, &shared_class) {
         return err(Kind::ShareNo {
             class: class.clone(),

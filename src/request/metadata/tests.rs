@@ -708,7 +708,11 @@ fn shared_requests_from_every_source() {
     let r = req(g).unwrap();
     assert!(r.share && !r.mig && r.count == 2);
     assert_eq!(r.to_string(), "2 shared GPU slots");
-    assert!(!req(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" share="no"/>"#).unwrap().share);
+    assert!(
+        !req(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" share="no"/>"#)
+            .unwrap()
+            .share
+    );
     fails(
         r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" share="maybe"/>"#,
         "share 'maybe' is not yes or no",
@@ -741,7 +745,8 @@ fn shared_requests_from_every_source() {
     .to_string();
     assert!(e.contains("two classes"), "{e}");
     // The OCI door's keys: annotation, then env.
-    let cfg = serde_json::json!({"annotations": {"gpuhook.io/gpus": "1", "gpuhook.io/share": "yes"}});
+    let cfg =
+        serde_json::json!({"annotations": {"gpuhook.io/gpus": "1", "gpuhook.io/share": "yes"}});
     let r = crate::request::oci::request(&crate::request::oci::pairs(&cfg, true).unwrap()).unwrap();
     assert!(r.share);
     let cfg = serde_json::json!({"process": {"env": ["GPUHOOK_GPUS=1", "GPUHOOK_SHARE=yes"]}});
@@ -751,5 +756,8 @@ fn shared_requests_from_every_source() {
     let e = crate::request::oci::request(&crate::request::oci::pairs(&cfg, true).unwrap())
         .unwrap_err()
         .to_string();
-    assert_eq!(e, "environment variable GPUHOOK_SHARE: share 'often' is not yes or no");
+    assert_eq!(
+        e,
+        "environment variable GPUHOOK_SHARE: share 'often' is not yes or no"
+    );
 }
