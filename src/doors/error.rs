@@ -76,8 +76,6 @@ pub enum CliError {
     },
     #[error("{}: not an id mapping (ID-INSIDE ID-OUTSIDE LENGTH lines)", path.display())]
     IdMap { path: PathBuf },
-    #[error("--share: shared GPU slots are not available in this gpuhook yet")]
-    ShareNotOffered,
     /// A libvirt status file cannot be read.
     #[error("{}: {source}", path.display())]
     ReadStatus {

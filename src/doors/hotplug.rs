@@ -247,9 +247,6 @@ fn find(b: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// The request the options make, each checked as the XML's attribute of that name is.
 pub fn attach_request(a: &AttachArgs) -> Result<Request, CliError> {
-    if a.share {
-        return Err(CliError::ShareNotOffered);
-    }
     let mut pairs = Pairs::new();
     let mut put = |key: &str, flag: &str, v: Option<String>| {
         if let Some(v) = v {
@@ -266,6 +263,7 @@ pub fn attach_request(a: &AttachArgs) -> Result<Request, CliError> {
         (!a.device.is_empty()).then(|| a.device.join(",")),
     );
     put("mig", "--mig", a.mig.then(|| "yes".to_string()));
+    put("share", "--share", a.share.then(|| "yes".to_string()));
     put("capabilities", "--capabilities", a.capabilities.clone());
     put("driver", "--driver", a.driver.clone());
     Ok(oci::request(&pairs)?)
@@ -279,7 +277,7 @@ fn which(d: &DetachArgs) -> Result<Which, CliError> {
     let mut sels = Vec::new();
     for s in &d.device {
         match s.parse::<Unit>() {
-            Ok(u) if u.is_mig() => sels.push(DeviceSel::Pci(u.to_string())),
+            Ok(u) if u.is_mig() || u.is_slot() => sels.push(DeviceSel::Pci(u.to_string())),
             _ => sels.extend(oci::devices(s).map_err(|source| CliError::Selector {
                 sel: s.clone(),
                 source,
@@ -443,6 +441,15 @@ mod tests {
             share: true,
             ..Default::default()
         };
-        assert!(attach_request(&share).is_err());
+        assert!(attach_request(&share).unwrap().share);
+        let both = AttachArgs {
+            share: true,
+            mig: true,
+            ..Default::default()
+        };
+        assert!(attach_request(&both)
+            .unwrap_err()
+            .to_string()
+            .contains("MIG instances are never shared"));
     }
 }

@@ -83,6 +83,11 @@ pub enum AllocError {
     /// A shared request names a GPU the host config does not share.
     #[error("GPU {pci} ({sel}) is not shared by the host config (\"sharing\"): ask for it whole (no share='yes')")]
     NotShareable { pci: Pci, sel: DeviceSel },
+    /// A named shared GPU of which the holder has a slot already.
+    #[error(
+        "GPU {pci} ({sel}): the container holds a slot of it already (one slot of a GPU each)"
+    )]
+    SharesAlready { pci: Pci, sel: DeviceSel },
     /// Every slot of a named shared GPU is taken.
     #[error("GPU {pci} ({sel}): all {replicas} slots are taken, by {}", .holders.join(", "))]
     SlotsFull {
@@ -248,11 +253,22 @@ pub fn gi_holder(held: &Held, pci: Pci, gi: u32) -> Option<(Unit, &str)> {
 /// Chooses `req.count` GPUs (or MIG instances, for a MIG request). Returns their units in
 /// index order.
 pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, AllocError> {
+    allocate_beside(gpus, held, req, &[])
+}
+
+/// [`allocate`] for a holder that already holds slots of the GPUs `sharing` (an attach): a
+/// shared request gets none of theirs (one holder, one slot of a GPU).
+pub fn allocate_beside(
+    gpus: &[Gpu],
+    held: &Held,
+    req: &Request,
+    sharing: &[Pci],
+) -> Result<Vec<Unit>, AllocError> {
     if req.mig {
         return allocate_migs(gpus, held, req);
     }
     if req.share {
-        return allocate_slots(gpus, held, req);
+        return allocate_slots(gpus, held, req, sharing);
     }
     let mut chosen: Vec<&Gpu> = Vec::new();
     for sel in &req.devices {
@@ -432,10 +448,21 @@ fn free_slot(g: &Gpu, held: &Held) -> Option<Unit> {
 /// one with the fewest slots in use first (then the lowest index). Never a GPU in MIG mode
 /// (MIG instances are never shared) nor one someone holds whole. Returns the slots in the
 /// GPUs' index order.
-pub fn allocate_slots(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, AllocError> {
+pub fn allocate_slots(
+    gpus: &[Gpu],
+    held: &Held,
+    req: &Request,
+    sharing: &[Pci],
+) -> Result<Vec<Unit>, AllocError> {
     let mut chosen: Vec<(&Gpu, Unit)> = Vec::new();
     for sel in &req.devices {
         let g = resolve(gpus, sel).ok_or_else(|| AllocError::NoGpu { sel: sel.clone() })?;
+        if sharing.contains(&g.pci) {
+            return Err(AllocError::SharesAlready {
+                pci: g.pci,
+                sel: sel.clone(),
+            });
+        }
         if chosen.iter().any(|(c, _)| c.pci == g.pci) {
             return Err(AllocError::NamedTwice {
                 sel: sel.clone(),
@@ -508,6 +535,7 @@ pub fn allocate_slots(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Un
                 && g.sharing.is_some()
                 && whole_or_mig_holder(held, g.pci).is_none()
                 && matches(g, &req.filters)
+                && !sharing.contains(&g.pci)
                 && !chosen.iter().any(|(c, _)| c.pci == g.pci)
         })
         .filter_map(|g| free_slot(g, held).map(|s| (slots_of(held, g.pci).count(), g, s)))

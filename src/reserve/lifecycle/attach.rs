@@ -165,7 +165,19 @@ fn reserve_more(
             .into());
         }
     }
-    let (units, mut notes) = choose(f, st, inv, req)?;
+    // One slot of a shared GPU per holder: not one of those it has.
+    let sharing: Vec<crate::ids::Pci> = st
+        .reservations
+        .get(h.id)
+        .map(|r| {
+            r.gpus
+                .iter()
+                .filter(|u| u.is_slot())
+                .map(Unit::pci)
+                .collect()
+        })
+        .unwrap_or_default();
+    let (units, mut notes) = choose(f, st, inv, req, &sharing)?;
     let mut specs = node_specs(h, req, inv, &units)?;
     let r = st.reservations.get(h.id);
     let plan = match wants_cdi(f.cfg, req) {

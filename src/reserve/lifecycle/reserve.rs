@@ -128,7 +128,7 @@ fn reserve_by(
         if let Some(kept) = keep_or_free(f, st, &mut inv, h, req, by, &now)? {
             return Ok(kept);
         }
-        let (gpus, notes) = choose(f, st, &mut inv, req)?;
+        let (gpus, notes) = choose(f, st, &mut inv, req, &[])?;
         let specs = prepared_edits(f, h, req, &inv, &gpus)?;
         st.reservations.insert(
             h.id.to_string(),
@@ -244,6 +244,7 @@ pub(super) fn choose(
     st: &mut State,
     inv: &mut Inventory,
     req: &Request,
+    sharing: &[crate::ids::Pci],
 ) -> Result<(Vec<Unit>, Vec<String>), Error> {
     let mut notes = Vec::new();
     // Stale reservations (holder gone) are reclaimed only when the request does not fit
@@ -256,7 +257,7 @@ pub(super) fn choose(
     }
     let mut reclaimed = false;
     let gpus = loop {
-        let g = match alloc::allocate(&inv.gpus, &st.held(None), req) {
+        let g = match alloc::allocate_beside(&inv.gpus, &st.held(None), req, sharing) {
             Ok(g) => g,
             Err(e) => {
                 // Stale reservations (holder gone) are reclaimed, and draining GPUs

@@ -2120,3 +2120,49 @@ fn detach_whose_driver_files_cannot_be_taken_out_says_so_after_freeing() {
     let r = &h.state().reservations[ID];
     assert!(r.gpus.is_empty() && r.mounts.is_empty(), "{r:?}");
 }
+
+/// `gpuhook attach --share`: a slot of another shared GPU, never a second of one it shares;
+/// its GPU's nodes granted and made as a whole GPU's are; detached, the slot is free again.
+#[test]
+fn attach_share_takes_a_slot_of_another_gpu_only() {
+    let mut h = host();
+    let share = |replicas| {
+        Some(crate::host::config::Sharing {
+            mode: crate::host::config::ShareMode::Timeslice,
+            replicas,
+            memory_limit_mib: None,
+            active_thread_percentage: None,
+        })
+    };
+    h.inv.gpus[6].sharing = share(2);
+    h.inv.gpus[7].sharing = share(2);
+    let fake = running_on_gpu0(&h, &req(1));
+    let shared = Request {
+        share: true,
+        ..req(1)
+    };
+    let got = h.attach(&fake, &shared).unwrap();
+    let first = got.units[0];
+    assert!(first.is_slot(), "{first:?}");
+    let n = h.inv.by_unit(&first).unwrap().nodes[0].1.node.clone();
+    assert_eq!(
+        fake.calls(),
+        [format!("allow {}", num(&n)), format!("create {}", n.path)]
+    );
+    let second = h.attach(&fake, &shared).unwrap().units[0];
+    assert!(
+        second.is_slot() && second.pci() != first.pci(),
+        "{second:?}"
+    );
+    // Both shared GPUs have a slot of it: no third.
+    let e = h.attach(&fake, &shared).unwrap_err().to_string();
+    assert!(
+        e.contains("only 0 of the host's 2 matching shared GPUs"),
+        "{e}"
+    );
+    let mut named = shared.clone();
+    named.devices = vec![crate::request::DeviceSel::Pci(first.pci().to_string())];
+    let e = h.attach(&fake, &named).unwrap_err().to_string();
+    assert!(e.contains("holds a slot of it already"), "{e}");
+    assert_eq!(h.state().reservations[ID].gpus, [pci(0), first, second]);
+}
