@@ -326,3 +326,83 @@ fn placement_schedules_by_free_gpus() {
         ["0000:07:00.0", "0000:08:00.0"]
     );
 }
+
+/// Shared GPUs in Placement's own code: a host's shared GPUs count only in
+/// `CUSTOM_GPU_<ARCH>_SHARED`, their replicas each; one request takes at most one slot of
+/// each GPU (`max_unit`); the instance Placement puts there gets its slots from the hook.
+#[test]
+fn placement_schedules_shared_slots() {
+    // cn-a: two Fermi, whole; cn-s: four Fermi, two of them shared by three.
+    let a = Host::new(FakeHost::blueprint());
+    let s4 = fermi4();
+    let shared: Vec<String> = s4.devices[2..].iter().map(|d| d.pci.clone()).collect();
+    let s = Host::with(s4, |c| {
+        c["sharing"] = serde_json::json!({
+            shared[0].clone(): {"replicas": 3},
+            shared[1].clone(): {"replicas": 3},
+        });
+    });
+    let work = tempfile::Builder::new()
+        .prefix("gpuhook-placement-")
+        .tempdir()
+        .unwrap();
+    let mut args = vec![];
+    for (name, h) in [("cn-a", &a), ("cn-s", &s)] {
+        let dir = work.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_ok(
+            &h.cmd()
+                .args(["placement", "--output"])
+                .arg(dir.join("gpuhook.yaml"))
+                .output()
+                .unwrap(),
+        );
+        args.push(format!("{name}={}", dir.display()));
+    }
+    let step = |op: &str, host: &str, res: &str| serde_json::json!({"op": op, "host": host, "resources": res});
+    let plan = Value::Array(vec![
+        step("candidates", "", "CUSTOM_GPU_FERMI_SHARED:2"),
+        step("candidates", "", "CUSTOM_GPU_FERMI_SHARED:3"),
+        step("candidates", "", "CUSTOM_GPU_FERMI:3"),
+        step("candidates", "", "CUSTOM_GPU_FERMI:2"),
+        step("claim", "cn-s", "CUSTOM_GPU_FERMI_SHARED:2"),
+        step("claim", "cn-s", "CUSTOM_GPU_FERMI_SHARED:2"),
+        step("claim", "cn-s", "CUSTOM_GPU_FERMI_SHARED:2"),
+        step("candidates", "", "CUSTOM_GPU_FERMI_SHARED:1"),
+    ]);
+    let mut argv = vec![work.path().to_str().unwrap().to_owned(), plan.to_string()];
+    argv.extend(args);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let out: Value =
+        serde_json::from_str(&common::openstack_script("placement.py", &argv)).unwrap();
+    assert_eq!(
+        out["steps"],
+        serde_json::json!([
+            ["cn-s"], // only cn-s has shared slots
+            [],       // three slots would need three shared GPUs (max_unit 2)
+            [],       // cn-s has two whole Fermi, cn-a two: no host three
+            ["cn-a", "cn-s"],
+            true,
+            true,
+            true,
+            [] // 6 of 6 slots allocated
+        ]),
+        "{out}"
+    );
+    let inv = &out["providers"]["cn-s"]["inventories"];
+    assert_eq!(inv["CUSTOM_GPU_FERMI_SHARED"]["total"], 6, "{out}");
+    assert_eq!(inv["CUSTOM_GPU_FERMI_SHARED"]["max_unit"], 2, "{out}");
+    assert_eq!(inv["CUSTOM_GPU_FERMI"]["total"], 2, "{out}");
+    // The instance Placement put on cn-s: one slot of each shared GPU.
+    let xml = nova_xml(
+        "instance-0000000b",
+        11,
+        "g1.fermi-shared2",
+        serde_json::json!({"resources:CUSTOM_GPU_FERMI_SHARED": "2"}),
+    );
+    assert_ok(&s.hook("instance-0000000b", "prepare", &xml));
+    assert_eq!(
+        s.holders()["instance-0000000b"],
+        [format!("{}/slot0", shared[0]), format!("{}/slot0", shared[1])]
+    );
+}
