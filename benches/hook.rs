@@ -582,6 +582,46 @@ fn main() {
         must(&hr);
     }
 
+    // 2a. A shared slot (SPEC "Sharing"): 4 of the 16 GPUs shared by 4 each, 8 slots held
+    // by other domains; `prepare` / `release` of one more, against the static no-op.
+    let h16s = Host::new(&work, "wide16-shared", FakeHost::wide(16));
+    {
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&h16s.config).unwrap()).unwrap();
+        let mut sharing = serde_json::Map::new();
+        for d in FakeHost::wide(16).devices.iter().take(4) {
+            sharing.insert(d.pci.clone(), serde_json::json!({"replicas": 4}));
+        }
+        c["sharing"] = serde_json::Value::Object(sharing);
+        std::fs::write(&h16s.config, c.to_string()).unwrap();
+    }
+    let share1 = r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" share="yes"/>"#;
+    for i in 0..8 {
+        let name = format!("s{i}");
+        must(&h16s.hook(
+            &bins,
+            &name,
+            "prepare",
+            &domain(&name, 100 + i, share1, None),
+        ));
+    }
+    let sx = domain("sx", 200, share1, None);
+    let (sp, sr) = (
+        h16s.hook(&bins, "sx", "prepare", &sx),
+        h16s.hook(&bins, "sx", "release", &sx),
+    );
+    let noop_s = bench.measure(n, || {}, &h16s.noop(&bins, "sx", "prepare", &sx));
+    let hook_sp = bench.measure(n, || must(&sr), &sp);
+    rep.row(
+        "`prepare`, 1 shared slot (4 GPUs × 4 slots of 16 GPUs, 8 slots held)",
+        hook_sp,
+        Some(noop_s),
+        None,
+    );
+    let hook_sr = bench.measure(n, || must(&sp), &sr);
+    rep.row("`release`, 1 shared slot", hook_sr, Some(noop_s), None);
+    must(&sr);
+
     // 2b. The same through a Nova flavor's Placement form, `resources:CUSTOM_GPU_AMPERE=2`.
     let nova_g2 = nova_domain(
         "g1.ampere2",

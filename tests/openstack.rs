@@ -403,6 +403,9 @@ fn placement_schedules_shared_slots() {
     assert_ok(&s.hook("instance-0000000b", "prepare", &xml));
     assert_eq!(
         s.holders()["instance-0000000b"],
-        [format!("{}/slot0", shared[0]), format!("{}/slot0", shared[1])]
+        [
+            format!("{}/slot0", shared[0]),
+            format!("{}/slot0", shared[1])
+        ]
     );
 }
