@@ -221,6 +221,30 @@ fn nova_flavors_are_requests() {
 }
 
 /// Four Tesla M2090 (Fermi) on a host of `wide`'s shape.
+/// Each host's `gpuhook placement` output as its provider config, then the plan's steps
+/// against Placement's own code (tests/openstack/placement.py).
+fn run_placement(hosts: &[(&str, &Host)], plan: &Value) -> Value {
+    let work = tempfile::Builder::new()
+        .prefix("gpuhook-placement-")
+        .tempdir()
+        .unwrap();
+    let mut argv = vec![work.path().to_str().unwrap().to_owned(), plan.to_string()];
+    for (name, h) in hosts {
+        let dir = work.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_ok(
+            &h.cmd()
+                .args(["placement", "--output"])
+                .arg(dir.join("gpuhook.yaml"))
+                .output()
+                .unwrap(),
+        );
+        argv.push(format!("{name}={}", dir.display()));
+    }
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    serde_json::from_str(&common::openstack_script("placement.py", &argv)).unwrap()
+}
+
 fn fermi4() -> FakeHost {
     let mut f = FakeHost::wide(4);
     f.name = "fermi4".into();
@@ -241,23 +265,6 @@ fn placement_schedules_by_free_gpus() {
     let excluded = b4.devices[0].pci.clone();
     let b = Host::with(b4, |c| c["exclude"] = serde_json::json!([excluded]));
     let c = Host::new(FakeHost::dgx8());
-    let work = tempfile::Builder::new()
-        .prefix("gpuhook-placement-")
-        .tempdir()
-        .unwrap();
-    let mut args = vec![];
-    for (name, h) in [("cn-a", &a), ("cn-b", &b), ("cn-c", &c)] {
-        let dir = work.path().join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        assert_ok(
-            &h.cmd()
-                .args(["placement", "--output"])
-                .arg(dir.join("gpuhook.yaml"))
-                .output()
-                .unwrap(),
-        );
-        args.push(format!("{name}={}", dir.display()));
-    }
     let step = |op: &str, host: &str, res: &str| serde_json::json!({"op": op, "host": host, "resources": res});
     let plan = Value::Array(vec![
         step("candidates", "", "CUSTOM_GPU_FERMI:2"),
@@ -270,11 +277,7 @@ fn placement_schedules_by_free_gpus() {
         step("candidates", "", "CUSTOM_GPU_HOPPER:8"),
         step("candidates", "", "CUSTOM_GPU_HOPPER:9"),
     ]);
-    let mut argv = vec![work.path().to_str().unwrap().to_owned(), plan.to_string()];
-    argv.extend(args);
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let out: Value =
-        serde_json::from_str(&common::openstack_script("placement.py", &argv)).unwrap();
+    let out = run_placement(&[("cn-a", &a), ("cn-b", &b), ("cn-c", &c)], &plan);
     assert_eq!(
         out["steps"],
         serde_json::json!([
@@ -342,23 +345,6 @@ fn placement_schedules_shared_slots() {
             shared[1].clone(): {"replicas": 3},
         });
     });
-    let work = tempfile::Builder::new()
-        .prefix("gpuhook-placement-")
-        .tempdir()
-        .unwrap();
-    let mut args = vec![];
-    for (name, h) in [("cn-a", &a), ("cn-s", &s)] {
-        let dir = work.path().join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        assert_ok(
-            &h.cmd()
-                .args(["placement", "--output"])
-                .arg(dir.join("gpuhook.yaml"))
-                .output()
-                .unwrap(),
-        );
-        args.push(format!("{name}={}", dir.display()));
-    }
     let step = |op: &str, host: &str, res: &str| serde_json::json!({"op": op, "host": host, "resources": res});
     let plan = Value::Array(vec![
         step("candidates", "", "CUSTOM_GPU_FERMI_SHARED:2"),
@@ -370,11 +356,7 @@ fn placement_schedules_shared_slots() {
         step("claim", "cn-s", "CUSTOM_GPU_FERMI_SHARED:2"),
         step("candidates", "", "CUSTOM_GPU_FERMI_SHARED:1"),
     ]);
-    let mut argv = vec![work.path().to_str().unwrap().to_owned(), plan.to_string()];
-    argv.extend(args);
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let out: Value =
-        serde_json::from_str(&common::openstack_script("placement.py", &argv)).unwrap();
+    let out = run_placement(&[("cn-a", &a), ("cn-s", &s)], &plan);
     assert_eq!(
         out["steps"],
         serde_json::json!([

@@ -128,6 +128,18 @@ pub struct Sharing {
     pub active_thread_percentage: Option<u32>,
 }
 
+impl Sharing {
+    /// Time-sliced, by `replicas`.
+    pub fn timeslice(replicas: u32) -> Sharing {
+        Sharing {
+            mode: ShareMode::Timeslice,
+            replicas,
+            memory_limit_mib: None,
+            active_thread_percentage: None,
+        }
+    }
+}
+
 /// The bounds of `replicas`.
 pub const REPLICAS: std::ops::RangeInclusive<u32> = 2..=64;
 

@@ -273,12 +273,7 @@ mod tests {
             ..Default::default()
         };
         assert!(!render(&inv, &State::default()).contains("shared"));
-        inv.gpus[1].sharing = Some(crate::host::config::Sharing {
-            mode: crate::host::config::ShareMode::Timeslice,
-            replicas: 3,
-            memory_limit_mib: None,
-            active_thread_percentage: None,
-        });
+        inv.gpus[1].sharing = Some(crate::host::config::Sharing::timeslice(3));
         let mut st = State::default();
         let mut r: crate::reserve::state::Reservation = serde_json::from_value(serde_json::json!({
             "domain": "a", "uuid": "u-a", "gpus": ["0000:11:00.0/slot0"], "phase": "running",

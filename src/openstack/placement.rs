@@ -105,14 +105,7 @@ mod tests {
                 .collect(),
             ..Default::default()
         };
-        let share = |replicas| {
-            Some(crate::host::config::Sharing {
-                mode: crate::host::config::ShareMode::Timeslice,
-                replicas,
-                memory_limit_mib: None,
-                active_thread_percentage: None,
-            })
-        };
+        let share = |n| Some(crate::host::config::Sharing::timeslice(n));
         inv.gpus[1].sharing = share(3);
         inv.gpus[2].sharing = share(2);
         inv.gpus[2].problem = Some("quarantined".into());

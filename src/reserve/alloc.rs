@@ -250,6 +250,50 @@ pub fn gi_holder(held: &Held, pci: Pci, gi: u32) -> Option<(Unit, &str)> {
         .map(|(k, v)| (*k, v.as_str()))
 }
 
+/// A GPU a request names, as a whole GPU or a slot: not excluded, usable, not in MIG mode.
+fn usable_named(g: &Gpu, sel: &DeviceSel) -> Result<(), AllocError> {
+    if g.excluded {
+        return Err(AllocError::Excluded {
+            pci: g.pci,
+            sel: sel.clone(),
+        });
+    }
+    if let Some(p) = &g.problem {
+        return Err(AllocError::Unusable {
+            pci: g.pci,
+            sel: sel.clone(),
+            problem: p.clone(),
+        });
+    }
+    if !g.migs.is_empty() {
+        return Err(AllocError::InMigMode {
+            pci: g.pci,
+            sel: sel.clone(),
+            instances: g.migs.len(),
+        });
+    }
+    Ok(())
+}
+
+/// A GPU a request names meets each of its filters.
+fn matches_named(g: &Gpu, sel: &DeviceSel, req: &Request) -> Result<(), AllocError> {
+    match req
+        .filters
+        .iter()
+        .find(|f| !f.op.matches(field_value(g, f.field)))
+    {
+        Some(f) => Err(AllocError::Mismatch {
+            pci: g.pci,
+            sel: sel.clone(),
+            filter: Box::new(f.clone()),
+            vendor: g.vendor,
+            arch: g.arch.clone(),
+            model: g.model.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Chooses `req.count` GPUs (or MIG instances, for a MIG request). Returns their units in
 /// index order.
 pub fn allocate(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, AllocError> {
@@ -279,26 +323,7 @@ pub fn allocate_beside(
                 pci: g.pci,
             });
         }
-        if g.excluded {
-            return Err(AllocError::Excluded {
-                pci: g.pci,
-                sel: sel.clone(),
-            });
-        }
-        if let Some(p) = &g.problem {
-            return Err(AllocError::Unusable {
-                pci: g.pci,
-                sel: sel.clone(),
-                problem: p.clone(),
-            });
-        }
-        if !g.migs.is_empty() {
-            return Err(AllocError::InMigMode {
-                pci: g.pci,
-                sel: sel.clone(),
-                instances: g.migs.len(),
-            });
-        }
+        usable_named(g, sel)?;
         if let Some(sh) = g.sharing {
             return Err(AllocError::Shareable {
                 pci: g.pci,
@@ -313,20 +338,7 @@ pub fn allocate_beside(
                 holder: h.to_string(),
             });
         }
-        if let Some(f) = req
-            .filters
-            .iter()
-            .find(|f| !f.op.matches(field_value(g, f.field)))
-        {
-            return Err(AllocError::Mismatch {
-                pci: g.pci,
-                sel: sel.clone(),
-                filter: Box::new(f.clone()),
-                vendor: g.vendor,
-                arch: g.arch.clone(),
-                model: g.model.clone(),
-            });
-        }
+        matches_named(g, sel, req)?;
         chosen.push(g);
     }
     let want = req.count as usize - chosen.len();
@@ -469,26 +481,7 @@ pub fn allocate_slots(
                 pci: g.pci,
             });
         }
-        if g.excluded {
-            return Err(AllocError::Excluded {
-                pci: g.pci,
-                sel: sel.clone(),
-            });
-        }
-        if let Some(p) = &g.problem {
-            return Err(AllocError::Unusable {
-                pci: g.pci,
-                sel: sel.clone(),
-                problem: p.clone(),
-            });
-        }
-        if !g.migs.is_empty() {
-            return Err(AllocError::InMigMode {
-                pci: g.pci,
-                sel: sel.clone(),
-                instances: g.migs.len(),
-            });
-        }
+        usable_named(g, sel)?;
         let Some(sh) = g.sharing else {
             return Err(AllocError::NotShareable {
                 pci: g.pci,
@@ -510,20 +503,7 @@ pub fn allocate_slots(
                 holders: sharers(held, g.pci),
             });
         };
-        if let Some(f) = req
-            .filters
-            .iter()
-            .find(|f| !f.op.matches(field_value(g, f.field)))
-        {
-            return Err(AllocError::Mismatch {
-                pci: g.pci,
-                sel: sel.clone(),
-                filter: Box::new(f.clone()),
-                vendor: g.vendor,
-                arch: g.arch.clone(),
-                model: g.model.clone(),
-            });
-        }
+        matches_named(g, sel, req)?;
         chosen.push((g, slot));
     }
     let want = req.count as usize - chosen.len();
@@ -1458,14 +1438,7 @@ pub(crate) mod tests {
         let mut v: Vec<Gpu> = (0..4)
             .map(|i| gpu(i, Some(0), "sw0", Vendor::Nvidia, "fermi"))
             .collect();
-        let share = |replicas| {
-            Some(crate::host::config::Sharing {
-                mode: crate::host::config::ShareMode::Timeslice,
-                replicas,
-                memory_limit_mib: None,
-                active_thread_percentage: None,
-            })
-        };
+        let share = |n| Some(crate::host::config::Sharing::timeslice(n));
         v[0].sharing = share(3);
         v[1].sharing = share(2);
         v[3].sharing = share(2);

@@ -2126,14 +2126,7 @@ fn detach_whose_driver_files_cannot_be_taken_out_says_so_after_freeing() {
 #[test]
 fn attach_share_takes_a_slot_of_another_gpu_only() {
     let mut h = host();
-    let share = |replicas| {
-        Some(crate::host::config::Sharing {
-            mode: crate::host::config::ShareMode::Timeslice,
-            replicas,
-            memory_limit_mib: None,
-            active_thread_percentage: None,
-        })
-    };
+    let share = |n| Some(crate::host::config::Sharing::timeslice(n));
     h.inv.gpus[6].sharing = share(2);
     h.inv.gpus[7].sharing = share(2);
     let fake = running_on_gpu0(&h, &req(1));
