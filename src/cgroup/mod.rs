@@ -25,6 +25,24 @@ use crate::log::Leftovers;
 use crate::node::Node;
 use std::path::{Path, PathBuf};
 
+/// Opens cgroup directory `dir` for its BPF programs (v2).
+fn open_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, CgroupError> {
+    nix::fcntl::open(
+        dir,
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|x| CgroupError::new(dir, Fault::Open(x.into())))
+}
+
+/// A descriptor of BPF program `id` attached to cgroup `dir` (named in the error).
+fn prog_fd(dir: &Path, id: u32) -> Result<std::os::fd::OwnedFd, CgroupError> {
+    bpf::prog_get_fd_by_id(id).map_err(|x| {
+        let errno = x.into();
+        CgroupError::new(dir, Fault::ProgFd { id, errno })
+    })
+}
+
 /// A cgroup whose device access gpuhook can widen by exact character devices.
 pub trait DeviceCgroup {
     /// The cgroup directory (for messages).

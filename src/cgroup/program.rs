@@ -506,12 +506,7 @@ impl Replace {
     /// gpuhook's replacement.
     pub fn open(dir: &Path) -> Result<Replace, CgroupError> {
         let e = |f: Fault| CgroupError::new(dir, f);
-        let cg = nix::fcntl::open(
-            dir,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|x| e(Fault::Open(x.into())))?;
+        let cg = super::open_dir(dir)?;
         let lock = lock(&cg).map_err(e)?;
         let (ids, flags) = bpf::prog_query_flags(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
             .map_err(|x| e(Fault::ProgQuery(x.into())))?;
@@ -532,10 +527,7 @@ impl Replace {
         let mut current = Vec::new();
         let mut read: Vec<(Prologue, Vec<Insn>)> = Vec::new();
         for &id in &ids {
-            let prog = bpf::prog_get_fd_by_id(id).map_err(|x| {
-                let errno = x.into();
-                e(Fault::ProgFd { id, errno })
-            })?;
+            let prog = super::prog_fd(dir, id)?;
             let (insns, maps) = bpf::prog_xlated(prog.as_fd()).map_err(|x| {
                 let errno = x.into();
                 e(Fault::ProgInfo { id, errno })

@@ -11,8 +11,6 @@
 use super::bpf;
 use super::{CgroupError, DeviceCgroup, Fault, MapOp};
 use crate::node::Node;
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -41,20 +39,12 @@ impl V2 {
     /// Opens the device map of the program attached to cgroup `dir`.
     pub fn open(dir: &Path) -> Result<V2, CgroupError> {
         let e = |f: Fault| CgroupError::new(dir, f);
-        let cg = nix::fcntl::open(
-            dir,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|x| e(Fault::Open(x.into())))?;
+        let cg = super::open_dir(dir)?;
         let progs = bpf::prog_query(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
             .map_err(|x| e(Fault::ProgQuery(x.into())))?;
         let mut found: Vec<(OwnedFd, u32)> = Vec::new();
         for &id in &progs {
-            let prog = bpf::prog_get_fd_by_id(id).map_err(|x| {
-                let errno = x.into();
-                e(Fault::ProgFd { id, errno })
-            })?;
+            let prog = super::prog_fd(dir, id)?;
             let mids = bpf::prog_map_ids(prog.as_fd()).map_err(|x| {
                 let errno = x.into();
                 e(Fault::ProgInfo { id, errno })
