@@ -332,7 +332,7 @@ mod tests {
     use super::*;
     use crate::ids::Vendor;
     use crate::reserve::alloc::tests::{gpu, req, unit, with_migs};
-    use crate::reserve::state::{Phase, Reservation};
+    use crate::reserve::state::Reservation;
     use std::path::Path;
 
     /// A real char node (`mknod`) with the given number.
@@ -378,23 +378,12 @@ mod tests {
     }
 
     fn reservation(gpus: &[&str]) -> Reservation {
-        Reservation {
-            kind: Default::default(),
-            domain: "web1".into(),
-            uuid: "11111111-1111-1111-1111-111111111111".into(),
-            gpus: gpus.iter().map(|s| unit(s)).collect(),
-            phase: Phase::Running,
-            request: "1 GPU".into(),
-            created: "2026-12-01T00:00:00Z".into(),
-            updated: "2026-12-01T00:00:00Z".into(),
-            prepared_by: None,
-            controller: None,
-            init: None,
-            nodes: vec![],
-            mounts: vec![],
-            rootfs: Default::default(),
-            hotplugged: false,
-        }
+        Reservation::for_test(
+            Default::default(),
+            "web1",
+            "11111111-1111-1111-1111-111111111111",
+            gpus,
+        )
     }
 
     /// One GPU whose node has number `major`:`minor`.

@@ -116,21 +116,17 @@ mod tests {
         updated: i64,
     ) -> Reservation {
         Reservation {
-            kind: Default::default(),
-            domain: format!("d{uuid}"),
-            uuid: uuid.into(),
-            gpus: vec![format!("0000:{uuid}:00.0").parse().unwrap()],
             phase,
-            request: "1 GPU".into(),
             created: now_rfc3339(),
             updated: rfc3339(updated),
             prepared_by: prep.map(|pid| ProcRef { pid, start_time: 1 }),
-            controller: None,
             init: init.map(|pid| ProcRef { pid, start_time: 1 }),
-            nodes: vec![],
-            mounts: vec![],
-            rootfs: Default::default(),
-            hotplugged: false,
+            ..Reservation::for_test(
+                Default::default(),
+                &format!("d{uuid}"),
+                uuid,
+                &[&format!("0000:{uuid}:00.0")],
+            )
         }
     }
 

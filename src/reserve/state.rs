@@ -125,6 +125,31 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// A running reservation of `units` for tests: nothing recorded but its holder.
+    #[cfg(test)]
+    pub(crate) fn for_test(kind: HolderKind, domain: &str, uuid: &str, units: &[&str]) -> Self {
+        Reservation {
+            kind,
+            domain: domain.into(),
+            uuid: uuid.into(),
+            gpus: units
+                .iter()
+                .map(|s| s.parse().expect("a unit name"))
+                .collect(),
+            phase: Phase::Running,
+            request: "1 GPU".into(),
+            created: "2026-12-01T00:00:00Z".into(),
+            updated: "2026-12-01T00:00:00Z".into(),
+            prepared_by: None,
+            controller: None,
+            init: None,
+            nodes: vec![],
+            mounts: vec![],
+            rootfs: Default::default(),
+            hotplugged: false,
+        }
+    }
+
     /// How messages name its holder: `domain 'web1'`, `container 'ID'`.
     pub fn who(&self) -> String {
         self.kind.who(&self.domain)
@@ -682,21 +707,15 @@ mod tests {
 
     fn res(uuid: &str, gpus: &[&str]) -> Reservation {
         Reservation {
-            kind: Default::default(),
-            domain: format!("d-{}", &uuid[..4]),
-            uuid: uuid.into(),
-            gpus: gpus.iter().map(|s| s.parse().unwrap()).collect(),
             phase: Phase::Prepared,
-            request: "1 GPU".into(),
             created: now_rfc3339(),
             updated: now_rfc3339(),
-            prepared_by: None,
-            controller: None,
-            init: None,
-            nodes: vec![],
-            mounts: vec![],
-            rootfs: Default::default(),
-            hotplugged: false,
+            ..Reservation::for_test(
+                HolderKind::Libvirt,
+                &format!("d-{}", &uuid[..4]),
+                uuid,
+                gpus,
+            )
         }
     }
 

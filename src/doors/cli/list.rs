@@ -325,26 +325,9 @@ mod tests {
     use super::*;
     use crate::ids::Vendor;
     use crate::reserve::alloc::tests::{gpu, unit, with_migs};
-    use crate::reserve::state::Phase;
 
     fn reservation(domain: &str, uuid: &str, kind: HolderKind, units: &[&str]) -> Reservation {
-        Reservation {
-            kind,
-            domain: domain.into(),
-            uuid: uuid.into(),
-            gpus: units.iter().map(|s| unit(s)).collect(),
-            phase: Phase::Running,
-            request: "1 GPU".into(),
-            created: "2026-12-01T00:00:00Z".into(),
-            updated: "2026-12-01T00:00:00Z".into(),
-            prepared_by: None,
-            controller: None,
-            init: None,
-            nodes: vec![],
-            mounts: vec![],
-            hotplugged: false,
-            rootfs: Default::default(),
-        }
+        Reservation::for_test(kind, domain, uuid, units)
     }
 
     /// GPU 0 held by a live domain, GPU 1 by a container that is gone, GPU 2 free; GPU 3 in
