@@ -11,6 +11,7 @@ rpm=$(ls target/dist/gpuhook-*.x86_64.rpm)
 work=/var/tmp/gpuhook-package-test
 step() { printf '\n== %s\n' "$*"; }
 fail() { echo "package-test: FAIL: $*" >&2; exit 1; }
+. scripts/installed-lib.sh
 has() { grep -qx -- "$1" "$2" || fail "$2 lacks $1"; }
 
 step "lintian (no errors)"
@@ -91,15 +92,7 @@ GPUHOOK_TEST_HOOK=installed GPUHOOK_TEST_BIN=/usr/bin/gpuhook GPUHOOK_TEST_LIBVI
     cargo test --locked -q --test libvirt
 
 step "upgrade keeps the config and live reservations"
-cargo build --locked -q -p testbed
-./target/debug/gpuhook-testbed fakehost blueprint "$work/host" >/dev/null
-cat > /etc/gpuhook/config.json <<EOF
-{"sysfs": "$work/host/sys", "proc": "$work/host/proc", "dev": "$work/host/dev", "exclude": ["0000:08:00.0"]}
-EOF
-cp /etc/gpuhook/config.json "$work/config.before"
-printf '<domain><name>pkg</name><uuid>12345678-1234-4234-8234-123456789abc</uuid><metadata><gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"/></metadata></domain>' \
-    | /usr/bin/gpuhook hook pkg prepare begin -
-cp /run/gpuhook/state.json "$work/state.before"
+reserve_on_fake_host /usr/bin/gpuhook hook
 cargo deb --no-build --no-strip -p gpuhook --deb-revision 2 -o "$work/" >/dev/null
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Options::=--force-confold "$work"/gpuhook_*-2_amd64.deb >/dev/null
 dpkg-query -W -f='${Version}\n' gpuhook | grep -q -- '-2$' || fail "not upgraded"

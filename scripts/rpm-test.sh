@@ -17,6 +17,7 @@ units="gpuhook-reconcile.service gpuhook-reconcile.timer gpuhook-metrics.service
        gpuhook-health.service gpuhook-health.timer gpuhook-placement.service"
 step() { printf '\n== %s\n' "$*"; }
 fail() { echo "rpm-test: FAIL: $*" >&2; exit 1; }
+. scripts/installed-lib.sh
 # Debian's rpm refuses to install without --force-debian (it points at alien).
 rpmi() { rpm --force-debian --nodeps "$@"; }
 
@@ -72,16 +73,7 @@ step "containerd suite against the installed gpuhook-runtime"
 GPUHOOK_TEST_BIN=/usr/bin/gpuhook cargo test --locked -q --test containerd
 
 step "the installed hook reserves on a fake host (through /etc/libvirt/hooks/lxc)"
-cargo build --locked -q -p testbed
-./target/debug/gpuhook-testbed fakehost blueprint "$work/host" >/dev/null
-cat > /etc/gpuhook/config.json <<EOF
-{"sysfs": "$work/host/sys", "proc": "$work/host/proc", "dev": "$work/host/dev", "exclude": ["0000:08:00.0"]}
-EOF
-cp /etc/gpuhook/config.json "$work/config.before"
-printf '<domain><name>pkg</name><uuid>12345678-1234-4234-8234-123456789abc</uuid><metadata><gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"/></metadata></domain>' \
-    | /etc/libvirt/hooks/lxc pkg prepare begin -
-/usr/bin/gpuhook list | grep -q 'pkg (prepared)' || fail "the installed hook did not reserve"
-cp /run/gpuhook/state.json "$work/state.before"
+reserve_on_fake_host /etc/libvirt/hooks/lxc
 
 step "upgrade (rpm -U of release 2) keeps the config, live reservations, hook and runtime link"
 cargo generate-rpm -p . -o "$work/" -s 'release = "2"' >/dev/null
