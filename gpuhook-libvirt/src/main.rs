@@ -145,6 +145,7 @@ fn element_in(a: &RequestArgs, root: &str, decl: &str) -> String {
     add("uid", &a.uid.map(|c| c.to_string()));
     add("gid", &a.gid.map(|c| c.to_string()));
     add("mig", &a.mig.then(|| "yes".to_string()));
+    add("share", &a.share.then(|| "yes".to_string()));
     add("driver", &a.driver);
     let children: String = a
         .device
@@ -295,6 +296,21 @@ mod tests {
             .request
             .unwrap();
         assert!(r.mig && r.count == 3, "{r}");
+        // --share: slots of shared GPUs.
+        let sh = RequestArgs {
+            count: Some(2),
+            share: true,
+            ..Default::default()
+        };
+        let dom = with_request(
+            "<domain type='lxc'><name>x</name><uuid>155e2a6a-e7c9-40ab-9e0e-8fd8636abd19</uuid></domain>",
+            &stored_element(&sh),
+        );
+        let r = metadata::parse_domain(dom.as_bytes())
+            .unwrap()
+            .request
+            .unwrap();
+        assert!(r.share && !r.mig && r.count == 2, "{r}");
         // --driver cdi: the driver's user space.
         let c = RequestArgs {
             count: Some(1),

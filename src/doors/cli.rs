@@ -212,6 +212,9 @@ pub struct RequestArgs {
     /// MIG compute instances instead of whole GPUs (--count of them)
     #[arg(long)]
     pub mig: bool,
+    /// Slots of shared GPUs instead of whole GPUs (the host's "sharing" config)
+    #[arg(long, conflicts_with = "mig")]
+    pub share: bool,
     /// The host driver's user space: none (nodes only) or cdi (from the vendor's CDI spec)
     #[arg(long, value_parser = ["none", "cdi"])]
     pub driver: Option<String>,
