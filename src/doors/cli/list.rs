@@ -50,20 +50,27 @@ impl<'a> Holders<'a> {
 
     /// A shared GPU's slots in use: (slot unit, its holder, why that holder is gone), in
     /// slot order.
+    /// Every slot held is listed, also one the config no longer has (its replicas
+    /// lowered, or its sharing taken out, while the slot was held).
     fn slots(&self, g: &Gpu) -> Vec<(Unit, &'a Reservation, Option<&str>)> {
-        let Some(sh) = g.sharing else {
-            return vec![];
-        };
-        (0..sh.replicas)
-            .map(|slot| Unit::Slot { pci: g.pci, slot })
-            .filter_map(|u| self.of(&u).map(|(r, why)| (u, r, why)))
-            .collect()
+        let mut v: Vec<(Unit, &'a Reservation, Option<&str>)> = self
+            .st
+            .reservations
+            .values()
+            .flat_map(|r| r.gpus.iter().map(move |u| (*u, r)))
+            .filter(|(u, _)| u.is_slot() && u.pci() == g.pci)
+            .map(|(u, r)| (u, r, self.stale(r)))
+            .collect();
+        v.sort_by_key(|(u, _, _)| *u);
+        v
     }
 
-    /// `sharing` in `list --json`: `null` for a GPU that is not shared.
+    /// `sharing` in `list --json`: `null` for a GPU that is not shared (and has no slot held).
     fn sharing_json(&self, g: &Gpu) -> serde_json::Value {
-        let Some(sh) = g.sharing else {
-            return serde_json::Value::Null;
+        let sh = match g.sharing {
+            Some(sh) => sh,
+            None if !self.slots(g).is_empty() => crate::host::config::Sharing::timeslice(0),
+            None => return serde_json::Value::Null,
         };
         let holders: Vec<_> = self
             .slots(g)
@@ -86,8 +93,10 @@ impl<'a> Holders<'a> {
     /// The HOLDER cell of a shared GPU: `2/3 shared: web1, container c1` (`stale: NAME` for
     /// a holder that is gone), `0/3 shared`.
     fn shared_cell(&self, g: &Gpu) -> Option<String> {
-        let sh = g.sharing?;
         let slots = self.slots(g);
+        let sh = g
+            .sharing
+            .or_else(|| (!slots.is_empty()).then(|| crate::host::config::Sharing::timeslice(0)))?;
         let names: Vec<String> = slots
             .iter()
             .map(|(_, r, why)| {
@@ -449,9 +458,19 @@ mod tests {
         assert_eq!(l["gpus"][0]["sharing"], serde_json::Value::Null);
         let rows = rows(&inv, &Holders::new(&st, &gone));
         assert_eq!(rows[2][7], "2/3 shared: a, stale: container c1");
+        // Its sharing taken out of the config while a slot is held: still listed.
+        let mut no_share = inv.clone();
+        no_share.gpus[2].sharing = None;
+        let l = json_with(&no_share, &Holders::new(&st, &gone));
+        assert_eq!(l["gpus"][2]["sharing"]["replicas"], 0);
+        assert_eq!(l["gpus"][2]["sharing"]["used"], 2);
+        let rows = super::rows(&no_share, &Holders::new(&st, &gone));
+        assert_eq!(rows[2][7], "2/0 shared: a, stale: container c1");
         st.reservations.clear();
         let rows = super::rows(&inv, &Holders::new(&st, &gone));
         assert_eq!(rows[2][7], "0/3 shared");
+        let rows = super::rows(&no_share, &Holders::new(&st, &gone));
+        assert_eq!(rows[2][7], "free");
     }
 
     #[test]
