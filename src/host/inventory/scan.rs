@@ -342,7 +342,8 @@ fn new_gpu(cfg: &Config, what: Scan, dirfd: BorrowedFd, index: usize, f: Found) 
         pending: false,
         driver: f.driver,
         migs: vec![],
-        link: if what.caps.is_none() {
+        // For listings (a full scan) only: a free's or detach's lazy scan wants no link.
+        link: if what.caps.is_none() && !what.lazy {
             read_link(dirfd, &f.name)
         } else {
             None
