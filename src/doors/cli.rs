@@ -327,6 +327,15 @@ fn placement(output: Option<&std::path::Path>) -> Result<i32, CliError> {
             crate::reserve::health::apply(&mut inv, &st);
             crate::reserve::drain::recheck(&mut st);
             crate::reserve::drain::apply(&mut inv, &st);
+            // Slots held of a GPU the config no longer shares: not free for a whole flavor.
+            let held = st.held(None);
+            for g in inv.gpus.iter_mut().filter(|g| g.sharing.is_none()) {
+                if let Some((_, h)) = crate::reserve::alloc::slots_of(&held, g.pci).next() {
+                    g.problem.get_or_insert_with(|| {
+                        format!("held as a shared slot by {h}, not shared by the config now")
+                    });
+                }
+            }
         }
         Err(e) => log::warn(&format!("quarantined GPUs not known: {e}")),
     }

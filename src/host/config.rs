@@ -397,6 +397,14 @@ impl Config {
                     }
                 }
             }
+            if let Some(a) = &o.arch {
+                let class = crate::request::extra_specs::custom_name("GPU_", a.trim());
+                if class.ends_with(crate::request::extra_specs::SHARED_SUFFIX) {
+                    return Err(e(format!(
+                        "\"overrides\".\"{key}\".arch '{a}' would be Placement's {class}, the class of shared GPUs' slots: name it otherwise"
+                    )));
+                }
+            }
             let o = Override {
                 arch: o.arch.map(|a| a.trim().to_ascii_lowercase()),
                 model: o.model.map(|m| m.trim().to_owned()),
@@ -607,6 +615,10 @@ mod tests {
             (
                 r#"{"sharing": {"10de:1028": {"replicas": -2}}}"#,
                 "invalid value",
+            ),
+            (
+                r#"{"overrides": {"10de:06de": {"arch": "fermi-shared"}}}"#,
+                "arch 'fermi-shared' would be Placement's CUSTOM_GPU_FERMI_SHARED",
             ),
             (
                 r#"{"mps_control": "nvidia-cuda-mps-control"}"#,

@@ -77,11 +77,19 @@ fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State) {
     family(
         out,
         "gpuhook_gpu_reserved",
-        "Whether the GPU is reserved (1) and by which holder (kind libvirt or oci; empty when free).",
+        "Whether the GPU is reserved (1) and by which holder (kind libvirt or oci, or shared: its sharers, comma-separated; empty when free).",
     );
     for g in &inv.gpus {
+        let names: Vec<&str> = st
+            .reservations
+            .values()
+            .filter(|r| r.gpus.iter().any(|u| u.is_slot() && u.pci() == g.pci))
+            .map(|r| r.domain.as_str())
+            .collect();
+        let joined = names.join(",");
         let (kind, holder, v) = match st.holder_of(&Unit::Gpu(g.pci)) {
             Some(r) => (r.kind.as_str(), r.domain.as_str(), 1),
+            None if !names.is_empty() => ("shared", joined.as_str(), 1),
             None => ("", "", 0),
         };
         sample(
@@ -174,10 +182,21 @@ fn mig_reserved(out: &mut String, inv: &Inventory, st: &State) {
 
 /// `gpuhook_gpu_shared_slots` and `gpuhook_gpu_shared_used`, when some GPU is shared.
 fn shared_slots(out: &mut String, inv: &Inventory, st: &State) {
+    let held = st.held(None);
+    // Also a GPU whose sharing was taken out of the config while slots are held (replicas 0).
     let shared: Vec<_> = inv
         .gpus
         .iter()
-        .filter_map(|g| g.sharing.map(|s| (g, s)))
+        .filter_map(|g| match g.sharing {
+            Some(s) => Some((g, s)),
+            None if crate::reserve::alloc::slots_of(&held, g.pci)
+                .next()
+                .is_some() =>
+            {
+                Some((g, crate::host::config::Sharing::timeslice(0)))
+            }
+            None => None,
+        })
         .collect();
     if shared.is_empty() {
         return;
@@ -200,7 +219,6 @@ fn shared_slots(out: &mut String, inv: &Inventory, st: &State) {
         "gpuhook_gpu_shared_used",
         "How many slots of a shared GPU are reserved.",
     );
-    let held = st.held(None);
     for (g, _) in &shared {
         let used = crate::reserve::alloc::slots_of(&held, g.pci).count();
         sample(
@@ -272,7 +290,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        assert!(!render(&inv, &State::default()).contains("shared"));
+        assert!(!render(&inv, &State::default()).contains("gpuhook_gpu_shared"));
         inv.gpus[1].sharing = Some(crate::host::config::Sharing::timeslice(3));
         let mut st = State::default();
         let mut r: crate::reserve::state::Reservation = serde_json::from_value(serde_json::json!({
@@ -295,6 +313,23 @@ mod tests {
         );
         assert!(
             !t.contains("gpuhook_gpu_shared_used{pci=\"0000:10:00.0\""),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "gpuhook_gpu_reserved{pci=\"0000:11:00.0\",kind=\"shared\",holder=\"a,a\"} 1\n"
+            ),
+            "{t}"
+        );
+        // Its sharing taken out of the config while held: still counted, replicas 0.
+        inv.gpus[1].sharing = None;
+        let t = render(&inv, &st);
+        assert!(
+            t.contains("gpuhook_gpu_shared_slots{pci=\"0000:11:00.0\",mode=\"timeslice\"} 0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("gpuhook_gpu_shared_used{pci=\"0000:11:00.0\"} 2\n"),
             "{t}"
         );
     }

@@ -369,15 +369,15 @@ pub fn allocate_beside(
 fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError {
     let matching: Vec<&Gpu> = gpus.iter().filter(|g| matches(g, &req.filters)).collect();
     let mut why = Vec::new();
-    let mut holders: Vec<&str> = matching
-        .iter()
-        .filter_map(|g| held.get(&Unit::Gpu(g.pci)).map(String::as_str))
-        .collect();
+    // Held whole, or as slots (a GPU whose sharing was taken out of the config while held).
+    let held_by = |g: &Gpu| {
+        held.get(&Unit::Gpu(g.pci))
+            .map(String::as_str)
+            .or_else(|| slots_of(held, g.pci).next().map(|(_, h)| h))
+    };
+    let mut holders: Vec<&str> = matching.iter().filter_map(|g| held_by(g)).collect();
     holders.dedup();
-    let n_held = matching
-        .iter()
-        .filter(|g| held.contains_key(&Unit::Gpu(g.pci)))
-        .count();
+    let n_held = matching.iter().filter(|g| held_by(g).is_some()).count();
     if n_held > 0 {
         why.push(format!("{n_held} held by {}", holders.join(", ")));
     }
@@ -450,6 +450,11 @@ pub fn sharers(held: &Held, pci: Pci) -> Vec<String> {
 fn free_slot(g: &Gpu, held: &Held) -> Option<Unit> {
     let replicas = g.sharing?.replicas;
     let used: Vec<u32> = slots_of(held, g.pci).map(|(s, _)| s).collect();
+    // Counted, not only numbered: slots held past `replicas` (the config lowered it while
+    // they were held) count against it.
+    if used.len() >= replicas as usize {
+        return None;
+    }
     (0..replicas)
         .find(|s| !used.contains(s))
         .map(|slot| Unit::Slot { pci: g.pci, slot })
@@ -526,6 +531,7 @@ pub fn allocate_slots(
             held,
             req,
             chosen.len() + candidates.len(),
+            sharing,
         ));
     }
     candidates.sort_by_key(|(used, g, _)| (*used, g.index));
@@ -546,7 +552,13 @@ fn whole_or_mig_holder(held: &Held, pci: Pci) -> Option<&str> {
 
 /// The refusal of a shared request: which matching shared GPUs are full (and whose slots
 /// they are), which are unusable, and how many matching GPUs are not shared at all.
-fn slot_shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError {
+fn slot_shortage(
+    gpus: &[Gpu],
+    held: &Held,
+    req: &Request,
+    free: usize,
+    sharing: &[Pci],
+) -> AllocError {
     let matching: Vec<&Gpu> = gpus.iter().filter(|g| matches(g, &req.filters)).collect();
     let shared: Vec<&&Gpu> = matching
         .iter()
@@ -561,10 +573,13 @@ fn slot_shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> Alloc
             why.push(format!("{} excluded", g.pci));
         } else if let Some(p) = &g.problem {
             why.push(format!("{} unusable ({p})", g.pci));
+        } else if sharing.contains(&g.pci) {
+            why.push(format!("{} has a slot of this holder's already", g.pci));
         } else if free_slot(g, held).is_none() {
             why.push(format!(
-                "{} has {replicas}/{replicas} slots taken by {}",
+                "{} has {}/{replicas} slots taken by {}",
                 g.pci,
+                slots_of(held, g.pci).count(),
                 sharers(held, g.pci).join(", ")
             ));
         }
@@ -592,8 +607,12 @@ fn slot_shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> Alloc
 pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Unit>, AllocError> {
     let mut chosen = named_migs(gpus, held, req)?;
     let want = req.count as usize - chosen.len();
-    let eligible =
-        |g: &&Gpu| g.usable() && !held.contains_key(&Unit::Gpu(g.pci)) && matches(g, &req.filters);
+    let eligible = |g: &&Gpu| {
+        g.usable()
+            && !held.contains_key(&Unit::Gpu(g.pci))
+            && slots_of(held, g.pci).next().is_none()
+            && matches(g, &req.filters)
+    };
     let mut groups: Vec<(usize, Vec<Unit>)> = gpus
         .iter()
         .filter(eligible)
@@ -666,11 +685,16 @@ fn named_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<(usize, Un
                 problem: p.to_string(),
             });
         }
-        if let Some(h) = held.get(&Unit::Gpu(g.pci)) {
+        // Held whole, or as slots (shared before it was put in MIG mode).
+        if let Some(h) = held
+            .get(&Unit::Gpu(g.pci))
+            .map(String::as_str)
+            .or_else(|| slots_of(held, g.pci).next().map(|(_, h)| h))
+        {
             return Err(AllocError::HeldWhole {
                 pci: g.pci,
                 sel: sel.clone(),
-                holder: h.clone(),
+                holder: h.to_string(),
             });
         }
         if let Some(h) = held.get(&id) {
@@ -1560,5 +1584,61 @@ pub(crate) mod tests {
             sharers(&h, pci("0000:11:00.0")),
             vec!["domain 'a'".to_string(), "container 'b'".to_string()]
         );
+    }
+
+    /// Review F1: `replicas` lowered while slots above it are held: they count against it.
+    /// F3: a GPU put in MIG mode while its slots are held gives no instance.
+    #[test]
+    fn held_slots_count_whatever_their_number() {
+        let mut g = shared_host();
+        let mut h = Held::new();
+        h.insert(unit("0000:11:00.0/slot2"), "domain 'a'".into());
+        h.insert(unit("0000:11:00.0/slot3"), "domain 'b'".into());
+        let mut named = shared(1);
+        named.devices = vec![DeviceSel::Pci("0000:11:00.0".into())];
+        assert_eq!(
+            allocate(&g, &h, &named).unwrap_err().to_string(),
+            "GPU 0000:11:00.0 (pci 0000:11:00.0): all 2 slots are taken, by domain 'a', domain 'b'"
+        );
+        // Unnamed: GPU 0 (3 slots, none used) has room, GPU 1 none.
+        assert_eq!(
+            allocate(&g, &h, &shared(1)).unwrap(),
+            vec![unit("0000:10:00.0/slot0")]
+        );
+        g[0].sharing = None;
+        assert!(allocate(&g, &h, &shared(1))
+            .unwrap_err()
+            .to_string()
+            .contains("0000:11:00.0 has 2/2 slots taken by domain 'a', domain 'b'"));
+        // MIG mode since: no instance while a slot is held.
+        let mut g = shared_host();
+        g[1] = with_migs(g[1].clone(), &[(1, 0)]);
+        let mut m = req(1);
+        m.mig = true;
+        h.remove(&unit("0000:11:00.0/slot3"));
+        // GPU 3's instance, never GPU 1's.
+        assert_eq!(
+            allocate(&g, &h, &m).unwrap(),
+            vec![unit("0000:13:00.0/gi1/ci0")]
+        );
+        m.count = 2;
+        let e = allocate(&g, &h, &m).unwrap_err().to_string();
+        assert!(e.starts_with("cannot reserve 2 MIG instances"), "{e}");
+        let mut named = m.clone();
+        named.migs = vec![MigSel {
+            gpu: DeviceSel::Pci("0000:11:00.0".into()),
+            gi: 1,
+            ci: 0,
+        }];
+        named.count = 1;
+        assert!(allocate(&g, &h, &named)
+            .unwrap_err()
+            .to_string()
+            .contains("is held whole by domain 'a'"));
+        // A whole request's refusal names a slot holder of a GPU no longer shared.
+        let mut g = shared_host();
+        g[1].sharing = None;
+        let e = allocate(&g, &h, &req(3)).unwrap_err().to_string();
+        assert!(e.contains("1 held by domain 'a'"), "{e}");
     }
 }

@@ -251,6 +251,10 @@ fn rows(inv: &Inventory, h: &Holders) -> Vec<[String; 8]> {
                 (None, None) => match (&g.problem, h.shared_cell(g)) {
                     (Some(p), Some(c)) => format!("{c} [unusable: {p}]"),
                     (Some(p), None) => format!("unusable: {p}"),
+                    // Slots held on a GPU put in MIG mode since: both.
+                    (None, Some(c)) if !g.migs.is_empty() && !h.slots(g).is_empty() => {
+                        format!("{c}; {}", mig_cell(h, g))
+                    }
                     (None, _) if !g.migs.is_empty() => mig_cell(h, g),
                     (None, Some(c)) => c,
                     (None, None) => "free".into(),

@@ -323,7 +323,22 @@ fn open_in_container(
         gpus: units.to_vec(),
         ..r.clone()
     };
-    let own = drain::freed_units(inv, &after, &[gone]);
+    let mut own = drain::freed_units(inv, &after, &[gone]);
+    // A slot of a GPU other sharers keep: not draining when freed (their processes have it
+    // open by design), but this container's own processes must have let go of it, as of a
+    // whole GPU (the look below is within the container's PID namespace).
+    for u in units.iter().filter(|u| u.is_slot()) {
+        if own.iter().any(|f| f.unit.pci() == u.pci()) {
+            continue;
+        }
+        if let Some(g) = inv.by_unit(u) {
+            own.push(drain::Freed {
+                unit: *u,
+                nodes: g.nodes.iter().map(|(_, n)| n.node.clone()).collect(),
+                after: h.who(),
+            });
+        }
+    }
     let wanted: BTreeSet<u64> = own.iter().flat_map(|u| &u.nodes).map(number).collect();
     if wanted.is_empty() {
         return Ok(Vec::new());

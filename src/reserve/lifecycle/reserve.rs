@@ -59,6 +59,7 @@ fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &
             g.vendor == crate::ids::Vendor::Nvidia
                 && g.usable()
                 && !held.contains_key(&Unit::Gpu(g.pci))
+                && alloc::slots_of(held, g.pci).next().is_none()
                 && !named.contains(&g.pci)
                 && alloc::matches(g, &req.filters)
         })

@@ -2159,3 +2159,37 @@ fn attach_share_takes_a_slot_of_another_gpu_only() {
     assert!(e.contains("holds a slot of it already"), "{e}");
     assert_eq!(h.state().reservations[ID].gpus, [pci(0), first, second]);
 }
+
+/// A slot of a GPU another domain still shares: detaching it is refused while a process of
+/// the container has the GPU open, as for a whole GPU (review F2); it does not drain (the
+/// other sharer has the GPU open by design), and with `--force` the opener is reported.
+#[test]
+fn detach_of_a_slot_waits_for_the_containers_own_openers() {
+    let mut h = cdi_host();
+    h.inv.gpus[1].sharing = Some(crate::host::config::Sharing::timeslice(2));
+    let slot = |n| Unit::Slot {
+        pci: pci(1).pci(),
+        slot: n,
+    };
+    let shared = Request {
+        share: true,
+        ..req(1)
+    };
+    h.running_with(&[slot(0)], &shared);
+    h.seed("other", "other", &[slot(1)], Phase::Running, None);
+    h.opener_in(4300, "/dev/zero", CT_NS, "python3");
+    let before = h.state();
+    let (fake, out) = h.detach(Fake::default(), sel(slot(0)), false);
+    assert_eq!(
+        out.unwrap_err().to_string(),
+        "GPU 0000:11:00.0/slot0 is open in the container: process 4300 (python3); close it or detach with --force"
+    );
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    assert_eq!(h.state(), before);
+    let (_, out) = h.detach(Fake::default(), sel(slot(0)), true);
+    let out = out.unwrap();
+    assert_eq!(out.units, [slot(0)]);
+    assert_eq!(out.kept_open.len(), 1);
+    assert!(out.draining.is_empty(), "{:?}", out.draining);
+    assert!(h.state().draining.is_empty());
+}
