@@ -194,6 +194,12 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Run
         None => None,
     };
     let cdi = cdi.as_ref().map(|(p, r)| (*p, r.as_str()));
+    // runc's systemd driver hands systemd only the rules whose /dev/char entry exists: without
+    // one, the GPU is gone from the container at the next `systemctl daemon-reload`.
+    if let Err(e) = char_links(cfg, &nodes) {
+        free_oci(cfg, id, |r| r.prepared_by == Some(by))?;
+        return Err(e);
+    }
     let written = if userns {
         make_private_nodes(cfg, id, by, &nodes)
             .and_then(|srcs| write_config(&path, b.config, &nodes, Some(&srcs), by, cdi))
@@ -215,6 +221,33 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Run
         path.display()
     ));
     Ok(Some(by))
+}
+
+/// The host's `/dev/char/MAJ:MIN` entry of each node (under the config's device root), made
+/// when missing ([`crate::enter::charlink`]); a node with no host node of that number to link
+/// to is left without one, an entry that leads elsewhere refuses the create.
+fn char_links(cfg: &Config, nodes: &[NodeSpec]) -> Result<(), RuntimeError> {
+    use crate::enter::charlink::{ensure, CharLinkError, Linked};
+    for n in nodes {
+        match ensure(&cfg.dev, &n.path, n.major, n.minor) {
+            Ok(Linked::Created) => log::info(&format!(
+                "made {}/char/{}:{} for {}",
+                cfg.dev.display(),
+                n.major,
+                n.minor,
+                n.path
+            )),
+            Ok(Linked::Existing) => {}
+            // No host node of that path and number to link to: nothing is made; the runtime's
+            // own rule stands, systemd's program will lack it.
+            Err(e @ CharLinkError::NotTheNode { .. }) => {
+                log::info(&format!("no /dev/char link for {}: {e}", n.path))
+            }
+            // An entry leading elsewhere would have systemd allow that other device: refused.
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// `createContainer` (the runtime has made the container's mounts, before it enters the
