@@ -11,6 +11,8 @@
 mod common;
 #[path = "libvirt/hotplug.rs"]
 mod hotplug;
+#[path = "libvirt/sharing.rs"]
+mod sharing;
 
 use gpuhook::enter::container::Container;
 use nix::errno::Errno;
@@ -2228,6 +2230,16 @@ const CASES: &[(&str, Case)] = &[
         "reconcile_frees_only_the_gone",
         reconcile_frees_only_the_gone,
     ),
+    (
+        "share_two_domains_one_gpu",
+        sharing::share_two_domains_one_gpu,
+    ),
+    ("share_refusals", sharing::share_refusals),
+    (
+        "share_libvirt_and_podman",
+        sharing::share_libvirt_and_podman,
+    ),
+    ("share_sharer_killed", sharing::share_sharer_killed),
 ];
 
 fn main() {
