@@ -339,3 +339,91 @@ fn read_only_and_full_state_directory() {
         0o700
     );
 }
+
+/// 8 sharers at once (real hook processes, prepare then release concurrently) for the slots
+/// of shared GPUs: exactly as many win as there are slots, the losers are refused in one line
+/// naming the sharers, no slot is given twice nor past `replicas`, and after all the releases
+/// no reservation is left. Each layout twice: 1 GPU × 3 slots, 2 GPUs × 2 slots (one slot
+/// each, then two slots each on distinct GPUs).
+#[test]
+fn concurrent_sharers() {
+    let t0 = Instant::now();
+    for (sharing, count, winners) in [
+        (serde_json::json!({"0000:07:00.0": {"replicas": 3}}), 1, 3),
+        (serde_json::json!({"10de:06de": {"replicas": 2}}), 1, 4),
+        (serde_json::json!({"10de:06de": {"replicas": 2}}), 2, 2),
+    ] {
+        let h = Host::with(FakeHost::blueprint(), |c| c["sharing"] = sharing.clone());
+        for round in 0..5u32 {
+            let xmls: Vec<(String, String)> = (0..8u32)
+                .map(|i| {
+                    let name = format!("s{round}x{i}");
+                    let attrs = format!(r#"share="yes" count="{count}""#);
+                    let xml = domain(&name, 70_000 + round * 100 + i, &gpus(&attrs));
+                    (name, xml)
+                })
+                .collect();
+            let kids: Vec<(String, Child)> = xmls
+                .iter()
+                .map(|(n, x)| (n.clone(), spawn_hook(&h, n, "prepare", x)))
+                .collect();
+            let mut won = BTreeSet::new();
+            for (name, k) in kids {
+                let out = k.wait_with_output().expect("wait");
+                if out.status.success() {
+                    won.insert(name);
+                } else {
+                    let e = stderr(&out);
+                    assert_eq!(e.lines().count(), 1, "{e}");
+                    assert!(
+                        e.starts_with(&format!(
+                            "gpuhook: domain '{name}': cannot reserve {count} shared GPU slot"
+                        )),
+                        "{e}"
+                    );
+                    assert!(e.contains("slots taken by domain 's"), "{e}");
+                }
+            }
+            assert_eq!(won.len(), winners, "{sharing} count {count}: {won:?}");
+            let held = check_state(&h);
+            assert_eq!(
+                held.keys().cloned().collect::<BTreeSet<_>>(),
+                won,
+                "only the winners hold slots"
+            );
+            let replicas: u32 = sharing.as_object().unwrap().values().next().unwrap()["replicas"]
+                .as_u64()
+                .unwrap() as u32;
+            let mut per_gpu: BTreeMap<String, usize> = BTreeMap::new();
+            for (d, units) in &held {
+                assert_eq!(units.len(), count as usize, "{d}: {units:?}");
+                let pcis: BTreeSet<&str> =
+                    units.iter().map(|u| u.split('/').next().unwrap()).collect();
+                assert_eq!(pcis.len(), units.len(), "{d}: slots on distinct GPUs");
+                for u in units {
+                    let (pci, s) = u.split_once("/slot").unwrap_or_else(|| panic!("{u}"));
+                    assert!(s.parse::<u32>().unwrap() < replicas, "{u}");
+                    *per_gpu.entry(pci.into()).or_default() += 1;
+                }
+            }
+            assert!(
+                per_gpu.values().all(|n| *n as u32 == replicas),
+                "every slot used once: {per_gpu:?}"
+            );
+            assert_eq!(h.holders().len(), winners, "list agrees");
+            let kids: Vec<Child> = xmls
+                .iter()
+                .map(|(n, x)| spawn_hook(&h, n, "release", x))
+                .collect();
+            for k in kids {
+                let out = k.wait_with_output().expect("wait");
+                assert!(out.status.success(), "release: {}", stderr(&out));
+            }
+            assert!(check_state(&h).is_empty(), "all freed");
+        }
+    }
+    eprintln!(
+        "concurrent sharers: 3 layouts x 5 rounds of 8 prepares + 8 releases, {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+}
