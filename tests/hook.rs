@@ -1021,3 +1021,52 @@ fn gpu_held_by_o_path_only_is_free() {
     assert_ok(&h.hook("b", "prepare", &b));
     assert_eq!(h.holders()["b"], vec!["0000:07:00.0"]);
 }
+
+/// Bad `sharing` entries through the real binary, with a sharer holding a slot: each is
+/// refused in one line naming the config file and the entry, `list` fails the same way, the
+/// state file is untouched, and with the config mended the sharer still holds its slot.
+#[test]
+fn bad_sharing_configs_refused_nothing_lost() {
+    let h = Host::with(FakeHost::blueprint(), |c| {
+        c["sharing"] = serde_json::json!({"0000:07:00.0": {"replicas": 2}});
+    });
+    let a = domain("a", 1, &gpus(r#"share="yes""#));
+    assert_ok(&h.hook("a", "prepare", &a));
+    assert_eq!(h.holders()["a"], ["0000:07:00.0/slot0"]);
+    let before = std::fs::read(&h.state).unwrap();
+    let good = std::fs::read(&h.config).unwrap();
+    for (sharing, needle) in [
+        (
+            serde_json::json!({"0000:07:00.0": {"replicas": 1}}),
+            "\"sharing\".\"0000:07:00.0\": replicas 1 is out of range (2-64)",
+        ),
+        (
+            serde_json::json!({"0000:07:00.0": {"replicas": 2, "mode": "vgpu"}}),
+            "\"sharing\".\"0000:07:00.0\": unknown mode 'vgpu' (known: timeslice, mps)",
+        ),
+        (
+            serde_json::json!({"10de:06de": {"replicas": 2, "memory_limit_mib": 512}}),
+            "\"sharing\".\"10de:06de\": memory_limit_mib is only for mode \"mps\"",
+        ),
+        (
+            serde_json::json!({"10de:06de": {"replicas": 2, "mode": "timeslice", "active_thread_percentage": 50}}),
+            "\"sharing\".\"10de:06de\": active_thread_percentage is only for mode \"mps\"",
+        ),
+    ] {
+        h.edit_config(|c| c["sharing"] = sharing.clone());
+        let config = format!("config {}: ", h.config.display());
+        let o = h.hook("b", "prepare", &domain("b", 2, &gpus(r#"share="yes""#)));
+        assert_fails(&o, "b", &config);
+        assert!(stderr(&o).contains(needle), "{sharing}: {}", stderr(&o));
+        let l = h.cmd().args(["list", "--json"]).output().unwrap();
+        let e = stderr(&l);
+        assert!(!l.status.success(), "{sharing}: list under a bad config");
+        assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+        assert!(e.contains(&config) && e.contains(needle), "{e}");
+        assert_eq!(std::fs::read(&h.state).unwrap(), before, "{sharing}");
+        std::fs::write(&h.config, &good).unwrap();
+    }
+    assert_eq!(h.holders()["a"], ["0000:07:00.0/slot0"]);
+    assert_ok(&h.hook("b", "prepare", &domain("b", 2, &gpus(r#"share="yes""#))));
+    assert_eq!(h.holders()["b"], ["0000:07:00.0/slot1"]);
+}
