@@ -2249,3 +2249,59 @@ fn oci_v2_replacement_killed_at_each_step() {
     podman_rm(&id);
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
+
+/// Two podman containers share 0000:07:00.0 (2 time slices), one asking by annotation, the
+/// other by environment: each holds a slot, opens the GPU, not the other one; a third is
+/// refused, the podman user told in one line naming both sharers; their removal frees both.
+#[test]
+fn podman_containers_share_one_gpu() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    o.host
+        .edit_config(|c| c["sharing"] = json!({"0000:07:00.0": {"replicas": 2}}));
+    let a = podman_detached(
+        &o,
+        "gh-share-a",
+        &["--annotation", "gpuhook.io/share=yes"],
+        "sleep 60",
+    );
+    let b = podman_detached(
+        &o,
+        "gh-share-b",
+        &["--env", "GPUHOOK_SHARE=yes"],
+        "sleep 60",
+    );
+    let h = o.host.holders();
+    assert_eq!(
+        h.get(&a),
+        Some(&vec!["0000:07:00.0/slot0".to_string()]),
+        "{h:?}"
+    );
+    assert_eq!(
+        h.get(&b),
+        Some(&vec!["0000:07:00.0/slot1".to_string()]),
+        "{h:?}"
+    );
+    assert_eq!(h.len(), 2, "{h:?}");
+    for id in [&a, &b] {
+        assert!(devices_list(id).iter().any(|l| l == "c 195:0 rw"), "{id}");
+        assert_eq!(open_in(id, "195:0"), "open", "{id}");
+        assert_eq!(open_in(id, "195:1"), "denied", "{id}");
+    }
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &["--rm", "--annotation", "gpuhook.io/share=yes"],
+            "true",
+        )
+        .output()
+        .unwrap();
+    assert_refused(
+        &r,
+        &format!("0000:07:00.0 has 2/2 slots taken by container '{a}', container '{b}'"),
+    );
+    assert_eq!(o.reservations().len(), 2, "the refused one left nothing");
+    podman_rm(&a);
+    assert_eq!(o.host.holders().keys().collect::<Vec<_>>(), [&b]);
+    podman_rm(&b);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
