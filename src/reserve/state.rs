@@ -359,6 +359,18 @@ impl State {
                         });
                     }
                 }
+                // One holder per unit (a slot is a unit of its own).
+                let mut seen: BTreeMap<&Unit, &str> = BTreeMap::new();
+                for (k, r) in &s.reservations {
+                    for u in &r.gpus {
+                        if let Some(other) = seen.insert(u, k) {
+                            return Err(StateError::Corrupt {
+                                path: path.into(),
+                                detail: format!("{u} is in two reservations, {other} and {k}"),
+                            });
+                        }
+                    }
+                }
                 Ok(s)
             }
             Ok(s) => Err(StateError::Version {
@@ -929,6 +941,12 @@ mod tests {
             (
                 b"{\"version\": 1, \"reservations\": {\"a\": 5}}",
                 "is corrupt",
+            ),
+            (
+                br#"{"version": 1, "reservations": {
+                    "a": {"domain": "a", "uuid": "a", "gpus": ["0000:04:00.0/slot1"], "phase": "running", "request": "1", "created": "x", "updated": "x"},
+                    "b": {"domain": "b", "uuid": "b", "gpus": ["0000:04:00.0/slot1"], "phase": "running", "request": "1", "created": "x", "updated": "x"}}}"#,
+                "0000:04:00.0/slot1 is in two reservations, a and b",
             ),
         ] {
             std::fs::write(&p, text).unwrap();

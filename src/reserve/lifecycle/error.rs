@@ -12,6 +12,10 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
+    /// The choice kept naming units the inventory then found unusable (a bound on the
+    /// retries, so that a disagreement never spins under the state lock).
+    #[error("cannot settle on GPUs: {units} kept turning out unusable; nothing reserved")]
+    Unsettled { units: String },
     #[error("holds no GPU reservation (did the prepare hook run? is gpuhook installed at libvirtd's start?)")]
     NoReservation,
     #[error("holds no GPU reservation made by this create (was it released or reclaimed?)")]

@@ -257,6 +257,9 @@ pub(super) fn choose(
         settle_for_migs(f.cfg, inv, &st.held(None), req);
     }
     let mut reclaimed = false;
+    // Each retry marks at least one more GPU unusable: never more than the GPUs, plus the
+    // reclaim's.
+    let mut tries = inv.gpus.len() + 2;
     let gpus = loop {
         let g = match alloc::allocate_beside(&inv.gpus, &st.held(None), req, sharing) {
             Ok(g) => g,
@@ -278,6 +281,13 @@ pub(super) fn choose(
         inv.settle(f.cfg, &g);
         if g.iter().all(|p| unit_ok(inv, p)) {
             break g;
+        }
+        tries -= 1;
+        if tries == 0 {
+            return Err(LifecycleError::Unsettled {
+                units: Unit::join(&g, ","),
+            }
+            .into());
         }
     };
     Ok((gpus, notes))
