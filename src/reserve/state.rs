@@ -173,6 +173,10 @@ pub struct State {
     /// written before have none).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub draining: BTreeMap<Unit, Draining>,
+    /// The MPS control daemons gpuhook started, by their GPU's PCI address (files written
+    /// before have none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mps: BTreeMap<crate::ids::Pci, crate::reserve::mps::Daemon>,
 }
 
 /// A unit that is draining: its own nodes, and who had one of them open at the last look.
@@ -319,6 +323,7 @@ impl Default for State {
             quarantine: BTreeMap::new(),
             kmsg: None,
             draining: BTreeMap::new(),
+            mps: BTreeMap::new(),
         }
     }
 }
@@ -409,6 +414,10 @@ impl State {
         if !self.draining.is_empty() {
             v.extend_from_slice(b",\n\"draining\":");
             serde_json::to_writer(&mut v, &self.draining).expect("state serializes");
+        }
+        if !self.mps.is_empty() {
+            v.extend_from_slice(b",\n\"mps\":");
+            serde_json::to_writer(&mut v, &self.mps).expect("state serializes");
         }
         v.extend_from_slice(b"}\n");
         v
