@@ -276,7 +276,12 @@ impl Host {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // SAFETY: only a raw syscall between fork and exec.
-        unsafe { c.pre_exec(|| Ok(cloexec_from_3())) };
+        unsafe {
+            c.pre_exec(|| {
+                cloexec_from_3();
+                Ok(())
+            })
+        };
         let mut ch = c.spawn().map_err(Self::err(
             pci,
             uuid,
