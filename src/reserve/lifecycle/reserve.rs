@@ -143,6 +143,8 @@ fn reserve_by(
             },
         );
         let mut notes = notes;
+        // Stale sharers reclaimed for this choice may have left a daemon without sharers.
+        notes.extend(crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st));
         notes.extend(crate::reserve::mps::start_needed(
             f.cfg, f.mps, f.proc, st, &inv,
         )?);
