@@ -811,6 +811,28 @@ mod tests {
     /// MIG instances (gi 10 sorts before gi 2, as names do), an OCI holder, draining units;
     /// it loads, and is written back byte for byte.
     #[test]
+    fn mps_daemons_roundtrip_on_their_own_line() {
+        let mut st = State::default();
+        st.mps.insert(
+            "0000:04:00.0".parse().unwrap(),
+            crate::reserve::mps::Daemon {
+                proc: ProcRef {
+                    pid: 500,
+                    start_time: 9,
+                },
+                uuid: "GPU-1".into(),
+                dir: "/run/gpuhook/mps/GPU-1".into(),
+            },
+        );
+        let text = String::from_utf8(st.to_bytes()).unwrap();
+        assert!(text.contains("\n\"mps\":{\"0000:04:00.0\":{\"proc\":{\"pid\":500,\"start_time\":9},\"uuid\":\"GPU-1\",\"dir\":\"/run/gpuhook/mps/GPU-1\"}}"), "{text}");
+        assert_eq!(State::parse(text.as_bytes(), "x").unwrap(), st);
+        assert!(!String::from_utf8(State::default().to_bytes())
+            .unwrap()
+            .contains("mps"));
+    }
+
+    #[test]
     fn a_file_written_before_loads_and_is_written_back_unchanged() {
         let old = concat!(
             "{\"version\":1,\"reservations\":{\n",
