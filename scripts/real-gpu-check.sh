@@ -51,3 +51,34 @@ done
 echo "$xml" | "$bin" hook gpuhook-real-check release end -
 echo "== released; reservation gone:"
 "$bin" list
+
+# MPS: GPU 0 shared with mode mps (two slots, limits), one reservation: the daemon runs with
+# exactly its environment and its own /dev/shm, and gets `quit` at the free.
+mps_pci=$(sed -n 's/.*"pci": *"\([0-9a-f:.]*\)".*/\1/p' "$work/list.json" | head -n 1)
+if [ -n "$mps_pci" ] && [ -x /usr/bin/nvidia-cuda-mps-control ]; then
+    echo "== MPS on $mps_pci:"
+    sed "s|^{|{\"sharing\": {\"$mps_pci\": {\"replicas\": 2, \"mode\": \"mps\", \"memory_limit_mib\": 1024, \"active_thread_percentage\": 50}},|" "$work/config.json" > "$work/mps.json"
+    export GPUHOOK_CONFIG="$work/mps.json"
+    mxml="<domain type='lxc'><name>gpuhook-mps-check</name><uuid>6a1c2c5e-0e4f-4f7b-9a51-3e1f0c2d4b89</uuid><metadata><gpu:gpus xmlns:gpu=\"urn:gpuhook:gpu:1\" count=\"1\" share=\"yes\"/></metadata></domain>"
+    echo "$mxml" | "$bin" -v hook gpuhook-mps-check prepare begin -
+    mpid=$(sed -n 's/.*"mps":{"[^"]*":{"proc":{"pid":\([0-9]*\).*/\1/p' "$work/state.json")
+    mdir=$(sed -n 's/.*"mps":{.*"dir":"\([^"]*\)".*/\1/p' "$work/state.json")
+    [ -n "$mpid" ] && kill -0 "$mpid" || { echo "FAIL: no MPS daemon recorded/running"; exit 1; }
+    echo "daemon pid $mpid, dir $mdir: $(tr '\0' ' ' < /proc/"$mpid"/cmdline)"
+    env=$(tr '\0' '\n' < /proc/"$mpid"/environ | sort)
+    echo "$env"
+    uuid=$(basename "$mdir")
+    [ "$env" = "$(printf 'CUDA_MPS_LOG_DIRECTORY=%s/log\nCUDA_MPS_PIPE_DIRECTORY=%s/pipe\nCUDA_VISIBLE_DEVICES=%s\n' "$mdir" "$mdir" "$uuid")" ] \
+        || { echo "FAIL: the daemon's environment is not exactly its three variables"; exit 1; }
+    # Its /dev/shm is DIR/shm (same device and inode), in a mount namespace of its own.
+    [ "$(stat -L -c %d:%i /proc/"$mpid"/root/dev/shm)" = "$(stat -c %d:%i "$mdir/shm")" ] \
+        && [ "$(readlink /proc/"$mpid"/ns/mnt)" != "$(readlink /proc/self/ns/mnt)" ] \
+        || { echo "FAIL: the daemon's /dev/shm is not $mdir/shm"; exit 1; }
+    ls -l "$mdir/pipe"
+    echo get_default_active_thread_percentage | env -i CUDA_MPS_PIPE_DIRECTORY="$mdir/pipe" CUDA_MPS_LOG_DIRECTORY="$mdir/log" /usr/bin/nvidia-cuda-mps-control
+    echo "$mxml" | "$bin" -v hook gpuhook-mps-check release end -
+    for _ in $(seq 100); do kill -0 "$mpid" 2>/dev/null || break; sleep 0.1; done
+    ! kill -0 "$mpid" 2>/dev/null || { echo "FAIL: daemon $mpid still runs after the free"; exit 1; }
+    grep -i "quit" "$mdir/log/control.log" | tail -n 1
+    echo "== MPS: daemon started with its environment, stopped by quit at the free"
+fi

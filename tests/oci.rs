@@ -2305,3 +2305,34 @@ fn podman_containers_share_one_gpu() {
     podman_rm(&b);
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
+
+/// A podman container sharing a GPU in `mps` mode (SPEC "Sharing", MPS) with the test bed's
+/// stand-in daemon: it sees the daemon's pipe directory (with the control FIFO) at
+/// /tmp/nvidia-mps, the daemon's private /dev/shm (its marker file) and
+/// CUDA_MPS_PIPE_DIRECTORY; the daemon quits when the container is removed.
+#[test]
+fn podman_mps_sharer_gets_the_daemons_pipe_shm_and_env() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let standin = Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/scripts/mps-control-standin");
+    o.host.edit_config(|c| {
+        c["sharing"] = json!({"0000:07:00.0": {"replicas": 2, "mode": "mps"}});
+        c["mps_control"] = json!(standin);
+    });
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &["--rm", "--annotation", "gpuhook.io/share=yes"],
+            "ls -l /tmp/nvidia-mps; ls /dev/shm; echo pipe=$CUDA_MPS_PIPE_DIRECTORY",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let s = out(&r);
+    assert!(s.contains("control"), "{s}");
+    assert!(s.contains("nvidia-cuda-mps-control.pid"), "{s}");
+    assert!(s.contains("gpuhook-mps-standin"), "{s}");
+    assert!(s.contains("pipe=/tmp/nvidia-mps"), "{s}");
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    let st: Value = serde_json::from_slice(&std::fs::read(&o.host.state).unwrap()).unwrap();
+    assert!(st.get("mps").is_none(), "{st}");
+}

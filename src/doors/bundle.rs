@@ -382,6 +382,59 @@ fn cdi_mounts(
     Ok(())
 }
 
+/// A sharer of a GPU shared with MPS: its daemon's `pipe` at `/tmp/nvidia-mps` and `shm`
+/// at `/dev/shm` (replacing the engine's own `/dev/shm` mount: the MPS clients' shared memory
+/// must be the daemon's), `CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps` in `process.env`; added
+/// to what gpuhook's hooks list (`m:0:0:PATH`, `e:0:0:NAME`) for [`strip`]. `dir`: the
+/// daemon's directory.
+pub fn edit_mps(config: &mut Value, dir: &std::path::Path) -> Result<(), BundleError> {
+    use crate::reserve::mps::{CONTAINER_PIPE, CONTAINER_SHM};
+    let mut added = Vec::new();
+    let top = config
+        .as_object_mut()
+        .ok_or_else(|| not_object("the config"))?;
+    let mounts = array(top, "mounts", "the config")?;
+    mounts.retain(|m| {
+        let d = m.get("destination").and_then(Value::as_str);
+        d != Some(CONTAINER_PIPE) && d != Some(CONTAINER_SHM)
+    });
+    for (src, dst) in [("pipe", CONTAINER_PIPE), ("shm", CONTAINER_SHM)] {
+        mounts.push(json!({"destination": dst, "type": "bind",
+                           "source": dir.join(src).display().to_string(),
+                           "options": ["rbind", "rw", "nosuid", "nodev"]}));
+        added.push(format!("m:0:0:{dst}"));
+    }
+    let process = object(config, "process", "the config")?;
+    let env = array(process, "env", "process")?;
+    env.retain(|e| {
+        !e.as_str()
+            .is_some_and(|e| e.starts_with("CUDA_MPS_PIPE_DIRECTORY="))
+    });
+    env.push(json!(format!("CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE}")));
+    added.push("e:0:0:CUDA_MPS_PIPE_DIRECTORY".into());
+    if let Some(hooks) = config.get_mut("hooks").and_then(Value::as_object_mut) {
+        for h in hooks.values_mut().filter_map(Value::as_array_mut).flatten() {
+            if !is_our_hook(h) {
+                continue;
+            }
+            if let Some(last) = h
+                .get_mut("args")
+                .and_then(Value::as_array_mut)
+                .and_then(|a| a.last_mut())
+            {
+                let mut l: Vec<String> = last
+                    .as_str()
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.split(',').map(String::from).collect())
+                    .unwrap_or_default();
+                l.extend(added.iter().cloned());
+                *last = json!(l.join(","));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A CDI plan's mounts (read-only unless the spec said `rw`, always `nosuid,nodev`), its
 /// environment (a name the config already sets keeps the config's value), additional groups,
 /// the hooks gpuhook passes on (marked), and gpuhook's own `cdi` hook first in
@@ -889,6 +942,44 @@ mod tests {
         );
         c["linux"]["uidMappings"] = json!("x");
         assert!(parse(&serde_json::to_vec(&c).unwrap(), p).is_err());
+    }
+
+    #[test]
+    fn mps_sharer_gets_pipe_shm_and_env_and_strip_takes_them_out() {
+        let mut c: Value =
+            serde_json::from_slice(&cfg(json!({"gpuhook.io/share": "yes"}), &["A=1"])).unwrap();
+        c["mounts"] = json!([{"destination": "/dev/shm", "type": "tmpfs", "source": "shm"}]);
+        let hook = HookCmd {
+            path: "/usr/bin/gpuhook".into(),
+            env: vec![],
+            token: "42.7".into(),
+        };
+        edit(&mut c, &[n("/dev/nvidia0", 0)], None, &hook, None).unwrap();
+        edit_mps(&mut c, std::path::Path::new("/run/gpuhook/mps/GPU-1")).unwrap();
+        let m = c["mounts"].as_array().unwrap();
+        assert_eq!(m.len(), 2, "{m:?}");
+        assert_eq!(
+            m[0],
+            json!({"destination": "/tmp/nvidia-mps", "type": "bind",
+                   "source": "/run/gpuhook/mps/GPU-1/pipe",
+                   "options": ["rbind", "rw", "nosuid", "nodev"]})
+        );
+        assert_eq!(m[1]["destination"], "/dev/shm");
+        assert_eq!(m[1]["source"], "/run/gpuhook/mps/GPU-1/shm");
+        assert_eq!(
+            c["process"]["env"],
+            json!(["A=1", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"])
+        );
+        let args = c["hooks"]["poststop"][0]["args"].as_array().unwrap();
+        assert!(args
+            .last()
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .ends_with("m:0:0:/tmp/nvidia-mps,m:0:0:/dev/shm,e:0:0:CUDA_MPS_PIPE_DIRECTORY"));
+        assert!(strip(&mut c));
+        assert_eq!(c["mounts"], json!([]));
+        assert_eq!(c["process"]["env"], json!(["A=1"]));
     }
 
     #[test]

@@ -200,11 +200,21 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Run
         free_oci(cfg, id, |r| r.prepared_by == Some(by))?;
         return Err(e);
     }
+    let mps = lifecycle::mps_dir(cfg, id);
     let written = if userns {
-        make_private_nodes(cfg, id, by, &nodes)
-            .and_then(|srcs| write_config(&path, b.config, &nodes, Some(&srcs), by, cdi))
+        make_private_nodes(cfg, id, by, &nodes).and_then(|srcs| {
+            write_config(
+                &path,
+                b.config,
+                &nodes,
+                Some(&srcs),
+                by,
+                cdi,
+                mps.as_deref(),
+            )
+        })
     } else {
-        write_config(&path, b.config, &nodes, None, by, cdi)
+        write_config(&path, b.config, &nodes, None, by, cdi, mps.as_deref())
     };
     if let Err(e) = written {
         free_oci(cfg, id, |r| r.prepared_by == Some(by))?;
@@ -471,6 +481,7 @@ fn write_config(
     binds: Option<&[String]>,
     by: ProcRef,
     cdi: Option<(&crate::cdi::Plan, &str)>,
+    mps: Option<&Path>,
 ) -> Result<(), RuntimeError> {
     let exe = own_path()?;
     let mut env = Vec::new();
@@ -489,6 +500,9 @@ fn write_config(
         token: bundle::HookToken(by).to_string(),
     };
     bundle::edit(&mut config, nodes, binds, &hook, cdi).map_err(RuntimeError::Bundle)?;
+    if let Some(dir) = mps {
+        bundle::edit_mps(&mut config, dir).map_err(RuntimeError::Bundle)?;
+    }
     replace_config(path, &config)
 }
 

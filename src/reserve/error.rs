@@ -34,6 +34,8 @@ pub enum Error {
     /// The OCI door's check of the container's root ([`crate::enter::rootfs::check_path`]).
     #[error(transparent)]
     Rootfs(#[from] RootfsError),
+    #[error(transparent)]
+    Mps(#[from] crate::reserve::mps::MpsError),
     /// A failure whose rollback could not undo everything: what is left is said on the same
     /// line, and kept as a value for callers.
     #[error("{error}{}", left.note())]

@@ -111,6 +111,8 @@ pub struct Facts<'a> {
     pub cdi_specs: CdiSpecsFn<'a>,
     /// Whether libvirt's controller for a domain (by name) runs.
     pub controller_running: &'a dyn Fn(&str) -> bool,
+    /// MPS control daemons of GPUs shared with MPS.
+    pub mps: &'a dyn crate::reserve::mps::Mps,
 }
 
 fn real_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
@@ -128,6 +130,7 @@ impl<'a> Facts<'a> {
             enter: &Host,
             cdi_specs: &cdi::load,
             controller_running: &crate::reserve::lifecycle::controller_running,
+            mps: &crate::reserve::mps::Host,
         }
     }
 }

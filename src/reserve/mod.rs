@@ -9,5 +9,6 @@ pub mod error;
 pub mod facts;
 pub mod health;
 pub mod lifecycle;
+pub mod mps;
 pub mod reconcile;
 pub mod state;

@@ -173,6 +173,10 @@ pub struct State {
     /// written before have none).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub draining: BTreeMap<Unit, Draining>,
+    /// The MPS control daemons gpuhook started, by their GPU's PCI address (files written
+    /// before have none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mps: BTreeMap<crate::ids::Pci, crate::reserve::mps::Daemon>,
 }
 
 /// A unit that is draining: its own nodes, and who had one of them open at the last look.
@@ -319,6 +323,7 @@ impl Default for State {
             quarantine: BTreeMap::new(),
             kmsg: None,
             draining: BTreeMap::new(),
+            mps: BTreeMap::new(),
         }
     }
 }
@@ -421,6 +426,10 @@ impl State {
         if !self.draining.is_empty() {
             v.extend_from_slice(b",\n\"draining\":");
             serde_json::to_writer(&mut v, &self.draining).expect("state serializes");
+        }
+        if !self.mps.is_empty() {
+            v.extend_from_slice(b",\n\"mps\":");
+            serde_json::to_writer(&mut v, &self.mps).expect("state serializes");
         }
         v.extend_from_slice(b"}\n");
         v
@@ -813,6 +822,28 @@ mod tests {
     /// A state file written before units were typed (their names as strings): whole GPUs,
     /// MIG instances (gi 10 sorts before gi 2, as names do), an OCI holder, draining units;
     /// it loads, and is written back byte for byte.
+    #[test]
+    fn mps_daemons_roundtrip_on_their_own_line() {
+        let mut st = State::default();
+        st.mps.insert(
+            "0000:04:00.0".parse().unwrap(),
+            crate::reserve::mps::Daemon {
+                proc: ProcRef {
+                    pid: 500,
+                    start_time: 9,
+                },
+                uuid: "GPU-1".into(),
+                dir: "/run/gpuhook/mps/GPU-1".into(),
+            },
+        );
+        let text = String::from_utf8(st.to_bytes()).unwrap();
+        assert!(text.contains("\n\"mps\":{\"0000:04:00.0\":{\"proc\":{\"pid\":500,\"start_time\":9},\"uuid\":\"GPU-1\",\"dir\":\"/run/gpuhook/mps/GPU-1\"}}"), "{text}");
+        assert_eq!(State::parse(text.as_bytes(), "x").unwrap(), st);
+        assert!(!String::from_utf8(State::default().to_bytes())
+            .unwrap()
+            .contains("mps"));
+    }
+
     #[test]
     fn a_file_written_before_loads_and_is_written_back_unchanged() {
         let old = concat!(

@@ -206,6 +206,10 @@ fn reserve_more(
     r.mounts.extend(mounts.iter().cloned());
     r.hotplugged = true;
     r.updated = now.to_string();
+    // The first slot of a GPU shared with MPS starts its daemon (or one that died).
+    notes.extend(crate::reserve::mps::start_needed(
+        f.cfg, f.mps, f.proc, st, inv,
+    )?);
     let got = Reserved {
         units,
         specs,

@@ -110,6 +110,10 @@ pub fn detach_with(
             ..r.clone()
         };
         let settled = drain_freed(f, st, &[(gone, ())]);
+        // A daemon left without sharers by this detach is told to quit.
+        for n in crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st) {
+            crate::log::info(&n);
+        }
         let draining = settled.draining.into_iter().map(|(u, _)| u).collect();
         Ok((freed, revoked, draining, files))
     })?;

@@ -36,6 +36,11 @@ pub fn free_with<W>(
             .collect();
         let drained = drain_freed(f, st, &freed);
         then(st);
+        // A daemon left without sharers (by this free, or one before that could not stop
+        // it) is told to quit.
+        for n in crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st) {
+            log::info(&n);
+        }
         Ok::<_, Error>(Freed { freed, drained })
     })
 }

@@ -126,7 +126,11 @@ fn reserve_by(
         // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
         crate::reserve::health::apply(&mut inv, st);
         refuse_takeover(f, st, h, by)?;
-        if let Some(kept) = keep_or_free(f, st, &mut inv, h, req, by, &now)? {
+        if let Some(mut kept) = keep_or_free(f, st, &mut inv, h, req, by, &now)? {
+            // A daemon that died since is started again.
+            kept.1.extend(crate::reserve::mps::start_needed(
+                f.cfg, f.mps, f.proc, st, &inv,
+            )?);
             return Ok(kept);
         }
         let (gpus, notes) = choose(f, st, &mut inv, req, &[])?;
@@ -139,6 +143,12 @@ fn reserve_by(
                 ..new_reservation(h, req, &gpus, Phase::Prepared, &now)
             },
         );
+        let mut notes = notes;
+        // Stale sharers reclaimed for this choice may have left a daemon without sharers.
+        notes.extend(crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st));
+        notes.extend(crate::reserve::mps::start_needed(
+            f.cfg, f.mps, f.proc, st, &inv,
+        )?);
         Ok((gpus, notes, specs))
     })?;
     for n in notes {

@@ -304,6 +304,7 @@ impl Host {
             enter: &**fake,
             cdi_specs: &specs,
             controller_running: &|name| name == "web1",
+            mps: &crate::reserve::mps::Host,
         };
         step(&f)
     }
