@@ -426,29 +426,7 @@ fn libvirt_and_podman_contend(b: &mut Bed) {
         c["oci_runtime"] = serde_json::json!("/usr/sbin/runc")
     });
     b.define_start(&spec("gh-lx", r#"count="1""#));
-    let dir = b.work.join("oci");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("rootfs/bin")).unwrap();
-    for d in ["dev", "proc", "sys", "tmp", "etc", "run"] {
-        std::fs::create_dir_all(dir.join("rootfs").join(d)).unwrap();
-    }
-    std::fs::copy("/usr/bin/busybox", dir.join("rootfs/bin/busybox")).expect("busybox-static");
-    for a in ["sh", "sleep", "ls", "true"] {
-        std::os::unix::fs::symlink("busybox", dir.join("rootfs/bin").join(a)).unwrap();
-    }
-    let link = dir.join("gpuhook-runtime");
-    std::os::unix::fs::symlink(common::bin(), &link).unwrap();
-    let rt = dir.join("runtime.sh");
-    std::fs::write(
-        &rt,
-        format!(
-            "#!/bin/sh\nGPUHOOK_CONFIG={} exec {} \"$@\"\n",
-            b.config().display(),
-            link.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&rt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (rt, rootfs) = sharing::podman_bed(b, "oci");
     let podman = |extra: &[&str], cmd: &str| {
         Command::new("podman")
             .arg("--runtime")
@@ -457,7 +435,7 @@ fn libvirt_and_podman_contend(b: &mut Bed) {
             .args(["--ulimit", "nproc=1024:1024"])
             .args(extra)
             .arg("--rootfs")
-            .arg(dir.join("rootfs"))
+            .arg(&rootfs)
             .args(["sh", "-c", cmd])
             .output()
             .expect("podman")

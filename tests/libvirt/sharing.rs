@@ -173,8 +173,10 @@ pub fn share_refusals(b: &mut Bed) {
     assert!(b.reservation("gh-shx").is_none());
 }
 
-fn podman_bed(b: &Bed) -> (PathBuf, PathBuf) {
-    let dir = b.work.join("oci-share");
+/// A busybox rootfs and a runtime script running gpuhook-runtime on the bed's config, in
+/// `name` under the bed's work directory: (the script, the rootfs).
+pub(crate) fn podman_bed(b: &Bed, name: &str) -> (PathBuf, PathBuf) {
+    let dir = b.work.join(name);
     let _ = std::fs::remove_dir_all(&dir);
     for d in ["bin", "dev", "proc", "sys", "tmp", "etc", "run"] {
         std::fs::create_dir_all(dir.join("rootfs").join(d)).unwrap();
@@ -218,7 +220,7 @@ fn podman(rt: &PathBuf, rootfs: &PathBuf, extra: &[&str], cmd: &str) -> Output {
 pub fn share_libvirt_and_podman(b: &mut Bed) {
     b.shared_host(2);
     b.define_start(&spec("gh-shl", r#"share="yes""#));
-    let (rt, rootfs) = podman_bed(b);
+    let (rt, rootfs) = podman_bed(b, "oci-share");
     let _ = Command::new("podman")
         .args(["rm", "-f", "-t", "0", "gh-sh-oci"])
         .output();
