@@ -157,9 +157,11 @@ impl Booted {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        // Until systemd listens on its bus, systemctl cannot ask.
+        // Until systemd listens on its bus, systemctl cannot ask; until it has made
+        // /run/systemd/system, systemctl says `offline` (not booted with systemd): a slow
+        // boot (CI, a loaded machine) meets both.
         let o = b
-            .sh("for i in $(seq 300); do s=$(timeout 60 systemctl is-system-running --wait 2>&1) && break; case $s in *'Failed to connect to bus'*) sleep 0.1;; *) break;; esac; done; echo \"$s\"")
+            .sh("for i in $(seq 600); do s=$(timeout 60 systemctl is-system-running --wait 2>&1) && break; case $s in *'Failed to connect to bus'*|offline*) sleep 0.1;; *) break;; esac; done; echo \"$s\"")
             .output()
             .unwrap();
         let state = String::from_utf8_lossy(&o.stdout).trim().to_string();
