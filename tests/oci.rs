@@ -1393,7 +1393,7 @@ fn cdi_ldconfig_never_writes_a_planted_node() {
     lo.plant(&rootfs.join("etc/ld.so.cache~"));
     let r = podman_rootfs(&o, &rootfs, &CDI_ONE_GPU, common::CDI_PROBE);
     let s = out(&r);
-    assert!(r.status.success(), "{s}");
+    assert!(r.status.success(), "{s}\nstderr: {}", stderr(&r));
     common::assert_cdi_probe(&s);
     assert!(lo.untouched(), "ldconfig wrote through the planted node");
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
