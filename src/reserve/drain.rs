@@ -71,10 +71,7 @@ pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<Fr
                 {
                     Vec::new()
                 }
-                None => inv
-                    .by_unit(unit)
-                    .map(|g| g.nodes.iter().map(|(_, n)| n.node.clone()).collect())
-                    .unwrap_or_default(),
+                None => inv.by_unit(unit).map(|g| g.own_nodes()).unwrap_or_default(),
             };
             if !nodes.is_empty() {
                 out.push(Freed {

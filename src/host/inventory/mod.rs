@@ -176,6 +176,12 @@ impl Gpu {
             .chain([&m.gi_cap, &m.ci_cap])
     }
 
+    /// The GPU's own nodes (`/dev/nvidiaN`, its DRM nodes): what a free or detach looks
+    /// for in processes' descriptors.
+    pub fn own_nodes(&self) -> Vec<crate::node::Node> {
+        self.nodes.iter().map(|(_, n)| n.node.clone()).collect()
+    }
+
     /// Every node of the GPU, for listings.
     pub fn paths(&self) -> Vec<String> {
         self.nodes.iter().map(|(_, n)| n.path.clone()).collect()

@@ -338,7 +338,7 @@ fn open_in_container(
         if let Some(g) = inv.by_unit(u) {
             own.push(drain::Freed {
                 unit: *u,
-                nodes: g.nodes.iter().map(|(_, n)| n.node.clone()).collect(),
+                nodes: g.own_nodes(),
                 after: h.who(),
             });
         }

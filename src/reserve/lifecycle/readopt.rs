@@ -429,10 +429,7 @@ fn own_nodes<'a>(inv: &'a Inventory, gpus: &'a [Unit]) -> impl Iterator<Item = N
         match inv.mig(p) {
             Some((_, m)) => vec![m.gi_cap.node.clone(), m.ci_cap.node.clone()],
             None if p.is_mig() => vec![],
-            None => inv
-                .by_unit(p)
-                .map(|g| g.nodes.iter().map(|(_, n)| n.node.clone()).collect())
-                .unwrap_or_default(),
+            None => inv.by_unit(p).map(|g| g.own_nodes()).unwrap_or_default(),
         }
     })
 }
