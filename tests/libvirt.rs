@@ -11,6 +11,8 @@
 mod common;
 #[path = "libvirt/hotplug.rs"]
 mod hotplug;
+#[path = "libvirt/mps.rs"]
+mod mps;
 #[path = "libvirt/sharing.rs"]
 mod sharing;
 
@@ -2218,6 +2220,10 @@ const CASES: &[(&str, Case)] = &[
         sharing::share_libvirt_and_podman,
     ),
     ("share_sharer_killed", sharing::share_sharer_killed),
+    (
+        "mps_two_domains_one_daemon",
+        mps::mps_two_domains_one_daemon,
+    ),
 ];
 
 fn main() {

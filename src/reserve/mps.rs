@@ -71,6 +71,38 @@ pub enum MpsError {
     },
 }
 
+/// The daemon serving a holder of `units` (the first of its slots with one recorded: a
+/// container has one `/tmp/nvidia-mps`), with its GPU.
+pub fn daemon_for<'s>(st: &'s State, units: &[Unit]) -> Option<(Pci, &'s Daemon)> {
+    units
+        .iter()
+        .filter(|u| u.is_slot())
+        .find_map(|u| st.mps.get(&u.pci()).map(|d| (u.pci(), d)))
+}
+
+/// What a sharer's container gets of its daemon, as bind mounts (made by the container
+/// helper at `started` and `attach`, as the CDI mounts are): `pipe` at `/tmp/nvidia-mps` and
+/// `shm` at `/dev/shm`, writable (clients open the daemon's FIFOs for writing and create
+/// their segments), `nosuid` and `nodev` as every mount gpuhook makes.
+pub fn mounts(d: &Daemon) -> Vec<crate::cdi::BindMount> {
+    [(d.pipe(), CONTAINER_PIPE), (d.shm(), CONTAINER_SHM)]
+        .into_iter()
+        .map(|(src, dst)| crate::cdi::BindMount {
+            source: src.display().to_string(),
+            target: dst.into(),
+            rw: true,
+            recursive: false,
+            noexec: false,
+            dir: true,
+        })
+        .collect()
+}
+
+/// Whether a recorded mount target is one of a daemon's (not a CDI spec's).
+pub fn is_target(t: &str) -> bool {
+    t == CONTAINER_PIPE || t == CONTAINER_SHM
+}
+
 /// The directory of a GPU's daemon: `mps/<UUID>` beside the state file.
 pub fn dir_for(cfg: &Config, uuid: &str) -> PathBuf {
     cfg.state_file

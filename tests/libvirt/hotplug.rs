@@ -31,7 +31,7 @@ impl Bed {
             .expect("nsenter gpuhook")
     }
 
-    fn gh_host_ok(&self, args: &[&str]) -> String {
+    pub(crate) fn gh_host_ok(&self, args: &[&str]) -> String {
         let o = self.gh_host(args);
         common::assert_ok(&o);
         String::from_utf8_lossy(&o.stdout).into_owned()

@@ -15,6 +15,7 @@ use crate::node::{NodeSpec, Outcome};
 use crate::request::Request;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
+use crate::reserve::mps;
 use crate::reserve::state::{now_rfc3339, Node, Phase};
 
 /// What one `apply` changed, so it can be undone.
@@ -99,15 +100,24 @@ pub fn activate_with(
     find: impl FnOnce() -> Result<Container, ContainerError>,
 ) -> Result<(), Error> {
     let st = store(f.cfg);
-    let r = reservation(&st.read()?, h)?;
+    let snap = st.read()?;
+    let r = reservation(&snap, h)?;
+    // A sharer of a GPU shared with MPS: its daemon's directories (SPEC "Sharing", MPS).
+    let mps = mps::daemon_for(&snap, &r.gpus).map(|(pci, d)| (pci, d.clone()));
+    drop(snap);
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     inv.settle(f.cfg, &r.gpus);
     let ct = find()?;
     let mut specs = node_specs(h, req, &inv, &r.gpus)?;
-    let plan = cdi_plan(f, h, req, &inv, &r.gpus, &specs)?.map(|(p, extra)| {
+    let mut plan = cdi_plan(f, h, req, &inv, &r.gpus, &specs)?.map(|(p, extra)| {
         specs.extend(extra);
         p
     });
+    if let Some((_, d)) = &mps {
+        plan.get_or_insert_with(Default::default)
+            .mounts
+            .extend(mps::mounts(d));
+    }
     let applied = apply_in_started(f, &ct, &specs)?;
     // The driver's files: mounted, linked and cached in the container's root (undone there
     // on failure; then the nodes and grants are undone too).
@@ -156,6 +166,9 @@ pub fn activate_with(
     if let Some(p) = &plan {
         log_cdi(h, p, done.as_ref());
     }
+    if let Some((pci, d)) = &mps {
+        log_mps(h, *pci, d);
+    }
     log::info(&format!(
         "{}: granted and created {} in container (init {})",
         h.who(),
@@ -199,6 +212,16 @@ fn apply_in_started(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<App
 /// specs, and what of them gpuhook does not do there (other hooks: the container's process
 /// already runs; its environment).
 pub(super) fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::rootfs::Done>) {
+    // A plan of an MPS daemon's directories only (no spec): said by [`log_mps`].
+    if p.specs.is_empty() {
+        return;
+    }
+    let cdi_mounts = |d: &crate::enter::rootfs::Done| {
+        d.mounted
+            .iter()
+            .filter(|m| !mps::is_target(&m.target))
+            .count()
+    };
     let (hooks, env) = match h.kind {
         crate::reserve::state::HolderKind::Libvirt => {
             ("a libvirt container", "a running libvirt container")
@@ -212,7 +235,7 @@ pub(super) fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::roo
         h.who(),
         p.specs.join(", "),
         p.devices.join(" "),
-        done.map_or(0, |d| d.mounted.len()),
+        done.map_or(0, cdi_mounts),
         done.map_or(0, |d| d.links.len()),
         if p.ld_folders.is_empty() {
             "not asked".to_string()
@@ -241,4 +264,19 @@ pub(super) fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::roo
             p.env.join(" ")
         ));
     }
+}
+
+/// What a sharer of a GPU shared with MPS got in its container: its daemon's pipes and
+/// shared memory.
+pub(super) fn log_mps(h: &Holder, pci: crate::ids::Pci, d: &mps::Daemon) {
+    log::info(&format!(
+        "{}: MPS daemon of GPU {pci} ({}, pid {}): {} at {} and {} at {} in the container",
+        h.who(),
+        d.uuid,
+        d.proc.pid,
+        d.pipe().display(),
+        mps::CONTAINER_PIPE,
+        d.shm().display(),
+        mps::CONTAINER_SHM
+    ));
 }

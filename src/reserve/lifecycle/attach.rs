@@ -13,7 +13,7 @@
 //! container does not have from gpuhook already. The mounts are recorded with the nodes before
 //! they are made (so a detach after a SIGKILL takes them back), the rest once made.
 
-use super::activate::{apply, log_cdi, undo, with_rollback};
+use super::activate::{apply, log_cdi, log_mps, undo, with_rollback};
 use super::reserve::{choose, same_kind};
 use super::{
     as_nodes, driver_plan, new_reservation, node_specs, owned, root_owner, scan_for, store,
@@ -31,6 +31,7 @@ use crate::request::Request;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
+use crate::reserve::mps;
 use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
 
 /// What one attach gave the container.
@@ -57,6 +58,9 @@ struct Reserved {
     plan: Option<cdi::Plan>,
     /// The plan's mounts as recorded before they are made (their sources' identity).
     mounts: Vec<Mounted>,
+    /// The MPS daemon whose directories the plan mounts (the container's first slot of a
+    /// GPU shared with MPS).
+    mps: Option<(crate::ids::Pci, mps::Daemon)>,
 }
 
 impl Reserved {
@@ -120,6 +124,9 @@ pub fn attach_with(
     if let Some(p) = &got.plan {
         log_cdi(h, p, done.as_ref());
     }
+    if let Some((pci, d)) = &got.mps {
+        log_mps(h, *pci, d);
+    }
     log::info(&format!(
         "{} ({}): attached {} for {req} (asked by uid {}); granted {} and created {} node(s) in container (init {})",
         h.who(),
@@ -177,14 +184,19 @@ fn reserve_more(
                 .collect()
         })
         .unwrap_or_default();
+    // Whether it has an MPS daemon's directories already (from its create, `started` or an
+    // earlier attach): a container has one `/tmp/nvidia-mps`.
+    let has_mps = st.reservations.get(h.id).is_some_and(|r| {
+        mps::daemon_for(st, &r.gpus).is_some() || r.mounts.iter().any(|m| mps::is_target(&m.target))
+    });
     let (units, mut notes) = choose(f, st, inv, req, &sharing)?;
     let mut specs = node_specs(h, req, inv, &units)?;
     let r = st.reservations.get(h.id);
-    let plan = match wants_cdi(f.cfg, req) {
+    let mut plan = match wants_cdi(f.cfg, req) {
         true => Some(new_edits(f, h, req, inv, &units, r, &mut specs)?),
         false => None,
     };
-    let mounts = match &plan {
+    let mut mounts: Vec<Mounted> = match &plan {
         Some(p) => p.mounts.iter().map(planned).collect::<Result<_, _>>()?,
         None => Vec::new(),
     };
@@ -207,9 +219,24 @@ fn reserve_more(
     r.hotplugged = true;
     r.updated = now.to_string();
     // The first slot of a GPU shared with MPS starts its daemon (or one that died).
-    notes.extend(crate::reserve::mps::start_needed(
-        f.cfg, f.mps, f.proc, st, inv,
-    )?);
+    notes.extend(mps::start_needed(f.cfg, f.mps, f.proc, st, inv)?);
+    // The first slot of a GPU shared with MPS this container gets: its daemon's directories,
+    // planned and recorded as the CDI mounts are.
+    let daemon = match has_mps {
+        true => None,
+        false => mps::daemon_for(st, &units).map(|(pci, d)| (pci, d.clone())),
+    };
+    if let Some((_, d)) = &daemon {
+        let extra = mps::mounts(d);
+        let made = extra.iter().map(planned).collect::<Result<Vec<_>, _>>()?;
+        if let Some(r) = st.reservations.get_mut(h.id) {
+            r.mounts.extend(made.iter().cloned());
+        }
+        mounts.extend(made);
+        plan.get_or_insert_with(Default::default)
+            .mounts
+            .extend(extra);
+    }
     let got = Reserved {
         units,
         specs,
@@ -217,6 +244,7 @@ fn reserve_more(
         was_hotplugged,
         plan,
         mounts,
+        mps: daemon,
     };
     Ok((got, notes))
 }

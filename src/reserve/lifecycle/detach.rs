@@ -26,6 +26,7 @@ use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
+use crate::reserve::mps;
 use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
 use std::collections::BTreeSet;
 
@@ -78,7 +79,7 @@ pub fn detach_with(
     inv.settle(f.cfg, &r.gpus);
     let units = resolve(&inv, r, which)?;
     let open = open_in_container(f, &inv, &st, h, &units, &ct, force)?;
-    let needed = driver_needed(f, h, &inv, r, &units);
+    let needed = driver_needed(f, h, &inv, &st, r, &units);
     let mut cg = (f.cgroup)(&ct)?;
     let now = now_rfc3339();
     let (freed, revoked, draining, files) = store(f.cfg).update(|st| -> Result<_, Error> {
@@ -144,6 +145,7 @@ fn driver_needed(
     f: &Facts,
     h: &Holder,
     inv: &Inventory,
+    st: &State,
     r: &Reservation,
     units: &[Unit],
 ) -> Needed {
@@ -153,8 +155,19 @@ fn driver_needed(
         .filter(|u| !units.contains(u))
         .copied()
         .collect();
-    if stay.is_empty() || (r.mounts.is_empty() && r.rootfs.is_empty()) {
+    if stay.is_empty() {
         return Needed::default();
+    }
+    let mut needed = Needed::default();
+    // An MPS daemon's directories stay while the container keeps a slot of that daemon's GPU.
+    if mps_kept(st, r, &stay) {
+        needed
+            .paths
+            .extend([mps::CONTAINER_PIPE, mps::CONTAINER_SHM].map(String::from));
+    }
+    let cdi = r.mounts.iter().any(|m| !mps::is_target(&m.target)) || !r.rootfs.is_empty();
+    if !cdi {
+        return needed;
     }
     let granted = r.nodes.iter().map(|n| (n.major, n.minor)).collect();
     match driver_plan(f, inv, &stay, &[], granted) {
@@ -164,6 +177,7 @@ fn driver_needed(
                 .iter()
                 .map(|m| m.target.clone())
                 .chain(p.links.iter().map(|l| l.link.clone()))
+                .chain(needed.paths)
                 .collect(),
             ld_folders: p.ld_folders,
         },
@@ -183,6 +197,20 @@ fn driver_needed(
             }
         }
     }
+}
+
+/// Whether the MPS pipe directory mounted in `r`'s container is the daemon's of a slot it
+/// keeps (`stay`): the mount's source is that daemon's `pipe`, by identity.
+fn mps_kept(st: &State, r: &Reservation, stay: &[Unit]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(m) = r.mounts.iter().find(|m| m.target == mps::CONTAINER_PIPE) else {
+        return false;
+    };
+    stay.iter()
+        .filter(|u| u.is_slot())
+        .filter_map(|u| st.mps.get(&u.pci()))
+        .filter_map(|d| std::fs::metadata(d.pipe()).ok())
+        .any(|md| (md.dev(), md.ino()) == (m.dev, m.ino))
 }
 
 /// Takes out of `r`'s record the driver files no kept unit needs, and returns them: mounts and
@@ -647,5 +675,51 @@ mod tests {
         assert_eq!(gone.mounted, [mounted("/usr/lib/a/libx.so.1")]);
         assert_eq!(gone.written, ["/etc/ld.so.conf.d/00-gpuhook-cdi.conf"]);
         assert!(r.mounts.is_empty() && r.rootfs.is_empty(), "{r:?}");
+    }
+
+    /// The MPS directories stay while a kept slot is of the daemon whose `pipe` is mounted
+    /// (by identity), not for a slot of another daemon or a whole GPU.
+    #[test]
+    fn mps_directories_stay_with_a_slot_of_their_daemon() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let daemon = |name: &str| {
+            let dir = t.path().join(name);
+            std::fs::create_dir_all(dir.join("pipe")).unwrap();
+            mps::Daemon {
+                proc: ProcRef {
+                    pid: 1,
+                    start_time: 1,
+                },
+                uuid: name.into(),
+                dir,
+            }
+        };
+        let (a, b): (crate::ids::Pci, crate::ids::Pci) = (
+            "0000:04:00.0".parse().unwrap(),
+            "0000:05:00.0".parse().unwrap(),
+        );
+        let mut st = State::default();
+        st.mps.insert(a, daemon("GPU-A"));
+        st.mps.insert(b, daemon("GPU-B"));
+        let md = std::fs::metadata(st.mps[&a].pipe()).unwrap();
+        let slot = |pci| Unit::Slot { pci, slot: 0 };
+        let mut r = Reservation::for_test(
+            crate::reserve::state::HolderKind::Libvirt,
+            "web1",
+            "id",
+            &["0000:04:00.0/slot0", "0000:05:00.0/slot0", "0000:06:00.0"],
+        );
+        r.mounts = vec![Mounted {
+            target: mps::CONTAINER_PIPE.into(),
+            dev: md.dev(),
+            ino: md.ino(),
+        }];
+        assert!(mps_kept(&st, &r, &[slot(a)]));
+        assert!(!mps_kept(&st, &r, &[slot(b)]));
+        let whole: Unit = "0000:06:00.0".parse().unwrap();
+        assert!(!mps_kept(&st, &r, &[whole]));
+        r.mounts.clear();
+        assert!(!mps_kept(&st, &r, &[slot(a)]));
     }
 }

@@ -449,14 +449,10 @@ pub fn may_hold(cfg: &Config, id: &str) -> bool {
     store(cfg).mentions(id)
 }
 
-/// The directory of the MPS daemon serving the holder `id`'s slots, if one does (the first:
-/// a container has one `/tmp/nvidia-mps`).
+/// The directory of the MPS daemon serving the holder `id`'s slots, if one does
+/// ([`crate::reserve::mps::daemon_for`]).
 pub fn mps_dir(cfg: &Config, id: &str) -> Option<std::path::PathBuf> {
     let st = store(cfg).read().ok()?;
     let r = st.reservations.get(id)?;
-    r.gpus
-        .iter()
-        .filter(|u| u.is_slot())
-        .find_map(|u| st.mps.get(&u.pci()))
-        .map(|d| d.dir.clone())
+    crate::reserve::mps::daemon_for(&st, &r.gpus).map(|(_, d)| d.dir.clone())
 }

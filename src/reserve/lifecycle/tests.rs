@@ -207,6 +207,59 @@ impl Enter for Fake {
     }
 }
 
+/// A recording MPS host: a started daemon is a live process of the fake `/proc` (pid 6000
+/// on), with its directories made as the real host makes them; `quit` ends it.
+impl crate::reserve::mps::Mps for Fake {
+    fn start(
+        &self,
+        cfg: &Config,
+        pci: crate::ids::Pci,
+        uuid: &str,
+        _: &crate::host::config::Sharing,
+    ) -> Result<crate::reserve::mps::Daemon, crate::reserve::mps::MpsError> {
+        self.call(format!("mps start {pci}"));
+        let dir = crate::reserve::mps::dir_for(cfg, uuid);
+        for d in ["pipe", "log", "shm"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let proc = ProcRef {
+            pid: 6000 + self.calls().len() as i32,
+            start_time: 5,
+        };
+        write_stat(&self.proc_root, proc, 1);
+        Ok(crate::reserve::mps::Daemon {
+            proc,
+            uuid: uuid.into(),
+            dir,
+        })
+    }
+    fn quit(
+        &self,
+        _: &Config,
+        pci: crate::ids::Pci,
+        d: &crate::reserve::mps::Daemon,
+    ) -> Result<(), crate::reserve::mps::MpsError> {
+        self.call(format!("mps quit {pci}"));
+        std::fs::remove_file(self.proc_root.join(d.proc.pid.to_string()).join("stat")).unwrap();
+        Ok(())
+    }
+}
+
+/// A live process `p` (parent `ppid`) in the fake `/proc` at `root`.
+fn write_stat(root: &Path, p: ProcRef, ppid: i32) {
+    let dir = root.join(p.pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut f = vec!["0".to_string(); 20];
+    f[0] = "S".into();
+    f[1] = ppid.to_string();
+    f[19] = p.start_time.to_string();
+    std::fs::write(
+        dir.join("stat"),
+        format!("{} (init) {}\n", p.pid, f.join(" ")),
+    )
+    .unwrap();
+}
+
 /// A host in a temporary directory: its config (state file, `/proc`, CDI spec dirs) and the
 /// inventory the fake scan gives.
 struct Host {
@@ -245,17 +298,7 @@ fn host() -> Host {
 impl Host {
     /// A live process in the fake `/proc`.
     fn process(&self, p: ProcRef, ppid: i32) {
-        let dir = self.cfg.proc.join(p.pid.to_string());
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut f = vec!["0".to_string(); 20];
-        f[0] = "S".into();
-        f[1] = ppid.to_string();
-        f[19] = p.start_time.to_string();
-        std::fs::write(
-            dir.join("stat"),
-            format!("{} (init) {}\n", p.pid, f.join(" ")),
-        )
-        .unwrap();
+        write_stat(&self.cfg.proc, p, ppid);
     }
 
     fn fake(&self, f: Fake) -> Rc<Fake> {
@@ -304,7 +347,7 @@ impl Host {
             enter: &**fake,
             cdi_specs: &specs,
             controller_running: &|name| name == "web1",
-            mps: &crate::reserve::mps::Host,
+            mps: &**fake,
         };
         step(&f)
     }
@@ -2193,4 +2236,135 @@ fn detach_of_a_slot_waits_for_the_containers_own_openers() {
     assert_eq!(out.kept_open.len(), 1);
     assert!(out.draining.is_empty(), "{:?}", out.draining);
     assert!(h.state().draining.is_empty());
+}
+
+// ---- MPS: the daemon's directories in a sharer's container ----
+
+/// The test host with GPU 1 shared with MPS (2 slots).
+fn mps_host() -> Host {
+    let mut h = host();
+    h.inv.gpus[1].sharing = Some(crate::host::config::Sharing {
+        mode: crate::host::config::ShareMode::Mps,
+        replicas: 2,
+        memory_limit_mib: None,
+        active_thread_percentage: None,
+    });
+    h
+}
+
+fn shared(n: u32) -> Request {
+    Request {
+        share: true,
+        ..req(n)
+    }
+}
+
+fn mps_slot(n: u32) -> Unit {
+    Unit::Slot {
+        pci: pci(1).pci(),
+        slot: n,
+    }
+}
+
+/// `prepare` then `started` of a sharer: the first slot starts the GPU's daemon, and the
+/// container gets its `pipe` at /tmp/nvidia-mps and `shm` at /dev/shm, recorded with the
+/// mounts; `detach` of the slot takes them out again and the daemon, left without sharers,
+/// is told to quit.
+#[test]
+fn mps_sharer_gets_the_daemons_directories_and_loses_them_at_detach() {
+    let h = mps_host();
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    h.with(&fake, |f| reserve_with(f, &holder(&idmap), &shared(1)))
+        .unwrap();
+    assert_eq!(fake.calls(), ["mps start 0000:11:00.0"]);
+    h.with(&fake, |f| {
+        activate_with(f, &holder(&idmap), &shared(1), found)
+    })
+    .unwrap();
+    assert_eq!(
+        fake.calls()[1..],
+        [
+            "allow 195:1",
+            "create /dev/nvidia1",
+            "inject /tmp/nvidia-mps /dev/shm"
+        ]
+    );
+    let st = h.state();
+    let r = &st.reservations[ID];
+    assert_eq!(r.gpus, [mps_slot(0)]);
+    let targets: Vec<&str> = r.mounts.iter().map(|m| m.target.as_str()).collect();
+    assert_eq!(targets, ["/tmp/nvidia-mps", "/dev/shm"]);
+    let d = &st.mps[&pci(1).pci()];
+    assert!(d
+        .dir
+        .starts_with(h.cfg.state_file.parent().unwrap().join("mps")));
+    h.in_ns(INIT.pid, CT_NS);
+    let (fake, out) = h.detach(Fake::default(), sel(mps_slot(0)), false);
+    assert_eq!(out.unwrap().units, [mps_slot(0)]);
+    assert_eq!(
+        fake.calls(),
+        [
+            "deny 195:1",
+            "mps quit 0000:11:00.0",
+            "remove /dev/nvidia1",
+            "uninject /tmp/nvidia-mps (9:99) /dev/shm (9:99)"
+        ]
+    );
+    assert!(h.state().mps.is_empty());
+}
+
+/// A timeslice sharer, a whole GPU, and a sharer of an MPS GPU whose daemon is not recorded
+/// get no MPS directories.
+#[test]
+fn only_a_slot_with_a_daemon_gets_mps_directories() {
+    let mut h = mps_host();
+    h.inv.gpus[2].sharing = Some(crate::host::config::Sharing::timeslice(2));
+    let ts = Unit::Slot {
+        pci: pci(2).pci(),
+        slot: 0,
+    };
+    let fake = h.activated(&[pci(0), ts, mps_slot(0)], &shared(3));
+    assert!(
+        !fake.calls().iter().any(|c| c.starts_with("inject")),
+        "{:?}",
+        fake.calls()
+    );
+    assert!(h.state().reservations[ID].mounts.is_empty());
+}
+
+/// `attach --share` of an MPS GPU's slot to a running container: its daemon is started and
+/// its directories mounted, recorded before they are made; a container with them already
+/// gets no second set.
+#[test]
+fn attach_of_an_mps_slot_mounts_its_daemons_directories_once() {
+    let mut h = mps_host();
+    h.inv.gpus[2].sharing = h.inv.gpus[1].sharing;
+    let fake = running_on_gpu0(&h, &req(1));
+    let got = h.attach(&fake, &shared(1)).unwrap();
+    assert_eq!(got.units, [mps_slot(0)]);
+    let calls = fake.calls();
+    assert_eq!(calls[0], "mps start 0000:11:00.0");
+    assert_eq!(calls.last().unwrap(), "inject /tmp/nvidia-mps /dev/shm");
+    let targets = |h: &Host| -> Vec<String> {
+        h.state().reservations[ID]
+            .mounts
+            .iter()
+            .map(|m| m.target.clone())
+            .collect()
+    };
+    assert_eq!(targets(&h), ["/tmp/nvidia-mps", "/dev/shm"]);
+    let fake2 = h.fake(Fake {
+        allowed: RefCell::new(fake.allowed.borrow().clone()),
+        ..Default::default()
+    });
+    let got = h.attach(&fake2, &shared(1)).unwrap();
+    assert_eq!(got.units[0].pci(), pci(2).pci());
+    assert_eq!(fake2.calls()[0], "mps start 0000:12:00.0");
+    assert!(
+        !fake2.calls().iter().any(|c| c.starts_with("inject")),
+        "{:?}",
+        fake2.calls()
+    );
+    assert_eq!(targets(&h), ["/tmp/nvidia-mps", "/dev/shm"]);
 }

@@ -1,0 +1,182 @@
+//! MPS sharing (SPEC "Sharing", MPS) under the real libvirtd: two LXC domains on slots of
+//! one fake GPU shared with MPS, its daemon the test bed's stand-in
+//! (testbed/scripts/mps-control-standin) started by the hook. At `started` each container
+//! gets the daemon's pipe directory at /tmp/nvidia-mps and its shm at /dev/shm (one
+//! directory seen by both, not the host's); `gpuhook detach` takes them out, `attach
+//! --share` puts them back (with the daemon, SIGKILLed behind gpuhook's back, started again
+//! in the same directories, which the other sharer keeps); the last destroy sends `quit`.
+
+use super::{spec, Bed};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use testbed::FakeHost;
+
+const SHARED: &str = "0000:07:00.0";
+/// What the stand-in writes into its /dev/shm (its PID): in a sharer's /dev/shm too.
+const MARKER: &str = "/dev/shm/gpuhook-mps-standin";
+
+fn standin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/scripts/mps-control-standin")
+}
+
+impl Bed {
+    /// The blueprint host with 0000:07:00.0 shared with MPS in 2 slots, the stand-in as
+    /// its control program.
+    fn mps_host(&mut self) {
+        self.use_host_with(FakeHost::blueprint(), |c| {
+            c["sharing"] = json!({ SHARED: {"replicas": 2, "mode": "mps",
+                "active_thread_percentage": 50} });
+            c["mps_control"] = json!(standin());
+        });
+    }
+
+    /// The daemon the state records for the shared GPU: (PID, directory).
+    fn mps_daemon(&self) -> Option<(i32, PathBuf)> {
+        let st: Value =
+            serde_json::from_slice(&std::fs::read(self.state()).ok()?).expect("state json");
+        let d = st.get("mps")?.get(SHARED)?;
+        Some((
+            d["proc"]["pid"].as_i64()? as i32,
+            PathBuf::from(d["dir"].as_str()?),
+        ))
+    }
+
+    /// What a shell in the domain's container prints for `script`.
+    fn in_domain(&self, name: &str, script: &str) -> String {
+        let o = self.sh_in(&self.ct(name), script);
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// Whether the domain sees the daemon: its control FIFO at /tmp/nvidia-mps, and the
+    /// daemon's own /dev/shm (the marker holding `pid`).
+    fn sees_daemon(&self, name: &str, pid: i32) -> bool {
+        let got = self.in_domain(
+            name,
+            &format!("[ -p /tmp/nvidia-mps/control ] && cat {MARKER}"),
+        );
+        got == pid.to_string()
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+fn commands(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("log/control.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once("] Command: ").map(|(_, c)| c.to_string()))
+        .collect()
+}
+
+pub fn mps_two_domains_one_daemon(b: &mut Bed) {
+    b.mps_host();
+    // A symlink at /tmp/nvidia-mps (the host's /tmp: the domain shares the host's root) is
+    // never followed: the start is refused naming it, the slot freed, the daemon stopped.
+    let _ = std::fs::remove_dir("/tmp/nvidia-mps");
+    std::os::unix::fs::symlink("/root", "/tmp/nvidia-mps").unwrap();
+    b.define(&spec("gh-mp1", r#"share="yes""#));
+    let e = b.start("gh-mp1").expect_err("a symlink at /tmp/nvidia-mps");
+    std::fs::remove_file("/tmp/nvidia-mps").unwrap();
+    assert!(
+        e.contains("gpuhook: domain 'gh-mp1': ") && e.contains("/tmp/nvidia-mps"),
+        "{e}"
+    );
+    assert!(b.reservation("gh-mp1").is_none(), "nothing left reserved");
+    assert!(
+        b.mps_daemon().is_none(),
+        "the daemon stopped with its only slot"
+    );
+    assert!(!Path::new("/root/control").exists());
+    b.start("gh-mp1").expect("without the symlink");
+    let (pid, dir) = b.mps_daemon().expect("the first slot starts a daemon");
+    assert!(alive(pid), "daemon {pid}");
+    b.define_start(&spec("gh-mp2", r#"share="yes""#));
+    assert_eq!(
+        b.mps_daemon(),
+        Some((pid, dir.clone())),
+        "one daemon for both"
+    );
+    // The refused start's daemon was told to quit; this one got the limit, once.
+    let c = commands(&dir);
+    assert_eq!(
+        c,
+        [
+            "set_default_active_thread_percentage 50",
+            "quit",
+            "set_default_active_thread_percentage 50"
+        ],
+        "the limit, once per daemon"
+    );
+    for n in ["gh-mp1", "gh-mp2"] {
+        assert!(b.sees_daemon(n, pid), "{n} sees the daemon's pipes and shm");
+    }
+    // One /dev/shm for both sharers and the daemon: its directory, not the host's.
+    assert_eq!(
+        b.in_domain("gh-mp1", "echo from-mp1 > /dev/shm/gh-mps && echo ok"),
+        "ok"
+    );
+    assert_eq!(b.in_domain("gh-mp2", "cat /dev/shm/gh-mps"), "from-mp1");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("shm/gh-mps")).unwrap(),
+        "from-mp1\n"
+    );
+    assert!(!Path::new("/dev/shm/gh-mps").exists(), "not the host's shm");
+    assert!(
+        !Path::new("/tmp/nvidia-mps/control").exists(),
+        "the pipe mount stays in the container"
+    );
+    // Detached, the directories leave the container; the daemon stays for the other sharer.
+    b.gh_host_ok(&["detach", "gh-mp2", "--all"]);
+    assert_eq!(
+        b.in_domain(
+            "gh-mp2",
+            "[ -e /tmp/nvidia-mps/control ] || [ -e /dev/shm/gh-mps ] || echo gone"
+        ),
+        "gone"
+    );
+    assert!(b.sees_daemon("gh-mp1", pid));
+    assert!(alive(pid));
+    // The daemon killed behind gpuhook's back: the next reservation (an attach) starts it
+    // again, in the same directories, which the sharer that kept its slot still has.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    for _ in 0..200 {
+        if !alive(pid) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    b.gh_host_ok(&["attach", "gh-mp2", "--share"]);
+    let (pid2, dir2) = b.mps_daemon().expect("a daemon again");
+    assert!(pid2 != pid && alive(pid2) && dir2 == dir, "{pid} {pid2}");
+    for n in ["gh-mp1", "gh-mp2"] {
+        assert!(b.sees_daemon(n, pid2), "{n} sees the new daemon");
+    }
+    let r = b.reservation("gh-mp2").expect("gh-mp2 holds a slot");
+    let slots: Vec<&str> = r["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(slots.len(), 1, "{r}");
+    assert!(slots[0].starts_with(&format!("{SHARED}/slot")), "{r}");
+    // Both gone: `quit` at the last free.
+    b.d.virsh_ok(&["destroy", "gh-mp1"]).unwrap();
+    assert!(alive(pid2), "the daemon stays while gh-mp2 shares");
+    b.d.virsh_ok(&["destroy", "gh-mp2"]).unwrap();
+    assert_eq!(commands(&dir).last().map(String::as_str), Some("quit"));
+    assert!(b.mps_daemon().is_none(), "forgotten");
+    for _ in 0..200 {
+        if !alive(pid2) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(!alive(pid2), "the daemon quit");
+}
