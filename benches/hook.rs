@@ -622,6 +622,57 @@ fn main() {
     rep.row("`release`, 1 shared slot", hook_sr, Some(noop_s), None);
     must(&sr);
 
+    // 2c. A slot of a GPU shared with MPS: the first sharer starts the GPU's control daemon
+    // (here the test bed's stand-in, a Python program: its own start is most of the cost),
+    // its release tells it to quit; a later sharer finds it running. Fewer runs: each first
+    // sharer starts a process tree.
+    let h16m = Host::new(&work, "wide16-mps", FakeHost::wide(16));
+    {
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&h16m.config).unwrap()).unwrap();
+        let gpu = FakeHost::wide(16).devices[0].pci.clone();
+        c["sharing"] = serde_json::json!({ gpu: {"replicas": 4, "mode": "mps",
+            "active_thread_percentage": 50} });
+        c["mps_control"] = serde_json::json!(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/scripts/mps-control-standin")
+        );
+        std::fs::write(&h16m.config, c.to_string()).unwrap();
+    }
+    let nm = n.min(40);
+    let (mp, mr) = (
+        h16m.hook(&bins, "m0", "prepare", &domain("m0", 300, share1, None)),
+        h16m.hook(&bins, "m0", "release", &domain("m0", 300, share1, None)),
+    );
+    let noop_m = bench.measure(nm, || {}, &h16m.noop(&bins, "m0", "prepare", &sx));
+    let first = bench.measure(nm, || must(&mr), &mp);
+    rep.row(
+        "`prepare`, first slot of an MPS GPU (starts the stand-in daemon, sets 1 limit)",
+        first,
+        Some(noop_m),
+        None,
+    );
+    let last = bench.measure(nm, || must(&mp), &mr);
+    rep.row(
+        "`release`, last slot of an MPS GPU (`quit`, waits for the daemon's exit)",
+        last,
+        Some(noop_m),
+        None,
+    );
+    must(&mp);
+    let (lp, lr) = (
+        h16m.hook(&bins, "m1", "prepare", &domain("m1", 301, share1, None)),
+        h16m.hook(&bins, "m1", "release", &domain("m1", 301, share1, None)),
+    );
+    let later = bench.measure(n, || must(&lr), &lp);
+    rep.row(
+        "`prepare`, a later slot of an MPS GPU (daemon running)",
+        later,
+        Some(noop_s),
+        None,
+    );
+    must(&lr);
+    must(&mr);
+
     // 2b. The same through a Nova flavor's Placement form, `resources:CUSTOM_GPU_AMPERE=2`.
     let nova_g2 = nova_domain(
         "g1.ampere2",

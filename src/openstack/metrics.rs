@@ -81,10 +81,9 @@ fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State) {
     );
     for g in &inv.gpus {
         let names: Vec<&str> = st
-            .reservations
-            .values()
-            .filter(|r| r.gpus.iter().any(|u| u.is_slot() && u.pci() == g.pci))
-            .map(|r| r.domain.as_str())
+            .slots_of(g.pci)
+            .into_iter()
+            .map(|(_, r)| r.domain.as_str())
             .collect();
         let joined = names.join(",");
         let (kind, holder, v) = match st.holder_of(&Unit::Gpu(g.pci)) {

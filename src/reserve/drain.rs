@@ -62,15 +62,7 @@ pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<Fr
                 None if unit.is_mig() => Vec::new(),
                 // A slot: its GPU is open by its other sharers by design; when it was the
                 // last, the GPU drains whole (below).
-                None if unit.is_slot()
-                    && st
-                        .reservations
-                        .values()
-                        .flat_map(|o| &o.gpus)
-                        .any(|u| u.is_slot() && u.pci() == unit.pci()) =>
-                {
-                    Vec::new()
-                }
+                None if unit.is_slot() && !st.slots_of(unit.pci()).is_empty() => Vec::new(),
                 None => inv.by_unit(unit).map(|g| g.own_nodes()).unwrap_or_default(),
             };
             if !nodes.is_empty() {

@@ -352,6 +352,19 @@ impl State {
         self.reservations.values().find(|r| r.gpus.contains(unit))
     }
 
+    /// The slots of GPU `pci` held (SPEC "Sharing"), each with its reservation, in slot
+    /// order: what listing, metrics and draining count a GPU's sharers by.
+    pub fn slots_of(&self, pci: crate::ids::Pci) -> Vec<(Unit, &Reservation)> {
+        let mut v: Vec<(Unit, &Reservation)> = self
+            .reservations
+            .values()
+            .flat_map(|r| r.gpus.iter().map(move |u| (*u, r)))
+            .filter(|(u, _)| u.is_slot() && u.pci() == pci)
+            .collect();
+        v.sort_by_key(|(u, _)| *u);
+        v
+    }
+
     /// Parses state text; `path` names the file in errors.
     pub fn parse(text: &[u8], path: &str) -> Result<State, StateError> {
         match serde_json::from_slice::<State>(text) {

@@ -53,16 +53,11 @@ impl<'a> Holders<'a> {
     /// Every slot held is listed, also one the config no longer has (its replicas
     /// lowered, or its sharing taken out, while the slot was held).
     fn slots(&self, g: &Gpu) -> Vec<(Unit, &'a Reservation, Option<&str>)> {
-        let mut v: Vec<(Unit, &'a Reservation, Option<&str>)> = self
-            .st
-            .reservations
-            .values()
-            .flat_map(|r| r.gpus.iter().map(move |u| (*u, r)))
-            .filter(|(u, _)| u.is_slot() && u.pci() == g.pci)
+        self.st
+            .slots_of(g.pci)
+            .into_iter()
             .map(|(u, r)| (u, r, self.stale(r)))
-            .collect();
-        v.sort_by_key(|(u, _, _)| *u);
-        v
+            .collect()
     }
 
     /// `sharing` in `list --json`: `null` for a GPU that is not shared (and has no slot held).
