@@ -33,6 +33,9 @@ pub const CONTAINER_SHM: &str = "/dev/shm";
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// How long the daemon may take to be ready, and a client command to answer.
 pub const DEADLINE: Duration = Duration::from_secs(10);
+/// How often a wait for the daemon (its PID file, its exit, a client's) looks again: each
+/// first sharer and last free waits on it under the state lock.
+const POLL: Duration = Duration::from_millis(2);
 
 /// A daemon gpuhook started, as the state records it (keyed by its GPU's PCI address).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -327,7 +330,7 @@ impl Host {
         let status = loop {
             match ch.try_wait() {
                 Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
+                Ok(None) if Instant::now() < end => std::thread::sleep(POLL),
                 _ => {
                     let _ = ch.kill();
                     let _ = ch.wait();
@@ -447,7 +450,7 @@ impl Mps for Host {
                     what: format!("no PID in {} within {DEADLINE:?}", pid_file.display()),
                 });
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(POLL);
         };
         let proc = crate::host::procfs::HOST
             .proc_ref(pid)
@@ -482,7 +485,7 @@ impl Mps for Host {
                     what: format!("pid {} still runs {DEADLINE:?} after quit", d.proc.pid),
                 });
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(POLL);
         }
         Ok(())
     }

@@ -2,7 +2,9 @@
 //! one fake GPU shared with MPS, its daemon the test bed's stand-in
 //! (testbed/scripts/mps-control-standin) started by the hook. At `started` each container
 //! gets the daemon's pipe directory at /tmp/nvidia-mps and its shm at /dev/shm (one
-//! directory seen by both, not the host's); `gpuhook detach` takes them out, `attach
+//! directory seen by both, not the host's, and by a podman container through
+//! gpuhook-runtime on the third slot); a symlink at /tmp/nvidia-mps refuses the start;
+//! `gpuhook detach` takes them out, `attach
 //! --share` puts them back (with the daemon, SIGKILLed behind gpuhook's back, started again
 //! in the same directories, which the other sharer keeps); the last destroy sends `quit`.
 
@@ -20,13 +22,14 @@ fn standin() -> PathBuf {
 }
 
 impl Bed {
-    /// The blueprint host with 0000:07:00.0 shared with MPS in 2 slots, the stand-in as
+    /// The blueprint host with 0000:07:00.0 shared with MPS in 3 slots, the stand-in as
     /// its control program.
     fn mps_host(&mut self) {
         self.use_host_with(FakeHost::blueprint(), |c| {
-            c["sharing"] = json!({ SHARED: {"replicas": 2, "mode": "mps",
+            c["sharing"] = json!({ SHARED: {"replicas": 3, "mode": "mps",
                 "active_thread_percentage": 50} });
             c["mps_control"] = json!(standin());
+            c["oci_runtime"] = json!("/usr/sbin/runc");
         });
     }
 
@@ -123,6 +126,23 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
         "from-mp1\n"
     );
     assert!(!Path::new("/dev/shm/gh-mps").exists(), "not the host's shm");
+    // A podman container on the third slot: the same daemon, the same shm, across doors.
+    let (rt, rootfs) = super::sharing::podman_bed(b, "oci-mps");
+    let r = super::sharing::podman(
+        &rt,
+        &rootfs,
+        &["--rm", "--annotation", "gpuhook.io/share=yes"],
+        &format!("[ -p /tmp/nvidia-mps/control ] && cat {MARKER} && echo && cat /dev/shm/gh-mps && echo $CUDA_MPS_PIPE_DIRECTORY"),
+    );
+    assert!(r.status.success(), "{}", crate::common::stderr(&r));
+    assert_eq!(
+        String::from_utf8_lossy(&r.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        [pid.to_string().as_str(), "from-mp1", "/tmp/nvidia-mps"],
+        "{}",
+        crate::common::stderr(&r)
+    );
     assert!(
         !Path::new("/tmp/nvidia-mps/control").exists(),
         "the pipe mount stays in the container"

@@ -201,7 +201,7 @@ pub(crate) fn podman_bed(b: &Bed, name: &str) -> (PathBuf, PathBuf) {
     (rt, dir.join("rootfs"))
 }
 
-fn podman(rt: &PathBuf, rootfs: &PathBuf, extra: &[&str], cmd: &str) -> Output {
+pub(crate) fn podman(rt: &PathBuf, rootfs: &PathBuf, extra: &[&str], cmd: &str) -> Output {
     Command::new("podman")
         .arg("--runtime")
         .arg(rt)
