@@ -76,6 +76,9 @@ if [ -n "$mps_pci" ] && [ -x /usr/bin/nvidia-cuda-mps-control ]; then
         || { echo "FAIL: the daemon's /dev/shm is not $mdir/shm"; exit 1; }
     ls -l "$mdir/pipe"
     echo get_default_active_thread_percentage | env -i CUDA_MPS_PIPE_DIRECTORY="$mdir/pipe" CUDA_MPS_LOG_DIRECTORY="$mdir/log" /usr/bin/nvidia-cuda-mps-control
+    # Containers get the pipe directory read-only: a client must still reach the daemon so.
+    unshare -m sh -c "mount --make-rprivate / && mount --bind '$mdir/pipe' /mnt && mount -o remount,bind,ro /mnt && echo get_default_active_thread_percentage | env -i CUDA_MPS_PIPE_DIRECTORY=/mnt CUDA_MPS_LOG_DIRECTORY='$mdir/log' /usr/bin/nvidia-cuda-mps-control" \
+        || { echo "FAIL: an MPS client cannot reach the daemon through a read-only pipe directory"; exit 1; }
     echo "$mxml" | "$bin" -v hook gpuhook-mps-check release end -
     for _ in $(seq 100); do kill -0 "$mpid" 2>/dev/null || break; sleep 0.1; done
     ! kill -0 "$mpid" 2>/dev/null || { echo "FAIL: daemon $mpid still runs after the free"; exit 1; }

@@ -398,10 +398,12 @@ pub fn edit_mps(config: &mut Value, dir: &std::path::Path) -> Result<(), BundleE
         let d = m.get("destination").and_then(Value::as_str);
         d != Some(CONTAINER_PIPE) && d != Some(CONTAINER_SHM)
     });
-    for (src, dst) in [("pipe", CONTAINER_PIPE), ("shm", CONTAINER_SHM)] {
+    // The pipe directory read-only (its FIFOs and sockets still open for writing): a sharer
+    // plants nothing where the daemon and gpuhook look ([`crate::reserve::mps::mounts`]).
+    for (src, dst, mode) in [("pipe", CONTAINER_PIPE, "ro"), ("shm", CONTAINER_SHM, "rw")] {
         mounts.push(json!({"destination": dst, "type": "bind",
                            "source": dir.join(src).display().to_string(),
-                           "options": ["rbind", "rw", "nosuid", "nodev"]}));
+                           "options": ["rbind", mode, "nosuid", "nodev"]}));
         added.push(format!("m:0:0:{dst}"));
     }
     let process = object(config, "process", "the config")?;
@@ -962,10 +964,11 @@ mod tests {
             m[0],
             json!({"destination": "/tmp/nvidia-mps", "type": "bind",
                    "source": "/run/gpuhook/mps/GPU-1/pipe",
-                   "options": ["rbind", "rw", "nosuid", "nodev"]})
+                   "options": ["rbind", "ro", "nosuid", "nodev"]})
         );
         assert_eq!(m[1]["destination"], "/dev/shm");
         assert_eq!(m[1]["source"], "/run/gpuhook/mps/GPU-1/shm");
+        assert_eq!(m[1]["options"], json!(["rbind", "rw", "nosuid", "nodev"]));
         assert_eq!(
             c["process"]["env"],
             json!(["A=1", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"])

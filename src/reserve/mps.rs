@@ -84,21 +84,35 @@ pub fn daemon_for<'s>(st: &'s State, units: &[Unit]) -> Option<(Pci, &'s Daemon)
 }
 
 /// What a sharer's container gets of its daemon, as bind mounts (made by the container
-/// helper at `started` and `attach`, as the CDI mounts are): `pipe` at `/tmp/nvidia-mps` and
-/// `shm` at `/dev/shm`, writable (clients open the daemon's FIFOs for writing and create
-/// their segments), `nosuid` and `nodev` as every mount gpuhook makes.
+/// helper at `started` and `attach`, as the CDI mounts are): `pipe` at `/tmp/nvidia-mps`,
+/// **read-only** (clients open the daemon's FIFOs and sockets there, which a read-only
+/// mount allows; they create nothing in it, and a sharer must not plant anything where the
+/// daemon and gpuhook, both host root, look: its PID file, its `control`), and `shm` at
+/// `/dev/shm`, writable (clients create their segments there); `nosuid` and `nodev` as
+/// every mount gpuhook makes.
 pub fn mounts(d: &Daemon) -> Vec<crate::cdi::BindMount> {
-    [(d.pipe(), CONTAINER_PIPE), (d.shm(), CONTAINER_SHM)]
-        .into_iter()
-        .map(|(src, dst)| crate::cdi::BindMount {
-            source: src.display().to_string(),
-            target: dst.into(),
-            rw: true,
-            recursive: false,
-            noexec: false,
-            dir: true,
-        })
-        .collect()
+    [
+        (d.pipe(), CONTAINER_PIPE, false),
+        (d.shm(), CONTAINER_SHM, true),
+    ]
+    .into_iter()
+    .map(|(src, dst, rw)| crate::cdi::BindMount {
+        source: src.display().to_string(),
+        target: dst.into(),
+        rw,
+        recursive: false,
+        noexec: false,
+        dir: true,
+    })
+    .collect()
+}
+
+/// Leaves the daemon's mount points out of what gpuhook records as made in a container's
+/// root: they are never removed. In a domain that shares the host's root, `/tmp/nvidia-mps`
+/// is the host's, where other containers have their own mounts over it (removing it would
+/// take theirs away, in every namespace).
+pub fn keep_mount_points(files: &mut crate::enter::rootfs::Files) {
+    files.created.retain(|c| !is_target(c));
 }
 
 /// Whether a recorded mount target is one of a daemon's (not a CDI spec's).
@@ -263,6 +277,50 @@ fn cloexec_from_3() {
     unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
 }
 
+/// The child's exit status, when it exits within `limit`; otherwise it is killed (and
+/// reaped) and `None`.
+fn wait_within(ch: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let end = Instant::now() + limit;
+    loop {
+        match ch.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if Instant::now() < end => std::thread::sleep(POLL),
+            _ => {
+                let _ = ch.kill();
+                let _ = ch.wait();
+                return None;
+            }
+        }
+    }
+}
+
+/// The PID in the daemon's PID file: at most 32 bytes of a regular file, opened without
+/// following a link and without blocking (a FIFO at its name is not read), since the file is
+/// in the directory the daemon's clients reach.
+fn read_pid(path: &Path) -> Option<i32> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    f.take(32).read_to_string(&mut text).ok()?;
+    text.trim().parse().ok().filter(|p: &i32| *p > 1)
+}
+
+/// Whether process `pid` runs in a mount namespace other than this process's.
+fn own_namespace(pid: i32) -> bool {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+    match (ns(&pid.to_string()), ns("self")) {
+        (Some(theirs), Some(ours)) => theirs != ours,
+        _ => false,
+    }
+}
+
 impl Host {
     fn err(
         pci: Pci,
@@ -326,24 +384,15 @@ impl Host {
             let text: String = cmds.iter().map(|l| format!("{l}\n")).collect();
             let _ = i.write_all(text.as_bytes());
         }
-        let end = Instant::now() + DEADLINE;
-        let status = loop {
-            match ch.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < end => std::thread::sleep(POLL),
-                _ => {
-                    let _ = ch.kill();
-                    let _ = ch.wait();
-                    return Err(MpsError::Failed {
-                        pci,
-                        uuid: uuid.into(),
-                        what: format!(
-                            "{} did not answer {cmds:?} within {DEADLINE:?}",
-                            cfg.mps_control.display()
-                        ),
-                    });
-                }
-            }
+        let Some(status) = wait_within(&mut ch, DEADLINE) else {
+            return Err(MpsError::Failed {
+                pci,
+                uuid: uuid.into(),
+                what: format!(
+                    "{} did not answer {cmds:?} within {DEADLINE:?}",
+                    cfg.mps_control.display()
+                ),
+            });
         };
         let mut out = String::new();
         if let Some(mut o) = ch.stdout.take() {
@@ -423,11 +472,23 @@ impl Mps for Host {
         };
         // SAFETY: `pre` makes raw syscalls only.
         unsafe { c.pre_exec(pre) };
-        let status = c.status().map_err(Self::err(
+        let mut ch = c.spawn().map_err(Self::err(
             pci,
             uuid,
             format!("start {} -d", cfg.mps_control.display()),
         ))?;
+        // `-d` returns once the daemon is forked: within the deadline, or it is killed (the
+        // caller holds the state lock).
+        let Some(status) = wait_within(&mut ch, DEADLINE) else {
+            return Err(MpsError::Failed {
+                pci,
+                uuid: uuid.into(),
+                what: format!(
+                    "{} -d did not return within {DEADLINE:?}",
+                    cfg.mps_control.display()
+                ),
+            });
+        };
         if !status.success() {
             return Err(MpsError::Failed {
                 pci,
@@ -437,10 +498,7 @@ impl Mps for Host {
         }
         let end = Instant::now() + DEADLINE;
         let pid = loop {
-            if let Some(p) = std::fs::read_to_string(&pid_file)
-                .ok()
-                .and_then(|t| t.trim().parse::<i32>().ok())
-            {
+            if let Some(p) = read_pid(&pid_file) {
                 break p;
             }
             if Instant::now() >= end {
@@ -459,6 +517,18 @@ impl Mps for Host {
                 uuid: uuid.into(),
                 what: format!("pid {pid} of {} is not running", pid_file.display()),
             })?;
+        // The daemon runs in the mount namespace made for it above: a PID of a process in
+        // ours is no daemon gpuhook started.
+        if !own_namespace(pid) {
+            return Err(MpsError::Failed {
+                pci,
+                uuid: uuid.into(),
+                what: format!(
+                    "pid {pid} of {} is not in a mount namespace of its own: not the daemon gpuhook started",
+                    pid_file.display()
+                ),
+            });
+        }
         let d = Daemon {
             proc,
             uuid: uuid.into(),
@@ -640,5 +710,27 @@ mod tests {
         stop_unused(&cfg, &f, crate::host::procfs::HOST, &mut st);
         assert!(f.0.borrow().is_empty());
         assert!(st.mps.is_empty());
+    }
+
+    /// The PID file is read only as a small regular file: a FIFO planted at its name does not
+    /// block, a link is not followed, PID 1 and junk are no PID.
+    #[test]
+    fn pid_file_read_neither_blocks_nor_follows() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join(PID_FILE);
+        std::fs::write(&p, "4242\n").unwrap();
+        assert_eq!(read_pid(&p), Some(4242));
+        for junk in ["1\n", "x", ""] {
+            std::fs::write(&p, junk).unwrap();
+            assert_eq!(read_pid(&p), None, "{junk:?}");
+        }
+        std::fs::remove_file(&p).unwrap();
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(read_pid(&p), None, "a FIFO");
+        std::fs::remove_file(&p).unwrap();
+        std::fs::write(t.path().join("real"), "4242").unwrap();
+        std::os::unix::fs::symlink("real", &p).unwrap();
+        assert_eq!(read_pid(&p), None, "a link");
+        assert!(!own_namespace(std::process::id() as i32));
     }
 }

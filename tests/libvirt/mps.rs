@@ -115,6 +115,28 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
     for n in ["gh-mp1", "gh-mp2"] {
         assert!(b.sees_daemon(n, pid), "{n} sees the daemon's pipes and shm");
     }
+    // The pipe directory is read-only in the container, its FIFO still open for writing: a
+    // client's command reaches the daemon; nothing can be planted beside it.
+    assert_eq!(
+        b.in_domain(
+            "gh-mp1",
+            "echo get_default_active_thread_percentage > /tmp/nvidia-mps/control && echo sent; touch /tmp/nvidia-mps/planted 2>/dev/null || echo refused"
+        ),
+        "sent\nrefused"
+    );
+    assert!(!dir.join("pipe/planted").exists());
+    for _ in 0..200 {
+        if commands(&dir).last().map(String::as_str) == Some("get_default_active_thread_percentage")
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        commands(&dir).last().map(String::as_str),
+        Some("get_default_active_thread_percentage"),
+        "the client's command reached the daemon"
+    );
     // One /dev/shm for both sharers and the daemon: its directory, not the host's.
     assert_eq!(
         b.in_domain("gh-mp1", "echo from-mp1 > /dev/shm/gh-mps && echo ok"),
@@ -132,14 +154,19 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
         &rt,
         &rootfs,
         &["--rm", "--annotation", "gpuhook.io/share=yes"],
-        &format!("[ -p /tmp/nvidia-mps/control ] && cat {MARKER} && echo && cat /dev/shm/gh-mps && echo $CUDA_MPS_PIPE_DIRECTORY"),
+        &format!("[ -p /tmp/nvidia-mps/control ] && cat {MARKER} && echo && cat /dev/shm/gh-mps && echo $CUDA_MPS_PIPE_DIRECTORY && (touch /tmp/nvidia-mps/p 2>/dev/null || echo ro)"),
     );
     assert!(r.status.success(), "{}", crate::common::stderr(&r));
     assert_eq!(
         String::from_utf8_lossy(&r.stdout)
             .split_whitespace()
             .collect::<Vec<_>>(),
-        [pid.to_string().as_str(), "from-mp1", "/tmp/nvidia-mps"],
+        [
+            pid.to_string().as_str(),
+            "from-mp1",
+            "/tmp/nvidia-mps",
+            "ro"
+        ],
         "{}",
         crate::common::stderr(&r)
     );
@@ -186,7 +213,8 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
         .collect();
     assert_eq!(slots.len(), 1, "{r}");
     assert!(slots[0].starts_with(&format!("{SHARED}/slot")), "{r}");
-    // Both gone: `quit` at the last free.
+    // Both gone: `quit` at the last free. The host's /tmp/nvidia-mps, made for the first
+    // domain (sharing the host's root), is left there: others may have mounts over it.
     b.d.virsh_ok(&["destroy", "gh-mp1"]).unwrap();
     assert!(alive(pid2), "the daemon stays while gh-mp2 shares");
     b.d.virsh_ok(&["destroy", "gh-mp2"]).unwrap();

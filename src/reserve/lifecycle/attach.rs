@@ -296,7 +296,7 @@ fn new_edits(
 /// A mount as the state records it before it is made: its target, and the identity its
 /// source has on the host (what the mount shows at the target, `open_tree` following links
 /// as this `stat` does), so that a detach after a SIGKILL unmounts it only if it is there.
-fn planned(m: &cdi::BindMount) -> Result<Mounted, Error> {
+pub(super) fn planned(m: &cdi::BindMount) -> Result<Mounted, Error> {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(&m.source).map_err(|source| LifecycleError::MountSource {
         path: m.source.clone(),
@@ -372,6 +372,7 @@ fn record(f: &Facts, h: &Holder, got: &Reserved, done: Option<&Done>) -> Result<
         if let (Some(d), Some(p)) = (done, &got.plan) {
             r.mounts.extend(d.mounted.iter().cloned());
             r.rootfs.add(d, &p.ld_folders);
+            mps::keep_mount_points(&mut r.rootfs);
         }
         r.updated = now_rfc3339();
         Ok(())
@@ -427,6 +428,10 @@ fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &Reserved) -> Resu
             st.reservations.remove(h.id);
         }
         drain::after_free_in(inv, f.cfg, st, &[out], f.proc);
+        // A daemon this attach started for a slot it gave back has no sharer now.
+        for n in mps::stop_unused(f.cfg, f.mps, f.proc, st) {
+            log::info(&n);
+        }
         Ok(())
     })
 }

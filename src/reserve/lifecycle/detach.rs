@@ -165,7 +165,12 @@ fn driver_needed(
             .paths
             .extend([mps::CONTAINER_PIPE, mps::CONTAINER_SHM].map(String::from));
     }
-    let cdi = r.mounts.iter().any(|m| !mps::is_target(&m.target)) || !r.rootfs.is_empty();
+    // CDI's files: its mounts, links, written files or linker cache (a directory made for a
+    // mount alone is not one: the MPS mounts' parents may be).
+    let cdi = r.mounts.iter().any(|m| !mps::is_target(&m.target))
+        || !r.rootfs.links.is_empty()
+        || !r.rootfs.written.is_empty()
+        || !r.rootfs.ld_folders.is_empty();
     if !cdi {
         return needed;
     }
@@ -191,7 +196,9 @@ fn driver_needed(
                     .mounts
                     .iter()
                     .map(|m| m.target.clone())
+                    .filter(|t| !mps::is_target(t))
                     .chain(r.rootfs.links.iter().cloned())
+                    .chain(needed.paths)
                     .collect(),
                 ld_folders: r.rootfs.ld_folders.clone(),
             }

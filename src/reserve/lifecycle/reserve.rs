@@ -149,6 +149,7 @@ fn reserve_by(
         notes.extend(crate::reserve::mps::start_needed(
             f.cfg, f.mps, f.proc, st, &inv,
         )?);
+        record_oci_mps(st, h)?;
         Ok((gpus, notes, specs))
     })?;
     for n in notes {
@@ -161,6 +162,30 @@ fn reserve_by(
         Unit::join(&gpus, ",")
     ));
     Ok(specs)
+}
+
+/// An OCI container's MPS directories, which its runtime mounts from `config.json`, recorded
+/// (their targets and the identity of their sources) before they are made, as `attach`
+/// records its mounts: a `detach` of the slot takes them back, and an `attach` of another
+/// slot mounts no second set.
+fn record_oci_mps(st: &mut State, h: &Holder) -> Result<(), Error> {
+    if h.kind != HolderKind::Oci {
+        return Ok(());
+    }
+    let Some(r) = st.reservations.get(h.id) else {
+        return Ok(());
+    };
+    let Some((_, d)) = crate::reserve::mps::daemon_for(st, &r.gpus) else {
+        return Ok(());
+    };
+    let made = crate::reserve::mps::mounts(d)
+        .iter()
+        .map(super::attach::planned)
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(r) = st.reservations.get_mut(h.id) {
+        r.mounts.extend(made);
+    }
+    Ok(())
 }
 
 /// The holder's id is another kind's key, or (OCI) a container of that ID runs or is being

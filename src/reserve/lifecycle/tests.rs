@@ -2368,3 +2368,95 @@ fn attach_of_an_mps_slot_mounts_its_daemons_directories_once() {
     );
     assert_eq!(targets(&h), ["/tmp/nvidia-mps", "/dev/shm"]);
 }
+
+/// A container holding an MPS slot and a whole GPU, without CDI files: detaching the slot
+/// takes the MPS directories out (review finding 4: they stayed when the CDI specs could
+/// not be read, or a directory made for them was taken for CDI's).
+#[test]
+fn detach_of_the_mps_slot_beside_a_whole_gpu_takes_the_mps_directories() {
+    let h = mps_host();
+    let mut r = shared(1);
+    r.devices = vec![DeviceSel::Index(1)];
+    let fake = running_on_gpu0(&h, &req(1));
+    let got = h.attach(&fake, &r).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got.units, [mps_slot(0)]);
+    h.in_ns(INIT.pid, CT_NS);
+    let (fake, out) = h.detach(Fake::default(), sel(mps_slot(0)), false);
+    assert_eq!(out.unwrap().units, [mps_slot(0)]);
+    let calls = fake.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with("uninject /tmp/nvidia-mps")),
+        "{calls:?}"
+    );
+    let st = h.state();
+    let kept = &st.reservations[ID];
+    assert_eq!(kept.gpus, [pci(0)]);
+    assert!(kept.mounts.is_empty(), "{:?}", kept.mounts);
+}
+
+/// An OCI container's create: its MPS directories (mounted by its runtime from config.json)
+/// are recorded with the reservation, so a detach takes them back and an attach of another
+/// MPS slot mounts no second set (review finding 7).
+#[test]
+fn oci_create_of_an_mps_sharer_records_its_directories() {
+    let h = mps_host();
+    let me = ProcRef {
+        pid: std::process::id() as i32,
+        start_time: 31337,
+    };
+    h.process(me, 1);
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    let who = oci_holder(&idmap);
+    h.with(&fake, |f| reserve_nodes_with(f, &who, &shared(1)))
+        .unwrap();
+    let st = h.state();
+    let r = &st.reservations["ctr1"];
+    let targets: Vec<&str> = r.mounts.iter().map(|m| m.target.as_str()).collect();
+    assert_eq!(targets, ["/tmp/nvidia-mps", "/dev/shm"]);
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(st.mps[&pci(1).pci()].pipe()).unwrap();
+    assert_eq!((r.mounts[0].dev, r.mounts[0].ino), (md.dev(), md.ino()));
+}
+
+/// The daemon's mount points are never recorded as made: a domain sharing the host's root
+/// made `/tmp/nvidia-mps` in the host's `/tmp`, where others have mounts over it.
+#[test]
+fn mps_mount_points_are_never_recorded_as_made() {
+    let mut files = crate::enter::rootfs::Files {
+        created: vec!["/tmp".into(), "/tmp/nvidia-mps".into(), "/dev/shm".into()],
+        ..Default::default()
+    };
+    crate::reserve::mps::keep_mount_points(&mut files);
+    assert_eq!(files.created, ["/tmp"]);
+}
+
+/// An attach of an MPS slot that fails (its grant) gives the slot back and stops the daemon
+/// it started (review finding 9: it ran on without sharers).
+#[test]
+fn failed_attach_of_an_mps_slot_stops_the_daemon_it_started() {
+    let h = mps_host();
+    let ok = running_on_gpu0(&h, &req(1));
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(ok.allowed.borrow().clone()),
+        fail_allow: Some(1),
+        ..Default::default()
+    });
+    h.attach(&fake, &shared(1)).unwrap_err();
+    let calls = fake.calls();
+    assert_eq!(
+        calls.first().map(String::as_str),
+        Some("mps start 0000:11:00.0")
+    );
+    assert_eq!(
+        calls.last().map(String::as_str),
+        Some("mps quit 0000:11:00.0"),
+        "{calls:?}"
+    );
+    let st = h.state();
+    assert!(st.mps.is_empty());
+    assert_eq!(st.reservations[ID].gpus, [pci(0)]);
+    assert!(st.reservations[ID].mounts.is_empty());
+}
