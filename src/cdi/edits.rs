@@ -176,6 +176,10 @@ pub(super) fn bind_mount(m: &SpecMount, host: &Host) -> Result<BindMount, EditEr
         }
     }
     container_path(&m.container_path, "mount containerPath")?;
+    let target = m.container_path.trim_end_matches('/');
+    if super::MPS_TARGETS.contains(&target) {
+        return Err(EditError::MpsTarget(target.into()));
+    }
     if !Path::new(&m.host_path).is_absolute() {
         return Err(EditError::MountHostRelative(m.host_path.clone()));
     }

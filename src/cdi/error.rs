@@ -116,6 +116,8 @@ pub enum EditError {
     MountOption { target: String, option: String },
     #[error("mount hostPath '{0}' is not absolute")]
     MountHostRelative(String),
+    #[error("mount at {0}: that is where gpuhook mounts an MPS daemon's directories; refusing")]
+    MpsTarget(String),
     #[error("mount source {path}: {source}")]
     MountSource {
         path: String,

@@ -197,6 +197,10 @@ pub struct ExtraNode {
     pub mode: u32,
 }
 
+/// Where gpuhook mounts an MPS daemon's pipe and shm directories in a sharer's container
+/// (SPEC "Sharing", MPS): no spec may mount there (gpuhook tells its mounts apart by target).
+pub const MPS_TARGETS: [&str; 2] = ["/tmp/nvidia-mps", "/dev/shm"];
+
 /// What a container gets from the specs, for the GPUs it was given.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {

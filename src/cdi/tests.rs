@@ -277,6 +277,20 @@ fn bad_specs_are_one_line_errors() {
             "is not NAME=VALUE",
         ),
         (
+            good.replace(
+                "containerPath: /usr/share/nvidia",
+                "containerPath: /dev/shm/",
+            ),
+            "mount at /dev/shm: that is where gpuhook mounts an MPS daemon's directories; refusing",
+        ),
+        (
+            good.replace(
+                "containerPath: /usr/share/nvidia",
+                "containerPath: /tmp/nvidia-mps",
+            ),
+            "mount at /tmp/nvidia-mps: that is where",
+        ),
+        (
             good.replace("hookName: createContainer", "hookName: preStart"),
             "hook stage 'preStart' is not an OCI hook",
         ),

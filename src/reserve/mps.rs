@@ -26,9 +26,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Where a container finds the daemon's pipes (the MPS clients' default).
-pub const CONTAINER_PIPE: &str = "/tmp/nvidia-mps";
+pub const CONTAINER_PIPE: &str = crate::cdi::MPS_TARGETS[0];
 /// Where a container finds the daemon's shared memory.
-pub const CONTAINER_SHM: &str = "/dev/shm";
+pub const CONTAINER_SHM: &str = crate::cdi::MPS_TARGETS[1];
 /// The file the real daemon writes its PID to, in its pipe directory.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// How long the daemon may take to be ready, and a client command to answer.
@@ -117,7 +117,7 @@ pub fn keep_mount_points(files: &mut crate::enter::rootfs::Files) {
 
 /// Whether a recorded mount target is one of a daemon's (not a CDI spec's).
 pub fn is_target(t: &str) -> bool {
-    t == CONTAINER_PIPE || t == CONTAINER_SHM
+    crate::cdi::MPS_TARGETS.contains(&t)
 }
 
 /// The directory of a GPU's daemon: `mps/<UUID>` beside the state file.
