@@ -56,14 +56,6 @@ fn wait_gone(pid: i32) {
     panic!("pid {pid} still runs");
 }
 
-fn commands(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("log/control.log"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_once("] Command: ").map(|(_, c)| c.to_string()))
-        .collect()
-}
-
 #[test]
 fn daemon_started_shared_limited_and_quit() {
     let h = mps_host();
@@ -116,13 +108,13 @@ fn daemon_started_shared_limited_and_quit() {
         (0o755, 0o755, 0o1777)
     );
     for _ in 0..200 {
-        if commands(&dir).len() >= 2 {
+        if common::mps_commands(&dir).len() >= 2 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert_eq!(
-        commands(&dir),
+        common::mps_commands(&dir),
         [
             "set_default_device_pinned_mem_limit 0 2048M",
             "set_default_active_thread_percentage 50"
@@ -135,7 +127,10 @@ fn daemon_started_shared_limited_and_quit() {
     assert!(alive(pid), "one sharer left");
     assert_ok(&h.hook("s2", "stopped", &domain("s2", 12, &share)));
     wait_gone(pid);
-    assert_eq!(commands(&dir).last().map(String::as_str), Some("quit"));
+    assert_eq!(
+        common::mps_commands(&dir).last().map(String::as_str),
+        Some("quit")
+    );
     assert!(daemon(&h).is_none());
     assert!(!dir.join("pipe/nvidia-cuda-mps-control.pid").exists());
 }
@@ -161,5 +156,8 @@ fn killed_daemon_restarted_and_orphan_stopped_by_next_free() {
     assert_ok(&h.hook("s3", "stopped", &domain("s3", 13, &share)));
     wait_gone(again);
     assert!(daemon(&h).is_none());
-    assert_eq!(commands(&dir).last().map(String::as_str), Some("quit"));
+    assert_eq!(
+        common::mps_commands(&dir).last().map(String::as_str),
+        Some("quit")
+    );
 }

@@ -546,3 +546,13 @@ pub fn wait_mark(mark: &Path) -> bool {
     }
     false
 }
+
+/// The commands an MPS daemon stand-in (testbed/scripts/mps-control-standin) logged in
+/// `DIR/log/control.log`, in order.
+pub fn mps_commands(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("log/control.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once("] Command: ").map(|(_, c)| c.to_string()))
+        .collect()
+}

@@ -65,14 +65,6 @@ fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
 }
 
-fn commands(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("log/control.log"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_once("] Command: ").map(|(_, c)| c.to_string()))
-        .collect()
-}
-
 pub fn mps_two_domains_one_daemon(b: &mut Bed) {
     b.mps_host();
     // A symlink at /tmp/nvidia-mps (the host's /tmp: the domain shares the host's root) is
@@ -102,7 +94,7 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
         "one daemon for both"
     );
     // The refused start's daemon was told to quit; this one got the limit, once.
-    let c = commands(&dir);
+    let c = crate::common::mps_commands(&dir);
     assert_eq!(
         c,
         [
@@ -126,14 +118,15 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
     );
     assert!(!dir.join("pipe/planted").exists());
     for _ in 0..200 {
-        if commands(&dir).last().map(String::as_str) == Some("get_default_active_thread_percentage")
+        if crate::common::mps_commands(&dir).last().map(String::as_str)
+            == Some("get_default_active_thread_percentage")
         {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert_eq!(
-        commands(&dir).last().map(String::as_str),
+        crate::common::mps_commands(&dir).last().map(String::as_str),
         Some("get_default_active_thread_percentage"),
         "the client's command reached the daemon"
     );
@@ -218,7 +211,10 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
     b.d.virsh_ok(&["destroy", "gh-mp1"]).unwrap();
     assert!(alive(pid2), "the daemon stays while gh-mp2 shares");
     b.d.virsh_ok(&["destroy", "gh-mp2"]).unwrap();
-    assert_eq!(commands(&dir).last().map(String::as_str), Some("quit"));
+    assert_eq!(
+        crate::common::mps_commands(&dir).last().map(String::as_str),
+        Some("quit")
+    );
     assert!(b.mps_daemon().is_none(), "forgotten");
     for _ in 0..200 {
         if !alive(pid2) {

@@ -1023,6 +1023,18 @@ fn reserve_reclaims_a_stale_reservation_only_when_needed() {
 
 // ---- the OCI door's reserve (its token), MIG ----
 
+impl Host {
+    /// This test process in the fake `/proc` (the OCI `create` that reserves).
+    fn this_process(&self) -> ProcRef {
+        let me = ProcRef {
+            pid: std::process::id() as i32,
+            start_time: 31337,
+        };
+        self.process(me, 1);
+        me
+    }
+}
+
 fn oci_holder(idmap: &IdMap) -> Holder<'_> {
     Holder {
         kind: HolderKind::Oci,
@@ -1035,11 +1047,7 @@ fn oci_holder(idmap: &IdMap) -> Holder<'_> {
 #[test]
 fn oci_reserve_is_held_by_the_create_that_made_it() {
     let h = host();
-    let me = ProcRef {
-        pid: std::process::id() as i32,
-        start_time: 31337,
-    };
-    h.process(me, 1);
+    let me = h.this_process();
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let who = oci_holder(&idmap);
@@ -2402,11 +2410,7 @@ fn detach_of_the_mps_slot_beside_a_whole_gpu_takes_the_mps_directories() {
 #[test]
 fn oci_create_of_an_mps_sharer_records_its_directories() {
     let h = mps_host();
-    let me = ProcRef {
-        pid: std::process::id() as i32,
-        start_time: 31337,
-    };
-    h.process(me, 1);
+    h.this_process();
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let who = oci_holder(&idmap);
