@@ -79,6 +79,18 @@ if [ -n "$mps_pci" ] && [ -x /usr/bin/nvidia-cuda-mps-control ]; then
     # Containers get the pipe directory read-only: a client must still reach the daemon so.
     unshare -m sh -c "mount --make-rprivate / && mount --bind '$mdir/pipe' /mnt && mount -o remount,bind,ro /mnt && echo get_default_active_thread_percentage | env -i CUDA_MPS_PIPE_DIRECTORY=/mnt CUDA_MPS_LOG_DIRECTORY='$mdir/log' /usr/bin/nvidia-cuda-mps-control" \
         || { echo "FAIL: an MPS client cannot reach the daemon through a read-only pipe directory"; exit 1; }
+    # A CUDA client (cuInit through libcuda, no toolkit needed) as a sharer's container runs
+    # it: the pipe directory read-only at /tmp/nvidia-mps, the daemon's shm at /dev/shm.
+    if command -v gcc >/dev/null; then
+        printf '%s\n' '#include <dlfcn.h>' '#include <stdio.h>' \
+            'int main(void){void*h=dlopen("libcuda.so.1",RTLD_NOW);if(!h){puts(dlerror());return 2;}' \
+            'int(*i)(unsigned)=(int(*)(unsigned))dlsym(h,"cuInit");int(*c)(int*)=(int(*)(int*))dlsym(h,"cuDeviceGetCount");' \
+            'int n=-1,r=i(0);if(!r)r=c(&n);printf("cuInit/cuDeviceGetCount: %d, %d device(s)\n",r,n);return r!=0;}' > "$work/cuinit.c"
+        gcc -o "$work/cuinit" "$work/cuinit.c" -ldl
+        unshare -m sh -c "mount --make-rprivate / && mkdir -p /tmp/nvidia-mps && mount --bind '$mdir/pipe' /tmp/nvidia-mps && mount -o remount,bind,ro /tmp/nvidia-mps && mount --bind '$mdir/shm' /dev/shm && env -i '$work/cuinit'" \
+            || { echo "FAIL: a CUDA client does not run through the read-only pipe directory"; tail -n 5 "$mdir/log/control.log"; exit 1; }
+        grep -i "client" "$mdir/log/control.log" | tail -n 2
+    fi
     echo "$mxml" | "$bin" -v hook gpuhook-mps-check release end -
     for _ in $(seq 100); do kill -0 "$mpid" 2>/dev/null || break; sleep 0.1; done
     ! kill -0 "$mpid" 2>/dev/null || { echo "FAIL: daemon $mpid still runs after the free"; exit 1; }

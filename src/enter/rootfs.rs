@@ -481,7 +481,12 @@ fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<
                 path: target(),
                 errno: e.into(),
             })?;
-            done.created.push(m.target.clone());
+            // An MPS daemon's mount point is never taken back (by an undo or a detach): in
+            // a container that shares the host's root it is the host's, where other
+            // containers have their own mounts over it.
+            if !crate::cdi::MPS_TARGETS.contains(&m.target.as_str()) {
+                done.created.push(m.target.clone());
+            }
         }
         Err(e) => return Err(at(e)),
     }
@@ -605,6 +610,8 @@ pub fn undo(root: &OwnedFd, done: &Done) -> crate::log::Leftovers {
                 }
             }
             Ok((_, false)) => {}
+            // Nothing at its place: not mounted there (any more), nothing to take back.
+            Err(RootfsError::At { errno, .. }) if errno.errno() == Errno::ENOENT => {}
             Err(e) => left.push(format_args!("mount {}: {e}", m.target)),
         }
     }

@@ -107,14 +107,6 @@ pub fn mounts(d: &Daemon) -> Vec<crate::cdi::BindMount> {
     .collect()
 }
 
-/// Leaves the daemon's mount points out of what gpuhook records as made in a container's
-/// root: they are never removed. In a domain that shares the host's root, `/tmp/nvidia-mps`
-/// is the host's, where other containers have their own mounts over it (removing it would
-/// take theirs away, in every namespace).
-pub fn keep_mount_points(files: &mut crate::enter::rootfs::Files) {
-    files.created.retain(|c| !is_target(c));
-}
-
 /// Whether a recorded mount target is one of a daemon's (not a CDI spec's).
 pub fn is_target(t: &str) -> bool {
     crate::cdi::MPS_TARGETS.contains(&t)
@@ -194,14 +186,31 @@ pub fn start_needed(
 ) -> Result<Vec<String>, MpsError> {
     let p = plan(st, &mps_gpus(inv), &|r| proc.alive(r));
     let mut notes = Vec::new();
+    let mut started: Vec<(Pci, Daemon)> = Vec::new();
     for pci in p.start {
         let Some(g) = inv.by_pci(&pci) else { continue };
         let Some(sharing) = g.sharing else { continue };
-        let uuid = g.uuid.clone().ok_or(MpsError::NoUuid { pci })?;
-        let d = m.start(cfg, pci, &uuid, &sharing)?;
+        let d = g
+            .uuid
+            .clone()
+            .ok_or(MpsError::NoUuid { pci })
+            .and_then(|uuid| m.start(cfg, pci, &uuid, &sharing));
+        match d {
+            Ok(d) => started.push((pci, d)),
+            Err(e) => {
+                // The step fails and its state is not written: the daemons this call
+                // started would run unrecorded.
+                for (pci, d) in &started {
+                    let _ = m.quit(cfg, *pci, d);
+                }
+                return Err(e);
+            }
+        }
+    }
+    for (pci, d) in started {
         notes.push(format!(
-            "started MPS daemon pid {} for GPU {pci} ({uuid})",
-            d.proc.pid
+            "started MPS daemon pid {} for GPU {pci} ({})",
+            d.proc.pid, d.uuid
         ));
         st.mps.insert(pci, d);
     }
@@ -312,13 +321,9 @@ fn read_pid(path: &Path) -> Option<i32> {
     text.trim().parse().ok().filter(|p: &i32| *p > 1)
 }
 
-/// Whether process `pid` runs in a mount namespace other than this process's.
-fn own_namespace(pid: i32) -> bool {
-    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
-    match (ns(&pid.to_string()), ns("self")) {
-        (Some(theirs), Some(ours)) => theirs != ours,
-        _ => false,
-    }
+/// Whether process `pid` runs in the mount namespace whose inode is `ns`.
+fn in_namespace(pid: i32, ns: u64) -> bool {
+    nix::sys::stat::stat(format!("/proc/{pid}/ns/mnt").as_str()).is_ok_and(|st| st.st_ino == ns)
 }
 
 impl Host {
@@ -432,6 +437,11 @@ impl Mps for Host {
                 what: "its directory has a NUL".into(),
             },
         )?;
+        // The child says the inode of the mount namespace made for it (below), so that the
+        // PID the daemon writes can be checked to be of a process in it.
+        let (ns_rd, ns_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| Self::err(pci, uuid, "pipe")(e.into()))?;
+        let ns_wr_fd = std::os::fd::AsRawFd::as_raw_fd(&ns_wr);
         let mut c = Command::new(&cfg.mps_control);
         c.arg("-d")
             .env_clear()
@@ -467,6 +477,14 @@ impl Mps for Host {
                 {
                     return Err(std::io::Error::last_os_error());
                 }
+                let mut st: libc::stat = std::mem::zeroed();
+                if libc::stat(c"/proc/self/ns/mnt".as_ptr(), &mut st) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ino = (st.st_ino as u64).to_ne_bytes();
+                if libc::write(ns_wr_fd, ino.as_ptr().cast(), ino.len()) != ino.len() as isize {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         };
@@ -477,6 +495,12 @@ impl Mps for Host {
             uuid,
             format!("start {} -d", cfg.mps_control.display()),
         ))?;
+        drop(ns_wr);
+        let mut ino = [0u8; 8];
+        std::fs::File::from(ns_rd)
+            .read_exact(&mut ino)
+            .map_err(Self::err(pci, uuid, "read the daemon's mount namespace"))?;
+        let ns = u64::from_ne_bytes(ino);
         // `-d` returns once the daemon is forked: within the deadline, or it is killed (the
         // caller holds the state lock).
         let Some(status) = wait_within(&mut ch, DEADLINE) else {
@@ -517,14 +541,14 @@ impl Mps for Host {
                 uuid: uuid.into(),
                 what: format!("pid {pid} of {} is not running", pid_file.display()),
             })?;
-        // The daemon runs in the mount namespace made for it above: a PID of a process in
-        // ours is no daemon gpuhook started.
-        if !own_namespace(pid) {
+        // The daemon runs in the mount namespace made for it above: a PID of a process
+        // anywhere else (one a sharer wrote there) is no daemon gpuhook started.
+        if !in_namespace(pid, ns) {
             return Err(MpsError::Failed {
                 pci,
                 uuid: uuid.into(),
                 what: format!(
-                    "pid {pid} of {} is not in a mount namespace of its own: not the daemon gpuhook started",
+                    "pid {pid} of {} is not in the mount namespace made for the daemon: not the daemon gpuhook started",
                     pid_file.display()
                 ),
             });
@@ -712,6 +736,39 @@ mod tests {
         assert!(st.mps.is_empty());
     }
 
+    /// A start that fails (here: a GPU without a UUID) fails the step, whose state is not
+    /// written: the daemons the same call started are told to quit, not left unrecorded.
+    #[test]
+    fn a_failed_start_quits_the_daemons_started_with_it() {
+        let cfg = Config::default();
+        let mps = Sharing {
+            mode: ShareMode::Mps,
+            replicas: 2,
+            memory_limit_mib: None,
+            active_thread_percentage: None,
+        };
+        let mut gpus = crate::reserve::alloc::tests::dgx();
+        for (g, p) in gpus.iter_mut().zip([A, B]) {
+            g.pci = pci(p);
+            g.sharing = Some(mps);
+        }
+        gpus[1].uuid = None;
+        let inv = Inventory {
+            gpus,
+            controls: vec![],
+            deferred: 0,
+        };
+        let mut st = state(&[("c1", "0000:04:00.0/slot0"), ("c2", "0000:05:00.0/slot0")]);
+        let f = Fake(Default::default(), true);
+        let e = start_needed(&cfg, &f, crate::host::procfs::HOST, &mut st, &inv).unwrap_err();
+        assert!(e.to_string().contains("has no UUID"), "{e}");
+        assert_eq!(
+            *f.0.borrow(),
+            vec![format!("start {A} GPU-00000000"), format!("quit {A}")]
+        );
+        assert!(st.mps.is_empty());
+    }
+
     /// The PID file is read only as a small regular file: a FIFO planted at its name does not
     /// block, a link is not followed, PID 1 and junk are no PID.
     #[test]
@@ -731,6 +788,9 @@ mod tests {
         std::fs::write(t.path().join("real"), "4242").unwrap();
         std::os::unix::fs::symlink("real", &p).unwrap();
         assert_eq!(read_pid(&p), None, "a link");
-        assert!(!own_namespace(std::process::id() as i32));
+        let me = std::process::id() as i32;
+        let ours = nix::sys::stat::stat("/proc/self/ns/mnt").unwrap().st_ino as u64;
+        assert!(in_namespace(me, ours));
+        assert!(!in_namespace(me, ours + 1));
     }
 }

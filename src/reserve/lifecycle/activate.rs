@@ -148,7 +148,6 @@ pub fn activate_with(
         cur.rootfs = Default::default();
         if let (Some(d), Some(p)) = (&done, &plan) {
             cur.rootfs.add(d, &p.ld_folders);
-            mps::keep_mount_points(&mut cur.rootfs);
         }
         cur.updated = now;
         Ok(())

@@ -184,11 +184,12 @@ fn reserve_more(
                 .collect()
         })
         .unwrap_or_default();
-    // Whether it has an MPS daemon's directories already (from its create, `started` or an
-    // earlier attach): a container has one `/tmp/nvidia-mps`.
-    let has_mps = st.reservations.get(h.id).is_some_and(|r| {
-        mps::daemon_for(st, &r.gpus).is_some() || r.mounts.iter().any(|m| mps::is_target(&m.target))
-    });
+    // Whether it has an MPS daemon's directories already (recorded at its create, `started`
+    // or an earlier attach): a container has one `/tmp/nvidia-mps`.
+    let has_mps = st
+        .reservations
+        .get(h.id)
+        .is_some_and(|r| r.mounts.iter().any(|m| mps::is_target(&m.target)));
     let (units, mut notes) = choose(f, st, inv, req, &sharing)?;
     let mut specs = node_specs(h, req, inv, &units)?;
     let r = st.reservations.get(h.id);
@@ -372,7 +373,6 @@ fn record(f: &Facts, h: &Holder, got: &Reserved, done: Option<&Done>) -> Result<
         if let (Some(d), Some(p)) = (done, &got.plan) {
             r.mounts.extend(d.mounted.iter().cloned());
             r.rootfs.add(d, &p.ld_folders);
-            mps::keep_mount_points(&mut r.rootfs);
         }
         r.updated = now_rfc3339();
         Ok(())

@@ -131,6 +131,8 @@ fn reserve_by(
             kept.1.extend(crate::reserve::mps::start_needed(
                 f.cfg, f.mps, f.proc, st, &inv,
             )?);
+            // A create again of a kept container: its MPS directories come again.
+            record_oci_mps(st, h)?;
             return Ok(kept);
         }
         let (gpus, notes) = choose(f, st, &mut inv, req, &[])?;

@@ -2425,18 +2425,6 @@ fn oci_create_of_an_mps_sharer_records_its_directories() {
     assert_eq!((r.mounts[0].dev, r.mounts[0].ino), (md.dev(), md.ino()));
 }
 
-/// The daemon's mount points are never recorded as made: a domain sharing the host's root
-/// made `/tmp/nvidia-mps` in the host's `/tmp`, where others have mounts over it.
-#[test]
-fn mps_mount_points_are_never_recorded_as_made() {
-    let mut files = crate::enter::rootfs::Files {
-        created: vec!["/tmp".into(), "/tmp/nvidia-mps".into(), "/dev/shm".into()],
-        ..Default::default()
-    };
-    crate::reserve::mps::keep_mount_points(&mut files);
-    assert_eq!(files.created, ["/tmp"]);
-}
-
 /// An attach of an MPS slot that fails (its grant) gives the slot back and stops the daemon
 /// it started (review finding 9: it ran on without sharers).
 #[test]
