@@ -168,15 +168,22 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
         "the pipe mount stays in the container"
     );
     // Detached, the directories leave the container; the daemon stays for the other sharer.
-    b.gh_host_ok(&["detach", "gh-mp2", "--all"]);
+    // gh-mp1 made the host's /tmp/nvidia-mps (it shares the host's root): its detach leaves
+    // that directory, and with it gh-mp2's mount over it (review: removing it would take
+    // gh-mp2's mount away, in its namespace too).
+    b.gh_host_ok(&["detach", "gh-mp1", "--all"]);
     assert_eq!(
         b.in_domain(
-            "gh-mp2",
+            "gh-mp1",
             "[ -e /tmp/nvidia-mps/control ] || [ -e /dev/shm/gh-mps ] || echo gone"
         ),
         "gone"
     );
-    assert!(b.sees_daemon("gh-mp1", pid));
+    assert!(
+        Path::new("/tmp/nvidia-mps").is_dir(),
+        "the mount point stays"
+    );
+    assert!(b.sees_daemon("gh-mp2", pid));
     assert!(alive(pid));
     // The daemon killed behind gpuhook's back: the next reservation (an attach) starts it
     // again, in the same directories, which the sharer that kept its slot still has.
@@ -191,13 +198,13 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    b.gh_host_ok(&["attach", "gh-mp2", "--share"]);
+    b.gh_host_ok(&["attach", "gh-mp1", "--share"]);
     let (pid2, dir2) = b.mps_daemon().expect("a daemon again");
     assert!(pid2 != pid && alive(pid2) && dir2 == dir, "{pid} {pid2}");
     for n in ["gh-mp1", "gh-mp2"] {
         assert!(b.sees_daemon(n, pid2), "{n} sees the new daemon");
     }
-    let r = b.reservation("gh-mp2").expect("gh-mp2 holds a slot");
+    let r = b.reservation("gh-mp1").expect("gh-mp1 holds a slot");
     let slots: Vec<&str> = r["gpus"]
         .as_array()
         .expect("gpus")
