@@ -350,15 +350,28 @@ mod tests {
 
     static FULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    /// Takes [`FULL`] and checks that nothing else has `/dev/full` open.
+    /// Takes [`FULL`] and checks that nothing else has `/dev/full` open. A child another test
+    /// of this binary forks (the sandbox's, the container helper's) holds a copy of every
+    /// descriptor the tests have open, for as long as it lives: such a holder is waited out
+    /// (2 s), not taken for one of the machine's.
     fn take_full() -> std::sync::MutexGuard<'static, ()> {
         let g = FULL.lock().unwrap_or_else(|e| e.into_inner());
         let (ma, mi) = full();
-        let found = crate::host::procfs::HOST.openers(
-            &[libc::makedev(ma, mi)].into(),
-            |p| p != std::process::id() as i32,
-            &crate::host::procfs::Budget::new(BUDGET),
-        );
+        let scan = || {
+            crate::host::procfs::HOST.openers(
+                &[libc::makedev(ma, mi)].into(),
+                |p| p != std::process::id() as i32,
+                &crate::host::procfs::Budget::new(BUDGET),
+            )
+        };
+        let mut found = scan();
+        for _ in 0..200 {
+            if found.openers.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            found = scan();
+        }
         assert!(
             found.openers.is_empty(),
             "/dev/full is open on this machine: {found:?}"
