@@ -6,22 +6,18 @@
 
 mod common;
 
-use common::{assert_ok, domain, gpus, Host};
+use common::{alive, assert_ok, domain, gpus, Host};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use testbed::FakeHost;
 
 const GPU: &str = "0000:1a:00.0";
 
-fn standin() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/scripts/mps-control-standin")
-}
-
 fn mps_host() -> Host {
     Host::with(FakeHost::dgx8(), |c| {
         c["sharing"] = serde_json::json!({GPU: {"replicas": 3, "mode": "mps",
             "memory_limit_mib": 2048, "active_thread_percentage": 50}});
-        c["mps_control"] = serde_json::json!(standin());
+        c["mps_control"] = serde_json::json!(common::mps_standin());
     })
 }
 
@@ -31,29 +27,11 @@ fn state(h: &Host) -> Value {
 
 /// The recorded daemon of GPU: its PID and directory.
 fn daemon(h: &Host) -> Option<(i32, PathBuf)> {
-    let s = state(h);
-    let d = s.get("mps")?.get(GPU)?;
-    Some((
-        d["proc"]["pid"].as_i64()? as i32,
-        PathBuf::from(d["dir"].as_str()?),
-    ))
-}
-
-fn alive(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
+    common::mps_daemon(&h.state, GPU)
 }
 
 fn wait_gone(pid: i32) {
-    for _ in 0..500 {
-        if !alive(pid) {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    panic!("pid {pid} still runs");
+    common::wait_gone(pid, std::time::Duration::from_secs(5));
 }
 
 #[test]

@@ -556,3 +556,33 @@ pub fn mps_commands(dir: &Path) -> Vec<String> {
         .filter_map(|l| l.split_once("] Command: ").map(|(_, c)| c.to_string()))
         .collect()
 }
+
+/// The test bed's stand-in for nvidia-cuda-mps-control.
+pub fn mps_standin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/scripts/mps-control-standin")
+}
+
+/// The MPS daemon the state file at `state` records for GPU `pci`: its PID and directory.
+pub fn mps_daemon(state: &Path, pci: &str) -> Option<(i32, PathBuf)> {
+    let s: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state).expect("state")).expect("state json");
+    let d = s.get("mps")?.get(pci)?;
+    Some((
+        d["proc"]["pid"].as_i64()? as i32,
+        PathBuf::from(d["dir"].as_str()?),
+    ))
+}
+
+/// Whether process `pid` runs (a zombie does not).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+/// Waits up to `limit` for process `pid` to end; panics if it still runs.
+pub fn wait_gone(pid: i32, limit: std::time::Duration) {
+    let end = std::time::Instant::now() + limit;
+    while alive(pid) {
+        assert!(std::time::Instant::now() < end, "pid {pid} still runs");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -9,17 +9,15 @@
 //! in the same directories, which the other sharer keeps); the last destroy sends `quit`.
 
 use super::{spec, Bed};
+use crate::common::{alive, wait_gone};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use testbed::FakeHost;
 
 const SHARED: &str = "0000:07:00.0";
 /// What the stand-in writes into its /dev/shm (its PID): in a sharer's /dev/shm too.
 const MARKER: &str = "/dev/shm/gpuhook-mps-standin";
-
-fn standin() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/scripts/mps-control-standin")
-}
 
 impl Bed {
     /// The blueprint host with 0000:07:00.0 shared with MPS in 3 slots, the stand-in as
@@ -28,20 +26,14 @@ impl Bed {
         self.use_host_with(FakeHost::blueprint(), |c| {
             c["sharing"] = json!({ SHARED: {"replicas": 3, "mode": "mps",
                 "active_thread_percentage": 50} });
-            c["mps_control"] = json!(standin());
+            c["mps_control"] = json!(crate::common::mps_standin());
             c["oci_runtime"] = json!("/usr/sbin/runc");
         });
     }
 
     /// The daemon the state records for the shared GPU: (PID, directory).
     fn mps_daemon(&self) -> Option<(i32, PathBuf)> {
-        let st: Value =
-            serde_json::from_slice(&std::fs::read(self.state()).ok()?).expect("state json");
-        let d = st.get("mps")?.get(SHARED)?;
-        Some((
-            d["proc"]["pid"].as_i64()? as i32,
-            PathBuf::from(d["dir"].as_str()?),
-        ))
+        crate::common::mps_daemon(&self.state(), SHARED)
     }
 
     /// What a shell in the domain's container prints for `script`.
@@ -59,10 +51,6 @@ impl Bed {
         );
         got == pid.to_string()
     }
-}
-
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
 }
 
 pub fn mps_two_domains_one_daemon(b: &mut Bed) {
@@ -192,12 +180,7 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    for _ in 0..200 {
-        if !alive(pid) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_gone(pid, Duration::from_secs(2));
     b.gh_host_ok(&["attach", "gh-mp1", "--share"]);
     let (pid2, dir2) = b.mps_daemon().expect("a daemon again");
     assert!(pid2 != pid && alive(pid2) && dir2 == dir, "{pid} {pid2}");
@@ -234,11 +217,5 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
         Some("quit")
     );
     assert!(b.mps_daemon().is_none(), "forgotten");
-    for _ in 0..200 {
-        if !alive(pid2) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert!(!alive(pid2), "the daemon quit");
+    wait_gone(pid2, Duration::from_secs(2));
 }
