@@ -225,18 +225,13 @@ fn reserve_more(
     // planned and recorded as the CDI mounts are.
     let daemon = match has_mps {
         true => None,
-        false => mps::daemon_for(st, &units).map(|(pci, d)| (pci, d.clone())),
+        false => super::record_mps_mounts(st, h.id, &units)?,
     };
-    if let Some((_, d)) = &daemon {
-        let extra = mps::mounts(d);
-        let made = extra.iter().map(planned).collect::<Result<Vec<_>, _>>()?;
-        if let Some(r) = st.reservations.get_mut(h.id) {
-            r.mounts.extend(made.iter().cloned());
-        }
-        mounts.extend(made);
+    if let Some((_, d, made)) = &daemon {
+        mounts.extend(made.iter().cloned());
         plan.get_or_insert_with(Default::default)
             .mounts
-            .extend(extra);
+            .extend(mps::mounts(d));
     }
     let got = Reserved {
         units,
@@ -245,7 +240,7 @@ fn reserve_more(
         was_hotplugged,
         plan,
         mounts,
-        mps: daemon,
+        mps: daemon.map(|(pci, d, _)| (pci, d)),
     };
     Ok((got, notes))
 }

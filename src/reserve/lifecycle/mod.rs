@@ -449,6 +449,36 @@ pub fn may_hold(cfg: &Config, id: &str) -> bool {
     store(cfg).mentions(id)
 }
 
+/// The MPS daemon serving a holder of `units` (if one does), whose directories' mounts are
+/// recorded in the holder `id`'s reservation before they are made (their targets and their
+/// sources' identity), as the CDI mounts an attach makes are: a detach, even after a
+/// SIGKILL, takes them back. Returns the daemon with those records.
+fn record_mps_mounts(
+    st: &mut State,
+    id: &str,
+    units: &[Unit],
+) -> Result<
+    Option<(
+        crate::ids::Pci,
+        crate::reserve::mps::Daemon,
+        Vec<crate::enter::rootfs::Mounted>,
+    )>,
+    Error,
+> {
+    let Some((pci, d)) = crate::reserve::mps::daemon_for(st, units) else {
+        return Ok(None);
+    };
+    let d = d.clone();
+    let made = crate::reserve::mps::mounts(&d)
+        .iter()
+        .map(attach::planned)
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(r) = st.reservations.get_mut(id) {
+        r.mounts.extend(made.iter().cloned());
+    }
+    Ok(Some((pci, d, made)))
+}
+
 /// The directory of the MPS daemon serving the holder `id`'s slots, if one does
 /// ([`crate::reserve::mps::daemon_for`]).
 pub fn mps_dir(cfg: &Config, id: &str) -> Option<std::path::PathBuf> {

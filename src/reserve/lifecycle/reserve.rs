@@ -174,20 +174,12 @@ fn record_oci_mps(st: &mut State, h: &Holder) -> Result<(), Error> {
     if h.kind != HolderKind::Oci {
         return Ok(());
     }
-    let Some(r) = st.reservations.get(h.id) else {
-        return Ok(());
-    };
-    let Some((_, d)) = crate::reserve::mps::daemon_for(st, &r.gpus) else {
-        return Ok(());
-    };
-    let made = crate::reserve::mps::mounts(d)
-        .iter()
-        .map(super::attach::planned)
-        .collect::<Result<Vec<_>, _>>()?;
-    if let Some(r) = st.reservations.get_mut(h.id) {
-        r.mounts.extend(made);
-    }
-    Ok(())
+    let units = st
+        .reservations
+        .get(h.id)
+        .map(|r| r.gpus.clone())
+        .unwrap_or_default();
+    super::record_mps_mounts(st, h.id, &units).map(drop)
 }
 
 /// The holder's id is another kind's key, or (OCI) a container of that ID runs or is being
