@@ -129,7 +129,9 @@ pub trait ManagedPolicy {
 /// domain's): systemd's scope of it, where systemd keeps a device policy for it.
 pub fn managed_policy(pid: i32) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError> {
     let (v1, v2) = cgroup_paths(pid)?;
-    let Some(path) = v1.or(v2) else {
+    // Its v1 devices cgroup where it has one; in the root one (a cgroup v2 host, whose kernel
+    // still lists the v1 hierarchies), its unified cgroup.
+    let Some(path) = v1.filter(|p| p != "/").or(v2) else {
         return Ok(None);
     };
     Ok(systemd::Scope::find(&path)?.map(|s| Box::new(s) as Box<dyn ManagedPolicy>))
