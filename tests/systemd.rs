@@ -20,7 +20,7 @@ mod common;
 
 use common::{assert_ok, stderr, Host};
 use serde_json::{json, Value};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -514,7 +514,6 @@ impl Bed {
 /// fake node), for runc to find when it hands rules to the machine's own systemd.
 fn host_links(dev: &Path) -> HostLinks {
     use std::os::unix::fs::FileTypeExt;
-    use std::os::unix::fs::MetadataExt;
     let mut made = Vec::new();
     let mut todo = vec![dev.to_path_buf()];
     while let Some(d) = todo.pop() {
@@ -633,6 +632,13 @@ fn hotplug_across_reloads(runtime: Runtime, id: &str) {
     );
     if managed {
         assert!(listed("195:41"), "{:?}", bed.policy());
+        // Its /dev/char entry, for a systemd that finds devices by it, as at create.
+        let link = bed.host.paths.dev.join("char/195:41");
+        assert!(
+            std::fs::metadata(&link).is_ok_and(|m| m.rdev() == libc::makedev(195, 41)),
+            "{}",
+            link.display()
+        );
     }
 
     // Detached: out of the policy, refused across a reload.

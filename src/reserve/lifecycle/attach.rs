@@ -203,9 +203,36 @@ fn tell_manager(
     }
     let mut policy = (f.manager)(ct)?;
     if let Some(p) = &mut policy {
+        for n in nodes {
+            char_link(f, n)?;
+        }
         p.allow(nodes)?;
     }
     Ok(policy)
+}
+
+/// The host's `/dev/char/MAJ:MIN` entry of a node handed to systemd, made when missing (as
+/// at an OCI create, [`crate::enter::charlink`]): a systemd that finds a device by that
+/// entry (older than the ones that read its numbers from the name) would drop the node at its
+/// next reload. A node with no host node of that number is left without one; an entry that
+/// leads elsewhere refuses the attach (systemd would allow that other device).
+fn char_link(f: &Facts, n: &Node) -> Result<(), Error> {
+    use crate::enter::charlink::{ensure, CharLinkError, Linked};
+    match ensure(&f.cfg.dev, &n.path, n.major, n.minor) {
+        Ok(Linked::Created) => log::info(&format!(
+            "made {}/char/{}:{} for {}",
+            f.cfg.dev.display(),
+            n.major,
+            n.minor,
+            n.path
+        )),
+        Ok(Linked::Existing) => {}
+        Err(e @ CharLinkError::NotTheNode { .. }) => {
+            log::info(&format!("no /dev/char link for {}: {e}", n.path))
+        }
+        Err(source) => return Err(LifecycleError::CharLink { source }.into()),
+    }
+    Ok(())
 }
 
 /// Takes `nodes` back out of the manager's policy (what [`tell_manager`] added); what could

@@ -122,6 +122,12 @@ pub enum LifecycleError {
     /// to match (an entry of a kept unit not put back, one of a freed unit not taken out).
     #[error("detached GPU(s) {} (their grants taken back), but the device policy of its scope could not be updated to match: {left}", Unit::join(units, ","))]
     PolicyNotUpdated { units: Vec<Unit>, left: Leftovers },
+    /// The host's `/dev/char` entry of a node handed to systemd leads elsewhere.
+    #[error(transparent)]
+    CharLink {
+        #[from]
+        source: crate::enter::charlink::CharLinkError,
+    },
     #[error("holds no GPU to detach")]
     NothingToDetach,
     #[error("is not running (its GPU reservation is {}): nothing to detach from", phase_word(*phase))]
