@@ -7,6 +7,12 @@
 //! the container may still use it, whenever the process is killed; and what a killed attach
 //! granted is recorded, so a later detach (or stop) takes it back before the unit is free.
 //!
+//! Under systemd's cgroup manager the scope's device policy lists the new nodes too (before
+//! the grant, outside the state lock, taken out again on failure), and nothing is said
+//! `attached` before every device rule in force for the container lets the nodes through
+//! (`DeviceCgroup::effective`: every program from its cgroup up to the root on cgroup v2).
+//! In a user-namespaced container the nodes are bind mounts, recorded by identity.
+//!
 //! With the driver's user space (`--driver cdi`), the new units' CDI edits come too, as at
 //! `started` (`activate.rs`): the spec's extra nodes with the GPU's, then its mounts, links and
 //! linker cache in the container's root (through the same helper and checks), only what the

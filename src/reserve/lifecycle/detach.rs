@@ -5,6 +5,12 @@
 //! unit whose grant could not be taken back, or whose node another rule of the cgroup still
 //! allows after the deny, stays reserved); last their nodes leave its `/dev`. A unit a process (anywhere) still has open is draining, as after every free.
 //!
+//! Under systemd's cgroup manager the scope's device policy loses the entries of exactly the
+//! nodes taken back before the locked step (outside the state lock), so that no `systemctl
+//! daemon-reload` gives back a freed GPU; those of nodes the step keeps granted go back after
+//! it, all of them when it is refused. In a user-namespaced container the nodes are mounts:
+//! taken off while they are the ones gpuhook recorded.
+//!
 //! The CDI driver files gpuhook put in its root (at `started` or `attach`) go with the last
 //! unit that needs them: those the CDI specs give the units it keeps stay (a spec that cannot
 //! be read now keeps them all while any unit stays); the rest leave the record in the same
