@@ -304,7 +304,9 @@ struct Bed {
 }
 
 impl Bed {
-    fn new(runtime: Runtime, id: &str) -> Bed {
+    /// `userns`: the container gets a user namespace of its own (its root is host uid and
+    /// gid 100000), as `podman --uidmap` gives it.
+    fn new(runtime: Runtime, id: &str, userns: bool) -> Bed {
         common::require_root();
         let host_sd = on_host_systemd();
         let (real, inside) = match (runtime, host_sd) {
@@ -348,6 +350,21 @@ impl Bed {
         }
         c["linux"]["cgroupsPath"] = json!(format!("system.slice:gpuhook-test:{id}"));
         c["annotations"] = json!({"gpuhook.io/gpus": "1", "gpuhook.io/devices": "0"});
+        if userns {
+            c["linux"]["namespaces"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"type": "user"}));
+            let map = json!([{"containerID": 0, "hostID": 100000, "size": 65536}]);
+            c["linux"]["uidMappings"] = map.clone();
+            c["linux"]["gidMappings"] = map;
+            let st = Command::new("chown")
+                .args(["-R", "-h", "100000:100000"])
+                .arg(&rootfs)
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
         std::fs::write(&p, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
 
         // crun in the booted Debian 12 root: libyajl (not installed there) from the host, and
@@ -556,6 +573,76 @@ fn systemd_runc_hotplug_survives_daemon_reload() {
     hotplug_across_reloads(Runtime::Runc, "gh-systemd");
 }
 
+/// The same for a container with a user namespace of its own: attach bind-mounts the node
+/// into its `/dev` and lists it in the scope's policy; it opens there across a reload, and
+/// once detached it is gone and refused across a reload.
+#[test]
+fn systemd_runc_user_namespaced_hotplug_survives_daemon_reload() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let bed = Bed::new(Runtime::Runc, "gh-systemd-ns", true);
+    bed.create();
+    let node = |n: &str| bed.host.paths.dev.join(n).display().to_string();
+    // The kernel's verdict for a process of the container's cgroup (a shell moved into the
+    // scope): the container's root can make no node to try.
+    let verdict = |what: &str| {
+        let scope = format!("/sys/fs/cgroup/system.slice/{}/cgroup.procs", bed.unit());
+        let o = bed
+            .sys
+            .sh(&format!(
+                "for n in {} {}; do sh -c \"echo \\$\\$ > {scope} && exec cat $n\" 2>&1 | grep -q 'No such device or address' && echo open || echo denied; done",
+                node("nvidia40"),
+                node("nvidia41")
+            ))
+            .output()
+            .unwrap();
+        let v: Vec<String> = out(&o).lines().map(str::to_string).collect();
+        eprintln!("{what}: {v:?}");
+        assert_eq!(v.len(), 2, "{what}: {}", out(&o));
+        (v[0].clone(), v[1].clone())
+    };
+    let inside = |what: &str| {
+        let o = bed
+            .sys
+            .sh(&format!(
+                "{} exec {} sh -c 'ls /dev; cat /dev/nvidia41'",
+                bed.rt, bed.id
+            ))
+            .output()
+            .unwrap();
+        let s = out(&o);
+        eprintln!("{what}: {s}");
+        s
+    };
+    let only = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(verdict("started"), only("open", "denied"));
+    bed.gh(&format!("attach {} --device 0000:08:00.0", bed.id));
+    let s = inside("attached");
+    assert!(
+        s.contains("nvidia41\n") && s.contains("No such device or address"),
+        "{s}"
+    );
+    bed.reload();
+    let s = inside("attached, after daemon-reload");
+    assert!(
+        s.contains("No such device or address"),
+        "the attached GPU is lost at daemon-reload: {s}"
+    );
+    assert_eq!(
+        verdict("attached, after daemon-reload"),
+        only("open", "open")
+    );
+    bed.gh(&format!("detach {} --device 0000:08:00.0", bed.id));
+    let s = inside("detached");
+    assert!(!s.contains("nvidia41\n"), "{s}");
+    assert_eq!(verdict("detached"), only("open", "denied"));
+    bed.reload();
+    assert_eq!(
+        verdict("detached, after daemon-reload"),
+        only("open", "denied")
+    );
+    bed.delete();
+}
+
 /// The same with crun, which runs the init in `SCOPE/container`, its own program there and
 /// systemd's on the scope above it (crun 1.2x gives the scope a strict policy; crun 1.8,
 /// this machine's, none: given one here as crun 1.2x would). Before, attach changed crun's
@@ -568,7 +655,7 @@ fn systemd_crun_hotplug_survives_daemon_reload() {
 fn hotplug_across_reloads(runtime: Runtime, id: &str) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let t = Instant::now();
-    let bed = Bed::new(runtime, id);
+    let bed = Bed::new(runtime, id, false);
     let booted = t.elapsed();
     let t = Instant::now();
     bed.create();
