@@ -505,3 +505,158 @@ fn runtime_program_replaced_with_multi_and_without() {
         "{e}"
     );
 }
+
+/// A device program as systemd names its own (`sd_devices`): runc-like rules, for the tests.
+fn systemd_like(cgfd: std::os::fd::BorrowedFd, rules: &[gpuhook::cgroup::program::Rule]) -> u32 {
+    use gpuhook::cgroup::program::{runc_like, SYSTEMD_PROGRAM};
+    let p = bpf::prog_load_named(
+        bpf::BPF_PROG_TYPE_CGROUP_DEVICE,
+        &runc_like(rules),
+        "GPL",
+        SYSTEMD_PROGRAM,
+    )
+    .unwrap();
+    let before = bpf::prog_query(cgfd, bpf::BPF_CGROUP_DEVICE, 0).unwrap();
+    bpf::prog_attach(
+        cgfd,
+        p.as_fd(),
+        bpf::BPF_CGROUP_DEVICE,
+        bpf::BPF_F_ALLOW_MULTI,
+    )
+    .unwrap();
+    let ids = bpf::prog_query(cgfd, bpf::BPF_CGROUP_DEVICE, 0).unwrap();
+    let id = *ids.iter().find(|id| !before.contains(id)).unwrap();
+    let fd = bpf::prog_get_fd_by_id(id).unwrap();
+    assert_eq!(bpf::prog_name(fd.as_fd()).unwrap(), SYSTEMD_PROGRAM);
+    id
+}
+
+/// Under systemd's cgroup manager: systemd's own program (`sd_devices`, for the scope's
+/// `DeviceAllow=`) beside the runtime's, as after `systemctl daemon-reload`, is left in place
+/// (never replaced, never counted as a second runtime program), and rules: a grant in the
+/// runtime's program alone is not in force until systemd's lets the node through too; a
+/// program of a cgroup above rules as well. A cgroup with no program at all (crun's for a
+/// user-namespaced container) lets everything through until a detach denies a node.
+#[test]
+fn systemds_program_and_those_above_rule_too() {
+    use gpuhook::cgroup::program::{runc_like, Replace, Rule};
+    common::require_root();
+    let (_dir, [nv0, nv1, ctl]) = fake_nodes();
+    let null = Path::new("/dev/null");
+    let rule = |allow, kind, major, minor, access| Rule {
+        allow,
+        kind,
+        major,
+        minor,
+        access,
+    };
+    let runtime = [
+        rule(false, b'a', None, None, 7),
+        rule(true, b'c', Some(1), Some(3), 7),
+        rule(true, b'c', Some(195), Some(0), 6),
+    ];
+    let cg = Cg(unified_root().join(format!("gpuhook-test-v2sd-{}", std::process::id())));
+    std::fs::create_dir(&cg.0).unwrap();
+    let cgfd = dir_fd(&cg.0);
+    let prog = bpf::prog_load(
+        bpf::BPF_PROG_TYPE_CGROUP_DEVICE,
+        &runc_like(&runtime),
+        "GPL",
+    )
+    .unwrap();
+    bpf::prog_attach(
+        cgfd.as_fd(),
+        prog.as_fd(),
+        bpf::BPF_CGROUP_DEVICE,
+        bpf::BPF_F_ALLOW_MULTI,
+    )
+    .unwrap();
+    drop(prog);
+    // systemd's: what the scope's DeviceAllow= lists (the GPU given at create, /dev/null).
+    let sd = systemd_like(cgfd.as_fd(), &runtime);
+    let n0 = node("/dev/nvidia0", 195, 0);
+    let n1 = node("/dev/nvidia1", 195, 1);
+    let mut r = Replace::open(&cg.0).expect("systemd's program is not a second runtime program");
+    assert!(r.confines());
+    let n1s = std::slice::from_ref(&n1);
+    assert_eq!(grant_all(&mut r, n1s).unwrap(), n1s);
+    assert!(r.is_allowed(&n1).unwrap());
+    assert!(!r.effective(&n1).unwrap(), "systemd's program refuses it");
+    assert!(r.effective(&n0).unwrap());
+    assert_eq!(
+        opens(&cg.0, &[&nv0, &nv1, null]),
+        vec![Err(Errno::ENXIO), Err(Errno::EPERM), Ok(())]
+    );
+    let ids = bpf::prog_query(cgfd.as_fd(), bpf::BPF_CGROUP_DEVICE, 0).unwrap();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.contains(&sd), "systemd's program stays: {ids:?}");
+    drop(r);
+    // systemd lists the GPU too (a new program of its own, its old one detached).
+    let mut listed = runtime.to_vec();
+    listed.push(rule(true, b'c', Some(195), Some(1), 6));
+    let sd2 = systemd_like(cgfd.as_fd(), &listed);
+    let old = bpf::prog_get_fd_by_id(sd).unwrap();
+    bpf::prog_detach(cgfd.as_fd(), old.as_fd(), bpf::BPF_CGROUP_DEVICE).unwrap();
+    let mut r = Replace::open(&cg.0).unwrap();
+    assert!(r.effective(&n1).unwrap());
+    assert_eq!(opens(&cg.0, &[&nv1]), vec![Err(Errno::ENXIO)]);
+    // A detach then denies it in the runtime's program; systemd's stays as it is.
+    r.deny(&n1).unwrap();
+    assert!(!r.effective(&n1).unwrap());
+    assert_eq!(opens(&cg.0, &[&nv1]), vec![Err(Errno::EPERM)]);
+    let ids = bpf::prog_query(cgfd.as_fd(), bpf::BPF_CGROUP_DEVICE, 0).unwrap();
+    assert!(ids.contains(&sd2) && ids.len() == 2, "{ids:?}");
+    drop(r);
+
+    // A program of the cgroup above rules its children: a child's grant is not in force.
+    let child = Cg(cg.0.join("container"));
+    std::fs::create_dir(&child.0).unwrap();
+    let chfd = dir_fd(&child.0);
+    let prog = bpf::prog_load(
+        bpf::BPF_PROG_TYPE_CGROUP_DEVICE,
+        &runc_like(&runtime),
+        "GPL",
+    )
+    .unwrap();
+    bpf::prog_attach(
+        chfd.as_fd(),
+        prog.as_fd(),
+        bpf::BPF_CGROUP_DEVICE,
+        bpf::BPF_F_ALLOW_MULTI,
+    )
+    .unwrap();
+    let mut r = Replace::open(&child.0).unwrap();
+    let nctl = node("/dev/nvidiactl", 195, 255);
+    grant_all(&mut r, std::slice::from_ref(&nctl)).unwrap();
+    assert!(r.is_allowed(&nctl).unwrap());
+    assert!(!r.effective(&nctl).unwrap(), "refused above");
+    assert_eq!(opens(&child.0, &[&ctl]), vec![Err(Errno::EPERM)]);
+    drop(r);
+    drop(child);
+
+    // No program: everything passes, nothing is the container's own; a deny attaches one.
+    let bare = Cg(unified_root().join(format!("gpuhook-test-v2none-{}", std::process::id())));
+    std::fs::create_dir(&bare.0).unwrap();
+    let bfd = dir_fd(&bare.0);
+    let mut r = Replace::open(&bare.0).expect("a cgroup without a program");
+    assert!(!r.confines());
+    assert!(r.is_allowed(&n1).unwrap() && r.effective(&n1).unwrap());
+    assert!(grant_all(&mut r, std::slice::from_ref(&n1))
+        .unwrap()
+        .is_empty());
+    assert!(bpf::prog_query(bfd.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
+        .unwrap()
+        .is_empty());
+    r.deny(&n1).unwrap();
+    assert_eq!(
+        opens(&bare.0, &[&nv0, &nv1, null]),
+        vec![Err(Errno::ENXIO), Err(Errno::EPERM), Ok(())]
+    );
+    drop(r);
+    let r = Replace::open(&bare.0).unwrap();
+    assert!(
+        !r.confines(),
+        "gpuhook's own program over nothing confines nothing else"
+    );
+    assert!(!r.is_allowed(&n1).unwrap() && r.is_allowed(&n0).unwrap());
+}

@@ -1416,6 +1416,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                 mounts: vec![],
                 rootfs: Default::default(),
                 hotplugged: false,
+                node_mounts: Vec::new(),
             }
         };
     Store::new(&b.state())

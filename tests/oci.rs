@@ -711,6 +711,16 @@ fn podman_with_runc_v1_and_crun_v2() {
 }
 
 /// Removes a podman container, waiting (up to 20 s) while podman still tidies it up.
+/// [`podman_rm`] of a container made in that cgroup layout.
+fn podman_rm_in(cg: Cgroup, id: &str) {
+    if cg == Cgroup::V2 {
+        let _ = in_cgroup(Cgroup::V2, "podman")
+            .args(["--cgroup-manager", "cgroupfs", "rm", "-f", "-t", "0", id])
+            .output();
+    }
+    podman_rm(id);
+}
+
 fn podman_rm(id: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -2034,22 +2044,321 @@ fn attach_and_detach_on_cgroup_v2(runtime: &str) {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
-/// A user-namespaced container (podman --uidmap): its `/dev` tmpfs is its user namespace's
-/// (the host's root can make no node there), so attach refuses it in one line, nothing held.
+/// The device cgroup a running container's init is in, as this host mounts it: its v1
+/// devices cgroup, else (a v2 container, on a cgroup v2 host or beside v1) its cgroup on the
+/// unified hierarchy, wherever that is mounted here.
+fn init_cgroup_dir(id: &str) -> PathBuf {
+    let pid = init_pid(id);
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let v1 = cg
+        .lines()
+        .find_map(|l| l.split_once(":devices:").map(|(_, p)| p.to_string()))
+        .filter(|p| p != "/");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mount_of = |fs: &str, opt: Option<&str>| {
+        mounts.lines().find_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let mut post = post.split_whitespace();
+            let (t, _, opts) = (post.next()?, post.next()?, post.next()?);
+            let ok = t == fs && opt.is_none_or(|o| opts.split(',').any(|x| x == o));
+            ok.then(|| pre.split_whitespace().nth(4).unwrap().to_string())
+        })
+    };
+    match v1 {
+        Some(p) => PathBuf::from(format!(
+            "{}{p}",
+            mount_of("cgroup", Some("devices")).expect("devices mount")
+        )),
+        None => {
+            let p = cg
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .expect("a unified cgroup")
+                .to_string();
+            PathBuf::from(format!(
+                "{}{p}",
+                mount_of("cgroup2", None).expect("cgroup2 mount")
+            ))
+        }
+    }
+}
+
+/// Whether the container's device cgroup lets its processes open the host node `node` (ENXIO:
+/// let through, no driver behind a fake major; EPERM: refused), asked of the kernel by a host
+/// shell moved into the init's cgroup: a user-namespaced container can make no node to try.
+fn open_from_cgroup(id: &str, node: &Path) -> &'static str {
+    let dir = init_cgroup_dir(id);
+    let r = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec cat {}",
+            dir.display(),
+            node.display()
+        ))
+        .output()
+        .unwrap();
+    let e = stderr(&r);
+    if e.contains("No such device or address") {
+        "open"
+    } else if e.contains("Operation not permitted") {
+        "denied"
+    } else {
+        panic!("{}: {e}", node.display())
+    }
+}
+
+/// The paths of the nodes the state records as bind-mounted into container `id`.
+fn node_mounts(o: &Oci, id: &str) -> Vec<String> {
+    let st: Value = serde_json::from_slice(&std::fs::read(&o.host.state).unwrap()).unwrap();
+    st["reservations"][id]["node_mounts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|b| b["path"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A user-namespaced podman container (--uidmap; podman's own cgroup layout on this host, or
+/// crun on cgroup v2) gets GPUs by attach as runc gives them in a user namespace: the node is
+/// a bind mount on a file made as its root in its `/dev` (owned as the container's root,
+/// opened there), the GPU's cgroup grant exact; it loses them at detach (mount and file gone,
+/// refused again). What the container put at a node's place refuses the attach and is left as
+/// it is; what it put there after (its own mount taken off, a symlink) is left by the detach.
 #[test]
-fn oci_attach_refuses_a_user_namespaced_container() {
+fn oci_attach_and_detach_in_a_user_namespaced_container() {
+    userns_attach_and_detach(RUNC, Cgroup::V1);
+}
+
+/// The same with crun on cgroup v2: podman's own layout on a cgroup v2 host (systemd's cgroup
+/// manager on one booted with systemd), else a cgroup2 mount namespace (crun refuses this
+/// machine's hybrid layout).
+#[test]
+fn oci_attach_and_detach_in_a_user_namespaced_crun_container_on_cgroup_v2() {
+    let unified = nix::sys::statfs::statfs("/sys/fs/cgroup")
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
+    userns_attach_and_detach(CRUN, if unified { Cgroup::V1 } else { Cgroup::V2 });
+}
+
+fn userns_attach_and_detach(runtime: &str, cg: Cgroup) {
+    let o = Oci::new(FakeHost::blueprint(), runtime);
+    chown_rootfs_to_100000(&o);
+    let name = format!("gh-oci-hpns-{}", runtime.rsplit('/').next().unwrap());
+    podman_rm(&name);
+    let r = o
+        .podman(
+            cg,
+            &[
+                "-d",
+                "--name",
+                &name,
+                "--uidmap",
+                "0:100000:65536",
+                "--gidmap",
+                "0:100000:65536",
+                "--cap-add",
+                "sys_admin",
+            ],
+            "sleep 600",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    let exec = |script: &str| podman_exec_in(cg, &id, script);
+    let dev = |n: &str| o.host.paths.dev.join(n);
+    // runc confines a container's devices with a user namespace too; crun with cgroupfs
+    // attaches no device program to one (its user namespace is the confinement: no node it
+    // can make opens): every device passes its cgroup until a detach puts gpuhook's deny there.
+    let confined = open_from_cgroup(&id, &dev("nvidia1")) == "denied";
+    if runtime == RUNC {
+        assert!(
+            confined,
+            "runc's program lets GPU 1 through before the attach"
+        );
+    }
+
+    let j = gh_json(&o, &["attach", &id, "--device", "0000:08:00.0", "--json"]);
+    assert_eq!(j["attached"], json!(["0000:08:00.0"]), "{j}");
+    // Its root sees the node as its own, and opens it.
+    let ls = exec("ls -ln /dev/nvidia1 /dev/nvidiactl");
+    let words = out(&ls).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("crw-rw-rw- 1 0 0 195, 1"),
+        "{} {}",
+        out(&ls),
+        stderr(&ls)
+    );
+    assert!(words.contains("crw-rw-rw- 1 0 0 195, 255"), "{}", out(&ls));
+    let r = exec("cat /dev/nvidia1; cat /dev/nvidiactl");
+    assert_eq!(
+        stderr(&r).matches("No such device or address").count(),
+        2,
+        "{}",
+        stderr(&r)
+    );
+    let mounts = out(&exec("cat /proc/1/mountinfo"));
+    assert!(
+        mounts
+            .lines()
+            .any(|l| l.contains(" /dev/nvidia1 ") && l.contains(" ro,")),
+        "{mounts}"
+    );
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia1")), "open");
+    if confined {
+        assert_eq!(
+            open_from_cgroup(&id, &dev("nvidia0")),
+            "denied",
+            "only the attached GPU"
+        );
+    }
+    let bound = node_mounts(&o, &id);
+    assert_eq!(
+        bound,
+        [
+            "/dev/nvidia1",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools"
+        ]
+    );
+
+    // What the container put at GPU 0's place: refused in one line, left as it is.
+    for (plant, what) in [
+        ("ln -s /dev/null /dev/nvidia0", "is a symlink"),
+        ("touch /dev/nvidia0", "is a regular file"),
+        (
+            "touch /dev/nvidia0 && mount --bind /dev/null /dev/nvidia0",
+            "is the character device 1:3",
+        ),
+    ] {
+        assert_ok(&exec(plant));
+        let e = o
+            .host
+            .cmd()
+            .args(["attach", &id, "--device", "0000:07:00.0"])
+            .output()
+            .unwrap();
+        assert!(!e.status.success(), "{plant}: {}", out(&e));
+        let said = stderr(&e);
+        assert_eq!(said.trim().lines().count(), 1, "{said}");
+        assert!(
+            said.contains(&format!(
+                "container /dev/nvidia0 {what} (not the character device 195:0); refusing to replace it"
+            )),
+            "{plant}: {said}"
+        );
+        assert_eq!(o.host.holders()[&id], ["0000:08:00.0"]);
+        if confined {
+            assert_eq!(open_from_cgroup(&id, &dev("nvidia0")), "denied");
+        }
+        let still = exec("ls -l /dev/nvidia0; cat /dev/nvidia0 && echo readable");
+        assert!(
+            out(&still).contains("/dev/nvidia0"),
+            "{plant}: {}",
+            out(&still)
+        );
+        assert_ok(&exec("umount /dev/nvidia0 2>/dev/null; rm -f /dev/nvidia0"));
+    }
+    // With its place free, GPU 0 comes too.
+    assert_ok(
+        &o.host
+            .cmd()
+            .args(["attach", &id, "--device", "0000:07:00.0"])
+            .output()
+            .unwrap(),
+    );
+    assert!(stderr(&exec("cat /dev/nvidia0")).contains("No such device or address"));
+
+    // Detach: mount and file gone, refused again; the GPU it keeps stays.
+    let j = gh_json(&o, &["detach", &id, "--device", "0000:08:00.0", "--json"]);
+    assert_eq!(j["detached"], json!(["0000:08:00.0"]), "{j}");
+    let ls = out(&exec("ls /dev"));
+    assert!(!ls.lines().any(|l| l == "nvidia1"), "{ls}");
+    assert!(
+        ls.lines().any(|l| l == "nvidia0" || l == "nvidiactl"),
+        "{ls}"
+    );
+    assert!(
+        !out(&exec("cat /proc/1/mountinfo")).contains(" /dev/nvidia1 "),
+        "the mount stays"
+    );
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia1")), "denied");
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia0")), "open");
+
+    // Given again, then the container takes the mount off and puts a symlink there: detach
+    // takes the grant, and leaves the container's symlink (and what it points at) alone.
+    assert_ok(
+        &o.host
+            .cmd()
+            .args(["attach", &id, "--device", "0000:08:00.0"])
+            .output()
+            .unwrap(),
+    );
+    assert_ok(&exec(
+        "umount /dev/nvidia1 && rm /dev/nvidia1 && ln -s /dev/null /dev/nvidia1",
+    ));
+    let j = gh_json(&o, &["detach", &id, "--all", "--json"]);
+    assert_eq!(
+        j["detached"],
+        json!(["0000:07:00.0", "0000:08:00.0"]),
+        "{j}"
+    );
+    assert_eq!(
+        out(&exec("readlink /dev/nvidia1")).trim(),
+        "/dev/null",
+        "the container's symlink stays"
+    );
+    let ls = out(&exec("ls /dev"));
+    assert!(
+        !ls.lines().any(|l| l == "nvidia0" || l == "nvidiactl"),
+        "{ls}"
+    );
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia0")), "denied");
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia1")), "denied");
+    assert!(node_mounts(&o, &id).is_empty());
+    podman_rm_in(cg, &id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
+/// A user-namespaced container with a GPU from its create (the runtime bind-mounted gpuhook's
+/// node) gets a second by attach, and detach of the first takes the runtime's mount of it off
+/// (its empty mount-point file too) and its grant.
+#[test]
+fn oci_user_namespaced_container_with_a_gpu_from_create_attach_and_detach() {
     let o = Oci::new(FakeHost::blueprint(), RUNC);
     chown_rootfs_to_100000(&o);
     let maps = ["--uidmap", "0:100000:65536", "--gidmap", "0:100000:65536"];
-    let id = podman_detached(&o, "gh-oci-hp5", &maps, "sleep 600");
-    let e = o.host.cmd().args(["attach", &id]).output().unwrap();
-    assert!(!e.status.success(), "{}", out(&e));
-    assert_eq!(
-        stderr(&e).trim(),
-        format!("gpuhook: container '{id}': user-namespaced OCI containers: not supported yet")
+    let id = podman_detached(
+        &o,
+        "gh-oci-hpns2",
+        &[&maps[..], &["--annotation", "gpuhook.io/devices=0"]].concat(),
+        "sleep 600",
     );
-    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+    let dev = |n: &str| o.host.paths.dev.join(n);
+    assert_eq!(o.host.holders()[&id], ["0000:07:00.0"]);
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia0")), "open");
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia1")), "denied");
+    let a = o.host.cmd().args(["attach", &id]).output().unwrap();
+    assert_ok(&a);
+    assert_eq!(o.host.holders()[&id], ["0000:07:00.0", "0000:08:00.0"]);
+    let r = podman_exec(&id, "cat /dev/nvidia1");
+    assert!(
+        stderr(&r).contains("No such device or address"),
+        "{}",
+        stderr(&r)
+    );
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia1")), "open");
+    let j = gh_json(&o, &["detach", &id, "--device", "0000:07:00.0", "--json"]);
+    assert_eq!(j["detached"], json!(["0000:07:00.0"]), "{j}");
+    let ls = out(&podman_exec(&id, "ls /dev"));
+    assert!(!ls.lines().any(|l| l == "nvidia0"), "{ls}");
+    assert!(ls.lines().any(|l| l == "nvidia1"), "{ls}");
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia0")), "denied");
+    assert_eq!(open_from_cgroup(&id, &dev("nvidia1")), "open");
     podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
 /// The driver's mounts (`/proc/1/mounts` in the container) of libcuda and nvidia-smi.

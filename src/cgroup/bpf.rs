@@ -122,6 +122,21 @@ pub fn prog_map_ids(prog: BorrowedFd) -> Result<Vec<u32>, Errno> {
     Ok(ids[..n.min(ids.len())].to_vec())
 }
 
+/// A program's name (`bpf_prog_info.name`): empty for one loaded without (runc's, crun's,
+/// gpuhook's), `sd_devices` for systemd's device programs.
+pub fn prog_name(prog: BorrowedFd) -> Result<String, Errno> {
+    // struct bpf_prog_info up to name: name[BPF_OBJ_NAME_LEN = 16] at 64.
+    let mut info = [0u8; 80];
+    let mut a = Attr::new();
+    a.u32(0, prog.as_raw_fd() as u32)
+        .u32(4, info.len() as u32)
+        .u64(8, info.as_mut_ptr() as u64);
+    sys(BPF_OBJ_GET_INFO_BY_FD, &mut a)?;
+    let name = &info[64..80];
+    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
 /// The most instructions of a program gpuhook reads back (the kernel's own limit for a
 /// privileged program is a million; a runtime's device program has a few hundred).
 pub const MAX_INSNS: usize = 1 << 16;
@@ -287,13 +302,29 @@ pub struct Insn {
 }
 
 pub fn prog_load(prog_type: u32, insns: &[Insn], license: &str) -> Result<OwnedFd, Errno> {
+    prog_load_named(prog_type, insns, license, "")
+}
+
+/// [`prog_load`] with a name (`bpf_attr.prog_name`, at most 15 bytes): for the tests'
+/// stand-ins of programs others name (systemd's `sd_devices`).
+pub fn prog_load_named(
+    prog_type: u32,
+    insns: &[Insn],
+    license: &str,
+    name: &str,
+) -> Result<OwnedFd, Errno> {
     let lic = std::ffi::CString::new(license).map_err(|_| Errno::EINVAL)?;
+    if name.len() > 15 || name.contains('\0') {
+        return Err(Errno::EINVAL);
+    }
     // No verifier log: a log buffer too small for a long program fails the load (ENOSPC).
     let mut a = Attr::new();
     a.u32(0, prog_type)
         .u32(4, insns.len() as u32)
         .u64(8, insns.as_ptr() as u64)
         .u64(16, lic.as_ptr() as u64);
+    // prog_name[BPF_OBJ_NAME_LEN] at 48.
+    a.0[48..48 + name.len()].copy_from_slice(name.as_bytes());
     sys(BPF_PROG_LOAD, &mut a).map(fd_result)
 }
 

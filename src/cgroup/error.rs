@@ -155,6 +155,11 @@ pub enum Fault {
     NotOneProgram { programs: usize },
     #[error("device program {id} is not plain code gpuhook can read ({maps} map(s), or an instruction it does not model); refusing to replace it")]
     UnreadableProgram { id: u32, maps: u32 },
+    #[error("device program {id} in force for it is not plain code gpuhook can read ({maps} map(s), or an instruction it does not model): cannot tell what it lets through")]
+    UnreadableInForce { id: u32, maps: u32 },
+    // ---- systemd's device policy of the container's scope ----
+    #[error("{unit}: {what}")]
+    Systemd { unit: String, what: String },
     #[error("the device program gives no verdict gpuhook can read for {major}:{minor}")]
     UnreadableVerdict { major: u32, minor: u32 },
     #[error("BPF_PROG_LOAD of the replacement device program: {0}")]

@@ -13,6 +13,7 @@
 pub mod bpf;
 mod error;
 pub mod program;
+pub mod systemd;
 mod v1;
 mod v2;
 
@@ -43,6 +44,33 @@ fn prog_fd(dir: &Path, id: u32) -> Result<std::os::fd::OwnedFd, CgroupError> {
     })
 }
 
+/// Whether every device program in force for the cgroup `dir` (open as `cg`) lets the node be
+/// read and written: `BPF_F_QUERY_EFFECTIVE`, the programs attached there and to each cgroup
+/// above it, each run here ([`program::eval`]). One gpuhook cannot run gives no verdict: an
+/// error.
+fn programs_allow(dir: &Path, cg: std::os::fd::BorrowedFd, n: &Node) -> Result<bool, CgroupError> {
+    let e = |f: Fault| CgroupError::new(dir, f);
+    let ids = bpf::prog_query(cg, bpf::BPF_CGROUP_DEVICE, bpf::BPF_F_QUERY_EFFECTIVE)
+        .map_err(|x| e(Fault::ProgQueryEffective(x.into())))?;
+    for id in ids {
+        let prog = prog_fd(dir, id)?;
+        let (insns, maps) = bpf::prog_xlated(std::os::fd::AsFd::as_fd(&prog)).map_err(|x| {
+            let errno = x.into();
+            e(Fault::ProgInfo { id, errno })
+        })?;
+        let verdict = match maps {
+            0 => program::eval(&insns, program::DevCtx::rw_char(n.major, n.minor)),
+            _ => None,
+        };
+        match verdict {
+            Some(true) => {}
+            Some(false) => return Ok(false),
+            None => return Err(e(Fault::UnreadableInForce { id, maps })),
+        }
+    }
+    Ok(true)
+}
+
 /// A cgroup whose device access gpuhook can widen by exact character devices.
 pub trait DeviceCgroup {
     /// The cgroup directory (for messages).
@@ -60,11 +88,53 @@ pub trait DeviceCgroup {
     /// was granted but does not hold: `reconnect` leaves no access behind that the state does
     /// not account for).
     fn deny(&mut self, node: &Node) -> Result<(), CgroupError>;
+    /// Whether its rules confine device access at all: a node they allow is then the
+    /// container's own. Not a cgroup where no runtime attached a device program (crun attaches
+    /// none for a container with a user namespace): every device passes it, none is the
+    /// container's own.
+    fn confines(&self) -> bool {
+        true
+    }
+    /// Whether the container's processes may now read and write the node: what every rule in
+    /// force for them allows, the cgroups' above included (v2: every device program from the
+    /// cgroup up to the root; v1: its `devices.list`, which no child widens past its parent).
+    /// What an attach checks before it says `attached`.
+    fn effective(&self, node: &Node) -> Result<bool, CgroupError> {
+        self.is_allowed(node)
+    }
     /// Grants every node not yet allowed; returns the ones it added. On failure nothing it
     /// added is left, and the error says what a rollback could not undo.
     fn grant_missing(&mut self, nodes: &[Node]) -> Result<Vec<Node>, CgroupError> {
         grant_each(self, nodes)
     }
+}
+
+/// The device rules a service manager keeps for a container's cgroup and applies again on its
+/// own ([`systemd::Scope`]: systemd's `DeviceAllow=` of the container's scope, put in force at
+/// every change and `systemctl daemon-reload`): a grant it does not list never passes its
+/// program (v2) or is taken back at the next reload (v1); an entry it keeps for a GPU taken
+/// back gives that back (v1). Changed outside the state lock (it runs a program).
+pub trait ManagedPolicy {
+    /// What messages call it (`systemd unit libpod-ID.scope`).
+    fn name(&self) -> String;
+    /// Lists `rw` of exactly these nodes (those it lacks).
+    fn allow(&mut self, nodes: &[Node]) -> Result<(), CgroupError>;
+    /// Takes out its entries for exactly these nodes, whoever listed them.
+    fn remove(&mut self, nodes: &[Node]) -> Result<(), CgroupError>;
+    /// Puts its entries for these nodes back as they were when this value was made.
+    fn restore(&mut self, nodes: &[Node]) -> Result<(), CgroupError>;
+}
+
+/// The managed device policy of a process's device cgroup (an OCI container's init; a libvirt
+/// domain's): systemd's scope of it, where systemd keeps a device policy for it.
+pub fn managed_policy(pid: i32) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError> {
+    let (v1, v2) = cgroup_paths(pid)?;
+    // Its v1 devices cgroup where it has one; in the root one (a cgroup v2 host, whose kernel
+    // still lists the v1 hierarchies), its unified cgroup.
+    let Some(path) = v1.filter(|p| p != "/").or(v2) else {
+        return Ok(None);
+    };
+    Ok(systemd::Scope::find(&path)?.map(|s| Box::new(s) as Box<dyn ManagedPolicy>))
 }
 
 /// Grants every node not yet allowed. Returns the ones this call added (the only ones a
@@ -246,8 +316,8 @@ pub fn v1_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
 
 /// The device cgroup of an OCI container's init on cgroup v2: its own cgroup on the unified
 /// hierarchy, where its runtime attached its device program ([`program::Replace`]). Only that
-/// one: a cgroup above it rules other processes too, and one its init moved itself to below
-/// it has no program of the runtime's (refused: [`Fault::NotOneProgram`]).
+/// one: a cgroup above it rules other processes too (a program there is one an attach checks
+/// lets the GPU through, [`DeviceCgroup::effective`]).
 pub fn program_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let (_, v2) = cgroup_paths(pid)?;

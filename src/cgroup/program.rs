@@ -411,6 +411,16 @@ impl Prologue {
 /// included, through its cgroup namespace).
 const LOCK_DIR: [&str; 3] = ["/run", "gpuhook", "cgroup-locks"];
 
+/// What stands for the runtime's code in a cgroup where no runtime attached a program: every
+/// device passes.
+fn allow_all() -> Vec<Insn> {
+    vec![mov64_imm(0, 1), exit()]
+}
+
+/// The name systemd gives its device programs (`bpf-devices.c`), which it keeps on a unit's
+/// cgroup for the unit's `DevicePolicy=`/`DeviceAllow=`.
+pub const SYSTEMD_PROGRAM: &str = "sd_devices";
+
 /// How long a replacement waits for another gpuhook's on the same cgroup.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -466,6 +476,12 @@ fn root_dir(parent: &OwnedFd, name: &str) -> Result<OwnedFd, nix::errno::Errno> 
 /// gpuhook's lock of the cgroup whose directory is `cg`: a file named by the cgroup's
 /// device and inode in [`LOCK_DIR`], taken within [`LOCK_WAIT`].
 fn lock(cg: &OwnedFd) -> Result<Flock<std::fs::File>, Fault> {
+    let st = nix::sys::stat::fstat(cg).map_err(|x| Fault::Lock(x.into()))?;
+    lock_named(&format!("{:x}-{:x}", st.st_dev, st.st_ino))
+}
+
+/// gpuhook's lock named `name` (a file name) in [`LOCK_DIR`], taken within [`LOCK_WAIT`].
+pub(super) fn lock_named(name: &str) -> Result<Flock<std::fs::File>, Fault> {
     use nix::errno::Errno;
     let mut dir = nix::fcntl::open(
         "/",
@@ -477,11 +493,9 @@ fn lock(cg: &OwnedFd) -> Result<Flock<std::fs::File>, Fault> {
         let name = name.trim_start_matches('/');
         dir = root_dir(&dir, name).map_err(|x| Fault::Lock(x.into()))?;
     }
-    let st = nix::sys::stat::fstat(cg).map_err(|x| Fault::Lock(x.into()))?;
-    let name = format!("{:x}-{:x}", st.st_dev, st.st_ino);
     let fd = nix::fcntl::openat(
         &dir,
-        name.as_str(),
+        name,
         OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o600),
     )
@@ -503,31 +517,60 @@ fn lock(cg: &OwnedFd) -> Result<Flock<std::fs::File>, Fault> {
 impl Replace {
     /// The device program attached to cgroup `dir` (exactly one, attached as runc and crun
     /// attach theirs, of plain code that [`eval`] can read), locked against another
-    /// gpuhook's replacement.
+    /// gpuhook's replacement. systemd's own programs there ([`SYSTEMD_PROGRAM`]: a scope's
+    /// `DeviceAllow=`, which runc's cgroup shares under systemd's cgroup manager, put back
+    /// beside the runtime's at each `systemctl daemon-reload`) are systemd's: left in place,
+    /// never replaced. They rule too (an access needs every program to allow it), which
+    /// [`DeviceCgroup::effective`] reads.
     pub fn open(dir: &Path) -> Result<Replace, CgroupError> {
         let e = |f: Fault| CgroupError::new(dir, f);
         let cg = super::open_dir(dir)?;
         let lock = lock(&cg).map_err(e)?;
-        let (ids, flags) = bpf::prog_query_flags(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
+        let (all, flags) = bpf::prog_query_flags(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
             .map_err(|x| e(Fault::ProgQuery(x.into())))?;
-        let several = || {
-            e(Fault::NotOneProgram {
-                programs: ids.len(),
-            })
-        };
-        if ids.is_empty() || ids.len() > 2 {
-            return Err(several());
-        }
         // Without BPF_F_ALLOW_MULTI an attach replaces whatever program is there at that
         // moment, also one a third party put there after gpuhook read the old one: no
         // replacement can be bounded by both. runc and crun attach with it.
-        if flags & bpf::BPF_F_ALLOW_MULTI == 0 {
+        if !all.is_empty() && flags & bpf::BPF_F_ALLOW_MULTI == 0 {
             return Err(e(Fault::NotMulti { flags }));
         }
+        let mut ids = Vec::new();
+        for &id in &all {
+            let prog = super::prog_fd(dir, id)?;
+            let name = bpf::prog_name(prog.as_fd()).map_err(|x| {
+                let errno = x.into();
+                e(Fault::ProgInfo { id, errno })
+            })?;
+            if name != SYSTEMD_PROGRAM {
+                ids.push((id, prog));
+            }
+        }
+        if ids.len() > 2 {
+            return Err(e(Fault::NotOneProgram {
+                programs: ids.len(),
+            }));
+        }
+        // None: every device passes here (crun attaches none for a container with a user
+        // namespace; a cgroup an init moved itself to has none of its own, its runtime's
+        // program ruling from above). Read as a program that allows everything: an attach
+        // then adds nothing here (what rules from above is what the attach checks before it
+        // says `attached`), a detach a program of gpuhook's that denies the node.
+        if ids.is_empty() {
+            return Ok(Replace {
+                dir: dir.to_path_buf(),
+                cg,
+                _lock: lock,
+                current: Vec::new(),
+                runtime: allow_all(),
+                prologue: Prologue::default(),
+                added: Default::default(),
+            });
+        }
+        let programs = ids.len();
+        let several = || e(Fault::NotOneProgram { programs });
         let mut current = Vec::new();
         let mut read: Vec<(Prologue, Vec<Insn>)> = Vec::new();
-        for &id in &ids {
-            let prog = super::prog_fd(dir, id)?;
+        for (id, prog) in ids {
             let (insns, maps) = bpf::prog_xlated(prog.as_fd()).map_err(|x| {
                 let errno = x.into();
                 e(Fault::ProgInfo { id, errno })
@@ -646,6 +689,17 @@ impl DeviceCgroup for Replace {
 
     fn grants_exactly(&self, n: &Node) -> Result<bool, CgroupError> {
         Ok(self.prologue.allow.contains(&(n.major, n.minor)))
+    }
+
+    /// Not where no runtime attached a program (what gpuhook put there since is its own).
+    fn confines(&self) -> bool {
+        self.runtime != allow_all()
+    }
+
+    /// Every program in force for the cgroup: the one gpuhook keeps, systemd's beside it, and
+    /// those of the cgroups above (a scope's, above crun's `container` cgroup).
+    fn effective(&self, n: &Node) -> Result<bool, CgroupError> {
+        super::programs_allow(&self.dir, self.cg.as_fd(), n)
     }
 
     fn allow(&mut self, n: &Node) -> Result<(), CgroupError> {

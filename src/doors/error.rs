@@ -40,10 +40,6 @@ pub enum CliError {
     /// `attach`/`detach`: nothing runs under that name.
     #[error("no running libvirt domain or OCI container named '{name}'")]
     NoContainer { name: String },
-    /// `attach`/`detach` of a user-namespaced OCI container: its `/dev` is its user
-    /// namespace's, where nodes would have to be bind-mounted.
-    #[error("container '{id}': user-namespaced OCI containers: not supported yet")]
-    OciUserNamespace { id: String },
     /// The runtime's state names an init that is gone (or whose PID another process has).
     #[error("container '{id}' is not running (its init, pid {pid}, is gone)")]
     OciNotRunning { id: String, pid: i32 },

@@ -124,7 +124,7 @@ impl Target {
     fn find(&self) -> Result<Container, ContainerError> {
         match self {
             Target::Libvirt(d) => container::find(&d.name, d.id),
-            Target::Oci(o) => container::find_oci(o.init),
+            Target::Oci(o) => container::find_oci(o.init, o.userns()),
         }
     }
 }

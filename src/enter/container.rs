@@ -9,7 +9,7 @@
 //! is not already the right character device. It keeps only the capabilities it needs, and
 //! undoes what it created when a later node fails.
 
-use crate::enter::devdir::{self, Sys};
+use crate::enter::devdir::{self, Bound, Sys};
 use crate::enter::rootfs;
 use crate::enter::sandbox::{self, ForkError, Waited};
 use crate::host::procfs::{self, Proc, ProcRef};
@@ -44,6 +44,11 @@ pub struct Container {
     pub controller: i32,
     pub init: ProcRef,
     pub dev: DevTmpfs,
+    /// Its `/dev` is its own user namespace's (an OCI container with a user namespace: the
+    /// runtime mounted it there), so the host's root can make no node in it: nodes are bind
+    /// mounts of nodes gpuhook makes, on files made as its root (these host ids), as runc makes
+    /// them in a user namespace ([`devdir::Bound`]). `None`: nodes are made with `mknod`.
+    pub userns: Option<rootfs::Owner>,
 }
 
 /// The tmpfs libvirt's controller mounts at `/run/libvirt/lxc/NAME.dev` in its own mount
@@ -180,8 +185,9 @@ pub fn controller_dev(name: &str, controller: i32) -> Result<DevTmpfs, Container
 /// The running OCI container whose init is `init` (found by the front door: gpuhook's
 /// record, or the runtime's state): the `/dev` tmpfs of the init's own mount namespace
 /// (its `mountinfo`, and its root inode through the init's root), checked again by the
-/// helper as at `started`. `controller` is the init itself.
-pub fn find_oci(init: ProcRef) -> Result<Container, ContainerError> {
+/// helper as at `started`. `controller` is the init itself. `userns`: its root's host ids,
+/// when it runs in a user namespace of its own (its `/dev` is that namespace's).
+pub fn find_oci(init: ProcRef, userns: Option<rootfs::Owner>) -> Result<Container, ContainerError> {
     let by = DevBy::Runtime;
     let pid = init.pid;
     if !init.alive() {
@@ -201,6 +207,7 @@ pub fn find_oci(init: ProcRef) -> Result<Container, ContainerError> {
         controller: pid,
         init,
         dev,
+        userns,
     })
 }
 
@@ -257,6 +264,7 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
                 controller,
                 init: *init,
                 dev,
+                userns: None,
             })
         }
         [] => Err(Failure::NoInit { controller }.into()),
@@ -284,14 +292,22 @@ pub struct Made {
     pub outcomes: Vec<Outcome>,
     /// Directories created, e.g. `/dev/dri`.
     pub dirs: Vec<String>,
+    /// In a user-namespaced container: the nodes bind-mounted (those `Created`).
+    #[serde(default)]
+    pub bound: Vec<Bound>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Job {
     Create(Vec<NodeSpec>),
+    /// A user-namespaced container's nodes: bind mounts, acting as its root (`owner`).
+    Bind(Vec<NodeSpec>, rootfs::Owner),
     Remove {
         nodes: Vec<NodeSpec>,
         dirs: Vec<String>,
+        /// A user-namespaced container's (acting as its root): its nodes are mounts, those
+        /// gpuhook made in `bound`.
+        userns: Option<(rootfs::Owner, Vec<Bound>)>,
     },
     /// CDI: mounts, links and the linker cache in the container's root, acting as its root
     /// (`owner`).
@@ -320,7 +336,11 @@ const CHILD_TIMEOUT: Duration = Duration::from_secs(20);
 /// Creates `nodes` in the container's `/dev`; on any failure removes what it created and
 /// returns the error.
 pub fn create_nodes(ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError> {
-    match run(ct, &Job::Create(nodes.to_vec()))? {
+    let job = match ct.userns {
+        Some(owner) => Job::Bind(nodes.to_vec(), owner),
+        None => Job::Create(nodes.to_vec()),
+    };
+    match run(ct, &job)? {
         Reply::Made(m) => Ok(m),
         Reply::Failed(e) => Err(e),
         _ => Err(Failure::UnexpectedReply.into()),
@@ -328,17 +348,20 @@ pub fn create_nodes(ct: &Container, nodes: &[NodeSpec]) -> Result<Made, Containe
 }
 
 /// Removes nodes this gpuhook created (each only if it is still that character device) and
-/// the directories it created (if empty).
+/// the directories it created (if empty); in a user-namespaced container the nodes' mounts
+/// ([`devdir::unbind`]: `bound`, those gpuhook made).
 pub fn remove_nodes(
     ct: &Container,
     nodes: &[NodeSpec],
     dirs: &[String],
+    bound: &[Bound],
 ) -> Result<(), ContainerError> {
     match run(
         ct,
         &Job::Remove {
             nodes: nodes.to_vec(),
             dirs: dirs.to_vec(),
+            userns: ct.userns.map(|o| (o, bound.to_vec())),
         },
     )? {
         Reply::Removed => Ok(()),
@@ -495,6 +518,13 @@ fn child(
     // while detached, and the host's ldconfig.
     let mut trees = Vec::new();
     let mut ldconfig = None;
+    let mut nodes_made = Vec::new();
+    if let Job::Bind(nodes, _) = &job {
+        match own_nodes(nodes) {
+            Ok(t) => nodes_made = t,
+            Err(e) => return Ok(Reply::Failed(e.into())),
+        }
+    }
     if let Job::Inject(plan, _) = &job {
         match rootfs::open_trees(&plan.mounts) {
             Ok(t) => trees = t,
@@ -510,9 +540,13 @@ fn child(
     nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNS)
         .map_err(|e| Failure::Setns(e.into()))?;
     match &job {
-        Job::Inject(_, owner) | Job::Uninject(_, owner) => {
-            rootfs::act_as(*owner, true).map_err(Failure::Identity)?
-        }
+        Job::Inject(_, owner)
+        | Job::Uninject(_, owner)
+        | Job::Bind(_, owner)
+        | Job::Remove {
+            userns: Some((owner, _)),
+            ..
+        } => rootfs::act_as(*owner, true).map_err(Failure::Identity)?,
         _ => drop_capabilities().map_err(Failure::Caps)?,
     }
     nix::sys::stat::umask(Mode::empty());
@@ -556,8 +590,31 @@ fn child(
             }
             Reply::Made(made)
         }
-        Job::Remove { nodes, dirs } => {
-            devdir::remove(&Sys, &dev, dev_fs, &nodes, &dirs);
+        Job::Bind(nodes, _) => {
+            let mut made = Made::default();
+            for (n, t) in nodes.iter().zip(&nodes_made) {
+                match devdir::bind_one(&Sys, &dev, dev_fs, n, t, t.id(), &mut made.dirs) {
+                    Ok((o, b)) => {
+                        made.outcomes.push(o);
+                        made.bound.extend(b);
+                    }
+                    Err(e) => {
+                        devdir::unbind(&Sys, &dev, dev_fs, &nodes, &made.bound, &made.dirs);
+                        return Ok(Reply::Failed(Refusal::Node(e).into()));
+                    }
+                }
+            }
+            Reply::Made(made)
+        }
+        Job::Remove {
+            nodes,
+            dirs,
+            userns,
+        } => {
+            match userns {
+                Some((_, bound)) => devdir::unbind(&Sys, &dev, dev_fs, &nodes, &bound, &dirs),
+                None => devdir::remove(&Sys, &dev, dev_fs, &nodes, &dirs),
+            }
             Reply::Removed
         }
         Job::Inject(plan, owner) => {
@@ -569,6 +626,80 @@ fn child(
         Job::Uninject(done, _) => Reply::Left(rootfs::undo(&root, &done)),
         Job::Check(mounted) => Reply::Missing(rootfs::missing(&root, &mounted)),
     })
+}
+
+/// The nodes a user-namespaced container gets bind mounts of, made in the host's user
+/// namespace where they can be used (in the helper, before it joins the container): a mount
+/// namespace of the helper's own (nothing it mounts reaches the host's), a fresh tmpfs there
+/// (not `nodev`), each node made on it as the request asks (number, mode, host-side owner), and
+/// a detached clone of each ([`rootfs::node_tree`]). The tmpfs lives on in the mounts moved
+/// into the container; nothing is left on the host.
+fn own_nodes(nodes: &[NodeSpec]) -> Result<Vec<rootfs::Tree>, Failure> {
+    use nix::mount::{mount, MsFlags};
+    let fail = |what: &str, e: nix::errno::Errno| Failure::OwnNode {
+        what: what.to_owned(),
+        errno: e.into(),
+    };
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(|e| fail("(unshare of a mount namespace)", e))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| fail("(its mounts made private)", e))?;
+    // Mounted over the host's /dev in this namespace alone: a directory every host has.
+    mount(
+        Some("gpuhook-nodes"),
+        "/dev",
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("mode=0700,size=64k,nr_inodes=1024"),
+    )
+    .map_err(|e| fail("(a tmpfs for them)", e))?;
+    let dir = nix::fcntl::open(
+        "/dev",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| fail("(its tmpfs)", e))?;
+    nix::sys::stat::umask(Mode::empty());
+    let mut out = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let what = || format!("{} ({}:{})", n.path, n.major, n.minor);
+        if n.mode & !0o777 != 0 {
+            return Err(fail(&what(), nix::errno::Errno::EINVAL));
+        }
+        let name = i.to_string();
+        nix::sys::stat::mknodat(
+            &dir,
+            name.as_str(),
+            nix::sys::stat::SFlag::S_IFCHR,
+            Mode::from_bits_truncate(n.mode),
+            n.rdev(),
+        )
+        .map_err(|e| fail(&what(), e))?;
+        nix::unistd::fchownat(
+            &dir,
+            name.as_str(),
+            Some(n.uid.into()),
+            Some(n.gid.into()),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| fail(&what(), e))?;
+        nix::sys::stat::fchmodat(
+            &dir,
+            name.as_str(),
+            Mode::from_bits_truncate(n.mode),
+            nix::sys::stat::FchmodatFlags::NoFollowSymlink,
+        )
+        .map_err(|e| fail(&what(), e))?;
+        let t = rootfs::node_tree(&dir, &name).map_err(|e| fail(&what(), e))?;
+        out.push(t);
+    }
+    Ok(out)
 }
 
 /// Keeps only what making nodes needs: mknod, chown, and reaching into directories the

@@ -127,6 +127,18 @@ pub enum NodeError {
     },
     #[error("container {path} has mode {mode:o}, wanted {want:o}")]
     Mode { path: String, mode: u32, want: u32 },
+    #[error("cannot create container {path} to mount the node on: {errno}")]
+    MountPoint {
+        path: String,
+        #[source]
+        errno: SysErr,
+    },
+    #[error("cannot mount the node on container {path}: {errno}")]
+    Bind {
+        path: String,
+        #[source]
+        errno: SysErr,
+    },
 }
 
 /// What a stat says, as far as the walk cares.
@@ -138,6 +150,8 @@ pub struct Stat {
     pub rdev: u64,
     /// The filesystem (`st_dev`).
     pub fs: u64,
+    pub ino: u64,
+    pub size: i64,
 }
 
 impl Stat {
@@ -147,6 +161,8 @@ impl Stat {
             mode: st.st_mode & 0o7777,
             rdev: st.st_rdev,
             fs: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size,
         }
     }
 }
@@ -156,6 +172,8 @@ impl Stat {
 pub trait DirOps {
     type Dir;
     type Obj;
+    /// A detached mount of one node, ready to be moved into the container.
+    type Tree;
     fn dup(&self, d: &Self::Dir) -> Result<Self::Dir, Errno>;
     /// Opens a directory, not following a symlink (`O_DIRECTORY | O_NOFOLLOW`).
     fn open_dir(&self, parent: &Self::Dir, name: &str) -> Result<Self::Dir, Errno>;
@@ -169,6 +187,12 @@ pub trait DirOps {
     fn fstat_obj(&self, o: &Self::Obj) -> Result<Stat, Errno>;
     fn chown_obj(&self, o: &Self::Obj, uid: u32, gid: u32) -> Result<(), Errno>;
     fn unlink(&self, parent: &Self::Dir, name: &str, dir: bool) -> Result<(), Errno>;
+    /// Creates an empty regular file (`O_CREAT | O_EXCL | O_NOFOLLOW`): a mount point.
+    fn create_file(&self, parent: &Self::Dir, name: &str) -> Result<(), Errno>;
+    /// Moves the detached mount `tree` onto the object (`move_mount`).
+    fn mount_on(&self, tree: &Self::Tree, target: &Self::Obj) -> Result<(), Errno>;
+    /// Unmounts what is mounted at `name` (lazily, never through a symlink).
+    fn umount(&self, parent: &Self::Dir, name: &str) -> Result<(), Errno>;
 }
 
 /// The real operations, on directory descriptors.
@@ -177,6 +201,7 @@ pub struct Sys;
 impl DirOps for Sys {
     type Dir = OwnedFd;
     type Obj = OwnedFd;
+    type Tree = crate::enter::rootfs::Tree;
     fn dup(&self, d: &OwnedFd) -> Result<OwnedFd, Errno> {
         d.try_clone()
             .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))
@@ -231,6 +256,25 @@ impl DirOps for Sys {
             UnlinkatFlags::NoRemoveDir
         };
         unlinkat(parent, name, how)
+    }
+    fn create_file(&self, parent: &OwnedFd, name: &str) -> Result<(), Errno> {
+        openat(
+            parent,
+            name,
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map(drop)
+    }
+    fn mount_on(&self, tree: &crate::enter::rootfs::Tree, target: &OwnedFd) -> Result<(), Errno> {
+        tree.move_onto(target)
+    }
+    fn umount(&self, parent: &OwnedFd, name: &str) -> Result<(), Errno> {
+        nix::unistd::fchdir(parent)?;
+        nix::mount::umount2(
+            name,
+            nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,
+        )
     }
 }
 
@@ -417,6 +461,155 @@ pub fn remove<D: DirOps>(ops: &D, dev: &D::Dir, dev_fs: u64, nodes: &[NodeSpec],
     }
 }
 
+/// A node bind-mounted into a user-namespaced container's `/dev` (its `/dev` tmpfs is its user
+/// namespace's: the host's root can make no node there, and one made would be `nodev`): its
+/// path, the node mounted there (a node gpuhook made on a tmpfs of its own, by filesystem and
+/// inode), and the empty file gpuhook made in the container's `/dev` to mount it on. What
+/// `detach` takes back: the mount while it is that node, the file while it is that file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bound {
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+    pub file_dev: u64,
+    pub file_ino: u64,
+}
+
+/// Bind-mounts `tree` (the node `n`, made by gpuhook; `id`: its filesystem and inode) at `n`'s
+/// path, as runc does in a user namespace: on an empty regular file made there (with missing
+/// directories, recorded in `dirs`), reached with `O_NOFOLLOW` and mounted on through that
+/// handle. `Existing` (nothing done) when the right character device is there already; any
+/// other thing there (a symlink, a file, another device) is refused. On failure nothing of this
+/// node is left.
+pub fn bind_one<D: DirOps>(
+    ops: &D,
+    dev: &D::Dir,
+    dev_fs: u64,
+    n: &NodeSpec,
+    tree: &D::Tree,
+    id: (u64, u64),
+    dirs: &mut Vec<String>,
+) -> Result<(Outcome, Option<Bound>), NodeError> {
+    let (dir, leaf) = walk_parent(ops, dev, dev_fs, &n.path, Some(dirs))?.expect("dirs given");
+    let path = || n.path.clone();
+    let stat_err = |e: Errno| NodeError::Stat {
+        at: path(),
+        errno: e.into(),
+    };
+    match ops.lstat(&dir, leaf) {
+        Ok(st) if is_node(&st, n) => return Ok((Outcome::Existing, None)),
+        Ok(st) => {
+            return Err(NodeError::InTheWay {
+                path: path(),
+                found: Found::from(&st),
+                major: n.major,
+                minor: n.minor,
+            })
+        }
+        Err(Errno::ENOENT) => {}
+        Err(e) => return Err(stat_err(e)),
+    }
+    ops.create_file(&dir, leaf)
+        .map_err(|e| NodeError::MountPoint {
+            path: path(),
+            errno: e.into(),
+        })?;
+    // From here on, act on the file we made through a handle that names it, never by path.
+    let mut made = None;
+    let done = (|| {
+        let o = ops.open_obj(&dir, leaf).map_err(|e| NodeError::Vanished {
+            path: path(),
+            errno: e.into(),
+        })?;
+        let st = ops.fstat_obj(&o).map_err(stat_err)?;
+        if st.kind != libc::S_IFREG || st.size != 0 {
+            let found = Found::from(&st);
+            return Err(NodeError::Swapped {
+                path: path(),
+                found,
+            });
+        }
+        made = Some((st.fs, st.ino));
+        ops.mount_on(tree, &o).map_err(|e| NodeError::Bind {
+            path: path(),
+            errno: e.into(),
+        })?;
+        Ok(Bound {
+            path: path(),
+            dev: id.0,
+            ino: id.1,
+            file_dev: st.fs,
+            file_ino: st.ino,
+        })
+    })();
+    match done {
+        Ok(b) => Ok((Outcome::Created, Some(b))),
+        Err(e) => {
+            // The file we made, only while it is that file (not mounted on).
+            if let (Some((fs, ino)), Ok(st)) = (made, ops.lstat(&dir, leaf)) {
+                if st.kind == libc::S_IFREG && (st.fs, st.ino) == (fs, ino) {
+                    let _ = ops.unlink(&dir, leaf, false);
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Takes nodes out of a user-namespaced container's `/dev` (the unit's nodes, by path and
+/// number; `bound`: those gpuhook bind-mounted, by identity): a mount of gpuhook's is taken
+/// off while it is that node and its file removed while it is that empty file; at a node's
+/// path that gpuhook recorded nothing for (the runtime bound it at create, from gpuhook's node
+/// directory; an attach killed before it recorded), a mount of that very character device is
+/// taken off and the empty file it was mounted on removed. Anything else there is the
+/// container's, and stays. Directories (only empty ones) go last.
+pub fn unbind<D: DirOps>(
+    ops: &D,
+    dev: &D::Dir,
+    dev_fs: u64,
+    nodes: &[NodeSpec],
+    bound: &[Bound],
+    dirs: &[String],
+) {
+    for n in nodes.iter().rev() {
+        let Ok(Some((dir, leaf))) = walk_parent(ops, dev, dev_fs, &n.path, None) else {
+            continue;
+        };
+        let ours = bound.iter().find(|b| b.path == n.path);
+        let Ok(st) = ops.lstat(&dir, leaf) else {
+            continue;
+        };
+        // What is mounted there to take off, and the file under it to remove: gpuhook's
+        // (by identity), or at an unrecorded path a mount of that very device.
+        let under = match ours {
+            Some(b) if (st.fs, st.ino) == (b.dev, b.ino) => Some((b.file_dev, Some(b.file_ino))),
+            None if is_node(&st, n) && st.fs != dev_fs => Some((dev_fs, None)),
+            _ => None,
+        };
+        let Some((fs, ino)) = under else {
+            continue;
+        };
+        if ops.umount(&dir, leaf).is_err() {
+            continue;
+        }
+        if let Ok(f) = ops.lstat(&dir, leaf) {
+            if f.kind == libc::S_IFREG
+                && f.size == 0
+                && f.fs == fs
+                && ino.is_none_or(|i| i == f.ino)
+            {
+                let _ = ops.unlink(&dir, leaf, false);
+            }
+        }
+    }
+    for d in dirs.iter().rev() {
+        if let Ok(Some((parent, leaf))) = walk_parent(ops, dev, dev_fs, d, None) {
+            let _ = ops.unlink(&parent, leaf, true);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,6 +633,12 @@ mod tests {
         mknod_fails: Option<Errno>,
         /// The container swaps a symlink in right after our mknod.
         swap_after_mknod: bool,
+        /// Mounts: (directory, name) and the inode on top there, last mounted last.
+        mounts: RefCell<Vec<(usize, String, usize)>>,
+        /// The container swaps a symlink in for our mount point right after it is made.
+        swap_after_create: bool,
+        /// Mounting fails with this.
+        mount_fails: Option<Errno>,
     }
 
     const DIR: u32 = libc::S_IFDIR;
@@ -456,6 +655,8 @@ mod tests {
                         mode: 0o755,
                         rdev: 0,
                         fs: 1,
+                        ino: 0,
+                        size: 0,
                     },
                     owner: (0, 0),
                     children: BTreeMap::new(),
@@ -463,17 +664,51 @@ mod tests {
                 log: RefCell::new(Vec::new()),
                 mknod_fails: None,
                 swap_after_mknod: false,
+                mounts: RefCell::new(Vec::new()),
+                swap_after_create: false,
+                mount_fails: None,
             }
+        }
+        /// A node gpuhook made elsewhere (filesystem 9), to be mounted: its inode.
+        fn own_node(&self, rdev: u64) -> usize {
+            let mut v = self.inodes.borrow_mut();
+            let ino = v.len();
+            v.push(Inode {
+                st: Stat {
+                    kind: CHR,
+                    mode: 0o666,
+                    rdev,
+                    fs: 9,
+                    ino: ino as u64,
+                    size: 0,
+                },
+                owner: (100000, 100000),
+                children: BTreeMap::new(),
+            });
+            ino
+        }
+        /// Where an inode is linked: its directory and name.
+        fn place(&self, ino: usize) -> Option<(usize, String)> {
+            let v = self.inodes.borrow();
+            v.iter().enumerate().find_map(|(d, i)| {
+                i.children
+                    .iter()
+                    .find(|(_, c)| **c == ino)
+                    .map(|(n, _)| (d, n.clone()))
+            })
         }
         fn add(&self, parent: usize, name: &str, kind: u32, rdev: u64, fs: Option<u64>) -> usize {
             let mut v = self.inodes.borrow_mut();
             let fs = fs.unwrap_or(v[parent].st.fs);
+            let ino = v.len() as u64;
             v.push(Inode {
                 st: Stat {
                     kind,
                     mode: 0o755,
                     rdev,
                     fs,
+                    ino,
+                    size: 0,
                 },
                 owner: (0, 0),
                 children: BTreeMap::new(),
@@ -483,6 +718,15 @@ mod tests {
             ino
         }
         fn child(&self, d: usize, name: &str) -> Result<usize, Errno> {
+            let top = self
+                .mounts
+                .borrow()
+                .iter()
+                .rev()
+                .find_map(|(p, n, i)| (*p == d && n == name).then_some(*i));
+            if let Some(i) = top {
+                return Ok(i);
+            }
             self.inodes.borrow()[d]
                 .children
                 .get(name)
@@ -491,19 +735,22 @@ mod tests {
         }
         /// Every path and what it is, for comparing before and after.
         fn tree(&self) -> Vec<String> {
-            fn walk(v: &[Inode], ino: usize, at: &str, out: &mut Vec<String>) {
-                for (name, c) in &v[ino].children {
+            fn walk(f: &Fake, ino: usize, at: &str, out: &mut Vec<String>) {
+                let names: Vec<String> = f.inodes.borrow()[ino].children.keys().cloned().collect();
+                for name in names {
+                    let c = f.child(ino, &name).unwrap();
                     let p = format!("{at}/{name}");
-                    let i = &v[*c];
+                    let i = f.inodes.borrow()[c].clone();
+                    let mounted = if i.st.fs == 9 { " (mounted)" } else { "" };
                     out.push(format!(
-                        "{p} {:o} {:x} {}:{}",
+                        "{p} {:o} {:x} {}:{}{mounted}",
                         i.st.kind, i.st.rdev, i.owner.0, i.owner.1
                     ));
-                    walk(v, *c, &p, out);
+                    walk(f, c, &p, out);
                 }
             }
             let mut out = Vec::new();
-            walk(&self.inodes.borrow(), 0, "/dev", &mut out);
+            walk(self, 0, "/dev", &mut out);
             out
         }
         fn writes(&self) -> Vec<String> {
@@ -514,6 +761,7 @@ mod tests {
     impl DirOps for Fake {
         type Dir = usize;
         type Obj = usize;
+        type Tree = usize;
         fn dup(&self, d: &usize) -> Result<usize, Errno> {
             Ok(*d)
         }
@@ -556,6 +804,8 @@ mod tests {
                     mode: 0o777,
                     rdev: 0,
                     fs: 1,
+                    ino: ino as u64,
+                    size: 0,
                 };
             }
             Ok(())
@@ -580,8 +830,47 @@ mod tests {
                 (false, DIR) => return Err(Errno::EISDIR),
                 _ => {}
             }
+            if self
+                .mounts
+                .borrow()
+                .iter()
+                .any(|(p, n, _)| p == parent && n == name)
+            {
+                return Err(Errno::EBUSY);
+            }
             self.log.borrow_mut().push(format!("unlink {name}"));
             self.inodes.borrow_mut()[*parent].children.remove(name);
+            Ok(())
+        }
+        fn create_file(&self, parent: &usize, name: &str) -> Result<(), Errno> {
+            if self.child(*parent, name).is_ok() {
+                return Err(Errno::EEXIST);
+            }
+            self.log.borrow_mut().push(format!("create {name}"));
+            let ino = self.add(*parent, name, REG, 0, None);
+            self.inodes.borrow_mut()[ino].owner = (100000, 100000);
+            if self.swap_after_create {
+                self.inodes.borrow_mut()[ino].st.kind = LNK;
+            }
+            Ok(())
+        }
+        fn mount_on(&self, tree: &usize, target: &usize) -> Result<(), Errno> {
+            if let Some(e) = self.mount_fails {
+                return Err(e);
+            }
+            let (d, n) = self.place(*target).ok_or(Errno::ENOENT)?;
+            self.log.borrow_mut().push(format!("mount {n}"));
+            self.mounts.borrow_mut().push((d, n, *tree));
+            Ok(())
+        }
+        fn umount(&self, parent: &usize, name: &str) -> Result<(), Errno> {
+            let mut m = self.mounts.borrow_mut();
+            let at = m
+                .iter()
+                .rposition(|(p, n, _)| p == parent && n == name)
+                .ok_or(Errno::EINVAL)?;
+            m.remove(at);
+            self.log.borrow_mut().push(format!("umount {name}"));
             Ok(())
         }
     }
@@ -733,6 +1022,135 @@ mod tests {
                 "/dev/dri 40000 0 0:0",
                 "/dev/dri/renderD128 20000 103 0:0",
                 "/dev/nvidia1 20000 c301 0:0"
+            ]
+        );
+    }
+
+    type Bind = Result<(Outcome, Option<Bound>), String>;
+
+    fn bind(f: &Fake, n: &NodeSpec) -> (Bind, Vec<String>) {
+        let t = f.own_node(n.rdev());
+        let mut dirs = Vec::new();
+        let r = bind_one(f, &0, 1, n, &t, (9, t as u64), &mut dirs).map_err(|e| e.to_string());
+        (r, dirs)
+    }
+
+    /// A user-namespaced container's node: gpuhook's own node mounted on an empty file made
+    /// in its /dev (and a missing directory); taken off and removed again by identity.
+    #[test]
+    fn binds_a_node_on_a_file_it_makes_and_takes_it_back() {
+        let f = Fake::new();
+        let n = spec("/dev/dri/renderD128", 226, 128);
+        let (r, dirs) = bind(&f, &n);
+        let (o, b) = r.unwrap();
+        let b = b.expect("bound");
+        assert_eq!(
+            (o, dirs.as_slice()),
+            (Outcome::Created, &["/dev/dri".to_string()][..])
+        );
+        assert_eq!((b.path.as_str(), b.dev), ("/dev/dri/renderD128", 9));
+        assert_eq!(b.file_dev, 1);
+        assert_eq!(
+            f.tree(),
+            [
+                "/dev/dri 40000 0 0:0",
+                "/dev/dri/renderD128 20000 e280 100000:100000 (mounted)"
+            ]
+        );
+        assert_eq!(
+            f.writes(),
+            ["mkdir dri", "create renderD128", "mount renderD128"]
+        );
+        // Again: the node is there (mounted), nothing is done.
+        let (r, _) = bind(&f, &n);
+        assert_eq!(r.unwrap(), (Outcome::Existing, None));
+        unbind(
+            &f,
+            &0,
+            1,
+            std::slice::from_ref(&n),
+            std::slice::from_ref(&b),
+            &dirs,
+        );
+        assert_eq!(f.tree(), Vec::<String>::new());
+        assert_eq!(
+            f.writes()[3..],
+            ["umount renderD128", "unlink renderD128", "unlink dri"]
+        );
+    }
+
+    /// What the container put at the node's place is neither mounted over nor removed.
+    #[test]
+    fn binds_over_nothing_the_container_put_there() {
+        for (kind, rdev, what) in [
+            (LNK, 0, "a symlink"),
+            (REG, 0, "a regular file"),
+            (CHR, libc::makedev(1, 3), "the character device 1:3"),
+        ] {
+            let f = Fake::new();
+            f.add(0, "nvidia1", kind, rdev, None);
+            let before = f.tree();
+            let (r, _) = bind(&f, &spec("/dev/nvidia1", 195, 1));
+            assert_eq!(
+                r,
+                Err(format!("container /dev/nvidia1 is {what} (not the character device 195:1); refusing to replace it"))
+            );
+            assert_eq!((f.tree(), f.writes()), (before.clone(), vec![]));
+        }
+        // A symlink swapped in for the file gpuhook made: not mounted on, left to the
+        // container.
+        let mut f = Fake::new();
+        f.swap_after_create = true;
+        let (r, _) = bind(&f, &spec("/dev/nvidia1", 195, 1));
+        assert_eq!(
+            r,
+            Err("container /dev/nvidia1 was swapped for a symlink while being created".into())
+        );
+        assert!(
+            f.writes().iter().all(|w| !w.starts_with("mount")),
+            "{:?}",
+            f.writes()
+        );
+        // A mount that fails: the file made for it goes.
+        let mut f = Fake::new();
+        f.mount_fails = Some(Errno::EPERM);
+        let (r, _) = bind(&f, &spec("/dev/nvidia1", 195, 1));
+        assert!(r
+            .unwrap_err()
+            .starts_with("cannot mount the node on container /dev/nvidia1"));
+        assert_eq!(f.tree(), Vec::<String>::new());
+    }
+
+    /// At detach: a mount that is no longer gpuhook's (the container took it off and put
+    /// a symlink, or its own file, there) stays; the runtime's mount of the node (a GPU given
+    /// at create) is taken off with its empty file; another device's stays.
+    #[test]
+    fn unbinds_only_what_is_still_gpuhooks() {
+        let f = Fake::new();
+        let n1 = spec("/dev/nvidia1", 195, 1);
+        let (r, _) = bind(&f, &n1);
+        let b = r.unwrap().1.unwrap();
+        // The container takes the mount off and puts a symlink in the file's place.
+        f.umount(&0, "nvidia1").unwrap();
+        f.unlink(&0, "nvidia1", false).unwrap();
+        f.add(0, "nvidia1", LNK, 0, None);
+        // The runtime's mount of GPU 0 (from gpuhook's node directory, at create), and a
+        // mount of /dev/null at GPU 2's path.
+        let n0 = spec("/dev/nvidia0", 195, 0);
+        let file = f.add(0, "nvidia0", REG, 0, None);
+        let _ = file;
+        let t0 = f.own_node(n0.rdev());
+        f.mounts.borrow_mut().push((0, "nvidia0".into(), t0));
+        let n2 = spec("/dev/nvidia2", 195, 2);
+        f.add(0, "nvidia2", REG, 0, None);
+        let null = f.own_node(libc::makedev(1, 3));
+        f.mounts.borrow_mut().push((0, "nvidia2".into(), null));
+        unbind(&f, &0, 1, &[n0, n1, n2], &[b], &[]);
+        assert_eq!(
+            f.tree(),
+            [
+                "/dev/nvidia1 120000 0 0:0",
+                "/dev/nvidia2 20000 103 100000:100000 (mounted)"
             ]
         );
     }

@@ -120,6 +120,67 @@ pub struct Tree {
     ino: u64,
 }
 
+impl Tree {
+    /// Its filesystem and inode: what a `stat` where it is mounted shows.
+    pub fn id(&self) -> (u64, u64) {
+        (self.dev, self.ino)
+    }
+
+    /// Moves it onto `target` (an `O_PATH` handle of the place), descriptors only.
+    pub fn move_onto(&self, target: &OwnedFd) -> Result<(), Errno> {
+        // SAFETY: move_mount between two descriptors we hold, with empty paths.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                self.fd.as_raw_fd(),
+                c"".as_ptr(),
+                target.as_raw_fd(),
+                c"".as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+            )
+        };
+        Errno::result(r).map(drop)
+    }
+}
+
+/// A detached mount of the node `name` in `dir` (one gpuhook made on a tmpfs of its own,
+/// mounted in the host's user namespace), cloned in this mount namespace (`open_tree`) and made
+/// read-only, `nosuid`, `noexec` and private while detached — not `nodev`: it is a device to
+/// be opened. What a user-namespaced container gets for a node ([`crate::enter::devdir::Bound`]).
+pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<Tree, Errno> {
+    let cname = CString::new(name).map_err(|_| Errno::EINVAL)?;
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    // SAFETY: open_tree on a directory descriptor we hold and a valid C string.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), cname.as_ptr(), flags) };
+    let fd = Errno::result(fd)?;
+    // SAFETY: a fresh descriptor the kernel just returned, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+        attr_clr: MOUNT_ATTR_NODEV,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr on our descriptor with an empty path and a correctly sized struct.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(r)?;
+    let st = fstat(&fd)?;
+    Ok(Tree {
+        fd,
+        dev: st.st_dev,
+        ino: st.st_ino,
+    })
+}
+
 /// Clones each mount's source (in this, the host's, mount namespace) and sets its
 /// attributes while it is detached.
 pub fn open_trees(mounts: &[BindMount]) -> Result<Vec<Tree>, RootfsError> {

@@ -5,8 +5,9 @@
 //! record what they were asked.
 
 use crate::cdi;
-use crate::cgroup::{self, CgroupError, DeviceCgroup};
+use crate::cgroup::{self, CgroupError, DeviceCgroup, ManagedPolicy};
 use crate::enter::container::{self, Container, ContainerError, Made};
+use crate::enter::devdir::Bound;
 use crate::enter::rootfs::{Done, Mounted, Owner};
 use crate::host::config::Config;
 use crate::host::inventory::{self, Inventory, InventoryError, Scan};
@@ -20,12 +21,14 @@ use std::path::PathBuf;
 pub trait Enter {
     /// Creates the nodes in the container's `/dev`; on failure none is left.
     fn create_nodes(&self, ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError>;
-    /// Removes nodes (and directories) this gpuhook created.
+    /// Removes nodes (and directories) this gpuhook created; in a user-namespaced container
+    /// their mounts (`bound`: those gpuhook made).
     fn remove_nodes(
         &self,
         ct: &Container,
         nodes: &[NodeSpec],
         dirs: &[String],
+        bound: &[Bound],
     ) -> Result<(), ContainerError>;
     /// Applies a CDI plan's mounts, links and linker cache in the container's root.
     fn inject(
@@ -61,8 +64,9 @@ impl Enter for Host {
         ct: &Container,
         nodes: &[NodeSpec],
         dirs: &[String],
+        bound: &[Bound],
     ) -> Result<(), ContainerError> {
-        container::remove_nodes(ct, nodes, dirs)
+        container::remove_nodes(ct, nodes, dirs, bound)
     }
     fn inject(
         &self,
@@ -94,6 +98,11 @@ pub type ScanFn<'a> = &'a dyn Fn(&Config, Scan) -> Result<Inventory, InventoryEr
 /// The device cgroup of a running container (the real one: [`cgroup::for_container`]).
 pub type CgroupFn<'a> = &'a dyn Fn(&Container) -> Result<Box<dyn DeviceCgroup>, CgroupError>;
 
+/// The device rules a service manager keeps for a running container's cgroup, where it keeps
+/// any (the real one: [`cgroup::managed_policy`], systemd's scope of its init's cgroup).
+pub type ManagerFn<'a> =
+    &'a dyn Fn(&Container) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError>;
+
 /// Reads the CDI specs of these kinds from these directories (the real one: [`cdi::load`]).
 pub type CdiSpecsFn<'a> =
     &'a dyn Fn(&[PathBuf], &[&str]) -> Result<Vec<cdi::Loaded>, cdi::LoadError>;
@@ -107,6 +116,8 @@ pub struct Facts<'a> {
     pub proc: Proc<'a>,
     pub scan: ScanFn<'a>,
     pub cgroup: CgroupFn<'a>,
+    /// systemd's device policy of the container's scope (attach and detach change it too).
+    pub manager: ManagerFn<'a>,
     pub enter: &'a dyn Enter,
     pub cdi_specs: CdiSpecsFn<'a>,
     /// Whether libvirt's controller for a domain (by name) runs.
@@ -119,6 +130,10 @@ fn real_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     cgroup::for_container(ct.controller, ct.init.pid)
 }
 
+fn real_manager(ct: &Container) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError> {
+    cgroup::managed_policy(ct.init.pid)
+}
+
 impl<'a> Facts<'a> {
     /// This host: its `/proc`, sysfs, cgroups and containers.
     pub fn host(cfg: &'a Config) -> Facts<'a> {
@@ -127,6 +142,7 @@ impl<'a> Facts<'a> {
             proc: procfs::HOST,
             scan: &inventory::scan_with,
             cgroup: &real_cgroup,
+            manager: &real_manager,
             enter: &Host,
             cdi_specs: &cdi::load,
             controller_running: &crate::reserve::lifecycle::controller_running,

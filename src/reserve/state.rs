@@ -122,6 +122,10 @@ pub struct Reservation {
     /// file when not (files written before load unchanged).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hotplugged: bool,
+    /// The nodes `attach` bind-mounted into a user-namespaced OCI container (its `/dev` is its
+    /// user namespace's), by identity: what `detach` takes off again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_mounts: Vec<crate::enter::devdir::Bound>,
 }
 
 impl Reservation {
@@ -147,6 +151,7 @@ impl Reservation {
             mounts: vec![],
             rootfs: Default::default(),
             hotplugged: false,
+            node_mounts: Vec::new(),
         }
     }
 

@@ -820,6 +820,7 @@ pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
                         mounts: vec![],
                         rootfs: Default::default(),
                         hotplugged: false,
+                        node_mounts: Vec::new(),
                     },
                 );
             }

@@ -26,6 +26,17 @@ pub struct Oci {
     pub idmap: IdMap,
 }
 
+impl Oci {
+    /// Its root's host ids when it runs in a user namespace of its own (its `/dev` is that
+    /// namespace's: nodes are bind mounts made as its root); `None` without one.
+    pub fn userns(&self) -> Option<crate::enter::rootfs::Owner> {
+        (self.idmap != IdMap::default()).then(|| crate::enter::rootfs::Owner {
+            uid: self.idmap.host_uid(0).unwrap_or(65534),
+            gid: self.idmap.host_gid(0).unwrap_or(65534),
+        })
+    }
+}
+
 /// What a runtime's state says of its container's init: its PID and, where the runtime
 /// records it, its start time (so a reused PID is not taken for it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,12 +182,9 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
             None => return Ok(None),
         },
     };
+    // With a user namespace its `/dev` tmpfs is that namespace's: nodes are bind mounts
+    // ([`Oci::userns`]).
     let idmap = id_map(init.pid)?;
-    // Its `/dev` tmpfs belongs to its user namespace: the host's root can make no node there
-    // (EOVERFLOW: not mapped), and one made would be `nodev`. runc bind-mounts nodes for it.
-    if idmap != IdMap::default() {
-        return Err(CliError::OciUserNamespace { id: id.to_string() });
-    }
     Ok(Some(Oci {
         id: id.to_string(),
         init,

@@ -162,6 +162,14 @@ pub enum Failure {
     DevDir(#[source] OpenDirError),
     #[error("container /dev: {0}")]
     DevFstat(#[source] SysErr),
+    /// Making the nodes a user-namespaced container gets bind mounts of (on a tmpfs of
+    /// gpuhook's own, in a mount namespace of the helper's own).
+    #[error("making the node {what}: {errno}")]
+    OwnNode {
+        what: String,
+        #[source]
+        errno: SysErr,
+    },
     /// What a test double says.
     #[cfg(test)]
     #[error("{0}")]

@@ -24,6 +24,8 @@ pub(super) struct Applied {
     pub(super) granted: Vec<Node>,
     pub(super) created: Vec<NodeSpec>,
     dirs: Vec<String>,
+    /// In a user-namespaced container: the nodes bind-mounted.
+    pub(super) bound: Vec<crate::enter::devdir::Bound>,
 }
 
 /// Grants the nodes in the container's device cgroup, then creates them in its `/dev`.
@@ -44,6 +46,7 @@ pub(super) fn apply(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<App
                 granted,
                 created,
                 dirs: made.dirs,
+                bound: made.bound,
             })
         }
         Err(e) => Err(with_rollback(
@@ -70,7 +73,7 @@ pub(super) fn with_rollback(e: Error, left: Leftovers) -> Error {
 /// cgroup goes with it: nothing there is left to undo, whatever failed.
 pub(super) fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Leftovers {
     let mut left = Leftovers::default();
-    if let Err(e) = f.enter.remove_nodes(ct, &a.created, &a.dirs) {
+    if let Err(e) = f.enter.remove_nodes(ct, &a.created, &a.dirs, &a.bound) {
         left.push(format_args!("nodes: {e}"));
     }
     left.append(cgroup::revoke_all(&mut *a.cg, &a.granted));

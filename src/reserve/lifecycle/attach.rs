@@ -7,6 +7,12 @@
 //! the container may still use it, whenever the process is killed; and what a killed attach
 //! granted is recorded, so a later detach (or stop) takes it back before the unit is free.
 //!
+//! Under systemd's cgroup manager the scope's device policy lists the new nodes too (before
+//! the grant, outside the state lock, taken out again on failure), and nothing is said
+//! `attached` before every device rule in force for the container lets the nodes through
+//! (`DeviceCgroup::effective`: every program from its cgroup up to the root on cgroup v2).
+//! In a user-namespaced container the nodes are bind mounts, recorded by identity.
+//!
 //! With the driver's user space (`--driver cdi`), the new units' CDI edits come too, as at
 //! `started` (`activate.rs`): the spec's extra nodes with the GPU's, then its mounts, links and
 //! linker cache in the container's root (through the same helper and checks), only what the
@@ -20,8 +26,9 @@ use super::{
     wants_cdi, Holder, HolderKind, LifecycleError,
 };
 use crate::cdi;
-use crate::cgroup::{CgroupError, DeviceCgroup, Fault};
+use crate::cgroup::{CgroupError, DeviceCgroup, Fault, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
+use crate::enter::devdir::Bound;
 use crate::enter::rootfs::{Done, Mounted};
 use crate::host::inventory::Inventory;
 use crate::ids::Unit;
@@ -92,25 +99,50 @@ pub fn attach_with(
     for n in notes {
         log::info(&n);
     }
+    // The scope's device policy where systemd keeps one lists the nodes too, before they are
+    // granted (outside the state lock: it runs `systemctl`), and loses them again on failure.
+    let nodes = as_nodes(&got.specs);
+    let mut policy = match tell_manager(f, &ct, &nodes) {
+        Ok(p) => p,
+        Err(e) => {
+            return Err(take_back(
+                f,
+                &mut inv,
+                h,
+                &ct,
+                &got,
+                e,
+                Leftovers::default(),
+            ))
+        }
+    };
     let applied = match apply(f, &ct, &got.specs) {
         Ok(a) => a,
         Err(e) => {
-            let (e, left) = split(e);
+            let (e, mut left) = split(e);
+            left.append(untell(&mut policy, &nodes));
             return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
         }
     };
+    // Never `attached` before every device rule in force for the container lets them through.
+    if let Err(e) = in_force(&*applied.cg, &got.specs, policy.as_deref()) {
+        let mut left = undo(f, &ct, applied);
+        left.append(untell(&mut policy, &nodes));
+        return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
+    }
     // The driver's files (undone there on failure; then the nodes and grants are too).
     let done = match got.rootfs_work() {
         Some(p) => match f.enter.inject(&ct, p, root_owner(h)) {
             Ok(d) => Some(d),
             Err(e) => {
-                let left = undo(f, &ct, applied);
+                let mut left = undo(f, &ct, applied);
+                left.append(untell(&mut policy, &nodes));
                 return Err(take_back(f, &mut inv, h, &ct, &got, e.into(), left));
             }
         },
         None => None,
     };
-    if let Err(e) = record(f, h, &got, done.as_ref()) {
+    if let Err(e) = record(f, h, &got, done.as_ref(), &applied.bound) {
         let mut left = Leftovers::default();
         if let Some(d) = &done {
             match f.enter.uninject(&ct, d, root_owner(h)) {
@@ -119,7 +151,20 @@ pub fn attach_with(
             }
         }
         left.append(undo(f, &ct, applied));
+        left.append(untell(&mut policy, &nodes));
         return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
+    }
+    if let Some(p) = &policy {
+        log::info(&format!(
+            "{}: {} lists {} too",
+            h.who(),
+            p.name(),
+            nodes
+                .iter()
+                .map(|n| format!("{}:{}", n.major, n.minor))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
     }
     if let Some(p) = &got.plan {
         log_cdi(h, p, done.as_ref());
@@ -141,6 +186,103 @@ pub fn attach_with(
         units: got.units,
         nodes: got.specs,
     })
+}
+
+/// How long an attach waits for every device rule in force for the container to let its new
+/// nodes through, after it told a service manager (systemd puts a changed `DeviceAllow=` in
+/// force on its own, right after it answers); without one, the rules are read once.
+const IN_FORCE_WAIT: std::time::Duration = if cfg!(test) {
+    std::time::Duration::from_millis(100)
+} else {
+    std::time::Duration::from_secs(5)
+};
+
+/// The service manager's device policy of the container's cgroup (systemd's scope), where it
+/// keeps one, told to list `nodes`.
+fn tell_manager(
+    f: &Facts,
+    ct: &Container,
+    nodes: &[Node],
+) -> Result<Option<Box<dyn ManagedPolicy>>, Error> {
+    if nodes.is_empty() {
+        return Ok(None);
+    }
+    let mut policy = (f.manager)(ct)?;
+    if let Some(p) = &mut policy {
+        for n in nodes {
+            char_link(f, n)?;
+        }
+        p.allow(nodes)?;
+    }
+    Ok(policy)
+}
+
+/// The host's `/dev/char/MAJ:MIN` entry of a node handed to systemd, made when missing (as
+/// at an OCI create, [`crate::enter::charlink`]): a systemd that finds a device by that
+/// entry (older than the ones that read its numbers from the name) would drop the node at its
+/// next reload. A node with no host node of that number is left without one; an entry that
+/// leads elsewhere refuses the attach (systemd would allow that other device).
+fn char_link(f: &Facts, n: &Node) -> Result<(), Error> {
+    use crate::enter::charlink::{ensure, CharLinkError, Linked};
+    match ensure(&f.cfg.dev, &n.path, n.major, n.minor) {
+        Ok(Linked::Created) => log::info(&format!(
+            "made {}/char/{}:{} for {}",
+            f.cfg.dev.display(),
+            n.major,
+            n.minor,
+            n.path
+        )),
+        Ok(Linked::Existing) => {}
+        Err(e @ CharLinkError::NotTheNode { .. }) => {
+            log::info(&format!("no /dev/char link for {}: {e}", n.path))
+        }
+        Err(source) => return Err(LifecycleError::CharLink { source }.into()),
+    }
+    Ok(())
+}
+
+/// Takes `nodes` back out of the manager's policy (what [`tell_manager`] added); what could
+/// not be.
+fn untell(policy: &mut Option<Box<dyn ManagedPolicy>>, nodes: &[Node]) -> Leftovers {
+    let mut left = Leftovers::default();
+    if let Some(p) = policy {
+        if let Err(e) = p.restore(nodes) {
+            left.push(format_args!("{}: {e}", p.name()));
+        }
+    }
+    left
+}
+
+/// Whether every node is now let through by every device rule in force for the container's
+/// cgroup ([`DeviceCgroup::effective`]): waited for up to [`IN_FORCE_WAIT`] when a manager
+/// was told, read once otherwise.
+fn in_force(
+    cg: &dyn DeviceCgroup,
+    specs: &[NodeSpec],
+    told: Option<&dyn ManagedPolicy>,
+) -> Result<(), Error> {
+    let until = std::time::Instant::now() + IN_FORCE_WAIT;
+    loop {
+        let refused = specs.iter().find_map(|s| match cg.effective(&s.node) {
+            Ok(true) => None,
+            Ok(false) => Some(Err(s)),
+            Err(e) => Some(Ok(e)),
+        });
+        let last = told.is_none() || std::time::Instant::now() >= until;
+        match refused {
+            None => return Ok(()),
+            Some(Ok(e)) if last => return Err(e.into()),
+            Some(Err(s)) if last => {
+                return Err(LifecycleError::NotInForce {
+                    path: cg.path().to_path_buf(),
+                    node: s.node.clone(),
+                    by: told.map(|p| p.name()),
+                }
+                .into())
+            }
+            Some(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
 }
 
 /// Under the state lock: the holder's reservation may take more (a running one of this
@@ -317,7 +459,7 @@ fn not_yet_allowed(
 ) -> Result<Vec<NodeSpec>, Error> {
     let mut out = Vec::new();
     for s in specs.into_iter().filter(|s| !recorded.contains(&s.node)) {
-        if cg.is_allowed(&s.node)? {
+        if cg.confines() && cg.is_allowed(&s.node)? {
             notes.push(format!(
                 "{}: {} ({}:{}) is already allowed in its device cgroup: the container's own, not granted, made or recorded",
                 h.who(),
@@ -348,7 +490,13 @@ fn split(e: Error) -> (Error, Leftovers) {
 /// Under the state lock: the attached units, granted and made, recorded as the reservation's
 /// when it still holds them (a stop or a detach may have come in between); their nodes, which
 /// the reserve recorded, again if something in between left them out.
-fn record(f: &Facts, h: &Holder, got: &Reserved, done: Option<&Done>) -> Result<(), Error> {
+fn record(
+    f: &Facts,
+    h: &Holder,
+    got: &Reserved,
+    done: Option<&Done>,
+    bound: &[Bound],
+) -> Result<(), Error> {
     store(f.cfg).update(|st| -> Result<(), Error> {
         let r = st
             .reservations
@@ -369,6 +517,10 @@ fn record(f: &Facts, h: &Holder, got: &Reserved, done: Option<&Done>) -> Result<
             r.mounts.extend(d.mounted.iter().cloned());
             r.rootfs.add(d, &p.ld_folders);
         }
+        // The nodes bound into a user-namespaced container, by identity (what detach takes).
+        r.node_mounts
+            .retain(|b| bound.iter().all(|x| x.path != b.path));
+        r.node_mounts.extend(bound.iter().cloned());
         r.updated = now_rfc3339();
         Ok(())
     })

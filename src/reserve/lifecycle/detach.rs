@@ -5,6 +5,12 @@
 //! unit whose grant could not be taken back, or whose node another rule of the cgroup still
 //! allows after the deny, stays reserved); last their nodes leave its `/dev`. A unit a process (anywhere) still has open is draining, as after every free.
 //!
+//! Under systemd's cgroup manager the scope's device policy loses the entries of exactly the
+//! nodes taken back before the locked step (outside the state lock), so that no `systemctl
+//! daemon-reload` gives back a freed GPU; those of nodes the step keeps granted go back after
+//! it, all of them when it is refused. In a user-namespaced container the nodes are mounts:
+//! taken off while they are the ones gpuhook recorded.
+//!
 //! The CDI driver files gpuhook put in its root (at `started` or `attach`) go with the last
 //! unit that needs them: those the CDI specs give the units it keeps stay (a spec that cannot
 //! be read now keeps them all while any unit stays); the rest leave the record in the same
@@ -13,8 +19,9 @@
 
 use super::free::drain_freed;
 use super::{driver_plan, root_owner, store, Holder, LifecycleError};
-use crate::cgroup::DeviceCgroup;
+use crate::cgroup::{DeviceCgroup, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
+use crate::enter::devdir::Bound;
 use crate::enter::rootfs::Done;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::{Budget, ProcRef};
@@ -80,9 +87,17 @@ pub fn detach_with(
     let units = resolve(&inv, r, which)?;
     let open = open_in_container(f, &inv, &st, h, &units, &ct, force)?;
     let needed = driver_needed(f, h, &inv, &st, r, &units);
-    let mut cg = (f.cgroup)(&ct)?;
+    // The scope's device policy where systemd keeps one loses the entries of the nodes about
+    // to be taken back first (outside the state lock: it runs `systemctl`), so that no
+    // reload gives back a GPU once it is free; those the locked step keeps go back after it.
+    let planned: Vec<Node> = plan(&inv, r, &units).into_iter().map(|(n, _)| n).collect();
+    let mut policy = untold(f, &ct, &planned)?;
+    let mut cg = match (f.cgroup)(&ct) {
+        Ok(c) => c,
+        Err(e) => return Err(retold(&mut policy, &planned, e.into())),
+    };
     let now = now_rfc3339();
-    let (freed, revoked, draining, files) = store(f.cfg).update(|st| -> Result<_, Error> {
+    let locked = store(f.cfg).update(|st| -> Result<_, Error> {
         let r = st.reservations.get_mut(h.id);
         running(r.as_deref(), &ct)?;
         let r = r.ok_or(LifecycleError::ChangedWhileDetaching)?;
@@ -106,6 +121,8 @@ pub fn detach_with(
             true => take_files(r, &needed),
             false => Done::default(),
         };
+        // The nodes bound into a user-namespaced container that go, by identity.
+        let bound = take_bound(r, &revoked.denied);
         let gone = Reservation {
             gpus: freed.clone(),
             ..r.clone()
@@ -116,8 +133,40 @@ pub fn detach_with(
             crate::log::info(&n);
         }
         let draining = settled.draining.into_iter().map(|(u, _)| u).collect();
-        Ok((freed, revoked, draining, files))
-    })?;
+        Ok((freed, revoked, draining, files, bound))
+    });
+    drop(cg);
+    let (freed, revoked, draining, files, bound) = match locked {
+        Ok(x) => x,
+        Err(e) => return Err(retold(&mut policy, &planned, e)),
+    };
+    // Entries of nodes still granted back; nodes denied that were not planned (the record
+    // changed in between) lose theirs.
+    let kept: Vec<Node> = planned
+        .iter()
+        .filter(|n| !revoked.denied.contains(n))
+        .cloned()
+        .collect();
+    let unplanned: Vec<Node> = revoked
+        .denied
+        .iter()
+        .filter(|n| !planned.contains(n))
+        .cloned()
+        .collect();
+    let mut policy_left = Leftovers::default();
+    if let Some(p) = &mut policy {
+        if !kept.is_empty() {
+            if let Err(e) = p.restore(&kept) {
+                policy_left.push(format_args!("{}: {e}", p.name()));
+            }
+        }
+        if !unplanned.is_empty() {
+            if let Err(e) = p.remove(&unplanned) {
+                policy_left.push(format_args!("{}: {e}", p.name()));
+            }
+        }
+    }
+
     let out = Detached {
         kept_open: open
             .into_iter()
@@ -127,7 +176,53 @@ pub fn detach_with(
         draining,
     };
     log_detached(f, h, &out);
-    finish(f, h, &ct, out, revoked, &files)
+    let out = finish(f, h, &ct, out, revoked, &files, &bound)?;
+    if !policy_left.is_empty() {
+        return Err(LifecycleError::PolicyNotUpdated {
+            units: out.units,
+            left: policy_left,
+        }
+        .into());
+    }
+    Ok(out)
+}
+
+/// The service manager's device policy of the container's cgroup (systemd's scope), where it
+/// keeps one, without entries for `nodes`.
+fn untold(
+    f: &Facts,
+    ct: &Container,
+    nodes: &[Node],
+) -> Result<Option<Box<dyn ManagedPolicy>>, Error> {
+    if nodes.is_empty() {
+        return Ok(None);
+    }
+    let mut policy = (f.manager)(ct)?;
+    if let Some(p) = &mut policy {
+        p.remove(nodes)?;
+    }
+    Ok(policy)
+}
+
+/// The error `e` of a detach that took nothing, after the manager's entries for `nodes` are
+/// put back (what could not be is said with it).
+fn retold(policy: &mut Option<Box<dyn ManagedPolicy>>, nodes: &[Node], e: Error) -> Error {
+    let mut left = Leftovers::default();
+    if let Some(p) = policy {
+        if let Err(x) = p.restore(nodes) {
+            left.push(format_args!("{}: {x}", p.name()));
+        }
+    }
+    super::activate::with_rollback(e, left)
+}
+
+/// Takes out of `r`'s record the bind-mounted nodes at the paths of `denied`.
+fn take_bound(r: &mut Reservation, denied: &[Node]) -> Vec<Bound> {
+    let (gone, keep) = std::mem::take(&mut r.node_mounts)
+        .into_iter()
+        .partition(|b| denied.iter().any(|n| n.path == b.path));
+    r.node_mounts = keep;
+    gone
 }
 
 /// What of the CDI driver files recorded for `r` the units it keeps (all but `units`) need.
@@ -556,6 +651,7 @@ fn finish(
     out: Detached,
     revoked: Revoked,
     files: &Done,
+    bound: &[Bound],
 ) -> Result<Detached, Error> {
     let specs: Vec<NodeSpec> = revoked
         .denied
@@ -570,7 +666,7 @@ fn finish(
     let removed = if specs.is_empty() {
         Ok(())
     } else {
-        f.enter.remove_nodes(ct, &specs, &[])
+        f.enter.remove_nodes(ct, &specs, &[], bound)
     };
     let empty = files.mounted.is_empty()
         && files.links.is_empty()

@@ -102,6 +102,32 @@ pub enum LifecycleError {
         #[source]
         source: CgroupError,
     },
+    /// `attach`: after the grant, a device rule in force for the container's cgroup still
+    /// refuses a node (a program of a cgroup above it, a manager's policy that did not take
+    /// the new entry).
+    #[error(
+        "cgroup {}: {} ({}:{}) is still refused by a device rule in force for the container after the grant{}",
+        path.display(),
+        node.path,
+        node.major,
+        node.minor,
+        by.as_ref().map_or(String::new(), |b| format!(" (its {b} was told)"))
+    )]
+    NotInForce {
+        path: PathBuf,
+        node: Node,
+        by: Option<String>,
+    },
+    /// `detach` took the units back, but the service manager's device policy could not be set
+    /// to match (an entry of a kept unit not put back, one of a freed unit not taken out).
+    #[error("detached GPU(s) {} (their grants taken back), but the device policy of its scope could not be updated to match: {left}", Unit::join(units, ","))]
+    PolicyNotUpdated { units: Vec<Unit>, left: Leftovers },
+    /// The host's `/dev/char` entry of a node handed to systemd leads elsewhere.
+    #[error(transparent)]
+    CharLink {
+        #[from]
+        source: crate::enter::charlink::CharLinkError,
+    },
     #[error("holds no GPU to detach")]
     NothingToDetach,
     #[error("is not running (its GPU reservation is {}): nothing to detach from", phase_word(*phase))]

@@ -218,6 +218,7 @@ fn new_reservation(
         mounts: Vec::new(),
         rootfs: Default::default(),
         hotplugged: false,
+        node_mounts: Vec::new(),
     }
 }
 

@@ -55,6 +55,13 @@ struct Fake {
     /// killed at its grant leaves.
     state_at_allow: Option<PathBuf>,
     seen_at_allow: RefCell<Option<Vec<u8>>>,
+    /// A service manager keeps a device policy for the container's cgroup (systemd's
+    /// scope): its entries. While there is one, a node is in force only if it lists it too.
+    managed: RefCell<Option<Vec<(u32, u32)>>>,
+    /// The manager refuses every change.
+    manager_fails: bool,
+    /// A device program of a cgroup above refuses this minor.
+    refused_above: Option<u32>,
 }
 
 impl Fake {
@@ -113,6 +120,15 @@ impl DeviceCgroup for Cg {
             .retain(|x| *x != (n.major, n.minor));
         Ok(())
     }
+    fn effective(&self, n: &Node) -> Result<bool, CgroupError> {
+        let listed = self
+            .0
+            .managed
+            .borrow()
+            .as_ref()
+            .is_none_or(|m| m.contains(&(n.major, n.minor)));
+        Ok(self.is_allowed(n)? && listed && self.0.refused_above != Some(n.minor))
+    }
     fn deny(&mut self, n: &Node) -> Result<(), CgroupError> {
         self.0.call(format!("deny {}", num(n)));
         if self.0.fail_deny == Some(n.minor) {
@@ -123,6 +139,56 @@ impl DeviceCgroup for Cg {
             .borrow_mut()
             .retain(|x| *x != (n.major, n.minor));
         Ok(())
+    }
+}
+
+/// The manager's policy in memory (its entries are the fake host's `managed`), as it was
+/// when made.
+struct Mgr(Rc<Fake>, Vec<(u32, u32)>);
+
+impl Mgr {
+    fn set(&self, what: &str, nodes: &[Node], next: Vec<(u32, u32)>) -> Result<(), CgroupError> {
+        let ns: Vec<String> = nodes.iter().map(num).collect();
+        self.0.call(format!("policy {what} {}", ns.join(" ")));
+        if self.0.manager_fails {
+            return Err(CgroupError::new(
+                Path::new("/fake.scope"),
+                "Failed to connect to bus",
+            ));
+        }
+        *self.0.managed.borrow_mut() = Some(next);
+        Ok(())
+    }
+    fn now(&self) -> Vec<(u32, u32)> {
+        self.0.managed.borrow().clone().unwrap_or_default()
+    }
+}
+
+impl crate::cgroup::ManagedPolicy for Mgr {
+    fn name(&self) -> String {
+        "systemd unit fake.scope".into()
+    }
+    fn allow(&mut self, nodes: &[Node]) -> Result<(), CgroupError> {
+        let mut next = self.now();
+        next.extend(
+            nodes
+                .iter()
+                .map(|n| (n.major, n.minor))
+                .filter(|k| !self.now().contains(k)),
+        );
+        self.set("allow", nodes, next)
+    }
+    fn remove(&mut self, nodes: &[Node]) -> Result<(), CgroupError> {
+        let mut next = self.now();
+        next.retain(|k| !nodes.iter().any(|n| (n.major, n.minor) == *k));
+        self.set("remove", nodes, next)
+    }
+    fn restore(&mut self, nodes: &[Node]) -> Result<(), CgroupError> {
+        let keys: Vec<(u32, u32)> = nodes.iter().map(|n| (n.major, n.minor)).collect();
+        let mut next = self.now();
+        next.retain(|k| !keys.contains(k));
+        next.extend(self.1.iter().filter(|k| keys.contains(k)));
+        self.set("restore", nodes, next)
     }
 }
 
@@ -145,6 +211,7 @@ impl Enter for Fake {
         Ok(Made {
             outcomes: vec![Outcome::Created; nodes.len()],
             dirs: vec![],
+            bound: vec![],
         })
     }
     fn remove_nodes(
@@ -152,6 +219,7 @@ impl Enter for Fake {
         _: &Container,
         nodes: &[NodeSpec],
         _: &[String],
+        _: &[crate::enter::devdir::Bound],
     ) -> Result<(), ContainerError> {
         self.call(format!("remove {}", paths(nodes)));
         if self.fail_remove {
@@ -332,6 +400,14 @@ impl Host {
             }
             Ok(Box::new(Cg(fk.clone())))
         };
+        let fk = fake.clone();
+        let manager = move |_: &Container| -> Result<
+            Option<Box<dyn crate::cgroup::ManagedPolicy>>,
+            CgroupError,
+        > {
+            let now = fk.managed.borrow().clone();
+            Ok(now.map(|m| Box::new(Mgr(fk.clone(), m)) as Box<dyn crate::cgroup::ManagedPolicy>))
+        };
         let specs = |_: &[PathBuf], _: &[&str]| -> Result<Vec<cdi::Loaded>, cdi::LoadError> {
             Ok(vec![cdi::Loaded {
                 path: "/etc/cdi/nvidia.yaml".into(),
@@ -344,6 +420,7 @@ impl Host {
             proc: Proc { root: &self.proc },
             scan: &scan,
             cgroup: &cgroup,
+            manager: &manager,
             enter: &**fake,
             cdi_specs: &specs,
             controller_running: &|name| name == "web1",
@@ -388,6 +465,7 @@ impl Host {
                         mounts: vec![],
                         rootfs: Default::default(),
                         hotplugged: false,
+                        node_mounts: Vec::new(),
                     },
                 );
                 Ok::<_, Error>(())
@@ -442,6 +520,7 @@ fn container() -> Container {
             ino: 2,
             by: Default::default(),
         },
+        userns: None,
     }
 }
 
@@ -2451,4 +2530,170 @@ fn failed_attach_of_an_mps_slot_stops_the_daemon_it_started() {
     assert!(st.mps.is_empty());
     assert_eq!(st.reservations[ID].gpus, [pci(0)]);
     assert!(st.reservations[ID].mounts.is_empty());
+}
+
+/// A running container of GPU 0 whose scope systemd keeps a device policy for: the
+/// container's own entries (`/dev/null`, 1:3) and GPU 0's (given at create, as runc lists it).
+fn managed_on_gpu0(h: &Host) -> Rc<Fake> {
+    let fake = running_on_gpu0(h, &req(1));
+    *fake.managed.borrow_mut() = Some(vec![(1, 3), (195, 0)]);
+    fake
+}
+
+/// Under systemd's cgroup manager, attach lists the new nodes in the scope's policy before it
+/// grants them, and says `attached` only once every rule in force lets them through.
+#[test]
+fn attach_tells_the_scopes_manager_before_it_grants() {
+    let h = host();
+    let fake = managed_on_gpu0(&h);
+    let got = h.attach(&fake, &req_of(&[1])).unwrap();
+    assert_eq!(got.units, [pci(1)]);
+    assert_eq!(
+        fake.calls(),
+        ["policy allow 195:1", "allow 195:1", "create /dev/nvidia1"]
+    );
+    assert_eq!(
+        fake.managed.borrow().clone().unwrap(),
+        [(1, 3), (195, 0), (195, 1)]
+    );
+    // Without a manager's policy: nothing of it.
+    let fake = running_on_gpu0(&h, &req(1));
+    h.attach(&fake, &req_of(&[2])).unwrap();
+    assert!(
+        fake.calls().iter().all(|c| !c.starts_with("policy")),
+        "{:?}",
+        fake.calls()
+    );
+}
+
+/// A manager that cannot be told refuses the attach: nothing granted, made or reserved.
+#[test]
+fn attach_refused_when_the_manager_cannot_be_told() {
+    let h = host();
+    let fake = managed_on_gpu0(&h);
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(fake.allowed.borrow().clone()),
+        managed: RefCell::new(fake.managed.borrow().clone()),
+        manager_fails: true,
+        ..Default::default()
+    });
+    let before = h.state().reservations[ID].gpus.clone();
+    let e = h.attach(&fake, &req_of(&[1])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cgroup /fake.scope: Failed to connect to bus"
+    );
+    assert_eq!(fake.calls(), ["policy allow 195:1"]);
+    assert_eq!(h.state().reservations[ID].gpus, before);
+    assert_eq!(h.state().reservations[ID].nodes.len(), 1);
+}
+
+/// A node a rule in force still refuses after the grant (a program of a cgroup above): not
+/// attached; grant, node and the manager's entry taken back, the unit free again.
+#[test]
+fn attach_that_a_rule_in_force_still_refuses_is_taken_back() {
+    let h = host();
+    let fake = managed_on_gpu0(&h);
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(fake.allowed.borrow().clone()),
+        managed: RefCell::new(fake.managed.borrow().clone()),
+        refused_above: Some(1),
+        ..Default::default()
+    });
+    let e = h.attach(&fake, &req_of(&[1])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cgroup /fake: /dev/nvidia1 (195:1) is still refused by a device rule in force for the container after the grant (its systemd unit fake.scope was told)"
+    );
+    assert_eq!(
+        fake.calls(),
+        [
+            "policy allow 195:1",
+            "allow 195:1",
+            "create /dev/nvidia1",
+            "remove /dev/nvidia1",
+            "revoke 195:1",
+            "policy restore 195:1"
+        ]
+    );
+    assert_eq!(fake.managed.borrow().clone().unwrap(), [(1, 3), (195, 0)]);
+    assert_eq!(h.state().reservations[ID].gpus, [pci(0)]);
+    // Without a manager the rules are read once, and the same holds.
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(fake.allowed.borrow().clone()),
+        refused_above: Some(1),
+        ..Default::default()
+    });
+    let e = h.attach(&fake, &req_of(&[1])).unwrap_err();
+    assert!(e.to_string().ends_with("after the grant"), "{e}");
+    assert_eq!(h.state().reservations[ID].gpus, [pci(0)]);
+}
+
+/// Detach takes the entries of exactly the nodes it takes back out of the scope's policy,
+/// before it frees them (a reload then gives nothing back): GPU 0's, listed at create, too;
+/// the container's own entry stays.
+#[test]
+fn detach_takes_its_nodes_out_of_the_scopes_policy_first() {
+    let h = host();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let (fake, out) = h.detach(
+        Fake {
+            managed: RefCell::new(Some(vec![(1, 3), (195, 0), (195, 1)])),
+            ..Default::default()
+        },
+        sel(pci(0)),
+        false,
+    );
+    assert_eq!(out.unwrap().units, [pci(0)]);
+    assert_eq!(
+        fake.calls(),
+        ["policy remove 195:0", "deny 195:0", "remove /dev/nvidia0"]
+    );
+    assert_eq!(fake.managed.borrow().clone().unwrap(), [(1, 3), (195, 1)]);
+}
+
+/// A unit whose grant could not be taken back stays reserved, and its entry goes back into
+/// the scope's policy; a detach refused under the lock puts every entry back.
+#[test]
+fn detach_puts_back_the_entries_of_what_it_keeps() {
+    let h = host();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let (fake, out) = h.detach(
+        Fake {
+            managed: RefCell::new(Some(vec![(1, 3), (195, 0), (195, 1)])),
+            fail_deny: Some(1),
+            ..Default::default()
+        },
+        Which::All,
+        false,
+    );
+    assert!(out.is_err());
+    assert_eq!(
+        fake.calls()[..3],
+        ["policy remove 195:0 195:1", "deny 195:0", "deny 195:1"]
+    );
+    assert!(
+        fake.calls().contains(&"policy restore 195:1".to_string()),
+        "{:?}",
+        fake.calls()
+    );
+    assert_eq!(fake.managed.borrow().clone().unwrap(), [(1, 3), (195, 1)]);
+    assert_eq!(h.state().reservations[ID].gpus, [pci(1)]);
+    // The cgroup cannot be found after the entries went: they come back, nothing freed.
+    let (fake, out) = h.detach(
+        Fake {
+            managed: RefCell::new(Some(vec![(1, 3), (195, 1)])),
+            no_cgroup: true,
+            ..Default::default()
+        },
+        Which::All,
+        false,
+    );
+    assert!(out.is_err());
+    assert_eq!(
+        fake.calls(),
+        ["policy remove 195:1", "policy restore 195:1"]
+    );
+    assert_eq!(fake.managed.borrow().clone().unwrap(), [(1, 3), (195, 1)]);
+    assert_eq!(h.state().reservations[ID].gpus, [pci(1)]);
 }
