@@ -26,6 +26,8 @@ for f in /usr/bin/gpuhook /usr/bin/gpuhook-libvirt /etc/gpuhook/config.json /usr
          /usr/lib/systemd/system/gpuhook-reconcile.service /usr/lib/systemd/system/gpuhook-reconcile.timer \
          /usr/share/man/man1/gpuhook.1.gz /usr/share/man/man1/gpuhook-libvirt.1.gz /usr/share/doc/gpuhook/README.md \
          /usr/share/gpuhook/engines/podman-containers.conf /usr/share/gpuhook/engines/docker-daemon.json \
+         /usr/share/gpuhook/engines/crio-gpuhook.conf /usr/share/gpuhook/engines/containerd-config.toml \
+         /usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml \
          /usr/lib/systemd/system/gpuhook-metrics.service /usr/lib/systemd/system/gpuhook-metrics.timer \
          /usr/lib/systemd/system/gpuhook-health.service /usr/lib/systemd/system/gpuhook-health.timer; do
     has "$f" "$work/rpm-files"
@@ -71,6 +73,10 @@ real=$(for r in /usr/bin/crun /usr/sbin/crun /usr/bin/runc /usr/sbin/runc; do [ 
 for f in podman-containers.conf docker-daemon.json crio-gpuhook.conf containerd-config.toml; do
     grep -q /usr/bin/gpuhook-runtime "/usr/share/gpuhook/engines/$f" || fail "engine snippet $f"
 done
+grep -qx 'handler: gpuhook' /usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml || fail "RuntimeClass manifest"
+step "Kubernetes through the CRI against the installed binary, snippet and RuntimeClass"
+GPUHOOK_TEST_BIN=/usr/bin/gpuhook GPUHOOK_CRI_SNIPPET=/usr/share/gpuhook/engines/containerd-config.toml \
+GPUHOOK_CRI_RUNTIMECLASS=/usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml cargo test --locked -q --test cri
 step "OCI suite (podman, runc, crun, docker) against the installed binary"
 GPUHOOK_TEST_BIN=/usr/bin/gpuhook cargo test --locked -q --test oci
 step "the static hook ignores LD_PRELOAD (nvidia-container-toolkit CVE-2025-23266 class)"

@@ -187,13 +187,14 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
     }))
 }
 
-/// Whether an OCI container of ID `id` is known here, running or not: gpuhook holds a
-/// reservation for it, or a runtime keeps its state under one of the `oci_state_roots`.
+/// Whether an OCI container of ID `id` is known here: gpuhook holds a reservation for it
+/// that is not stale, or a runtime keeps its state (running or not) under one of the
+/// `oci_state_roots`.
 pub fn known(cfg: &Config, st: Option<&State>, id: &str) -> bool {
     st.is_some_and(|st| {
-        st.reservations
-            .get(id)
-            .is_some_and(|r| r.kind == HolderKind::Oci)
+        st.reservations.get(id).is_some_and(|r| {
+            r.kind == HolderKind::Oci && crate::reserve::lifecycle::stale_reason(r).is_none()
+        })
     }) || cfg.oci_state_roots.iter().any(|root| {
         StateFile::ALL
             .iter()
@@ -509,17 +510,27 @@ mod tests {
         };
         assert!(known(&cfg, None, "c1"));
         assert!(!known(&cfg, None, "c2"));
-        let held = |kind: &str| -> State {
-            serde_json::from_value(serde_json::json!({
+        let held = |kind: &str, init: Option<ProcRef>| -> State {
+            let mut st: State = serde_json::from_value(serde_json::json!({
                 "version": 1,
                 "reservations": {"c2": {"kind": kind, "domain": "c2", "uuid": "c2", "gpus": [],
                     "phase": "running", "request": "", "created": "", "updated": ""}}
             }))
-            .unwrap()
+            .unwrap();
+            st.reservations.get_mut("c2").unwrap().init = init;
+            st
         };
-        assert!(known(&cfg, Some(&held("oci")), "c2"));
+        let me = ProcRef::of(std::process::id() as i32);
+        assert!(me.is_some());
+        assert!(known(&cfg, Some(&held("oci", me)), "c2"));
+        // Stale (its init gone): no container any more.
+        let gone = me.map(|p| ProcRef {
+            start_time: p.start_time + 1,
+            ..p
+        });
+        assert!(!known(&cfg, Some(&held("oci", gone)), "c2"));
         assert!(
-            !known(&cfg, Some(&held("libvirt")), "c2"),
+            !known(&cfg, Some(&held("libvirt", me)), "c2"),
             "a domain's UUID"
         );
         assert!(!known(&cfg, Some(&State::default()), "c2"));
