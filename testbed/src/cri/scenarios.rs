@@ -215,6 +215,19 @@ pub fn gpu_pod_containers_get_their_gpus_and_the_sandbox_none(files: &Files) {
     let mut b = bed(files, "sandbox");
     let pod = b.pod(gpu_pod("gpu-pod", "1"));
     let c1 = b.run(&pod, "app1", SLEEP);
+    // Hotplug into the sandbox, a GPU free: refused, nothing changed.
+    for args in [
+        vec!["attach", pod.id.as_str()],
+        vec!["attach", pod.id.as_str(), "--container"],
+        vec!["detach", pod.id.as_str(), "--all"],
+    ] {
+        let e = b.gh_refused(&args);
+        assert!(
+            e.contains(&format!("container '{}'", pod.id)) && e.contains("sandbox"),
+            "{e}"
+        );
+    }
+    assert_eq!(b.holders().len(), 1, "{:?}", b.holders());
     let c2 = b.run(&pod, "app2", SLEEP);
     let h = b.holders();
     assert_eq!(h.get(&c1), Some(&vec![GPU0.to_string()]), "{h:?}");
@@ -243,19 +256,6 @@ pub fn gpu_pod_containers_get_their_gpus_and_the_sandbox_none(files: &Files) {
     );
     let app = b.bundle(&c1);
     assert!(app.to_string().contains("/dev/nvidia0"), "{app}");
-    // Hotplug into the sandbox: refused, nothing changed.
-    for args in [
-        vec!["attach", pod.id.as_str()],
-        vec!["attach", pod.id.as_str(), "--container"],
-        vec!["detach", pod.id.as_str(), "--all"],
-    ] {
-        let e = b.gh_refused(&args);
-        assert!(
-            e.contains(&format!("container '{}'", pod.id)) && e.contains("sandbox"),
-            "{e}"
-        );
-    }
-    assert_eq!(b.holders(), h);
     // A third container of the pod: no GPU left, refused naming the holders.
     let c3 = b.create(&pod, "app3", SLEEP).expect("CreateContainer");
     assert_start_refused(
