@@ -31,7 +31,7 @@ pub fn shipped(env: &str, name: &str) -> PathBuf {
     let tree = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../hooks")
         .join(name);
-    if tree.exists() {
+    if let Ok(tree) = std::fs::canonicalize(tree) {
         return tree;
     }
     Path::new("/usr/share/gpuhook/engines").join(name)
