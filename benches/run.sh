@@ -1,7 +1,8 @@
 #!/bin/sh
 # Benchmarks (docs/BENCHMARKS.md): builds the static hook as shipped and a static no-op,
 # then runs benches/hook.rs, which measures gpuhook against both baselines in one run,
-# and benches/runtime.rs (gpuhook-runtime against the runtime called directly).
+# benches/runtime.rs (gpuhook-runtime against the runtime called directly) and benches/cri.rs
+# (a pod's container started through the CRI on gpuhook's handler against containerd's runc).
 set -eu
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -14,3 +15,4 @@ echo "machine: $(nproc) CPU ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2
 BENCH_HOOK="$hook" BENCH_NOOP="$PWD/target/bench/noop" \
 BENCH_SHELL="$PWD/hooks/lxc-shell-baseline.sh" BENCH_RSS="$PWD/target/bench/rss" cargo bench --locked --bench hook -- "$@"
 BENCH_HOOK="$hook" BENCH_NOOP="$PWD/target/bench/noop" cargo bench --locked --bench runtime
+BENCH_HOOK="$hook" cargo bench --locked --bench cri

@@ -28,6 +28,8 @@ for f in /usr/bin/gpuhook /usr/bin/gpuhook-libvirt /etc/gpuhook/config.json /usr
          /usr/lib/systemd/system/gpuhook-reconcile.service /usr/lib/systemd/system/gpuhook-reconcile.timer \
          /usr/share/man/man1/gpuhook.1.gz /usr/share/man/man1/gpuhook-libvirt.1.gz /usr/share/doc/gpuhook/README.md \
          /usr/share/gpuhook/engines/podman-containers.conf /usr/share/gpuhook/engines/docker-daemon.json \
+         /usr/share/gpuhook/engines/crio-gpuhook.conf /usr/share/gpuhook/engines/containerd-config.toml \
+         /usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml \
          /usr/lib/systemd/system/gpuhook-metrics.service /usr/lib/systemd/system/gpuhook-metrics.timer \
          /usr/lib/systemd/system/gpuhook-health.service /usr/lib/systemd/system/gpuhook-health.timer; do
     has "$f" "$work/rpm-files"
@@ -63,6 +65,7 @@ zcat "$root/usr/share/man/man1/gpuhook.1.gz" | grep -q 'gpuhook' || fail "bad ma
 for f in podman-containers.conf docker-daemon.json crio-gpuhook.conf containerd-config.toml; do
     grep -q /usr/bin/gpuhook-runtime "$root/usr/share/gpuhook/engines/$f" || fail "engine snippet $f"
 done
+grep -qx 'handler: gpuhook' "$root/usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml" || fail "RuntimeClass manifest"
 
 step "the static hook ignores LD_PRELOAD (nvidia-container-toolkit CVE-2025-23266 class)"
 printf '#include <stdio.h>\n__attribute__((constructor)) static void evil(void) { FILE *f = fopen("%s/preloaded", "w"); if (f) fclose(f); }\n' "$work" > "$work/evil.c"
@@ -73,6 +76,9 @@ LD_PRELOAD="$work/evil.so" "$root/usr/bin/gpuhook" --version >/dev/null
 LD_PRELOAD="$work/evil.so" /bin/true
 [ -e "$work/preloaded" ] || fail "the LD_PRELOAD probe itself does not work"
 
+step "Kubernetes through the CRI with the packaged binary, snippet and RuntimeClass"
+GPUHOOK_TEST_BIN="$root/usr/bin/gpuhook" GPUHOOK_CRI_SNIPPET="$root/usr/share/gpuhook/engines/containerd-config.toml" \
+GPUHOOK_CRI_RUNTIMECLASS="$root/usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml" cargo test --locked -q --test cri
 step "OCI suite (podman, runc, crun, docker) against the packaged static binary"
 GPUHOOK_TEST_BIN="$root/usr/bin/gpuhook" cargo test --locked -q --test oci
 step "real-libvirtd suite with the packaged static binary as the hook"

@@ -31,72 +31,6 @@ struct Ctr {
     child: std::process::Child,
 }
 
-fn busybox_rootfs(root: &Path) -> PathBuf {
-    let r = root.join("rootfs");
-    for d in ["bin", "dev", "proc", "sys", "tmp", "etc", "run"] {
-        std::fs::create_dir_all(r.join(d)).unwrap();
-    }
-    std::fs::copy("/usr/bin/busybox", r.join("bin/busybox"))
-        .expect("/usr/bin/busybox (Debian package busybox-static)");
-    for a in [
-        "sh", "cat", "ls", "mknod", "stat", "echo", "sleep", "grep", "test", "[", "true",
-    ] {
-        std::os::unix::fs::symlink("busybox", r.join("bin").join(a)).unwrap();
-    }
-    std::fs::write(r.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
-    r
-}
-
-fn sha256(p: &Path) -> String {
-    let o = Command::new("sha256sum")
-        .arg(p)
-        .output()
-        .expect("sha256sum");
-    assert_ok(&o);
-    String::from_utf8_lossy(&o.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_owned()
-}
-
-fn tar(dir: &Path, out: &Path) {
-    let o = Command::new("tar")
-        .arg("-C")
-        .arg(dir)
-        .arg("-cf")
-        .arg(out)
-        .arg(".")
-        .output()
-        .expect("tar");
-    assert_ok(&o);
-}
-
-/// A `docker save`-shaped archive of the busybox rootfs (one layer), tagged `IMAGE`.
-fn image_tarball(root: &Path) -> PathBuf {
-    let img = root.join("image");
-    std::fs::create_dir_all(&img).unwrap();
-    tar(&busybox_rootfs(root), &img.join("layer.tar"));
-    let config = json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"]},
-        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", sha256(&img.join("layer.tar")))]},
-    });
-    let c = img.join("config.json");
-    std::fs::write(&c, config.to_string()).unwrap();
-    let name = format!("{}.json", sha256(&c));
-    std::fs::rename(&c, img.join(&name)).unwrap();
-    std::fs::write(
-        img.join("manifest.json"),
-        json!([{"Config": name, "RepoTags": ["gh-busybox:test"], "Layers": ["layer.tar"]}])
-            .to_string(),
-    )
-    .unwrap();
-    let t = root.join("image.tar");
-    tar(&img, &t);
-    t
-}
-
 impl Ctr {
     fn start(fake: FakeHost, ns: &str) -> Ctr {
         let host = Host::with(fake, |c| c["oci_runtime"] = json!(RUNC));
@@ -154,7 +88,15 @@ impl Ctr {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        let t = image_tarball(c.host.root());
+        let t = testbed::image::busybox_tarball(
+            c.host.root(),
+            "gh-busybox:test",
+            &testbed::image::Run {
+                entrypoint: vec![],
+                cmd: vec!["sh".into()],
+            },
+        )
+        .expect("the busybox image");
         assert_ok(
             &c.ctr(&["image", "import", t.to_str().unwrap()])
                 .output()

@@ -2208,6 +2208,10 @@ const CASES: &[(&str, Case)] = &[
     ),
     ("mig_attach_and_detach", hotplug::mig_attach_and_detach),
     (
+        "a_name_both_domain_and_container",
+        hotplug::a_name_both_domain_and_container,
+    ),
+    (
         "reconcile_frees_only_the_gone",
         reconcile_frees_only_the_gone,
     ),

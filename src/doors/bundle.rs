@@ -40,6 +40,10 @@ pub enum BundleError {
     Request(#[from] OciError),
     #[error("a GPU container needs a PID namespace of its own (gpuhook frees its GPUs when its init exits; with the host's or a joined PID namespace its other processes would keep them)")]
     NoPidNamespace,
+    /// A Kubernetes pod's container in the pod's shared PID namespace
+    /// (`shareProcessNamespace: true`) or the host's (`hostPID: true`): `how` says which.
+    #[error("{how}: its containers have no PID namespace of their own, which a GPU container needs (gpuhook frees its GPUs when its init exits)")]
+    PodPidNamespace { how: &'static str },
     /// The request's owner is not in the container's user namespace.
     #[error(transparent)]
     Unmapped(#[from] Unmapped),
@@ -104,13 +108,39 @@ pub struct Bundle {
 
 /// Whether the config is a Kubernetes pod's sandbox ("pause") container: pod annotations
 /// reach it too (containerd's `pod_annotations`), and it never gets GPUs.
-fn is_sandbox(config: &Value) -> bool {
+pub fn is_sandbox(config: &Value) -> bool {
     [
         "/annotations/io.kubernetes.cri.container-type",
         "/annotations/io.kubernetes.cri-o.ContainerType",
     ]
     .iter()
     .any(|p| config.pointer(p) == Some(&json!("sandbox")))
+}
+
+/// A Kubernetes pod's app container (the CRI runtimes' annotations) without a PID namespace
+/// of its own: what the pod says that made it so.
+fn pod_pid_mode(config: &Value) -> Option<&'static str> {
+    let app = [
+        "/annotations/io.kubernetes.cri.container-type",
+        "/annotations/io.kubernetes.cri-o.ContainerType",
+    ]
+    .iter()
+    .any(|p| config.pointer(p) == Some(&json!("container")));
+    if !app {
+        return None;
+    }
+    let joined = config
+        .pointer("/linux/namespaces")
+        .and_then(Value::as_array)
+        .is_some_and(|ns| {
+            ns.iter()
+                .any(|n| n.get("type") == Some(&json!("pid")) && n.get("path").is_some())
+        });
+    Some(if joined {
+        "the pod shares one PID namespace among its containers (shareProcessNamespace: true)"
+    } else {
+        "the pod runs in the host's PID namespace (hostPID: true)"
+    })
 }
 
 /// Whether the container has a PID namespace of its own (a `pid` entry without `path`): its
@@ -142,7 +172,10 @@ pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, BundleError> {
     } else {
         let r = oci::request(&pairs)?;
         if !own_pid_namespace(&config) {
-            return Err(BundleError::NoPidNamespace);
+            return Err(match pod_pid_mode(&config) {
+                Some(how) => BundleError::PodPidNamespace { how },
+                None => BundleError::NoPidNamespace,
+            });
         }
         idmap.owner(r.uid, r.gid, ("linux.uidMappings", "linux.gidMappings"))?;
         Some(r)
@@ -1160,6 +1193,24 @@ mod tests {
             .contains("PID namespace of its own"));
         c["linux"]["namespaces"] = json!([{"type": "pid", "path": "/proc/1/ns/pid"}]);
         assert!(parse(&bytes(&c), p).is_err());
+        // A pod's app container: the pod's shared PID namespace (shareProcessNamespace) or
+        // the host's (hostPID), said so, in containerd's and CRI-O's words.
+        for key in [
+            "io.kubernetes.cri.container-type",
+            "io.kubernetes.cri-o.ContainerType",
+        ] {
+            let mut app = c.clone();
+            app["annotations"][key] = json!("container");
+            assert_eq!(
+                parse(&bytes(&app), p).unwrap_err().to_string(),
+                "the pod shares one PID namespace among its containers (shareProcessNamespace: true): its containers have no PID namespace of their own, which a GPU container needs (gpuhook frees its GPUs when its init exits)"
+            );
+            app["linux"]["namespaces"] = json!([{"type": "mount"}]);
+            assert!(parse(&bytes(&app), p)
+                .unwrap_err()
+                .to_string()
+                .starts_with("the pod runs in the host's PID namespace (hostPID: true): "));
+        }
         // Env requests off: the env is not a request; gpuhook's own variables never are.
         let env = cfg(json!({}), &["GPUHOOK_GPUS=1"]);
         let off = Policy {

@@ -40,6 +40,23 @@ pub enum CliError {
     /// `attach`/`detach`: nothing runs under that name.
     #[error("no running libvirt domain or OCI container named '{name}'")]
     NoContainer { name: String },
+    /// `attach`/`detach --domain`: no running domain by that name or UUID.
+    #[error("no running libvirt domain named '{name}'")]
+    NoDomain { name: String },
+    /// `attach`/`detach --container`: no running OCI container of that ID.
+    #[error("no running OCI container named '{name}'")]
+    NoOciContainer { name: String },
+    /// `attach`/`detach NAME` where NAME is a running libvirt domain (`domain`, `uuid`) and an
+    /// OCI container's ID: the operator says which.
+    #[error("'{name}' names both libvirt domain '{domain}' ({uuid}) and OCI container '{name}': say which with --domain or --container")]
+    Ambiguous {
+        name: String,
+        domain: String,
+        uuid: String,
+    },
+    /// `attach`/`detach` of a Kubernetes pod's sandbox ("pause") container.
+    #[error("container '{id}' is a Kubernetes pod's sandbox (pause) container: it gets no GPUs")]
+    OciSandbox { id: String },
     /// The runtime's state names an init that is gone (or whose PID another process has).
     #[error("container '{id}' is not running (its init, pid {pid}, is gone)")]
     OciNotRunning { id: String, pid: i32 },

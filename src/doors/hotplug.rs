@@ -60,6 +60,12 @@ pub struct AttachArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+    /// NAME is a libvirt domain (its name or UUID)
+    #[arg(long, conflicts_with = "container")]
+    pub domain: bool,
+    /// NAME is an OCI container's ID
+    #[arg(long)]
+    pub container: bool,
 }
 
 /// What `gpuhook detach` takes back.
@@ -85,6 +91,30 @@ pub struct DetachArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+    /// NAME is a libvirt domain (its name or UUID)
+    #[arg(long, conflicts_with = "container")]
+    pub domain: bool,
+    /// NAME is an OCI container's ID
+    #[arg(long)]
+    pub container: bool,
+}
+
+/// Which kind of container NAME is said to be (`--domain`, `--container`), or either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Either,
+    Domain,
+    Container,
+}
+
+impl Kind {
+    fn of(domain: bool, container: bool) -> Kind {
+        match (domain, container) {
+            (true, _) => Kind::Domain,
+            (_, true) => Kind::Container,
+            _ => Kind::Either,
+        }
+    }
 }
 
 /// A running container the command names.
@@ -129,13 +159,29 @@ impl Target {
     }
 }
 
-/// The container `name` names: a running libvirt domain (by name or UUID), else a running
-/// OCI container of that ID.
-fn target(cfg: &Config, name: &str) -> Result<Target, CliError> {
-    if let Some(d) = running_domain(container::LXC_STATE_DIRS.iter().map(Path::new), name)? {
+/// The container `name` names: a running libvirt domain (by name or UUID), or a running OCI
+/// container of that ID; a name that is both is refused unless `kind` says which.
+fn target(cfg: &Config, name: &str, kind: Kind) -> Result<Target, CliError> {
+    let dom = match kind {
+        Kind::Container => None,
+        _ => running_domain(container::LXC_STATE_DIRS.iter().map(Path::new), name)?,
+    };
+    if let Some(d) = dom {
+        // Whoever may define a domain must not catch, by its name, what is meant for a
+        // container (nor make a container lose its GPUs to a `detach` meant for it).
+        if kind == Kind::Either && bundle::valid_id(name) {
+            let st = Store::new(&cfg.state_file).read().ok();
+            if oci_container::known(cfg, st.as_ref(), name) {
+                return Err(CliError::Ambiguous {
+                    name: name.to_string(),
+                    domain: d.name,
+                    uuid: d.uuid,
+                });
+            }
+        }
         return Ok(Target::Libvirt(d));
     }
-    if bundle::valid_id(name) {
+    if kind != Kind::Domain && bundle::valid_id(name) {
         let st: State = Store::new(&cfg.state_file)
             .read()
             .map_err(crate::reserve::error::Error::from)?;
@@ -143,8 +189,11 @@ fn target(cfg: &Config, name: &str) -> Result<Target, CliError> {
             return Ok(Target::Oci(o));
         }
     }
-    Err(CliError::NoContainer {
-        name: name.to_string(),
+    let name = name.to_string();
+    Err(match kind {
+        Kind::Either => CliError::NoContainer { name },
+        Kind::Domain => CliError::NoDomain { name },
+        Kind::Container => CliError::NoOciContainer { name },
     })
 }
 
@@ -291,7 +340,7 @@ fn which(d: &DetachArgs) -> Result<Which, CliError> {
 pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
     let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
     let req = attach_request(a)?;
-    let t = target(&cfg, &a.name)?;
+    let t = target(&cfg, &a.name, Kind::of(a.domain, a.container))?;
     let h = t.holder();
     let got = lifecycle::attach_with(&t.facts(&cfg), &h, &req, || t.find())?;
     if a.json {
@@ -312,7 +361,7 @@ pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
 pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
     let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
     let which = which(d)?;
-    let t = target(&cfg, &d.name)?;
+    let t = target(&cfg, &d.name, Kind::of(d.domain, d.container))?;
     let h = t.holder();
     let got = lifecycle::detach_with(&t.facts(&cfg), &h, &which, d.force, || t.find())?;
     if d.json {

@@ -17,8 +17,15 @@ pub const DEFAULT_STATE_FILE: &str = "/run/gpuhook/state.json";
 pub const CDI_DEFAULT_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
 /// Where the OCI runtimes keep their containers' state as root (`--root`): runc's
-/// `ROOT/ID/state.json` (podman runs runc with its default root), crun's `ROOT/ID/status`.
-pub const OCI_STATE_DEFAULT_ROOTS: [&str; 2] = ["/run/runc", "/run/crun"];
+/// `ROOT/ID/state.json` (podman runs runc with its default root), crun's `ROOT/ID/status`;
+/// containerd's runc v2 shim runs runc under `/run/containerd/runc/NAMESPACE`: `k8s.io` for
+/// Kubernetes' containers (the CRI plugin), `default` for `ctr`'s.
+pub const OCI_STATE_DEFAULT_ROOTS: [&str; 4] = [
+    "/run/runc",
+    "/run/crun",
+    "/run/containerd/runc/k8s.io",
+    "/run/containerd/runc/default",
+];
 
 /// What becomes of a spec's hooks that gpuhook does not do itself (config key
 /// `cdi_foreign_hooks`): they run as root against the container's image (OCI: the runtime
@@ -536,7 +543,13 @@ mod tests {
         assert_eq!(c.sysfs, PathBuf::from("/sys"));
         assert_eq!(
             c.oci_state_roots,
-            [PathBuf::from("/run/runc"), PathBuf::from("/run/crun")]
+            [
+                "/run/runc",
+                "/run/crun",
+                "/run/containerd/runc/k8s.io",
+                "/run/containerd/runc/default"
+            ]
+            .map(PathBuf::from)
         );
         let c = p(r#"{"oci_state_roots": ["/run/containerd/runc/k8s.io"]}"#).unwrap();
         assert_eq!(

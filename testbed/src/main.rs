@@ -3,39 +3,22 @@
 //! ```text
 //! gpuhook-testbed fakehost PROFILE DIR     blueprint | dgx8 | dgx8-mig | mixed | mi300 | wideN, each -mig7 for 7 MIG instances per GPU and +M for M other PCI functions; writes DIR/config.json
 //! gpuhook-testbed demo --hook BIN [--workdir DIR]
+//! gpuhook-testbed cri scenarios|up|down|runp|create|start|exec|… (gpuhook-testbed cri --help)
 //! ```
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use testbed::{Daemon, DomainSpec, FakeHost, Hook};
+use testbed::{profile, Daemon, DomainSpec, FakeHost, Hook};
 
 fn usage() -> ! {
-    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|mixed|mi300|wideN[+M] DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]");
+    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|mixed|mi300|wideN[+M] DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]\n       gpuhook-testbed cri --help");
     std::process::exit(2)
-}
-
-/// A profile, optionally `+M`: M other (non-GPU) PCI functions beside the GPUs.
-fn profile(name: &str) -> Option<FakeHost> {
-    if let Some((base, other)) = name.split_once('+') {
-        return Some(profile(base)?.with_other_functions(other.parse().ok()?));
-    }
-    if let Some(base) = name.strip_suffix("-mig7") {
-        return Some(profile(base)?.all_mig7());
-    }
-    Some(match name {
-        "blueprint" => FakeHost::blueprint(),
-        "dgx8" => FakeHost::dgx8(),
-        "mixed" => FakeHost::mixed(),
-        "mi300" => FakeHost::mi300(),
-        "dgx8-mig" => FakeHost::dgx8_mig(),
-        w if w.starts_with("wide") => FakeHost::wide(w[4..].parse().ok()?),
-        _ => return None,
-    })
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
+        Some("cri") => std::process::exit(testbed::cri::cli::main(&args[1..])),
         Some("fakehost") if args.len() == 3 => fakehost(&args[1], Path::new(&args[2])),
         Some("demo") => {
             let mut hook = None;

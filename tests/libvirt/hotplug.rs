@@ -619,3 +619,163 @@ pub fn attach_cdi_in_a_domain_with_its_own_root(b: &mut Bed) {
 fn host_mounts_empty(dir: &std::path::Path) -> bool {
     super::host_mounts_under(dir).is_empty()
 }
+
+/// A runc container run detached (`runc run -d`) from a busybox root, killed and deleted when
+/// dropped.
+struct RuncContainer {
+    root: std::path::PathBuf,
+    id: String,
+}
+
+impl RuncContainer {
+    fn start(dir: &std::path::Path, root: &std::path::Path, id: &str) -> RuncContainer {
+        std::fs::create_dir_all(dir).unwrap();
+        testbed::image::busybox_rootfs(dir).expect("busybox rootfs");
+        let o = Command::new("runc")
+            .arg("spec")
+            .arg("--bundle")
+            .arg(dir)
+            .output()
+            .expect("runc spec");
+        common::assert_ok(&o);
+        let p = dir.join("config.json");
+        let mut spec: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        spec["process"]["terminal"] = Value::Bool(false);
+        spec["process"]["args"] = serde_json::json!(["sleep", "1000"]);
+        std::fs::write(&p, spec.to_string()).unwrap();
+        let c = RuncContainer {
+            root: root.to_path_buf(),
+            id: id.to_string(),
+        };
+        // The detached container keeps runc's stdio: a file, not a pipe waited on to its end.
+        let log = dir.join("runc.log");
+        let f = std::fs::File::create(&log).unwrap();
+        let st = Command::new("runc")
+            .arg("--root")
+            .arg(root)
+            .args(["run", "-d", "--bundle"])
+            .arg(dir)
+            .arg(id)
+            .stdin(std::process::Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .status()
+            .expect("runc run");
+        assert!(
+            st.success(),
+            "runc run: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        c
+    }
+
+    fn pid(&self) -> i32 {
+        let s: Value = serde_json::from_slice(
+            &std::fs::read(self.root.join(&self.id).join("state.json")).unwrap(),
+        )
+        .unwrap();
+        s["init_process_pid"].as_i64().unwrap() as i32
+    }
+}
+
+impl Drop for RuncContainer {
+    fn drop(&mut self) {
+        let _ = Command::new("runc")
+            .arg("--root")
+            .arg(&self.root)
+            .args(["delete", "--force", &self.id])
+            .output();
+    }
+}
+
+/// A running libvirt domain named like a running OCI container's ID: `attach`/`detach NAME`
+/// is refused in one line naming both, nothing changed; `--domain` and `--container` say which,
+/// and each gets (and gives back) only what was meant for it.
+pub fn a_name_both_domain_and_container(b: &mut Bed) {
+    let roots = b.work.join("twin-runc");
+    b.use_host_with(FakeHost::blueprint(), |c| {
+        c["oci_state_roots"] = serde_json::json!([roots])
+    });
+    b.define_start(&DomainSpec::new("gh-twin", ""));
+    let ct = b.ct("gh-twin");
+    let oci = RuncContainer::start(&b.work.join("twin-bundle"), &roots, "gh-twin");
+    for args in [
+        &["attach", "gh-twin"][..],
+        &["attach", "gh-twin", "--device", "0000:07:00.0"],
+        &["detach", "gh-twin", "--all"],
+    ] {
+        let e = b.gh_host_err(args);
+        assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+        let uuid = b.xml("gh-twin");
+        let uuid = uuid
+            .split("<uuid>")
+            .nth(1)
+            .and_then(|u| u.split("</uuid>").next())
+            .expect("uuid");
+        assert_eq!(
+            e.trim_end(),
+            format!("gpuhook: 'gh-twin' names both libvirt domain 'gh-twin' ({uuid}) and OCI container 'gh-twin': say which with --domain or --container"),
+        );
+        assert!(b.holders().is_empty(), "{:?}", b.holders());
+    }
+    let out = b.gh_host_ok(&["attach", "gh-twin", "--domain", "--device", "0000:07:00.0"]);
+    assert!(
+        out.contains("attached 0000:07:00.0 to domain 'gh-twin'"),
+        "{out}"
+    );
+    let out = b.gh_host_ok(&[
+        "attach",
+        "gh-twin",
+        "--container",
+        "--device",
+        "0000:08:00.0",
+    ]);
+    assert!(
+        out.contains("attached 0000:08:00.0 to container 'gh-twin'"),
+        "{out}"
+    );
+    let l = b.list();
+    let kind = |pci: &str| common::gpu_of(&l, pci)["holder"]["kind"].clone();
+    assert_eq!(
+        (kind("0000:07:00.0"), kind("0000:08:00.0")),
+        (Value::from("libvirt"), Value::from("oci")),
+        "{l}"
+    );
+    assert_eq!(b.nodes(&ct).get("/dev/nvidia0"), Some(&(195, 0)));
+    assert!(!b.nodes(&ct).contains_key("/dev/nvidia1"));
+    let o = testbed::shell_in(oci.pid(), "ls /dev")
+        .output()
+        .expect("nsenter");
+    let dev = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        dev.contains("nvidia1") && !dev.lines().any(|l| l == "nvidia0"),
+        "{dev}"
+    );
+    // Each detach takes back only its own.
+    b.gh_host_ok(&["detach", "gh-twin", "--container", "--all"]);
+    assert_eq!(b.holders()["gh-twin"], ["0000:07:00.0"]);
+    assert_eq!(
+        common::gpu_of(&b.list(), "0000:07:00.0")["holder"]["kind"],
+        "libvirt"
+    );
+    b.gh_host_ok(&["detach", "gh-twin", "--domain", "--all"]);
+    assert!(b.holders().is_empty());
+    // Said which, and there is none of that kind.
+    let e = b.gh_host_err(&["attach", "gh-nodomain", "--domain"]);
+    assert!(
+        e.contains("no running libvirt domain named 'gh-nodomain'"),
+        "{e}"
+    );
+    b.define_start(&DomainSpec::new("gh-twin2", ""));
+    let e = b.gh_host_err(&["attach", "gh-twin2", "--container"]);
+    assert!(
+        e.contains("no running OCI container named 'gh-twin2'"),
+        "{e}"
+    );
+    let e = b.gh_host_err(&["attach", "gh-twin", "--domain", "--container"]);
+    assert!(e.contains("cannot be used with"), "{e}");
+    drop(oci);
+    // The container gone, the name is the domain's alone again.
+    b.gh_host_ok(&["attach", "gh-twin", "--device", "0000:07:00.0"]);
+    assert_eq!(b.holders()["gh-twin"], ["0000:07:00.0"]);
+}

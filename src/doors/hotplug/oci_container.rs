@@ -178,6 +178,9 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
     let init = match recorded {
         Some(i) => i,
         None => match runtime_init(&cfg.oci_state_roots, id)? {
+            Some((path, _)) if is_sandbox(&path)? => {
+                return Err(CliError::OciSandbox { id: id.to_string() })
+            }
             Some((_, of)) => running(id, of)?,
             None => return Ok(None),
         },
@@ -190,6 +193,59 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
         init,
         idmap,
     }))
+}
+
+/// Whether an OCI container of ID `id` is known here: gpuhook holds a reservation for it
+/// that is not stale, or a runtime keeps its state (running or not) under one of the
+/// `oci_state_roots`.
+pub fn known(cfg: &Config, st: Option<&State>, id: &str) -> bool {
+    st.is_some_and(|st| {
+        st.reservations.get(id).is_some_and(|r| {
+            r.kind == HolderKind::Oci && crate::reserve::lifecycle::stale_reason(r).is_none()
+        })
+    }) || cfg.oci_state_roots.iter().any(|root| {
+        StateFile::ALL
+            .iter()
+            .any(|f| root.join(id).join(f.name()).exists())
+    })
+}
+
+/// Whether the runtime's state file at `p` is a Kubernetes pod's sandbox ("pause")
+/// container's: runc's records the bundle's annotations among its config's `labels`
+/// (`KEY=VALUE`), crun's names the bundle, whose `config.json` holds them.
+fn is_sandbox(p: &Path) -> Result<bool, CliError> {
+    let Some(bytes) = read_state(p)? else {
+        return Ok(false);
+    };
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|source| CliError::OciState {
+            path: p.to_path_buf(),
+            source,
+        })?;
+    let annotations = if let Some(labels) = v.pointer("/config/labels") {
+        labels
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.as_str()?.split_once('='))
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(v)))
+            .collect()
+    } else {
+        let config = v
+            .get("bundle")
+            .and_then(serde_json::Value::as_str)
+            .map(|b| Path::new(b).join("config.json"));
+        match config.map(|c| read_state(&c)).transpose()?.flatten() {
+            Some(b) => serde_json::from_slice::<serde_json::Value>(&b)
+                .ok()
+                .and_then(|c| c.get("annotations").and_then(|a| a.as_object()).cloned())
+                .unwrap_or_default(),
+            None => serde_json::Map::new(),
+        }
+    };
+    Ok(crate::doors::bundle::is_sandbox(
+        &serde_json::json!({ "annotations": annotations }),
+    ))
 }
 
 /// An OCI container's device cgroup: its init's v1 devices cgroup, or where its devices
@@ -397,6 +453,95 @@ mod tests {
         assert!(e.contains("is not the init of a PID namespace"), "{e}");
         let _ = ns.kill();
         let _ = ns.wait();
+    }
+
+    /// A pod's sandbox, by runc's labels or crun's bundle; an app container and a plain one
+    /// are not.
+    #[test]
+    fn sandboxes_by_the_runtimes_state() {
+        let t = tempfile::tempdir().unwrap();
+        let runc = |labels: &str| {
+            let p = t.path().join("state.json");
+            std::fs::write(
+                &p,
+                RUNC_STATE.replace(
+                    r#""no_pivot_root":false,"#,
+                    &format!(r#""no_pivot_root":false,"labels":{labels},"#),
+                ),
+            )
+            .unwrap();
+            is_sandbox(&p).unwrap()
+        };
+        assert!(runc(
+            r#"["io.kubernetes.cri.container-type=sandbox","io.kubernetes.cri.sandbox-id=ab","bundle=/b"]"#
+        ));
+        assert!(runc(
+            r#"["io.kubernetes.cri-o.ContainerType=sandbox","bundle=/b"]"#
+        ));
+        assert!(!runc(
+            r#"["io.kubernetes.cri.container-type=container","bundle=/b"]"#
+        ));
+        assert!(!runc(r#"["bundle=/b"]"#));
+        assert!(!is_sandbox(&t.path().join("none.json")).unwrap());
+        // crun: the bundle's annotations.
+        let bundle = t.path().join("bundle");
+        std::fs::create_dir(&bundle).unwrap();
+        let status = t.path().join("status");
+        std::fs::write(
+            &status,
+            CRUN_STATUS.replace("/home/u/my_container", bundle.to_str().unwrap()),
+        )
+        .unwrap();
+        assert!(
+            !is_sandbox(&status).unwrap(),
+            "no config.json: not a sandbox"
+        );
+        std::fs::write(
+            bundle.join("config.json"),
+            r#"{"annotations": {"io.kubernetes.cri.container-type": "sandbox"}}"#,
+        )
+        .unwrap();
+        assert!(is_sandbox(&status).unwrap());
+        std::fs::write(&status, "{").unwrap();
+        assert!(is_sandbox(&status).is_err());
+    }
+
+    /// Known: a reservation gpuhook holds for it, or a runtime's state under the roots.
+    #[test]
+    fn known_containers() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("runc/c1")).unwrap();
+        std::fs::write(t.path().join("runc/c1/state.json"), RUNC_STATE).unwrap();
+        let cfg = Config {
+            oci_state_roots: vec![t.path().join("runc"), t.path().join("crun")],
+            ..Config::default()
+        };
+        assert!(known(&cfg, None, "c1"));
+        assert!(!known(&cfg, None, "c2"));
+        let held = |kind: &str, init: Option<ProcRef>| -> State {
+            let mut st: State = serde_json::from_value(serde_json::json!({
+                "version": 1,
+                "reservations": {"c2": {"kind": kind, "domain": "c2", "uuid": "c2", "gpus": [],
+                    "phase": "running", "request": "", "created": "", "updated": ""}}
+            }))
+            .unwrap();
+            st.reservations.get_mut("c2").unwrap().init = init;
+            st
+        };
+        let me = ProcRef::of(std::process::id() as i32);
+        assert!(me.is_some());
+        assert!(known(&cfg, Some(&held("oci", me)), "c2"));
+        // Stale (its init gone): no container any more.
+        let gone = me.map(|p| ProcRef {
+            start_time: p.start_time + 1,
+            ..p
+        });
+        assert!(!known(&cfg, Some(&held("oci", gone)), "c2"));
+        assert!(
+            !known(&cfg, Some(&held("libvirt", me)), "c2"),
+            "a domain's UUID"
+        );
+        assert!(!known(&cfg, Some(&State::default()), "c2"));
     }
 
     #[test]
