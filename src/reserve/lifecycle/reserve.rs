@@ -25,6 +25,13 @@ fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, 
     let units: Vec<Unit> = freed.iter().flat_map(|r| r.gpus.iter().copied()).collect();
     inv.settle(f.cfg, &units);
     let fresh = drain::freed_units(inv, st, &freed);
+    // With `reset_on_release`, a reclaimed GPU no one holds now is scrub pending: the
+    // request that reclaimed it does not get it before a reset.
+    for p in crate::reserve::health::scrub_freed(f.cfg, st, Some(inv), &freed) {
+        notes.push(format!(
+            "GPU {p} reclaimed: scrub pending (reset_on_release)"
+        ));
+    }
     let recheck = !st.draining.is_empty();
     if fresh.is_empty() && !recheck {
         return (notes, !freed.is_empty());
