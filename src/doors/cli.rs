@@ -120,22 +120,26 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum HealthAction {
-    /// Read the kernel log records (<dev>/kmsg) the last scan did not and act on each NVIDIA
-    /// Xid as NVIDIA's Xid catalog says: ignore (counted, logged), restart (a warning naming
-    /// the GPU's holder), reset or reboot (quarantined until a reset, or until the host
-    /// reboots); then reset the scrub-pending GPUs (reset_on_release) and, with auto_reset,
-    /// the GPUs quarantined with the reset action that are free and not open
+    /// Act on the NVIDIA Xids of the kernel log as NVIDIA's Xid catalog says
     /// (gpuhook-health.timer runs it)
+    ///
+    /// Reads the kernel log records (<dev>/kmsg) the last scan did not: ignore (counted,
+    /// logged), restart (a warning naming the GPU's holder), reset or reboot (quarantined
+    /// until a reset, or until the host reboots). Then resets the scrub-pending GPUs
+    /// (reset_on_release) and, with auto_reset, the GPUs quarantined with the reset action
+    /// that are free and not open.
     Scan,
-    /// Reset a GPU that nothing holds or has open (the config's reset_command, or "pci": the
-    /// function-level reset through sysfs; 30 s at most), then probe it (config space, the
-    /// driver's list, GPU Excluded: No): a reset quarantine is lifted only when every probe
-    /// passes, else the GPU stays quarantined with the failed probe as its reason
+    /// Reset a GPU nothing holds or has open, probe it, lift its reset quarantine
+    ///
+    /// Runs the config's reset_command (or with "pci" the function-level reset through
+    /// sysfs; 30 s at most), then probes the GPU (config space, the driver's list, GPU
+    /// Excluded: No): a reset quarantine is lifted only when every probe passes, else the GPU
+    /// stays quarantined with the failed probe as its reason.
     Reset {
         /// Its PCI address (0000:3b:00.0)
         pci: String,
     },
-    /// Lift any quarantine of a GPU (a reboot or an escalated one too) and start its 24-hour
+    /// Lift any quarantine of a GPU (a reboot or an escalated one too), start its 24-hour
     /// count again
     Clear {
         /// Its PCI address (0000:3b:00.0)

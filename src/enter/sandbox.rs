@@ -303,6 +303,52 @@ pub unsafe fn fork_and_wait(
     max: usize,
     child: impl FnOnce(OwnedFd) -> i32,
 ) -> Result<(Vec<u8>, nix::Result<WaitStatus>), ForkError> {
+    // SAFETY: the caller's promise.
+    unsafe { fork_and_wait_with(limit, max, false, child) }
+}
+
+/// How long a child killed at its deadline is waited for: one stuck in the kernel (a device
+/// reset in D state) dies only when the kernel lets it; it is left to its new parent then.
+const REAP_AFTER_KILL: Duration = Duration::from_secs(5);
+
+/// Reaps `pid`: blocking, or (`until`) polling until then (`StillAlive` past it).
+fn reap(pid: nix::unistd::Pid, until: Option<Instant>) -> nix::Result<WaitStatus> {
+    let Some(until) = until else {
+        return nix::sys::wait::waitpid(pid, None);
+    };
+    let mut nap = Duration::from_micros(100);
+    loop {
+        match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if Instant::now() < until => {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(10));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Kills `pid` and its process group (a child that made one of its own, [`run_program`],
+/// takes what it started with it; no group of that id otherwise: ESRCH, nothing done).
+fn kill_all(pid: nix::unistd::Pid) {
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+}
+
+/// [`fork_and_wait`]; with `bounded`, the child must also have ended within `limit` (one
+/// that closed its output and lives on is killed: [`ForkError::TimedOut`]), and a killed
+/// child is waited for at most [`REAP_AFTER_KILL`]: the whole is bounded, whatever the child.
+///
+/// # Safety
+///
+/// As [`fork_and_wait`].
+unsafe fn fork_and_wait_with(
+    limit: Duration,
+    max: usize,
+    bounded: bool,
+    child: impl FnOnce(OwnedFd) -> i32,
+) -> Result<(Vec<u8>, nix::Result<WaitStatus>), ForkError> {
+    let start = Instant::now();
     let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| ForkError::Pipe(e.into()))?;
     // SAFETY: the caller's promise (above) on what `child` does.
     match unsafe { nix::unistd::fork() }.map_err(|e| ForkError::Fork(e.into()))? {
@@ -315,18 +361,25 @@ pub unsafe fn fork_and_wait(
         nix::unistd::ForkResult::Parent { child: pid } => {
             drop(wr);
             drop(child);
-            let out = read_pipe(rd, limit, max).map_err(|e| match e {
-                None => ForkError::TimedOut,
-                Some(e) => ForkError::Read(e),
-            });
-            if out.is_err() {
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                // A child that made a process group of its own ([`run_program`]) takes what
-                // it started with it (no group of that id otherwise: ESRCH, nothing done).
-                let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+            let after_kill = || bounded.then(|| Instant::now() + REAP_AFTER_KILL);
+            let out = match read_pipe(rd, limit, max) {
+                Ok(out) => out,
+                Err(e) => {
+                    kill_all(pid);
+                    let _ = reap(pid, after_kill());
+                    return Err(match e {
+                        None => ForkError::TimedOut,
+                        Some(e) => ForkError::Read(e),
+                    });
+                }
+            };
+            let status = reap(pid, bounded.then(|| start + limit));
+            if status == Ok(WaitStatus::StillAlive) {
+                kill_all(pid);
+                let _ = reap(pid, after_kill());
+                return Err(ForkError::TimedOut);
             }
-            let status = nix::sys::wait::waitpid(pid, None);
-            Ok((out?, status))
+            Ok((out, status))
         }
     }
 }
@@ -458,8 +511,8 @@ pub fn run_program(argv: &[String], limit: Duration, max: usize) -> Result<Ran, 
         127
     };
     // SAFETY: the child makes syscalls and formats a message, then execs or returns.
-    let (output, status) =
-        unsafe { fork_and_wait(limit, max, child) }.map_err(|e| RunError::of(e, limit))?;
+    let (output, status) = unsafe { fork_and_wait_with(limit, max, true, child) }
+        .map_err(|e| RunError::of(e, limit))?;
     Ok(Ran {
         status: status.into(),
         output,
@@ -496,8 +549,8 @@ pub fn run_child(
         }
     };
     // SAFETY: the child makes syscalls and formats a message, then returns.
-    let (output, status) =
-        unsafe { fork_and_wait(limit, 4096, child) }.map_err(|e| RunError::of(e, limit))?;
+    let (output, status) = unsafe { fork_and_wait_with(limit, 4096, true, child) }
+        .map_err(|e| RunError::of(e, limit))?;
     Ok(Ran {
         status: status.into(),
         output,
@@ -583,6 +636,44 @@ mod tests {
                 (waitpid(child, None).unwrap(), owner)
             }
         }
+    }
+
+    /// A host program runs with the time it is given, whatever it does: one that closes its
+    /// output and lives on is killed at the deadline too (and what it started with it).
+    #[test]
+    fn run_program_is_bounded() {
+        let ok = run_program(
+            &[
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo one; echo two >&2".into(),
+            ],
+            Duration::from_secs(10),
+            1024,
+        )
+        .unwrap();
+        assert!(ok.ok());
+        assert_eq!(String::from_utf8_lossy(&ok.output), "one\ntwo\n");
+        assert_eq!(ok.last_line(), "two");
+        let t = Instant::now();
+        let e = run_program(
+            &[
+                "/bin/sh".into(),
+                "-c".into(),
+                "exec >&- 2>&-; sleep 30".into(),
+            ],
+            Duration::from_millis(300),
+            1024,
+        )
+        .unwrap_err();
+        assert_eq!(e, RunError::TimedOut(Duration::from_millis(300)));
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        let bad = run_program(&["/bin/x\0".into()], Duration::from_secs(1), 10).unwrap_err();
+        assert_eq!(bad, RunError::Nul("/bin/x\0".into()));
+        assert_eq!(
+            run_program(&[], Duration::from_secs(1), 10).unwrap_err(),
+            RunError::Empty
+        );
     }
 
     /// A child's end reads as nix's `Debug` of the `waitpid` result said it.

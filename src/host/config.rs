@@ -604,6 +604,53 @@ mod tests {
         assert_eq!(o, Override::default());
     }
 
+    /// The health keys: `reset_command` an argument list (`{pci}` replaced) or `"pci"`,
+    /// `auto_reset`, `max_quarantines` (at least 1), `reset_on_release`; their defaults.
+    #[test]
+    fn health_keys() {
+        let d = p("{}").unwrap();
+        assert_eq!(
+            d.reset_command.argv("0000:3b:00.0").unwrap(),
+            ["/usr/bin/nvidia-smi", "--gpu-reset", "-i", "0000:3b:00.0"]
+        );
+        assert!(!d.auto_reset && !d.reset_on_release);
+        assert_eq!(d.max_quarantines, 3);
+        let c = p(r#"{"reset_command": ["/usr/local/bin/reset-gpu", "--bus={pci}", "x"], "auto_reset": true, "max_quarantines": 5, "reset_on_release": true}"#).unwrap();
+        assert_eq!(
+            c.reset_command.argv("0000:3b:00.0").unwrap(),
+            ["/usr/local/bin/reset-gpu", "--bus=0000:3b:00.0", "x"]
+        );
+        assert!(c.auto_reset && c.reset_on_release);
+        assert_eq!(c.max_quarantines, 5);
+        let pci = p(r#"{"reset_command": "pci"}"#).unwrap();
+        assert_eq!(pci.reset_command, ResetCommand::Pci);
+        assert_eq!(pci.reset_command.argv("0000:3b:00.0"), None);
+        for (bad, says) in [
+            (r#"{"reset_command": []}"#, "\"reset_command\" is empty"),
+            (
+                r#"{"reset_command": ["nvidia-smi", "-r"]}"#,
+                "its program must be an absolute path, not \"nvidia-smi\"",
+            ),
+            (
+                r#"{"reset_command": "flr"}"#,
+                "\"reset_command\" must be a list of a program's absolute path and its arguments",
+            ),
+            (
+                r#"{"reset_command": ["/bin/x", 3]}"#,
+                "\"reset_command\" must be",
+            ),
+            (
+                r#"{"max_quarantines": 0}"#,
+                "\"max_quarantines\" must be at least 1",
+            ),
+            (r#"{"auto_reset": "yes"}"#, "invalid type"),
+        ] {
+            let e = p(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(e.starts_with("config /etc/gpuhook/config.json: "), "{e}");
+        }
+    }
+
     #[test]
     fn cdi_foreign_hooks() {
         use ForeignHooks;

@@ -1048,6 +1048,37 @@ mod tests {
         );
     }
 
+    /// A quarantine written before NVIDIA's Xid catalog (no action, no boot id): it loads
+    /// with no action (it ends only with `health clear`) and is written back byte for byte;
+    /// the health fields, when there are some, are written on their own line and read back.
+    #[test]
+    fn quarantines_written_before_keep_their_bytes() {
+        let old = concat!(
+            "{\"version\":1,\"reservations\":{\n},\n",
+            "\"quarantine\":{\"0000:1a:00.0\":{\"xid\":79,\"reason\":\"GPU has fallen off the bus\",\"message\":\"NVRM: Xid (PCI:0000:1a:00): 79, x\",\"since\":\"2026-11-30T18:31:07Z\"}},\n",
+            "\"kmsg\":{\"boot_id\":\"b\",\"seq\":1532}}\n"
+        );
+        let mut st = State::parse(old.as_bytes(), "x").unwrap();
+        let q = &st.quarantine["0000:1a:00.0"];
+        assert_eq!(
+            (q.xid, q.action, q.needs_inspection),
+            (Some(79), None, false)
+        );
+        assert!(st.health.is_empty());
+        assert_eq!(String::from_utf8(st.to_bytes()).unwrap(), old);
+        let h = st.health.entry("0000:1a:00.0".into()).or_default();
+        h.scrub_pending = true;
+        h.resets_failed = 2;
+        h.xids.push(XidCount {
+            xid: 79,
+            action: crate::reserve::health::catalog::Action::Reboot,
+            count: 1,
+        });
+        let text = String::from_utf8(st.to_bytes()).unwrap();
+        assert!(text.ends_with("\n\"health\":{\"0000:1a:00.0\":{\"scrub_pending\":true,\"xids\":[{\"xid\":79,\"action\":\"reboot\",\"count\":1}],\"resets_failed\":2}}}\n"), "{text}");
+        assert_eq!(State::parse(text.as_bytes(), "x").unwrap(), st);
+    }
+
     #[test]
     fn corrupt_and_version_are_errors_and_untouched() {
         let d = tempfile::tempdir().unwrap();
