@@ -441,6 +441,19 @@ pub fn scan_with(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error>
         for k in keys {
             prune(st, &k, &now);
         }
+        // Draining GPUs looked at again: one closed since is free, and can be reset below
+        // (a scrub-pending GPU that drained after its free waits for this).
+        if !st.draining.is_empty() {
+            let s = crate::reserve::drain::settle(
+                st,
+                Vec::new(),
+                true,
+                f.proc,
+                &now,
+                crate::reserve::drain::BUDGET,
+            );
+            crate::reserve::drain::log_settled(&s);
+        }
         if let Some(seq) = last {
             st.kmsg = Some(KmsgMark {
                 boot_id: boot_text.clone(),

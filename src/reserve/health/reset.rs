@@ -230,6 +230,18 @@ pub fn reset_pci(f: &Facts, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
     let key = pci.to_string();
     // One locked step: refused (nothing written), or marked resetting.
     let took_over = store.update(|st| -> Result<Option<Resetting>, Error> {
+        // A GPU that drains: looked at again (closed since, it is free).
+        if st.draining.keys().any(|u| u.pci() == pci) {
+            let s = crate::reserve::drain::settle(
+                st,
+                Vec::new(),
+                true,
+                f.proc,
+                &started,
+                crate::reserve::drain::BUDGET,
+            );
+            crate::reserve::drain::log_settled(&s);
+        }
         if let Some(who) = held(st, pci) {
             return Err(HealthError::Held { pci, who }.into());
         }

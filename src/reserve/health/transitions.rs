@@ -483,42 +483,58 @@ fn refusals_change_nothing() {
         assert!(e.starts_with(says), "{e}");
         assert_eq!(b.bytes(), before, "{pci}");
     }
-    // Draining: the processes that keep it open are named.
-    b.store()
-        .update(|st| {
-            st.draining.insert(
-                unit(G3),
-                crate::reserve::state::Draining {
-                    nodes: vec![],
-                    holders: vec![crate::reserve::state::Opener {
-                        proc: ProcRef {
-                            pid: 4242,
-                            start_time: 7,
-                        },
-                        comm: "sleep".into(),
-                    }],
-                    unread: vec![],
-                    unread_total: 0,
-                    after: "domain 'web9'".into(),
-                    since: "2026-12-01T00:00:00Z".into(),
-                },
-            );
-            Ok::<_, Error>(())
-        })
-        .unwrap();
+    // Draining: looked at again; the processes that still keep it open are named (this
+    // test process, with /dev/null open here).
+    let _null = std::fs::File::open("/dev/null").unwrap();
+    let me = ProcRef::of(std::process::id() as i32).unwrap();
+    let draining = |holder: ProcRef, node: crate::node::Node| {
+        b.store()
+            .update(|st| {
+                st.draining.insert(
+                    unit(G3),
+                    crate::reserve::state::Draining {
+                        nodes: vec![node],
+                        holders: vec![crate::reserve::state::Opener {
+                            proc: holder,
+                            comm: "sleep".into(),
+                        }],
+                        unread: vec![],
+                        unread_total: 0,
+                        after: "domain 'web9'".into(),
+                        since: "2026-12-01T00:00:00Z".into(),
+                    },
+                );
+                Ok::<_, Error>(())
+            })
+            .unwrap()
+    };
+    draining(me, crate::node::Node::new("/dev/null", 1, 3));
     let before = b.bytes();
     let e = b.reset(&fake, G3).unwrap_err().to_string();
     assert!(
-        e.contains(
-            "pid 4242 (sleep), which still has 0000:13:00.0 open after domain 'web9' (draining)"
-        ),
+        e.contains(&format!(
+            "pid {} (sleep), which still has 0000:13:00.0 open after domain 'web9' (draining)",
+            me.pid
+        )),
         "{e}"
     );
     assert_eq!(b.bytes(), before);
+    assert!(fake.calls.borrow().is_empty());
+    // Its holder gone, and nothing else has its node (195:250) open: free, reset.
+    draining(
+        ProcRef {
+            pid: i32::MAX - 9,
+            start_time: 1,
+        },
+        crate::node::Node::new("/dev/nvidia250", 195, 250),
+    );
+    let r = b.reset(&fake, G3).unwrap();
+    assert!(r.failure.is_none());
+    assert!(b.state().draining.is_empty());
+    fake.calls.borrow_mut().clear();
     // Being reset by a process that runs (this one): refused; nothing ran.
     b.store()
         .update(|st| {
-            st.draining.clear();
             st.health.entry(G3.into()).or_default().resetting = Some(Resetting {
                 by: ProcRef::of(std::process::id() as i32).unwrap(),
                 since: "2026-12-01T00:00:00Z".into(),
@@ -726,6 +742,35 @@ fn reset_on_release_scrubs_before_anyone_else() {
         st.quarantine[G1].reason,
         "reset failed: excluded by the NVIDIA driver (GPU Excluded: Yes)"
     );
+    // Freed while still open: it drains; once closed, the scan lets go of it and scrubs it.
+    b.store()
+        .update(|st| {
+            st.health.entry(G2.into()).or_default().scrub_pending = true;
+            st.draining.insert(
+                unit(G2),
+                crate::reserve::state::Draining {
+                    nodes: vec![crate::node::Node::new("/dev/nvidia251", 195, 251)],
+                    holders: vec![crate::reserve::state::Opener {
+                        proc: ProcRef {
+                            pid: i32::MAX - 11,
+                            start_time: 1,
+                        },
+                        comm: "python3".into(),
+                    }],
+                    unread: vec![],
+                    unread_total: 0,
+                    after: "container 'c'".into(),
+                    since: "2026-12-01T00:00:00Z".into(),
+                },
+            );
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+    let r = b.scan(&Fake::default());
+    assert_eq!(r.resets.len(), 1, "{:?}", r.resets);
+    assert!(r.resets[0].1.as_ref().unwrap().scrubbed);
+    let st = b.state();
+    assert!(st.draining.is_empty() && !scrub_pending(&st, G2));
     // Off: nothing marked.
     let off = Bed::new(|_| {});
     off.store()
