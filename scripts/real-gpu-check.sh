@@ -97,3 +97,24 @@ if [ -n "$mps_pci" ] && [ -x /usr/bin/nvidia-cuda-mps-control ]; then
     grep -i "quit" "$mdir/log/control.log" | tail -n 1
     echo "== MPS: daemon started with its environment, stopped by quit at the free"
 fi
+
+# health reset (SPEC "Health by NVIDIA's Xid catalog, with recovery"): the first GPU, idle
+# (nothing holds it; a process with one of its nodes open, nvidia-persistenced for one, makes
+# gpuhook refuse in one line naming it), reset with the default reset_command
+# (nvidia-smi --gpu-reset -i PCI), re-probed (config space, the driver's list, GPU Excluded),
+# and how long it took.
+reset_pci=$(sed -n 's/.*"pci": *"\([0-9a-f:.]*\)".*/\1/p' "$work/list.json" | head -n 1)
+if [ -n "$reset_pci" ] && [ -x /usr/bin/nvidia-smi ]; then
+    export GPUHOOK_CONFIG="$work/config.json"
+    echo "== health reset $reset_pci (nvidia-smi --gpu-reset):"
+    t0=$(date +%s.%N)
+    if "$bin" -v health reset "$reset_pci"; then rc=0; else rc=$?; fi
+    t1=$(date +%s.%N)
+    echo "health reset: exit $rc after $(awk "BEGIN { printf \"%.2f\", $t1 - $t0 }") s"
+    "$bin" list | grep -F "$reset_pci"
+    if [ "$rc" -ne 0 ]; then
+        echo "(refused or failed: the line above says why; stop what holds the GPU open, e.g. systemctl stop nvidia-persistenced, and run again)"
+        exit 1
+    fi
+    echo "== health reset: the GPU is back, every probe passes"
+fi

@@ -7,9 +7,13 @@
 //! make a process or run another program (`clone`, `clone3`, `fork`, `vfork`, `execve`;
 //! `execveat` stays for the exec itself).
 //!
-//! Every child gpuhook forks and waits on (the container helper, `ldconfig`'s first child)
-//! goes through [`fork_and_wait`]: a pipe read to its end within a deadline, the child
-//! killed when it runs over, and reaped.
+//! Every child gpuhook forks and waits on (the container helper, `ldconfig`'s first child,
+//! a GPU's reset) goes through [`fork_and_wait`]: a pipe read to its end within a deadline,
+//! the child (and its process group, when it made one) killed when it runs over, and
+//! reaped. A host program gpuhook runs (the GPU reset command) goes through
+//! [`run_program`]: the same, with standard input from `/dev/null`, no descriptor but the
+//! pipe, a fixed environment, the signals as a fresh process has them, and a process group
+//! of its own.
 
 use crate::host::syserr::{IoErr, SysErr};
 use nix::errno::Errno;
@@ -299,6 +303,52 @@ pub unsafe fn fork_and_wait(
     max: usize,
     child: impl FnOnce(OwnedFd) -> i32,
 ) -> Result<(Vec<u8>, nix::Result<WaitStatus>), ForkError> {
+    // SAFETY: the caller's promise.
+    unsafe { fork_and_wait_with(limit, max, false, child) }
+}
+
+/// How long a child killed at its deadline is waited for: one stuck in the kernel (a device
+/// reset in D state) dies only when the kernel lets it; it is left to its new parent then.
+const REAP_AFTER_KILL: Duration = Duration::from_secs(5);
+
+/// Reaps `pid`: blocking, or (`until`) polling until then (`StillAlive` past it).
+fn reap(pid: nix::unistd::Pid, until: Option<Instant>) -> nix::Result<WaitStatus> {
+    let Some(until) = until else {
+        return nix::sys::wait::waitpid(pid, None);
+    };
+    let mut nap = Duration::from_micros(100);
+    loop {
+        match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if Instant::now() < until => {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(10));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Kills `pid` and its process group (a child that made one of its own, [`run_program`],
+/// takes what it started with it; no group of that id otherwise: ESRCH, nothing done).
+fn kill_all(pid: nix::unistd::Pid) {
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+}
+
+/// [`fork_and_wait`]; with `bounded`, the child must also have ended within `limit` (one
+/// that closed its output and lives on is killed: [`ForkError::TimedOut`]), and a killed
+/// child is waited for at most [`REAP_AFTER_KILL`]: the whole is bounded, whatever the child.
+///
+/// # Safety
+///
+/// As [`fork_and_wait`].
+unsafe fn fork_and_wait_with(
+    limit: Duration,
+    max: usize,
+    bounded: bool,
+    child: impl FnOnce(OwnedFd) -> i32,
+) -> Result<(Vec<u8>, nix::Result<WaitStatus>), ForkError> {
+    let start = Instant::now();
     let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| ForkError::Pipe(e.into()))?;
     // SAFETY: the caller's promise (above) on what `child` does.
     match unsafe { nix::unistd::fork() }.map_err(|e| ForkError::Fork(e.into()))? {
@@ -311,17 +361,200 @@ pub unsafe fn fork_and_wait(
         nix::unistd::ForkResult::Parent { child: pid } => {
             drop(wr);
             drop(child);
-            let out = read_pipe(rd, limit, max).map_err(|e| match e {
-                None => ForkError::TimedOut,
-                Some(e) => ForkError::Read(e),
-            });
-            if out.is_err() {
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let after_kill = || bounded.then(|| Instant::now() + REAP_AFTER_KILL);
+            let out = match read_pipe(rd, limit, max) {
+                Ok(out) => out,
+                Err(e) => {
+                    kill_all(pid);
+                    let _ = reap(pid, after_kill());
+                    return Err(match e {
+                        None => ForkError::TimedOut,
+                        Some(e) => ForkError::Read(e),
+                    });
+                }
+            };
+            let status = reap(pid, bounded.then(|| start + limit));
+            if status == Ok(WaitStatus::StillAlive) {
+                kill_all(pid);
+                let _ = reap(pid, after_kill());
+                return Err(ForkError::TimedOut);
             }
-            let status = nix::sys::wait::waitpid(pid, None);
-            Ok((out?, status))
+            Ok((out, status))
         }
     }
+}
+
+/// The environment of every host program gpuhook runs ([`run_program`]): a fixed `PATH`,
+/// nothing of gpuhook's own.
+pub const CHILD_ENV: [&str; 1] = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"];
+
+/// What a program run by [`run_program`] (or work done by [`run_child`]) did: how it ended
+/// and what it wrote (standard output and error together, bounded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ran {
+    pub status: Waited,
+    pub output: Vec<u8>,
+}
+
+impl Ran {
+    /// Exited with status 0.
+    pub fn ok(&self) -> bool {
+        matches!(self.status, Waited::Exited { code: 0, .. })
+    }
+
+    /// The last line it wrote that is not blank (for a one-line message).
+    pub fn last_line(&self) -> String {
+        String::from_utf8_lossy(&self.output)
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|l| l.trim().to_owned())
+            .unwrap_or_default()
+    }
+}
+
+/// Why a program could not be run to its end.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}: NUL in an argument")]
+    Nul(String),
+    #[error("no program to run")]
+    Empty,
+    #[error("cannot make the pipe: {0}")]
+    Pipe(#[source] SysErr),
+    #[error("cannot fork: {0}")]
+    Fork(#[source] SysErr),
+    #[error("it did not end within {0:?} (killed)")]
+    TimedOut(Duration),
+    #[error("reading its output: {0}")]
+    Read(#[source] PipeError),
+}
+
+impl RunError {
+    fn of(e: ForkError, limit: Duration) -> RunError {
+        match e {
+            ForkError::Pipe(e) => RunError::Pipe(e),
+            ForkError::Fork(e) => RunError::Fork(e),
+            ForkError::TimedOut => RunError::TimedOut(limit),
+            ForkError::Read(e) => RunError::Read(e),
+        }
+    }
+}
+
+/// In a forked child: standard input from `/dev/null`, standard output and error into
+/// `out`, nothing else open, a process group of its own, the signals' default dispositions
+/// with none blocked, and SIGKILL when its parent dies.
+fn plain_child(out: OwnedFd, parent: i32) -> Result<(), Errno> {
+    use std::os::fd::IntoRawFd;
+    let out = out.into_raw_fd();
+    // SAFETY: descriptor and signal calls on this (child) process only.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+        if null < 0 || libc::dup2(null, 0) < 0 {
+            return Err(Errno::last());
+        }
+        if libc::dup2(out, 1) < 0 || libc::dup2(out, 2) < 0 {
+            return Err(Errno::last());
+        }
+    }
+    close_from(3);
+    // SAFETY: as above.
+    unsafe {
+        libc::setpgid(0, 0);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        // (Rust's runtime ignores SIGPIPE: an ignored signal stays so across exec.)
+        for sig in 1..libc::SIGRTMIN() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // The parent died before the death signal was asked for.
+        if libc::getppid() != parent {
+            return Err(Errno::ESRCH);
+        }
+    }
+    Ok(())
+}
+
+/// Runs `argv` (`argv[0]` an absolute path) as gpuhook runs every host program (see the
+/// module's comment), its output read within `limit` (at most `max` bytes kept); past
+/// `limit` it and its process group are killed.
+pub fn run_program(argv: &[String], limit: Duration, max: usize) -> Result<Ran, RunError> {
+    let c: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_str()).map_err(|_| RunError::Nul(a.clone())))
+        .collect::<Result<_, _>>()?;
+    let path = c.first().cloned().ok_or(RunError::Empty)?;
+    let env: Vec<CString> = CHILD_ENV
+        .iter()
+        .map(|e| CString::new(*e).expect("no NUL"))
+        .collect();
+    let parent = std::process::id() as i32;
+    let child = move |out: OwnedFd| -> i32 {
+        if let Err(e) = plain_child(out, parent) {
+            let _ = nix::unistd::write(
+                // SAFETY: standard error, set up (or not) just above; only written to.
+                unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
+                format!("cannot set up the child: {e}\n").as_bytes(),
+            );
+            return 126;
+        }
+        let e = nix::unistd::execve(&path, &c, &env).unwrap_err();
+        let _ = nix::unistd::write(
+            // SAFETY: as above.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
+            format!("cannot run {}: {e}\n", path.to_string_lossy()).as_bytes(),
+        );
+        127
+    };
+    // SAFETY: the child makes syscalls and formats a message, then execs or returns.
+    let (output, status) = unsafe { fork_and_wait_with(limit, max, true, child) }
+        .map_err(|e| RunError::of(e, limit))?;
+    Ok(Ran {
+        status: status.into(),
+        output,
+    })
+}
+
+/// Does `work` in a child set up as [`run_program`]'s (no exec): for a write that can
+/// block in the kernel (a PCI reset), bounded by `limit` like a program. Its error is the
+/// child's exit status (1) and message.
+pub fn run_child(
+    limit: Duration,
+    work: impl FnOnce() -> Result<(), String>,
+) -> Result<Ran, RunError> {
+    let parent = std::process::id() as i32;
+    let child = move |out: OwnedFd| -> i32 {
+        if let Err(e) = plain_child(out, parent) {
+            let _ = nix::unistd::write(
+                // SAFETY: standard error of this child, only written to.
+                unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
+                format!("cannot set up the child: {e}\n").as_bytes(),
+            );
+            return 126;
+        }
+        match work() {
+            Ok(()) => 0,
+            Err(m) => {
+                let _ = nix::unistd::write(
+                    // SAFETY: as above.
+                    unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
+                    format!("{m}\n").as_bytes(),
+                );
+                1
+            }
+        }
+    };
+    // SAFETY: the child makes syscalls and formats a message, then returns.
+    let (output, status) = unsafe { fork_and_wait_with(limit, 4096, true, child) }
+        .map_err(|e| RunError::of(e, limit))?;
+    Ok(Ran {
+        status: status.into(),
+        output,
+    })
 }
 
 /// Reads a pipe to its end within `limit`, keeping at most `max` bytes (the rest is read
@@ -403,6 +636,44 @@ mod tests {
                 (waitpid(child, None).unwrap(), owner)
             }
         }
+    }
+
+    /// A host program runs with the time it is given, whatever it does: one that closes its
+    /// output and lives on is killed at the deadline too (and what it started with it).
+    #[test]
+    fn run_program_is_bounded() {
+        let ok = run_program(
+            &[
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo one; echo two >&2".into(),
+            ],
+            Duration::from_secs(10),
+            1024,
+        )
+        .unwrap();
+        assert!(ok.ok());
+        assert_eq!(String::from_utf8_lossy(&ok.output), "one\ntwo\n");
+        assert_eq!(ok.last_line(), "two");
+        let t = Instant::now();
+        let e = run_program(
+            &[
+                "/bin/sh".into(),
+                "-c".into(),
+                "exec >&- 2>&-; sleep 30".into(),
+            ],
+            Duration::from_millis(300),
+            1024,
+        )
+        .unwrap_err();
+        assert_eq!(e, RunError::TimedOut(Duration::from_millis(300)));
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        let bad = run_program(&["/bin/x\0".into()], Duration::from_secs(1), 10).unwrap_err();
+        assert_eq!(bad, RunError::Nul("/bin/x\0".into()));
+        assert_eq!(
+            run_program(&[], Duration::from_secs(1), 10).unwrap_err(),
+            RunError::Empty
+        );
     }
 
     /// A child's end reads as nix's `Debug` of the `waitpid` result said it.

@@ -90,6 +90,10 @@ struct Raw {
     #[serde(default)]
     sharing: BTreeMap<String, RawSharing>,
     mps_control: Option<PathBuf>,
+    reset_command: Option<serde_json::Value>,
+    auto_reset: Option<bool>,
+    max_quarantines: Option<u32>,
+    reset_on_release: Option<bool>,
 }
 
 /// One `sharing` entry as written.
@@ -153,6 +157,59 @@ pub const REPLICAS: std::ops::RangeInclusive<u32> = 2..=64;
 /// NVIDIA's MPS control program (config `mps_control`).
 pub const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
 
+/// How `gpuhook health reset` resets a GPU (config `reset_command`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResetCommand {
+    /// A program and its arguments, `{pci}` in any of them replaced by the GPU's address.
+    Argv(Vec<String>),
+    /// The kernel's function-level reset: `1` written to `<sysfs>/bus/pci/devices/PCI/reset`.
+    Pci,
+}
+
+/// The default `reset_command`: NVIDIA's own reset.
+pub const DEFAULT_RESET_COMMAND: [&str; 4] = ["/usr/bin/nvidia-smi", "--gpu-reset", "-i", "{pci}"];
+
+/// The default `max_quarantines`: quarantined this often within 24 hours, a GPU needs
+/// inspection.
+pub const DEFAULT_MAX_QUARANTINES: u32 = 3;
+
+impl ResetCommand {
+    /// The argument list for the GPU at `pci` (`None` for [`ResetCommand::Pci`]).
+    pub fn argv(&self, pci: &str) -> Option<Vec<String>> {
+        match self {
+            ResetCommand::Argv(a) => Some(a.iter().map(|x| x.replace("{pci}", pci)).collect()),
+            ResetCommand::Pci => None,
+        }
+    }
+
+    fn parse(v: serde_json::Value) -> Result<ResetCommand, String> {
+        const WANT: &str = "a list of a program's absolute path and its arguments ([\"/usr/bin/nvidia-smi\", \"--gpu-reset\", \"-i\", \"{pci}\"]), or \"pci\"";
+        match v {
+            serde_json::Value::String(s) if s == "pci" => Ok(ResetCommand::Pci),
+            serde_json::Value::Array(items) => {
+                let argv: Vec<String> = items
+                    .into_iter()
+                    .map(|x| match x {
+                        serde_json::Value::String(s) => Ok(s),
+                        _ => Err(format!("must be {WANT}")),
+                    })
+                    .collect::<Result<_, _>>()?;
+                match argv.first() {
+                    None => Err(format!("is empty: it must be {WANT}")),
+                    Some(p) if !Path::new(p).is_absolute() => {
+                        Err(format!("its program must be an absolute path, not {p:?}"))
+                    }
+                    Some(_) if argv.iter().any(|a| a.contains('\0')) => {
+                        Err("an argument has a NUL".into())
+                    }
+                    Some(_) => Ok(ResetCommand::Argv(argv)),
+                }
+            }
+            _ => Err(format!("must be {WANT}")),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Where this config came from (for messages); `None` for built-in defaults.
@@ -187,6 +244,16 @@ pub struct Config {
     pub share_by_id: BTreeMap<(u16, u16), Sharing>,
     /// NVIDIA's MPS control program.
     pub mps_control: PathBuf,
+    /// How `health reset` resets a GPU.
+    pub reset_command: ResetCommand,
+    /// Whether `health scan` resets every GPU quarantined with the reset action that is free
+    /// and not open.
+    pub auto_reset: bool,
+    /// Quarantined this many times within 24 hours, a GPU needs inspection.
+    pub max_quarantines: u32,
+    /// Whether a GPU freed by its last holder is reset (by `health scan`) before anyone else
+    /// gets it.
+    pub reset_on_release: bool,
 }
 
 impl Default for Config {
@@ -210,6 +277,15 @@ impl Default for Config {
             share_by_address: BTreeMap::new(),
             share_by_id: BTreeMap::new(),
             mps_control: DEFAULT_MPS_CONTROL.into(),
+            reset_command: ResetCommand::Argv(
+                DEFAULT_RESET_COMMAND
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            ),
+            auto_reset: false,
+            max_quarantines: DEFAULT_MAX_QUARANTINES,
+            reset_on_release: false,
         }
     }
 }
@@ -311,6 +387,18 @@ impl Config {
                 )));
             }
             c.mps_control = p;
+        }
+        if let Some(v) = raw.reset_command {
+            c.reset_command =
+                ResetCommand::parse(v).map_err(|m| e(format!("\"reset_command\" {m}")))?;
+        }
+        c.auto_reset = raw.auto_reset.unwrap_or(false);
+        c.reset_on_release = raw.reset_on_release.unwrap_or(false);
+        if let Some(n) = raw.max_quarantines {
+            if n == 0 {
+                return Err(e("\"max_quarantines\" must be at least 1".into()));
+            }
+            c.max_quarantines = n;
         }
         Ok(c)
     }
@@ -521,6 +609,53 @@ mod tests {
         assert_eq!(o.model.as_deref(), Some("Tesla M2050"));
         let o = c.override_for("0000:3c:00.0", 0x10de, 0x1091);
         assert_eq!(o, Override::default());
+    }
+
+    /// The health keys: `reset_command` an argument list (`{pci}` replaced) or `"pci"`,
+    /// `auto_reset`, `max_quarantines` (at least 1), `reset_on_release`; their defaults.
+    #[test]
+    fn health_keys() {
+        let d = p("{}").unwrap();
+        assert_eq!(
+            d.reset_command.argv("0000:3b:00.0").unwrap(),
+            ["/usr/bin/nvidia-smi", "--gpu-reset", "-i", "0000:3b:00.0"]
+        );
+        assert!(!d.auto_reset && !d.reset_on_release);
+        assert_eq!(d.max_quarantines, 3);
+        let c = p(r#"{"reset_command": ["/usr/local/bin/reset-gpu", "--bus={pci}", "x"], "auto_reset": true, "max_quarantines": 5, "reset_on_release": true}"#).unwrap();
+        assert_eq!(
+            c.reset_command.argv("0000:3b:00.0").unwrap(),
+            ["/usr/local/bin/reset-gpu", "--bus=0000:3b:00.0", "x"]
+        );
+        assert!(c.auto_reset && c.reset_on_release);
+        assert_eq!(c.max_quarantines, 5);
+        let pci = p(r#"{"reset_command": "pci"}"#).unwrap();
+        assert_eq!(pci.reset_command, ResetCommand::Pci);
+        assert_eq!(pci.reset_command.argv("0000:3b:00.0"), None);
+        for (bad, says) in [
+            (r#"{"reset_command": []}"#, "\"reset_command\" is empty"),
+            (
+                r#"{"reset_command": ["nvidia-smi", "-r"]}"#,
+                "its program must be an absolute path, not \"nvidia-smi\"",
+            ),
+            (
+                r#"{"reset_command": "flr"}"#,
+                "\"reset_command\" must be a list of a program's absolute path and its arguments",
+            ),
+            (
+                r#"{"reset_command": ["/bin/x", 3]}"#,
+                "\"reset_command\" must be",
+            ),
+            (
+                r#"{"max_quarantines": 0}"#,
+                "\"max_quarantines\" must be at least 1",
+            ),
+            (r#"{"auto_reset": "yes"}"#, "invalid type"),
+        ] {
+            let e = p(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(e.starts_with("config /etc/gpuhook/config.json: "), "{e}");
+        }
     }
 
     #[test]

@@ -26,6 +26,11 @@ fn family(out: &mut String, name: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} gauge");
 }
 
+fn counter(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} counter");
+}
+
 fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: u64) {
     let l: Vec<String> = labels
         .iter()
@@ -40,6 +45,7 @@ pub fn render(inv: &Inventory, st: &State) -> String {
     gpu_info(&mut out, inv);
     gpu_reserved(&mut out, inv, st);
     gpu_health(&mut out, inv, st);
+    gpu_recovery(&mut out, inv, st);
     mig_reserved(&mut out, inv, st);
     shared_slots(&mut out, inv, st);
     link_degraded(&mut out, inv);
@@ -122,7 +128,10 @@ fn gpu_health(out: &mut String, inv: &Inventory, st: &State) {
     );
     for g in &inv.gpus {
         let q = st.quarantine.get(g.pci.as_str());
-        let xid = q.map(|q| q.xid.to_string()).unwrap_or_default();
+        let xid = q
+            .and_then(|q| q.xid)
+            .map(|x| x.to_string())
+            .unwrap_or_default();
         sample(
             out,
             "gpuhook_gpu_quarantined",
@@ -143,6 +152,84 @@ fn gpu_health(out: &mut String, inv: &Inventory, st: &State) {
             &[("pci", &g.pci)],
             u64::from(!pids.is_empty()),
         );
+    }
+}
+
+/// SPEC "Health by NVIDIA's Xid catalog, with recovery": `gpuhook_gpu_xid_total`,
+/// `gpuhook_gpu_resets_total`, and the states a GPU is unusable in besides quarantine
+/// (`gpuhook_gpu_needs_inspection`, `gpuhook_gpu_resetting`, `gpuhook_gpu_scrub_pending`).
+fn gpu_recovery(out: &mut String, inv: &Inventory, st: &State) {
+    counter(
+        out,
+        "gpuhook_gpu_xid_total",
+        "NVIDIA Xid errors gpuhook health scan read for the GPU, by Xid and the action NVIDIA's Xid catalog gives it (ignore, restart, reset, reboot).",
+    );
+    for (pci, h) in &st.health {
+        for c in &h.xids {
+            sample(
+                out,
+                "gpuhook_gpu_xid_total",
+                &[
+                    ("pci", pci),
+                    ("xid", &c.xid.to_string()),
+                    ("action", c.action.as_str()),
+                ],
+                c.count,
+            );
+        }
+    }
+    counter(
+        out,
+        "gpuhook_gpu_resets_total",
+        "Resets of the GPU (gpuhook health reset, auto_reset, reset_on_release): result ok when every probe after it passed, failed otherwise.",
+    );
+    // Every GPU listed, and every address the state counts resets of.
+    let mut pcis: Vec<String> = inv.gpus.iter().map(|g| g.pci.to_string()).collect();
+    for (pci, h) in &st.health {
+        if (h.resets_ok > 0 || h.resets_failed > 0) && !pcis.contains(pci) {
+            pcis.push(pci.clone());
+        }
+    }
+    for pci in &pcis {
+        let h = st.health.get(pci);
+        for (result, n) in [
+            ("ok", h.map_or(0, |h| h.resets_ok)),
+            ("failed", h.map_or(0, |h| h.resets_failed)),
+        ] {
+            sample(
+                out,
+                "gpuhook_gpu_resets_total",
+                &[("pci", pci), ("result", result)],
+                n,
+            );
+        }
+    }
+    for (name, help, of) in [
+        (
+            "gpuhook_gpu_needs_inspection",
+            "Whether the GPU was quarantined max_quarantines times within 24 hours: it stays quarantined until gpuhook health clear.",
+            (&|pci: &str| st.quarantine.get(pci).is_some_and(|q| q.needs_inspection))
+                as &dyn Fn(&str) -> bool,
+        ),
+        (
+            "gpuhook_gpu_resetting",
+            "Whether a reset of the GPU is under way (or was killed before it ended): it is given to no one.",
+            &|pci: &str| {
+                st.health
+                    .get(pci)
+                    .is_some_and(|h| h.resetting.is_some())
+            },
+        ),
+        (
+            "gpuhook_gpu_scrub_pending",
+            "Whether the GPU was freed with reset_on_release and waits for its reset: it is given to no one.",
+            &|pci: &str| crate::reserve::health::scrub_pending(st, pci),
+        ),
+    ] {
+        family(out, name, help);
+        for g in &inv.gpus {
+            sample(out, name, &[("pci", &g.pci)], u64::from(of(g.pci.as_str())));
+        }
     }
 }
 

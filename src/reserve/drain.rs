@@ -229,8 +229,10 @@ pub fn log_settled(s: &Settled) {
 }
 
 /// After `freed` left the state (under its lock): their units that a process still has open
-/// (looked for in `proc`) become draining; `inv` is settled here for the freed GPUs. The
-/// state's one free path is [`crate::reserve::lifecycle::free_with`].
+/// (looked for in `proc`) become draining, and with `reset_on_release` the GPUs no one holds
+/// now are scrub pending ([`crate::reserve::health::scrub_freed`]); `inv` is settled here
+/// for the freed GPUs. The state's one free path is
+/// [`crate::reserve::lifecycle::free_with`].
 pub fn after_free_in(
     inv: &mut Inventory,
     cfg: &Config,
@@ -253,6 +255,8 @@ pub fn after_free_in(
         BUDGET,
     );
     log_settled(&s);
+    // With `reset_on_release`, a GPU its last holder let go of is scrub pending.
+    crate::reserve::health::scrub_freed(cfg, st, Some(inv), freed);
     s
 }
 

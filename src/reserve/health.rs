@@ -1,25 +1,41 @@
-//! GPU health from the kernel log: NVIDIA Xid errors that mean a GPU must not be handed out
-//! again (fallen off the bus, uncorrectable ECC, NVLink, GSP failures) quarantine it in the
-//! state; `gpuhook health scan` (run by `gpuhook-health.timer`) reads the records the last
-//! scan did not, `gpuhook health clear PCI` lifts a quarantine. A quarantined GPU is
-//! unusable for every front door ([`apply`]), with the Xid as its reason.
+//! GPU health from the kernel log, by NVIDIA's Xid catalog, with recovery (SPEC "Health by
+//! NVIDIA's Xid catalog, with recovery"). `gpuhook health scan` (run by
+//! `gpuhook-health.timer`) reads the records the last scan did not and acts on each Xid as
+//! [`catalog`] says: counted and logged (`ignore`, and Xids it does not know), a warning
+//! naming the GPU's holder (`restart`), or a quarantine in the state (`reset`, `reboot`).
+//! A reset quarantine ends with a reset whose probes all pass ([`reset`]: `gpuhook health
+//! reset PCI`, or the scan's own with `auto_reset`), a reboot quarantine with a new boot id;
+//! a GPU quarantined `max_quarantines` times within 24 hours needs inspection and stays
+//! until `gpuhook health clear PCI`, which lifts any quarantine. With `reset_on_release`,
+//! every free marks a GPU its last holder let go of `scrub pending` ([`scrub_freed`]) until
+//! the scan resets it. A quarantined, resetting or scrub-pending GPU is unusable for every
+//! front door ([`apply`]), with its reason.
 //!
 //! The PCI-level checks (config space that reads as all ones, a driver that no longer lists
 //! a GPU bound to it, the driver's `GPU Excluded`) and the link shown in `list` are the
-//! inventory's: they are read where the GPU is looked at.
+//! inventory's: they are read where the GPU is looked at, and again after a reset.
+
+pub mod catalog;
+pub mod reset;
+#[cfg(test)]
+mod transitions;
 
 use crate::host::config::Config;
-use crate::host::inventory::{self, Inventory, Scan};
-use crate::ids::normalize_pci;
+use crate::host::inventory::{Inventory, Scan};
+use crate::ids::{normalize_pci, Pci};
 use crate::log::one_line;
 use crate::reserve::error::Error;
-use crate::reserve::state::{now_rfc3339, KmsgMark, Quarantine, State, Store};
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{
+    now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, Reservation, State, Store, XidCount,
+};
+use catalog::{Action, Verdict};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use std::path::{Path, PathBuf};
 
-/// Why a health step failed: one line naming the file or the GPU.
+/// Why a health step failed or was refused: one line naming the file or the GPU.
 #[derive(Debug, thiserror::Error)]
 pub enum HealthError {
     #[error("{}: {source}", path.display())]
@@ -32,6 +48,18 @@ pub enum HealthError {
     NotPci { pci: String },
     #[error("GPU {pci} is not quarantined")]
     NotQuarantined { pci: String },
+    #[error("{pci} is not a GPU this host lists")]
+    NotAGpu { pci: Pci },
+    #[error("GPU {pci} is held by {who}: it is reset only when nothing holds it")]
+    Held { pci: Pci, who: String },
+    #[error("GPU {pci} is open: {who}; it is reset only when no process has it open")]
+    Open { pci: Pci, who: String },
+    #[error("GPU {pci} may be open: the descriptors of {total} process(es) (pids {who}) were not all read in time; it is reset only when no process has it open")]
+    Unread { pci: Pci, who: String, total: usize },
+    #[error("GPU {pci} is being reset (pid {pid}, since {since})")]
+    Resetting { pci: Pci, pid: i32, since: String },
+    #[error("cannot read this process's own start time")]
+    OwnStartTime,
 }
 
 impl HealthError {
@@ -41,29 +69,6 @@ impl HealthError {
             source: e.into(),
         }
     }
-}
-
-/// The Xids that take a GPU out of service (NVIDIA's Xid catalogue: hardware faults that
-/// need a reset or a field look, not an application's error), with what they mean.
-pub const QUARANTINE_XIDS: [(u32, &str); 10] = [
-    (48, "double-bit ECC error"),
-    (63, "ECC page retirement or row remapping recorded"),
-    (64, "ECC page retirement or row remapping failed"),
-    (74, "NVLink error"),
-    (79, "GPU has fallen off the bus"),
-    (92, "high single-bit ECC error rate"),
-    (94, "contained ECC error"),
-    (95, "uncontained ECC error"),
-    (119, "GSP RPC timeout"),
-    (120, "GSP error"),
-];
-
-/// What an Xid means, when it is one that quarantines.
-pub fn quarantining(xid: u32) -> Option<&'static str> {
-    QUARANTINE_XIDS
-        .iter()
-        .find(|(x, _)| *x == xid)
-        .map(|(_, w)| *w)
 }
 
 /// At most this much of new kernel log records is taken per scan (records beyond are left
@@ -192,8 +197,11 @@ pub fn read_kmsg(path: &Path, after: Option<u64>) -> Result<Vec<Record>, Error> 
 pub struct ScanReport {
     /// Records read that the last scan had not seen.
     pub new_records: usize,
-    /// GPUs quarantined by this scan.
+    /// GPUs quarantined by this scan (a quarantine made stronger, reset → reboot, too).
     pub quarantined: Vec<(String, Quarantine)>,
+    /// Of those, the ones quarantined `max_quarantines` times within 24 hours now: they need
+    /// inspection.
+    pub escalated: Vec<String>,
     /// Of those, addresses this host does not list as a GPU now (unbound, being reset,
     /// removed): quarantined all the same, in effect when it is a GPU again.
     pub unlisted: Vec<String>,
@@ -202,6 +210,26 @@ pub struct ScanReport {
     /// Who holds each GPU quarantined by this scan (whole, by its MIG instances, or every
     /// sharer of a shared GPU), as messages name them: they keep it until they stop.
     pub holders: std::collections::BTreeMap<String, Vec<String>>,
+    /// Xids whose action is `restart`: the GPU, the Xid, what it means, the record, and who
+    /// holds the GPU (the program that must restart is theirs).
+    pub restart: Vec<Seen>,
+    /// Xids counted and logged only (`ignore`, and those not in the catalog).
+    pub ignored: Vec<Seen>,
+    /// Reboot quarantines of an earlier boot: lifted.
+    pub rebooted: Vec<(String, Quarantine)>,
+    /// What the scan's resets did (`auto_reset`, scrub pending GPUs): each, or why it did
+    /// not run.
+    pub resets: Vec<(Pci, Result<reset::Reset, Error>)>,
+}
+
+/// An Xid the scan acted on without quarantining.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub pci: String,
+    pub xid: u32,
+    pub verdict: Verdict,
+    pub message: String,
+    pub holders: Vec<String>,
 }
 
 /// Everyone who holds any unit of GPU `pci`, each once, in the state's order.
@@ -216,25 +244,102 @@ pub fn holders_of(st: &State, pci: &str) -> Vec<String> {
 }
 
 /// The kernel's boot id (`<proc>/sys/kernel/random/boot_id`): sequence numbers of the kernel
-/// log restart at each boot.
-fn boot_id(cfg: &Config) -> String {
+/// log restart at each boot, and a reboot quarantine ends in another boot. `None` when it
+/// cannot be read.
+pub fn boot_id(cfg: &Config) -> Option<String> {
     std::fs::read_to_string(cfg.proc.join("sys/kernel/random/boot_id"))
+        .ok()
         .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
+        .filter(|s| !s.is_empty())
 }
 
-/// Reads the kernel log (`<dev>/kmsg`) from where the last scan stopped and quarantines the
-/// GPUs its Xid errors name.
+/// The 24 hours escalation counts quarantines in.
+pub const WINDOW_SECS: i64 = 24 * 3600;
+
+/// Drops the quarantine times of GPU `key` older than 24 hours (before `now`), and its
+/// health record when nothing is left in it.
+pub(crate) fn prune(st: &mut State, key: &str, now: &str) {
+    let Some(h) = st.health.get_mut(key) else {
+        return;
+    };
+    let now = parse_rfc3339(now).unwrap_or(0);
+    h.quarantined
+        .retain(|t| parse_rfc3339(t).is_some_and(|t| now - t < WINDOW_SECS));
+    if h.is_empty() {
+        st.health.remove(key);
+    }
+}
+
+/// How many times GPU `key` was quarantined within the 24 hours before `now`.
+pub fn count_24h(st: &State, key: &str, now: &str) -> usize {
+    let now = parse_rfc3339(now).unwrap_or(0);
+    st.health.get(key).map_or(0, |h| {
+        h.quarantined
+            .iter()
+            .filter(|t| parse_rfc3339(t).is_some_and(|t| now - t < WINDOW_SECS))
+            .count()
+    })
+}
+
+/// GPU `key` was quarantined (again) at `now`: counted; quarantined `max_quarantines` times
+/// within 24 hours, it needs inspection. Whether it does now.
+pub(crate) fn escalate(st: &mut State, cfg: &Config, key: &str, now: &str) -> bool {
+    st.health
+        .entry(key.to_string())
+        .or_default()
+        .quarantined
+        .push(now.to_string());
+    prune(st, key, now);
+    let n = count_24h(st, key, now);
+    match st.quarantine.get_mut(key) {
+        Some(q) if n >= cfg.max_quarantines as usize => {
+            let first = !q.needs_inspection;
+            q.needs_inspection = true;
+            first
+        }
+        _ => false,
+    }
+}
+
+/// Counts an Xid of GPU `key` with the action it was given.
+fn count_xid(st: &mut State, key: &str, xid: u32, action: Action) {
+    let h = st.health.entry(key.to_string()).or_default();
+    match h
+        .xids
+        .iter_mut()
+        .find(|c| c.xid == xid && c.action == action)
+    {
+        Some(c) => c.count += 1,
+        None => {
+            h.xids.push(XidCount {
+                xid,
+                action,
+                count: 1,
+            });
+            h.xids.sort_by_key(|c| (c.xid, c.action));
+        }
+    }
+}
+
+/// Reads the kernel log (`<dev>/kmsg`) from where the last scan stopped and acts on its Xid
+/// errors; then resets what it should (`auto_reset`, scrub pending GPUs) on this host.
 pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
+    scan_with(&Facts::host(cfg), &reset::Host)
+}
+
+/// [`scan`] over these facts, resetting with `r`.
+pub fn scan_with(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error> {
+    let cfg = f.cfg;
     let store = Store::new(&cfg.state_file);
     let boot = boot_id(cfg);
+    let boot_text = boot.clone().unwrap_or_default();
     let mark = |st: &State| match &st.kmsg {
-        Some(m) if m.boot_id == boot => Some(m.seq),
+        Some(m) if m.boot_id == boot_text => Some(m.seq),
         _ => None,
     };
     // The records after the last scan's mark (read again under the lock below).
     let records = read_kmsg(&cfg.dev.join("kmsg"), mark(&store.read()?))?;
-    let inv = inventory::scan_with(
+    let inv = (f.scan)(
         cfg,
         Scan {
             caps: Some(Default::default()),
@@ -242,9 +347,27 @@ pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
         },
     )?;
     let now = now_rfc3339();
-    store.update(|st| -> Result<ScanReport, Error> {
-        let from = mark(st);
+    let mut rep = store.update(|st| -> Result<ScanReport, Error> {
         let mut rep = ScanReport::default();
+        // A reboot quarantine of another boot ends.
+        let ended: Vec<String> = st
+            .quarantine
+            .iter()
+            .filter(|(_, q)| {
+                q.action == Some(Action::Reboot)
+                    && !q.needs_inspection
+                    && q.boot_id.is_some()
+                    && boot.is_some()
+                    && q.boot_id != boot
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in ended {
+            if let Some(q) = st.quarantine.remove(&k) {
+                rep.rebooted.push((k, q));
+            }
+        }
+        let from = mark(st);
         let mut last = from;
         for r in records.iter().filter(|r| from.is_none_or(|f| r.seq > f)) {
             rep.new_records += 1;
@@ -256,66 +379,271 @@ pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
                 rep.forged.push(one_line(&r.msg, 300));
                 continue;
             }
-            let Some(reason) = quarantining(x.code) else {
-                continue;
-            };
             // The GPU is function 0 of the bus and device the driver names.
             let pci = format!("{}.0", x.bus);
-            if st.quarantine.contains_key(&pci) {
-                continue;
-            }
-            if inv.by_pci(&pci).is_none() {
-                rep.unlisted.push(pci.clone());
-            }
-            let q = Quarantine {
+            let v = catalog::verdict(x.code, &r.msg);
+            count_xid(st, &pci, x.code, v.action);
+            let seen = |st: &State| Seen {
+                pci: pci.clone(),
                 xid: x.code,
-                reason: reason.into(),
+                verdict: v,
                 message: one_line(&r.msg, 300),
-                since: now.clone(),
+                holders: holders_of(st, &pci),
             };
-            st.quarantine.insert(pci.clone(), q.clone());
-            let holders = holders_of(st, &pci);
-            if !holders.is_empty() {
-                rep.holders.insert(pci.clone(), holders);
+            match v.action {
+                Action::Ignore => rep.ignored.push(seen(st)),
+                Action::Restart => rep.restart.push(seen(st)),
+                Action::Reset | Action::Reboot => {
+                    let q = Quarantine {
+                        xid: Some(x.code),
+                        reason: v.what.into(),
+                        message: one_line(&r.msg, 300),
+                        since: now.clone(),
+                        action: Some(v.action),
+                        boot_id: boot.clone(),
+                        needs_inspection: false,
+                    };
+                    match st.quarantine.get_mut(&pci) {
+                        // One fault often logs several Xids (62, then 154 "GPU Reset
+                        // Required"): counted once; a reboot one makes a reset one
+                        // stronger.
+                        Some(old) => {
+                            if v.action == Action::Reboot && old.action == Some(Action::Reset) {
+                                *old = Quarantine {
+                                    since: old.since.clone(),
+                                    needs_inspection: old.needs_inspection,
+                                    ..q
+                                };
+                                rep.quarantined.push((pci.clone(), old.clone()));
+                            }
+                            continue;
+                        }
+                        None => {
+                            st.quarantine.insert(pci.clone(), q);
+                        }
+                    }
+                    if escalate(st, cfg, &pci, &now) {
+                        rep.escalated.push(pci.clone());
+                    }
+                    if inv.by_pci(&pci).is_none() {
+                        rep.unlisted.push(pci.clone());
+                    }
+                    let holders = holders_of(st, &pci);
+                    if !holders.is_empty() {
+                        rep.holders.insert(pci.clone(), holders);
+                    }
+                    rep.quarantined
+                        .push((pci.clone(), st.quarantine[&pci].clone()));
+                }
             }
-            rep.quarantined.push((pci, q));
+        }
+        let keys: Vec<String> = st.health.keys().cloned().collect();
+        for k in keys {
+            prune(st, &k, &now);
+        }
+        // Draining GPUs looked at again: one closed since is free, and can be reset below
+        // (a scrub-pending GPU that drained after its free waits for this).
+        if !st.draining.is_empty() {
+            let s = crate::reserve::drain::settle(
+                st,
+                Vec::new(),
+                true,
+                f.proc,
+                &now,
+                crate::reserve::drain::BUDGET,
+            );
+            crate::reserve::drain::log_settled(&s);
         }
         if let Some(seq) = last {
             st.kmsg = Some(KmsgMark {
-                boot_id: boot.clone(),
+                boot_id: boot_text.clone(),
                 seq,
             });
         }
         Ok(rep)
-    })
+    })?;
+    // The resets: each in its own locked steps, none under the lock.
+    let st = store.read()?;
+    for (pci, why) in reset_candidates(cfg, &st) {
+        rep.resets.push((pci, reset::reset_pci(f, r, pci, why)));
+    }
+    Ok(rep)
 }
 
-/// Lifts the quarantine of the GPU at `pci`.
+/// What a scan resets: every scrub-pending GPU, and with `auto_reset` every GPU quarantined
+/// with the reset action (not escalated); only those nothing holds (a reset refuses one
+/// that is open).
+pub fn reset_candidates(cfg: &Config, st: &State) -> Vec<(Pci, reset::Why)> {
+    let held: std::collections::BTreeSet<Pci> = st.held(None).keys().map(|u| u.pci()).collect();
+    let mut out: Vec<(Pci, reset::Why)> = Vec::new();
+    for (k, h) in &st.health {
+        if h.scrub_pending {
+            if let Ok(p) = k.parse::<Pci>() {
+                out.push((p, reset::Why::Scrub));
+            }
+        }
+    }
+    if cfg.auto_reset {
+        for (k, q) in &st.quarantine {
+            if q.action == Some(Action::Reset) && !q.needs_inspection {
+                if let Ok(p) = k.parse::<Pci>() {
+                    if !out.iter().any(|(x, _)| *x == p) {
+                        out.push((p, reset::Why::AutoReset));
+                    }
+                }
+            }
+        }
+    }
+    out.retain(|(p, _)| !held.contains(p));
+    out.sort();
+    out
+}
+
+/// Lifts any quarantine of the GPU at `pci` (an escalated one too), starts its 24-hour
+/// count again, and drops a reset mark whose process is gone.
 pub fn clear(cfg: &Config, pci: &str) -> Result<Quarantine, Error> {
+    clear_with(&Facts::host(cfg), pci)
+}
+
+/// [`clear`] over these facts.
+pub fn clear_with(f: &Facts, pci: &str) -> Result<Quarantine, Error> {
     let p = normalize_pci(pci).ok_or_else(|| HealthError::NotPci {
         pci: pci.to_string(),
     })?;
-    Store::new(&cfg.state_file).update(|st| {
-        st.quarantine
+    let boot = boot_id(f.cfg);
+    Store::new(&f.cfg.state_file).update(|st| {
+        let q = st
+            .quarantine
             .remove(&p)
-            .ok_or_else(|| HealthError::NotQuarantined { pci: p.clone() }.into())
+            .ok_or_else(|| HealthError::NotQuarantined { pci: p.clone() })?;
+        if let Some(h) = st.health.get_mut(&p) {
+            h.quarantined.clear();
+            if h.resetting
+                .as_ref()
+                .is_some_and(|r| !reset::live(f, r, boot.as_deref()))
+            {
+                h.resetting = None;
+            }
+            if h.is_empty() {
+                st.health.remove(&p);
+            }
+        }
+        Ok::<_, Error>(q)
     })
 }
 
-/// Marks the quarantined GPUs of `inv` unusable, with the Xid as the reason.
-pub fn apply(inv: &mut Inventory, st: &State) {
-    if st.quarantine.is_empty() {
-        return;
+/// With `reset_on_release`: the GPUs of `freed` (reservations just taken out of `st`) that
+/// no reservation holds any unit of now are `scrub pending`, and unusable in `inv` (when
+/// given) for the rest of this step. The GPUs marked.
+pub fn scrub_freed(
+    cfg: &Config,
+    st: &mut State,
+    inv: Option<&mut Inventory>,
+    freed: &[Reservation],
+) -> Vec<Pci> {
+    if !cfg.reset_on_release {
+        return Vec::new();
     }
-    for g in &mut inv.gpus {
-        if let Some(q) = st.quarantine.get(g.pci.as_str()) {
-            g.problem = Some(format!(
-                "quarantined after Xid {} ({}) at {}; `gpuhook health clear {}` returns it",
-                q.xid, q.reason, q.since, g.pci
+    let mut marked: Vec<Pci> = Vec::new();
+    for r in freed {
+        for u in &r.gpus {
+            let pci = u.pci();
+            if marked.contains(&pci)
+                || st
+                    .reservations
+                    .values()
+                    .any(|o| o.gpus.iter().any(|x| x.pci() == pci))
+            {
+                continue;
+            }
+            st.health.entry(pci.to_string()).or_default().scrub_pending = true;
+            marked.push(pci);
+            crate::log::info(&format!(
+                "GPU {pci} freed by {}: scrub pending (reset_on_release) until `gpuhook health scan` resets it",
+                r.who()
             ));
+        }
+    }
+    if let Some(inv) = inv {
+        for g in inv.gpus.iter_mut().filter(|g| marked.contains(&g.pci)) {
+            g.problem.get_or_insert_with(|| scrub_text(g.pci));
             g.pending = false;
         }
     }
+    marked
+}
+
+fn scrub_text(pci: Pci) -> String {
+    format!("scrub pending: freed with reset_on_release, given to no one until `gpuhook health scan` resets it (or `gpuhook health reset {pci}`)")
+}
+
+/// Why a quarantine makes a GPU unusable, and what returns it: a refusal's and `list`'s
+/// words.
+pub fn quarantine_text(pci: &str, q: &Quarantine, count: usize) -> String {
+    let after = match q.xid {
+        Some(x) => format!(" after Xid {x}"),
+        None => String::new(),
+    };
+    let ends = if q.needs_inspection {
+        format!("quarantined {count} times within 24 hours: needs inspection; `gpuhook health clear {pci}` returns it")
+    } else {
+        match q.action {
+            Some(Action::Reset) => format!("`gpuhook health reset {pci}` returns it"),
+            Some(Action::Reboot) => {
+                format!("a reboot returns it (or `gpuhook health clear {pci}`)")
+            }
+            _ => format!("`gpuhook health clear {pci}` returns it"),
+        }
+    };
+    format!("quarantined{after} ({}) at {}; {ends}", q.reason, q.since)
+}
+
+/// Marks the GPUs of `inv` that are quarantined, being reset (or whose reset was killed)
+/// or scrub pending unusable, with the reason.
+pub fn apply(inv: &mut Inventory, st: &State) {
+    if st.quarantine.is_empty() && st.health.is_empty() {
+        return;
+    }
+    let now = now_rfc3339();
+    for g in &mut inv.gpus {
+        let key = g.pci.as_str();
+        let h = st.health.get(key);
+        let problem = if let Some(q) = st.quarantine.get(key) {
+            Some(quarantine_text(key, q, count_24h(st, key, &now)))
+        } else if let Some(r) = h.and_then(|h| h.resetting.as_ref()) {
+            Some(format!(
+                "being reset since {} (pid {}); if that process is gone, `gpuhook health reset {}` runs it again",
+                r.since, r.by.pid, g.pci
+            ))
+        } else if h.is_some_and(|h| h.scrub_pending) {
+            Some(scrub_text(g.pci))
+        } else {
+            None
+        };
+        if let Some(p) = problem {
+            g.problem = Some(p);
+            g.pending = false;
+        }
+    }
+}
+
+/// `quarantine` in `list --json`: the record, with `action` (`null` for a quarantine written
+/// by an earlier gpuhook: `health clear` ends it), `count_24h` and `needs_inspection`.
+pub fn quarantine_json(st: &State, pci: &str) -> serde_json::Value {
+    match st.quarantine.get(pci) {
+        None => serde_json::Value::Null,
+        Some(q) => serde_json::json!({
+            "xid": q.xid, "reason": q.reason, "message": q.message, "since": q.since,
+            "action": q.action,
+            "count_24h": count_24h(st, pci, &now_rfc3339()),
+            "needs_inspection": q.needs_inspection,
+        }),
+    }
+}
+
+/// Whether GPU `pci` is scrub pending.
+pub fn scrub_pending(st: &State, pci: &str) -> bool {
+    st.health.get(pci).is_some_and(|h| h.scrub_pending)
 }
 
 #[cfg(test)]
@@ -402,9 +730,14 @@ garbage line\n";
                 },
             ]
         );
-        assert_eq!(quarantining(79), Some("GPU has fallen off the bus"));
-        assert_eq!(quarantining(13), None, "an application's fault");
-        assert_eq!(quarantining(31), None);
+        assert_eq!(catalog::verdict(79, "").action, Action::Reboot);
+        assert_eq!(catalog::verdict(79, "").what, "GPU has fallen off the bus");
+        assert_eq!(
+            catalog::verdict(13, "").action,
+            Action::Restart,
+            "an application's fault"
+        );
+        assert_eq!(catalog::verdict(31, "").action, Action::Restart);
         assert_eq!(
             parse_xid("NVRM: Xid (PCI:3b:00): 94, pid=1, Contained"),
             Some(Xid {

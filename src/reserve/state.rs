@@ -182,6 +182,10 @@ pub struct State {
     /// before have none).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mps: BTreeMap<crate::ids::Pci, crate::reserve::mps::Daemon>,
+    /// GPUs' health records beyond quarantine, by PCI address (files written before have
+    /// none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub health: BTreeMap<String, GpuHealth>,
 }
 
 /// A unit that is draining: its own nodes, and who had one of them open at the last look.
@@ -304,12 +308,83 @@ impl Draining {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Quarantine {
-    pub xid: u32,
-    /// What the Xid means.
+    /// The Xid that quarantined it; none when a failed reset did (a GPU that was not
+    /// quarantined, or scrub pending).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid: Option<u32>,
+    /// What the Xid means; after a reset that did not bring the GPU back, the probe that
+    /// failed.
     pub reason: String,
     /// The kernel log line (bounded).
     pub message: String,
     pub since: String,
+    /// What ends it (SPEC "Health by NVIDIA's Xid catalog"): `reset` (a reset whose probes
+    /// pass) or `reboot` (a new boot id). Absent in files written before: such a
+    /// quarantine ends only with `gpuhook health clear`, as it did then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<crate::reserve::health::catalog::Action>,
+    /// The boot it was recorded in (a `reboot` quarantine ends in another).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// Quarantined `max_quarantines` times within 24 hours: it stays until `health clear`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_inspection: bool,
+}
+
+/// A GPU's health record beyond its quarantine (files written before have none): what
+/// escalation counts, what is under way, and the counters metrics show.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuHealth {
+    /// When it was quarantined, within the last 24 hours (escalation counts these;
+    /// `health clear` starts again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<String>,
+    /// Freed with `reset_on_release`: unusable until `health scan` resets it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scrub_pending: bool,
+    /// A reset under way (or one whose process was killed): unusable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resetting: Option<Resetting>,
+    /// Xids seen, by Xid and the action taken.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xids: Vec<XidCount>,
+    /// Resets whose probes all passed, and resets that failed.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub resets_ok: u64,
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub resets_failed: u64,
+}
+
+impl GpuHealth {
+    /// Nothing to keep.
+    pub fn is_empty(&self) -> bool {
+        *self == GpuHealth::default()
+    }
+}
+
+/// How many times an Xid was seen on a GPU, with the action it was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XidCount {
+    pub xid: u32,
+    pub action: crate::reserve::health::catalog::Action,
+    pub count: u64,
+}
+
+/// A reset under way: the process that runs it, since when, in which boot. When that
+/// process is gone (killed) the GPU stays unusable until a reset runs again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resetting {
+    pub by: ProcRef,
+    pub since: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The last kernel log record `health scan` read, in which boot.
@@ -329,6 +404,7 @@ impl Default for State {
             kmsg: None,
             draining: BTreeMap::new(),
             mps: BTreeMap::new(),
+            health: BTreeMap::new(),
         }
     }
 }
@@ -448,6 +524,10 @@ impl State {
         if !self.mps.is_empty() {
             v.extend_from_slice(b",\n\"mps\":");
             serde_json::to_writer(&mut v, &self.mps).expect("state serializes");
+        }
+        if !self.health.is_empty() {
+            v.extend_from_slice(b",\n\"health\":");
+            serde_json::to_writer(&mut v, &self.health).expect("state serializes");
         }
         v.extend_from_slice(b"}\n");
         v
@@ -946,10 +1026,13 @@ mod tests {
                 st.quarantine.insert(
                     "0000:1a:00.0".into(),
                     Quarantine {
-                        xid: 79,
+                        xid: Some(79),
                         reason: "GPU has fallen off the bus".into(),
                         message: "NVRM: Xid (PCI:0000:1a:00): 79, \"quoted\"".into(),
                         since: "2026-12-01T00:00:00Z".into(),
+                        action: None,
+                        boot_id: None,
+                        needs_inspection: false,
                     },
                 );
                 st.kmsg = Some(KmsgMark {
@@ -960,7 +1043,7 @@ mod tests {
             })
             .unwrap();
         let st = store.read().unwrap();
-        assert_eq!(st.quarantine["0000:1a:00.0"].xid, 79);
+        assert_eq!(st.quarantine["0000:1a:00.0"].xid, Some(79));
         assert_eq!(st.kmsg.as_ref().map(|m| m.seq), Some(42));
         assert_eq!(State::parse(&st.to_bytes(), "x").unwrap(), st);
         // Without them the file keeps its old shape.
@@ -968,6 +1051,37 @@ mod tests {
             State::default().to_bytes(),
             b"{\"version\":1,\"reservations\":{\n}}\n"
         );
+    }
+
+    /// A quarantine written before NVIDIA's Xid catalog (no action, no boot id): it loads
+    /// with no action (it ends only with `health clear`) and is written back byte for byte;
+    /// the health fields, when there are some, are written on their own line and read back.
+    #[test]
+    fn quarantines_written_before_keep_their_bytes() {
+        let old = concat!(
+            "{\"version\":1,\"reservations\":{\n},\n",
+            "\"quarantine\":{\"0000:1a:00.0\":{\"xid\":79,\"reason\":\"GPU has fallen off the bus\",\"message\":\"NVRM: Xid (PCI:0000:1a:00): 79, x\",\"since\":\"2026-11-30T18:31:07Z\"}},\n",
+            "\"kmsg\":{\"boot_id\":\"b\",\"seq\":1532}}\n"
+        );
+        let mut st = State::parse(old.as_bytes(), "x").unwrap();
+        let q = &st.quarantine["0000:1a:00.0"];
+        assert_eq!(
+            (q.xid, q.action, q.needs_inspection),
+            (Some(79), None, false)
+        );
+        assert!(st.health.is_empty());
+        assert_eq!(String::from_utf8(st.to_bytes()).unwrap(), old);
+        let h = st.health.entry("0000:1a:00.0".into()).or_default();
+        h.scrub_pending = true;
+        h.resets_failed = 2;
+        h.xids.push(XidCount {
+            xid: 79,
+            action: crate::reserve::health::catalog::Action::Reboot,
+            count: 1,
+        });
+        let text = String::from_utf8(st.to_bytes()).unwrap();
+        assert!(text.ends_with("\n\"health\":{\"0000:1a:00.0\":{\"scrub_pending\":true,\"xids\":[{\"xid\":79,\"action\":\"reboot\",\"count\":1}],\"resets_failed\":2}}}\n"), "{text}");
+        assert_eq!(State::parse(text.as_bytes(), "x").unwrap(), st);
     }
 
     #[test]

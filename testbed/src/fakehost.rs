@@ -526,6 +526,13 @@ impl FakeHost {
             cfg[0x2c..0x2e].copy_from_slice(&d.subsystem.0.to_le_bytes());
             cfg[0x2e..0x30].copy_from_slice(&d.subsystem.1.to_le_bytes());
             fs::write(dir.join("config"), cfg)?;
+            // The function's reset (the kernel offers it for a function it can reset:
+            // FLR, a bus reset), write-only as in sysfs.
+            fs::write(dir.join("reset"), "")?;
+            fs::set_permissions(
+                dir.join("reset"),
+                std::os::unix::fs::PermissionsExt::from_mode(0o200),
+            )?;
             // A PCIe Gen4 x16 link at full speed.
             w("current_link_speed", "16.0 GT/s PCIe\n".into())?;
             w("max_link_speed", "16.0 GT/s PCIe\n".into())?;

@@ -2,6 +2,7 @@
 //! integration tests, the demo (`gpuhook-testbed demo`) and the benchmarks.
 
 pub mod fakehost;
+pub mod health;
 pub mod holder;
 pub mod image;
 pub mod libvirtd;

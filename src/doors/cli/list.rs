@@ -179,7 +179,11 @@ fn json_with(inv: &Inventory, h: &Holders) -> serde_json::Value {
                         "draining": crate::reserve::drain::unit_pids(st, &id),
                     })
                 }).collect::<Vec<_>>(),
-                "quarantine": st.quarantine.get(g.pci.as_str()),
+                "quarantine": crate::reserve::health::quarantine_json(st, g.pci.as_str()),
+                "scrub_pending": crate::reserve::health::scrub_pending(st, g.pci.as_str()),
+                "resetting": st.health.get(g.pci.as_str()).and_then(|h| h.resetting.as_ref()).map(|r| json!({
+                    "pid": r.by.pid, "since": r.since,
+                })),
                 "draining": crate::reserve::drain::pids_of(st, g.pci),
                 "link": g.link.as_ref().map(|l| json!({
                     "speed": l.speed, "max_speed": l.max_speed,

@@ -9,9 +9,11 @@ use serde::Serialize;
 
 mod nvidia;
 mod pci;
+mod probe;
 mod scan;
 
 pub use nvidia::{parse_nvidia_information, NvidiaInfo};
+pub use probe::{own_nodes_of, probe, ProbeFailure};
 pub use scan::{scan, scan_with, Scan};
 
 /// The host's GPUs cannot be read at all (a GPU that cannot be used is a problem of that GPU,

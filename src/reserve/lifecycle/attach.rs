@@ -94,7 +94,13 @@ pub fn attach_with(
     let cg = (f.cgroup)(&ct)?;
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let (got, notes) =
-        store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg))?;
+        match store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg)) {
+            Ok(g) => g,
+            Err(e) => {
+                super::reserve::keep_reclaimed(f, &mut inv);
+                return Err(e);
+            }
+        };
     drop(cg);
     for n in notes {
         log::info(&n);

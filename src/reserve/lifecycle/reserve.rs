@@ -1,8 +1,8 @@
 //! `prepare` and OCI `create`: choosing GPUs for a holder, or keeping what it has.
 
 use super::{
-    as_nodes, cdi_plan, new_reservation, node_specs, reclaim_stale, satisfies, scan_for, store,
-    unit_ok, Holder, HolderKind, LifecycleError, Prepared,
+    as_nodes, cdi_plan, new_reservation, node_specs, reclaim_stale, satisfies, scan_for, stale_on,
+    store, unit_ok, Holder, HolderKind, LifecycleError, Prepared,
 };
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
@@ -25,6 +25,13 @@ fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, 
     let units: Vec<Unit> = freed.iter().flat_map(|r| r.gpus.iter().copied()).collect();
     inv.settle(f.cfg, &units);
     let fresh = drain::freed_units(inv, st, &freed);
+    // With `reset_on_release`, a reclaimed GPU no one holds now is scrub pending: the
+    // request that reclaimed it does not get it before a reset.
+    for p in crate::reserve::health::scrub_freed(f.cfg, st, Some(inv), &freed) {
+        notes.push(format!(
+            "GPU {p} reclaimed: scrub pending (reset_on_release)"
+        ));
+    }
     let recheck = !st.draining.is_empty();
     if fresh.is_empty() && !recheck {
         return (notes, !freed.is_empty());
@@ -122,7 +129,7 @@ fn reserve_by(
 ) -> Result<Prepared, Error> {
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let now = now_rfc3339();
-    let (gpus, notes, specs) = store(f.cfg).update(|st| -> Result<_, Error> {
+    let chosen = store(f.cfg).update(|st| -> Result<_, Error> {
         // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
         crate::reserve::health::apply(&mut inv, st);
         refuse_takeover(f, st, h, by)?;
@@ -153,7 +160,14 @@ fn reserve_by(
         )?);
         record_oci_mps(st, h)?;
         Ok((gpus, notes, specs))
-    })?;
+    });
+    let (gpus, notes, specs) = match chosen {
+        Ok(c) => c,
+        Err(e) => {
+            keep_reclaimed(f, &mut inv);
+            return Err(e);
+        }
+    };
     for n in notes {
         log::info(&n);
     }
@@ -266,6 +280,31 @@ fn keep_or_free(
         drain::after_free_in(inv, f.cfg, st, std::slice::from_ref(&old), f.proc);
     }
     Ok(None)
+}
+
+/// With `reset_on_release`, a request refused after it reclaimed stale reservations still
+/// lets go of them, in a locked step of its own: their GPUs are scrub pending, and the next
+/// `health scan` resets them. (Else a stale reservation would be reclaimed and rolled back
+/// with each refused request, its GPUs never scrubbed, never free.)
+pub(super) fn keep_reclaimed(f: &Facts, inv: &mut Inventory) {
+    if !f.cfg.reset_on_release {
+        return;
+    }
+    let r = store(f.cfg).update(|st| -> Result<Vec<String>, Error> {
+        let any = st
+            .reservations
+            .values()
+            .any(|r| stale_on(r, f.proc, f.controller_running).is_some());
+        Ok(if any {
+            reclaim_for(f, st, inv).0
+        } else {
+            Vec::new()
+        })
+    });
+    match r {
+        Ok(notes) => notes.iter().for_each(|n| log::info(n)),
+        Err(e) => log::warn(&format!("stale reservations not let go of: {e}")),
+    }
 }
 
 /// The choice: GPUs for the request, and what reclaiming for it did (for the log).

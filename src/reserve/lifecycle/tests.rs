@@ -2696,4 +2696,68 @@ fn detach_puts_back_the_entries_of_what_it_keeps() {
     );
     assert_eq!(fake.managed.borrow().clone().unwrap(), [(1, 3), (195, 1)]);
     assert_eq!(h.state().reservations[ID].gpus, [pci(1)]);
+
+// ---- reset_on_release: every free path marks a freed GPU scrub pending ----
+
+fn scrub_pending(h: &Host) -> Vec<String> {
+    h.state()
+        .health
+        .iter()
+        .filter(|(_, g)| g.scrub_pending)
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+/// The one free path (`free_with`: the stop hooks, `release`, `reconcile`, the OCI door's
+/// `poststop` and `delete`), with and without an inventory; a detach; a stale reservation
+/// reclaimed for a request (which then does not get the reclaimed GPU): each marks the GPUs
+/// no one holds any more scrub pending. Off by default.
+#[test]
+fn reset_on_release_marks_what_every_free_path_frees() {
+    let mut h = host();
+    h.seed(ID, "web1", &[pci(0), pci(1)], Phase::Running, Some(INIT));
+    let fake = h.fake(Fake::default());
+    h.with(&fake, |f| free_with(f, all_of(ID), |_| {})).unwrap();
+    assert!(scrub_pending(&h).is_empty(), "off by default");
+    h.cfg.reset_on_release = true;
+    h.seed(ID, "web1", &[pci(0), pci(1)], Phase::Running, Some(INIT));
+    h.with(&fake, |f| free_with(f, all_of(ID), |_| {})).unwrap();
+    assert_eq!(scrub_pending(&h), ["0000:10:00.0", "0000:11:00.0"]);
+    // Without an inventory (no draining look): marked all the same.
+    h.seed(ID, "web1", &[pci(2)], Phase::Running, Some(INIT));
+    let blind = h.fake(Fake {
+        no_inventory: true,
+        ..Fake::default()
+    });
+    h.with(&blind, |f| free_with(f, all_of(ID), |_| {}))
+        .unwrap();
+    assert!(scrub_pending(&h).contains(&"0000:12:00.0".to_string()));
+    // A detach of one of two GPUs.
+    let mut h = host_with_controls();
+    h.cfg.reset_on_release = true;
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let (_, out) = h.detach(Fake::default(), sel(pci(1)), false);
+    assert_eq!(out.unwrap().units, [pci(1)]);
+    assert_eq!(scrub_pending(&h), ["0000:11:00.0"]);
+    // A stale reservation reclaimed by a request: the reclaimed GPUs are scrub pending, the
+    // request does not fit; the reclaim is kept all the same (else it would be rolled back
+    // with each refusal, and its GPUs never scrubbed).
+    let mut h = host();
+    h.cfg.reset_on_release = true;
+    let gone = ProcRef {
+        pid: 6161,
+        start_time: 1,
+    };
+    let all: Vec<Unit> = (0..8).map(pci).collect();
+    h.seed("other-uuid", "web2", &all, Phase::Running, Some(gone));
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    let e = h
+        .with(&fake, |f| reserve_with(f, &holder(&idmap), &req(1)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("scrub pending"), "{e}");
+    let st = h.state();
+    assert!(!st.reservations.contains_key("other-uuid"));
+    assert_eq!(scrub_pending(&h).len(), 8);
 }

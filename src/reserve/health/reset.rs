@@ -1,0 +1,393 @@
+//! `gpuhook health reset PCI` (and `health scan`'s resets: `auto_reset`, `reset_on_release`):
+//! reset a GPU nothing holds or has open, re-probe it, and lift its quarantine only when
+//! every probe passes (SPEC "Health by NVIDIA's Xid catalog, with recovery").
+//!
+//! Never under the state lock for the reset itself: one locked step marks the GPU
+//! `resetting` (unusable for every door), the reset and the probes run without the lock,
+//! another locked step records the outcome. A process killed between them leaves the GPU
+//! `resetting` (its process gone: unusable until a reset runs again), never free and
+//! unprobed. A refusal changes nothing.
+
+use super::catalog::Action;
+use super::{boot_id, escalate, HealthError};
+use crate::host::config::Config;
+use crate::host::inventory::{self, ProbeFailure, Scan};
+use crate::host::procfs::{Budget, ProcRef};
+use crate::ids::Pci;
+use crate::node::Node;
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{now_rfc3339, Quarantine, Resetting, State, Store};
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// How long a reset may run (the command, or the write to the sysfs `reset` file).
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// What a reset did not do: the command (or the write) and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: {how}")]
+pub struct ResetFailure {
+    /// `'/usr/bin/nvidia-smi --gpu-reset -i 0000:3b:00.0'`, `writing 1 to PATH`.
+    pub what: String,
+    pub how: Ended,
+}
+
+/// How a reset that failed ended.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Ended {
+    #[error("exited with status {code}{}", note(.said))]
+    Status { code: i32, said: String },
+    #[error("killed by {signal}{}", note(.said))]
+    Signal { signal: String, said: String },
+    #[error("{0}")]
+    Run(#[from] crate::enter::sandbox::RunError),
+}
+
+fn note(s: &str) -> String {
+    if s.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", crate::log::one_line(s, 300))
+    }
+}
+
+/// Why a reset did not bring the GPU back: the reset failed, or a probe after it did.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    #[error("{0}")]
+    Reset(#[from] ResetFailure),
+    #[error("{0}")]
+    Probe(#[from] ProbeFailure),
+}
+
+/// The reset and the probes: the host's ([`Host`]), or the unit tests' doubles.
+pub trait Recover {
+    /// Resets the GPU as the config says, within [`DEADLINE`].
+    fn reset(&self, cfg: &Config, pci: Pci) -> Result<(), ResetFailure>;
+    /// Every probe, the first that fails.
+    fn probe(&self, cfg: &Config, pci: Pci) -> Result<(), ProbeFailure>;
+}
+
+/// This host: the configured `reset_command`, as gpuhook runs every child
+/// ([`crate::enter::sandbox::run_program`]), or the sysfs function-level reset in a child
+/// of its own; then [`inventory::probe`].
+pub struct Host;
+
+impl Recover for Host {
+    fn reset(&self, cfg: &Config, pci: Pci) -> Result<(), ResetFailure> {
+        run_reset(cfg, pci, DEADLINE)
+    }
+    fn probe(&self, cfg: &Config, pci: Pci) -> Result<(), ProbeFailure> {
+        inventory::probe(cfg, pci)
+    }
+}
+
+/// Runs the configured reset of the GPU at `pci`, killed past `limit`.
+pub fn run_reset(cfg: &Config, pci: Pci, limit: Duration) -> Result<(), ResetFailure> {
+    use crate::enter::sandbox::{run_child, run_program, Waited};
+    let (what, ran) = match cfg.reset_command.argv(pci.as_str()) {
+        Some(argv) => (
+            format!("'{}'", argv.join(" ")),
+            run_program(&argv, limit, 64 * 1024),
+        ),
+        None => {
+            let path = cfg
+                .sysfs
+                .join("bus/pci/devices")
+                .join(pci.as_str())
+                .join("reset");
+            let shown = path.display().to_string();
+            let write = move || -> Result<(), String> {
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&path)
+                    .and_then(|mut f| f.write_all(b"1"))
+                    .map_err(|e| e.to_string())
+            };
+            (format!("writing 1 to {shown}"), run_child(limit, write))
+        }
+    };
+    let fail = |how: Ended| ResetFailure {
+        what: what.clone(),
+        how,
+    };
+    let ran = ran.map_err(|e| fail(e.into()))?;
+    if ran.ok() {
+        return Ok(());
+    }
+    let said = ran.last_line();
+    Err(fail(match ran.status {
+        Waited::Exited { code, .. } => Ended::Status { code, said },
+        Waited::Signaled { signal, .. } => Ended::Signal {
+            signal: nix::sys::signal::Signal::try_from(signal)
+                .map_or_else(|_| signal.to_string(), |s| format!("{s:?}")),
+            said,
+        },
+        other => Ended::Status {
+            code: -1,
+            said: format!("{other}{}", note(&said)),
+        },
+    }))
+}
+
+/// Why a reset was asked for (for messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Why {
+    /// `gpuhook health reset`.
+    Operator,
+    /// `health scan` with `auto_reset`: quarantined with the reset action.
+    AutoReset,
+    /// `health scan`: freed with `reset_on_release`.
+    Scrub,
+}
+
+/// How a reset ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reset {
+    pub pci: Pci,
+    pub why: Why,
+    /// `None`: every probe passed.
+    pub failure: Option<Failure>,
+    /// The quarantine it lifted.
+    pub lifted: Option<Quarantine>,
+    /// The quarantine it left (kept, or made by a failure).
+    pub kept: Option<Quarantine>,
+    /// A reset before whose process was gone: taken over.
+    pub took_over: Option<Resetting>,
+    /// It was scrub pending (`reset_on_release`).
+    pub scrubbed: bool,
+    /// How long the reset and the probes took.
+    pub took: Duration,
+}
+
+/// Whether a reset mark is of a process that runs now, in this boot.
+pub fn live(f: &Facts, r: &Resetting, boot: Option<&str>) -> bool {
+    r.boot_id.as_deref() == boot && f.proc.alive(&r.by)
+}
+
+/// The GPU's own nodes: what the inventory lists (its MIG instances' capabilities too) and
+/// what its driver names without a look at its config space.
+fn nodes_of(f: &Facts, pci: Pci) -> Result<Vec<Node>, Error> {
+    let mut inv = (f.scan)(
+        f.cfg,
+        Scan {
+            caps: None,
+            lazy: true,
+        },
+    )?;
+    inv.settle(f.cfg, &[pci]);
+    let g = inv.by_pci(&pci).ok_or(HealthError::NotAGpu { pci })?;
+    let mut nodes = g.own_nodes();
+    for m in &g.migs {
+        nodes.push(m.gi_cap.node.clone());
+        nodes.push(m.ci_cap.node.clone());
+    }
+    for n in inventory::own_nodes_of(f.cfg, pci) {
+        if !nodes.contains(&n) {
+            nodes.push(n);
+        }
+    }
+    Ok(nodes)
+}
+
+/// The refusal for a GPU someone holds (whole, by an instance or a slot) or that drains.
+fn held(st: &State, pci: Pci) -> Option<String> {
+    let who: Vec<String> = st
+        .held(None)
+        .into_iter()
+        .filter(|(u, _)| u.pci() == pci)
+        .map(|(_, w)| w)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    (!who.is_empty()).then(|| who.join(", "))
+}
+
+/// Resets the GPU `pci` (given as the user wrote it): refused while it is held, draining,
+/// open or being reset; else marked `resetting`, reset, probed, and the outcome recorded.
+pub fn reset_with(f: &Facts, r: &dyn Recover, pci: &str, why: Why) -> Result<Reset, Error> {
+    let p = Pci::normalize(pci).ok_or_else(|| HealthError::NotPci {
+        pci: pci.to_string(),
+    })?;
+    reset_pci(f, r, p, why)
+}
+
+/// [`reset_with`] of a PCI address.
+pub fn reset_pci(f: &Facts, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset, Error> {
+    let cfg = f.cfg;
+    let store = Store::new(&cfg.state_file);
+    let nodes = nodes_of(f, pci)?;
+    let me = f
+        .proc
+        .proc_ref(std::process::id() as i32)
+        .ok_or(HealthError::OwnStartTime)?;
+    let boot = boot_id(cfg);
+    let started = now_rfc3339();
+    let key = pci.to_string();
+    // One locked step: refused (nothing written), or marked resetting.
+    let took_over = store.update(|st| -> Result<Option<Resetting>, Error> {
+        // A GPU that drains: looked at again (closed since, it is free).
+        if st.draining.keys().any(|u| u.pci() == pci) {
+            let s = crate::reserve::drain::settle(
+                st,
+                Vec::new(),
+                true,
+                f.proc,
+                &started,
+                crate::reserve::drain::BUDGET,
+            );
+            crate::reserve::drain::log_settled(&s);
+        }
+        if let Some(who) = held(st, pci) {
+            return Err(HealthError::Held { pci, who }.into());
+        }
+        if let Some(r) = st.health.get(&key).and_then(|h| h.resetting.as_ref()) {
+            if live(f, r, boot.as_deref()) {
+                return Err(HealthError::Resetting {
+                    pci,
+                    pid: r.by.pid,
+                    since: r.since.clone(),
+                }
+                .into());
+            }
+        }
+        let wanted: BTreeSet<u64> = nodes
+            .iter()
+            .map(|n| libc::makedev(n.major, n.minor))
+            .collect();
+        let found = f.proc.openers(
+            &wanted,
+            |p| p != me.pid,
+            &Budget::new(crate::reserve::drain::BUDGET),
+        );
+        if !found.openers.is_empty() {
+            let mut who = Vec::new();
+            for n in &nodes {
+                let procs = found
+                    .openers
+                    .get(&libc::makedev(n.major, n.minor))
+                    .cloned()
+                    .unwrap_or_default();
+                for p in procs {
+                    let comm = f.proc.comm(p.pid).unwrap_or_else(|| "?".into());
+                    who.push(format!("pid {} ({comm}) has {} open", p.pid, n.path));
+                }
+            }
+            return Err(HealthError::Open {
+                pci,
+                who: who.join(", "),
+            }
+            .into());
+        }
+        if !found.complete() {
+            let who = found
+                .unread
+                .iter()
+                .map(|p| p.pid.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(HealthError::Unread {
+                pci,
+                who,
+                total: found.unread_total,
+            }
+            .into());
+        }
+        let h = st.health.entry(key.clone()).or_default();
+        Ok(h.resetting.replace(Resetting {
+            by: me,
+            since: started.clone(),
+            boot_id: boot.clone(),
+        }))
+    })?;
+    // Without the lock: the reset, then the probes.
+    let t = Instant::now();
+    let failure = match r.reset(cfg, pci) {
+        Err(e) => Some(Failure::Reset(e)),
+        Ok(()) => r.probe(cfg, pci).err().map(Failure::Probe),
+    };
+    let took = t.elapsed();
+    // Another locked step: the outcome.
+    let now = now_rfc3339();
+    store.update(|st| -> Result<Reset, Error> {
+        let mut out = Reset {
+            pci,
+            why,
+            failure: failure.clone(),
+            lifted: None,
+            kept: None,
+            took_over: took_over.clone(),
+            scrubbed: false,
+            took,
+        };
+        record(
+            st,
+            cfg,
+            &key,
+            me,
+            &started,
+            &now,
+            failure.as_ref(),
+            &mut out,
+        );
+        Ok(out)
+    })
+}
+
+/// The outcome step: the mark taken off, the counters, the quarantine lifted (a `reset`
+/// one from before the reset, not escalated, when every probe passed) or kept; a failure
+/// quarantines the GPU (again: it counts towards `max_quarantines`) with the failure as
+/// its reason.
+#[allow(clippy::too_many_arguments)]
+fn record(
+    st: &mut State,
+    cfg: &Config,
+    key: &str,
+    me: ProcRef,
+    started: &str,
+    now: &str,
+    failure: Option<&Failure>,
+    out: &mut Reset,
+) {
+    let h = st.health.entry(key.to_string()).or_default();
+    if h.resetting.as_ref().is_some_and(|r| r.by == me) {
+        h.resetting = None;
+    }
+    out.scrubbed = std::mem::take(&mut h.scrub_pending);
+    match failure {
+        None => {
+            h.resets_ok += 1;
+            let lift = st.quarantine.get(key).is_some_and(|q| {
+                q.action == Some(Action::Reset)
+                    && !q.needs_inspection
+                    && q.since.as_str() <= started
+            });
+            if lift {
+                out.lifted = st.quarantine.remove(key);
+            } else {
+                out.kept = st.quarantine.get(key).cloned();
+            }
+        }
+        Some(fail) => {
+            h.resets_failed += 1;
+            let reason = format!("reset failed: {fail}");
+            let q = st.quarantine.entry(key.to_string()).or_insert(Quarantine {
+                xid: None,
+                reason: reason.clone(),
+                message: String::new(),
+                since: now.to_string(),
+                action: Some(Action::Reset),
+                boot_id: None,
+                needs_inspection: false,
+            });
+            q.reason = reason;
+            escalate(st, cfg, key, now);
+            out.kept = st.quarantine.get(key).cloned();
+        }
+    }
+    super::prune(st, key, now);
+}
