@@ -1416,6 +1416,8 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                 mounts: vec![],
                 rootfs: Default::default(),
                 hotplugged: false,
+                driver: None,
+                driver_version: None,
             }
         };
     Store::new(&b.state())

@@ -215,8 +215,9 @@ pub struct RequestArgs {
     /// Slots of shared GPUs instead of whole GPUs (the host's "sharing" config)
     #[arg(long, conflicts_with = "mig")]
     pub share: bool,
-    /// The host driver's user space: none (nodes only) or cdi (from the vendor's CDI spec)
-    #[arg(long, value_parser = ["none", "cdi"])]
+    /// The host driver's user space: none (nodes only), cdi (from the vendor's CDI spec) or
+    /// host (the running driver's files, found on the host)
+    #[arg(long, value_parser = ["none", "cdi", "host"])]
     pub driver: Option<String>,
 }
 

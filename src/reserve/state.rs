@@ -122,6 +122,13 @@ pub struct Reservation {
     /// file when not (files written before load unchanged).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hotplugged: bool,
+    /// Where its driver files came from (`cdi` or `host`), when it got any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<crate::request::Driver>,
+    /// The NVIDIA driver version of the files it got (`driver="host"` or `cdi`): after a
+    /// driver upgrade, `list` and the metrics show it still uses the old one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
 }
 
 impl Reservation {
@@ -147,6 +154,8 @@ impl Reservation {
             mounts: vec![],
             rootfs: Default::default(),
             hotplugged: false,
+            driver: None,
+            driver_version: None,
         }
     }
 

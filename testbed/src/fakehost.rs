@@ -820,6 +820,8 @@ pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
                         mounts: vec![],
                         rootfs: Default::default(),
                         hotplugged: false,
+                        driver: None,
+                        driver_version: None,
                     },
                 );
             }
