@@ -457,8 +457,11 @@ impl FakeDriver {
     pub fn config_files(&self) -> Result<Vec<&'static str>, String> {
         for (p, text) in CONFIG_FILES {
             let at = under(&self.root, p);
-            mkdirs(at.parent().ok_or("config file has no parent")?)?;
-            write(&at, text)?;
+            let dir = at.parent().ok_or("config file has no parent")?;
+            mkdirs(dir)?;
+            let tmp = dir.join(".gpuhook-testbed.new");
+            write(&tmp, text)?;
+            io("rename", &at, fs::rename(&tmp, &at))?;
         }
         Ok(CONFIG_FILES.iter().map(|(p, _)| *p).collect())
     }
@@ -506,12 +509,15 @@ impl FakeDriver {
         )?;
         let smi = build.join("nvidia-smi.c");
         write(&smi, &format!("{SCAN_C}{SMI_C}"))?;
+        // (Built beside, renamed into place: a new inode, as a package manager installs.)
         run(Command::new("cc")
             .args(["-O1", &define, "-o"])
-            .arg(bindir.join("nvidia-smi"))
+            .arg(build.join("nvidia-smi"))
             .arg(&smi)
             .arg(format!("-L{}", build.display()))
             .arg("-lnvidia-ml"))?;
+        let to = bindir.join("nvidia-smi");
+        io("rename", &to, fs::rename(build.join("nvidia-smi"), &to))?;
         let tool = build.join("tool.c");
         write(&tool, TOOL_C)?;
         let tool_bin = build.join("tool");
@@ -519,9 +525,13 @@ impl FakeDriver {
             .args(["-O1", &define, "-o"])
             .arg(&tool_bin)
             .arg(&tool))?;
+        // Each installed file a new inode (a temporary name renamed over the old), as a
+        // package manager unpacks: a container that has the old one mounted keeps it.
         for b in BINARIES.iter().filter(|b| **b != "nvidia-smi") {
             let to = bindir.join(b);
-            io("copy", &to, fs::copy(&tool_bin, &to))?;
+            let tmp = bindir.join(format!(".{b}.new"));
+            io("copy", &tmp, fs::copy(&tool_bin, &tmp))?;
+            io("rename", &to, fs::rename(&tmp, &to))?;
         }
         let fw = under(root, &format!("/lib/firmware/nvidia/{ver}"));
         mkdirs(&fw)?;

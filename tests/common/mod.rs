@@ -188,7 +188,10 @@ impl Host {
 
 /// What a container with the host's driver shows (its init is pid 1): its mounts of
 /// libcuda and the firmware, the links, the linker cache, nvidia-smi, a program's own
-/// version, the dlopen probe, the libraries of the directory, gpuhook's ld.so.conf.d file.
+/// version, the dlopen probe, the versioned libraries and firmware of the directories that
+/// have content (a root that outlives its containers keeps the empty mount points of an
+/// earlier start), gpuhook's ld.so.conf.d file. (Shell builtins and the root's own
+/// programs only: a shell entered with `nsenter -m` cannot run busybox's other applets.)
 pub fn host_probe(v: &str) -> String {
     format!(
         r#"L=/usr/lib/x86_64-linux-gnu
@@ -200,9 +203,8 @@ ls -l $L/libcuda.so.1 $L/libcuda.so
 nvidia-smi
 nvidia-debugdump
 cuda-probe
-echo "libs: $(ls $L | grep '\.so\.[0-9]*\.' | grep -v '^lib[cmd]\.\|pthread' | tr '
-' ' ')"
-echo "firmware: $(ls /lib/firmware/nvidia)"
+printf 'libs:'; for f in $L/lib*.so.*.*; do test -s $f && printf ' %s' "${{f##*/}}"; done; echo
+printf 'firmware:'; for d in /lib/firmware/nvidia/*; do for f in $d/*; do if test -s $f; then printf ' %s' "${{d##*/}}"; break; fi; done; done; echo
 if echo x > $L/libcuda.so.{v}; then echo WRITABLE; fi
 cat /etc/ld.so.conf.d/00-gpuhook-cdi.conf"#
     )
@@ -246,7 +248,7 @@ pub fn assert_host_probe(s: &str, v: &str) {
     // Nothing of another driver: every versioned library and firmware directory is v's.
     let libs = s
         .lines()
-        .find_map(|l| l.strip_prefix("libs: "))
+        .find_map(|l| l.strip_prefix("libs:"))
         .unwrap_or_else(|| panic!("no library list: {s}"));
     assert!(libs.contains(&format!("libnvidia-ml.so.{v}")), "{libs}");
     for l in libs.split_whitespace() {
@@ -254,7 +256,7 @@ pub fn assert_host_probe(s: &str, v: &str) {
     }
     let fw = s
         .lines()
-        .find_map(|l| l.strip_prefix("firmware: "))
+        .find_map(|l| l.strip_prefix("firmware:"))
         .unwrap_or_else(|| panic!("no firmware list: {s}"));
     assert_eq!(fw.trim(), v, "{s}");
 }
