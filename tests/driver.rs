@@ -504,3 +504,42 @@ fn list_and_metrics_show_a_reservation_on_an_older_driver() {
     assert!(p["driver_version"].is_null());
     assert!(!out(&gh(&h, &["metrics"])).contains("domain=\"plain\""));
 }
+
+#[test]
+fn amd_and_intel_gpus_get_their_nodes_as_with_none() {
+    let h = Host::new(FakeHost::mixed());
+    h.with_host_driver(HOST_V);
+    // No NVIDIA module: an AMD or Intel request with driver="host" needs none.
+    set_module(&h.paths.proc, None, false);
+    for (n, vendor) in [(6, "amd"), (7, "intel")] {
+        let name = format!("d{vendor}");
+        let xml = domain(
+            &name,
+            n,
+            &gpus(&format!(r#"vendor="{vendor}" driver="host""#)),
+        );
+        let o = run_with_stdin(h.cmd().args(["check", "-"]), &xml);
+        assert_ok(&o);
+        assert!(!out(&o).contains("driver host:"), "{}", out(&o));
+        assert_ok(&h.hook(&name, "prepare", &xml));
+        let l = h.list();
+        let r = l["reservations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["domain"] == name.as_str())
+            .cloned()
+            .unwrap();
+        assert!(r["driver_version"].is_null(), "{r}");
+    }
+    // An NVIDIA one does.
+    assert_fails(
+        &h.hook(
+            "dnv",
+            "prepare",
+            &domain("dnv", 8, &gpus(r#"vendor="nvidia" driver="host""#)),
+        ),
+        "dnv",
+        "no NVIDIA kernel module is loaded",
+    );
+}
