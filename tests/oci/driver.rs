@@ -141,6 +141,29 @@ fn podman_container_keeps_its_driver_across_an_upgrade() {
     assert_eq!(mine(&l)["driver"], "host");
     assert_eq!(mine(&l)["driver_version"], HOST_V);
     assert_eq!(mine(&l)["driver_outdated"], false);
+    // A second GPU by attach --driver host: its node; its files came with its create (the
+    // runtime's mounts), none mounted twice; its detach leaves them.
+    let libcuda = |id: &str| {
+        out(&podman_exec(id, "cat /proc/1/mounts"))
+            .lines()
+            .filter(|l| l.contains(&format!(" /usr/lib/x86_64-linux-gnu/libcuda.so.{HOST_V} ")))
+            .count()
+    };
+    assert_eq!(libcuda(&id), 1);
+    let gh = |args: &[&str]| o.host.cmd().args(args).output().unwrap();
+    assert_ok(&gh(&[
+        "attach",
+        &id,
+        "--driver",
+        "host",
+        "--device",
+        "0000:08:00.0",
+    ]));
+    assert_eq!(libcuda(&id), 1);
+    assert_ok(&gh(&["detach", &id, "--device", "0000:08:00.0"]));
+    assert_eq!(libcuda(&id), 1);
+    let r = podman_exec(&id, "cuda-probe");
+    assert!(out(&r).contains("dlopen libcuda.so.1: ok"), "{}", out(&r));
     // The upgrade: the new driver installed beside, its module loaded.
     testbed::driver::FakeDriver::install_host(&d.root, HOST_V2).unwrap();
     set_module(&o.host.paths.proc, Some(HOST_V2), false);
@@ -161,6 +184,24 @@ fn podman_container_keeps_its_driver_across_an_upgrade() {
         "{}",
         out(&m)
     );
+    // More of the new driver's files would mix two drivers: refused, nothing changed.
+    let a = gh(&[
+        "attach",
+        &id,
+        "--driver",
+        "host",
+        "--device",
+        "0000:08:00.0",
+    ]);
+    assert!(!a.status.success());
+    assert!(
+        stderr(&a).contains(&format!(
+            "its driver files are of NVIDIA driver {HOST_V}, the host runs {HOST_V2} now"
+        )),
+        "{}",
+        stderr(&a)
+    );
+    assert_eq!(o.host.holders()[&id], ["0000:07:00.0"]);
     // Nothing taken from it: its files, its cache, its programs.
     let r = podman_exec(&id, &host_probe(HOST_V));
     assert_host_probe(&out(&r), HOST_V);

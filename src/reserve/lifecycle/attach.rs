@@ -302,6 +302,17 @@ fn new_edits(
         plan.nodes.iter().map(|n| (n.node.clone(), n.mode)),
     )?);
     if let Some(r) = r {
+        // An OCI container made with the host's driver has its files from its create (its
+        // runtime's mounts, not recorded here): the same files serve every NVIDIA GPU.
+        if driver == crate::request::Driver::Host
+            && r.kind == HolderKind::Oci
+            && r.driver == Some(driver)
+            && !has_driver_files(r)
+        {
+            plan.mounts.clear();
+            plan.links.clear();
+            plan.ld_folders.clear();
+        }
         plan.mounts
             .retain(|m| !r.mounts.iter().any(|x| x.target == m.target));
         if !plan.ld_folders.is_empty() {
