@@ -423,6 +423,24 @@ fn main() {
     });
     let mut ab = Ab::default();
 
+    // BENCH_ONLY=driver: only the driver="host" rows (section 7), for a quick look.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("driver") {
+        let mut d =
+            Daemon::new(&work.join("libvirt"), Hook::Binary(bins.hook.clone())).expect("libvirtd");
+        d.write_config(&serde_json::json!({})).unwrap();
+        d.start().expect("libvirtd start");
+        let lines = driver_rows(&work, &bins, &bench, &d, n);
+        d.cleanup("bench-");
+        d.stop().unwrap();
+        println!("\n## driver=\"host\" ({} runs per row)\n", n / 4);
+        for l in &lines {
+            println!("- {l}");
+        }
+        let _ = Command::new("umount").arg(work.join("run")).status();
+        let _ = std::fs::remove_dir_all(&work);
+        return;
+    }
+
     // 1. A domain without GPU metadata: every LXC start and stop on the host pays this.
     let h16 = Host::new(&work, "wide16", FakeHost::wide(16));
     let plain = domain(
@@ -889,6 +907,9 @@ fn main() {
     // linker cache) into a live container with its own root, against the node-only
     // `started` of the same container, runs interleaved.
     let cdi_line = cdi_started(&work, &bins, &d, n);
+    // 7. driver="host" against driver="cdi" with a spec naming the same files, and
+    // `gpuhook driver` with and without its cache.
+    let driver_lines = driver_rows(&work, &bins, &bench, &d, n);
     d.cleanup("bench-");
     d.stop().unwrap();
 
@@ -918,6 +939,9 @@ fn main() {
     }
     println!("\n- {tput}");
     println!("- {cdi_line}");
+    for l in &driver_lines {
+        println!("- {l}");
+    }
     println!(
         "- cost in the number of GPUs: `prepare` on a 16-GPU host ÷ on a 1-GPU host = {flat:.2}×"
     );
@@ -938,7 +962,7 @@ fn main() {
             println!("{r}");
         }
     }
-    let out = serde_json::json!({"iterations": n, "rows": rep.json, "concurrent": tput, "cdi_started": cdi_line, "flat_16_vs_1": flat, "binary_bytes": size, "peak_rss_kb": rss});
+    let out = serde_json::json!({"iterations": n, "rows": rep.json, "concurrent": tput, "cdi_started": cdi_line, "driver_host": driver_lines, "flat_16_vs_1": flat, "binary_bytes": size, "peak_rss_kb": rss});
     std::fs::create_dir_all("target/bench").unwrap();
     std::fs::write(
         "target/bench/results.json",
@@ -1059,4 +1083,167 @@ fn cdi_started(work: &Path, bins: &Bins, d: &Daemon, n: usize) -> String {
         cdi.median_us / nodes.median_us,
         n / 4
     )
+}
+
+/// `started` with `driver="host"` (the running driver found on the host, from its cache)
+/// against `started` with `driver="cdi"` and a spec naming the same files (the one `gpuhook
+/// cdi generate` writes for that driver), in one live container with its own root, runs
+/// interleaved; and `gpuhook driver` cold (no cache: discovery, the linker cache read, each
+/// library's SONAME) and warm (the cache read, each file's trust checked). Lines for the
+/// report.
+fn driver_rows(work: &Path, bins: &Bins, bench: &Bench, d: &Daemon, n: usize) -> Vec<String> {
+    const V: &str = "535.129.03";
+    let fake = FakeHost::blueprint();
+    let hh = Host::new(work, "drv", fake);
+    let drv = testbed::driver::FakeDriver::install_host(&work.join("driver-host"), V)
+        .expect("fake driver");
+    // A distribution's multiarch directory and /usr/bin hold about 1,200 entries each (this
+    // machine's: 1,161 and 1,175), which discovery lists: as many other files beside the
+    // driver's.
+    for (dir, stem) in [
+        ("usr/lib/x86_64-linux-gnu", "libother"),
+        ("usr/bin", "other"),
+    ] {
+        for i in 0..1200 {
+            std::fs::write(drv.root.join(dir).join(format!("{stem}{i}.so.1")), b"").unwrap();
+        }
+    }
+    let specs = work.join("drv-specs");
+    std::fs::create_dir_all(&specs).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&hh.config).unwrap()).unwrap();
+    cfg["root"] = serde_json::json!(drv.root);
+    cfg["cdi_spec_dirs"] = serde_json::json!([specs]);
+    std::fs::write(&hh.config, cfg.to_string()).unwrap();
+    let gh = |args: &[&str]| Cmd {
+        bin: bins.hook.clone(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        env: vec![("GPUHOOK_CONFIG", hh.config.clone())],
+        stdin: String::new(),
+    };
+    let spec = specs.join("nvidia.json");
+    must(&gh(&[
+        "cdi",
+        "generate",
+        "--output",
+        spec.to_str().unwrap(),
+    ]));
+    let listed = Command::new(&bins.hook)
+        .args(["driver", "--json"])
+        .env("GPUHOOK_CONFIG", &hh.config)
+        .output()
+        .unwrap();
+    assert!(listed.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let targets: Vec<String> = j["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect();
+    let rootfs = testbed::driver::rootfs(&work.join("drv-rootfs")).expect("rootfs");
+    let mut ds = DomainSpec::new("bench-drv", "");
+    ds.rootfs = Some((rootfs, false));
+    d.define(&ds.xml()).unwrap();
+    d.virsh_ok(&["start", "bench-drv"]).unwrap();
+    let live = d.virsh_ok(&["dumpxml", "bench-drv"]).unwrap();
+    let with = |attrs: &str| {
+        let meta = format!(
+            "<metadata><gpu:gpus xmlns:gpu=\"urn:gpuhook:gpu:1\" {attrs}/></metadata>\n  <memory"
+        );
+        live.replace("<metadata/>", "")
+            .replace("<metadata></metadata>", "")
+            .replacen("<memory", &meta, 1)
+    };
+    let (xml_host, xml_cdi) = (
+        with(r#"count="1" driver="host""#),
+        with(r#"count="1" driver="cdi""#),
+    );
+    let ct = d.container("bench-drv").unwrap();
+    let cg = gpuhook::cgroup::for_pid(ct.init.pid)
+        .unwrap()
+        .path()
+        .to_path_buf();
+    must(&hh.hook(bins, "bench-drv", "prepare", &xml_host));
+    let lib = testbed::driver::LIBDIR;
+    // Before each run (untimed): the mounts, links, gpuhook's ld.so.conf.d file, the nodes
+    // and grants go; the mount points stay.
+    let reset_script = format!(
+        "for t in {}; do umount -l $t 2>/dev/null; done; rm -f {lib}/libcuda.so {lib}/*.so.1 {lib}/*.so.4 /etc/ld.so.conf.d/00-gpuhook-cdi.conf /etc/ld.so.cache /dev/nvidia*",
+        targets.join(" ")
+    );
+    let reset = || {
+        let ok = testbed::shell_in(ct.init.pid, &reset_script)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        for (ma, mi) in [
+            (195, 0),
+            (195, 1),
+            (195, 254),
+            (195, 255),
+            (509, 0),
+            (509, 1),
+        ] {
+            let _ = std::fs::write(cg.join("devices.deny"), format!("c {ma}:{mi} rw"));
+        }
+    };
+    // One run of each checked: the container loads libcuda.
+    for xml in [&xml_host, &xml_cdi] {
+        reset();
+        must(&hh.hook(bins, "bench-drv", "started", xml));
+        let o = testbed::shell_in(ct.init.pid, "cuda-probe")
+            .output()
+            .unwrap();
+        let seen = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(seen.contains("dlopen libcuda.so.1: ok"), "{seen}");
+    }
+    let (host, cdi) = interleaved_stats(
+        n / 4,
+        reset,
+        &hh.hook(bins, "bench-drv", "started", &xml_host),
+        &hh.hook(bins, "bench-drv", "started", &xml_cdi),
+    );
+    // The plan alone, no container: `gpuhook check` of each request (the host's driver from
+    // the cache and its trust checked, against the spec read, checked and planned).
+    let check = |xml: &str| Cmd {
+        stdin: xml.to_string(),
+        ..gh(&["check", "-"])
+    };
+    let (check_host, check_cdi) =
+        interleaved_stats(n / 4, || {}, &check(&xml_host), &check(&xml_cdi));
+    let cache = hh.state.with_file_name("driver-cache.json");
+    let cold = bench.measure(
+        n / 4,
+        || {
+            let _ = std::fs::remove_file(&cache);
+        },
+        &gh(&["driver"]),
+    );
+    let warm = bench.measure(n / 4, || {}, &gh(&["driver"]));
+    vec![
+        format!(
+            "`started` with `driver=\"host\"` ({} files of the running driver found on the host, from the cache; links, linker cache, own root): median {:.2} ms, p90 {:.2} ms; with `driver=\"cdi\"` and a spec naming the same files (`gpuhook cdi generate`'s): {:.2} ms: host ÷ cdi {:.2}× (target ≤ 1.2×; {} runs each, interleaved)",
+            targets.len(),
+            host.median_us / 1e3,
+            host.p90_us / 1e3,
+            cdi.median_us / 1e3,
+            host.median_us / cdi.median_us,
+            n / 4
+        ),
+        format!(
+            "the plan alone (`gpuhook check` of the same request, no container): `driver=\"host\"` median {:.2} ms, `driver=\"cdi\"` {:.2} ms: host ÷ cdi {:.2}× ({} runs each, interleaved)",
+            check_host.median_us / 1e3,
+            check_cdi.median_us / 1e3,
+            check_host.median_us / check_cdi.median_us,
+            n / 4
+        ),
+        format!(
+            "`gpuhook driver`: cold (no cache: discovery, ld.so.cache, SONAMEs) median {:.2} ms, warm (the cache) {:.2} ms: cold ÷ warm {:.1}× ({} runs each)",
+            cold.median_us / 1e3,
+            warm.median_us / 1e3,
+            cold.median_us / warm.median_us,
+            n / 4
+        ),
+    ]
 }

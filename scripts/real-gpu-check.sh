@@ -7,6 +7,9 @@
 #   sudo scripts/real-gpu-check.sh [GPUHOOK_BIN]
 #
 # GPUHOOK_CHECK_ROOTS=CONFIG.json describes another host (a fake one, to test this script).
+# Where nvidia-ctk is installed, `gpuhook driver --json` (driver="host") is compared with
+# `nvidia-ctk cdi generate`: the same driver version, the same files (by their host file),
+# no library of another version in either.
 set -eu
 bin=${1:-$(command -v gpuhook || echo target/release/gpuhook)}
 work=$(mktemp -d /tmp/gpuhook-real-check.XXXXXX)
@@ -98,6 +101,55 @@ if [ -n "$mps_pci" ] && [ -x /usr/bin/nvidia-cuda-mps-control ]; then
     echo "== MPS: daemon started with its environment, stopped by quit at the free"
 fi
 
+# driver="host": what gpuhook finds of the running driver beside what NVIDIA's generator names.
+echo "== gpuhook driver:"
+if "$bin" driver --json > "$work/driver.json"; then
+    "$bin" driver
+    if command -v nvidia-ctk >/dev/null; then
+        nvidia-ctk cdi generate --format=json --output="$work/nvidia-ctk.json" > "$work/ctk.log" 2>&1 \
+            || { cat "$work/ctk.log"; echo "FAIL: nvidia-ctk cdi generate"; exit 1; }
+        python3 - "$work/driver.json" "$work/nvidia-ctk.json" <<'PY'
+import json, os, re, sys
+gh = json.load(open(sys.argv[1]))
+ctk = json.load(open(sys.argv[2]))
+v = gh["version"]
+edits = [ctk.get("containerEdits", {})] + [d.get("containerEdits", {}) for d in ctk.get("devices", [])]
+mounts = {os.path.realpath(m["hostPath"]): m["containerPath"] for e in edits for m in e.get("mounts", []) or []}
+hooks = [a for e in edits for h in e.get("hooks", []) or [] for a in h.get("args", [])]
+ctk_v = [a.split("=", 1)[1] for a in hooks if a.startswith("--host-driver-version=")]
+mine = {os.path.realpath(f["source"]): f for f in gh["files"]}
+fail = False
+print(f"gpuhook: driver {v}, {len(mine)} files; nvidia-ctk: driver {ctk_v[0] if ctk_v else '?'}, {len(mounts)} mounts")
+if ctk_v and ctk_v[0] != v:
+    print(f"FAIL: nvidia-ctk says driver {ctk_v[0]}, gpuhook {v}"); fail = True
+def other(p):
+    m = re.search(r"\.so\.(\d{3,}\.\d+(\.\d+)?)$", p) or re.search(r"/firmware/nvidia/([\d.]+)/", p)
+    return m and m.group(1) != v
+for name, paths in (("gpuhook", mine), ("nvidia-ctk", mounts)):
+    bad = [p for p in paths if other(p)]
+    if bad:
+        print(f"FAIL: {name} gives files of another driver: {bad}"); fail = True
+only_gh = sorted(set(mine) - set(mounts))
+only_ctk = sorted(set(mounts) - set(mine))
+for p in only_gh:
+    print(f"  only gpuhook:    {mine[p]['kind']:<8} {mine[p]['path']} ({p})")
+for p in only_ctk:
+    print(f"  only nvidia-ctk: {mounts[p]} ({p})")
+both = set(mine) & set(mounts)
+moved = [p for p in both if mine[p]["path"] != mounts[p]]
+for p in sorted(moved):
+    print(f"  other place: gpuhook {mine[p]['path']}, nvidia-ctk {mounts[p]}")
+libs = [p for p in mine if mine[p]["kind"] == "library"]
+missing = [p for p in mounts if re.search(r"\.so\.[\d.]+$", p) and p not in mine and not other(p)]
+print(f"== {len(both)} files given by both; {len(only_gh)} only by gpuhook, {len(only_ctk)} only by nvidia-ctk ({len(missing)} of them libraries of {v})")
+sys.exit(1 if fail else 0)
+PY
+    else
+        echo "(nvidia-ctk not installed: no comparison with nvidia-ctk cdi generate)"
+    fi
+else
+    echo "(driver=\"host\" has nothing to give here)"
+fi
 # health reset (SPEC "Health by NVIDIA's Xid catalog, with recovery"): the first GPU, idle
 # (nothing holds it; a process with one of its nodes open, nvidia-persistenced for one, makes
 # gpuhook refuse in one line naming it), reset with the default reset_command

@@ -9,6 +9,8 @@
 //! Arguments filter cases by substring.
 
 mod common;
+#[path = "libvirt/driver.rs"]
+mod driver;
 #[path = "libvirt/hotplug.rs"]
 mod hotplug;
 #[path = "libvirt/mps.rs"]
@@ -1417,6 +1419,8 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                 rootfs: Default::default(),
                 hotplugged: false,
                 node_mounts: Vec::new(),
+                driver: None,
+                driver_version: None,
             }
         };
     Store::new(&b.state())
@@ -2151,6 +2155,18 @@ const CASES: &[(&str, Case)] = &[
     ("cdi_swap_race", cdi_swap_race),
     ("cdi_ldconfig_planted_nodes", cdi_ldconfig_planted_nodes),
     ("cdi_merged_usr", cdi_merged_usr),
+    (
+        "host_driver_own_rootfs_across_an_upgrade",
+        driver::host_driver_own_rootfs_across_an_upgrade,
+    ),
+    (
+        "host_driver_refusals_and_hostile_rootfs",
+        driver::host_driver_refusals_and_hostile_rootfs,
+    ),
+    (
+        "attach_host_driver_in_a_domain_with_its_own_root",
+        driver::attach_host_driver_in_a_domain_with_its_own_root,
+    ),
     ("blueprint_flavor", blueprint_flavor),
     ("more_than_free_fails", more_than_free_fails),
     ("renamed_init_keeps_its_gpus", renamed_init_keeps_its_gpus),

@@ -9,6 +9,8 @@
 //! tiny LD_PRELOAD shim (built here with `cc`) that ignores that one EPERM.
 
 mod common;
+#[path = "oci/driver.rs"]
+mod driver;
 
 use common::{assert_ok, stderr, Host};
 use serde_json::{json, Value};

@@ -126,13 +126,18 @@ impl Plan {
 
     pub(super) fn finish(mut self) -> Result<Plan, PlanError> {
         self.soname_links();
-        // A symlink, a mount and a node at one place would fight over it.
+        self.check()?;
+        Ok(self)
+    }
+
+    /// A symlink, a mount and a node at one place would fight over it: refused.
+    pub(super) fn check(&self) -> Result<(), PlanError> {
         for l in &self.links {
             if self.mounts.iter().any(|m| m.target == l.link) {
                 return Err(PlanError::MountAndLink(l.link.clone()));
             }
         }
-        Ok(self)
+        Ok(())
     }
 }
 

@@ -166,6 +166,9 @@ pub enum HookError {
     NotTargetLink(String),
     #[error("create-symlinks: target '{0}' is not valid")]
     BadTarget(String),
+    /// `gpuhook cdi-hook` with arguments that are neither of the two hooks.
+    #[error("'{0}' is not create-symlinks --link TARGET::LINK… or update-ldcache --folder DIR…")]
+    NotNative(String),
     /// A link or a cache folder that is not a plain container path.
     #[error(transparent)]
     Path(#[from] PathError),

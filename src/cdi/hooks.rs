@@ -5,21 +5,47 @@ use super::plan::container_path;
 use super::Link;
 use std::path::Path;
 
-pub(super) enum Native {
+/// What an NVIDIA hook gpuhook does itself asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Native {
+    /// `create-symlinks --link TARGET::LINK …`
     Links(Vec<Link>),
+    /// `update-ldcache --folder DIR …`
     Ldcache(Vec<String>),
 }
 
+/// The name the crate exports it by.
+pub type NativeHook = Native;
+
 /// The two NVIDIA hooks gpuhook does itself: `nvidia-cdi-hook create-symlinks --link T::L …`
-/// and `update-ldcache --folder D …` (also as `nvidia-ctk hook …`). Any other hook, or one
-/// with flags gpuhook does not know, is `None` (passed on).
+/// and `update-ldcache --folder D …` (also as `nvidia-ctk hook …`, and as `gpuhook cdi-hook
+/// …`, which `gpuhook cdi generate` writes). Any other hook, or one with flags gpuhook does
+/// not know, is `None` (passed on).
 pub(super) fn native(path: &str, args: &[String]) -> Result<Option<Native>, HookError> {
     let prog = Path::new(path).file_name().and_then(|f| f.to_str());
     let rest: &[String] = match prog {
         Some("nvidia-cdi-hook") if args.len() >= 2 => &args[1..],
         Some("nvidia-ctk") if args.len() >= 3 && args[1] == "hook" => &args[2..],
+        Some(p)
+            if p.starts_with("gpuhook") && args.len() >= 3 && args[1] == crate::cdi::CDI_HOOK =>
+        {
+            &args[2..]
+        }
         _ => return Ok(None),
     };
+    parse_rest(rest)
+}
+
+/// `gpuhook cdi-hook SUB FLAGS…` run as an OCI hook: what it is to do, or why not (a
+/// subcommand or flag it does not know is an error here).
+pub fn parse_native(rest: &[String]) -> Result<Native, HookError> {
+    parse_rest(rest)?.ok_or_else(|| HookError::NotNative(rest.join(" ")))
+}
+
+fn parse_rest(rest: &[String]) -> Result<Option<Native>, HookError> {
+    if rest.is_empty() {
+        return Ok(None);
+    }
     let (sub, want) = match rest[0].as_str() {
         "create-symlinks" => ("create-symlinks", "link"),
         "update-ldcache" => ("update-ldcache", "folder"),

@@ -21,17 +21,23 @@ use std::path::PathBuf;
 mod edits;
 mod error;
 mod hooks;
+pub mod host;
 mod plan;
 pub mod soname;
 mod spec;
 
 pub use error::{EditError, HookError, PathError, PlanError};
+pub use hooks::{parse_native, NativeHook};
 pub use plan::{container_path, nvidia_version, plan, Host, Unit, Units};
 pub use soname::{soname, ElfError};
 pub use spec::{load, parse, parse_checked, LoadError, ParseError, SpecError};
 
 #[cfg(test)]
 use hooks::{native, Native};
+
+/// gpuhook's own subcommand for the two NVIDIA hooks, as `gpuhook cdi generate` names it in
+/// a spec's hooks (`gpuhook cdi-hook create-symlinks …`).
+pub const CDI_HOOK: &str = "cdi-hook";
 
 /// The CDI versions gpuhook reads (`specs-go/versions.go`).
 const VERSIONS: [&str; 8] = [
@@ -215,6 +221,15 @@ pub struct Plan {
     pub hooks: Vec<PassedHook>,
     pub env: Vec<String>,
     pub additional_gids: Vec<u32>,
+    /// Where the files come from when no spec gives them (`driver="host"`: the running
+    /// driver found on the host), for the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_driver: Option<String>,
+    /// The NVIDIA driver version the plan's files are of (`driver="host"`: the running
+    /// module's; `cdi`: the one its libraries name, else the module's): what the
+    /// reservation records as the container's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvidia_version: Option<String>,
 }
 
 impl Plan {

@@ -48,14 +48,7 @@ pub struct Host<'a> {
 /// The NVIDIA kernel module's version from the text of `/proc/driver/nvidia/version`
 /// (`NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar …`).
 pub fn nvidia_version(text: &str) -> Option<String> {
-    let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
-    line.split_whitespace()
-        .find(|w| {
-            w.split('.').count() >= 2
-                && w.split('.')
-                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .map(str::to_owned)
+    crate::host::driver::parse_version(text)
 }
 
 /// The edits of `specs` that belong to `units`. Errors are one line naming the spec file.
@@ -66,6 +59,20 @@ pub fn plan(specs: &[Loaded], units: &Units, host: &Host) -> Result<Plan, PlanEr
     vendors.dedup();
     for v in vendors {
         plan_vendor(&mut b, specs, units, host, v)?;
+    }
+    if units.vendors.contains(&Vendor::Nvidia) {
+        b.nvidia_version = b
+            .mounts
+            .iter()
+            .find_map(|m| {
+                let f = m.source.rsplit('/').next()?;
+                ["libcuda.so.", "libnvidia-ml.so."]
+                    .iter()
+                    .find_map(|p| f.strip_prefix(p))
+                    .filter(|v| crate::host::driver::version_shaped(v))
+                    .map(str::to_owned)
+            })
+            .or_else(|| host.nvidia_version.clone());
     }
     b.finish()
 }

@@ -929,7 +929,7 @@ mod tests {
             (
                 json!({"gpuhook.io/driver": "nvidia"}),
                 vec![],
-                "unknown driver 'nvidia' (known: none, cdi)",
+                "unknown driver 'nvidia' (known: none, cdi, host)",
             ),
             (
                 json!({}),

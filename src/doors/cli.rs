@@ -17,6 +17,7 @@ use crate::reserve::state::{Reservation, State, Store};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod driver;
 mod list;
 use list::list;
 pub use list::list_json;
@@ -98,6 +99,26 @@ pub enum Command {
     Health {
         #[command(subcommand)]
         action: HealthAction,
+    },
+    /// Show what driver="host" gives now: the loaded NVIDIA kernel module's version and its
+    /// user space found on this host (libraries, firmware, programs, sockets, config files)
+    Driver {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// CDI specs: write the running driver's as one, or check the vendors' for staleness
+    Cdi {
+        #[command(subcommand)]
+        action: driver::CdiAction,
+    },
+    /// The create-symlinks and update-ldcache hooks of a spec `gpuhook cdi generate` wrote
+    /// (run by an OCI runtime; the container's state on stdin)
+    #[command(name = "cdi-hook", hide = true)]
+    CdiHook {
+        /// create-symlinks --link TARGET::LINK…, or update-ldcache --folder DIR…
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Run as the OCI runtime wrapper (what gpuhook-runtime does): gpuhook runtime -- ARGS
     Runtime {
@@ -233,8 +254,9 @@ pub struct RequestArgs {
     /// Slots of shared GPUs instead of whole GPUs (the host's "sharing" config)
     #[arg(long, conflicts_with = "mig")]
     pub share: bool,
-    /// The host driver's user space: none (nodes only) or cdi (from the vendor's CDI spec)
-    #[arg(long, value_parser = ["none", "cdi"])]
+    /// The host driver's user space: none (nodes only), cdi (from the vendor's CDI spec) or
+    /// host (the running driver's files, found on the host)
+    #[arg(long, value_parser = ["none", "cdi", "host"])]
     pub driver: Option<String>,
 }
 
@@ -269,6 +291,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::Metrics { output } => report(metrics(output.as_deref())),
         Command::Placement { output } => report(placement(output.as_deref())),
         Command::Health { action } => report(health(action)),
+        Command::Driver { json } => report(driver::show(json)),
+        Command::Cdi { action } => report(driver::cdi(action)),
+        Command::CdiHook { args } => report(driver::cdi_hook(&args)),
         Command::Runtime { args } => crate::doors::runtime::main(&args),
         Command::OciHook {
             stage,
@@ -447,10 +472,29 @@ fn reset_line(r: &crate::reserve::health::reset::Reset) -> String {
 }
 
 fn metrics(output: Option<&std::path::Path>) -> Result<i32, CliError> {
-    let (_, mut inv, st) = load()?;
+    let (cfg, mut inv, st) = load()?;
     // A draining GPU is not usable, as a quarantined one is not.
     crate::reserve::drain::apply(&mut inv, &st);
-    emit(&crate::openstack::metrics::render(&inv, &st), output)
+    let mut text = crate::openstack::metrics::render(&inv, &st);
+    // Containers on an older driver, and stale CDI specs (a spec directory that cannot be
+    // read leaves that family empty, said in the log).
+    let specs = match driver::checked(&cfg) {
+        Ok(c) => c
+            .iter()
+            .map(|c| (c.spec.display().to_string(), !c.stale.is_empty()))
+            .collect(),
+        Err(e) => {
+            log::warn(&format!("gpuhook_cdi_spec_stale: {e}"));
+            Vec::new()
+        }
+    };
+    let host = crate::host::driver::module_version(&cfg.proc).ok();
+    text.push_str(&crate::openstack::metrics::render_driver(
+        &st,
+        host.as_deref(),
+        &specs,
+    ));
+    emit(&text, output)
 }
 
 fn placement(output: Option<&std::path::Path>) -> Result<i32, CliError> {
@@ -599,6 +643,11 @@ fn check(file: &str) -> Result<i32, CliError> {
     match crate::reserve::lifecycle::cdi_preview(&cfg, &h, req, &inv, &gpus) {
         Ok(None) => {}
         Ok(Some(p)) => print_cdi(&p),
+        // The host's driver says "driver \"host\": …" itself.
+        Err(e @ Error::Driver(_)) => {
+            println!("{e}");
+            return Ok(1);
+        }
         Err(e) => {
             println!("driver cdi: {e}");
             return Ok(1);
@@ -609,11 +658,14 @@ fn check(file: &str) -> Result<i32, CliError> {
 
 /// What a container gets from the CDI specs, for `check`.
 fn print_cdi(p: &crate::cdi::Plan) {
-    println!(
-        "driver cdi: from {} ({})",
-        p.specs.join(", "),
-        p.devices.join(" ")
-    );
+    match &p.host_driver {
+        Some(d) => println!("driver host: {d}"),
+        None => println!(
+            "driver cdi: from {} ({})",
+            p.specs.join(", "),
+            p.devices.join(" ")
+        ),
+    }
     let rw = p.mounts.iter().filter(|m| m.rw).count();
     println!(
         "  {} mount(s), read-only, nosuid, nodev{}",

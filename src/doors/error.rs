@@ -113,6 +113,24 @@ pub enum CliError {
         #[source]
         source: crate::request::oci::DevicesError,
     },
+    /// `gpuhook cdi-hook` with arguments it does not do.
+    #[error("cdi-hook: {0}")]
+    CdiHook(#[source] crate::cdi::HookError),
+    /// `gpuhook cdi-hook`: the container's state (stdin) or its bundle's `config.json` is not
+    /// JSON.
+    #[error("cdi-hook: {0}")]
+    CdiHookState(#[source] serde_json::Error),
+    #[error("cdi-hook: the container's state names no bundle with a root.path")]
+    CdiHookNoBundle,
+    #[error("cdi-hook: {}: {source}", path.display())]
+    ReadBundle {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `gpuhook cdi-hook`: the work in the container's root.
+    #[error("cdi-hook: {0}")]
+    CdiHookRoot(#[from] RuntimeError),
 }
 
 /// What the OCI runtime wrapper and its hooks could not do.

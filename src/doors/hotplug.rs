@@ -54,8 +54,9 @@ pub struct AttachArgs {
     /// compute,utility,graphics,video
     #[arg(long, value_name = "LIST")]
     pub capabilities: Option<String>,
-    /// The host driver's user space: none (nodes only) or cdi (from the vendor's CDI spec)
-    #[arg(long, value_parser = ["none", "cdi"])]
+    /// The host driver's user space: none (nodes only), cdi (from the vendor's CDI spec) or
+    /// host (the running driver's files, found on the host)
+    #[arg(long, value_parser = ["none", "cdi", "host"])]
     pub driver: Option<String>,
     /// Print JSON
     #[arg(long)]

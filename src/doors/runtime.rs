@@ -268,24 +268,37 @@ fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, RuntimeError> {
     let work: bundle::CdiWork = arg
         .ok_or(RuntimeError::NoWork)
         .and_then(|a| serde_json::from_str(a).map_err(RuntimeError::BadWork))?;
-    if !Path::new(&work.root).is_absolute() {
-        return Err(RuntimeError::RootRelative { root: work.root });
+    root_work(&work.root, work.links, work.folders)
+}
+
+/// The CDI links and linker cache in the container's root `root` (absolute: where the
+/// runtime mounted it; the hook runs in the container's namespaces before it pivots into
+/// it): what gpuhook's own `cdi` hook and `gpuhook cdi-hook` (a generated spec's hooks) do,
+/// as the libvirt door does it ([`crate::enter::rootfs`]); undone on failure. Returns what
+/// was left as it was, for the log.
+pub(crate) fn root_work(
+    root: &str,
+    links: Vec<crate::cdi::Link>,
+    folders: Vec<String>,
+) -> Result<Vec<String>, RuntimeError> {
+    if !Path::new(root).is_absolute() {
+        return Err(RuntimeError::RootRelative { root: root.into() });
     }
-    for p in work.links.iter().map(|l| &l.link).chain(&work.folders) {
+    for p in links.iter().map(|l| &l.link).chain(&folders) {
         crate::cdi::container_path(p, "path").map_err(RuntimeError::CdiPath)?;
     }
-    let root = nix::fcntl::open(
-        work.root.as_str(),
+    let root_fd = nix::fcntl::open(
+        root,
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
     .map_err(|source| RuntimeError::RootUnopened {
-        path: PathBuf::from(&work.root),
+        path: PathBuf::from(root),
         source,
     })?;
     let plan = crate::cdi::Plan {
-        links: work.links,
-        ld_folders: work.folders,
+        links,
+        ld_folders: folders,
         ..Default::default()
     };
     let ld = if plan.ld_folders.is_empty() {
@@ -299,7 +312,7 @@ fn cdi_hook(arg: Option<&str>) -> Result<Vec<String>, RuntimeError> {
     // container's user namespace stays for ldconfig's own namespaces and nodev view.)
     let owner = crate::enter::rootfs::Owner { uid: 0, gid: 0 };
     crate::enter::rootfs::act_as(owner, ld.is_some()).map_err(RuntimeError::Rootfs)?;
-    crate::enter::rootfs::apply(&root, Vec::new(), &plan, ld.as_ref(), owner, &[])
+    crate::enter::rootfs::apply(&root_fd, Vec::new(), &plan, ld.as_ref(), owner, &[])
         .map(|d| d.notes)
         .map_err(RuntimeError::Rootfs)
 }

@@ -476,14 +476,31 @@ fn apply_into(
         match nix::unistd::symlinkat(l.target.as_str(), &dir, name) {
             Ok(()) => done.links.push(l.link.clone()),
             Err(Errno::EEXIST) => {
-                let same = nix::fcntl::readlinkat(&dir, name)
-                    .ok()
-                    .is_some_and(|t| t.as_os_str() == l.target.as_str());
-                if !same {
-                    done.notes.push(format!(
+                let now = nix::fcntl::readlinkat(&dir, name).ok();
+                let now = now.as_ref().and_then(|t| t.to_str());
+                if now == Some(l.target.as_str()) {
+                    continue;
+                }
+                match now.filter(|t| other_version(t, &l.target)) {
+                    // A link to another version of the same library: what a start before a
+                    // driver upgrade left in a root that outlives its containers. Replaced,
+                    // or the container would load the old driver's library (or nothing).
+                    Some(old) => {
+                        let old = old.to_string();
+                        relink(&dir, name, &l.target).map_err(|e| RootfsError::Link {
+                            link: l.link.clone(),
+                            errno: e.into(),
+                        })?;
+                        done.links.push(l.link.clone());
+                        done.notes.push(format!(
+                            "{} led to {old}, another version: now to {}",
+                            l.link, l.target
+                        ));
+                    }
+                    None => done.notes.push(format!(
                         "{} exists in the container; left as it is (not a link to {})",
                         l.link, l.target
-                    ));
+                    )),
                 }
             }
             Err(e) => {
@@ -502,6 +519,28 @@ fn apply_into(
         }
     }
     Ok(())
+}
+
+/// Whether link targets `old` and `new` are two versions of one library: plain names in the
+/// link's directory, the same up to `.so.` (`libcuda.so.550.54.15`, `libcuda.so.560.28.03`).
+fn other_version(old: &str, new: &str) -> bool {
+    fn stem(t: &str) -> Option<&str> {
+        (!t.contains('/'))
+            .then(|| t.split_once(".so.").map(|(s, _)| s))
+            .flatten()
+    }
+    old != new && stem(old).is_some() && stem(old) == stem(new)
+}
+
+/// `name` in `dir` becomes a symlink to `target`: a new link under a temporary name, renamed
+/// over it (what was there is never followed).
+fn relink(dir: &OwnedFd, name: &str, target: &str) -> Result<(), Errno> {
+    let tmp = format!(".{name}.gpuhook-{}", std::process::id());
+    let _ = nix::unistd::unlinkat(dir, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    nix::unistd::symlinkat(target, dir, tmp.as_str())?;
+    nix::fcntl::renameat(dir, tmp.as_str(), dir, name).inspect_err(|_| {
+        let _ = nix::unistd::unlinkat(dir, tmp.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    })
 }
 
 fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<(), RootfsError> {
@@ -712,6 +751,68 @@ pub fn undo(root: &OwnedFd, done: &Done) -> crate::log::Leftovers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn links_to_another_version_of_the_same_library() {
+        assert!(other_version(
+            "libcuda.so.550.54.15",
+            "libcuda.so.560.28.03"
+        ));
+        assert!(!other_version(
+            "libcuda.so.550.54.15",
+            "libcuda.so.550.54.15"
+        ));
+        assert!(!other_version("libfoo.so.1", "libcuda.so.560.28.03"));
+        assert!(!other_version("/etc/passwd", "libcuda.so.1"));
+        assert!(!other_version("../x/libcuda.so.1", "libcuda.so.560.28.03"));
+        assert!(!other_version("libcuda.so", "libcuda.so.1"));
+    }
+
+    #[test]
+    fn a_link_left_by_another_driver_is_replaced_anything_else_left_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let lib = t.path().join("usr/lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::os::unix::fs::symlink("libcuda.so.550.54.15", lib.join("libcuda.so.1")).unwrap();
+        std::fs::write(lib.join("libnvidia-ml.so.1"), "the image's own file").unwrap();
+        let root = nix::fcntl::open(
+            t.path(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let plan = Plan {
+            links: vec![
+                crate::cdi::Link {
+                    target: "libcuda.so.560.28.03".into(),
+                    link: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+                },
+                crate::cdi::Link {
+                    target: "libnvidia-ml.so.560.28.03".into(),
+                    link: "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1".into(),
+                },
+            ],
+            ..Default::default()
+        };
+        let owner = Owner { uid: 0, gid: 0 };
+        let done = apply(&root, Vec::new(), &plan, None, owner, &[]).unwrap();
+        assert_eq!(
+            std::fs::read_link(lib.join("libcuda.so.1")).unwrap(),
+            std::path::Path::new("libcuda.so.560.28.03")
+        );
+        assert_eq!(done.links, ["/usr/lib/x86_64-linux-gnu/libcuda.so.1"]);
+        assert_eq!(
+            std::fs::read_to_string(lib.join("libnvidia-ml.so.1")).unwrap(),
+            "the image's own file"
+        );
+        assert_eq!(done.notes.len(), 2, "{:?}", done.notes);
+        assert!(done.notes[0].contains("led to libcuda.so.550.54.15, another version"));
+        assert!(std::fs::read_dir(&lib).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains("gpuhook")));
+    }
 
     #[test]
     fn split_paths() {

@@ -75,6 +75,7 @@ struct Raw {
     sysfs: Option<PathBuf>,
     proc: Option<PathBuf>,
     dev: Option<PathBuf>,
+    root: Option<PathBuf>,
     state_file: Option<PathBuf>,
     #[serde(default)]
     exclude: Vec<String>,
@@ -217,6 +218,10 @@ pub struct Config {
     pub sysfs: PathBuf,
     pub proc: PathBuf,
     pub dev: PathBuf,
+    /// Where the host's files are looked for (`driver="host"`: the driver's libraries,
+    /// programs, firmware, `etc/ld.so.cache`); `/` on a real host, a fake host's tree in
+    /// tests. Files are given to containers at their path without this prefix.
+    pub root: PathBuf,
     pub state_file: PathBuf,
     /// Normalized PCI addresses never to allocate.
     pub exclude: Vec<String>,
@@ -263,6 +268,7 @@ impl Default for Config {
             sysfs: "/sys".into(),
             proc: "/proc".into(),
             dev: "/dev".into(),
+            root: "/".into(),
             state_file: DEFAULT_STATE_FILE.into(),
             exclude: vec![],
             by_address: BTreeMap::new(),
@@ -320,6 +326,7 @@ impl Config {
             ("sysfs", raw.sysfs, &mut c.sysfs),
             ("proc", raw.proc, &mut c.proc),
             ("dev", raw.dev, &mut c.dev),
+            ("root", raw.root, &mut c.root),
             ("state_file", raw.state_file, &mut c.state_file),
         ] {
             if let Some(p) = val {

@@ -362,9 +362,104 @@ fn reservations(out: &mut String, st: &State) {
     }
 }
 
+/// The driver families (SPEC "Driver user space found on the host"):
+/// `gpuhook_container_driver_outdated{kind,domain,uuid}`, for each reservation that recorded
+/// the NVIDIA driver version its container got, 1 when the host runs another now (`host`:
+/// the running module's version, `None` when none is loaded: nothing to compare with, 0);
+/// `gpuhook_cdi_spec_stale{spec}`, for each CDI spec file (`specs`: its path and whether an
+/// entry of it is stale, as `gpuhook cdi check` says).
+pub fn render_driver(st: &State, host: Option<&str>, specs: &[(String, bool)]) -> String {
+    let mut out = String::new();
+    family(
+        &mut out,
+        "gpuhook_container_driver_outdated",
+        "Whether a running container got the files of another NVIDIA driver than the host runs now (1: restart it for the new driver's).",
+    );
+    for r in st.reservations.values() {
+        let Some(v) = r.driver_version.as_deref() else {
+            continue;
+        };
+        let outdated = host.is_some_and(|h| h != v);
+        sample(
+            &mut out,
+            "gpuhook_container_driver_outdated",
+            &[
+                ("kind", r.kind.as_str()),
+                ("domain", &r.domain),
+                ("uuid", &r.uuid),
+            ],
+            u64::from(outdated),
+        );
+    }
+    family(
+        &mut out,
+        "gpuhook_cdi_spec_stale",
+        "Whether a CDI spec names files or nodes the host no longer has, another NVIDIA driver's files, or GPUs it no longer has (gpuhook cdi check).",
+    );
+    for (path, stale) in specs {
+        sample(
+            &mut out,
+            "gpuhook_cdi_spec_stale",
+            &[("spec", path)],
+            u64::from(*stale),
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn containers_on_an_older_driver_and_stale_specs() {
+        let mut st = State::default();
+        for (id, v) in [
+            ("a", Some("550.54.15")),
+            ("b", Some("560.28.03")),
+            ("c", None),
+        ] {
+            let mut r: crate::reserve::state::Reservation =
+                serde_json::from_value(serde_json::json!({
+                    "kind": "oci", "domain": id, "uuid": id, "gpus": ["0000:10:00.0"],
+                    "phase": "running", "request": "1 GPU", "created": "x", "updated": "x",
+                }))
+                .unwrap();
+            r.driver_version = v.map(str::to_owned);
+            st.reservations.insert(id.into(), r);
+        }
+        let t = render_driver(
+            &st,
+            Some("560.28.03"),
+            &[
+                ("/etc/cdi/nvidia.yaml".into(), true),
+                ("/var/run/cdi/amd.json".into(), false),
+            ],
+        );
+        assert!(
+            t.contains(
+                "gpuhook_container_driver_outdated{kind=\"oci\",domain=\"a\",uuid=\"a\"} 1\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "gpuhook_container_driver_outdated{kind=\"oci\",domain=\"b\",uuid=\"b\"} 0\n"
+            ),
+            "{t}"
+        );
+        assert!(!t.contains("domain=\"c\""), "{t}");
+        assert!(
+            t.contains("gpuhook_cdi_spec_stale{spec=\"/etc/cdi/nvidia.yaml\"} 1\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("gpuhook_cdi_spec_stale{spec=\"/var/run/cdi/amd.json\"} 0\n"),
+            "{t}"
+        );
+        // No module loaded: nothing is said to be out of date.
+        assert!(!render_driver(&st, None, &[]).contains("} 1\n"));
+    }
 
     #[test]
     fn shared_gpus_count_their_slots() {

@@ -481,7 +481,7 @@ mod tests {
         );
         assert_eq!(
             Driver::parse(" NVIDIA ").unwrap_err().to_string(),
-            "unknown driver 'nvidia' (known: none, cdi)"
+            "unknown driver 'nvidia' (known: none, cdi, host)"
         );
     }
 }

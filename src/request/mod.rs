@@ -103,7 +103,7 @@ pub enum WordError {
     UnknownCapability(String),
     #[error("capabilities is empty")]
     NoCapabilities,
-    #[error("unknown driver '{0}' (known: none, cdi)")]
+    #[error("unknown driver '{0}' (known: none, cdi, host)")]
     UnknownDriver(String),
 }
 
@@ -166,13 +166,27 @@ pub enum Driver {
     None,
     /// The vendor's CDI spec: driver libraries, binaries, firmware mounted in, its hooks.
     Cdi,
+    /// The running driver's user space, found on the host by gpuhook at each start (NVIDIA:
+    /// the kernel module's version, its libraries through `ld.so.cache`, firmware, programs,
+    /// sockets, ICD files); AMD and Intel: their nodes, as `none`.
+    Host,
 }
 
 impl Driver {
+    /// The word requests and the state use (`none`, `cdi`, `host`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Driver::None => "none",
+            Driver::Cdi => "cdi",
+            Driver::Host => "host",
+        }
+    }
+
     pub fn parse(v: &str) -> Result<Driver, WordError> {
         match v.trim().to_ascii_lowercase().as_str() {
             "none" => Ok(Driver::None),
             "cdi" => Ok(Driver::Cdi),
+            "host" => Ok(Driver::Host),
             other => Err(WordError::UnknownDriver(other.to_string())),
         }
     }
@@ -202,8 +216,10 @@ impl fmt::Display for Request {
         for m in &self.migs {
             write!(f, ", {m}")?;
         }
-        if self.driver == Some(Driver::Cdi) {
-            write!(f, ", driver cdi")?;
+        match self.driver {
+            Some(Driver::Cdi) => write!(f, ", driver cdi")?,
+            Some(Driver::Host) => write!(f, ", driver host")?,
+            _ => {}
         }
         Ok(())
     }

@@ -53,4 +53,7 @@ pub enum Error {
     /// The CDI specs' edits for the container's units cannot be made.
     #[error(transparent)]
     CdiPlan(#[from] PlanError),
+    /// The running driver's user space cannot be given (`driver="host"`).
+    #[error(transparent)]
+    Driver(#[from] crate::host::driver::DriverError),
 }

@@ -1,7 +1,7 @@
 //! What the lifecycle steps read of the host and do to a container, passed in (as youki's
 //! `syscall` trait is): the config, the `/proc` to read processes from, the GPU inventory,
-//! the container's device cgroup, the work inside the container, the CDI specs, and whether
-//! a libvirt controller runs. [`Facts::host`] is the real host; the unit tests pass doubles that
+//! the container's device cgroup, the work inside the container, the CDI specs, the running
+//! driver's files (`driver="host"`), and whether a libvirt controller runs. [`Facts::host`] is the real host; the unit tests pass doubles that
 //! record what they were asked.
 
 use crate::cdi;
@@ -107,6 +107,19 @@ pub type ManagerFn<'a> =
 pub type CdiSpecsFn<'a> =
     &'a dyn Fn(&[PathBuf], &[&str]) -> Result<Vec<cdi::Loaded>, cdi::LoadError>;
 
+/// The running driver's user space on the host, for `driver="host"` (the real one:
+/// [`crate::reserve::driver::host_driver`], cached under the state directory).
+pub type HostDriverFn<'a> =
+    &'a dyn Fn(
+        &Config,
+    ) -> Result<crate::reserve::driver::Discovered, crate::host::driver::DriverError>;
+
+fn real_host_driver(
+    cfg: &Config,
+) -> Result<crate::reserve::driver::Discovered, crate::host::driver::DriverError> {
+    crate::reserve::driver::host_driver(cfg).map(|(d, _)| d)
+}
+
 /// Everything a lifecycle step reads or changes outside the state file.
 #[derive(Clone, Copy)]
 pub struct Facts<'a> {
@@ -124,6 +137,8 @@ pub struct Facts<'a> {
     pub controller_running: &'a dyn Fn(&str) -> bool,
     /// MPS control daemons of GPUs shared with MPS.
     pub mps: &'a dyn crate::reserve::mps::Mps,
+    /// The running driver's files on the host (`driver="host"`).
+    pub host_driver: HostDriverFn<'a>,
 }
 
 fn real_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
@@ -147,6 +162,7 @@ impl<'a> Facts<'a> {
             cdi_specs: &cdi::load,
             controller_running: &crate::reserve::lifecycle::controller_running,
             mps: &crate::reserve::mps::Host,
+            host_driver: &real_host_driver,
         }
     }
 }

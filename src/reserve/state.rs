@@ -126,6 +126,13 @@ pub struct Reservation {
     /// user namespace's), by identity: what `detach` takes off again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_mounts: Vec<crate::enter::devdir::Bound>,
+    /// Where its driver files came from (`cdi` or `host`), when it got any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<crate::request::Driver>,
+    /// The NVIDIA driver version of the files it got (`driver="host"` or `cdi`): after a
+    /// driver upgrade, `list` and the metrics show it still uses the old one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
 }
 
 impl Reservation {
@@ -152,6 +159,8 @@ impl Reservation {
             rootfs: Default::default(),
             hotplugged: false,
             node_mounts: Vec::new(),
+            driver: None,
+            driver_version: None,
         }
     }
 

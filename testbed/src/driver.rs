@@ -55,6 +55,36 @@ const BINARIES: &[&str] = &[
 /// GSP firmware files under `/lib/firmware/nvidia/VERSION`.
 const FIRMWARE: &[&str] = &["gsp_ga10x.bin", "gsp_tu10x.bin"];
 
+/// What the test bed builds; a root built by another revision is built again.
+const BUILD_REVISION: u32 = 2;
+
+/// The driver's ICD and config files ([`FakeDriver::config_files`]), with their text.
+const CONFIG_FILES: &[(&str, &str)] = &[
+    (
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "{\n    \"file_format_version\" : \"1.0.0\",\n    \"ICD\" : {\n        \"library_path\" : \"libEGL_nvidia.so.0\"\n    }\n}\n",
+    ),
+    (
+        "/usr/share/vulkan/icd.d/nvidia_icd.json",
+        "{\n    \"file_format_version\" : \"1.0.1\",\n    \"ICD\": {\n        \"library_path\": \"libGLX_nvidia.so.0\",\n        \"api_version\" : \"1.3.277\"\n    }\n}\n",
+    ),
+    ("/etc/OpenCL/vendors/nvidia.icd", "libnvidia-opencl.so.1\n"),
+    (
+        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        "{\n    \"file_format_version\" : \"1.0.0\",\n    \"ICD\" : {\n        \"library_path\" : \"libnvidia-egl-gbm.so.1\"\n    }\n}\n",
+    ),
+];
+
+/// The line `/proc/driver/nvidia/version` starts with for the proprietary module of
+/// `version` (as 535.129.03 writes it), and for the open module (`open`).
+pub fn version_file(version: &str, open: bool) -> String {
+    if open {
+        format!("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Jul 18 20:27:51 UTC 2024\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    } else {
+        format!("NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Thu Oct 19 18:56:32 UTC 2023\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    }
+}
+
 /// The persistence daemon's socket.
 const SOCKET: &str = "/run/nvidia-persistenced/socket";
 
@@ -126,6 +156,8 @@ int cuDeviceGetCount(int *count) {
     return 0;
 }
 int cuDriverGetVersion(int *v) { if (!v) return 1; *v = 12020; return 0; }
+/* Which fake driver this is: what the probe reports as the driver version. */
+const char *gpuhook_fake_driver_version(void) { return DRIVER_VERSION; }
 "#;
 
 const LIBNVML_C: &str = r#"
@@ -187,6 +219,8 @@ int main(void) {
     r = count(&n);
     if (r != 0) { printf("cuDeviceGetCount: %d\n", r); return 1; }
     printf("devices: %d\n", n);
+    const char *(*ver)(void) = (const char *(*)(void))dlsym(h, "gpuhook_fake_driver_version");
+    if (ver) printf("driver version: %s\n", ver());
     return 0;
 }
 "#;
@@ -334,7 +368,8 @@ impl FakeDriver {
         )?;
         let _lock = Flock::lock(lockfile, FlockArg::LockExclusive)
             .map_err(|(_, e)| format!("flock {}: {e}", lockpath.display()))?;
-        let marker = root.join(format!(".built-{version}"));
+        // The revision of what is built: a root built by an older test bed is built again.
+        let marker = root.join(format!(".built-{BUILD_REVISION}-{version}"));
         let hook = root.join(CDI_HOOK);
         if let Some(p) = hook.parent() {
             mkdirs(p)?;
@@ -359,6 +394,76 @@ impl FakeDriver {
         r?;
         write(&marker, "")?;
         Ok(d)
+    }
+
+    /// The host's linker cache of the root, as a real install leaves it: `ldconfig -r ROOT`
+    /// (the real, static ldconfig; it also makes the SONAME links of the newest version of
+    /// each library) writes ROOT/etc/ld.so.cache in glibc's format.
+    pub fn ldcache(&self) -> Result<(), String> {
+        mkdirs(&self.root.join("etc"))?;
+        mkdirs(&self.root.join("var/cache/ldconfig"))?;
+        let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .ok_or("ldconfig not found (libc-bin)")?;
+        run(Command::new(ldconfig).arg("-r").arg(&self.root))
+    }
+
+    /// [`FakeDriver::install`], then what a host the driver runs on has besides
+    /// ([`FakeDriver::config_files`], the linker cache [`FakeDriver::ldcache`]): a root for
+    /// `driver="host"`. Serialized with [`FakeDriver::copy_to`] by a lock on ROOT/.host-lock.
+    pub fn install_host(root: &Path, version: &str) -> Result<FakeDriver, String> {
+        let d = FakeDriver::install(root, version)?;
+        let _lock = d.host_lock()?;
+        d.config_files()?;
+        d.ldcache()?;
+        Ok(d)
+    }
+
+    fn host_lock(&self) -> Result<Flock<fs::File>, String> {
+        let p = self.root.join(".host-lock");
+        let f = io(
+            "open",
+            &p,
+            fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&p),
+        )?;
+        Flock::lock(f, FlockArg::LockExclusive)
+            .map_err(|(_, e)| format!("flock {}: {e}", p.display()))
+    }
+
+    /// A copy of this install at `to` (`cp -a`: modes and owners kept), for a test that
+    /// changes its files (an upgrade, a file made writable): the copy's driver.
+    pub fn copy_to(&self, to: &Path) -> Result<FakeDriver, String> {
+        let _lock = self.host_lock()?;
+        let _ = fs::remove_dir_all(to);
+        mkdirs(to)?;
+        run(Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", self.root.display()))
+            .arg(to))?;
+        Ok(FakeDriver {
+            root: to.to_path_buf(),
+            version: self.version.clone(),
+        })
+    }
+
+    /// This driver's ICD and config files (what `driver="host"` takes besides libraries,
+    /// firmware, programs and sockets): the EGL vendor file, the Vulkan ICD, the OpenCL ICD
+    /// and an EGL external platform file, written under the root.
+    pub fn config_files(&self) -> Result<Vec<&'static str>, String> {
+        for (p, text) in CONFIG_FILES {
+            let at = under(&self.root, p);
+            let dir = at.parent().ok_or("config file has no parent")?;
+            mkdirs(dir)?;
+            let tmp = dir.join(".gpuhook-testbed.new");
+            write(&tmp, text)?;
+            io("rename", &at, fs::rename(&tmp, &at))?;
+        }
+        Ok(CONFIG_FILES.iter().map(|(p, _)| *p).collect())
     }
 
     fn build(&self, build: &Path) -> Result<(), String> {
@@ -404,12 +509,15 @@ impl FakeDriver {
         )?;
         let smi = build.join("nvidia-smi.c");
         write(&smi, &format!("{SCAN_C}{SMI_C}"))?;
+        // (Built beside, renamed into place: a new inode, as a package manager installs.)
         run(Command::new("cc")
             .args(["-O1", &define, "-o"])
-            .arg(bindir.join("nvidia-smi"))
+            .arg(build.join("nvidia-smi"))
             .arg(&smi)
             .arg(format!("-L{}", build.display()))
             .arg("-lnvidia-ml"))?;
+        let to = bindir.join("nvidia-smi");
+        io("rename", &to, fs::rename(build.join("nvidia-smi"), &to))?;
         let tool = build.join("tool.c");
         write(&tool, TOOL_C)?;
         let tool_bin = build.join("tool");
@@ -417,9 +525,13 @@ impl FakeDriver {
             .args(["-O1", &define, "-o"])
             .arg(&tool_bin)
             .arg(&tool))?;
+        // Each installed file a new inode (a temporary name renamed over the old), as a
+        // package manager unpacks: a container that has the old one mounted keeps it.
         for b in BINARIES.iter().filter(|b| **b != "nvidia-smi") {
             let to = bindir.join(b);
-            io("copy", &to, fs::copy(&tool_bin, &to))?;
+            let tmp = bindir.join(format!(".{b}.new"));
+            io("copy", &tmp, fs::copy(&tool_bin, &tmp))?;
+            io("rename", &to, fs::rename(&tmp, &to))?;
         }
         let fw = under(root, &format!("/lib/firmware/nvidia/{ver}"));
         mkdirs(&fw)?;
@@ -854,7 +966,10 @@ mod tests {
         use std::os::unix::fs::FileTypeExt;
         let sock = fs::symlink_metadata(d.root.join("run/nvidia-persistenced/socket")).unwrap();
         assert!(sock.file_type().is_socket());
-        assert!(d.root.join(".built-535.129.03").exists());
+        assert!(d
+            .root
+            .join(format!(".built-{BUILD_REVISION}-535.129.03"))
+            .exists());
         // Cached: a second install reuses the build.
         let before = fs::metadata(&lib).unwrap().modified().unwrap();
         FakeDriver::install(&d.root, VER).unwrap();

@@ -828,6 +828,8 @@ pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
                         rootfs: Default::default(),
                         hotplugged: false,
                         node_mounts: Vec::new(),
+                        driver: None,
+                        driver_version: None,
                     },
                 );
             }

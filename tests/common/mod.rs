@@ -143,6 +143,124 @@ pub fn fake_driver() -> testbed::driver::FakeDriver {
     .expect("fake NVIDIA driver")
 }
 
+/// The NVIDIA driver the fake hosts of the `driver="host"` tests run, and the one they are
+/// upgraded to.
+pub const HOST_V: &str = "550.54.15";
+pub const HOST_V2: &str = "560.28.03";
+
+/// A fake NVIDIA driver of `version` for `driver="host"` at `root` (real ELF libraries with
+/// SONAMEs, programs, firmware, a socket, ICD files, an `etc/ld.so.cache` written by
+/// `ldconfig -r`): a copy of one built once per target directory, for the test to change.
+pub fn host_driver_root(root: &Path, version: &str) -> testbed::driver::FakeDriver {
+    testbed::driver::FakeDriver::install_host(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-nvidia-host-{version}")),
+        version,
+    )
+    .and_then(|d| d.copy_to(root))
+    .expect("fake NVIDIA driver for driver=host")
+}
+
+/// The kernel module's version file of a fake host whose proc root is `proc`: `version`
+/// loaded (the proprietary or the `open` module's line), or none loaded.
+pub fn set_module(proc: &Path, version: Option<&str>, open: bool) {
+    let p = proc.join("driver/nvidia/version");
+    match version {
+        Some(v) => {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, testbed::driver::version_file(v, open)).unwrap();
+        }
+        None => {
+            let _ = std::fs::remove_file(&p);
+        }
+    }
+}
+
+impl Host {
+    /// `driver="host"` on this host: a fake driver of `version` at ROOT/driver-root (the
+    /// config's `root`), its module loaded. Returns the driver.
+    pub fn with_host_driver(&self, version: &str) -> testbed::driver::FakeDriver {
+        let d = host_driver_root(&self.root().join("driver-root"), version);
+        self.edit_config(|c| c["root"] = serde_json::json!(d.root));
+        set_module(&self.paths.proc, Some(version), false);
+        d
+    }
+}
+
+/// What a container with the host's driver shows (its init is pid 1): its mounts of
+/// libcuda and the firmware, the links, the linker cache, nvidia-smi, a program's own
+/// version, the dlopen probe, the versioned libraries and firmware of the directories that
+/// have content (a root that outlives its containers keeps the empty mount points of an
+/// earlier start), gpuhook's ld.so.conf.d file. (Shell builtins and the root's own
+/// programs only: a shell entered with `nsenter -m` cannot run busybox's other applets.)
+pub fn host_probe(v: &str) -> String {
+    format!(
+        r#"L=/usr/lib/x86_64-linux-gnu
+grep " $L/libcuda.so.{v} " /proc/1/mounts
+grep " /lib/firmware/nvidia/{v}/gsp_ga10x.bin " /proc/1/mounts
+grep " /usr/share/glvnd/egl_vendor.d/10_nvidia.json " /proc/1/mounts
+ls -l $L/libcuda.so.1 $L/libcuda.so
+/sbin/ldconfig -p | grep libcuda.so.1
+nvidia-smi
+nvidia-debugdump
+cuda-probe
+printf 'libs:'; for f in $L/lib*.so.*.*; do test -s $f && printf ' %s' "${{f##*/}}"; done; echo
+printf 'firmware:'; for d in /lib/firmware/nvidia/*; do for f in $d/*; do if test -s $f; then printf ' %s' "${{d##*/}}"; break; fi; done; done; echo
+if echo x > $L/libcuda.so.{v}; then echo WRITABLE; fi
+cat /etc/ld.so.conf.d/00-gpuhook-cdi.conf"#
+    )
+}
+
+/// The container has driver `v`'s files as `driver="host"` gives them (read-only, nosuid,
+/// nodev; the links; the linker cache; dlopen of libcuda.so.1 reporting `v`; its programs)
+/// and nothing of another version.
+pub fn assert_host_probe(s: &str, v: &str) {
+    let lib = s
+        .lines()
+        .find(|l| l.contains(&format!("libcuda.so.{v} ")))
+        .unwrap_or_else(|| panic!("libcuda.so.{v} not mounted: {s}"));
+    assert!(lib.contains(" ro,nosuid,nodev"), "{lib}");
+    assert!(
+        s.contains(&format!("/lib/firmware/nvidia/{v}/gsp_ga10x.bin")),
+        "{s}"
+    );
+    assert!(s.contains("10_nvidia.json"), "{s}");
+    assert!(
+        s.contains(&format!("libcuda.so.1 -> libcuda.so.{v}")),
+        "{s}"
+    );
+    assert!(s.contains("libcuda.so -> libcuda.so.1"), "{s}");
+    assert!(
+        s.contains("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "{s}"
+    );
+    assert!(
+        s.contains("GPU 0: /dev/nvidia0") && s.contains("1 GPUs"),
+        "{s}"
+    );
+    assert!(
+        s.contains(&format!("nvidia-debugdump (fake driver {v})")),
+        "{s}"
+    );
+    assert!(s.contains("dlopen libcuda.so.1: ok"), "{s}");
+    assert!(s.contains(&format!("driver version: {v}\n")), "{s}");
+    assert!(!s.contains("WRITABLE"), "{s}");
+    assert!(s.contains("/usr/lib/x86_64-linux-gnu\n"), "{s}");
+    // Nothing of another driver: every versioned library and firmware directory is v's.
+    let libs = s
+        .lines()
+        .find_map(|l| l.strip_prefix("libs:"))
+        .unwrap_or_else(|| panic!("no library list: {s}"));
+    assert!(libs.contains(&format!("libnvidia-ml.so.{v}")), "{libs}");
+    for l in libs.split_whitespace() {
+        assert!(l.ends_with(v), "{l} is not of driver {v}: {libs}");
+    }
+    let fw = s
+        .lines()
+        .find_map(|l| l.strip_prefix("firmware:"))
+        .unwrap_or_else(|| panic!("no firmware list: {s}"));
+    assert_eq!(fw.trim(), v, "{s}");
+}
+
 /// What the CDI checks inside a container with the fake driver print (its init is pid 1).
 pub const CDI_PROBE: &str = r#"L=/usr/lib/x86_64-linux-gnu
 grep " $L/libcuda.so.535.129.03 " /proc/1/mounts

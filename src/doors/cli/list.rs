@@ -15,6 +15,9 @@ use std::collections::HashMap;
 struct Holders<'a> {
     st: &'a State,
     stale: HashMap<&'a str, Option<String>>,
+    /// The NVIDIA driver the host runs now (`None`: no module loaded), against which a
+    /// container's recorded `driver_version` is out of date.
+    host_driver: Option<String>,
 }
 
 impl<'a> Holders<'a> {
@@ -24,7 +27,25 @@ impl<'a> Holders<'a> {
             .values()
             .map(|r| (r.uuid.as_str(), stale(r)))
             .collect();
-        Holders { st, stale }
+        Holders {
+            st,
+            stale,
+            host_driver: None,
+        }
+    }
+
+    /// With the NVIDIA driver the host runs now.
+    fn with_host_driver(mut self, v: Option<String>) -> Self {
+        self.host_driver = v;
+        self
+    }
+
+    /// Whether `r`'s container got the files of another NVIDIA driver than the host runs now
+    /// (a driver upgraded under it): its recorded version and the host's.
+    fn outdated<'r>(&'r self, r: &'r Reservation) -> Option<(&'r str, &'r str)> {
+        let had = r.driver_version.as_deref()?;
+        let now = self.host_driver.as_deref()?;
+        (had != now).then_some((had, now))
     }
 
     /// Why `r`'s holder is gone, if it is.
@@ -125,6 +146,10 @@ impl<'a> Holders<'a> {
             HolderKind::Libvirt => r.domain.clone(),
             HolderKind::Oci => format!("container {}", r.domain),
         };
+        let name = match self.outdated(r) {
+            Some((had, now)) => format!("{name} [driver {had}, host now {now}]"),
+            None => name,
+        };
         Some(match why {
             Some(why) => format!("stale: {name} ({why})"),
             None => format!(
@@ -203,6 +228,9 @@ fn json_with(inv: &Inventory, h: &Holders) -> serde_json::Value {
                 "request": r.request, "created": r.created, "updated": r.updated,
                 "init_pid": r.init.map(|i| i.pid),
                 "stale": h.stale(r),
+                "driver": r.driver.map(|d| d.as_str()),
+                "driver_version": r.driver_version,
+                "driver_outdated": h.outdated(r).is_some(),
             })
         })
         .collect();
@@ -211,7 +239,8 @@ fn json_with(inv: &Inventory, h: &Holders) -> serde_json::Value {
 
 pub(super) fn list(as_json: bool) -> Result<i32, Error> {
     let (cfg, inv, st) = load()?;
-    let holders = Holders::new(&st, &crate::reserve::lifecycle::stale_reason);
+    let holders = Holders::new(&st, &crate::reserve::lifecycle::stale_reason)
+        .with_host_driver(crate::host::driver::module_version(&cfg.proc).ok());
     if as_json {
         println!(
             "{}",

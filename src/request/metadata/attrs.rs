@@ -31,7 +31,7 @@ pub(crate) struct GpusBuilder {
     pub(super) mig: Option<bool>,
     /// `<mig>` children.
     pub(super) migs: Vec<MigSel>,
-    /// `driver="none|cdi"`.
+    /// `driver="none|cdi|host"`.
     pub(super) driver: Option<crate::request::Driver>,
     /// `share="yes|no"`.
     pub(super) share: Option<bool>,

@@ -2,8 +2,8 @@
 //! failure.
 
 use super::{
-    as_nodes, cdi_plan, node_specs, reservation, root_owner, scan_for, store, Holder,
-    LifecycleError,
+    as_nodes, cdi_plan, driver_record, node_specs, reservation, root_owner, scan_for, store,
+    Holder, LifecycleError,
 };
 use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
@@ -116,6 +116,7 @@ pub fn activate_with(
         specs.extend(extra);
         p
     });
+    let (driver, driver_version) = driver_record(f.cfg, req, plan.as_ref());
     if let Some((_, d)) = &mps {
         plan.get_or_insert_with(Default::default)
             .mounts
@@ -152,6 +153,7 @@ pub fn activate_with(
         if let (Some(d), Some(p)) = (&done, &plan) {
             cur.rootfs.add(d, &p.ld_folders);
         }
+        (cur.driver, cur.driver_version) = (driver, driver_version);
         cur.updated = now;
         Ok(())
     });
@@ -215,8 +217,9 @@ fn apply_in_started(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<App
 /// specs, and what of them gpuhook does not do there (other hooks: the container's process
 /// already runs; its environment).
 pub(super) fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::rootfs::Done>) {
-    // A plan of an MPS daemon's directories only (no spec): said by [`log_mps`].
-    if p.specs.is_empty() {
+    // A plan of an MPS daemon's directories only (no spec, no host driver): said by
+    // [`log_mps`].
+    if p.specs.is_empty() && p.host_driver.is_none() {
         return;
     }
     let cdi_mounts = |d: &crate::enter::rootfs::Done| {
@@ -233,11 +236,13 @@ pub(super) fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::roo
             ("a running OCI container", "a running OCI container")
         }
     };
+    let from = match &p.host_driver {
+        Some(d) => d.clone(),
+        None => format!("{} ({})", p.specs.join(", "), p.devices.join(" ")),
+    };
     log::info(&format!(
-        "{}: driver files from {} ({}): {} mount(s), {} link(s), linker cache {}",
+        "{}: driver files from {from}: {} mount(s), {} link(s), linker cache {}",
         h.who(),
-        p.specs.join(", "),
-        p.devices.join(" "),
         done.map_or(0, cdi_mounts),
         done.map_or(0, |d| d.links.len()),
         if p.ld_folders.is_empty() {

@@ -22,8 +22,8 @@
 use super::activate::{apply, log_cdi, log_mps, undo, with_rollback};
 use super::reserve::{choose, same_kind};
 use super::{
-    as_nodes, driver_plan, new_reservation, node_specs, owned, root_owner, scan_for, store,
-    wants_cdi, Holder, HolderKind, LifecycleError,
+    as_nodes, driver_record, new_reservation, node_specs, owned, plan_for, root_owner, scan_for,
+    store, wants_driver, Holder, HolderKind, LifecycleError,
 };
 use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup, Fault, ManagedPolicy};
@@ -60,6 +60,8 @@ struct Reserved {
     created: bool,
     /// Whether the reservation was hotplugged before.
     was_hotplugged: bool,
+    /// What it recorded of its driver files before (`driver`, `driver_version`).
+    was_driver: (Option<crate::request::Driver>, Option<String>),
     /// With the driver's user space: what of the CDI edits is new to the container (its
     /// mounts not recorded yet; its links; its linker cache, for every folder recorded too).
     plan: Option<cdi::Plan>,
@@ -341,16 +343,18 @@ fn reserve_more(
     let (units, mut notes) = choose(f, st, inv, req, &sharing)?;
     let mut specs = node_specs(h, req, inv, &units)?;
     let r = st.reservations.get(h.id);
-    let mut plan = match wants_cdi(f.cfg, req) {
-        true => Some(new_edits(f, h, req, inv, &units, r, &mut specs)?),
-        false => None,
+    let mut plan = match wants_driver(f.cfg, req) {
+        Some(d) => new_edits(f, h, req, inv, &units, r, &mut specs, d)?,
+        None => None,
     };
+    let (driver, version) = driver_record(f.cfg, req, plan.as_ref());
     let mut mounts: Vec<Mounted> = match &plan {
         Some(p) => p.mounts.iter().map(planned).collect::<Result<_, _>>()?,
         None => Vec::new(),
     };
     let specs = not_yet_allowed(h, cg, r.map_or(&[], |r| &r.nodes[..]), specs, &mut notes)?;
     let (created, was_hotplugged) = (r.is_none(), r.is_some_and(|r| r.hotplugged));
+    let was_driver = r.map_or((None, None), |r| (r.driver, r.driver_version.clone()));
     let r = st
         .reservations
         .entry(h.id.to_string())
@@ -366,6 +370,10 @@ fn reserve_more(
     r.nodes.extend(as_nodes(&specs));
     r.mounts.extend(mounts.iter().cloned());
     r.hotplugged = true;
+    if driver.is_some() {
+        r.driver = driver;
+        r.driver_version = r.driver_version.take().or(version);
+    }
     r.updated = now.to_string();
     // The first slot of a GPU shared with MPS starts its daemon (or one that died).
     notes.extend(mps::start_needed(f.cfg, f.mps, f.proc, st, inv)?);
@@ -386,6 +394,7 @@ fn reserve_more(
         specs,
         created,
         was_hotplugged,
+        was_driver,
         plan,
         mounts,
         mps: daemon.map(|(pci, d, _)| (pci, d)),
@@ -393,10 +402,13 @@ fn reserve_more(
     Ok((got, notes))
 }
 
-/// The CDI edits of the new `units` that the container (its reservation `r`) does not have
-/// from gpuhook yet: the spec's extra nodes join `specs` (owned as they are); its mounts
-/// recorded already are left out; the linker cache is built for the folders recorded too
-/// (gpuhook's `ld.so.conf.d` file lists them all).
+/// The driver files of the new `units` (from the CDI specs, or the host's running driver)
+/// that the container (its reservation `r`) does not have from gpuhook yet: a spec's extra
+/// nodes join `specs` (owned as they are); its mounts recorded already are left out; the
+/// linker cache is built for the folders recorded too (gpuhook's `ld.so.conf.d` file lists
+/// them all). Refused when the container has driver files from the other source, or of
+/// another NVIDIA driver version than these (a driver upgraded since it started).
+#[allow(clippy::too_many_arguments)]
 fn new_edits(
     f: &Facts,
     h: &Holder,
@@ -405,7 +417,8 @@ fn new_edits(
     units: &[Unit],
     r: Option<&Reservation>,
     specs: &mut Vec<NodeSpec>,
-) -> Result<cdi::Plan, Error> {
+    driver: crate::request::Driver,
+) -> Result<Option<cdi::Plan>, Error> {
     let holds = r.map_or(&[][..], |r| &r.gpus[..]);
     let recorded = r.map_or(&[][..], |r| &r.nodes[..]);
     let granted = specs
@@ -414,13 +427,40 @@ fn new_edits(
         .chain(recorded)
         .map(|n| (n.major, n.minor))
         .collect();
-    let mut plan = driver_plan(f, inv, units, holds, granted)?;
+    if let Some(had) = r.and_then(|r| r.driver).filter(|d| *d != driver) {
+        return Err(LifecycleError::DriverMix { had, asked: driver }.into());
+    }
+    let Some(mut plan) = plan_for(f, driver, inv, units, holds, granted)? else {
+        return Ok(None);
+    };
+    if let Some(r) = r {
+        if let (Some(old), Some(new)) = (&r.driver_version, &plan.nvidia_version) {
+            if old != new {
+                return Err(LifecycleError::DriverOutdated {
+                    old: old.clone(),
+                    new: new.clone(),
+                }
+                .into());
+            }
+        }
+    }
     specs.extend(owned(
         h,
         req,
         plan.nodes.iter().map(|n| (n.node.clone(), n.mode)),
     )?);
     if let Some(r) = r {
+        // An OCI container made with the host's driver has its files from its create (its
+        // runtime's mounts, not recorded here): the same files serve every NVIDIA GPU.
+        if driver == crate::request::Driver::Host
+            && r.kind == HolderKind::Oci
+            && r.driver == Some(driver)
+            && !has_driver_files(r)
+        {
+            plan.mounts.clear();
+            plan.links.clear();
+            plan.ld_folders.clear();
+        }
         plan.mounts
             .retain(|m| !r.mounts.iter().any(|x| x.target == m.target));
         if !plan.ld_folders.is_empty() {
@@ -434,7 +474,13 @@ fn new_edits(
             plan.ld_folders = folders;
         }
     }
-    Ok(plan)
+    Ok(Some(plan))
+}
+
+/// Whether gpuhook put driver files in the reservation's container (CDI's or the host's;
+/// not an MPS daemon's directories).
+pub(super) fn has_driver_files(r: &Reservation) -> bool {
+    r.mounts.iter().any(|m| !mps::is_target(&m.target)) || !r.rootfs.is_empty()
 }
 
 /// A mount as the state records it before it is made: its target, and the identity its
@@ -573,6 +619,7 @@ fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &Reserved) -> Resu
         r.nodes.retain(|n| !nodes.contains(n));
         r.mounts.retain(|m| !got.mounts.contains(m));
         r.hotplugged = got.was_hotplugged;
+        (r.driver, r.driver_version) = got.was_driver.clone();
         let out = Reservation {
             gpus: got.units.clone(),
             ..r.clone()

@@ -123,6 +123,13 @@ pub fn detach_with(
         };
         // The nodes bound into a user-namespaced container that go, by identity.
         let bound = take_bound(r, &revoked.denied);
+        // The last of its recorded driver files taken out: nothing of a driver to be out of
+        // date. (An OCI container's files from its create are its runtime's mounts: never
+        // recorded, never taken.)
+        let took = !files.mounted.is_empty() || !files.links.is_empty();
+        if took && !super::attach::has_driver_files(r) {
+            (r.driver, r.driver_version) = (None, None);
+        }
         let gone = Reservation {
             gpus: freed.clone(),
             ..r.clone()
@@ -269,6 +276,17 @@ fn driver_needed(
     if !cdi {
         return needed;
     }
+    // The host's driver files serve every NVIDIA GPU alike: all stay while one stays.
+    if r.driver == Some(crate::request::Driver::Host) {
+        let nvidia = stay.iter().any(|u| super::is_nvidia(inv, u));
+        return match nvidia {
+            true => Needed {
+                paths: recorded_paths(r).chain(needed.paths).collect(),
+                ld_folders: r.rootfs.ld_folders.clone(),
+            },
+            false => needed,
+        };
+    }
     let granted = r.nodes.iter().map(|n| (n.major, n.minor)).collect();
     match driver_plan(f, inv, &stay, &[], granted) {
         Ok(p) => Needed {
@@ -287,18 +305,20 @@ fn driver_needed(
                 h.who()
             ));
             Needed {
-                paths: r
-                    .mounts
-                    .iter()
-                    .map(|m| m.target.clone())
-                    .filter(|t| !mps::is_target(t))
-                    .chain(r.rootfs.links.iter().cloned())
-                    .chain(needed.paths)
-                    .collect(),
+                paths: recorded_paths(r).chain(needed.paths).collect(),
                 ld_folders: r.rootfs.ld_folders.clone(),
             }
         }
     }
+}
+
+/// The driver files recorded for `r`: its mounts' targets (not an MPS daemon's) and links.
+fn recorded_paths(r: &Reservation) -> impl Iterator<Item = String> + '_ {
+    r.mounts
+        .iter()
+        .map(|m| m.target.clone())
+        .filter(|t| !mps::is_target(t))
+        .chain(r.rootfs.links.iter().cloned())
 }
 
 /// Whether the MPS pipe directory mounted in `r`'s container is the daemon's of a slot it

@@ -180,6 +180,15 @@ pub enum LifecycleError {
     },
     #[error("detached GPU(s) {} (their grants taken back), but of the CDI driver files only they needed some are left in the container's root: {left}", Unit::join(units, ","))]
     DriverFilesLeft { units: Vec<Unit>, left: Leftovers },
+    /// `attach` with another driver user space than the container got already.
+    #[error("its driver files came from {had}; attach --driver {asked} would mix two sets of them (attach with --driver {had}, or restart it with driver {asked})", had = had.as_str(), asked = asked.as_str())]
+    DriverMix {
+        had: crate::request::Driver,
+        asked: crate::request::Driver,
+    },
+    /// `attach` of the new driver's files to a container that has the old driver's.
+    #[error("its driver files are of NVIDIA driver {old}, the host runs {new} now: attaching would mix two drivers' files; restart the container to get {new}")]
+    DriverOutdated { old: String, new: String },
     #[error("detached GPU(s) {} (their grants taken back), but their nodes could not be removed from the container's /dev: {source}", Unit::join(units, ","))]
     NodesNotRemoved {
         units: Vec<Unit>,

@@ -219,6 +219,8 @@ fn new_reservation(
         rootfs: Default::default(),
         hotplugged: false,
         node_mounts: Vec::new(),
+        driver: None,
+        driver_version: None,
     }
 }
 
@@ -314,8 +316,9 @@ fn owned(
         .collect())
 }
 
-/// What a container would get from the CDI specs for these GPUs (`gpuhook check`); `None`
-/// when its request does not ask for the driver's user space.
+/// What a container would get of the driver's user space for these GPUs (`gpuhook check`):
+/// from the CDI specs (`driver="cdi"`) or the host (`"host"`); `None` when its request does
+/// not ask for it.
 pub fn cdi_preview(
     cfg: &Config,
     h: &Holder,
@@ -327,21 +330,24 @@ pub fn cdi_preview(
     Ok(cdi_plan(&Facts::host(cfg), h, req, inv, gpus, &specs)?.map(|(p, _)| p))
 }
 
-/// What of the host a request reads: with the driver's user space (CDI), every node of every
-/// GPU (a spec's device is matched to GPUs by all their nodes, DRM ones included), not only
-/// those its capabilities give.
+/// What of the host a request reads: with the driver's user space from CDI, every node of
+/// every GPU (a spec's device is matched to GPUs by all their nodes, DRM ones included), not
+/// only those its capabilities give.
 fn scan_for(cfg: &Config, req: &Request) -> Scan {
     let mut s = Scan::for_request(req);
-    if req.driver.unwrap_or(cfg.driver) == Driver::Cdi {
+    if wants_driver(cfg, req) == Some(Driver::Cdi) {
         s.caps = None;
     }
     s
 }
 
-/// The edits of the vendors' CDI specs for the container's units, when its request (or the
-/// host default) asks for the driver's user space (`driver="cdi"`); `specs`: the nodes
-/// gpuhook grants it anyway. The spec's extra nodes come back as node specs owned as `specs`
-/// are. An error (no spec, a bad one, one for another driver) is one line naming the file.
+/// The driver files for the container's units, when its request (or the host default) asks
+/// for the driver's user space: the edits of the vendors' CDI specs (`driver="cdi"`) or the
+/// running driver's files found on the host (`"host"`; none for AMD or Intel GPUs, whose
+/// user space is the image's). `specs`: the nodes gpuhook grants it anyway. A spec's extra
+/// nodes come back as node specs owned as `specs` are. An error (no spec, a bad one, one for
+/// another driver; no module, no libcuda, a file that may not be given) is one line naming
+/// the file.
 fn cdi_plan(
     f: &Facts,
     h: &Holder,
@@ -350,22 +356,62 @@ fn cdi_plan(
     gpus: &[Unit],
     specs: &[NodeSpec],
 ) -> Result<Option<(cdi::Plan, Vec<NodeSpec>)>, Error> {
-    if !wants_cdi(f.cfg, req) {
+    let Some(driver) = wants_driver(f.cfg, req) else {
         return Ok(None);
-    }
+    };
     let granted = specs.iter().map(|s| num(s)).collect();
-    let plan = driver_plan(f, inv, gpus, &[], granted)?;
+    let Some(plan) = plan_for(f, driver, inv, gpus, &[], granted)? else {
+        return Ok(None);
+    };
     let extra = owned(h, req, plan.nodes.iter().map(|n| (n.node.clone(), n.mode)))?;
     Ok(Some((plan, extra)))
 }
 
-/// Whether a request (or the host default) asks for the driver's user space.
-fn wants_cdi(cfg: &Config, req: &Request) -> bool {
-    req.driver.unwrap_or(cfg.driver) == Driver::Cdi
+/// The driver user space a request (or the host default) asks for: `cdi` or `host`; `None`
+/// for nodes only.
+fn wants_driver(cfg: &Config, req: &Request) -> Option<Driver> {
+    match req.driver.unwrap_or(cfg.driver) {
+        Driver::None => None,
+        d => Some(d),
+    }
 }
 
 fn num(n: &Node) -> (u32, u32) {
     (n.major, n.minor)
+}
+
+/// The driver files of `driver` for `gpus`: the CDI specs' edits ([`driver_plan`]), or the
+/// host's running NVIDIA driver ([`host_plan`]).
+fn plan_for(
+    f: &Facts,
+    driver: Driver,
+    inv: &Inventory,
+    gpus: &[Unit],
+    holds: &[Unit],
+    granted: std::collections::BTreeSet<(u32, u32)>,
+) -> Result<Option<cdi::Plan>, Error> {
+    match driver {
+        Driver::None => Ok(None),
+        Driver::Cdi => driver_plan(f, inv, gpus, holds, granted).map(Some),
+        Driver::Host => host_plan(f, inv, gpus),
+    }
+}
+
+/// `driver="host"`: the running NVIDIA driver's files when one of `gpus` is NVIDIA's
+/// (found on the host, cached, checked for trust at each call); `None` for AMD and Intel
+/// GPUs alone (their nodes are what they get, as with `none`).
+fn host_plan(f: &Facts, inv: &Inventory, gpus: &[Unit]) -> Result<Option<cdi::Plan>, Error> {
+    if !gpus.iter().any(|u| is_nvidia(inv, u)) {
+        return Ok(None);
+    }
+    let d = (f.host_driver)(f.cfg)?;
+    Ok(Some(cdi::host::plan(&d.found, &d.sonames)?))
+}
+
+/// Whether a unit is of an NVIDIA GPU.
+fn is_nvidia(inv: &Inventory, u: &Unit) -> bool {
+    inv.by_unit(u)
+        .is_some_and(|g| g.vendor == crate::ids::Vendor::Nvidia)
 }
 
 /// The edits of the vendors' CDI specs for `gpus`; `holds`: other units the container holds
@@ -420,6 +466,22 @@ fn driver_plan(
         dirs: &cfg.cdi_spec_dirs,
     };
     Ok(cdi::plan(&loaded, &units, &host)?)
+}
+
+/// What a reservation records of the driver files its container gets from `plan`: where
+/// they come from (`cdi` or `host`) and the NVIDIA driver version they are of. A plan of an
+/// MPS daemon's directories alone records nothing.
+fn driver_record(
+    cfg: &Config,
+    req: &Request,
+    plan: Option<&cdi::Plan>,
+) -> (Option<Driver>, Option<String>) {
+    match plan {
+        Some(p) if p.host_driver.is_some() || !p.specs.is_empty() => {
+            (wants_driver(cfg, req), p.nvidia_version.clone())
+        }
+        _ => (None, None),
+    }
 }
 
 fn as_nodes(specs: &[NodeSpec]) -> Vec<Node> {

@@ -211,8 +211,13 @@ fn decide(
         specs.extend(more);
     }
     // The nodes a CDI spec gives come back too (a spec that went bad since is said,
-    // and the container keeps what it has).
-    match cdi_plan(f, h, req, inv, &gpus, &specs) {
+    // and the container keeps what it has). The host's driver gives no nodes of its own.
+    let cdi = req.driver.unwrap_or(f.cfg.driver) == crate::request::Driver::Cdi;
+    match cdi
+        .then(|| cdi_plan(f, h, req, inv, &gpus, &specs))
+        .transpose()
+        .map(Option::flatten)
+    {
         Ok(Some((_, extra))) => specs.extend(extra),
         Ok(None) => {}
         Err(e) => log::warn(&format!(

@@ -1,15 +1,15 @@
 //! `prepare` and OCI `create`: choosing GPUs for a holder, or keeping what it has.
 
 use super::{
-    as_nodes, cdi_plan, new_reservation, node_specs, reclaim_stale, satisfies, scan_for, stale_on,
-    store, unit_ok, Holder, HolderKind, LifecycleError, Prepared,
+    as_nodes, cdi_plan, driver_record, new_reservation, node_specs, reclaim_stale, satisfies,
+    scan_for, stale_on, store, unit_ok, wants_driver, Holder, HolderKind, LifecycleError, Prepared,
 };
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::ProcRef;
 use crate::ids::{Pci, Unit};
 use crate::log;
-use crate::request::{Driver, Request};
+use crate::request::Request;
 use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
@@ -144,11 +144,14 @@ fn reserve_by(
         }
         let (gpus, notes) = choose(f, st, &mut inv, req, &[])?;
         let specs = prepared_edits(f, h, req, &inv, &gpus)?;
+        let (driver, driver_version) = driver_record(f.cfg, req, specs.1.as_ref());
         st.reservations.insert(
             h.id.to_string(),
             Reservation {
                 prepared_by: by,
                 nodes: as_nodes(&specs.0),
+                driver,
+                driver_version,
                 ..new_reservation(h, req, &gpus, Phase::Prepared, &now)
             },
         );
@@ -273,6 +276,7 @@ fn keep_or_free(
             r.nodes = as_nodes(&specs.0);
             r.mounts.clear();
             r.rootfs = Default::default();
+            (r.driver, r.driver_version) = driver_record(f.cfg, req, specs.1.as_ref());
         }
         return Ok(Some((gpus, Vec::new(), specs)));
     }
@@ -361,10 +365,10 @@ pub(super) fn choose(
     Ok((gpus, notes))
 }
 
-/// An OCI container's nodes (and CDI edits) are decided at `create` (the runtime makes them
-/// from its config); a libvirt domain's at `started`, in the running container — but its
-/// CDI specs are checked at `prepare` too, so that a request that cannot get its driver's
-/// files reserves nothing.
+/// An OCI container's nodes (and driver files) are decided at `create` (the runtime makes
+/// them from its config); a libvirt domain's at `started`, in the running container — but
+/// its driver files (CDI specs, or the host's driver) are looked for at `prepare` too, so
+/// that a request that cannot get them reserves nothing.
 fn prepared_edits(
     f: &Facts,
     h: &Holder,
@@ -372,8 +376,8 @@ fn prepared_edits(
     inv: &Inventory,
     gpus: &[Unit],
 ) -> Result<Prepared, Error> {
-    let cdi = req.driver.unwrap_or(f.cfg.driver) == Driver::Cdi;
-    if h.kind == HolderKind::Libvirt && !cdi {
+    let driver = wants_driver(f.cfg, req).is_some();
+    if h.kind == HolderKind::Libvirt && !driver {
         return Ok((Vec::new(), None));
     }
     let mut specs = node_specs(h, req, inv, gpus)?;

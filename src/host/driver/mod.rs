@@ -1,0 +1,590 @@
+//! The running NVIDIA driver's user space, found on the host (`driver="host"`, SPEC "Driver
+//! user space found on the host"): the kernel module's version `V` from
+//! `<proc>/driver/nvidia/version`; every regular file `lib*.so.V` in each directory that
+//! holds `libcuda.so.V` or `libnvidia-ml.so.V` (the directories of those libraries in the
+//! host's `<root>/etc/ld.so.cache` first, then the fixed ones), `vdpau/libvdpau_nvidia.so.V`
+//! there; the firmware of `V`; the programs, sockets and ICD/config files the SPEC lists.
+//! Nothing of another version: a library or firmware file of another driver left on the
+//! host is never taken. The same file found twice (merged `/usr`) is taken once, at the
+//! path found first.
+//!
+//! NVIDIA's own recipe (nvidia-container-toolkit `pkg/nvcdi/driver-nvml.go`,
+//! `internal/lookup`, `internal/discover`) asks NVML for the version and looks libraries up
+//! through `ldconfig -p` and a list of directories; here the version comes from procfs (no
+//! library of the host is loaded) and the cache is read by [`ldcache`], never by running the
+//! host's `ldconfig`.
+//!
+//! Paths are looked for under the config's `root` (`/` on a real host): each symlink on the
+//! way is followed as if `root` were `/`. A file's `path` is where it was found without that
+//! prefix (where containers get it); its `source` is the host file, links resolved.
+//! [`check_trust`] (every start, cached or not) refuses a file that is not root's or that
+//! group or others may write, or whose directory is.
+
+pub mod ldcache;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// The directories searched for the libraries after those `ld.so.cache` names, in order.
+pub const LIB_DIRS: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib64",
+    "/usr/lib",
+];
+
+/// Where programs are looked for, in order (the first of each name is taken).
+pub const PROGRAM_DIRS: [&str; 4] = ["/usr/bin", "/usr/sbin", "/bin", "/sbin"];
+
+/// The driver's programs.
+pub const PROGRAMS: [&str; 5] = [
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+];
+
+/// The driver's sockets.
+pub const SOCKETS: [&str; 2] = [
+    "/run/nvidia-persistenced/socket",
+    "/run/nvidia-fabricmanager/socket",
+];
+
+/// The ICD and config files, each where present.
+pub const CONFIGS: [&str; 4] = [
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "/usr/share/vulkan/icd.d/nvidia_icd.json",
+    "/etc/vulkan/icd.d/nvidia_icd.json",
+    "/etc/OpenCL/vendors/nvidia.icd",
+];
+
+/// The directory of EGL external platform files (`*nvidia*.json` there are taken).
+pub const EGL_PLATFORMS: &str = "/usr/share/egl/egl_external_platform.d";
+
+/// Where the module says its version, under the config's `proc` root.
+pub const VERSION_FILE: &str = "driver/nvidia/version";
+
+/// What a file is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Library,
+    Firmware,
+    Program,
+    Socket,
+    Config,
+}
+
+/// How a file was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FoundBy {
+    /// In a directory the host's linker cache names.
+    #[serde(rename = "ld.so.cache")]
+    LdCache,
+    /// In one of the fixed library directories ([`LIB_DIRS`]).
+    #[serde(rename = "directory")]
+    Directory,
+    /// At a fixed path (firmware, programs, sockets, config files).
+    #[serde(rename = "fixed")]
+    Fixed,
+}
+
+/// One file of the driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverFile {
+    /// Where it was found, without the root: where a container gets it.
+    pub path: String,
+    /// The host's file (under the root, symlinks resolved).
+    pub source: PathBuf,
+    pub kind: Kind,
+    pub found_by: FoundBy,
+}
+
+/// The identity of a file or directory: what changes when it is replaced or written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ident {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: i64,
+}
+
+impl Ident {
+    /// `stat` of `p` (links followed); `None` when there is nothing there.
+    pub fn of(p: &Path) -> Option<Ident> {
+        std::fs::metadata(p).ok().map(|m| Ident {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: m.mtime(),
+            mtime_nsec: m.mtime_nsec(),
+        })
+    }
+}
+
+/// A place looked at, and what was there then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Searched {
+    /// Under the root.
+    pub path: PathBuf,
+    pub ident: Option<Ident>,
+}
+
+/// What was found for the running driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Found {
+    /// The kernel module's version.
+    pub version: String,
+    /// In the order they were found: libraries (then `vdpau`), firmware, programs, sockets,
+    /// config files.
+    pub files: Vec<DriverFile>,
+    /// The directories the libraries are in, as containers see them (their linker cache
+    /// folders), in order.
+    pub lib_dirs: Vec<String>,
+    /// `ld.so.cache` and every directory looked in, with their identity then.
+    pub searched: Vec<Searched>,
+    /// What could not be used, for the log (an unreadable linker cache).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl Found {
+    /// Whether what was looked at is still as it was (`ld.so.cache`, each directory): then a
+    /// new look would find the same.
+    pub fn unchanged(&self) -> bool {
+        self.searched.iter().all(|s| Ident::of(&s.path) == s.ident)
+    }
+
+    /// The files of a kind.
+    pub fn of(&self, k: Kind) -> impl Iterator<Item = &DriverFile> {
+        self.files.iter().filter(move |f| f.kind == k)
+    }
+}
+
+/// Why the driver's user space cannot be given. Each message is one line naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("driver \"host\": no NVIDIA kernel module is loaded ({} does not exist)", .path.display())]
+    NoModule { path: PathBuf },
+    #[error("driver \"host\": {}: {source}", .path.display())]
+    ModuleUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("driver \"host\": {} has no \"NVRM version: … Kernel Module VERSION\" line", .path.display())]
+    NoVersion { path: PathBuf },
+    #[error("driver \"host\": the loaded NVIDIA kernel module is {version}, but no libcuda.so.{version} is installed (looked in {dirs}); install that driver's user space")]
+    NoLibcuda { version: String, dirs: String },
+    #[error("driver \"host\": {} is owned by uid {uid}, not root; refusing to give it", .path.display())]
+    NotRoots { path: PathBuf, uid: u32 },
+    #[error("driver \"host\": {} has mode {mode:04o}: group or others may write it; refusing to give it", .path.display())]
+    Writable { path: PathBuf, mode: u32 },
+    #[error("driver \"host\": the directory of {} ({}) is owned by uid {uid}, not root; refusing to give it", .path.display(), .dir.display())]
+    DirNotRoots {
+        path: PathBuf,
+        dir: PathBuf,
+        uid: u32,
+    },
+    #[error("driver \"host\": the directory of {} ({}) has mode {mode:04o}: group or others may write it; refusing to give it", .path.display(), .dir.display())]
+    DirWritable {
+        path: PathBuf,
+        dir: PathBuf,
+        mode: u32,
+    },
+    #[error("driver \"host\": {}: {source}", .path.display())]
+    Gone {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("driver \"host\": {} is no longer a {want}", .path.display())]
+    Changed { path: PathBuf, want: &'static str },
+}
+
+/// Whether `w` looks like a driver version: digits in two or more parts joined by dots.
+pub fn version_shaped(w: &str) -> bool {
+    w.split('.').count() >= 2
+        && w.split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The kernel module's version from the text of `/proc/driver/nvidia/version`: the first
+/// version-shaped word after `Kernel Module` on the `NVRM version:` line, as both the
+/// proprietary (`… x86_64 Kernel Module  550.54.15  Tue Mar  5 …`) and the open module
+/// (`… Open Kernel Module for x86_64  560.28.03  Release Build …`) write it.
+pub fn parse_version(text: &str) -> Option<String> {
+    let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
+    let (_, after) = line.split_once("Kernel Module")?;
+    after
+        .split_whitespace()
+        .find(|w| version_shaped(w))
+        .map(str::to_owned)
+}
+
+/// The running module's version (`<proc>/driver/nvidia/version`).
+pub fn module_version(proc: &Path) -> Result<String, DriverError> {
+    let path = proc.join(VERSION_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(DriverError::NoModule { path })
+        }
+        Err(source) => return Err(DriverError::ModuleUnreadable { path, source }),
+    };
+    parse_version(&text).ok_or(DriverError::NoVersion { path })
+}
+
+/// `p` (absolute, as on the host) under `root`, each symlink on the way followed as if
+/// `root` were `/` (40 at most): the path it leads to, without the root. `None` when
+/// something on the way is missing or the links go round.
+pub fn resolve(root: &Path, p: &str) -> Option<String> {
+    let mut todo: Vec<String> = p
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .rev()
+        .map(str::to_owned)
+        .collect();
+    let mut at: Vec<String> = Vec::new();
+    let mut hops = 0;
+    while let Some(c) = todo.pop() {
+        match c.as_str() {
+            "." => continue,
+            ".." => {
+                at.pop();
+                continue;
+            }
+            _ => {}
+        }
+        at.push(c);
+        let here = root.join(at.join("/"));
+        let md = std::fs::symlink_metadata(&here).ok()?;
+        if md.file_type().is_symlink() {
+            hops += 1;
+            if hops > 40 {
+                return None;
+            }
+            let target = std::fs::read_link(&here).ok()?;
+            let t = target.to_str()?.to_owned();
+            at.pop();
+            if t.starts_with('/') {
+                at.clear();
+            }
+            todo.extend(
+                t.split('/')
+                    .filter(|c| !c.is_empty())
+                    .rev()
+                    .map(str::to_owned),
+            );
+        }
+    }
+    Some(format!("/{}", at.join("/")))
+}
+
+/// A search under `root`: what was found, each host file once (by identity), and what was
+/// looked at.
+struct Search<'a> {
+    root: &'a Path,
+    found: Found,
+    seen: BTreeSet<(u64, u64)>,
+}
+
+impl Search<'_> {
+    fn under(&self, p: &str) -> PathBuf {
+        self.root.join(p.trim_start_matches('/'))
+    }
+
+    /// Records a directory (or file) looked at, under the root.
+    fn looked(&mut self, p: &str) {
+        let path = self.under(p);
+        if !self.found.searched.iter().any(|s| s.path == path) {
+            let ident = Ident::of(&path);
+            self.found.searched.push(Searched { path, ident });
+        }
+    }
+
+    /// Takes the file at `resolved` (under the root, links resolved) as `path`, unless that
+    /// host file was taken already; `want` says what it must be.
+    fn take(
+        &mut self,
+        path: String,
+        resolved: &str,
+        kind: Kind,
+        found_by: FoundBy,
+        want: fn(&std::fs::FileType) -> bool,
+    ) -> bool {
+        let source = self.under(resolved);
+        let Ok(md) = std::fs::symlink_metadata(&source) else {
+            return false;
+        };
+        if !want(&md.file_type()) || !self.seen.insert((md.dev(), md.ino())) {
+            return false;
+        }
+        self.found.files.push(DriverFile {
+            path,
+            source,
+            kind,
+            found_by,
+        });
+        true
+    }
+
+    /// A fixed path: taken (links followed) when it is there and of the wanted type.
+    fn fixed(&mut self, p: &str, kind: Kind, want: fn(&std::fs::FileType) -> bool) {
+        if let Some((dir, _)) = p.rsplit_once('/') {
+            self.looked(dir);
+        }
+        if let Some(r) = resolve(self.root, p) {
+            self.take(p.to_string(), &r, kind, FoundBy::Fixed, want);
+        }
+    }
+
+    /// The regular files of directory `dir` (as found, under the root) whose names pass
+    /// `keep`, sorted by name: (name, its resolved path).
+    fn files_in(&mut self, dir: &str, keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+        self.looked(dir);
+        let Some(real) = resolve(self.root, dir) else {
+            return Vec::new();
+        };
+        let Ok(rd) = std::fs::read_dir(self.under(&real)) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = rd
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| keep(n))
+            .collect();
+        names.sort();
+        let base = real.trim_end_matches('/').to_string();
+        names
+            .into_iter()
+            .map(|n| {
+                let r = format!("{base}/{n}");
+                (n, r)
+            })
+            .collect()
+    }
+}
+
+fn is_file(t: &std::fs::FileType) -> bool {
+    t.is_file()
+}
+
+fn is_socket(t: &std::fs::FileType) -> bool {
+    t.is_socket()
+}
+
+/// The directories of the driver's two key libraries in the linker cache, in its order
+/// (64-bit x86-64 entries only).
+fn cache_dirs(entries: &[ldcache::Entry]) -> Vec<String> {
+    let mut dirs: Vec<String> = Vec::new();
+    for e in entries.iter().filter(|e| e.is_x86_64()) {
+        if !(e.soname.starts_with("libcuda.so") || e.soname.starts_with("libnvidia-ml.so")) {
+            continue;
+        }
+        let Some((d, _)) = e.path.rsplit_once('/') else {
+            continue;
+        };
+        let d = if d.is_empty() { "/" } else { d };
+        if d.starts_with('/') && !dirs.iter().any(|x| x == d) {
+            dirs.push(d.to_string());
+        }
+    }
+    dirs
+}
+
+/// Finds the files of driver `version` under `root` (SPEC: libraries, firmware, programs,
+/// sockets, config files, in that order). An error when no `libcuda.so.VERSION` is there.
+pub fn discover(root: &Path, version: &str) -> Result<Found, DriverError> {
+    let mut s = Search {
+        root,
+        found: Found {
+            version: version.to_string(),
+            files: Vec::new(),
+            lib_dirs: Vec::new(),
+            searched: Vec::new(),
+            notes: Vec::new(),
+        },
+        seen: BTreeSet::new(),
+    };
+    // The libraries: the linker cache's directories, then the fixed ones.
+    s.looked("/etc/ld.so.cache");
+    let cache = s.under("/etc/ld.so.cache");
+    let entries = match std::fs::read(&cache) {
+        Ok(b) => match ldcache::parse(&b) {
+            Ok((_, e)) => e,
+            Err(e) => {
+                s.found
+                    .notes
+                    .push(format!("{}: {e}; not used", cache.display()));
+                Vec::new()
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            s.found
+                .notes
+                .push(format!("{}: {e}; not used", cache.display()));
+            Vec::new()
+        }
+    };
+    let suffix = format!(".so.{version}");
+    let mut dirs: Vec<(String, FoundBy)> = cache_dirs(&entries)
+        .into_iter()
+        .map(|d| (d, FoundBy::LdCache))
+        .collect();
+    dirs.extend(LIB_DIRS.iter().map(|d| (d.to_string(), FoundBy::Directory)));
+    let mut dir_ids: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut looked_in = Vec::new();
+    for (dir, by) in dirs {
+        looked_in.push(dir.clone());
+        let libs = s.files_in(&dir, |n| {
+            n.starts_with("lib") && n.len() > 3 + suffix.len() && n.ends_with(&suffix)
+        });
+        let key = [format!("libcuda{suffix}"), format!("libnvidia-ml{suffix}")];
+        if !libs.iter().any(|(n, _)| key.contains(n)) {
+            continue;
+        }
+        let Some(id) = Ident::of(&s.under(&dir)) else {
+            continue;
+        };
+        if !dir_ids.insert((id.dev, id.ino)) {
+            continue;
+        }
+        let base = dir.trim_end_matches('/');
+        let mut any = false;
+        for (n, r) in libs {
+            any |= s.take(format!("{base}/{n}"), &r, Kind::Library, by, is_file);
+        }
+        let vdpau = format!("{base}/vdpau/libvdpau_nvidia{suffix}");
+        s.looked(&format!("{base}/vdpau"));
+        if let Some(r) = resolve(root, &vdpau) {
+            s.take(vdpau, &r, Kind::Library, by, is_file);
+        }
+        if any {
+            s.found.lib_dirs.push(base.to_string());
+        }
+    }
+    let libcuda = format!("/libcuda{suffix}");
+    if !s.found.files.iter().any(|f| f.path.ends_with(&libcuda)) {
+        return Err(DriverError::NoLibcuda {
+            version: version.to_string(),
+            dirs: format!(
+                "{}{}",
+                looked_in.join(", "),
+                if root == Path::new("/") {
+                    String::new()
+                } else {
+                    format!(" under {}", root.display())
+                }
+            ),
+        });
+    }
+    // Firmware of this version.
+    let fw = format!("/lib/firmware/nvidia/{version}");
+    for (n, r) in s.files_in(&fw, |n| n.ends_with(".bin")) {
+        s.take(
+            format!("{fw}/{n}"),
+            &r,
+            Kind::Firmware,
+            FoundBy::Fixed,
+            is_file,
+        );
+    }
+    // Programs: the first of each name.
+    for p in PROGRAMS {
+        for d in PROGRAM_DIRS {
+            s.looked(d);
+            let path = format!("{d}/{p}");
+            let Some(r) = resolve(root, &path) else {
+                continue;
+            };
+            if s.take(path, &r, Kind::Program, FoundBy::Fixed, is_file) {
+                break;
+            }
+        }
+    }
+    for p in SOCKETS {
+        s.fixed(p, Kind::Socket, is_socket);
+    }
+    for p in CONFIGS {
+        s.fixed(p, Kind::Config, is_file);
+    }
+    for (n, _) in s.files_in(EGL_PLATFORMS, |n| {
+        n.contains("nvidia") && n.ends_with(".json")
+    }) {
+        s.fixed(&format!("{EGL_PLATFORMS}/{n}"), Kind::Config, is_file);
+    }
+    Ok(s.found)
+}
+
+/// Every file is root's and not writable by group or others, nor is its directory (a socket
+/// need only be root's). Checked at every start: a file changed since it was found (gone, or
+/// another type) is an error too.
+pub fn check_trust(files: &[DriverFile]) -> Result<(), DriverError> {
+    let mut dirs_ok: BTreeSet<PathBuf> = BTreeSet::new();
+    for f in files {
+        let path = &f.source;
+        let md = std::fs::symlink_metadata(path).map_err(|source| DriverError::Gone {
+            path: path.clone(),
+            source,
+        })?;
+        let socket = f.kind == Kind::Socket;
+        let (ok, want) = if socket {
+            (md.file_type().is_socket(), "socket")
+        } else {
+            (md.file_type().is_file(), "regular file")
+        };
+        if !ok {
+            return Err(DriverError::Changed {
+                path: path.clone(),
+                want,
+            });
+        }
+        if md.uid() != 0 {
+            return Err(DriverError::NotRoots {
+                path: path.clone(),
+                uid: md.uid(),
+            });
+        }
+        if socket {
+            continue;
+        }
+        if md.mode() & 0o022 != 0 {
+            return Err(DriverError::Writable {
+                path: path.clone(),
+                mode: md.mode() & 0o7777,
+            });
+        }
+        let Some(dir) = path.parent() else { continue };
+        if dirs_ok.contains(dir) {
+            continue;
+        }
+        let dm = std::fs::metadata(dir).map_err(|source| DriverError::Gone {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        if dm.uid() != 0 {
+            return Err(DriverError::DirNotRoots {
+                path: path.clone(),
+                dir: dir.to_path_buf(),
+                uid: dm.uid(),
+            });
+        }
+        if dm.mode() & 0o022 != 0 {
+            return Err(DriverError::DirWritable {
+                path: path.clone(),
+                dir: dir.to_path_buf(),
+                mode: dm.mode() & 0o7777,
+            });
+        }
+        dirs_ok.insert(dir.to_path_buf());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

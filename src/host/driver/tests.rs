@@ -1,0 +1,415 @@
+//! Discovery over fake roots in temporary directories (files with the driver's names; the
+//! ELF contents do not matter here), a linker cache laid out as glibc writes it.
+
+use super::*;
+use std::os::unix::fs::{symlink, PermissionsExt};
+
+const V: &str = "550.54.15";
+const OLD: &str = "535.129.03";
+const LIB: &str = "/usr/lib/x86_64-linux-gnu";
+
+struct Root(tempfile::TempDir);
+
+impl Root {
+    fn new() -> Root {
+        // Only a file's own directory must be root's and closed to others: a private
+        // temporary directory will do.
+        let t = tempfile::Builder::new()
+            .prefix("driver-unit-")
+            .tempdir()
+            .unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        Root(t)
+    }
+    fn p(&self, abs: &str) -> PathBuf {
+        self.0.path().join(abs.trim_start_matches('/'))
+    }
+    fn file(&self, abs: &str) {
+        let p = self.p(abs);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, abs).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    fn link(&self, target: &str, abs: &str) {
+        let p = self.p(abs);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        symlink(target, p).unwrap();
+    }
+    fn socket(&self, abs: &str) {
+        let p = self.p(abs);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::os::unix::net::UnixListener::bind(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    fn cache(&self, entries: &[(i32, &str, &str)]) {
+        let p = self.p("/etc/ld.so.cache");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, ldcache::new_cache(entries)).unwrap();
+    }
+    /// A driver of version `v` in `dir`: its libraries (+ the SONAME links a real install
+    /// has), vdpau, firmware.
+    fn driver(&self, dir: &str, v: &str) {
+        for l in ["libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler"] {
+            self.file(&format!("{dir}/{l}.so.{v}"));
+        }
+        self.file(&format!("{dir}/vdpau/libvdpau_nvidia.so.{v}"));
+        self.file(&format!("/lib/firmware/nvidia/{v}/gsp_ga10x.bin"));
+        self.file(&format!("/lib/firmware/nvidia/{v}/gsp_tu10x.bin"));
+        self.file(&format!("/lib/firmware/nvidia/{v}/README"));
+    }
+    fn root(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+fn paths(f: &Found) -> Vec<(&str, Kind, FoundBy)> {
+    f.files
+        .iter()
+        .map(|x| (x.path.as_str(), x.kind, x.found_by))
+        .collect()
+}
+
+/// A host as a driver install leaves it, with an older driver's files left beside.
+fn full_host() -> Root {
+    let r = Root::new();
+    r.driver(LIB, V);
+    r.driver(LIB, OLD);
+    r.link(&format!("libcuda.so.{V}"), &format!("{LIB}/libcuda.so.1"));
+    r.file(&format!("{LIB}/libfoo.so.{V}.1"));
+    r.file(&format!("{LIB}/notalib.so.{V}"));
+    r.link(
+        &format!("libnvidia-ml.so.{V}"),
+        &format!("{LIB}/libnvidia-fake.so.{V}"),
+    );
+    r.file("/usr/bin/nvidia-smi");
+    r.file("/usr/bin/nvidia-cuda-mps-control");
+    r.file("/usr/sbin/nvidia-persistenced");
+    r.file("/bin/nvidia-smi");
+    r.socket("/run/nvidia-persistenced/socket");
+    r.file("/usr/share/glvnd/egl_vendor.d/10_nvidia.json");
+    r.file("/etc/vulkan/icd.d/nvidia_icd.json");
+    r.file("/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json");
+    r.file("/usr/share/egl/egl_external_platform.d/10_mesa.json");
+    r.file("/etc/OpenCL/vendors/nvidia.icd");
+    r.cache(&[
+        (0x0303, "libcuda.so.1", &format!("{LIB}/libcuda.so.1")),
+        (
+            0x0003,
+            "libcuda.so.1",
+            "/usr/lib/i386-linux-gnu/libcuda.so.1",
+        ),
+        (0x0303, "libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"),
+    ]);
+    r
+}
+
+#[test]
+fn finds_exactly_the_running_drivers_files() {
+    let r = full_host();
+    let f = discover(r.root(), V).unwrap();
+    use FoundBy::*;
+    use Kind::*;
+    let lib = |n: &str| format!("{LIB}/{n}");
+    let want: Vec<(String, Kind, FoundBy)> = vec![
+        (lib(&format!("libcuda.so.{V}")), Library, LdCache),
+        (lib(&format!("libnvidia-ml.so.{V}")), Library, LdCache),
+        (
+            lib(&format!("libnvidia-ptxjitcompiler.so.{V}")),
+            Library,
+            LdCache,
+        ),
+        (
+            lib(&format!("vdpau/libvdpau_nvidia.so.{V}")),
+            Library,
+            LdCache,
+        ),
+        (
+            format!("/lib/firmware/nvidia/{V}/gsp_ga10x.bin"),
+            Firmware,
+            Fixed,
+        ),
+        (
+            format!("/lib/firmware/nvidia/{V}/gsp_tu10x.bin"),
+            Firmware,
+            Fixed,
+        ),
+        ("/usr/bin/nvidia-smi".into(), Program, Fixed),
+        ("/usr/sbin/nvidia-persistenced".into(), Program, Fixed),
+        ("/usr/bin/nvidia-cuda-mps-control".into(), Program, Fixed),
+        ("/run/nvidia-persistenced/socket".into(), Socket, Fixed),
+        (
+            "/usr/share/glvnd/egl_vendor.d/10_nvidia.json".into(),
+            Config,
+            Fixed,
+        ),
+        ("/etc/vulkan/icd.d/nvidia_icd.json".into(), Config, Fixed),
+        ("/etc/OpenCL/vendors/nvidia.icd".into(), Config, Fixed),
+        (
+            "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json".into(),
+            Config,
+            Fixed,
+        ),
+    ];
+    let got: Vec<(String, Kind, FoundBy)> = paths(&f)
+        .into_iter()
+        .map(|(p, k, b)| (p.to_string(), k, b))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(f.lib_dirs, vec![LIB.to_string()]);
+    assert_eq!(f.version, V);
+    // Sources are the host's files, under the root.
+    assert_eq!(f.files[0].source, r.p(&format!("{LIB}/libcuda.so.{V}")));
+    // Nothing of the older driver.
+    assert!(f.files.iter().all(|x| !x.path.contains(OLD)), "{f:?}");
+    check_trust(&f.files).unwrap();
+    assert!(f.unchanged());
+}
+
+#[test]
+fn merged_usr_gives_each_file_once_at_the_path_found_first() {
+    let r = Root::new();
+    std::fs::create_dir_all(r.p("/usr/lib")).unwrap();
+    std::fs::create_dir_all(r.p("/usr/bin")).unwrap();
+    r.link("usr/lib", "/lib");
+    r.link("usr/bin", "/bin");
+    r.driver(LIB, V);
+    r.file("/usr/bin/nvidia-smi");
+    // ldconfig on a merged-/usr host lists the libraries under /lib.
+    r.cache(&[(0x0303, "libcuda.so.1", "/lib/x86_64-linux-gnu/libcuda.so.1")]);
+    let f = discover(r.root(), V).unwrap();
+    let libs: Vec<&str> = f.of(Kind::Library).map(|x| x.path.as_str()).collect();
+    assert_eq!(
+        libs,
+        vec![
+            "/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+            "/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15",
+            "/lib/x86_64-linux-gnu/libnvidia-ptxjitcompiler.so.550.54.15",
+            "/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.550.54.15",
+        ]
+    );
+    assert_eq!(f.lib_dirs, vec!["/lib/x86_64-linux-gnu".to_string()]);
+    // The source is the real file (links resolved under the root).
+    assert_eq!(
+        f.files[0].source,
+        r.p("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+    );
+    let progs: Vec<&str> = f.of(Kind::Program).map(|x| x.path.as_str()).collect();
+    assert_eq!(progs, vec!["/usr/bin/nvidia-smi"]);
+}
+
+#[test]
+fn debian_layout_found_through_the_fixed_directories() {
+    // Debian's packages: the libraries in nvidia/current, the linker cache naming only the
+    // alternatives' links in the multiarch directory (which holds no libcuda.so.V).
+    let r = Root::new();
+    let cur = "/usr/lib/x86_64-linux-gnu/nvidia/current";
+    r.driver(cur, V);
+    r.link(
+        &format!("{cur}/libcuda.so.{V}"),
+        &format!("{LIB}/libcuda.so.1"),
+    );
+    r.cache(&[(0x0303, "libcuda.so.1", &format!("{LIB}/libcuda.so.1"))]);
+    // An absolute link inside the root stays inside it.
+    r.link(&format!("{cur}/libcuda.so.{V}"), "/usr/lib/abs-link");
+    assert_eq!(
+        resolve(r.root(), "/usr/lib/abs-link").as_deref(),
+        Some(format!("{cur}/libcuda.so.{V}").as_str())
+    );
+    let f = discover(r.root(), V).unwrap();
+    let libs: Vec<(&str, FoundBy)> = f
+        .of(Kind::Library)
+        .map(|x| (x.path.as_str(), x.found_by))
+        .collect();
+    assert_eq!(libs.len(), 4, "{libs:?}");
+    assert!(libs
+        .iter()
+        .all(|(p, b)| p.starts_with(cur) && *b == FoundBy::Directory));
+    assert_eq!(f.lib_dirs, vec![cur.to_string()]);
+}
+
+#[test]
+fn no_libcuda_of_the_running_version_is_one_line() {
+    let r = Root::new();
+    r.driver(LIB, OLD);
+    let e = discover(r.root(), V).unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.starts_with("driver \"host\": the loaded NVIDIA kernel module is 550.54.15, but no libcuda.so.550.54.15 is installed (looked in /usr/lib/x86_64-linux-gnu, /usr/lib/x86_64-linux-gnu/nvidia/current, /usr/lib64, /usr/lib under "),
+        "{m}"
+    );
+    assert_eq!(m.lines().count(), 1);
+    // libnvidia-ml alone is not enough.
+    r.file(&format!("{LIB}/libnvidia-ml.so.{V}"));
+    assert!(matches!(
+        discover(r.root(), V),
+        Err(DriverError::NoLibcuda { .. })
+    ));
+}
+
+#[test]
+fn version_lines_of_both_modules() {
+    let prop = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n";
+    assert_eq!(parse_version(prop).as_deref(), Some("550.54.15"));
+    let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  560.28.03  Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Jul 18 20:27:51 UTC 2024\nGCC version:  gcc version 12.3.0\n";
+    assert_eq!(parse_version(open).as_deref(), Some("560.28.03"));
+    let arm = "NVRM version: NVIDIA UNIX aarch64 Kernel Module  535.129.03  Thu Oct 19 18:42:12 UTC 2023\n";
+    assert_eq!(parse_version(arm).as_deref(), Some("535.129.03"));
+    // A version-shaped word before "Kernel Module" is not the module's.
+    assert_eq!(
+        parse_version("NVRM version: NVIDIA 1.2 UNIX x86_64 Kernel Module  575.51.02  Date\n")
+            .as_deref(),
+        Some("575.51.02")
+    );
+    for bad in [
+        "",
+        "GCC version: 12.2\n",
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module\n",
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  beta  x.y\n",
+        "NVRM version: something 550.54.15\n",
+    ] {
+        assert_eq!(parse_version(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn no_module_loaded_is_one_line() {
+    let t = tempfile::tempdir().unwrap();
+    let e = module_version(t.path()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "driver \"host\": no NVIDIA kernel module is loaded ({}/driver/nvidia/version does not exist)",
+            t.path().display()
+        )
+    );
+    std::fs::create_dir_all(t.path().join("driver/nvidia")).unwrap();
+    std::fs::write(t.path().join(VERSION_FILE), "garbage\n").unwrap();
+    assert!(matches!(
+        module_version(t.path()),
+        Err(DriverError::NoVersion { .. })
+    ));
+    std::fs::write(
+        t.path().join(VERSION_FILE),
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5\n",
+    )
+    .unwrap();
+    assert_eq!(module_version(t.path()).unwrap(), "550.54.15");
+}
+
+#[test]
+fn untrusted_files_and_directories_are_refused() {
+    let r = full_host();
+    let f = discover(r.root(), V).unwrap();
+    let lib = r.p(&format!("{LIB}/libnvidia-ml.so.{V}"));
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let e = check_trust(&f.files).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "driver \"host\": {} has mode 0664: group or others may write it; refusing to give it",
+            lib.display()
+        )
+    );
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o644)).unwrap();
+    check_trust(&f.files).unwrap();
+    // Not root's.
+    let smi = r.p("/usr/bin/nvidia-smi");
+    std::os::unix::fs::chown(&smi, Some(1000), None).unwrap();
+    assert!(matches!(
+        check_trust(&f.files),
+        Err(DriverError::NotRoots { uid: 1000, .. })
+    ));
+    std::os::unix::fs::chown(&smi, Some(0), None).unwrap();
+    // Its directory writable by others.
+    let fw = r.p(&format!("/lib/firmware/nvidia/{V}"));
+    std::fs::set_permissions(&fw, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = check_trust(&f.files).unwrap_err();
+    assert!(
+        matches!(e, DriverError::DirWritable { mode: 0o777, .. }),
+        "{e}"
+    );
+    std::fs::set_permissions(&fw, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A socket is 0777 (clients must connect): root's is enough.
+    check_trust(&f.files).unwrap();
+    let sock = r.p("/run/nvidia-persistenced/socket");
+    std::os::unix::fs::lchown(&sock, Some(1000), None).unwrap();
+    assert!(matches!(
+        check_trust(&f.files),
+        Err(DriverError::NotRoots { .. })
+    ));
+    std::os::unix::fs::lchown(&sock, Some(0), None).unwrap();
+    // A file replaced by a link since it was found.
+    let cfgf = r.p("/etc/OpenCL/vendors/nvidia.icd");
+    std::fs::remove_file(&cfgf).unwrap();
+    symlink("/etc/passwd", &cfgf).unwrap();
+    assert!(matches!(
+        check_trust(&f.files),
+        Err(DriverError::Changed { .. })
+    ));
+}
+
+#[test]
+fn what_was_looked_at_tells_when_to_look_again() {
+    let r = full_host();
+    let f = discover(r.root(), V).unwrap();
+    assert!(f.unchanged());
+    assert!(f
+        .searched
+        .iter()
+        .any(|s| s.path == r.p("/etc/ld.so.cache") && s.ident.is_some()));
+    // A directory searched in vain that appears later.
+    let missing = r.p("/usr/lib64");
+    assert!(f
+        .searched
+        .iter()
+        .any(|s| s.path == missing && s.ident.is_none()));
+    std::fs::create_dir_all(&missing).unwrap();
+    assert!(!f.unchanged());
+    std::fs::remove_dir(&missing).unwrap();
+    assert!(f.unchanged());
+    // A library added to a library directory.
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    r.file(&format!("{LIB}/libnvidia-cfg.so.{V}"));
+    assert!(!f.unchanged());
+    let again = discover(r.root(), V).unwrap();
+    assert!(again
+        .files
+        .iter()
+        .any(|x| x.path.ends_with("libnvidia-cfg.so.550.54.15")));
+    assert!(again.unchanged());
+    // The linker cache written again.
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    r.cache(&[(0x0303, "libcuda.so.1", &format!("{LIB}/libcuda.so.1"))]);
+    assert!(!again.unchanged());
+}
+
+#[test]
+fn links_going_round_resolve_to_nothing() {
+    let r = Root::new();
+    r.link("/b", "/a");
+    r.link("/a", "/b");
+    assert_eq!(resolve(r.root(), "/a/x"), None);
+    r.file("/usr/x");
+    r.link("../../usr", "/d/e");
+    assert_eq!(resolve(r.root(), "/d/e/x").as_deref(), Some("/usr/x"));
+    // `..` above the root stays at the root.
+    assert_eq!(resolve(r.root(), "/../../usr/x").as_deref(), Some("/usr/x"));
+}
+
+#[test]
+fn an_unreadable_cache_is_noted_and_the_fixed_directories_still_searched() {
+    let r = Root::new();
+    r.driver(LIB, V);
+    std::fs::create_dir_all(r.p("/etc")).unwrap();
+    std::fs::write(r.p("/etc/ld.so.cache"), b"not a cache").unwrap();
+    let f = discover(r.root(), V).unwrap();
+    assert_eq!(f.notes.len(), 1, "{:?}", f.notes);
+    assert!(
+        f.notes[0].contains("not a glibc linker cache"),
+        "{:?}",
+        f.notes
+    );
+    assert!(f
+        .of(Kind::Library)
+        .all(|x| x.found_by == FoundBy::Directory));
+}
