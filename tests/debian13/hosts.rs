@@ -67,3 +67,13 @@ pub fn demo(vm: &mut Vm) {
     assert!(out.contains("== done"), "{out}");
     assert!(out.contains("gpuhook-demo (running)"), "{out}");
 }
+
+/// Kubernetes' path on containerd 1.7: the test bed's CRI client against a private containerd
+/// with the installed package's snippet and RuntimeClass (`gpuhook-testbed cri scenarios`,
+/// the scenarios of tests/cri.rs).
+pub fn cri(vm: &mut Vm) {
+    let out = vm.ok("/job/bin/gpuhook-testbed cri scenarios 2>&1");
+    let last = out.lines().rfind(|l| l.contains("passed")).unwrap_or("");
+    assert!(last.contains(" 0 failed"), "{out}");
+    assert!(!last.starts_with("0 passed"), "{out}");
+}

@@ -66,6 +66,7 @@ pub const SCENARIOS: &[Scenario] = &[
     s("oci-userns-crun", oci::userns_crun),
     s("oci-userns-runc", oci::userns_runc),
     s("mps-sharing", oci::mps_sharing),
+    s("cri-containerd", hosts::cri),
 ];
 
 pub fn selected(s: &Scenario, filters: &[String]) -> bool {
