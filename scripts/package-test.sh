@@ -2,8 +2,8 @@
 # The packages on this machine, without installing them (as root, after packaging/build.sh):
 # lint, read the .deb's and the .rpm's contents, scripts and requirements, unpack the .deb
 # into a directory and check what it ships (the static hook, the runtime link, the engine
-# snippets, the hook ignoring LD_PRELOAD), then run the OCI and real-libvirtd suites against
-# that unpacked static binary. Installing, upgrading, removing and purging (.deb with apt,
+# snippets, the hook ignoring LD_PRELOAD), then run the CRI and OCI suites against that
+# unpacked static binary (the Debian 13 VM runs it as the installed libvirt hook). Installing, upgrading, removing and purging (.deb with apt,
 # .rpm with rpm) happen in the Debian 13 VM (tests/debian13, scripts/vm/packages.sh): this
 # script changes nothing in the machine's /usr or /etc.
 set -eu
@@ -81,8 +81,5 @@ GPUHOOK_TEST_BIN="$root/usr/bin/gpuhook" GPUHOOK_CRI_SNIPPET="$root/usr/share/gp
 GPUHOOK_CRI_RUNTIMECLASS="$root/usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml" cargo test --locked -q --test cri
 step "OCI suite (podman, runc, crun, docker) against the packaged static binary"
 GPUHOOK_TEST_BIN="$root/usr/bin/gpuhook" cargo test --locked -q --test oci
-step "real-libvirtd suite with the packaged static binary as the hook"
-GPUHOOK_TEST_BIN="$root/usr/bin/gpuhook" GPUHOOK_TEST_LIBVIRT_BIN="$root/usr/bin/gpuhook-libvirt" \
-    cargo test --locked -q --test libvirt
 rm -rf "$work"
 step "packages: all checks passed (install, upgrade, purge: tests/debian13)"

@@ -416,6 +416,61 @@ fn chown_rootfs_to_100000(o: &Oci) {
 /// A user-namespaced container (podman --uidmap): gpuhook makes the nodes, owned by the
 /// host ids the request's uid/gid map to, and the runtime bind-mounts them; the container
 /// sees its own ids, as with libvirt's <idmap>.
+/// The state under a tmpfs mounted as systemd mounts `/run` (`nodev`, `strictatime`): the
+/// nodes of a user-namespaced container still reach it. A bind made inside the user
+/// namespace keeps its source's flags locked, so runc's remount (`bind,nosuid,noexec`) of a
+/// node from such a `/run` is refused (EPERM); gpuhook makes its nodes on a tmpfs of its own.
+#[test]
+fn user_namespaced_nodes_from_a_state_on_systemds_run() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    chown_rootfs_to_100000(&o);
+    let run = o.host.root().join("sysrun");
+    std::fs::create_dir_all(&run).unwrap();
+    let m = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "nosuid,nodev,strictatime,mode=0755",
+            "sysrun",
+        ])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_ok(&m);
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-R").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(run.clone());
+    let state = run.join("gpuhook/state.json");
+    o.host.edit_config(|c| c["state_file"] = json!(state));
+    let r = o
+        .podman(
+            Cgroup::V1,
+            &[
+                "--rm",
+                "--uidmap",
+                "0:100000:65536",
+                "--gidmap",
+                "0:100000:65536",
+                "--annotation",
+                "gpuhook.io/gpus=1",
+            ],
+            "cat /dev/nvidia0",
+        )
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&r).contains("can't open '/dev/nvidia0': No such device or address"),
+        "{}",
+        stderr(&r)
+    );
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
 #[test]
 fn user_namespaced_podman_container_owns_its_nodes() {
     let o = Oci::new(FakeHost::blueprint(), RUNC);

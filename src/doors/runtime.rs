@@ -418,6 +418,7 @@ fn make_private_nodes(
             .recursive(true)
             .create(&root)
             .map_err(|e| io("create", &root, e))?;
+        nodes_mount(&root).map_err(|e| io("mount a tmpfs at", &root, e))?;
         sweep(cfg, st);
         let dir = root.join(id);
         let _ = std::fs::remove_dir_all(&dir);
@@ -450,6 +451,29 @@ fn make_private_nodes(
         }
         Ok(out)
     })
+}
+
+/// Makes `root` a filesystem the runtime can bind nodes from into a user namespace: where it
+/// lies on a `nodev` mount, or one without `relatime` (systemd mounts `/run` `nodev` and
+/// `strictatime`), a tmpfs of its own (`nosuid,noexec`, relatime, mode 0700) is mounted there
+/// once. A mount made in the user namespace keeps its source's flags locked: runc's remount
+/// of the bind (`bind,nosuid,noexec`) would clear a locked `nodev` or change a locked atime
+/// mode, and the kernel refuses it (EPERM: "error mounting … operation not permitted").
+fn nodes_mount(root: &Path) -> std::io::Result<()> {
+    use nix::sys::statvfs::{statvfs, FsFlags};
+    let f = statvfs(root)?.flags();
+    if !f.contains(FsFlags::ST_NODEV) && f.contains(FsFlags::ST_RELATIME) {
+        return Ok(());
+    }
+    use nix::mount::{mount, MsFlags};
+    mount(
+        Some("gpuhook-nodes"),
+        root,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_RELATIME,
+        Some("mode=0700,size=64k,nr_inodes=65536"),
+    )?;
+    Ok(())
 }
 
 /// Removes the node directories of IDs that hold no container reservation (freed, released
