@@ -102,7 +102,8 @@ mkdir -p "$root/vm/cache" "$root/vm/run"
 echo "debian13-image: ext4 image" >&2
 ls "$root"/boot/vmlinuz-* "$root"/boot/initrd.img-* >/dev/null ||
     { echo "debian13-image: no kernel in $root/boot" >&2; exit 1; }
-mke2fs -q -t ext4 -L root -d "$root" "$dir/root.img.tmp" 4G
+# mke2fs says "Creating regular file" on stdout even with -q: stdout is the path alone.
+mke2fs -q -t ext4 -L root -d "$root" "$dir/root.img.tmp" 4G >&2
 mv "$root" "$dir/root"
 mv "$dir/root.img.tmp" "$dir/root.img"
 echo "$want" >"$stamp"

@@ -147,14 +147,18 @@ fn stage(job: &Path, filters: &[String]) {
 fn boot(image: &Path, work: &Path) -> bool {
     let root = image.join("root");
     let boot_file = |prefix: &str| {
-        let mut v: Vec<String> = std::fs::read_dir(root.join("boot"))
-            .expect("boot")
+        let dir = root.join("boot");
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with(prefix))
             .collect();
         v.sort();
-        format!("/boot/{}", v.pop().expect("kernel"))
+        let name = v
+            .pop()
+            .unwrap_or_else(|| panic!("no {prefix}* in {}", dir.display()));
+        format!("/boot/{name}")
     };
     let (kernel, initrd) = (boot_file("vmlinuz-"), boot_file("initrd.img-"));
     let qemu = format!(
@@ -243,12 +247,14 @@ pub fn main(filters: &[String]) {
     super::common::require_root();
     let t0 = Instant::now();
     step("the image (scripts/debian13-image.sh; cached by its stamp)");
-    let image = PathBuf::from(
-        run(&mut Command::new(
-            Path::new(MANIFEST).join("scripts/debian13-image.sh"),
-        ))
-        .trim()
-        .to_string(),
+    // The script prints the image's directory as its last line.
+    let printed = run(&mut Command::new(
+        Path::new(MANIFEST).join("scripts/debian13-image.sh"),
+    ));
+    let image = PathBuf::from(printed.lines().last().unwrap_or("").trim());
+    assert!(
+        image.join("root/boot").is_dir() && image.join("root.img").is_file(),
+        "scripts/debian13-image.sh printed {printed:?}: no image there (root/boot, root.img)"
     );
     println!(
         "debian13: image ready in {:.0} s",
