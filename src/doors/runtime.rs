@@ -237,25 +237,8 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Run
 /// when missing ([`crate::enter::charlink`]); a node with no host node of that number to link
 /// to is left without one, an entry that leads elsewhere refuses the create.
 fn char_links(cfg: &Config, nodes: &[NodeSpec]) -> Result<(), RuntimeError> {
-    use crate::enter::charlink::{ensure, CharLinkError, Linked};
     for n in nodes {
-        match ensure(&cfg.dev, &n.path, n.major, n.minor) {
-            Ok(Linked::Created) => log::info(&format!(
-                "made {}/char/{}:{} for {}",
-                cfg.dev.display(),
-                n.major,
-                n.minor,
-                n.path
-            )),
-            Ok(Linked::Existing) => {}
-            // No host node of that path and number to link to: nothing is made; the runtime's
-            // own rule stands, systemd's program will lack it.
-            Err(e @ CharLinkError::NotTheNode { .. }) => {
-                log::info(&format!("no /dev/char link for {}: {e}", n.path))
-            }
-            // An entry leading elsewhere would have systemd allow that other device: refused.
-            Err(e) => return Err(e.into()),
-        }
+        crate::enter::charlink::ensure_logged(&cfg.dev, &n.path, n.major, n.minor)?;
     }
     Ok(())
 }

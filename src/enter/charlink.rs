@@ -148,6 +148,30 @@ pub fn ensure(
     })
 }
 
+/// [`ensure`] for a node handed to a runtime or to systemd, what it did logged: a link it
+/// made, or a node with no host node of that number to link to (nothing is made: the
+/// runtime's own rule stands, systemd's program will lack it). An entry that leads elsewhere
+/// is the error: systemd would allow that other device.
+pub fn ensure_logged(
+    dev_root: &Path,
+    container_path: &str,
+    major: u32,
+    minor: u32,
+) -> Result<(), CharLinkError> {
+    match ensure(dev_root, container_path, major, minor) {
+        Ok(Linked::Created) => crate::log::info(&format!(
+            "made {}/char/{major}:{minor} for {container_path}",
+            dev_root.display()
+        )),
+        Ok(Linked::Existing) => {}
+        Err(e @ CharLinkError::NotTheNode { .. }) => {
+            crate::log::info(&format!("no /dev/char link for {container_path}: {e}"))
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

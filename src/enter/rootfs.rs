@@ -112,6 +112,29 @@ struct MountAttr {
     userns_fd: u64,
 }
 
+/// `mount_setattr` on a mount's descriptor (empty path, `at` adding `AT_RECURSIVE` where
+/// wanted): the attributes `set` set, `clear` cleared, made private.
+fn set_attr(fd: &OwnedFd, set: u64, clear: u64, at: libc::c_uint) -> Result<(), Errno> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clear,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr on our descriptor, empty path, a correctly sized struct.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            at | libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
 /// A detached copy of a mount's source, its attributes set: ready to be moved into a
 /// container. Call in the host's mount namespace.
 pub struct Tree {
@@ -155,24 +178,12 @@ pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<Tree, Errno> {
     let fd = Errno::result(fd)?;
     // SAFETY: a fresh descriptor the kernel just returned, owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
-        attr_clr: MOUNT_ATTR_NODEV,
-        propagation: libc::MS_PRIVATE,
-        userns_fd: 0,
-    };
-    // SAFETY: mount_setattr on our descriptor with an empty path and a correctly sized struct.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    Errno::result(r)?;
+    set_attr(
+        &fd,
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+        MOUNT_ATTR_NODEV,
+        0,
+    )?;
     let st = fstat(&fd)?;
     Ok(Tree {
         fd,
@@ -213,34 +224,11 @@ fn open_tree(m: &BindMount) -> Result<Tree, RootfsError> {
     if m.noexec {
         set |= MOUNT_ATTR_NOEXEC;
     }
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: 0,
-        propagation: libc::MS_PRIVATE,
-        userns_fd: 0,
-    };
-    let mut at = libc::AT_EMPTY_PATH as libc::c_uint;
-    if m.recursive {
-        at |= AT_RECURSIVE;
-    }
-    // SAFETY: mount_setattr on our descriptor with an empty path and a correctly sized struct.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            at,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if r < 0 {
-        let errno = Errno::last().into();
-        return Err(RootfsError::SetAttr {
-            path: path(),
-            errno,
-        });
-    }
+    let at = if m.recursive { AT_RECURSIVE } else { 0 };
+    set_attr(&fd, set, 0, at).map_err(|e| RootfsError::SetAttr {
+        path: path(),
+        errno: e.into(),
+    })?;
     let st = fstat(&fd).map_err(|e| RootfsError::SourceStat {
         path: path(),
         errno: e.into(),

@@ -479,6 +479,16 @@ fn plain_child(out: OwnedFd, parent: i32) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Writes `msg` to standard error, from a forked child (set up or not); a failed write is
+/// ignored.
+fn to_stderr(msg: &str) {
+    let _ = nix::unistd::write(
+        // SAFETY: standard error of this process, only written to.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
+        msg.as_bytes(),
+    );
+}
+
 /// Runs `argv` (`argv[0]` an absolute path) as gpuhook runs every host program (see the
 /// module's comment), its output read within `limit` (at most `max` bytes kept); past
 /// `limit` it and its process group are killed.
@@ -495,19 +505,11 @@ pub fn run_program(argv: &[String], limit: Duration, max: usize) -> Result<Ran, 
     let parent = std::process::id() as i32;
     let child = move |out: OwnedFd| -> i32 {
         if let Err(e) = plain_child(out, parent) {
-            let _ = nix::unistd::write(
-                // SAFETY: standard error, set up (or not) just above; only written to.
-                unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
-                format!("cannot set up the child: {e}\n").as_bytes(),
-            );
+            to_stderr(&format!("cannot set up the child: {e}\n"));
             return 126;
         }
         let e = nix::unistd::execve(&path, &c, &env).unwrap_err();
-        let _ = nix::unistd::write(
-            // SAFETY: as above.
-            unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
-            format!("cannot run {}: {e}\n", path.to_string_lossy()).as_bytes(),
-        );
+        to_stderr(&format!("cannot run {}: {e}\n", path.to_string_lossy()));
         127
     };
     // SAFETY: the child makes syscalls and formats a message, then execs or returns.
@@ -529,21 +531,13 @@ pub fn run_child(
     let parent = std::process::id() as i32;
     let child = move |out: OwnedFd| -> i32 {
         if let Err(e) = plain_child(out, parent) {
-            let _ = nix::unistd::write(
-                // SAFETY: standard error of this child, only written to.
-                unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
-                format!("cannot set up the child: {e}\n").as_bytes(),
-            );
+            to_stderr(&format!("cannot set up the child: {e}\n"));
             return 126;
         }
         match work() {
             Ok(()) => 0,
             Err(m) => {
-                let _ = nix::unistd::write(
-                    // SAFETY: as above.
-                    unsafe { std::os::fd::BorrowedFd::borrow_raw(2) },
-                    format!("{m}\n").as_bytes(),
-                );
+                to_stderr(&format!("{m}\n"));
                 1
             }
         }

@@ -319,30 +319,6 @@ fn clone_tree(root: &OwnedFd) -> Result<OwnedFd, Errno> {
     Ok(fd)
 }
 
-fn set_attr(fd: &OwnedFd, set: u64, clear: u64, at: libc::c_uint) -> Result<(), Errno> {
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: clear,
-        propagation: libc::MS_PRIVATE,
-        userns_fd: 0,
-    };
-    // SAFETY: mount_setattr on our descriptor, empty path, a correctly sized struct.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            at | libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if r < 0 {
-        return Err(Errno::last());
-    }
-    Ok(())
-}
-
 /// A fresh tmpfs (`owner`'s, mode 0755) mounted over the directory `dir` (its
 /// components, none a symlink) of `view`; `None` where there is no such directory or the
 /// kernel refuses the mount.

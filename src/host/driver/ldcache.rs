@@ -98,19 +98,7 @@ pub fn parse(b: &[u8]) -> Result<(Format, Vec<Entry>), LdCacheError> {
     if b.get(new_at..).is_some_and(|r| r.starts_with(NEW_MAGIC)) {
         return parse_new(b, new_at).map(|e| (Format::Compat, e));
     }
-    let mut out = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let at = OLD_HEADER + i as usize * OLD_ENTRY;
-        let flags = u32_at(b, at).ok_or(LdCacheError::Truncated("entry"))? as i32;
-        let key = u32_at(b, at + 4).ok_or(LdCacheError::Truncated("entry"))?;
-        let value = u32_at(b, at + 8).ok_or(LdCacheError::Truncated("entry"))?;
-        out.push(Entry {
-            soname: string(b, end, key, i, "name")?,
-            path: string(b, end, value, i, "path")?,
-            flags,
-        });
-    }
-    Ok((Format::Old, out))
+    entries(b, OLD_HEADER, OLD_ENTRY, n, end).map(|e| (Format::Old, e))
 }
 
 /// The new table whose header is at `base`; its strings are at offsets from `base`.
@@ -128,15 +116,27 @@ fn parse_new(b: &[u8], base: usize) -> Result<Vec<Entry>, LdCacheError> {
         .and_then(|x| x.checked_add(first))
         .filter(|e| *e <= b.len())
         .ok_or(LdCacheError::TooMany(n))?;
+    entries(b, first, NEW_ENTRY, n, base)
+}
+
+/// The `n` entries of `size` bytes from `first` (both formats begin an entry with its flags,
+/// its name's and its path's offsets), their strings at offsets from `strings`.
+fn entries(
+    b: &[u8],
+    first: usize,
+    size: usize,
+    n: u32,
+    strings: usize,
+) -> Result<Vec<Entry>, LdCacheError> {
     let mut out = Vec::with_capacity(n as usize);
     for i in 0..n {
-        let at = first + i as usize * NEW_ENTRY;
+        let at = first + i as usize * size;
         let flags = u32_at(b, at).ok_or(LdCacheError::Truncated("entry"))? as i32;
         let key = u32_at(b, at + 4).ok_or(LdCacheError::Truncated("entry"))?;
         let value = u32_at(b, at + 8).ok_or(LdCacheError::Truncated("entry"))?;
         out.push(Entry {
-            soname: string(b, base, key, i, "name")?,
-            path: string(b, base, value, i, "path")?,
+            soname: string(b, strings, key, i, "name")?,
+            path: string(b, strings, value, i, "path")?,
             flags,
         });
     }

@@ -231,22 +231,8 @@ fn tell_manager(
 /// next reload. A node with no host node of that number is left without one; an entry that
 /// leads elsewhere refuses the attach (systemd would allow that other device).
 fn char_link(f: &Facts, n: &Node) -> Result<(), Error> {
-    use crate::enter::charlink::{ensure, CharLinkError, Linked};
-    match ensure(&f.cfg.dev, &n.path, n.major, n.minor) {
-        Ok(Linked::Created) => log::info(&format!(
-            "made {}/char/{}:{} for {}",
-            f.cfg.dev.display(),
-            n.major,
-            n.minor,
-            n.path
-        )),
-        Ok(Linked::Existing) => {}
-        Err(e @ CharLinkError::NotTheNode { .. }) => {
-            log::info(&format!("no /dev/char link for {}: {e}", n.path))
-        }
-        Err(source) => return Err(LifecycleError::CharLink { source }.into()),
-    }
-    Ok(())
+    crate::enter::charlink::ensure_logged(&f.cfg.dev, &n.path, n.major, n.minor)
+        .map_err(|source| LifecycleError::CharLink { source }.into())
 }
 
 /// Takes `nodes` back out of the manager's policy (what [`tell_manager`] added); what could
