@@ -70,7 +70,7 @@ pub fn host_driver(cfg: &Config) -> Result<(Discovered, Origin), DriverError> {
             (d, Origin::Discovery)
         }
     };
-    driver::check_trust(&d.found.files)?;
+    driver::check_trust(&cfg.root, &d.found.files)?;
     Ok((d, from))
 }
 

@@ -183,13 +183,13 @@ pub enum DriverError {
     NotRoots { path: PathBuf, uid: u32 },
     #[error("driver \"host\": {} has mode {mode:04o}: group or others may write it; refusing to give it", .path.display())]
     Writable { path: PathBuf, mode: u32 },
-    #[error("driver \"host\": the directory of {} ({}) is owned by uid {uid}, not root; refusing to give it", .path.display(), .dir.display())]
+    #[error("driver \"host\": a directory on the way to {} ({}) is owned by uid {uid}, not root; refusing to give it", .path.display(), .dir.display())]
     DirNotRoots {
         path: PathBuf,
         dir: PathBuf,
         uid: u32,
     },
-    #[error("driver \"host\": the directory of {} ({}) has mode {mode:04o}: group or others may write it; refusing to give it", .path.display(), .dir.display())]
+    #[error("driver \"host\": a directory on the way to {} ({}) has mode {mode:04o}: group or others may write it; refusing to give it", .path.display(), .dir.display())]
     DirWritable {
         path: PathBuf,
         dir: PathBuf,
@@ -521,10 +521,12 @@ pub fn discover(root: &Path, version: &str) -> Result<Found, DriverError> {
     Ok(s.found)
 }
 
-/// Every file is root's and not writable by group or others, nor is its directory (a socket
-/// need only be root's). Checked at every start: a file changed since it was found (gone, or
-/// another type) is an error too.
-pub fn check_trust(files: &[DriverFile]) -> Result<(), DriverError> {
+/// Every file is root's and not writable by group or others, nor is any directory on the way
+/// to it from `root` (the host's root, the config's `root`), `root` included: a user who may
+/// write one could swap the file after this check, before it is mounted (a socket need only
+/// be root's). Checked at every start: a file changed since it was found (gone, or another
+/// type) is an error too.
+pub fn check_trust(root: &Path, files: &[DriverFile]) -> Result<(), DriverError> {
     let mut dirs_ok: BTreeSet<PathBuf> = BTreeSet::new();
     for f in files {
         let path = &f.source;
@@ -559,29 +561,39 @@ pub fn check_trust(files: &[DriverFile]) -> Result<(), DriverError> {
                 mode: md.mode() & 0o7777,
             });
         }
-        let Some(dir) = path.parent() else { continue };
-        if dirs_ok.contains(dir) {
-            continue;
+        // Its directory and each above it, up to the root; or its directory alone where
+        // the file is not under the root.
+        let mut dirs: Vec<&Path> = path
+            .ancestors()
+            .skip(1)
+            .take_while(|d| d.starts_with(root))
+            .collect();
+        if dirs.is_empty() {
+            dirs.extend(path.parent());
         }
-        let dm = std::fs::metadata(dir).map_err(|source| DriverError::Gone {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        if dm.uid() != 0 {
-            return Err(DriverError::DirNotRoots {
-                path: path.clone(),
-                dir: dir.to_path_buf(),
-                uid: dm.uid(),
-            });
+        for dir in dirs {
+            if !dirs_ok.insert(dir.to_path_buf()) {
+                break;
+            }
+            let dm = std::fs::metadata(dir).map_err(|source| DriverError::Gone {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+            if dm.uid() != 0 {
+                return Err(DriverError::DirNotRoots {
+                    path: path.clone(),
+                    dir: dir.to_path_buf(),
+                    uid: dm.uid(),
+                });
+            }
+            if dm.mode() & 0o022 != 0 {
+                return Err(DriverError::DirWritable {
+                    path: path.clone(),
+                    dir: dir.to_path_buf(),
+                    mode: dm.mode() & 0o7777,
+                });
+            }
         }
-        if dm.mode() & 0o022 != 0 {
-            return Err(DriverError::DirWritable {
-                path: path.clone(),
-                dir: dir.to_path_buf(),
-                mode: dm.mode() & 0o7777,
-            });
-        }
-        dirs_ok.insert(dir.to_path_buf());
     }
     Ok(())
 }

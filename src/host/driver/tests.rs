@@ -161,7 +161,7 @@ fn finds_exactly_the_running_drivers_files() {
     assert_eq!(f.files[0].source, r.p(&format!("{LIB}/libcuda.so.{V}")));
     // Nothing of the older driver.
     assert!(f.files.iter().all(|x| !x.path.contains(OLD)), "{f:?}");
-    check_trust(&f.files).unwrap();
+    check_trust(r.root(), &f.files).unwrap();
     assert!(f.unchanged());
 }
 
@@ -302,7 +302,7 @@ fn untrusted_files_and_directories_are_refused() {
     let f = discover(r.root(), V).unwrap();
     let lib = r.p(&format!("{LIB}/libnvidia-ml.so.{V}"));
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o664)).unwrap();
-    let e = check_trust(&f.files).unwrap_err();
+    let e = check_trust(r.root(), &f.files).unwrap_err();
     assert_eq!(
         e.to_string(),
         format!(
@@ -311,30 +311,55 @@ fn untrusted_files_and_directories_are_refused() {
         )
     );
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o644)).unwrap();
-    check_trust(&f.files).unwrap();
+    check_trust(r.root(), &f.files).unwrap();
     // Not root's.
     let smi = r.p("/usr/bin/nvidia-smi");
     std::os::unix::fs::chown(&smi, Some(1000), None).unwrap();
     assert!(matches!(
-        check_trust(&f.files),
+        check_trust(r.root(), &f.files),
         Err(DriverError::NotRoots { uid: 1000, .. })
     ));
     std::os::unix::fs::chown(&smi, Some(0), None).unwrap();
     // Its directory writable by others.
     let fw = r.p(&format!("/lib/firmware/nvidia/{V}"));
     std::fs::set_permissions(&fw, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let e = check_trust(&f.files).unwrap_err();
+    let e = check_trust(r.root(), &f.files).unwrap_err();
     assert!(
         matches!(e, DriverError::DirWritable { mode: 0o777, .. }),
         "{e}"
     );
     std::fs::set_permissions(&fw, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A directory further up, on the way from the root: its user could swap the directory
+    // below it (and the file in it) after the check, before the mount.
+    let up = r.p("/usr/lib");
+    std::os::unix::fs::chown(&up, Some(1000), None).unwrap();
+    let e = check_trust(r.root(), &f.files).unwrap_err();
+    assert!(
+        matches!(&e, DriverError::DirNotRoots { dir, uid: 1000, .. } if *dir == up),
+        "{e}"
+    );
+    assert!(e.to_string().contains("a directory on the way to"), "{e}");
+    std::os::unix::fs::chown(&up, Some(0), None).unwrap();
+    let usr = r.p("/usr");
+    std::fs::set_permissions(&usr, std::fs::Permissions::from_mode(0o775)).unwrap();
+    assert!(matches!(
+        check_trust(r.root(), &f.files),
+        Err(DriverError::DirWritable { mode: 0o775, dir, .. }) if dir == usr
+    ));
+    std::fs::set_permissions(&usr, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The root itself.
+    std::os::unix::fs::chown(r.root(), Some(1000), None).unwrap();
+    assert!(matches!(
+        check_trust(r.root(), &f.files),
+        Err(DriverError::DirNotRoots { uid: 1000, .. })
+    ));
+    std::os::unix::fs::chown(r.root(), Some(0), None).unwrap();
     // A socket is 0777 (clients must connect): root's is enough.
-    check_trust(&f.files).unwrap();
+    check_trust(r.root(), &f.files).unwrap();
     let sock = r.p("/run/nvidia-persistenced/socket");
     std::os::unix::fs::lchown(&sock, Some(1000), None).unwrap();
     assert!(matches!(
-        check_trust(&f.files),
+        check_trust(r.root(), &f.files),
         Err(DriverError::NotRoots { .. })
     ));
     std::os::unix::fs::lchown(&sock, Some(0), None).unwrap();
@@ -343,7 +368,7 @@ fn untrusted_files_and_directories_are_refused() {
     std::fs::remove_file(&cfgf).unwrap();
     symlink("/etc/passwd", &cfgf).unwrap();
     assert!(matches!(
-        check_trust(&f.files),
+        check_trust(r.root(), &f.files),
         Err(DriverError::Changed { .. })
     ));
 }
