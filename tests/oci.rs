@@ -1927,6 +1927,42 @@ fn oci_attach_and_detach_in_a_running_podman_container() {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
+/// On cgroup v1 a grant given to a cgroup does not reach those below it: a container whose
+/// init moved below the devices cgroup its runtime made (runc's `cgroup_paths`) is refused
+/// attach and detach in one line, nothing changed; back where runc put it, both work.
+#[test]
+fn oci_hotplug_refused_where_the_init_moved_below_its_devices_cgroup_on_cgroup_v1() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let id = podman_detached(
+        &o,
+        "gh-oci-moved-v1",
+        &["--annotation", "gpuhook.io/devices=0"],
+        "sleep 600",
+    );
+    let made = init_cgroup_dir(&id);
+    let below = made.join("moved");
+    let pid = init_pid(&id);
+    let move_init = |to: &Path| std::fs::write(to.join("cgroup.procs"), &pid).unwrap();
+    std::fs::create_dir_all(&below).unwrap();
+    move_init(&below);
+    for args in [
+        vec!["attach", id.as_str(), "--device", "1"],
+        vec!["detach", id.as_str(), "--device", "0000:07:00.0"],
+    ] {
+        let r = o.host.cmd().args(&args).output().unwrap();
+        assert_refused(&r, "where its runtime put it (cgroup v1");
+        assert_eq!(o.host.holders()[&id], ["0000:07:00.0"], "{args:?}");
+    }
+    assert_eq!(open_in(&id, "195:0"), "open");
+    move_init(&made);
+    std::fs::remove_dir(&below).unwrap();
+    let j = gh_json(&o, &["detach", &id, "--device", "0000:07:00.0", "--json"]);
+    assert_eq!(j["detached"], json!(["0000:07:00.0"]), "{j}");
+    assert_eq!(open_in(&id, "195:0"), "denied");
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
 /// A container started without a request gets a GPU by attach (found through runc's state:
 /// gpuhook recorded nothing of it), and its removal frees it.
 #[test]
@@ -2101,6 +2137,117 @@ fn attach_and_detach_on_cgroup_v2(runtime: &str) {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
+/// A container may move its init below the cgroup its runtime made where its cgroup is
+/// writable to it (podman --systemd=always, a cgroupfs manager): hotplug then changes the
+/// device rules where the runtime's program is, in the cgroup the runtime's state names, so
+/// that no process left there keeps a detached GPU (hostile review: the old code denied it in
+/// the init's new cgroup alone, and `podman exec`, which joins the runtime's cgroup, still
+/// opened it: the next tenant's GPU). An attach grants there too; an init moved out of that
+/// cgroup is refused in one line.
+#[test]
+fn oci_hotplug_in_a_crun_container_whose_init_moved_below_its_cgroup_on_cgroup_v2() {
+    hotplug_with_the_init_moved(CRUN);
+}
+
+/// The same under runc.
+#[test]
+fn oci_hotplug_in_a_runc_container_whose_init_moved_below_its_cgroup_on_cgroup_v2() {
+    hotplug_with_the_init_moved(RUNC);
+}
+
+fn hotplug_with_the_init_moved(runtime: &str) {
+    let o = Oci::new(FakeHost::blueprint(), runtime);
+    let name = format!("gh-oci-moved-{}", runtime.rsplit('/').next().unwrap());
+    podman_rm(&name);
+    let r = o
+        .podman(
+            Cgroup::V2,
+            &[
+                "-d",
+                "--name",
+                &name,
+                "--annotation",
+                "gpuhook.io/devices=0",
+            ],
+            "sleep 600",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    let id = out(&r).trim().to_string();
+    // `podman exec` runs in the cgroup the runtime made: a process the container left there.
+    let open = |mm| open_in_cg(Cgroup::V2, &id, mm);
+    let dev = |n: &str| o.host.paths.dev.join(n);
+    let made = init_cgroup_dir(&id);
+    let pid = init_pid(&id);
+    let move_init = |to: &Path| {
+        std::fs::create_dir_all(to).unwrap();
+        std::fs::write(to.join("cgroup.procs"), &pid).unwrap();
+    };
+    assert_eq!(open("195:0"), "open");
+    // A GPU attached while the init is where its runtime put it.
+    let j = gh_json(&o, &["attach", &id, "--device", "1", "--json"]);
+    assert_eq!(j["attached"], json!(["0000:08:00.0"]), "{j}");
+    let below = made.join("moved");
+    move_init(&below);
+    assert_eq!(init_cgroup_dir(&id), below);
+    assert_eq!(open_from_dir(&below, &dev("nvidia1")), "open", "the init's");
+
+    // Detached with the init below: denied to every process of the container.
+    let j = gh_json(&o, &["detach", &id, "--device", "0000:07:00.0", "--json"]);
+    assert_eq!(j["detached"], json!(["0000:07:00.0"]), "{j}");
+    assert_eq!(
+        open_from_dir(&made, &dev("nvidia0")),
+        "denied",
+        "a process left in the runtime's cgroup"
+    );
+    assert_eq!(open("195:0"), "denied", "podman exec");
+    assert_eq!(
+        open_from_dir(&below, &dev("nvidia0")),
+        "denied",
+        "the init's"
+    );
+    assert_eq!(open("195:1"), "open");
+    assert_eq!(open("1:3"), "open", "the runtime's own rules stay");
+
+    // Attached with the init below: granted where the runtime's program is.
+    let j = gh_json(&o, &["attach", &id, "--device", "0", "--json"]);
+    assert_eq!(j["attached"], json!(["0000:07:00.0"]), "{j}");
+    assert_eq!(open_from_dir(&below, &dev("nvidia0")), "open", "the init's");
+    assert_eq!(
+        open_from_dir(&made, &dev("nvidia0")),
+        "open",
+        "the runtime's"
+    );
+    assert_eq!(open("195:2"), "denied", "nothing but the GPU's nodes more");
+
+    // Out of the runtime's cgroup: refused, nothing changed.
+    let out_of = made.parent().unwrap().join(format!("gh-elsewhere-{name}"));
+    move_init(&out_of);
+    let r = o
+        .host
+        .cmd()
+        .args(["detach", &id, "--device", "0000:08:00.0"])
+        .output()
+        .unwrap();
+    assert_refused(&r, "where its runtime put it");
+    assert_eq!(o.host.holders()[&id], ["0000:07:00.0", "0000:08:00.0"]);
+    assert_eq!(open("195:1"), "open");
+
+    move_init(&made);
+    for d in [&below, &out_of] {
+        std::fs::remove_dir(d).unwrap_or_else(|e| {
+            let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+            panic!("{}: {e} (processes: {procs:?})", d.display())
+        });
+    }
+    let _ = in_cgroup(Cgroup::V2, "podman")
+        .args(["--cgroup-manager", "cgroupfs", "rm", "-f", "-t", "0", &id])
+        .output();
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
 /// The device cgroup a running container's init is in, as this host mounts it: its v1
 /// devices cgroup, else (a v2 container, on a cgroup v2 host or beside v1) its cgroup on the
 /// unified hierarchy, wherever that is mounted here.
@@ -2144,7 +2291,11 @@ fn init_cgroup_dir(id: &str) -> PathBuf {
 /// let through, no driver behind a fake major; EPERM: refused), asked of the kernel by a host
 /// shell moved into the init's cgroup: a user-namespaced container can make no node to try.
 fn open_from_cgroup(id: &str, node: &Path) -> &'static str {
-    let dir = init_cgroup_dir(id);
+    open_from_dir(&init_cgroup_dir(id), node)
+}
+
+/// [`open_from_cgroup`] from the cgroup directory `dir`.
+fn open_from_dir(dir: &Path, node: &Path) -> &'static str {
     let r = Command::new("sh")
         .arg("-c")
         .arg(format!(

@@ -74,6 +74,17 @@ pub enum Fault {
     NoCgroup2,
     #[error("container init {pid} has left its cgroup: it is exiting, or its main thread exited")]
     InitLeft { pid: i32 },
+    /// An OCI container's init is not in the cgroup its runtime put it in at create (its
+    /// state's), nor (cgroup v2) below it: rules changed where it is now would leave the
+    /// runtime's in force for the container's processes left in that one.
+    #[error("container init {pid} is in cgroup {now}, not in {made} where its runtime put it{}; refusing to change its device rules", if *.below { " (cgroup v1: rules changed below it would not bind the processes left there)" } else { "" })]
+    LeftItsCgroup {
+        pid: i32,
+        now: String,
+        made: String,
+        /// It is below that one (refused on v1 only).
+        below: bool,
+    },
     #[error(transparent)]
     OutsideDomain(#[from] OutsideDomain),
     /// Granting one node failed.

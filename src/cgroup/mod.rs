@@ -298,15 +298,43 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     open(v1, v2, Path::new(&format!("/proc/{pid}/cgroup")))
 }
 
+/// Where an OCI runtime put a container's init at create, as the runtime's state records it
+/// (paths as `/proc/PID/cgroup` shows them): the container's device cgroup for attach and
+/// detach. The container may move its processes, the init among them, below it where its
+/// cgroup is writable, never above; rules changed below it would leave the runtime's in force
+/// for the processes that stayed. `None`: the state does not say (the init's own is taken).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Made {
+    /// On the unified hierarchy.
+    pub unified: Option<String>,
+    /// On the v1 devices hierarchy.
+    pub devices: Option<String>,
+}
+
 /// The v1 devices cgroup of a process (an OCI container's init: the cgroup its runtime
-/// made); [`Fault::NoV1Devices`] when its devices controller is not on a v1 hierarchy, or
-/// it is in the root devices cgroup while its runtime placed it on the unified hierarchy
-/// (a cgroup v2 container on a hybrid host), [`Fault::InitLeft`] when it is in no cgroup
-/// but the roots (an exiting init: the root devices cgroup confines nothing).
-pub fn v1_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+/// made, `made` where its state says: the init must still be there); [`Fault::NoV1Devices`]
+/// when its devices controller is not on a v1 hierarchy, or it is in the root devices cgroup
+/// while its runtime placed it on the unified hierarchy (a cgroup v2 container on a hybrid
+/// host), [`Fault::InitLeft`] when it is in no cgroup but the roots (an exiting init: the
+/// root devices cgroup confines nothing).
+pub fn v1_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
     match cgroup_paths(pid)? {
-        (Some(v1), _) if v1 != "/" => open(Some(v1), None, &what),
+        (Some(v1), _) if v1 != "/" => {
+            if let Some(m) = made.filter(|m| *m != v1) {
+                let below = v1.starts_with(&format!("{}/", m.trim_end_matches('/')));
+                return Err(CgroupError::new(
+                    &what,
+                    Fault::LeftItsCgroup {
+                        pid,
+                        now: v1,
+                        made: m.to_string(),
+                        below,
+                    },
+                ));
+            }
+            open(Some(v1), None, &what)
+        }
         (Some(_), v2) if v2.as_deref().is_none_or(|p| p == "/") => {
             Err(CgroupError::new(&what, Fault::InitLeft { pid }))
         }
@@ -314,11 +342,13 @@ pub fn v1_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     }
 }
 
-/// The device cgroup of an OCI container's init on cgroup v2: its own cgroup on the unified
-/// hierarchy, where its runtime attached its device program ([`program::Replace`]). Only that
-/// one: a cgroup above it rules other processes too (a program there is one an attach checks
-/// lets the GPU through, [`DeviceCgroup::effective`]).
-pub fn program_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+/// The device cgroup of an OCI container's init on cgroup v2, where its runtime attached its
+/// device program ([`program::Replace`]): the cgroup `made` (where the runtime put the init,
+/// its state says) or the first below it, on the way to the init's, that holds a program of
+/// the runtime's (none: `made` itself); the init must be in `made` or below. Without `made`,
+/// the init's own cgroup. Never one above: a cgroup above rules other processes too (a program
+/// there is one an attach checks lets the GPU through, [`DeviceCgroup::effective`]).
+pub fn program_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let (_, v2) = cgroup_paths(pid)?;
     let p = match v2 {
@@ -332,11 +362,36 @@ pub fn program_for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
         .find(|m| m.fs_type == "cgroup2")
         .ok_or_else(|| CgroupError::new(&what, Fault::NoCgroup2))?;
     let mp = Path::new(&m.mount_point);
-    let dir = under(mp, &m.root, &p).ok_or_else(|| {
-        let cgroup = p.clone();
-        CgroupError::new(mp, Fault::OutsideMount { cgroup })
-    })?;
-    Ok(Box::new(program::Replace::open(&dir)?))
+    let dir_of = |cg: &str| {
+        under(mp, &m.root, cg).ok_or_else(|| {
+            let cgroup = cg.to_string();
+            CgroupError::new(mp, Fault::OutsideMount { cgroup })
+        })
+    };
+    let dir = dir_of(&p)?;
+    let Some(made) = made else {
+        return Ok(Box::new(program::Replace::open(&dir)?));
+    };
+    let top = dir_of(made)?;
+    if !dir.starts_with(&top) {
+        return Err(CgroupError::new(
+            &what,
+            Fault::LeftItsCgroup {
+                pid,
+                now: p,
+                made: made.to_string(),
+                below: false,
+            },
+        ));
+    }
+    let mut at = top.clone();
+    for d in dir.ancestors().take_while(|d| d.starts_with(&top)) {
+        if program::runtime_programs(d)? > 0 {
+            at = d.to_path_buf();
+            break;
+        }
+    }
+    Ok(Box::new(program::Replace::open(&at)?))
 }
 
 /// The cgroup libvirt made for a container, given its controller's and its init's cgroup

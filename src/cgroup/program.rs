@@ -421,6 +421,32 @@ fn allow_all() -> Vec<Insn> {
 /// cgroup for the unit's `DevicePolicy=`/`DeviceAllow=`.
 pub const SYSTEMD_PROGRAM: &str = "sd_devices";
 
+/// The device programs in `ids` (attached to `dir`) that are not systemd's, with their
+/// descriptors.
+fn not_systemds(dir: &Path, ids: &[u32]) -> Result<Vec<(u32, OwnedFd)>, CgroupError> {
+    let mut out = Vec::new();
+    for &id in ids {
+        let prog = super::prog_fd(dir, id)?;
+        let name = bpf::prog_name(prog.as_fd()).map_err(|x| {
+            let errno = x.into();
+            CgroupError::new(dir, Fault::ProgInfo { id, errno })
+        })?;
+        if name != SYSTEMD_PROGRAM {
+            out.push((id, prog));
+        }
+    }
+    Ok(out)
+}
+
+/// How many device programs not systemd's (a runtime's, or gpuhook's replacement of one)
+/// are attached to the cgroup `dir`.
+pub fn runtime_programs(dir: &Path) -> Result<usize, CgroupError> {
+    let cg = super::open_dir(dir)?;
+    let all = bpf::prog_query(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
+        .map_err(|x| CgroupError::new(dir, Fault::ProgQuery(x.into())))?;
+    Ok(not_systemds(dir, &all)?.len())
+}
+
 /// How long a replacement waits for another gpuhook's on the same cgroup.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -534,17 +560,7 @@ impl Replace {
         if !all.is_empty() && flags & bpf::BPF_F_ALLOW_MULTI == 0 {
             return Err(e(Fault::NotMulti { flags }));
         }
-        let mut ids = Vec::new();
-        for &id in &all {
-            let prog = super::prog_fd(dir, id)?;
-            let name = bpf::prog_name(prog.as_fd()).map_err(|x| {
-                let errno = x.into();
-                e(Fault::ProgInfo { id, errno })
-            })?;
-            if name != SYSTEMD_PROGRAM {
-                ids.push((id, prog));
-            }
-        }
+        let ids = not_systemds(dir, &all)?;
         if ids.len() > 2 {
             return Err(e(Fault::NotOneProgram {
                 programs: ids.len(),

@@ -37,6 +37,13 @@ pub enum CliError {
         #[source]
         source: ParseError,
     },
+    /// `attach`/`detach`: the container's device cgroup could not be taken or changed.
+    #[error("{who}: {source}")]
+    HotplugCgroup {
+        who: String,
+        #[source]
+        source: crate::cgroup::CgroupError,
+    },
     /// `attach`/`detach`: nothing runs under that name.
     #[error("no running libvirt domain or OCI container named '{name}'")]
     NoContainer { name: String },

@@ -155,7 +155,10 @@ impl Target {
     fn find(&self) -> Result<Container, ContainerError> {
         match self {
             Target::Libvirt(d) => container::find(&d.name, d.id),
-            Target::Oci(o) => container::find_oci(o.init, o.userns()),
+            Target::Oci(o) => container::find_oci(o.init, o.userns()).map(|c| Container {
+                made: o.made.clone(),
+                ..c
+            }),
         }
     }
 }
@@ -343,7 +346,8 @@ pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
     let req = attach_request(a)?;
     let t = target(&cfg, &a.name, Kind::of(a.domain, a.container))?;
     let h = t.holder();
-    let got = lifecycle::attach_with(&t.facts(&cfg), &h, &req, || t.find())?;
+    let got =
+        lifecycle::attach_with(&t.facts(&cfg), &h, &req, || t.find()).map_err(|e| named(&h, e))?;
     if a.json {
         println!("{}", attached_json(&h, &got));
     } else {
@@ -364,7 +368,8 @@ pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
     let which = which(d)?;
     let t = target(&cfg, &d.name, Kind::of(d.domain, d.container))?;
     let h = t.holder();
-    let got = lifecycle::detach_with(&t.facts(&cfg), &h, &which, d.force, || t.find())?;
+    let got = lifecycle::detach_with(&t.facts(&cfg), &h, &which, d.force, || t.find())
+        .map_err(|e| named(&h, e))?;
     if d.json {
         println!("{}", detached_json(&h, &got));
         return Ok(0);
@@ -385,6 +390,18 @@ pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
         );
     }
     Ok(0)
+}
+
+/// A lifecycle's failure as the door says it: one of the device cgroup's names the container
+/// (the cgroup's own words name only its path).
+fn named(h: &Holder, e: crate::reserve::error::Error) -> CliError {
+    match e {
+        crate::reserve::error::Error::Cgroup(source) => CliError::HotplugCgroup {
+            who: h.who(),
+            source,
+        },
+        e => e.into(),
+    }
 }
 
 fn holder_json(h: &Holder) -> serde_json::Value {

@@ -39,7 +39,7 @@ fn at(path: &str, e: nix::errno::Errno) -> Failure {
 /// process of its runtime left, its init itself), its init, and the identity of the `/dev`
 /// made for it. Only the cgroup of a libvirt domain is found through `controller`
 /// ([`crate::cgroup::for_container`]); an OCI container's is its init's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Container {
     pub controller: i32,
     pub init: ProcRef,
@@ -49,6 +49,9 @@ pub struct Container {
     /// mounts of nodes gpuhook makes, on files made as its root (these host ids), as runc makes
     /// them in a user namespace ([`devdir::Bound`]). `None`: nodes are made with `mknod`.
     pub userns: Option<rootfs::Owner>,
+    /// Where its runtime put it (an OCI container's, from the runtime's state; unknown for a
+    /// libvirt domain, whose cgroup is its controller's): its device cgroup for hotplug.
+    pub made: crate::cgroup::Made,
 }
 
 /// The tmpfs libvirt's controller mounts at `/run/libvirt/lxc/NAME.dev` in its own mount
@@ -208,6 +211,7 @@ pub fn find_oci(init: ProcRef, userns: Option<rootfs::Owner>) -> Result<Containe
         init,
         dev,
         userns,
+        made: Default::default(),
     })
 }
 
@@ -265,6 +269,7 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
                 init: *init,
                 dev,
                 userns: None,
+                made: Default::default(),
             })
         }
         [] => Err(Failure::NoInit { controller }.into()),

@@ -18,12 +18,14 @@ use serde::Deserialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// A running OCI container: its ID, its init, its user namespace's id map.
+/// A running OCI container: its ID, its init, its user namespace's id map, the cgroup its
+/// runtime put it in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Oci {
     pub id: String,
     pub init: ProcRef,
     pub idmap: IdMap,
+    pub made: cgroup::Made,
 }
 
 impl Oci {
@@ -38,11 +40,12 @@ impl Oci {
 }
 
 /// What a runtime's state says of its container's init: its PID and, where the runtime
-/// records it, its start time (so a reused PID is not taken for it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// records it, its start time (so a reused PID is not taken for it); the cgroup it put it in.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitOf {
     pub pid: i32,
     pub start_time: Option<u64>,
+    pub made: cgroup::Made,
 }
 
 /// runc's `ROOT/ID/state.json` (libcontainer's `State`), what gpuhook reads of it.
@@ -51,6 +54,10 @@ struct RuncState {
     init_process_pid: i32,
     #[serde(default)]
     init_process_start: Option<u64>,
+    /// The container's cgroup directory on each hierarchy, by controller (`""`: the unified
+    /// one), as runc mounts them.
+    #[serde(default)]
+    cgroup_paths: std::collections::BTreeMap<String, String>,
 }
 
 /// crun's `ROOT/ID/status` (`libcrun_container_status_t`), what gpuhook reads of it.
@@ -59,6 +66,27 @@ struct CrunStatus {
     pid: i32,
     #[serde(default, rename = "process-start-time")]
     process_start_time: Option<u64>,
+    /// The container's cgroup, the same path on each hierarchy.
+    #[serde(default, rename = "cgroup-path")]
+    cgroup_path: Option<String>,
+}
+
+/// A cgroup path as `/proc/PID/cgroup` gives it: absolute, no `.` or `..`.
+fn cgroup_path(p: &str) -> Option<String> {
+    let p = p.trim_end_matches('/');
+    let p = if p.is_empty() { "/" } else { p };
+    (p.starts_with('/') && !p.split('/').any(|c| c == "." || c == "..")).then(|| p.to_string())
+}
+
+/// The path of runc's cgroup directory `dir` on the hierarchy runc mounts at `mount`
+/// (runc's own mount points: `/sys/fs/cgroup` for the unified hierarchy, fs2's
+/// `UnifiedMountpoint`; `/sys/fs/cgroup/devices` on the hosts that mount v1).
+fn runc_path(dir: Option<&String>, mount: &str) -> Option<String> {
+    let rest = dir?.strip_prefix(mount)?;
+    if !(rest.is_empty() || rest.starts_with('/')) {
+        return None;
+    }
+    cgroup_path(rest)
 }
 
 /// A runtime's state file, by its name in `ROOT/ID/`.
@@ -88,13 +116,22 @@ impl StateFile {
                 InitOf {
                     pid: s.init_process_pid,
                     start_time: s.init_process_start,
+                    made: cgroup::Made {
+                        unified: runc_path(s.cgroup_paths.get(""), "/sys/fs/cgroup"),
+                        devices: runc_path(s.cgroup_paths.get("devices"), "/sys/fs/cgroup/devices"),
+                    },
                 }
             }
             StateFile::Crun => {
                 let s: CrunStatus = serde_json::from_slice(bytes)?;
+                let path = s.cgroup_path.as_deref().and_then(cgroup_path);
                 InitOf {
                     pid: s.pid,
                     start_time: s.process_start_time,
+                    made: cgroup::Made {
+                        unified: path.clone(),
+                        devices: path,
+                    },
                 }
             }
         })
@@ -175,16 +212,22 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
         .filter(|r| r.kind == HolderKind::Oci)
         .and_then(|r| r.init)
         .filter(ProcRef::alive);
-    let init = match recorded {
-        Some(i) => i,
+    let (init, state) = match recorded {
+        // The runtime's state, where it has one of that very init, for the cgroup it made.
+        Some(i) => (i, runtime_init(&cfg.oci_state_roots, id).ok().flatten()),
         None => match runtime_init(&cfg.oci_state_roots, id)? {
             Some((path, _)) if is_sandbox(&path)? => {
                 return Err(CliError::OciSandbox { id: id.to_string() })
             }
-            Some((_, of)) => running(id, of)?,
+            Some((path, of)) => (running(id, of.clone())?, Some((path, of))),
             None => return Ok(None),
         },
     };
+    let made = state
+        .map(|(_, of)| of)
+        .filter(|of| of.pid == init.pid && of.start_time == Some(init.start_time))
+        .map(|of| of.made)
+        .unwrap_or_default();
     // With a user namespace its `/dev` tmpfs is that namespace's: nodes are bind mounts
     // ([`Oci::userns`]).
     let idmap = id_map(init.pid)?;
@@ -192,6 +235,7 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
         id: id.to_string(),
         init,
         idmap,
+        made,
     }))
 }
 
@@ -254,11 +298,12 @@ fn is_sandbox(p: &Path) -> Result<bool, CliError> {
 /// still runs: a PID reused after the init exited (by a process of another container) gets
 /// nothing.
 fn init_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
-    let cg = match cgroup::v1_for_pid(ct.init.pid) {
+    let made = &ct.made;
+    let cg = match cgroup::v1_for_pid(ct.init.pid, made.devices.as_deref()) {
         Err(CgroupError {
             fault: Fault::NoV1Devices,
             ..
-        }) => cgroup::program_for_pid(ct.init.pid)?,
+        }) => cgroup::program_for_pid(ct.init.pid, made.unified.as_deref())?,
         r => r?,
     };
     if !ct.init.alive() {
@@ -357,15 +402,50 @@ mod tests {
             StateFile::Runc.parse(RUNC_STATE.as_bytes()).unwrap(),
             InitOf {
                 pid: 14797,
-                start_time: Some(1265849)
+                start_time: Some(1265849),
+                made: cgroup::Made {
+                    unified: None,
+                    devices: Some("/libpod_parent/libpod-b123".into())
+                }
             }
         );
         assert_eq!(
             StateFile::Crun.parse(CRUN_STATUS.as_bytes()).unwrap(),
             InitOf {
                 pid: 139179,
-                start_time: Some(263473330)
+                start_time: Some(263473330),
+                made: cgroup::Made {
+                    unified: Some("/busybox1".into()),
+                    devices: Some("/busybox1".into())
+                }
             }
+        );
+        // runc on cgroup v2 (fs2: the unified hierarchy at /sys/fs/cgroup); a directory
+        // elsewhere, or a path with `..`, says nothing.
+        let made = |paths: &str| {
+            let json = format!(
+                r#"{{"init_process_pid":1,"init_process_start":2,"cgroup_paths":{paths}}}"#
+            );
+            StateFile::Runc.parse(json.as_bytes()).unwrap().made
+        };
+        assert_eq!(
+            made(r#"{"":"/sys/fs/cgroup/system.slice/runc-c1.scope"}"#)
+                .unified
+                .as_deref(),
+            Some("/system.slice/runc-c1.scope")
+        );
+        assert_eq!(
+            made(r#"{"":"/sys/fs/cgroup/"}"#).unified.as_deref(),
+            Some("/")
+        );
+        assert_eq!(made(r#"{"":"/sys/fs/cgroupx/a"}"#), cgroup::Made::default());
+        assert_eq!(
+            made(r#"{"":"/sys/fs/cgroup/a/../b"}"#),
+            cgroup::Made::default()
+        );
+        assert_eq!(
+            made(r#"{"devices":"/cg/devices/a"}"#),
+            cgroup::Made::default()
         );
         // Older crun wrote no start time.
         assert_eq!(
@@ -374,7 +454,8 @@ mod tests {
                 .unwrap(),
             InitOf {
                 pid: 7,
-                start_time: None
+                start_time: None,
+                made: cgroup::Made::default()
             }
         );
         assert!(StateFile::Runc.parse(CRUN_STATUS.as_bytes()).is_err());
@@ -430,7 +511,11 @@ mod tests {
         let init = procfs::HOST
             .proc_ref(init.expect("the namespace's init"))
             .unwrap();
-        let of = |pid, start_time| InitOf { pid, start_time };
+        let of = |pid, start_time| InitOf {
+            pid,
+            start_time,
+            made: Default::default(),
+        };
         assert_eq!(
             running("c1", of(init.pid, Some(init.start_time))).unwrap(),
             init

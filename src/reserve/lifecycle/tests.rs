@@ -534,6 +534,7 @@ fn container() -> Container {
             by: Default::default(),
         },
         userns: None,
+        made: Default::default(),
     }
 }
 
