@@ -1414,6 +1414,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                     pid: 999_999,
                     start_time: 1,
                 }),
+                cgroup: None,
                 nodes: vec![],
                 mounts: vec![],
                 rootfs: Default::default(),

@@ -2157,6 +2157,13 @@ fn oci_hotplug_in_a_runc_container_whose_init_moved_below_its_cgroup_on_cgroup_v
 
 fn hotplug_with_the_init_moved(runtime: &str) {
     let o = Oci::new(FakeHost::blueprint(), runtime);
+    // Under crun no runtime's state is read: where crun put the init is what gpuhook-runtime's
+    // createRuntime hook recorded, before anything of the container ran.
+    if runtime == CRUN {
+        let mut c: Value = serde_json::from_slice(&std::fs::read(&o.host.config).unwrap()).unwrap();
+        c["oci_state_roots"] = json!([]);
+        std::fs::write(&o.host.config, c.to_string()).unwrap();
+    }
     let name = format!("gh-oci-moved-{}", runtime.rsplit('/').next().unwrap());
     podman_rm(&name);
     let r = o
@@ -2220,6 +2227,53 @@ fn hotplug_with_the_init_moved(runtime: &str) {
         "the runtime's"
     );
     assert_eq!(open("195:2"), "denied", "nothing but the GPU's nodes more");
+
+    // A device program below the runtime's cgroup, on the way to the init: no runtime's
+    // (a narrower one there would be the one a detach changed), refused.
+    {
+        use std::os::fd::AsFd;
+        let allow_all = [
+            gpuhook::cgroup::bpf::Insn {
+                code: 0xb7,
+                regs: 0,
+                off: 0,
+                imm: 1,
+            },
+            gpuhook::cgroup::bpf::Insn {
+                code: 0x95,
+                regs: 0,
+                off: 0,
+                imm: 0,
+            },
+        ];
+        let prog = gpuhook::cgroup::bpf::prog_load(
+            gpuhook::cgroup::bpf::BPF_PROG_TYPE_CGROUP_DEVICE,
+            &allow_all,
+            "GPL",
+        )
+        .unwrap();
+        let cg = std::fs::File::open(&below).unwrap();
+        let attach = gpuhook::cgroup::bpf::BPF_CGROUP_DEVICE;
+        gpuhook::cgroup::bpf::prog_attach(
+            cg.as_fd(),
+            prog.as_fd(),
+            attach,
+            gpuhook::cgroup::bpf::BPF_F_ALLOW_MULTI,
+        )
+        .unwrap();
+        let r = o
+            .host
+            .cmd()
+            .args(["detach", &id, "--device", "0000:08:00.0"])
+            .output()
+            .unwrap();
+        assert_refused(
+            &r,
+            "holds a device program below the cgroup its runtime made",
+        );
+        assert_eq!(o.host.holders()[&id], ["0000:07:00.0", "0000:08:00.0"]);
+        gpuhook::cgroup::bpf::prog_detach(cg.as_fd(), prog.as_fd(), attach).unwrap();
+    }
 
     // Out of the runtime's cgroup: refused, nothing changed.
     let out_of = made.parent().unwrap().join(format!("gh-elsewhere-{name}"));

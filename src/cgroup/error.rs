@@ -85,6 +85,14 @@ pub enum Fault {
         /// It is below that one (refused on v1 only).
         below: bool,
     },
+    /// Where the runtime put an OCI container's init is not known: neither its
+    /// `createRuntime` hook recorded it nor a runtime's state names that init.
+    #[error("where its runtime put container init {pid} is not known (no record of its createRuntime hook, no runtime state under oci_state_roots that names it); refusing to change its device rules")]
+    MadeUnknown { pid: i32 },
+    /// A device program not systemd's below the cgroup the runtime made, on the way to the
+    /// init: not the runtime's (it attaches its own where it put the init).
+    #[error("{} holds a device program below the cgroup its runtime made ({made}); refusing to change the container's device rules", .dir.display())]
+    ProgramBelow { dir: PathBuf, made: String },
     #[error(transparent)]
     OutsideDomain(#[from] OutsideDomain),
     /// Granting one node failed.

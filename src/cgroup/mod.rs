@@ -303,16 +303,45 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
 /// detach. The container may move its processes, the init among them, below it where its
 /// cgroup is writable, never above; rules changed below it would leave the runtime's in force
 /// for the processes that stayed. `None`: the state does not say (the init's own is taken).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Made {
     /// On the unified hierarchy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unified: Option<String>,
     /// On the v1 devices hierarchy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<String>,
 }
 
+impl Made {
+    /// Where process `pid` is now (its devices cgroup on v1, its unified one): read when the
+    /// runtime has put a container's init in its cgroup and nothing of the container has run
+    /// yet (its `createRuntime` hook).
+    pub fn of_pid(pid: i32) -> Result<Made, CgroupError> {
+        let (devices, unified) = cgroup_paths(pid)?;
+        Ok(Made { unified, devices })
+    }
+}
+
+/// A cgroup path as `/proc/PID/cgroup` gives it, from one a runtime recorded: absolute,
+/// empty and `.` components dropped (crun keeps them as written); `None` with a `..`.
+pub fn clean_path(p: &str) -> Option<String> {
+    if !p.starts_with('/') {
+        return None;
+    }
+    let mut out = String::new();
+    for c in p.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        if c == ".." {
+            return None;
+        }
+        out.push('/');
+        out.push_str(c);
+    }
+    Some(if out.is_empty() { "/".into() } else { out })
+}
+
 /// The v1 devices cgroup of a process (an OCI container's init: the cgroup its runtime
-/// made, `made` where its state says: the init must still be there); [`Fault::NoV1Devices`]
+/// made, `made`: the init must still be there; `None`: not known, refused); [`Fault::NoV1Devices`]
 /// when its devices controller is not on a v1 hierarchy, or it is in the root devices cgroup
 /// while its runtime placed it on the unified hierarchy (a cgroup v2 container on a hybrid
 /// host), [`Fault::InitLeft`] when it is in no cgroup but the roots (an exiting init: the
@@ -321,14 +350,17 @@ pub fn v1_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgroup>,
     let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
     match cgroup_paths(pid)? {
         (Some(v1), _) if v1 != "/" => {
-            if let Some(m) = made.filter(|m| *m != v1) {
-                let below = v1.starts_with(&format!("{}/", m.trim_end_matches('/')));
+            let Some(made) = made else {
+                return Err(CgroupError::new(&what, Fault::MadeUnknown { pid }));
+            };
+            if made != v1 {
+                let below = v1.starts_with(&format!("{}/", made.trim_end_matches('/')));
                 return Err(CgroupError::new(
                     &what,
                     Fault::LeftItsCgroup {
                         pid,
                         now: v1,
-                        made: m.to_string(),
+                        made: made.to_string(),
                         below,
                     },
                 ));
@@ -343,11 +375,11 @@ pub fn v1_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgroup>,
 }
 
 /// The device cgroup of an OCI container's init on cgroup v2, where its runtime attached its
-/// device program ([`program::Replace`]): the cgroup `made` (where the runtime put the init,
-/// its state says) or the first below it, on the way to the init's, that holds a program of
-/// the runtime's (none: `made` itself); the init must be in `made` or below. Without `made`,
-/// the init's own cgroup. Never one above: a cgroup above rules other processes too (a program
-/// there is one an attach checks lets the GPU through, [`DeviceCgroup::effective`]).
+/// device program ([`program::Replace`]): the cgroup `made`, where the runtime put the init
+/// (`None`: not known, refused). The init must be there or below, and no program but
+/// systemd's on the way from there to the init's: a program at `made` rules every process
+/// below it. Never one above: a cgroup above rules other processes too (a program there is
+/// one an attach checks lets the GPU through, [`DeviceCgroup::effective`]).
 pub fn program_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let (_, v2) = cgroup_paths(pid)?;
@@ -370,7 +402,7 @@ pub fn program_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgr
     };
     let dir = dir_of(&p)?;
     let Some(made) = made else {
-        return Ok(Box::new(program::Replace::open(&dir)?));
+        return Err(CgroupError::new(&what, Fault::MadeUnknown { pid }));
     };
     let top = dir_of(made)?;
     if !dir.starts_with(&top) {
@@ -384,14 +416,23 @@ pub fn program_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgr
             },
         ));
     }
-    let mut at = top.clone();
-    for d in dir.ancestors().take_while(|d| d.starts_with(&top)) {
+    // The runtime attaches its program where it put the init: one below that, on the way to
+    // the init, is no runtime's, and would be the one that narrows what a detach leaves.
+    for d in dir
+        .ancestors()
+        .take_while(|d| *d != top && d.starts_with(&top))
+    {
         if program::runtime_programs(d)? > 0 {
-            at = d.to_path_buf();
-            break;
+            return Err(CgroupError::new(
+                d,
+                Fault::ProgramBelow {
+                    dir: d.to_path_buf(),
+                    made: made.to_string(),
+                },
+            ));
         }
     }
-    Ok(Box::new(program::Replace::open(&at)?))
+    Ok(Box::new(program::Replace::open(&top)?))
 }
 
 /// The cgroup libvirt made for a container, given its controller's and its init's cgroup

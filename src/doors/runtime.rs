@@ -653,7 +653,14 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
                 .pid
                 .and_then(ProcRef::of)
                 .ok_or(RuntimeError::NoInitPid)
-                .and_then(|init| Ok(lifecycle::record_init(&h, by, init)?));
+                .and_then(|init| {
+                    // Where the runtime put it, before anything of the container runs: its
+                    // device cgroup for hotplug, whatever the container does later.
+                    let cgroup = crate::cgroup::Made::of_pid(init.pid)
+                        .map_err(|e| log::warn(&format!("{who}: createRuntime: {e}")))
+                        .ok();
+                    Ok(lifecycle::record_init(&h, by, init, cgroup)?)
+                });
             match recorded {
                 Ok(()) => 0,
                 Err(e) => {

@@ -107,6 +107,10 @@ pub struct Reservation {
     /// The container's init once running: when it is gone the reservation is stale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init: Option<ProcRef>,
+    /// Where the runtime put an OCI container's init, read at its `createRuntime` hook
+    /// (before anything of the container ran): its device cgroup for hotplug.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<crate::cgroup::Made>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<Node>,
     /// The driver files gpuhook mounted into a libvirt container from CDI specs (`reconnect`
@@ -154,6 +158,7 @@ impl Reservation {
             prepared_by: None,
             controller: None,
             init: None,
+            cgroup: None,
             nodes: vec![],
             mounts: vec![],
             rootfs: Default::default(),

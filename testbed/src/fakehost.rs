@@ -823,6 +823,7 @@ pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
                         prepared_by: None,
                         controller: Some(1),
                         init: Some(me),
+                        cgroup: None,
                         nodes: vec![],
                         mounts: vec![],
                         rootfs: Default::default(),

@@ -71,13 +71,6 @@ struct CrunStatus {
     cgroup_path: Option<String>,
 }
 
-/// A cgroup path as `/proc/PID/cgroup` gives it: absolute, no `.` or `..`.
-fn cgroup_path(p: &str) -> Option<String> {
-    let p = p.trim_end_matches('/');
-    let p = if p.is_empty() { "/" } else { p };
-    (p.starts_with('/') && !p.split('/').any(|c| c == "." || c == "..")).then(|| p.to_string())
-}
-
 /// The path of runc's cgroup directory `dir` on the hierarchy runc mounts at `mount`
 /// (runc's own mount points: `/sys/fs/cgroup` for the unified hierarchy, fs2's
 /// `UnifiedMountpoint`; `/sys/fs/cgroup/devices` on the hosts that mount v1).
@@ -86,7 +79,7 @@ fn runc_path(dir: Option<&String>, mount: &str) -> Option<String> {
     if !(rest.is_empty() || rest.starts_with('/')) {
         return None;
     }
-    cgroup_path(rest)
+    cgroup::clean_path(if rest.is_empty() { "/" } else { rest })
 }
 
 /// A runtime's state file, by its name in `ROOT/ID/`.
@@ -124,7 +117,7 @@ impl StateFile {
             }
             StateFile::Crun => {
                 let s: CrunStatus = serde_json::from_slice(bytes)?;
-                let path = s.cgroup_path.as_deref().and_then(cgroup_path);
+                let path = s.cgroup_path.as_deref().and_then(cgroup::clean_path);
                 InitOf {
                     pid: s.pid,
                     start_time: s.process_start_time,
@@ -210,24 +203,32 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
         .reservations
         .get(id)
         .filter(|r| r.kind == HolderKind::Oci)
-        .and_then(|r| r.init)
-        .filter(ProcRef::alive);
-    let (init, state) = match recorded {
-        // The runtime's state, where it has one of that very init, for the cgroup it made.
-        Some(i) => (i, runtime_init(&cfg.oci_state_roots, id).ok().flatten()),
+        .and_then(|r| Some((r.init?, r.cgroup.clone())))
+        .filter(|(i, _)| i.alive());
+    // Where the runtime put the init: as its createRuntime hook read it (gpuhook-runtime's
+    // create), else as the runtime's state says while it names that very init; else unknown,
+    // and hotplug is refused ([`init_cgroup`]).
+    let (init, made) = match recorded {
+        Some((i, Some(made))) => (i, made),
+        Some((i, None)) => {
+            let of = runtime_init(&cfg.oci_state_roots, id)?.map(|(_, of)| of);
+            let made = of
+                .filter(|of| of.pid == i.pid && of.start_time == Some(i.start_time))
+                .map(|of| of.made)
+                .unwrap_or_default();
+            (i, made)
+        }
         None => match runtime_init(&cfg.oci_state_roots, id)? {
             Some((path, _)) if is_sandbox(&path)? => {
                 return Err(CliError::OciSandbox { id: id.to_string() })
             }
-            Some((path, of)) => (running(id, of.clone())?, Some((path, of))),
+            Some((_, of)) => {
+                let made = of.made.clone();
+                (running(id, of)?, made)
+            }
             None => return Ok(None),
         },
     };
-    let made = state
-        .map(|(_, of)| of)
-        .filter(|of| of.pid == init.pid && of.start_time == Some(init.start_time))
-        .map(|of| of.made)
-        .unwrap_or_default();
     // With a user namespace its `/dev` tmpfs is that namespace's: nodes are bind mounts
     // ([`Oci::userns`]).
     let idmap = id_map(init.pid)?;
@@ -447,6 +448,15 @@ mod tests {
             made(r#"{"devices":"/cg/devices/a"}"#),
             cgroup::Made::default()
         );
+        // crun keeps a path as written (`run.oci.systemd.subgroup=./container`): cleaned.
+        let crun = StateFile::Crun
+            .parse(br#"{"pid": 7, "cgroup-path": "/s.scope/./container//"}"#)
+            .unwrap();
+        assert_eq!(crun.made.unified.as_deref(), Some("/s.scope/container"));
+        let crun = StateFile::Crun
+            .parse(br#"{"pid": 7, "cgroup-path": "/s.scope/../x"}"#)
+            .unwrap();
+        assert_eq!(crun.made, cgroup::Made::default());
         // Older crun wrote no start time.
         assert_eq!(
             StateFile::Crun

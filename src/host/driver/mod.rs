@@ -522,11 +522,12 @@ pub fn discover(root: &Path, version: &str) -> Result<Found, DriverError> {
 }
 
 /// Every file is root's and not writable by group or others, nor is any directory on the way
-/// to it from `root` (the host's root, the config's `root`), `root` included: a user who may
-/// write one could swap the file after this check, before it is mounted (a socket need only
-/// be root's). Checked at every start: a file changed since it was found (gone, or another
+/// to it from `/` (through the host's root, the config's `root`; a sticky one above `root`
+/// may be, `/tmp`): a user who may write one could swap the file after this check, before it
+/// is mounted (a socket need only be root's). Below `root` each is a directory, not a link. Checked at every start: a file changed since it was found (gone, or another
 /// type) is an error too.
 pub fn check_trust(root: &Path, files: &[DriverFile]) -> Result<(), DriverError> {
+    check_root(root)?;
     let mut dirs_ok: BTreeSet<PathBuf> = BTreeSet::new();
     for f in files {
         let path = &f.source;
@@ -561,39 +562,67 @@ pub fn check_trust(root: &Path, files: &[DriverFile]) -> Result<(), DriverError>
                 mode: md.mode() & 0o7777,
             });
         }
-        // Its directory and each above it, up to the root; or its directory alone where
-        // the file is not under the root.
+        // Its directory and each above it, below the root (found with every link
+        // resolved: each a directory, not a link); or its directory alone where the file is
+        // not under the root.
         let mut dirs: Vec<&Path> = path
             .ancestors()
             .skip(1)
-            .take_while(|d| d.starts_with(root))
+            .take_while(|d| d.starts_with(root) && *d != root)
             .collect();
-        if dirs.is_empty() {
+        if dirs.is_empty() && !path.starts_with(root) {
             dirs.extend(path.parent());
         }
         for dir in dirs {
             if !dirs_ok.insert(dir.to_path_buf()) {
                 break;
             }
-            let dm = std::fs::metadata(dir).map_err(|source| DriverError::Gone {
-                path: dir.to_path_buf(),
-                source,
-            })?;
-            if dm.uid() != 0 {
-                return Err(DriverError::DirNotRoots {
-                    path: path.clone(),
-                    dir: dir.to_path_buf(),
-                    uid: dm.uid(),
-                });
-            }
-            if dm.mode() & 0o022 != 0 {
-                return Err(DriverError::DirWritable {
-                    path: path.clone(),
-                    dir: dir.to_path_buf(),
-                    mode: dm.mode() & 0o7777,
-                });
-            }
+            trusted_dir(path, dir, false)?;
         }
+    }
+    Ok(())
+}
+
+/// The root and each directory above it, as it really is (its links resolved): root's, not
+/// writable by group or others — but for one above the root with the sticky bit (`/tmp`),
+/// where no one else may rename what is root's.
+fn check_root(root: &Path) -> Result<(), DriverError> {
+    let real = std::fs::canonicalize(root).map_err(|source| DriverError::Gone {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    for (i, dir) in real.ancestors().enumerate() {
+        trusted_dir(root, dir, i > 0)?;
+    }
+    Ok(())
+}
+
+/// A directory `dir` on the way to `path`: a directory (not a link), root's, not writable by
+/// group or others (`sticky_ok`: unless its sticky bit is set).
+fn trusted_dir(path: &Path, dir: &Path, sticky_ok: bool) -> Result<(), DriverError> {
+    let dm = std::fs::symlink_metadata(dir).map_err(|source| DriverError::Gone {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if !dm.is_dir() {
+        return Err(DriverError::Changed {
+            path: dir.to_path_buf(),
+            want: "directory",
+        });
+    }
+    if dm.uid() != 0 {
+        return Err(DriverError::DirNotRoots {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+            uid: dm.uid(),
+        });
+    }
+    if dm.mode() & 0o022 != 0 && !(sticky_ok && dm.mode() & 0o1000 != 0) {
+        return Err(DriverError::DirWritable {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+            mode: dm.mode() & 0o7777,
+        });
     }
     Ok(())
 }

@@ -347,13 +347,48 @@ fn untrusted_files_and_directories_are_refused() {
         Err(DriverError::DirWritable { mode: 0o775, dir, .. }) if dir == usr
     ));
     std::fs::set_permissions(&usr, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // The root itself.
+    // The root itself, and a directory above it (a sticky one may be written by others:
+    // the tests' roots lie in /tmp).
     std::os::unix::fs::chown(r.root(), Some(1000), None).unwrap();
     assert!(matches!(
         check_trust(r.root(), &f.files),
         Err(DriverError::DirNotRoots { uid: 1000, .. })
     ));
     std::os::unix::fs::chown(r.root(), Some(0), None).unwrap();
+    let above = tempfile::tempdir().unwrap();
+    let nested = above.path().join("host");
+    std::fs::rename(r.root(), &nested).unwrap();
+    let moved: Vec<DriverFile> = f
+        .files
+        .iter()
+        .map(|x| DriverFile {
+            source: nested.join(x.source.strip_prefix(r.root()).unwrap()),
+            ..x.clone()
+        })
+        .collect();
+    check_trust(&nested, &moved).unwrap();
+    std::fs::set_permissions(above.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(matches!(
+        check_trust(&nested, &moved),
+        Err(DriverError::DirWritable { mode: 0o777, .. })
+    ));
+    std::fs::set_permissions(above.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    check_trust(&nested, &moved).unwrap();
+    // Below the root, a directory that became a link (to one as trusted) since it was found.
+    let fw_dir = nested.join(format!("lib/firmware/nvidia/{V}"));
+    let real_fw = nested.join("fw-elsewhere");
+    std::fs::rename(&fw_dir, &real_fw).unwrap();
+    symlink(&real_fw, &fw_dir).unwrap();
+    assert!(matches!(
+        check_trust(&nested, &moved),
+        Err(DriverError::Changed {
+            want: "directory",
+            ..
+        })
+    ));
+    std::fs::remove_file(&fw_dir).unwrap();
+    std::fs::rename(&real_fw, &fw_dir).unwrap();
+    std::fs::rename(&nested, r.root()).unwrap();
     // A socket is 0777 (clients must connect): root's is enough.
     check_trust(r.root(), &f.files).unwrap();
     let sock = r.p("/run/nvidia-persistenced/socket");

@@ -165,13 +165,24 @@ pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
 /// An OCI container's init exists (its `createRuntime` hook): the reservation is running and
 /// stale once that init is gone. `by` is the process that reserved it (the hook's token): a
 /// hook left from another `create` of the same ID acts on nothing. An error when the
-/// container holds no such reservation.
-pub fn record_init(h: &Holder, by: ProcRef, init: ProcRef) -> Result<(), Error> {
-    record_init_in(&Config::load()?, h, by, init)
+/// container holds no such reservation. `cgroup`: where the runtime put the init.
+pub fn record_init(
+    h: &Holder,
+    by: ProcRef,
+    init: ProcRef,
+    cgroup: Option<crate::cgroup::Made>,
+) -> Result<(), Error> {
+    record_init_in(&Config::load()?, h, by, init, cgroup)
 }
 
 /// [`record_init`] with the config the front door loaded.
-pub fn record_init_in(cfg: &Config, h: &Holder, by: ProcRef, init: ProcRef) -> Result<(), Error> {
+pub fn record_init_in(
+    cfg: &Config,
+    h: &Holder,
+    by: ProcRef,
+    init: ProcRef,
+    cgroup: Option<crate::cgroup::Made>,
+) -> Result<(), Error> {
     let now = now_rfc3339();
     let gpus = store(cfg).update(|st| -> Result<_, Error> {
         let r = st
@@ -181,6 +192,7 @@ pub fn record_init_in(cfg: &Config, h: &Holder, by: ProcRef, init: ProcRef) -> R
             .ok_or(LifecycleError::NotThisCreate)?;
         r.phase = Phase::Running;
         r.init = Some(init);
+        r.cgroup = cgroup;
         r.updated = now;
         Ok(r.gpus.clone())
     })?;
@@ -214,6 +226,7 @@ fn new_reservation(
         prepared_by: None,
         controller: None,
         init: None,
+        cgroup: None,
         nodes: Vec::new(),
         mounts: Vec::new(),
         rootfs: Default::default(),

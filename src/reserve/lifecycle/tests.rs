@@ -472,6 +472,7 @@ impl Host {
                         prepared_by: None,
                         controller: init.map(|_| CTRL),
                         init,
+                        cgroup: None,
                         nodes: vec![],
                         mounts: vec![],
                         rootfs: Default::default(),
