@@ -2072,23 +2072,7 @@ fn oci_attach_and_detach_in_a_runc_container_on_cgroup_v2() {
 fn attach_and_detach_on_cgroup_v2(runtime: &str) {
     let o = Oci::new(FakeHost::blueprint(), runtime);
     let name = format!("gh-oci-hp4-{}", runtime.rsplit('/').next().unwrap());
-    podman_rm(&name);
-    let r = o
-        .podman(
-            Cgroup::V2,
-            &[
-                "-d",
-                "--name",
-                &name,
-                "--annotation",
-                "gpuhook.io/devices=0",
-            ],
-            "sleep 600",
-        )
-        .output()
-        .unwrap();
-    assert_ok(&r);
-    let id = out(&r).trim().to_string();
+    let id = podman_v2_with_gpu0(&o, &name);
     let open = |mm| open_in_cg(Cgroup::V2, &id, mm);
     let crun_prog = device_programs(&id);
     assert_eq!(crun_prog.len(), 1, "{crun_prog:?}");
@@ -2165,23 +2149,7 @@ fn hotplug_with_the_init_moved(runtime: &str) {
         std::fs::write(&o.host.config, c.to_string()).unwrap();
     }
     let name = format!("gh-oci-moved-{}", runtime.rsplit('/').next().unwrap());
-    podman_rm(&name);
-    let r = o
-        .podman(
-            Cgroup::V2,
-            &[
-                "-d",
-                "--name",
-                &name,
-                "--annotation",
-                "gpuhook.io/devices=0",
-            ],
-            "sleep 600",
-        )
-        .output()
-        .unwrap();
-    assert_ok(&r);
-    let id = out(&r).trim().to_string();
+    let id = podman_v2_with_gpu0(&o, &name);
     // `podman exec` runs in the cgroup the runtime made: a process the container left there.
     let open = |mm| open_in_cg(Cgroup::V2, &id, mm);
     let dev = |n: &str| o.host.paths.dev.join(n);
@@ -2300,6 +2268,22 @@ fn hotplug_with_the_init_moved(runtime: &str) {
         .output();
     podman_rm(&id);
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
+/// A detached podman container `name` on cgroup v2 (cgroupfs) that asked for GPU 0 and sleeps;
+/// its ID.
+fn podman_v2_with_gpu0(o: &Oci, name: &str) -> String {
+    podman_rm(name);
+    let r = o
+        .podman(
+            Cgroup::V2,
+            &["-d", "--name", name, "--annotation", "gpuhook.io/devices=0"],
+            "sleep 600",
+        )
+        .output()
+        .unwrap();
+    assert_ok(&r);
+    out(&r).trim().to_string()
 }
 
 /// The device cgroup a running container's init is in, as this host mounts it: its v1
