@@ -298,11 +298,12 @@ pub fn for_pid(pid: i32) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     open(v1, v2, Path::new(&format!("/proc/{pid}/cgroup")))
 }
 
-/// Where an OCI runtime put a container's init at create, as the runtime's state records it
-/// (paths as `/proc/PID/cgroup` shows them): the container's device cgroup for attach and
-/// detach. The container may move its processes, the init among them, below it where its
-/// cgroup is writable, never above; rules changed below it would leave the runtime's in force
-/// for the processes that stayed. `None`: the state does not say (the init's own is taken).
+/// Where an OCI runtime put a container's init at create (paths as `/proc/PID/cgroup` shows
+/// them), as gpuhook-runtime's `createRuntime` hook read it or the runtime's state records
+/// it: the container's device cgroup for attach and detach. The container may move its
+/// processes, the init among them, below it where its cgroup is writable, never above; rules
+/// changed below it would leave the runtime's in force for the processes that stayed.
+/// `None`: not known (hotplug is refused).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Made {
     /// On the unified hierarchy.
