@@ -1415,6 +1415,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                     start_time: 1,
                 }),
                 cgroup: None,
+                namespaces: None,
                 nodes: vec![],
                 mounts: vec![],
                 rootfs: Default::default(),

@@ -1963,6 +1963,46 @@ fn oci_hotplug_refused_where_the_init_moved_below_its_devices_cgroup_on_cgroup_v
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
+/// An init that left the mount namespace its runtime made (it unshared its own, as a
+/// container with `CAP_SYS_ADMIN` and no seccomp filter may) is refused hotplug in one line,
+/// nothing changed: gpuhook would make nodes and mounts in a namespace the container chose
+/// (the hostile review of issue 31; the old code attached there). The namespaces are those
+/// gpuhook-runtime's createRuntime hook recorded.
+#[test]
+fn oci_hotplug_refused_for_an_init_that_left_its_mount_namespace() {
+    let o = Oci::new(FakeHost::blueprint(), RUNC);
+    let id = podman_detached(
+        &o,
+        "gh-oci-unshared",
+        &[
+            "--annotation",
+            "gpuhook.io/devices=0",
+            "--cap-add",
+            "sys_admin",
+        ],
+        "exec busybox unshare -m sleep 600",
+    );
+    let pid = init_pid(&id);
+    let t = Instant::now();
+    while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default() != "sleep\n" {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the init never slept"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for args in [
+        vec!["attach", id.as_str(), "--device", "1"],
+        vec!["detach", id.as_str(), "--device", "0000:07:00.0"],
+    ] {
+        let r = o.host.cmd().args(&args).output().unwrap();
+        assert_refused(&r, "has left the mount namespace its runtime made");
+        assert_eq!(o.host.holders()[&id], ["0000:07:00.0"], "{args:?}");
+    }
+    podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
+}
+
 /// A container started without a request gets a GPU by attach (found through runc's state:
 /// gpuhook recorded nothing of it), and its removal frees it.
 #[test]

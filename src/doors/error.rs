@@ -73,6 +73,14 @@ pub enum CliError {
     /// The runtime's state names a process that is no PID namespace's init.
     #[error("container '{id}': pid {pid}, which its runtime's state names, is not the init of a PID namespace of its own")]
     OciNotInit { id: String, pid: i32 },
+    /// The init is no longer in the user or mount namespace its runtime made (it unshared
+    /// its own): gpuhook would act in namespaces the container chose.
+    #[error("container '{id}': its init (pid {pid}) has left the {which} namespace its runtime made; refusing to change it")]
+    OciLeftNamespace {
+        id: String,
+        pid: i32,
+        which: &'static str,
+    },
     /// An OCI runtime's state file cannot be read.
     #[error("{}: {source}", path.display())]
     ReadOciState {

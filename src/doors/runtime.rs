@@ -659,7 +659,8 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
                     let cgroup = crate::cgroup::Made::of_pid(init.pid)
                         .map_err(|e| log::warn(&format!("{who}: createRuntime: {e}")))
                         .ok();
-                    Ok(lifecycle::record_init(&h, by, init, cgroup)?)
+                    let ns = crate::host::procfs::HOST.namespaces(init.pid);
+                    Ok(lifecycle::record_init(&h, by, init, cgroup, ns)?)
                 });
             match recorded {
                 Ok(()) => 0,

@@ -16,6 +16,14 @@ pub struct ProcRef {
     pub start_time: u64,
 }
 
+/// A process's user and mount namespaces, by inode: those an OCI container's init was in when
+/// its runtime had made them (its `createRuntime` hook), which hotplug acts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespaces {
+    pub user: u64,
+    pub mnt: u64,
+}
+
 /// A `/proc` to read process facts from.
 #[derive(Debug, Clone, Copy)]
 pub struct Proc<'a> {
@@ -124,9 +132,26 @@ impl Proc<'_> {
 
     /// The inode of a process's PID namespace (`ns/pid`, a link to `pid:[INODE]`).
     pub fn pid_ns(&self, pid: i32) -> Option<u64> {
-        let l = std::fs::read_link(self.path(pid, "ns/pid")).ok()?;
-        let inode = l.to_str()?.strip_prefix("pid:[")?.strip_suffix(']')?;
+        self.ns(pid, "pid")
+    }
+
+    /// The inode of a process's namespace of `kind` (`ns/KIND`, a link to `KIND:[INODE]`).
+    pub fn ns(&self, pid: i32, kind: &str) -> Option<u64> {
+        let l = std::fs::read_link(self.path(pid, &format!("ns/{kind}"))).ok()?;
+        let inode = l
+            .to_str()?
+            .strip_prefix(kind)?
+            .strip_prefix(":[")?
+            .strip_suffix(']')?;
         inode.parse().ok()
+    }
+
+    /// The user and mount namespaces a process is in.
+    pub fn namespaces(&self, pid: i32) -> Option<Namespaces> {
+        Some(Namespaces {
+            user: self.ns(pid, "user")?,
+            mnt: self.ns(pid, "mnt")?,
+        })
     }
 
     pub fn comm(&self, pid: i32) -> Option<String> {
@@ -599,6 +624,39 @@ mod tests {
         assert_eq!(m[2].dev, libc::makedev(254, 0));
         // Our own mount namespace has a root.
         assert!(mounts(None).unwrap().iter().any(|m| m.mount_point == "/"));
+    }
+
+    /// A process's namespaces by inode, from the `ns/KIND` links (`KIND:[INODE]`); a link of
+    /// another kind, or none, gives none.
+    #[test]
+    fn namespaces_by_inode() {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = dir.path().join("7/ns");
+        std::fs::create_dir_all(&ns).unwrap();
+        std::os::unix::fs::symlink("user:[4026531837]", ns.join("user")).unwrap();
+        std::os::unix::fs::symlink("mnt:[4026532210]", ns.join("mnt")).unwrap();
+        std::os::unix::fs::symlink("mnt:[4026532211]", ns.join("pid")).unwrap();
+        let p = Proc {
+            root: dir.path().to_str().unwrap(),
+        };
+        assert_eq!(
+            p.namespaces(7),
+            Some(Namespaces {
+                user: 4026531837,
+                mnt: 4026532210
+            })
+        );
+        assert_eq!(p.pid_ns(7), None);
+        assert_eq!(p.namespaces(8), None);
+        // This process's own, as the kernel shows them.
+        let me = HOST.namespaces(std::process::id() as i32).unwrap();
+        let ino = |k: &str| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(format!("/proc/self/ns/{k}"))
+                .unwrap()
+                .ino()
+        };
+        assert_eq!((me.user, me.mnt), (ino("user"), ino("mnt")));
     }
 
     /// A process whose main thread exited while another goes on (what a container's PID 1

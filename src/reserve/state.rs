@@ -111,6 +111,10 @@ pub struct Reservation {
     /// (before anything of the container ran): its device cgroup for hotplug.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<crate::cgroup::Made>,
+    /// The user and mount namespaces its init was in then: hotplug refuses an init that left
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<crate::host::procfs::Namespaces>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<Node>,
     /// The driver files gpuhook mounted into a libvirt container from CDI specs (`reconnect`
@@ -159,6 +163,7 @@ impl Reservation {
             controller: None,
             init: None,
             cgroup: None,
+            namespaces: None,
             nodes: vec![],
             mounts: vec![],
             rootfs: Default::default(),

@@ -824,6 +824,7 @@ pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
                         controller: Some(1),
                         init: Some(me),
                         cgroup: None,
+                        namespaces: None,
                         nodes: vec![],
                         mounts: vec![],
                         rootfs: Default::default(),

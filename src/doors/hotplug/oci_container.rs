@@ -203,8 +203,26 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
         .reservations
         .get(id)
         .filter(|r| r.kind == HolderKind::Oci)
-        .and_then(|r| Some((r.init?, r.cgroup.clone())))
-        .filter(|(i, _)| i.alive());
+        .and_then(|r| Some((r.init?, r.cgroup.clone(), r.namespaces)))
+        .filter(|(i, _, _)| i.alive());
+    // An init that left the namespaces its runtime made (unshared its own) is refused: gpuhook
+    // would make nodes and mounts in namespaces the container chose.
+    if let Some((i, _, Some(then))) = &recorded {
+        let now = procfs::HOST.namespaces(i.pid);
+        for (which, was, is) in [
+            ("user", then.user, now.map(|n| n.user)),
+            ("mount", then.mnt, now.map(|n| n.mnt)),
+        ] {
+            if is != Some(was) {
+                return Err(CliError::OciLeftNamespace {
+                    id: id.to_string(),
+                    pid: i.pid,
+                    which,
+                });
+            }
+        }
+    }
+    let recorded = recorded.map(|(i, c, _)| (i, c));
     // Where the runtime put the init: as its createRuntime hook read it (gpuhook-runtime's
     // create), else as the runtime's state says while it names that very init; else unknown,
     // and hotplug is refused ([`init_cgroup`]).

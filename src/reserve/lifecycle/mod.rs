@@ -165,14 +165,16 @@ pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
 /// An OCI container's init exists (its `createRuntime` hook): the reservation is running and
 /// stale once that init is gone. `by` is the process that reserved it (the hook's token): a
 /// hook left from another `create` of the same ID acts on nothing. An error when the
-/// container holds no such reservation. `cgroup`: where the runtime put the init.
+/// container holds no such reservation. `cgroup`, `namespaces`: where the runtime put the
+/// init.
 pub fn record_init(
     h: &Holder,
     by: ProcRef,
     init: ProcRef,
     cgroup: Option<crate::cgroup::Made>,
+    namespaces: Option<crate::host::procfs::Namespaces>,
 ) -> Result<(), Error> {
-    record_init_in(&Config::load()?, h, by, init, cgroup)
+    record_init_in(&Config::load()?, h, by, init, cgroup, namespaces)
 }
 
 /// [`record_init`] with the config the front door loaded.
@@ -182,6 +184,7 @@ pub fn record_init_in(
     by: ProcRef,
     init: ProcRef,
     cgroup: Option<crate::cgroup::Made>,
+    namespaces: Option<crate::host::procfs::Namespaces>,
 ) -> Result<(), Error> {
     let now = now_rfc3339();
     let gpus = store(cfg).update(|st| -> Result<_, Error> {
@@ -193,6 +196,7 @@ pub fn record_init_in(
         r.phase = Phase::Running;
         r.init = Some(init);
         r.cgroup = cgroup;
+        r.namespaces = namespaces;
         r.updated = now;
         Ok(r.gpus.clone())
     })?;
@@ -227,6 +231,7 @@ fn new_reservation(
         controller: None,
         init: None,
         cgroup: None,
+        namespaces: None,
         nodes: Vec::new(),
         mounts: Vec::new(),
         rootfs: Default::default(),

@@ -473,6 +473,7 @@ impl Host {
                         controller: init.map(|_| CTRL),
                         init,
                         cgroup: None,
+                        namespaces: None,
                         nodes: vec![],
                         mounts: vec![],
                         rootfs: Default::default(),
