@@ -11,6 +11,10 @@ step "dependencies"
 step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+step "structure (file circles, rooms, sizes, unsafe, config, holders, type names, string errors, docs)"
+# The kinds that fail the suite (all: circles,rooms,size,unsafe,config,holders,dupes,errors,docs).
+STRUCTURE_DENY=${STRUCTURE_DENY:-all}
+cargo run -q -p xtask --locked -- structure --deny "$STRUCTURE_DENY"
 step "build"
 cargo build --workspace --locked
 step "unit and integration tests (fake hosts, cgroup v1/v2, real libvirtd)"

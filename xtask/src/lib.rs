@@ -1,1 +1,3 @@
-pub fn placeholder() {}
+//! Developer tasks that are tested: the structure check.
+
+pub mod structure;

@@ -1,6 +1,7 @@
 //! Developer tasks: `cargo run -p xtask -- dist DIR` writes the man pages (gpuhook,
 //! gpuhook-libvirt, gpuhook-runtime) and the shell completions of both binaries, generated
-//! from their clap definitions.
+//! from their clap definitions; `cargo run -p xtask -- structure` checks the code's structure
+//! (see `xtask::structure`).
 
 use clap::CommandFactory;
 use std::path::Path;
@@ -14,11 +15,79 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        [cmd, rest @ ..] if cmd == "structure" => std::process::exit(structure(rest)),
         _ => {
-            eprintln!("usage: cargo run -p xtask -- dist DIR");
+            eprintln!(
+                "usage: cargo run -p xtask -- dist DIR | structure [--root DIR] [--deny KIND,...]"
+            );
             std::process::exit(2);
         }
     }
+}
+
+/// `structure [--root DIR] [--deny KIND,...]`: prints every finding; exits 1 when one is of a
+/// denied kind (default: all; `--deny ''` denies none), 2 on bad arguments.
+fn structure(args: &[String]) -> i32 {
+    use xtask::structure::{check, KINDS};
+    let mut root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut deny: Vec<String> = KINDS.iter().map(|k| k.to_string()).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f, Some(v.to_owned())),
+            None => (a.as_str(), None),
+        };
+        let value = inline.or_else(|| it.next().cloned());
+        match (flag, value) {
+            ("--root", Some(v)) => root = v.into(),
+            ("--deny", Some(v)) => {
+                deny = v
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|k| !k.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if deny.iter().any(|k| k == "all") {
+                    deny = KINDS.iter().map(|k| k.to_string()).collect();
+                }
+                if let Some(k) = deny.iter().find(|k| !KINDS.contains(&k.as_str())) {
+                    eprintln!(
+                        "xtask structure: unknown kind {k} (kinds: {})",
+                        KINDS.join(",")
+                    );
+                    return 2;
+                }
+            }
+            _ => {
+                eprintln!("usage: cargo run -p xtask -- structure [--root DIR] [--deny KIND,...]");
+                return 2;
+            }
+        }
+    }
+    let findings = match check(&root) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("xtask structure: {}: {e}", root.display());
+            return 2;
+        }
+    };
+    for f in &findings {
+        println!("{f}");
+    }
+    let denied = findings
+        .iter()
+        .filter(|f| deny.iter().any(|k| k == f.kind))
+        .count();
+    eprintln!(
+        "structure: {} findings, {denied} of a denied kind ({})",
+        findings.len(),
+        if deny.is_empty() {
+            "none".to_owned()
+        } else {
+            deny.join(",")
+        }
+    );
+    i32::from(denied > 0)
 }
 
 fn dist(dir: &Path) -> std::io::Result<()> {
