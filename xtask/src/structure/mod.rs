@@ -296,4 +296,46 @@ mod tests {
         );
         assert_eq!(absolute(&tree, &f, &named("std::io", true)), None);
     }
+
+    #[test]
+    fn a_small_tree() {
+        let root = std::env::temp_dir().join(format!("xtask-structure-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let files = [
+            ("src/lib.rs", "pub mod doors;\npub mod reserve;\npub mod log;\n"),
+            ("src/log.rs", "pub fn f() {}\n"),
+            ("src/doors/mod.rs", "pub mod hook;\n"),
+            ("src/doors/hook.rs", "use crate::reserve::life::step;\nfn run() { step(); }\n"),
+            ("src/reserve/mod.rs", "pub mod life;\npub use life::step;\npub struct Holder;\n"),
+            (
+                "src/reserve/life.rs",
+                "use super::Holder;\npub fn step() { crate::doors::hook::x(); }\n#[cfg(test)]\nmod tests { use crate::log::f; }\n",
+            ),
+            ("src/reserve/tests.rs", "use crate::doors::hook;\n"),
+            ("README.md", "[a](docs/missing.md) [b](src/log.rs)\n"),
+            ("docs/ARCHITECTURE.md", "doors/ reserve/ `src/reserve/life.rs` `gone.rs`\n"),
+        ];
+        for (path, text) in files {
+            let p = root.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        let v: Vec<String> = check(&root)
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(
+            v,
+            [
+                "circles: src/doors/hook.rs <-> src/reserve/life.rs <-> src/reserve/mod.rs \
+                 (src/doors/hook.rs:1 -> src/reserve/life.rs; src/reserve/life.rs:2 -> src/doors/hook.rs; \
+                 src/reserve/life.rs:1 -> src/reserve/mod.rs; src/reserve/mod.rs:2 -> src/reserve/life.rs)",
+                "rooms: src/reserve/life.rs:2: imports src/doors/hook.rs (reserve is below doors)",
+                "docs: README.md:1: link to docs/missing.md, which does not exist",
+                "docs: docs/ARCHITECTURE.md:1: names gone.rs, which does not exist",
+            ]
+        );
+    }
 }
