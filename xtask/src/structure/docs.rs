@@ -1,4 +1,5 @@
-//! The docs: the files and folders docs/ARCHITECTURE.md names, the README's length, relative links.
+//! The docs: the files and folders docs/ARCHITECTURE.md names, the source files the other
+//! documents name by their path from the root, the README's length, relative links.
 
 use super::Finding;
 use std::path::{Path, PathBuf};
@@ -150,6 +151,16 @@ pub fn check(root: &Path) -> std::io::Result<Vec<Finding>> {
             .unwrap_or(&md)
             .to_string_lossy()
             .replace('\\', "/");
+        if rel != "docs/ARCHITECTURE.md" {
+            let rooted = ["src/", "tests/", "testbed/", "benches/", "xtask/", "fuzz/"];
+            for (line, name) in rs_names(&text) {
+                if rooted.iter().any(|r| name.starts_with(r)) && !root.join(&name).exists() {
+                    v.push(finding(format!(
+                        "{rel}:{line}: names {name}, which does not exist"
+                    )));
+                }
+            }
+        }
         let dir = md.parent().unwrap_or(root);
         for (line, target) in links(&text) {
             if !dir.join(&target).exists() {
