@@ -247,6 +247,8 @@ mod tests {
         assert_eq!(s.lines().count(), 2);
         let r = strip("r#\"a \" crate::q\"# crate::k 'a' '\\n' &'a str");
         assert!(!r.contains("crate::q") && r.contains("crate::k") && r.contains("&'a str"));
+        let q = strip("let c = '\\''; let d = b'\"'; let e = b\"crate::s\"; crate::t");
+        assert!(!q.contains("crate::s") && q.contains("crate::t"), "{q}");
     }
 
     #[test]
