@@ -54,12 +54,99 @@ impl ForeignHooks {
     }
 }
 
+/// Why a config file was refused: the file, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
-#[error("config {path}: {msg}")]
+#[error("config {}: {problem}", .path.display())]
 pub struct ConfigError {
-    pub path: String,
-    pub msg: String,
+    pub path: PathBuf,
+    #[source]
+    pub problem: ConfigProblem,
 }
+
+/// What is wrong with a config file (the key, the value, the error it came from).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigProblem {
+    // ---- reading the file ----
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
+    #[error("not a regular file")]
+    NotRegularFile,
+    #[error("owned by uid {uid}, not root; refusing to trust it")]
+    Owner { uid: u32 },
+    #[error("mode {mode:04o} lets group or others write it; refusing to trust it (chmod go-w)")]
+    Writable { mode: u32 },
+    // ---- its text ----
+    #[error("must be a JSON object ({{...}})")]
+    NotAnObject,
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    // ---- its keys ----
+    #[error("\"{key}\" must be an absolute path, not {path:?}")]
+    RelativePath { key: &'static str, path: PathBuf },
+    #[error("\"{key}\" must hold absolute paths, not {path:?}")]
+    RelativeInList { key: &'static str, path: PathBuf },
+    #[error("\"state_file\" {0:?} names no file")]
+    StateFileNamesNoFile(PathBuf),
+    #[error("\"cdi_foreign_hooks\": {0}")]
+    ForeignHooks(#[source] UnknownForeignHooks),
+    #[error("\"driver\": {0}")]
+    Driver(#[source] crate::request::WordError),
+    #[error("\"exclude\": '{0}' is not a PCI address like 0000:af:00.0")]
+    Exclude(String),
+    #[error("\"overrides\".\"{key}\".{field} is empty or too long")]
+    OverrideLength { key: String, field: &'static str },
+    #[error("\"overrides\".\"{key}\".arch '{arch}' would be Placement's {class}, the class of shared GPUs' slots: name it otherwise")]
+    OverrideSharedClass {
+        key: String,
+        arch: String,
+        class: String,
+    },
+    #[error("\"overrides\": key '{0}' is neither a PCI id like 10de:06de nor a PCI address like 0000:3b:00.0")]
+    OverrideKey(String),
+    #[error("\"sharing\".\"{key}\": {problem}")]
+    Sharing {
+        key: String,
+        #[source]
+        problem: SharingProblem,
+    },
+    #[error("\"reset_command\" {0}")]
+    ResetCommand(#[source] ResetCommandError),
+    #[error("\"max_quarantines\" must be at least 1")]
+    NoQuarantines,
+}
+
+/// What is wrong with one `sharing` entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SharingProblem {
+    #[error("unknown mode '{0}' (known: timeslice, mps)")]
+    UnknownMode(String),
+    #[error("replicas {replicas} is out of range ({}-{})", REPLICAS.start(), REPLICAS.end())]
+    Replicas { replicas: u32 },
+    #[error("{0} is only for mode \"mps\"")]
+    OnlyForMps(&'static str),
+    #[error("active_thread_percentage {0} is out of range (1-100)")]
+    ThreadPercentage(u32),
+    #[error("memory_limit_mib must be at least 1")]
+    NoMemory,
+    #[error("the key is neither a PCI id like 10de:1028 nor a PCI address like 0000:04:00.0")]
+    Key,
+}
+
+/// What is wrong with a `reset_command`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetCommandError {
+    #[error("must be {}", RESET_COMMAND_WANTED)]
+    NotAList,
+    #[error("is empty: it must be {}", RESET_COMMAND_WANTED)]
+    Empty,
+    #[error("its program must be an absolute path, not {0:?}")]
+    RelativeProgram(String),
+    #[error("an argument has a NUL")]
+    Nul,
+}
+
+/// What a `reset_command` must be, for messages.
+const RESET_COMMAND_WANTED: &str = "a list of a program's absolute path and its arguments ([\"/usr/bin/nvidia-smi\", \"--gpu-reset\", \"-i\", \"{pci}\"]), or \"pci\"";
 
 /// What a config may say of one GPU or of one PCI id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -183,8 +270,7 @@ impl ResetCommand {
         }
     }
 
-    fn parse(v: serde_json::Value) -> Result<ResetCommand, String> {
-        const WANT: &str = "a list of a program's absolute path and its arguments ([\"/usr/bin/nvidia-smi\", \"--gpu-reset\", \"-i\", \"{pci}\"]), or \"pci\"";
+    fn parse(v: serde_json::Value) -> Result<ResetCommand, ResetCommandError> {
         match v {
             serde_json::Value::String(s) if s == "pci" => Ok(ResetCommand::Pci),
             serde_json::Value::Array(items) => {
@@ -192,21 +278,19 @@ impl ResetCommand {
                     .into_iter()
                     .map(|x| match x {
                         serde_json::Value::String(s) => Ok(s),
-                        _ => Err(format!("must be {WANT}")),
+                        _ => Err(ResetCommandError::NotAList),
                     })
                     .collect::<Result<_, _>>()?;
                 match argv.first() {
-                    None => Err(format!("is empty: it must be {WANT}")),
+                    None => Err(ResetCommandError::Empty),
                     Some(p) if !Path::new(p).is_absolute() => {
-                        Err(format!("its program must be an absolute path, not {p:?}"))
+                        Err(ResetCommandError::RelativeProgram(p.clone()))
                     }
-                    Some(_) if argv.iter().any(|a| a.contains('\0')) => {
-                        Err("an argument has a NUL".into())
-                    }
+                    Some(_) if argv.iter().any(|a| a.contains('\0')) => Err(ResetCommandError::Nul),
                     Some(_) => Ok(ResetCommand::Argv(argv)),
                 }
             }
-            _ => Err(format!("must be {WANT}")),
+            _ => Err(ResetCommandError::NotAList),
         }
     }
 }
@@ -310,14 +394,14 @@ fn parse_pci_id(s: &str) -> Option<(u16, u16)> {
 impl Config {
     /// Parses config text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let e = |msg: String| ConfigError {
-            path: path.display().to_string(),
-            msg,
+        let e = |problem: ConfigProblem| ConfigError {
+            path: path.to_path_buf(),
+            problem,
         };
         if !text.trim_start().starts_with('{') {
-            return Err(e("must be a JSON object ({...})".into()));
+            return Err(e(ConfigProblem::NotAnObject));
         }
-        let raw: Raw = serde_json::from_str(text).map_err(|x| e(x.to_string()))?;
+        let raw: Raw = serde_json::from_str(text).map_err(|x| e(ConfigProblem::Json(x)))?;
         let mut c = Config {
             source: Some(path.to_path_buf()),
             ..Config::default()
@@ -331,16 +415,13 @@ impl Config {
         ] {
             if let Some(p) = val {
                 if !p.is_absolute() {
-                    return Err(e(format!("\"{key}\" must be an absolute path, not {p:?}")));
+                    return Err(e(ConfigProblem::RelativePath { key, path: p }));
                 }
                 *slot = p;
             }
         }
         if c.state_file.file_name().is_none() || c.state_file.parent().is_none() {
-            return Err(e(format!(
-                "\"state_file\" {:?} names no file",
-                c.state_file
-            )));
+            return Err(e(ConfigProblem::StateFileNamesNoFile(c.state_file)));
         }
         c.oci_env_requests = raw.oci_env_requests.unwrap_or(true);
         for (key, val, slot) in [
@@ -349,7 +430,7 @@ impl Config {
         ] {
             if let Some(p) = val {
                 if !p.is_absolute() {
-                    return Err(e(format!("\"{key}\" must be an absolute path, not {p:?}")));
+                    return Err(e(ConfigProblem::RelativePath { key, path: p }));
                 }
                 *slot = Some(p);
             }
@@ -364,46 +445,46 @@ impl Config {
         ] {
             if let Some(dirs) = val {
                 if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
-                    return Err(e(format!("\"{key}\" must hold absolute paths, not {d:?}")));
+                    return Err(e(ConfigProblem::RelativeInList {
+                        key,
+                        path: d.clone(),
+                    }));
                 }
                 *slot = dirs;
             }
         }
         if let Some(v) = raw.cdi_foreign_hooks {
             c.cdi_foreign_hooks =
-                ForeignHooks::parse(&v).map_err(|m| e(format!("\"cdi_foreign_hooks\": {m}")))?;
+                ForeignHooks::parse(&v).map_err(|m| e(ConfigProblem::ForeignHooks(m)))?;
         }
         if let Some(d) = raw.driver {
             c.driver =
-                crate::request::Driver::parse(&d).map_err(|m| e(format!("\"driver\": {m}")))?;
+                crate::request::Driver::parse(&d).map_err(|m| e(ConfigProblem::Driver(m)))?;
         }
         for x in &raw.exclude {
-            let a = normalize_pci(x).ok_or_else(|| {
-                e(format!(
-                    "\"exclude\": '{x}' is not a PCI address like 0000:af:00.0"
-                ))
-            })?;
+            let a = normalize_pci(x).ok_or_else(|| e(ConfigProblem::Exclude(x.clone())))?;
             c.exclude.push(a);
         }
         c.set_overrides(raw.overrides, &e)?;
         c.set_sharing(raw.sharing, &e)?;
         if let Some(p) = raw.mps_control {
             if !p.is_absolute() {
-                return Err(e(format!(
-                    "\"mps_control\" must be an absolute path, not {p:?}"
-                )));
+                return Err(e(ConfigProblem::RelativePath {
+                    key: "mps_control",
+                    path: p,
+                }));
             }
             c.mps_control = p;
         }
         if let Some(v) = raw.reset_command {
             c.reset_command =
-                ResetCommand::parse(v).map_err(|m| e(format!("\"reset_command\" {m}")))?;
+                ResetCommand::parse(v).map_err(|m| e(ConfigProblem::ResetCommand(m)))?;
         }
         c.auto_reset = raw.auto_reset.unwrap_or(false);
         c.reset_on_release = raw.reset_on_release.unwrap_or(false);
         if let Some(n) = raw.max_quarantines {
             if n == 0 {
-                return Err(e("\"max_quarantines\" must be at least 1".into()));
+                return Err(e(ConfigProblem::NoQuarantines));
             }
             c.max_quarantines = n;
         }
@@ -414,22 +495,24 @@ impl Config {
     fn set_sharing(
         &mut self,
         raw: BTreeMap<String, RawSharing>,
-        e: &dyn Fn(String) -> ConfigError,
+        e: &dyn Fn(ConfigProblem) -> ConfigError,
     ) -> Result<(), ConfigError> {
         for (key, r) in raw {
-            let at = |m: String| e(format!("\"sharing\".\"{key}\": {m}"));
+            let at = |problem: SharingProblem| {
+                e(ConfigProblem::Sharing {
+                    key: key.clone(),
+                    problem,
+                })
+            };
             let mode = match r.mode.as_deref() {
                 None | Some("timeslice") => ShareMode::Timeslice,
                 Some("mps") => ShareMode::Mps,
-                Some(o) => return Err(at(format!("unknown mode '{o}' (known: timeslice, mps)"))),
+                Some(o) => return Err(at(SharingProblem::UnknownMode(o.to_owned()))),
             };
             if !REPLICAS.contains(&r.replicas) {
-                return Err(at(format!(
-                    "replicas {} is out of range ({}-{})",
-                    r.replicas,
-                    REPLICAS.start(),
-                    REPLICAS.end()
-                )));
+                return Err(at(SharingProblem::Replicas {
+                    replicas: r.replicas,
+                }));
             }
             if mode != ShareMode::Mps {
                 for (k, set) in [
@@ -440,19 +523,17 @@ impl Config {
                     ),
                 ] {
                     if set {
-                        return Err(at(format!("{k} is only for mode \"mps\"")));
+                        return Err(at(SharingProblem::OnlyForMps(k)));
                     }
                 }
             }
             if let Some(p) = r.active_thread_percentage {
                 if !(1..=100).contains(&p) {
-                    return Err(at(format!(
-                        "active_thread_percentage {p} is out of range (1-100)"
-                    )));
+                    return Err(at(SharingProblem::ThreadPercentage(p)));
                 }
             }
             if r.memory_limit_mib == Some(0) {
-                return Err(at("memory_limit_mib must be at least 1".into()));
+                return Err(at(SharingProblem::NoMemory));
             }
             let s = Sharing {
                 mode,
@@ -465,10 +546,7 @@ impl Config {
             } else if let Some(a) = normalize_pci(&key) {
                 self.share_by_address.insert(a, s);
             } else {
-                return Err(at(
-                    "the key is neither a PCI id like 10de:1028 nor a PCI address like 0000:04:00.0"
-                        .into(),
-                ));
+                return Err(at(SharingProblem::Key));
             }
         }
         Ok(())
@@ -486,25 +564,28 @@ impl Config {
     fn set_overrides(
         &mut self,
         raw: BTreeMap<String, Override>,
-        e: &dyn Fn(String) -> ConfigError,
+        e: &dyn Fn(ConfigProblem) -> ConfigError,
     ) -> Result<(), ConfigError> {
         let c = self;
         for (key, o) in raw {
             for (what, v) in [("arch", &o.arch), ("model", &o.model)] {
                 if let Some(v) = v {
                     if v.trim().is_empty() || v.len() > 128 {
-                        return Err(e(format!(
-                            "\"overrides\".\"{key}\".{what} is empty or too long"
-                        )));
+                        return Err(e(ConfigProblem::OverrideLength {
+                            key: key.clone(),
+                            field: what,
+                        }));
                     }
                 }
             }
             if let Some(a) = &o.arch {
                 let class = crate::request::extra_specs::custom_name("GPU_", a.trim());
                 if class.ends_with(crate::request::extra_specs::SHARED_SUFFIX) {
-                    return Err(e(format!(
-                        "\"overrides\".\"{key}\".arch '{a}' would be Placement's {class}, the class of shared GPUs' slots: name it otherwise"
-                    )));
+                    return Err(e(ConfigProblem::OverrideSharedClass {
+                        key: key.clone(),
+                        arch: a.clone(),
+                        class,
+                    }));
                 }
             }
             let o = Override {
@@ -516,9 +597,7 @@ impl Config {
             } else if let Some(a) = normalize_pci(&key) {
                 c.by_address.insert(a, o);
             } else {
-                return Err(e(format!(
-                    "\"overrides\": key '{key}' is neither a PCI id like 10de:06de nor a PCI address like 0000:3b:00.0"
-                )));
+                return Err(e(ConfigProblem::OverrideKey(key)));
             }
         }
         Ok(())
@@ -537,36 +616,32 @@ impl Config {
     }
 
     pub fn load_file(path: &Path, must_exist: bool) -> Result<Config, ConfigError> {
-        let e = |msg: String| ConfigError {
-            path: path.display().to_string(),
-            msg,
+        let e = |problem: ConfigProblem| ConfigError {
+            path: path.to_path_buf(),
+            problem,
         };
         let mut f = match std::fs::File::open(path) {
             Ok(f) => f,
             Err(x) if x.kind() == std::io::ErrorKind::NotFound && !must_exist => {
                 return Ok(Config::default())
             }
-            Err(x) => return Err(e(x.to_string())),
+            Err(x) => return Err(e(ConfigProblem::Io(x))),
         };
-        let md = f.metadata().map_err(|x| e(x.to_string()))?;
+        let md = f.metadata().map_err(|x| e(ConfigProblem::Io(x)))?;
         if !md.is_file() {
-            return Err(e("not a regular file".into()));
+            return Err(e(ConfigProblem::NotRegularFile));
         }
         let euid = nix::unistd::geteuid().as_raw();
         if md.uid() != 0 && md.uid() != euid {
-            return Err(e(format!(
-                "owned by uid {}, not root; refusing to trust it",
-                md.uid()
-            )));
+            return Err(e(ConfigProblem::Owner { uid: md.uid() }));
         }
         if md.mode() & 0o022 != 0 {
-            return Err(e(format!(
-                "mode {:04o} lets group or others write it; refusing to trust it (chmod go-w)",
-                md.mode() & 0o7777
-            )));
+            return Err(e(ConfigProblem::Writable {
+                mode: md.mode() & 0o7777,
+            }));
         }
         let mut text = String::with_capacity(md.len() as usize);
-        std::io::Read::read_to_string(&mut f, &mut text).map_err(|x| e(x.to_string()))?;
+        std::io::Read::read_to_string(&mut f, &mut text).map_err(|x| e(ConfigProblem::Io(x)))?;
         Self::parse(&text, path)
     }
 
