@@ -114,10 +114,11 @@ pub(super) fn run_ldconfig(
         }
         match ldconfig_child(root, &etc, ldconfig, argv, owner, cgroups, &filter) {
             Ok(()) => 0,
-            Err((code, msg)) => {
+            Err(e) => {
+                let msg = e.to_string();
                 // SAFETY: write to our end of the pipe.
                 unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
-                code
+                e.code()
             }
         }
     };
@@ -144,8 +145,43 @@ pub(super) fn run_ldconfig(
     }
 }
 
-/// The first child of [`run_ldconfig`]: the view, the run, the copy. `Err`: exit code and
-/// message.
+/// Why the first child of [`run_ldconfig`] failed: said on its standard error (the pipe),
+/// with its exit code ([`ChildFailed::code`]).
+#[derive(Debug, thiserror::Error)]
+enum ChildFailed {
+    /// A step of the set-up (`what`) failed.
+    #[error("{what}: {errno}")]
+    Sys { what: &'static str, errno: Errno },
+    #[error("{0}")]
+    AuxCache(RootfsError),
+    #[error("cannot mount a tmpfs over /var/cache/ldconfig")]
+    AuxTmpfs,
+    #[error("this kernel cannot mount a tmpfs into a detached tree (Linux 6.15 can): refusing to run ldconfig as host root over the container's root")]
+    HostRootInPlace,
+    /// `ldconfig` exited with `code` (it said why itself).
+    #[error("")]
+    Exited { code: i32 },
+    #[error("ldconfig killed by {0}")]
+    Killed(nix::sys::signal::Signal),
+    #[error("ldconfig: {0:?}")]
+    Wait(nix::Result<nix::sys::wait::WaitStatus>),
+    #[error("ldconfig's cache: {0}")]
+    Cache(CacheError),
+}
+
+impl ChildFailed {
+    /// The first child's exit code: `ldconfig`'s own, `128 + signal` when it was killed,
+    /// else 127.
+    fn code(&self) -> i32 {
+        match self {
+            ChildFailed::Exited { code } => *code,
+            ChildFailed::Killed(sig) => 128 + *sig as i32,
+            _ => 127,
+        }
+    }
+}
+
+/// The first child of [`run_ldconfig`]: the view, the run, the copy.
 fn ldconfig_child(
     root: &OwnedFd,
     etc: &OwnedFd,
@@ -154,8 +190,8 @@ fn ldconfig_child(
     owner: Owner,
     cgroups: &[OwnedFd],
     filter: &seccompiler::BpfProgram,
-) -> Result<(), (i32, String)> {
-    let fail = |what: &str, e: Errno| (127, format!("{what}: {e}"));
+) -> Result<(), ChildFailed> {
+    let fail = |what: &'static str, errno: Errno| ChildFailed::Sys { what, errno };
     for cg in cgroups {
         nix::unistd::write(cg, b"0").map_err(|e| fail("joining the container's cgroup", e))?;
     }
@@ -178,19 +214,16 @@ fn ldconfig_child(
     // glibc's ldconfig writes its auxiliary cache too where that directory exists (even
     // with -i): a tmpfs of its own there as well. A symlink on the way would take that
     // write elsewhere: refused.
-    let aux = aux_cache_dir(&view).map_err(|e| (127, e.to_string()))?;
+    let aux = aux_cache_dir(&view).map_err(ChildFailed::AuxCache)?;
     if aux && cache.is_some() && cache_tmpfs(&view, &["var", "cache", "ldconfig"], id).is_none() {
-        return Err((127, "cannot mount a tmpfs over /var/cache/ldconfig".into()));
+        return Err(ChildFailed::AuxTmpfs);
     }
     if cache.is_none() {
         // This kernel mounts nothing into a detached tree (before 6.15): ldconfig writes
         // in place, through nodev mounts, as the container's root, which must then not be
         // host root.
         if owner.uid == 0 && in_initial_user_ns() {
-            return Err((
-                127,
-                "this kernel cannot mount a tmpfs into a detached tree (Linux 6.15 can): refusing to run ldconfig as host root over the container's root".into(),
-            ));
+            return Err(ChildFailed::HostRootInPlace);
         }
         id = owner;
     }
@@ -226,14 +259,16 @@ fn ldconfig_child(
     };
     match nix::sys::wait::waitpid(run, None) {
         Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => {}
-        Ok(nix::sys::wait::WaitStatus::Exited(_, c)) => return Err((c, String::new())),
-        Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => {
-            return Err((128 + sig as i32, format!("ldconfig killed by {sig}")))
+        Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => {
+            return Err(ChildFailed::Exited { code })
         }
-        other => return Err((127, format!("ldconfig: {other:?}"))),
+        Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => {
+            return Err(ChildFailed::Killed(sig))
+        }
+        other => return Err(ChildFailed::Wait(other)),
     }
     if let Some(cache) = cache {
-        let bytes = read_cache(&cache).map_err(|e| (127, format!("ldconfig's cache: {e}")))?;
+        let bytes = read_cache(&cache).map_err(ChildFailed::Cache)?;
         replace_bytes(etc, "ld.so.cache", &bytes)
             .map_err(|e| fail("cannot write /etc/ld.so.cache in the container", e))?;
     }
