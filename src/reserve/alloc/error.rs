@@ -1,0 +1,195 @@
+//! Why a request gets no GPUs ([`AllocError`]).
+
+use crate::ids::{Pci, Unit, Vendor};
+use crate::request::{DeviceSel, Filter, MigSel, Request};
+
+/// Why a request gets no GPUs: each refusal with what it names, printed as one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// A `<gpu:device>` (or a MIG selector's GPU) names no GPU of this host.
+    #[error("no GPU with {sel} on this host")]
+    NoGpu { sel: DeviceSel },
+    /// Two `<gpu:device>` selectors name one GPU.
+    #[error("{sel} names GPU {pci} a second time")]
+    NamedTwice { sel: DeviceSel, pci: Pci },
+    /// A named GPU is excluded by the host config.
+    #[error("GPU {pci} ({sel}) is excluded by the host config")]
+    Excluded { pci: Pci, sel: DeviceSel },
+    /// A named GPU has a problem (no driver, quarantined…).
+    #[error("GPU {pci} ({sel}) cannot be used: {problem}")]
+    Unusable {
+        pci: Pci,
+        sel: DeviceSel,
+        problem: String,
+    },
+    /// A named GPU is handed out as its MIG instances only.
+    #[error(
+        "GPU {pci} ({sel}) is in MIG mode with {instances} instances: ask for them (mig='yes')"
+    )]
+    InMigMode {
+        pci: Pci,
+        sel: DeviceSel,
+        instances: usize,
+    },
+    /// A named GPU, or one of its MIG instances, is held by `holder`.
+    #[error("GPU {pci} ({sel}) is held by {holder}")]
+    Held {
+        pci: Pci,
+        sel: DeviceSel,
+        holder: String,
+    },
+    /// A named GPU fails one of the request's filters.
+    #[error(
+        "GPU {pci} ({sel}) does not match {filter} (it is {vendor} {} {model})",
+        .arch.as_deref().unwrap_or("unknown-arch")
+    )]
+    Mismatch {
+        pci: Pci,
+        sel: DeviceSel,
+        filter: Box<Filter>,
+        vendor: Vendor,
+        arch: Option<String>,
+        model: String,
+    },
+    /// Fewer usable, free, matching GPUs than asked: `free` of the `matching` ones, and why
+    /// the others are not (`why`: one reason per cause).
+    #[error(
+        "cannot reserve {req}: only {free} of the host's {matching} matching GPU{} {} free{}",
+        plural(*.matching),
+        is_are(*.free),
+        detail(.why, ", ")
+    )]
+    Shortage {
+        req: Box<Request>,
+        free: usize,
+        matching: usize,
+        why: Vec<String>,
+    },
+    /// A named GPU is shared: it is given as slots only.
+    #[error("GPU {pci} ({sel}) is shared ({replicas} slots): ask for a slot (share='yes')")]
+    Shareable {
+        pci: Pci,
+        sel: DeviceSel,
+        replicas: u32,
+    },
+    /// A shared request names a GPU the host config does not share.
+    #[error("GPU {pci} ({sel}) is not shared by the host config (\"sharing\"): ask for it whole (no share='yes')")]
+    NotShareable { pci: Pci, sel: DeviceSel },
+    /// A named shared GPU of which the holder has a slot already.
+    #[error(
+        "GPU {pci} ({sel}): the container holds a slot of it already (one slot of a GPU each)"
+    )]
+    SharesAlready { pci: Pci, sel: DeviceSel },
+    /// Every slot of a named shared GPU is taken.
+    #[error("GPU {pci} ({sel}): all {replicas} slots are taken, by {}", .holders.join(", "))]
+    SlotsFull {
+        pci: Pci,
+        sel: DeviceSel,
+        replicas: u32,
+        holders: Vec<String>,
+    },
+    /// Fewer shared GPUs with a free slot than asked (one slot each): `free` of the
+    /// `shareable` matching ones, and why the others are not (`why`).
+    #[error(
+        "cannot reserve {req}: only {free} of the host's {shareable} matching shared GPU{} {} a free slot{}",
+        plural(*.shareable),
+        if *.free == 1 { "has" } else { "have" },
+        detail(.why, "; ")
+    )]
+    SlotShortage {
+        req: Box<Request>,
+        free: usize,
+        shareable: usize,
+        why: Vec<String>,
+    },
+    /// A `<gpu:mig>` names an instance its GPU does not have.
+    #[error("GPU {pci} has no MIG instance gi {} ci {} ({sel})", .sel.gi, .sel.ci)]
+    NoMig { pci: Pci, sel: MigSel },
+    #[error("{sel} is named twice")]
+    MigNamedTwice { sel: MigSel },
+    /// The GPU of a named MIG instance has a problem, or is excluded.
+    #[error("GPU {pci} ({sel}) cannot be used: {problem}")]
+    MigUnusable {
+        pci: Pci,
+        sel: MigSel,
+        problem: String,
+    },
+    /// The GPU of a named MIG instance is held whole.
+    #[error("GPU {pci} ({sel}) is held whole by {holder}")]
+    HeldWhole {
+        pci: Pci,
+        sel: MigSel,
+        holder: String,
+    },
+    /// A named MIG instance is held.
+    #[error("{unit} ({sel}) is held by {holder}")]
+    MigHeld {
+        unit: Unit,
+        sel: MigSel,
+        holder: String,
+    },
+    /// Another holder uses the named instance's GPU instance (`sel.gi`), through `through`.
+    #[error("{unit} ({sel}): its GPU instance gi {} is held by {holder} (through {through}); compute instances of one GPU instance share its memory and engines", .sel.gi)]
+    GiHeld {
+        unit: Unit,
+        sel: MigSel,
+        holder: String,
+        through: Unit,
+    },
+    /// The GPU of a named MIG instance fails one of the request's filters.
+    #[error("GPU {pci} ({sel}) does not match {filter}")]
+    MigMismatch {
+        pci: Pci,
+        sel: MigSel,
+        filter: Box<Filter>,
+    },
+    /// Fewer free MIG instances than asked: `free` (the named ones included) of the `total`
+    /// on matching GPUs, and why the others are not (`why`).
+    #[error(
+        "cannot reserve {req}: only {free} of the host's {total} MIG instance{} on matching GPUs {} free{}",
+        plural(*.total),
+        is_are(*.free),
+        detail(.why, "; ")
+    )]
+    MigShortage {
+        req: Box<Request>,
+        free: usize,
+        total: usize,
+        why: Vec<String>,
+    },
+}
+
+/// The plural ending for `n` things.
+pub(super) fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// The verb for `n` things.
+pub(super) fn is_are(n: usize) -> &'static str {
+    if n == 1 {
+        "is"
+    } else {
+        "are"
+    }
+}
+
+/// A shortage's reasons after a colon, joined by `sep`; nothing when there are none.
+fn detail<'a>(why: &'a [String], sep: &'static str) -> Detail<'a> {
+    Detail(why, sep)
+}
+
+/// [`detail`]'s words, written as they are displayed.
+struct Detail<'a>(&'a [String], &'static str);
+
+impl std::fmt::Display for Detail<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        write!(f, ": {}", self.0.join(self.1))
+    }
+}
