@@ -63,7 +63,7 @@ pub enum AllocError {
         req: Box<Request>,
         free: usize,
         matching: usize,
-        why: Vec<String>,
+        why: Vec<WhyNoGpu>,
     },
     /// A named GPU is shared: it is given as slots only.
     #[error("GPU {pci} ({sel}) is shared ({replicas} slots): ask for a slot (share='yes')")]
@@ -100,7 +100,7 @@ pub enum AllocError {
         req: Box<Request>,
         free: usize,
         shareable: usize,
-        why: Vec<String>,
+        why: Vec<WhyNoSlot>,
     },
     /// A `<gpu:mig>` names an instance its GPU does not have.
     #[error("GPU {pci} has no MIG instance gi {} ci {} ({sel})", .sel.gi, .sel.ci)]
@@ -155,12 +155,70 @@ pub enum AllocError {
         req: Box<Request>,
         free: usize,
         total: usize,
-        why: Vec<String>,
+        why: Vec<WhyNoMig>,
     },
 }
 
+/// Why matching GPUs are not free for a request of whole GPUs: one per cause, each with how
+/// many GPUs it keeps.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WhyNoGpu {
+    /// Held whole or as slots, by `holders` (each named once in a row).
+    #[error("{count} held by {}", .holders.join(", "))]
+    Held { count: usize, holders: Vec<String> },
+    #[error("{0} excluded")]
+    Excluded(usize),
+    #[error("{0} in MIG mode (handed out as instances: mig='yes')")]
+    InMigMode(usize),
+    #[error("{0} shared (handed out as slots: share='yes')")]
+    Shared(usize),
+    /// `count` have a problem; the `first` of them has `problem`.
+    #[error("{count} unusable ({first}: {problem})")]
+    Unusable {
+        count: usize,
+        first: Pci,
+        problem: String,
+    },
+}
+
+/// Why a matching shared GPU has no slot for a shared request (one per GPU), or how many
+/// matching GPUs are not shared.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WhyNoSlot {
+    #[error("{pci} held whole by {holder}")]
+    HeldWhole { pci: Pci, holder: String },
+    #[error("{0} excluded")]
+    Excluded(Pci),
+    #[error("{pci} unusable ({problem})")]
+    Unusable { pci: Pci, problem: String },
+    /// The asking holder has a slot of it already.
+    #[error("{0} has a slot of this holder's already")]
+    OursAlready(Pci),
+    /// Every slot is taken (`taken` of `replicas`), by `holders`.
+    #[error("{pci} has {taken}/{replicas} slots taken by {}", .holders.join(", "))]
+    Full {
+        pci: Pci,
+        taken: usize,
+        replicas: u32,
+        holders: Vec<String>,
+    },
+    #[error("{count} matching GPU{} {} not shared by the host config", plural(*.count), is_are(*.count))]
+    NotShared { count: usize },
+}
+
+/// Why matching MIG instances are not free for a MIG request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WhyNoMig {
+    /// Held, by these holders (sorted, each once).
+    #[error("held by {}", .0.join(", "))]
+    Held(Vec<String>),
+    /// A matching GPU in MIG mode cannot be used (`problem`, else excluded).
+    #[error("{pci} unusable: {problem}")]
+    Unusable { pci: Pci, problem: String },
+}
+
 /// The plural ending for `n` things.
-pub(super) fn plural(n: usize) -> &'static str {
+fn plural(n: usize) -> &'static str {
     if n == 1 {
         ""
     } else {
@@ -169,7 +227,7 @@ pub(super) fn plural(n: usize) -> &'static str {
 }
 
 /// The verb for `n` things.
-pub(super) fn is_are(n: usize) -> &'static str {
+fn is_are(n: usize) -> &'static str {
     if n == 1 {
         "is"
     } else {
@@ -178,18 +236,20 @@ pub(super) fn is_are(n: usize) -> &'static str {
 }
 
 /// A shortage's reasons after a colon, joined by `sep`; nothing when there are none.
-fn detail<'a>(why: &'a [String], sep: &'static str) -> Detail<'a> {
+fn detail<'a, T: std::fmt::Display>(why: &'a [T], sep: &'static str) -> Detail<'a, T> {
     Detail(why, sep)
 }
 
 /// [`detail`]'s words, written as they are displayed.
-struct Detail<'a>(&'a [String], &'static str);
+struct Detail<'a, T>(&'a [T], &'static str);
 
-impl std::fmt::Display for Detail<'_> {
+impl<T: std::fmt::Display> std::fmt::Display for Detail<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.0.is_empty() {
-            return Ok(());
+        let mut sep = ": ";
+        for w in self.0 {
+            write!(f, "{sep}{w}")?;
+            sep = self.1;
         }
-        write!(f, ": {}", self.0.join(self.1))
+        Ok(())
     }
 }

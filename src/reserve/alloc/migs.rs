@@ -1,6 +1,6 @@
 //! MIG compute instances: the ones a request names, then free ones, packed.
 
-use super::error::AllocError;
+use super::error::{AllocError, WhyNoMig};
 use super::held::{gi_holder, slots_of, Held};
 use super::select::{field_value, matches, resolve};
 use crate::host::inventory::Gpu;
@@ -156,20 +156,18 @@ fn mig_shortage(
         .collect();
     let mut why = Vec::new();
     if !holders.is_empty() {
-        why.push(format!(
-            "held by {}",
-            holders.into_iter().collect::<Vec<_>>().join(", ")
+        why.push(WhyNoMig::Held(
+            holders.into_iter().map(str::to_owned).collect(),
         ));
     }
     if let Some(g) = gpus
         .iter()
         .find(|g| matches(g, &req.filters) && !g.migs.is_empty() && !g.usable())
     {
-        why.push(format!(
-            "{} unusable: {}",
-            g.pci,
-            g.problem.as_deref().unwrap_or("excluded")
-        ));
+        why.push(WhyNoMig::Unusable {
+            pci: g.pci,
+            problem: g.problem.as_deref().unwrap_or("excluded").to_owned(),
+        });
     }
     AllocError::MigShortage {
         req: Box::new(req.clone()),

@@ -1,6 +1,6 @@
 //! Slots of shared GPUs (SPEC "Sharing"): one slot of a GPU each.
 
-use super::error::{is_are, plural, AllocError};
+use super::error::{AllocError, WhyNoSlot};
 use super::held::{sharers, slots_of, whole_or_mig_holder, Held};
 use super::select::{matches, matches_named, resolve, usable_named};
 use crate::host::inventory::Gpu;
@@ -118,29 +118,31 @@ fn slot_shortage(
     for g in &shared {
         let replicas = g.sharing.map_or(0, |s| s.replicas);
         if let Some(h) = whole_or_mig_holder(held, g.pci) {
-            why.push(format!("{} held whole by {h}", g.pci));
+            why.push(WhyNoSlot::HeldWhole {
+                pci: g.pci,
+                holder: h.to_owned(),
+            });
         } else if g.excluded {
-            why.push(format!("{} excluded", g.pci));
+            why.push(WhyNoSlot::Excluded(g.pci));
         } else if let Some(p) = &g.problem {
-            why.push(format!("{} unusable ({p})", g.pci));
+            why.push(WhyNoSlot::Unusable {
+                pci: g.pci,
+                problem: p.clone(),
+            });
         } else if sharing.contains(&g.pci) {
-            why.push(format!("{} has a slot of this holder's already", g.pci));
+            why.push(WhyNoSlot::OursAlready(g.pci));
         } else if free_slot(g, held).is_none() {
-            why.push(format!(
-                "{} has {}/{replicas} slots taken by {}",
-                g.pci,
-                slots_of(held, g.pci).count(),
-                sharers(held, g.pci).join(", ")
-            ));
+            why.push(WhyNoSlot::Full {
+                pci: g.pci,
+                taken: slots_of(held, g.pci).count(),
+                replicas,
+                holders: sharers(held, g.pci),
+            });
         }
     }
     let n_not = matching.len() - shared.len();
     if n_not > 0 {
-        why.push(format!(
-            "{n_not} matching GPU{} {} not shared by the host config",
-            plural(n_not),
-            is_are(n_not)
-        ));
+        why.push(WhyNoSlot::NotShared { count: n_not });
     }
     AllocError::SlotShortage {
         req: Box::new(req.clone()),

@@ -1,6 +1,6 @@
 //! Whole GPUs: the ones a request names, then the best placed free ones.
 
-use super::error::AllocError;
+use super::error::{AllocError, WhyNoGpu};
 use super::held::{busy, slots_of, Held};
 use super::migs::allocate_migs;
 use super::place::{near, place};
@@ -95,20 +95,21 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
     holders.dedup();
     let n_held = matching.iter().filter(|g| held_by(g).is_some()).count();
     if n_held > 0 {
-        why.push(format!("{n_held} held by {}", holders.join(", ")));
+        why.push(WhyNoGpu::Held {
+            count: n_held,
+            holders: holders.into_iter().map(str::to_owned).collect(),
+        });
     }
     let n_excl = matching.iter().filter(|g| g.excluded).count();
     if n_excl > 0 {
-        why.push(format!("{n_excl} excluded"));
+        why.push(WhyNoGpu::Excluded(n_excl));
     }
     let n_mig = matching
         .iter()
         .filter(|g| !g.migs.is_empty() && !held.contains_key(&Unit::Gpu(g.pci)))
         .count();
     if n_mig > 0 {
-        why.push(format!(
-            "{n_mig} in MIG mode (handed out as instances: mig='yes')"
-        ));
+        why.push(WhyNoGpu::InMigMode(n_mig));
     }
     let n_shared = matching
         .iter()
@@ -117,21 +118,18 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
         })
         .count();
     if n_shared > 0 {
-        why.push(format!(
-            "{n_shared} shared (handed out as slots: share='yes')"
-        ));
+        why.push(WhyNoGpu::Shared(n_shared));
     }
     let unusable: Vec<&&Gpu> = matching
         .iter()
         .filter(|g| !g.excluded && g.problem.is_some())
         .collect();
     if let Some(first) = unusable.first() {
-        why.push(format!(
-            "{} unusable ({}: {})",
-            unusable.len(),
-            first.pci,
-            first.problem.as_deref().unwrap_or_default()
-        ));
+        why.push(WhyNoGpu::Unusable {
+            count: unusable.len(),
+            first: first.pci,
+            problem: first.problem.clone().unwrap_or_default(),
+        });
     }
     AllocError::Shortage {
         req: Box::new(req.clone()),
