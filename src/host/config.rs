@@ -380,6 +380,15 @@ impl Default for Config {
     }
 }
 
+/// `p` if it is absolute (`key` names it in the error).
+fn absolute(key: &'static str, p: PathBuf) -> Result<PathBuf, ConfigProblem> {
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Err(ConfigProblem::RelativePath { key, path: p })
+    }
+}
+
 fn parse_pci_id(s: &str) -> Option<(u16, u16)> {
     let (v, d) = s.split_once(':')?;
     if v.len() != 4 || d.len() != 4 {
@@ -402,6 +411,11 @@ impl Config {
             return Err(e(ConfigProblem::NotAnObject));
         }
         let raw: Raw = serde_json::from_str(text).map_err(|x| e(ConfigProblem::Json(x)))?;
+        Config::from_raw(raw, path).map_err(e)
+    }
+
+    /// The config a parsed file says (`path`: where it came from).
+    fn from_raw(raw: Raw, path: &Path) -> Result<Config, ConfigProblem> {
         let mut c = Config {
             source: Some(path.to_path_buf()),
             ..Config::default()
@@ -414,14 +428,11 @@ impl Config {
             ("state_file", raw.state_file, &mut c.state_file),
         ] {
             if let Some(p) = val {
-                if !p.is_absolute() {
-                    return Err(e(ConfigProblem::RelativePath { key, path: p }));
-                }
-                *slot = p;
+                *slot = absolute(key, p)?;
             }
         }
         if c.state_file.file_name().is_none() || c.state_file.parent().is_none() {
-            return Err(e(ConfigProblem::StateFileNamesNoFile(c.state_file)));
+            return Err(ConfigProblem::StateFileNamesNoFile(c.state_file));
         }
         c.oci_env_requests = raw.oci_env_requests.unwrap_or(true);
         for (key, val, slot) in [
@@ -429,10 +440,7 @@ impl Config {
             ("oci_runtime", raw.oci_runtime, &mut c.oci_runtime),
         ] {
             if let Some(p) = val {
-                if !p.is_absolute() {
-                    return Err(e(ConfigProblem::RelativePath { key, path: p }));
-                }
-                *slot = Some(p);
+                *slot = Some(absolute(key, p)?);
             }
         }
         for (key, val, slot) in [
@@ -445,46 +453,37 @@ impl Config {
         ] {
             if let Some(dirs) = val {
                 if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
-                    return Err(e(ConfigProblem::RelativeInList {
+                    return Err(ConfigProblem::RelativeInList {
                         key,
                         path: d.clone(),
-                    }));
+                    });
                 }
                 *slot = dirs;
             }
         }
         if let Some(v) = raw.cdi_foreign_hooks {
-            c.cdi_foreign_hooks =
-                ForeignHooks::parse(&v).map_err(|m| e(ConfigProblem::ForeignHooks(m)))?;
+            c.cdi_foreign_hooks = ForeignHooks::parse(&v).map_err(ConfigProblem::ForeignHooks)?;
         }
         if let Some(d) = raw.driver {
-            c.driver =
-                crate::request::Driver::parse(&d).map_err(|m| e(ConfigProblem::Driver(m)))?;
+            c.driver = crate::request::Driver::parse(&d).map_err(ConfigProblem::Driver)?;
         }
         for x in &raw.exclude {
-            let a = normalize_pci(x).ok_or_else(|| e(ConfigProblem::Exclude(x.clone())))?;
+            let a = normalize_pci(x).ok_or_else(|| ConfigProblem::Exclude(x.clone()))?;
             c.exclude.push(a);
         }
-        c.set_overrides(raw.overrides, &e)?;
-        c.set_sharing(raw.sharing, &e)?;
+        c.set_overrides(raw.overrides)?;
+        c.set_sharing(raw.sharing)?;
         if let Some(p) = raw.mps_control {
-            if !p.is_absolute() {
-                return Err(e(ConfigProblem::RelativePath {
-                    key: "mps_control",
-                    path: p,
-                }));
-            }
-            c.mps_control = p;
+            c.mps_control = absolute("mps_control", p)?;
         }
         if let Some(v) = raw.reset_command {
-            c.reset_command =
-                ResetCommand::parse(v).map_err(|m| e(ConfigProblem::ResetCommand(m)))?;
+            c.reset_command = ResetCommand::parse(v).map_err(ConfigProblem::ResetCommand)?;
         }
         c.auto_reset = raw.auto_reset.unwrap_or(false);
         c.reset_on_release = raw.reset_on_release.unwrap_or(false);
         if let Some(n) = raw.max_quarantines {
             if n == 0 {
-                return Err(e(ConfigProblem::NoQuarantines));
+                return Err(ConfigProblem::NoQuarantines);
             }
             c.max_quarantines = n;
         }
@@ -492,17 +491,11 @@ impl Config {
     }
 
     /// The `sharing` entries, each keyed by a PCI id or a PCI address.
-    fn set_sharing(
-        &mut self,
-        raw: BTreeMap<String, RawSharing>,
-        e: &dyn Fn(ConfigProblem) -> ConfigError,
-    ) -> Result<(), ConfigError> {
+    fn set_sharing(&mut self, raw: BTreeMap<String, RawSharing>) -> Result<(), ConfigProblem> {
         for (key, r) in raw {
-            let at = |problem: SharingProblem| {
-                e(ConfigProblem::Sharing {
-                    key: key.clone(),
-                    problem,
-                })
+            let at = |problem: SharingProblem| ConfigProblem::Sharing {
+                key: key.clone(),
+                problem,
             };
             let mode = match r.mode.as_deref() {
                 None | Some("timeslice") => ShareMode::Timeslice,
@@ -561,31 +554,27 @@ impl Config {
     }
 
     /// The `overrides`, each keyed by a PCI id or a PCI address.
-    fn set_overrides(
-        &mut self,
-        raw: BTreeMap<String, Override>,
-        e: &dyn Fn(ConfigProblem) -> ConfigError,
-    ) -> Result<(), ConfigError> {
+    fn set_overrides(&mut self, raw: BTreeMap<String, Override>) -> Result<(), ConfigProblem> {
         let c = self;
         for (key, o) in raw {
             for (what, v) in [("arch", &o.arch), ("model", &o.model)] {
                 if let Some(v) = v {
                     if v.trim().is_empty() || v.len() > 128 {
-                        return Err(e(ConfigProblem::OverrideLength {
+                        return Err(ConfigProblem::OverrideLength {
                             key: key.clone(),
                             field: what,
-                        }));
+                        });
                     }
                 }
             }
             if let Some(a) = &o.arch {
                 let class = crate::request::extra_specs::custom_name("GPU_", a.trim());
                 if class.ends_with(crate::request::extra_specs::SHARED_SUFFIX) {
-                    return Err(e(ConfigProblem::OverrideSharedClass {
+                    return Err(ConfigProblem::OverrideSharedClass {
                         key: key.clone(),
                         arch: a.clone(),
                         class,
-                    }));
+                    });
                 }
             }
             let o = Override {
@@ -597,7 +586,7 @@ impl Config {
             } else if let Some(a) = normalize_pci(&key) {
                 c.by_address.insert(a, o);
             } else {
-                return Err(e(ConfigProblem::OverrideKey(key)));
+                return Err(ConfigProblem::OverrideKey(key));
             }
         }
         Ok(())
