@@ -46,8 +46,7 @@ fn has_interpreter(f: &std::fs::File, path: &str) -> Result<bool, RootfsError> {
     const PT_INTERP: u32 = 3;
     let headers = crate::cdi::soname::program_headers(f).map_err(|e| RootfsError::LdconfigElf {
         path: path.into(),
-        // (The ELF reader's error, said as it says it: it crosses the fork as text.)
-        error: e.to_string(),
+        error: e.into(),
     })?;
     Ok(headers.iter().any(|s| s.kind == PT_INTERP))
 }
@@ -477,6 +476,41 @@ enum CacheError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn elf_errors_read_as_the_reader_says_them() {
+        use super::super::error::ElfRead;
+        use crate::cdi::soname::ElfError;
+        let io = || std::io::Error::from_raw_os_error(libc::ENOENT);
+        let eof = || std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+        for e in [
+            ElfError::Io(io()),
+            ElfError::Io(eof()),
+            ElfError::NotElf64,
+            ElfError::HeaderSize,
+            ElfError::TooManyHeaders,
+        ] {
+            let text = e.to_string();
+            assert_eq!(ElfRead::from(e).to_string(), text);
+        }
+    }
+
+    #[test]
+    fn the_first_childs_failures_say_what_they_said_with_their_codes() {
+        use nix::sys::signal::Signal;
+        let sys = ChildFailed::Sys {
+            what: "chroot",
+            errno: Errno::EPERM,
+        };
+        assert_eq!(sys.to_string(), format!("chroot: {}", Errno::EPERM));
+        assert_eq!(sys.code(), 127);
+        assert_eq!(ChildFailed::Exited { code: 1 }.to_string(), "");
+        assert_eq!(ChildFailed::Exited { code: 1 }.code(), 1);
+        let killed = ChildFailed::Killed(Signal::SIGKILL);
+        assert_eq!(killed.to_string(), "ldconfig killed by SIGKILL");
+        assert_eq!(killed.code(), 128 + libc::SIGKILL);
+        assert_eq!(ChildFailed::AuxTmpfs.code(), 127);
+    }
 
     #[test]
     fn host_ldconfig_is_static() {
