@@ -657,6 +657,42 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// Each problem reads word for word as the message it replaced.
+    #[test]
+    fn problems_read_word_for_word() {
+        let cfg = |problem| {
+            ConfigError {
+                path: "/etc/gpuhook/config.json".into(),
+                problem,
+            }
+            .to_string()
+        };
+        let sharing = |problem| {
+            cfg(ConfigProblem::Sharing {
+                key: "10de:1028".into(),
+                problem,
+            })
+        };
+        for (got, want) in [
+            (cfg(ConfigProblem::NotAnObject), "config /etc/gpuhook/config.json: must be a JSON object ({...})".to_string()),
+            (cfg(ConfigProblem::NotRegularFile), "config /etc/gpuhook/config.json: not a regular file".into()),
+            (cfg(ConfigProblem::Owner { uid: 1000 }), "config /etc/gpuhook/config.json: owned by uid 1000, not root; refusing to trust it".into()),
+            (cfg(ConfigProblem::Writable { mode: 0o666 }), "config /etc/gpuhook/config.json: mode 0666 lets group or others write it; refusing to trust it (chmod go-w)".into()),
+            (cfg(ConfigProblem::RelativePath { key: "sysfs", path: "sys".into() }), "config /etc/gpuhook/config.json: \"sysfs\" must be an absolute path, not \"sys\"".into()),
+            (cfg(ConfigProblem::StateFileNamesNoFile("/".into())), "config /etc/gpuhook/config.json: \"state_file\" \"/\" names no file".into()),
+            (cfg(ConfigProblem::Exclude("x".into())), "config /etc/gpuhook/config.json: \"exclude\": 'x' is not a PCI address like 0000:af:00.0".into()),
+            (cfg(ConfigProblem::OverrideLength { key: "k".into(), field: "arch" }), "config /etc/gpuhook/config.json: \"overrides\".\"k\".arch is empty or too long".into()),
+            (cfg(ConfigProblem::OverrideKey("k".into())), "config /etc/gpuhook/config.json: \"overrides\": key 'k' is neither a PCI id like 10de:06de nor a PCI address like 0000:3b:00.0".into()),
+            (cfg(ConfigProblem::ResetCommand(ResetCommandError::Nul)), "config /etc/gpuhook/config.json: \"reset_command\" an argument has a NUL".into()),
+            (cfg(ConfigProblem::ResetCommand(ResetCommandError::Empty)), "config /etc/gpuhook/config.json: \"reset_command\" is empty: it must be a list of a program's absolute path and its arguments ([\"/usr/bin/nvidia-smi\", \"--gpu-reset\", \"-i\", \"{pci}\"]), or \"pci\"".into()),
+            (sharing(SharingProblem::UnknownMode("x".into())), "config /etc/gpuhook/config.json: \"sharing\".\"10de:1028\": unknown mode 'x' (known: timeslice, mps)".into()),
+            (sharing(SharingProblem::Replicas { replicas: 1 }), "config /etc/gpuhook/config.json: \"sharing\".\"10de:1028\": replicas 1 is out of range (2-64)".into()),
+            (sharing(SharingProblem::NoMemory), "config /etc/gpuhook/config.json: \"sharing\".\"10de:1028\": memory_limit_mib must be at least 1".into()),
+        ] {
+            assert_eq!(got, want);
+        }
+    }
+
     fn p(t: &str) -> Result<Config, ConfigError> {
         Config::parse(t, Path::new("/etc/gpuhook/config.json"))
     }
