@@ -793,3 +793,64 @@ fn held_slots_count_whatever_their_number() {
     let e = allocate(&g, &h, &req(3)).unwrap_err().to_string();
     assert!(e.contains("1 held by domain 'a'"), "{e}");
 }
+
+/// The reasons of a shortage read as the words they replaced.
+#[test]
+fn shortage_reasons_word_for_word() {
+    use super::error::{WhyNoGpu, WhyNoMig, WhyNoSlot};
+    let p = pci("0000:10:00.0");
+    for (got, want) in [
+        (
+            WhyNoGpu::Held {
+                count: 2,
+                holders: vec!["domain 'a'".into(), "container 'b'".into()],
+            }
+            .to_string(),
+            "2 held by domain 'a', container 'b'",
+        ),
+        (
+            WhyNoGpu::Unusable {
+                count: 1,
+                first: p,
+                problem: String::new(),
+            }
+            .to_string(),
+            "1 unusable (0000:10:00.0: )",
+        ),
+        (
+            WhyNoSlot::HeldWhole {
+                pci: p,
+                holder: "domain 'a'".into(),
+            }
+            .to_string(),
+            "0000:10:00.0 held whole by domain 'a'",
+        ),
+        (WhyNoSlot::Excluded(p).to_string(), "0000:10:00.0 excluded"),
+        (
+            WhyNoSlot::Unusable {
+                pci: p,
+                problem: "no driver".into(),
+            }
+            .to_string(),
+            "0000:10:00.0 unusable (no driver)",
+        ),
+        (
+            WhyNoSlot::OursAlready(p).to_string(),
+            "0000:10:00.0 has a slot of this holder's already",
+        ),
+        (
+            WhyNoSlot::NotShared { count: 1 }.to_string(),
+            "1 matching GPU is not shared by the host config",
+        ),
+        (
+            WhyNoMig::Unusable {
+                pci: p,
+                problem: "excluded".into(),
+            }
+            .to_string(),
+            "0000:10:00.0 unusable: excluded",
+        ),
+    ] {
+        assert_eq!(got, want);
+    }
+}
