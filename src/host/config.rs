@@ -54,12 +54,99 @@ impl ForeignHooks {
     }
 }
 
+/// Why a config file was refused: the file, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
-#[error("config {path}: {msg}")]
+#[error("config {}: {problem}", .path.display())]
 pub struct ConfigError {
-    pub path: String,
-    pub msg: String,
+    pub path: PathBuf,
+    #[source]
+    pub problem: ConfigProblem,
 }
+
+/// What is wrong with a config file (the key, the value, the error it came from).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigProblem {
+    // ---- reading the file ----
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
+    #[error("not a regular file")]
+    NotRegularFile,
+    #[error("owned by uid {uid}, not root; refusing to trust it")]
+    Owner { uid: u32 },
+    #[error("mode {mode:04o} lets group or others write it; refusing to trust it (chmod go-w)")]
+    Writable { mode: u32 },
+    // ---- its text ----
+    #[error("must be a JSON object ({{...}})")]
+    NotAnObject,
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    // ---- its keys ----
+    #[error("\"{key}\" must be an absolute path, not {path:?}")]
+    RelativePath { key: &'static str, path: PathBuf },
+    #[error("\"{key}\" must hold absolute paths, not {path:?}")]
+    RelativeInList { key: &'static str, path: PathBuf },
+    #[error("\"state_file\" {0:?} names no file")]
+    StateFileNamesNoFile(PathBuf),
+    #[error("\"cdi_foreign_hooks\": {0}")]
+    ForeignHooks(#[source] UnknownForeignHooks),
+    #[error("\"driver\": {0}")]
+    Driver(#[source] crate::request::WordError),
+    #[error("\"exclude\": '{0}' is not a PCI address like 0000:af:00.0")]
+    Exclude(String),
+    #[error("\"overrides\".\"{key}\".{field} is empty or too long")]
+    OverrideLength { key: String, field: &'static str },
+    #[error("\"overrides\".\"{key}\".arch '{arch}' would be Placement's {class}, the class of shared GPUs' slots: name it otherwise")]
+    OverrideSharedClass {
+        key: String,
+        arch: String,
+        class: String,
+    },
+    #[error("\"overrides\": key '{0}' is neither a PCI id like 10de:06de nor a PCI address like 0000:3b:00.0")]
+    OverrideKey(String),
+    #[error("\"sharing\".\"{key}\": {problem}")]
+    Sharing {
+        key: String,
+        #[source]
+        problem: SharingProblem,
+    },
+    #[error("\"reset_command\" {0}")]
+    ResetCommand(#[source] ResetCommandError),
+    #[error("\"max_quarantines\" must be at least 1")]
+    NoQuarantines,
+}
+
+/// What is wrong with one `sharing` entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SharingProblem {
+    #[error("unknown mode '{0}' (known: timeslice, mps)")]
+    UnknownMode(String),
+    #[error("replicas {replicas} is out of range ({}-{})", REPLICAS.start(), REPLICAS.end())]
+    Replicas { replicas: u32 },
+    #[error("{0} is only for mode \"mps\"")]
+    OnlyForMps(&'static str),
+    #[error("active_thread_percentage {0} is out of range (1-100)")]
+    ThreadPercentage(u32),
+    #[error("memory_limit_mib must be at least 1")]
+    NoMemory,
+    #[error("the key is neither a PCI id like 10de:1028 nor a PCI address like 0000:04:00.0")]
+    Key,
+}
+
+/// What is wrong with a `reset_command`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetCommandError {
+    #[error("must be {}", RESET_COMMAND_WANTED)]
+    NotAList,
+    #[error("is empty: it must be {}", RESET_COMMAND_WANTED)]
+    Empty,
+    #[error("its program must be an absolute path, not {0:?}")]
+    RelativeProgram(String),
+    #[error("an argument has a NUL")]
+    Nul,
+}
+
+/// What a `reset_command` must be, for messages.
+const RESET_COMMAND_WANTED: &str = "a list of a program's absolute path and its arguments ([\"/usr/bin/nvidia-smi\", \"--gpu-reset\", \"-i\", \"{pci}\"]), or \"pci\"";
 
 /// What a config may say of one GPU or of one PCI id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -183,8 +270,7 @@ impl ResetCommand {
         }
     }
 
-    fn parse(v: serde_json::Value) -> Result<ResetCommand, String> {
-        const WANT: &str = "a list of a program's absolute path and its arguments ([\"/usr/bin/nvidia-smi\", \"--gpu-reset\", \"-i\", \"{pci}\"]), or \"pci\"";
+    fn parse(v: serde_json::Value) -> Result<ResetCommand, ResetCommandError> {
         match v {
             serde_json::Value::String(s) if s == "pci" => Ok(ResetCommand::Pci),
             serde_json::Value::Array(items) => {
@@ -192,21 +278,19 @@ impl ResetCommand {
                     .into_iter()
                     .map(|x| match x {
                         serde_json::Value::String(s) => Ok(s),
-                        _ => Err(format!("must be {WANT}")),
+                        _ => Err(ResetCommandError::NotAList),
                     })
                     .collect::<Result<_, _>>()?;
                 match argv.first() {
-                    None => Err(format!("is empty: it must be {WANT}")),
+                    None => Err(ResetCommandError::Empty),
                     Some(p) if !Path::new(p).is_absolute() => {
-                        Err(format!("its program must be an absolute path, not {p:?}"))
+                        Err(ResetCommandError::RelativeProgram(p.clone()))
                     }
-                    Some(_) if argv.iter().any(|a| a.contains('\0')) => {
-                        Err("an argument has a NUL".into())
-                    }
+                    Some(_) if argv.iter().any(|a| a.contains('\0')) => Err(ResetCommandError::Nul),
                     Some(_) => Ok(ResetCommand::Argv(argv)),
                 }
             }
-            _ => Err(format!("must be {WANT}")),
+            _ => Err(ResetCommandError::NotAList),
         }
     }
 }
@@ -296,6 +380,15 @@ impl Default for Config {
     }
 }
 
+/// `p` if it is absolute (`key` names it in the error).
+fn absolute(key: &'static str, p: PathBuf) -> Result<PathBuf, ConfigProblem> {
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Err(ConfigProblem::RelativePath { key, path: p })
+    }
+}
+
 fn parse_pci_id(s: &str) -> Option<(u16, u16)> {
     let (v, d) = s.split_once(':')?;
     if v.len() != 4 || d.len() != 4 {
@@ -310,14 +403,19 @@ fn parse_pci_id(s: &str) -> Option<(u16, u16)> {
 impl Config {
     /// Parses config text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let e = |msg: String| ConfigError {
-            path: path.display().to_string(),
-            msg,
+        let e = |problem: ConfigProblem| ConfigError {
+            path: path.to_path_buf(),
+            problem,
         };
         if !text.trim_start().starts_with('{') {
-            return Err(e("must be a JSON object ({...})".into()));
+            return Err(e(ConfigProblem::NotAnObject));
         }
-        let raw: Raw = serde_json::from_str(text).map_err(|x| e(x.to_string()))?;
+        let raw: Raw = serde_json::from_str(text).map_err(|x| e(ConfigProblem::Json(x)))?;
+        Config::from_raw(raw, path).map_err(e)
+    }
+
+    /// The config a parsed file says (`path`: where it came from).
+    fn from_raw(raw: Raw, path: &Path) -> Result<Config, ConfigProblem> {
         let mut c = Config {
             source: Some(path.to_path_buf()),
             ..Config::default()
@@ -330,17 +428,11 @@ impl Config {
             ("state_file", raw.state_file, &mut c.state_file),
         ] {
             if let Some(p) = val {
-                if !p.is_absolute() {
-                    return Err(e(format!("\"{key}\" must be an absolute path, not {p:?}")));
-                }
-                *slot = p;
+                *slot = absolute(key, p)?;
             }
         }
         if c.state_file.file_name().is_none() || c.state_file.parent().is_none() {
-            return Err(e(format!(
-                "\"state_file\" {:?} names no file",
-                c.state_file
-            )));
+            return Err(ConfigProblem::StateFileNamesNoFile(c.state_file));
         }
         c.oci_env_requests = raw.oci_env_requests.unwrap_or(true);
         for (key, val, slot) in [
@@ -348,10 +440,7 @@ impl Config {
             ("oci_runtime", raw.oci_runtime, &mut c.oci_runtime),
         ] {
             if let Some(p) = val {
-                if !p.is_absolute() {
-                    return Err(e(format!("\"{key}\" must be an absolute path, not {p:?}")));
-                }
-                *slot = Some(p);
+                *slot = Some(absolute(key, p)?);
             }
         }
         for (key, val, slot) in [
@@ -364,46 +453,37 @@ impl Config {
         ] {
             if let Some(dirs) = val {
                 if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
-                    return Err(e(format!("\"{key}\" must hold absolute paths, not {d:?}")));
+                    return Err(ConfigProblem::RelativeInList {
+                        key,
+                        path: d.clone(),
+                    });
                 }
                 *slot = dirs;
             }
         }
         if let Some(v) = raw.cdi_foreign_hooks {
-            c.cdi_foreign_hooks =
-                ForeignHooks::parse(&v).map_err(|m| e(format!("\"cdi_foreign_hooks\": {m}")))?;
+            c.cdi_foreign_hooks = ForeignHooks::parse(&v).map_err(ConfigProblem::ForeignHooks)?;
         }
         if let Some(d) = raw.driver {
-            c.driver =
-                crate::request::Driver::parse(&d).map_err(|m| e(format!("\"driver\": {m}")))?;
+            c.driver = crate::request::Driver::parse(&d).map_err(ConfigProblem::Driver)?;
         }
         for x in &raw.exclude {
-            let a = normalize_pci(x).ok_or_else(|| {
-                e(format!(
-                    "\"exclude\": '{x}' is not a PCI address like 0000:af:00.0"
-                ))
-            })?;
+            let a = normalize_pci(x).ok_or_else(|| ConfigProblem::Exclude(x.clone()))?;
             c.exclude.push(a);
         }
-        c.set_overrides(raw.overrides, &e)?;
-        c.set_sharing(raw.sharing, &e)?;
+        c.set_overrides(raw.overrides)?;
+        c.set_sharing(raw.sharing)?;
         if let Some(p) = raw.mps_control {
-            if !p.is_absolute() {
-                return Err(e(format!(
-                    "\"mps_control\" must be an absolute path, not {p:?}"
-                )));
-            }
-            c.mps_control = p;
+            c.mps_control = absolute("mps_control", p)?;
         }
         if let Some(v) = raw.reset_command {
-            c.reset_command =
-                ResetCommand::parse(v).map_err(|m| e(format!("\"reset_command\" {m}")))?;
+            c.reset_command = ResetCommand::parse(v).map_err(ConfigProblem::ResetCommand)?;
         }
         c.auto_reset = raw.auto_reset.unwrap_or(false);
         c.reset_on_release = raw.reset_on_release.unwrap_or(false);
         if let Some(n) = raw.max_quarantines {
             if n == 0 {
-                return Err(e("\"max_quarantines\" must be at least 1".into()));
+                return Err(ConfigProblem::NoQuarantines);
             }
             c.max_quarantines = n;
         }
@@ -411,25 +491,21 @@ impl Config {
     }
 
     /// The `sharing` entries, each keyed by a PCI id or a PCI address.
-    fn set_sharing(
-        &mut self,
-        raw: BTreeMap<String, RawSharing>,
-        e: &dyn Fn(String) -> ConfigError,
-    ) -> Result<(), ConfigError> {
+    fn set_sharing(&mut self, raw: BTreeMap<String, RawSharing>) -> Result<(), ConfigProblem> {
         for (key, r) in raw {
-            let at = |m: String| e(format!("\"sharing\".\"{key}\": {m}"));
+            let at = |problem: SharingProblem| ConfigProblem::Sharing {
+                key: key.clone(),
+                problem,
+            };
             let mode = match r.mode.as_deref() {
                 None | Some("timeslice") => ShareMode::Timeslice,
                 Some("mps") => ShareMode::Mps,
-                Some(o) => return Err(at(format!("unknown mode '{o}' (known: timeslice, mps)"))),
+                Some(o) => return Err(at(SharingProblem::UnknownMode(o.to_owned()))),
             };
             if !REPLICAS.contains(&r.replicas) {
-                return Err(at(format!(
-                    "replicas {} is out of range ({}-{})",
-                    r.replicas,
-                    REPLICAS.start(),
-                    REPLICAS.end()
-                )));
+                return Err(at(SharingProblem::Replicas {
+                    replicas: r.replicas,
+                }));
             }
             if mode != ShareMode::Mps {
                 for (k, set) in [
@@ -440,19 +516,17 @@ impl Config {
                     ),
                 ] {
                     if set {
-                        return Err(at(format!("{k} is only for mode \"mps\"")));
+                        return Err(at(SharingProblem::OnlyForMps(k)));
                     }
                 }
             }
             if let Some(p) = r.active_thread_percentage {
                 if !(1..=100).contains(&p) {
-                    return Err(at(format!(
-                        "active_thread_percentage {p} is out of range (1-100)"
-                    )));
+                    return Err(at(SharingProblem::ThreadPercentage(p)));
                 }
             }
             if r.memory_limit_mib == Some(0) {
-                return Err(at("memory_limit_mib must be at least 1".into()));
+                return Err(at(SharingProblem::NoMemory));
             }
             let s = Sharing {
                 mode,
@@ -465,10 +539,7 @@ impl Config {
             } else if let Some(a) = normalize_pci(&key) {
                 self.share_by_address.insert(a, s);
             } else {
-                return Err(at(
-                    "the key is neither a PCI id like 10de:1028 nor a PCI address like 0000:04:00.0"
-                        .into(),
-                ));
+                return Err(at(SharingProblem::Key));
             }
         }
         Ok(())
@@ -483,28 +554,27 @@ impl Config {
     }
 
     /// The `overrides`, each keyed by a PCI id or a PCI address.
-    fn set_overrides(
-        &mut self,
-        raw: BTreeMap<String, Override>,
-        e: &dyn Fn(String) -> ConfigError,
-    ) -> Result<(), ConfigError> {
+    fn set_overrides(&mut self, raw: BTreeMap<String, Override>) -> Result<(), ConfigProblem> {
         let c = self;
         for (key, o) in raw {
             for (what, v) in [("arch", &o.arch), ("model", &o.model)] {
                 if let Some(v) = v {
                     if v.trim().is_empty() || v.len() > 128 {
-                        return Err(e(format!(
-                            "\"overrides\".\"{key}\".{what} is empty or too long"
-                        )));
+                        return Err(ConfigProblem::OverrideLength {
+                            key: key.clone(),
+                            field: what,
+                        });
                     }
                 }
             }
             if let Some(a) = &o.arch {
                 let class = crate::request::extra_specs::custom_name("GPU_", a.trim());
                 if class.ends_with(crate::request::extra_specs::SHARED_SUFFIX) {
-                    return Err(e(format!(
-                        "\"overrides\".\"{key}\".arch '{a}' would be Placement's {class}, the class of shared GPUs' slots: name it otherwise"
-                    )));
+                    return Err(ConfigProblem::OverrideSharedClass {
+                        key: key.clone(),
+                        arch: a.clone(),
+                        class,
+                    });
                 }
             }
             let o = Override {
@@ -516,9 +586,7 @@ impl Config {
             } else if let Some(a) = normalize_pci(&key) {
                 c.by_address.insert(a, o);
             } else {
-                return Err(e(format!(
-                    "\"overrides\": key '{key}' is neither a PCI id like 10de:06de nor a PCI address like 0000:3b:00.0"
-                )));
+                return Err(ConfigProblem::OverrideKey(key));
             }
         }
         Ok(())
@@ -537,36 +605,32 @@ impl Config {
     }
 
     pub fn load_file(path: &Path, must_exist: bool) -> Result<Config, ConfigError> {
-        let e = |msg: String| ConfigError {
-            path: path.display().to_string(),
-            msg,
+        let e = |problem: ConfigProblem| ConfigError {
+            path: path.to_path_buf(),
+            problem,
         };
         let mut f = match std::fs::File::open(path) {
             Ok(f) => f,
             Err(x) if x.kind() == std::io::ErrorKind::NotFound && !must_exist => {
                 return Ok(Config::default())
             }
-            Err(x) => return Err(e(x.to_string())),
+            Err(x) => return Err(e(ConfigProblem::Io(x))),
         };
-        let md = f.metadata().map_err(|x| e(x.to_string()))?;
+        let md = f.metadata().map_err(|x| e(ConfigProblem::Io(x)))?;
         if !md.is_file() {
-            return Err(e("not a regular file".into()));
+            return Err(e(ConfigProblem::NotRegularFile));
         }
         let euid = nix::unistd::geteuid().as_raw();
         if md.uid() != 0 && md.uid() != euid {
-            return Err(e(format!(
-                "owned by uid {}, not root; refusing to trust it",
-                md.uid()
-            )));
+            return Err(e(ConfigProblem::Owner { uid: md.uid() }));
         }
         if md.mode() & 0o022 != 0 {
-            return Err(e(format!(
-                "mode {:04o} lets group or others write it; refusing to trust it (chmod go-w)",
-                md.mode() & 0o7777
-            )));
+            return Err(e(ConfigProblem::Writable {
+                mode: md.mode() & 0o7777,
+            }));
         }
         let mut text = String::with_capacity(md.len() as usize);
-        std::io::Read::read_to_string(&mut f, &mut text).map_err(|x| e(x.to_string()))?;
+        std::io::Read::read_to_string(&mut f, &mut text).map_err(|x| e(ConfigProblem::Io(x)))?;
         Self::parse(&text, path)
     }
 
@@ -592,6 +656,42 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each problem reads word for word as the message it replaced.
+    #[test]
+    fn problems_read_word_for_word() {
+        let cfg = |problem| {
+            ConfigError {
+                path: "/etc/gpuhook/config.json".into(),
+                problem,
+            }
+            .to_string()
+        };
+        let sharing = |problem| {
+            cfg(ConfigProblem::Sharing {
+                key: "10de:1028".into(),
+                problem,
+            })
+        };
+        for (got, want) in [
+            (cfg(ConfigProblem::NotAnObject), "config /etc/gpuhook/config.json: must be a JSON object ({...})".to_string()),
+            (cfg(ConfigProblem::NotRegularFile), "config /etc/gpuhook/config.json: not a regular file".into()),
+            (cfg(ConfigProblem::Owner { uid: 1000 }), "config /etc/gpuhook/config.json: owned by uid 1000, not root; refusing to trust it".into()),
+            (cfg(ConfigProblem::Writable { mode: 0o666 }), "config /etc/gpuhook/config.json: mode 0666 lets group or others write it; refusing to trust it (chmod go-w)".into()),
+            (cfg(ConfigProblem::RelativePath { key: "sysfs", path: "sys".into() }), "config /etc/gpuhook/config.json: \"sysfs\" must be an absolute path, not \"sys\"".into()),
+            (cfg(ConfigProblem::StateFileNamesNoFile("/".into())), "config /etc/gpuhook/config.json: \"state_file\" \"/\" names no file".into()),
+            (cfg(ConfigProblem::Exclude("x".into())), "config /etc/gpuhook/config.json: \"exclude\": 'x' is not a PCI address like 0000:af:00.0".into()),
+            (cfg(ConfigProblem::OverrideLength { key: "k".into(), field: "arch" }), "config /etc/gpuhook/config.json: \"overrides\".\"k\".arch is empty or too long".into()),
+            (cfg(ConfigProblem::OverrideKey("k".into())), "config /etc/gpuhook/config.json: \"overrides\": key 'k' is neither a PCI id like 10de:06de nor a PCI address like 0000:3b:00.0".into()),
+            (cfg(ConfigProblem::ResetCommand(ResetCommandError::Nul)), "config /etc/gpuhook/config.json: \"reset_command\" an argument has a NUL".into()),
+            (cfg(ConfigProblem::ResetCommand(ResetCommandError::Empty)), "config /etc/gpuhook/config.json: \"reset_command\" is empty: it must be a list of a program's absolute path and its arguments ([\"/usr/bin/nvidia-smi\", \"--gpu-reset\", \"-i\", \"{pci}\"]), or \"pci\"".into()),
+            (sharing(SharingProblem::UnknownMode("x".into())), "config /etc/gpuhook/config.json: \"sharing\".\"10de:1028\": unknown mode 'x' (known: timeslice, mps)".into()),
+            (sharing(SharingProblem::Replicas { replicas: 1 }), "config /etc/gpuhook/config.json: \"sharing\".\"10de:1028\": replicas 1 is out of range (2-64)".into()),
+            (sharing(SharingProblem::NoMemory), "config /etc/gpuhook/config.json: \"sharing\".\"10de:1028\": memory_limit_mib must be at least 1".into()),
+        ] {
+            assert_eq!(got, want);
+        }
+    }
 
     fn p(t: &str) -> Result<Config, ConfigError> {
         Config::parse(t, Path::new("/etc/gpuhook/config.json"))

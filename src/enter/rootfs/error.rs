@@ -2,6 +2,7 @@
 //! from. A value (serde): it crosses the fork in the container helper's reply.
 
 use super::{Owner, LD_CONF};
+use crate::cdi::soname::ElfError;
 use crate::enter::container::CapsError;
 use crate::enter::devdir::OpenDirError;
 use crate::enter::sandbox::{PipeError, SandboxError, Waited};
@@ -105,9 +106,13 @@ pub enum RootfsError {
         #[source]
         error: IoErr,
     },
-    /// Its ELF headers could not be read (`error`: what the reader said).
+    /// Its ELF headers could not be read.
     #[error("{path}: {error}")]
-    LdconfigElf { path: String, error: String },
+    LdconfigElf {
+        path: String,
+        #[source]
+        error: ElfRead,
+    },
     #[error("the host's {path} is dynamically linked: run inside a container it would load the container's libraries; gpuhook needs a static ldconfig")]
     LdconfigDynamic { path: String },
     #[error("{path}: {error}")]
@@ -138,6 +143,31 @@ pub enum RootfsError {
     LdconfigFailed { status: Waited, said: String },
     #[error("container {path} is not a directory; refusing to run ldconfig (it would write its auxiliary cache through it)")]
     AuxCacheNotDir { path: String },
+}
+
+/// Why the host `ldconfig`'s ELF headers could not be read: [`ElfError`] as a value (it
+/// crosses the fork), each reading as the reader says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum ElfRead {
+    #[error("{0}")]
+    Io(#[source] IoErr),
+    #[error("{}", ElfError::NotElf64)]
+    NotElf64,
+    #[error("{}", ElfError::HeaderSize)]
+    HeaderSize,
+    #[error("{}", ElfError::TooManyHeaders)]
+    TooManyHeaders,
+}
+
+impl From<ElfError> for ElfRead {
+    fn from(e: ElfError) -> ElfRead {
+        match e {
+            ElfError::Io(e) => ElfRead::Io(e.into()),
+            ElfError::NotElf64 => ElfRead::NotElf64,
+            ElfError::HeaderSize => ElfRead::HeaderSize,
+            ElfError::TooManyHeaders => ElfRead::TooManyHeaders,
+        }
+    }
 }
 
 /// Why a directory on a walk could not be opened: the directory itself, or, behind a

@@ -46,8 +46,7 @@ fn has_interpreter(f: &std::fs::File, path: &str) -> Result<bool, RootfsError> {
     const PT_INTERP: u32 = 3;
     let headers = crate::cdi::soname::program_headers(f).map_err(|e| RootfsError::LdconfigElf {
         path: path.into(),
-        // (The ELF reader's error, said as it says it: it crosses the fork as text.)
-        error: e.to_string(),
+        error: e.into(),
     })?;
     Ok(headers.iter().any(|s| s.kind == PT_INTERP))
 }
@@ -114,10 +113,11 @@ pub(super) fn run_ldconfig(
         }
         match ldconfig_child(root, &etc, ldconfig, argv, owner, cgroups, &filter) {
             Ok(()) => 0,
-            Err((code, msg)) => {
+            Err(e) => {
+                let msg = e.to_string();
                 // SAFETY: write to our end of the pipe.
                 unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
-                code
+                e.code()
             }
         }
     };
@@ -144,8 +144,43 @@ pub(super) fn run_ldconfig(
     }
 }
 
-/// The first child of [`run_ldconfig`]: the view, the run, the copy. `Err`: exit code and
-/// message.
+/// Why the first child of [`run_ldconfig`] failed: said on its standard error (the pipe),
+/// with its exit code ([`ChildFailed::code`]).
+#[derive(Debug, thiserror::Error)]
+enum ChildFailed {
+    /// A step of the set-up (`what`) failed.
+    #[error("{what}: {errno}")]
+    Sys { what: &'static str, errno: Errno },
+    #[error("{0}")]
+    AuxCache(RootfsError),
+    #[error("cannot mount a tmpfs over /var/cache/ldconfig")]
+    AuxTmpfs,
+    #[error("this kernel cannot mount a tmpfs into a detached tree (Linux 6.15 can): refusing to run ldconfig as host root over the container's root")]
+    HostRootInPlace,
+    /// `ldconfig` exited with `code` (it said why itself).
+    #[error("")]
+    Exited { code: i32 },
+    #[error("ldconfig killed by {0}")]
+    Killed(nix::sys::signal::Signal),
+    #[error("ldconfig: {0:?}")]
+    Wait(nix::Result<nix::sys::wait::WaitStatus>),
+    #[error("ldconfig's cache: {0}")]
+    Cache(CacheError),
+}
+
+impl ChildFailed {
+    /// The first child's exit code: `ldconfig`'s own, `128 + signal` when it was killed,
+    /// else 127.
+    fn code(&self) -> i32 {
+        match self {
+            ChildFailed::Exited { code } => *code,
+            ChildFailed::Killed(sig) => 128 + *sig as i32,
+            _ => 127,
+        }
+    }
+}
+
+/// The first child of [`run_ldconfig`]: the view, the run, the copy.
 fn ldconfig_child(
     root: &OwnedFd,
     etc: &OwnedFd,
@@ -154,8 +189,8 @@ fn ldconfig_child(
     owner: Owner,
     cgroups: &[OwnedFd],
     filter: &seccompiler::BpfProgram,
-) -> Result<(), (i32, String)> {
-    let fail = |what: &str, e: Errno| (127, format!("{what}: {e}"));
+) -> Result<(), ChildFailed> {
+    let fail = |what: &'static str, errno: Errno| ChildFailed::Sys { what, errno };
     for cg in cgroups {
         nix::unistd::write(cg, b"0").map_err(|e| fail("joining the container's cgroup", e))?;
     }
@@ -178,19 +213,16 @@ fn ldconfig_child(
     // glibc's ldconfig writes its auxiliary cache too where that directory exists (even
     // with -i): a tmpfs of its own there as well. A symlink on the way would take that
     // write elsewhere: refused.
-    let aux = aux_cache_dir(&view).map_err(|e| (127, e.to_string()))?;
+    let aux = aux_cache_dir(&view).map_err(ChildFailed::AuxCache)?;
     if aux && cache.is_some() && cache_tmpfs(&view, &["var", "cache", "ldconfig"], id).is_none() {
-        return Err((127, "cannot mount a tmpfs over /var/cache/ldconfig".into()));
+        return Err(ChildFailed::AuxTmpfs);
     }
     if cache.is_none() {
         // This kernel mounts nothing into a detached tree (before 6.15): ldconfig writes
         // in place, through nodev mounts, as the container's root, which must then not be
         // host root.
         if owner.uid == 0 && in_initial_user_ns() {
-            return Err((
-                127,
-                "this kernel cannot mount a tmpfs into a detached tree (Linux 6.15 can): refusing to run ldconfig as host root over the container's root".into(),
-            ));
+            return Err(ChildFailed::HostRootInPlace);
         }
         id = owner;
     }
@@ -226,14 +258,16 @@ fn ldconfig_child(
     };
     match nix::sys::wait::waitpid(run, None) {
         Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => {}
-        Ok(nix::sys::wait::WaitStatus::Exited(_, c)) => return Err((c, String::new())),
-        Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => {
-            return Err((128 + sig as i32, format!("ldconfig killed by {sig}")))
+        Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => {
+            return Err(ChildFailed::Exited { code })
         }
-        other => return Err((127, format!("ldconfig: {other:?}"))),
+        Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _)) => {
+            return Err(ChildFailed::Killed(sig))
+        }
+        other => return Err(ChildFailed::Wait(other)),
     }
     if let Some(cache) = cache {
-        let bytes = read_cache(&cache).map_err(|e| (127, format!("ldconfig's cache: {e}")))?;
+        let bytes = read_cache(&cache).map_err(ChildFailed::Cache)?;
         replace_bytes(etc, "ld.so.cache", &bytes)
             .map_err(|e| fail("cannot write /etc/ld.so.cache in the container", e))?;
     }
@@ -442,6 +476,41 @@ enum CacheError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn elf_errors_read_as_the_reader_says_them() {
+        use super::super::error::ElfRead;
+        use crate::cdi::soname::ElfError;
+        let io = || std::io::Error::from_raw_os_error(libc::ENOENT);
+        let eof = || std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+        for e in [
+            ElfError::Io(io()),
+            ElfError::Io(eof()),
+            ElfError::NotElf64,
+            ElfError::HeaderSize,
+            ElfError::TooManyHeaders,
+        ] {
+            let text = e.to_string();
+            assert_eq!(ElfRead::from(e).to_string(), text);
+        }
+    }
+
+    #[test]
+    fn the_first_childs_failures_say_what_they_said_with_their_codes() {
+        use nix::sys::signal::Signal;
+        let sys = ChildFailed::Sys {
+            what: "chroot",
+            errno: Errno::EPERM,
+        };
+        assert_eq!(sys.to_string(), format!("chroot: {}", Errno::EPERM));
+        assert_eq!(sys.code(), 127);
+        assert_eq!(ChildFailed::Exited { code: 1 }.to_string(), "");
+        assert_eq!(ChildFailed::Exited { code: 1 }.code(), 1);
+        let killed = ChildFailed::Killed(Signal::SIGKILL);
+        assert_eq!(killed.to_string(), "ldconfig killed by SIGKILL");
+        assert_eq!(killed.code(), 128 + libc::SIGKILL);
+        assert_eq!(ChildFailed::AuxTmpfs.code(), 127);
+    }
 
     #[test]
     fn host_ldconfig_is_static() {
