@@ -634,13 +634,8 @@ fn check(file: &str) -> Result<i32, CliError> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let h = crate::reserve::lifecycle::Holder {
-        kind: crate::reserve::lifecycle::HolderKind::Libvirt,
-        name: &dom.name,
-        id: &dom.uuid,
-        idmap: &dom.idmap,
-    };
-    match crate::reserve::lifecycle::cdi_preview(&cfg, &h, req, &inv, &gpus) {
+    let h = crate::reserve::lifecycle::Holder::libvirt(&dom.name, &dom.uuid, &dom.idmap);
+    match crate::reserve::lifecycle::cdi_preview(&Facts::host(&cfg), &h, req, &inv, &gpus) {
         Ok(None) => {}
         Ok(Some(p)) => print_cdi(&p),
         // The host's driver says "driver \"host\": …" itself.
@@ -722,8 +717,7 @@ fn release(domain: &str) -> Result<i32, Error> {
             .map(|(u, _)| (u.clone(), ()))
             .collect()
     };
-    let lifecycle::Freed { freed, drained } =
-        lifecycle::free_with(&Facts::host(&cfg), theirs, |_| {})?;
+    let lifecycle::Freed { freed, drained } = lifecycle::free(&Facts::host(&cfg), theirs, |_| {})?;
     let freed: Vec<Reservation> = freed.into_iter().map(|(r, ())| r).collect();
     if freed.is_empty() {
         println!("'{domain}' holds no GPUs; nothing to release");

@@ -1,6 +1,6 @@
 //! `gpuhook attach` and `gpuhook detach`: GPUs into and out of a running container (SPEC
 //! "Hotplug"). This door finds the container and says what happened; the steps themselves
-//! are the lifecycle's ([`lifecycle::attach_with`], [`lifecycle::detach_with`], on the facts of the kind of container).
+//! are the lifecycle's ([`lifecycle::attach`], [`lifecycle::detach`], on the facts of the kind of container).
 //!
 //! A libvirt domain is found as libvirt's LXC driver keeps a running one: its status file
 //! `LXC_STATE_DIR/NAME.xml` (`<domstatus>` around the live `<domain>`), by name, or by UUID
@@ -18,7 +18,7 @@ use crate::request::metadata::{self, Domain};
 use crate::request::oci::{self, Pairs};
 use crate::request::{DeviceSel, Request};
 use crate::reserve::facts::Facts;
-use crate::reserve::lifecycle::{self, Attached, Detached, Holder, HolderKind, Which};
+use crate::reserve::lifecycle::{self, Attached, Detached, Holder, Which};
 use crate::reserve::state::{State, Store};
 use std::io::Read;
 use std::path::Path;
@@ -127,18 +127,8 @@ enum Target {
 impl Target {
     fn holder(&self) -> Holder<'_> {
         match self {
-            Target::Libvirt(d) => Holder {
-                kind: HolderKind::Libvirt,
-                name: &d.name,
-                id: &d.uuid,
-                idmap: &d.idmap,
-            },
-            Target::Oci(o) => Holder {
-                kind: HolderKind::Oci,
-                name: &o.id,
-                id: &o.id,
-                idmap: &o.idmap,
-            },
+            Target::Libvirt(d) => Holder::libvirt(&d.name, &d.uuid, &d.idmap),
+            Target::Oci(o) => Holder::oci(&o.id, &o.idmap),
         }
     }
 
@@ -346,8 +336,7 @@ pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
     let req = attach_request(a)?;
     let t = target(&cfg, &a.name, Kind::of(a.domain, a.container))?;
     let h = t.holder();
-    let got =
-        lifecycle::attach_with(&t.facts(&cfg), &h, &req, || t.find()).map_err(|e| named(&h, e))?;
+    let got = lifecycle::attach(&t.facts(&cfg), &h, &req, || t.find()).map_err(|e| named(&h, e))?;
     if a.json {
         println!("{}", attached_json(&h, &got));
     } else {
@@ -368,7 +357,7 @@ pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
     let which = which(d)?;
     let t = target(&cfg, &d.name, Kind::of(d.domain, d.container))?;
     let h = t.holder();
-    let got = lifecycle::detach_with(&t.facts(&cfg), &h, &which, d.force, || t.find())
+    let got = lifecycle::detach(&t.facts(&cfg), &h, &which, d.force, || t.find())
         .map_err(|e| named(&h, e))?;
     if d.json {
         println!("{}", detached_json(&h, &got));

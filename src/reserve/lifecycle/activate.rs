@@ -8,7 +8,6 @@ use super::{
 use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
-use crate::host::config::Config;
 use crate::log;
 use crate::log::Leftovers;
 use crate::node::{NodeSpec, Outcome};
@@ -88,15 +87,6 @@ pub(super) fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Leftovers {
 /// them in its `/dev` (undone on failure), then records the container in the state. `find`
 /// is how the front door finds its container (libvirt: through the controller).
 pub fn activate(
-    h: &Holder,
-    req: &Request,
-    find: impl FnOnce() -> Result<Container, ContainerError>,
-) -> Result<(), Error> {
-    activate_with(&Facts::host(&Config::load()?), h, req, find)
-}
-
-/// [`activate`] on these facts.
-pub fn activate_with(
     f: &Facts,
     h: &Holder,
     req: &Request,

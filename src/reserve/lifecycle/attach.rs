@@ -86,7 +86,7 @@ impl Reserved {
 /// left on failure. Refused (nothing changed) when the container does not run, its
 /// reservation is only prepared or records another init, or the units are not there. The
 /// door passes the facts of its kind of container (an OCI one's device cgroup is its init's).
-pub fn attach_with(
+pub fn attach(
     f: &Facts,
     h: &Holder,
     req: &Request,

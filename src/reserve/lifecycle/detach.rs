@@ -72,7 +72,7 @@ const EVERY: Capabilities = Capabilities {
 /// refused, nothing changed, when it is not running with this init, a selector names no
 /// unit it holds, or (without `force`) a process of the container has one of their own
 /// nodes open or might have; then grants taken back, units freed, nodes removed.
-pub fn detach_with(
+pub fn detach(
     f: &Facts,
     h: &Holder,
     which: &Which,
@@ -755,12 +755,7 @@ mod tests {
     #[test]
     fn only_what_no_kept_unit_needs_is_taken() {
         let idmap = crate::request::IdMap::default();
-        let h = Holder {
-            kind: crate::reserve::state::HolderKind::Libvirt,
-            name: "web1",
-            id: "11111111-1111-1111-1111-111111111111",
-            idmap: &idmap,
-        };
+        let h = Holder::libvirt("web1", "11111111-1111-1111-1111-111111111111", &idmap);
         let req = crate::reserve::alloc::tests::req(1);
         let mut r = super::super::new_reservation(&h, &req, &[], Phase::Running, "now");
         r.mounts = vec![mounted("/usr/lib/a/libx.so.1"), mounted("/opt/y/bin/tool")];

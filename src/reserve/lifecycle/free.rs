@@ -1,9 +1,8 @@
 //! The one free path: every door's stop, an operator's `release`, and `reconcile` take
-//! reservations out of the state through [`free_with`], so a freed unit that a process still
+//! reservations out of the state through [`free`], so a freed unit that a process still
 //! has open is draining whoever freed it.
 
 use super::store;
-use crate::host::config::Config;
 use crate::host::inventory::Scan;
 use crate::log;
 use crate::reserve::drain::{self, Settled};
@@ -24,7 +23,7 @@ pub struct Freed<W = ()> {
 /// (nodes read through `f.scan`, openers looked for in `f.proc`); then `then` runs on the
 /// state (a door's own bookkeeping, in the same locked step). A key that is not in the state
 /// frees nothing.
-pub fn free_with<W>(
+pub fn free<W>(
     f: &Facts,
     choose: impl FnOnce(&State) -> Vec<(String, W)>,
     then: impl FnOnce(&mut State),
@@ -73,12 +72,11 @@ pub(super) fn drain_freed<W>(f: &Facts, st: &mut State, freed: &[(Reservation, W
 
 /// `stopped`/`release`/`delete`: frees the reservation the state holds under `id` for a
 /// holder of this kind (whatever the holder's request says now); returns it, if there was one.
-pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
-    let f = Facts::host(cfg);
+pub fn free_key(f: &Facts, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
     let mine = |st: &State| match st.reservations.get(id) {
         Some(r) if r.kind == kind => vec![(id.to_string(), ())],
         _ => Vec::new(),
     };
-    let freed = free_with(&f, mine, |_| {})?;
+    let freed = free(f, mine, |_| {})?;
     Ok(freed.freed.into_iter().next().map(|(r, ())| r))
 }

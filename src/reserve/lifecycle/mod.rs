@@ -29,13 +29,13 @@ mod reserve;
 mod tests;
 
 pub use crate::reserve::state::HolderKind;
-pub use activate::{activate, activate_with};
-pub use attach::{attach_with, Attached};
-pub use detach::{detach_with, Detached, Which};
+pub use activate::activate;
+pub use attach::{attach, Attached};
+pub use detach::{detach, Detached, Which};
 pub use error::LifecycleError;
-pub use free::{free, free_with, Freed};
-pub use readopt::{readopt, readopt_with, Readopted};
-pub use reserve::{reserve, reserve_nodes, reserve_nodes_with, reserve_with};
+pub use free::{free, free_key, Freed};
+pub use readopt::{config_unreadable, readopt, Readopted};
+pub use reserve::prepare;
 
 /// Who holds GPUs: what the state keys a reservation by (`id`), the name operators know it
 /// by, and how its container's user namespace maps ids (nodes are owned by its root).
@@ -47,7 +47,28 @@ pub struct Holder<'a> {
     pub idmap: &'a IdMap,
 }
 
-impl Holder<'_> {
+impl<'a> Holder<'a> {
+    /// A libvirt domain: keyed by its UUID, named by its name, its nodes owned per its
+    /// `<idmap>`.
+    pub fn libvirt(name: &'a str, uuid: &'a str, idmap: &'a IdMap) -> Holder<'a> {
+        Holder {
+            kind: HolderKind::Libvirt,
+            name,
+            id: uuid,
+            idmap,
+        }
+    }
+
+    /// An OCI container: its ID is its name and its key.
+    pub fn oci(id: &'a str, idmap: &'a IdMap) -> Holder<'a> {
+        Holder {
+            kind: HolderKind::Oci,
+            name: id,
+            id,
+            idmap,
+        }
+    }
+
     /// How messages name it: `domain 'web1'`, `container 'ID'`.
     pub fn who(&self) -> String {
         self.kind.who(self.name)
@@ -168,18 +189,7 @@ pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
 /// container holds no such reservation. `cgroup`, `namespaces`: where the runtime put the
 /// init.
 pub fn record_init(
-    h: &Holder,
-    by: ProcRef,
-    init: ProcRef,
-    cgroup: Option<crate::cgroup::Made>,
-    namespaces: Option<crate::host::procfs::Namespaces>,
-) -> Result<(), Error> {
-    record_init_in(&Config::load()?, h, by, init, cgroup, namespaces)
-}
-
-/// [`record_init`] with the config the front door loaded.
-pub fn record_init_in(
-    cfg: &Config,
+    f: &Facts,
     h: &Holder,
     by: ProcRef,
     init: ProcRef,
@@ -187,7 +197,7 @@ pub fn record_init_in(
     namespaces: Option<crate::host::procfs::Namespaces>,
 ) -> Result<(), Error> {
     let now = now_rfc3339();
-    let gpus = store(cfg).update(|st| -> Result<_, Error> {
+    let gpus = store(f.cfg).update(|st| -> Result<_, Error> {
         let r = st
             .reservations
             .get_mut(h.id)
@@ -250,12 +260,7 @@ fn reservation(st: &State, h: &Holder) -> Result<Reservation, Error> {
 }
 
 /// `start`: checks that the holder's reservation still stands on this host.
-pub fn confirm(h: &Holder, req: &Request) -> Result<(), Error> {
-    confirm_with(&Facts::host(&Config::load()?), h, req)
-}
-
-/// [`confirm`] on these facts.
-pub fn confirm_with(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
+pub fn confirm(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
     let st = store(f.cfg).read()?;
     let r = reservation(&st, h)?;
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
@@ -338,14 +343,14 @@ fn owned(
 /// from the CDI specs (`driver="cdi"`) or the host (`"host"`); `None` when its request does
 /// not ask for it.
 pub fn cdi_preview(
-    cfg: &Config,
+    f: &Facts,
     h: &Holder,
     req: &Request,
     inv: &Inventory,
     gpus: &[Unit],
 ) -> Result<Option<cdi::Plan>, Error> {
     let specs = node_specs(h, req, inv, gpus)?;
-    Ok(cdi_plan(&Facts::host(cfg), h, req, inv, gpus, &specs)?.map(|(p, _)| p))
+    Ok(cdi_plan(f, h, req, inv, gpus, &specs)?.map(|(p, _)| p))
 }
 
 /// What of the host a request reads: with the driver's user space from CDI, every node of

@@ -9,7 +9,6 @@ use super::{
 use crate::cgroup::{CgroupError, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::rootfs::Mounted;
-use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::ids::{Pci, Unit};
 use crate::log;
@@ -53,18 +52,10 @@ fn fatal(h: &Holder, e: Error) -> Readopted {
     Readopted::Inconsistent
 }
 
-/// `reconnect`: re-adopts a running container's reservation (from its device cgroup when
-/// the state lost it), re-grants and re-makes what it lost.
-pub fn readopt(
-    h: &Holder,
-    req: &Request,
-    find: impl FnOnce() -> Result<Container, ContainerError>,
-) -> Readopted {
-    let cfg = match Config::load() {
-        Ok(c) => c,
-        Err(e) => return soft(h, "cannot read the config", &e),
-    };
-    readopt_with(&Facts::host(&cfg), h, req, find)
+/// `reconnect` of a holder whose door could not read the config: said, and the container
+/// left alone.
+pub fn config_unreadable(h: &Holder, e: &dyn std::fmt::Display) -> Readopted {
+    soft(h, "cannot read the config", e)
 }
 
 /// The container's device cgroup, when it could be opened.
@@ -73,8 +64,9 @@ type Cgroup = Option<Box<dyn DeviceCgroup>>;
 /// What the locked step decided: the GPUs, the nodes, the driver mounts recorded.
 type Decided = (Vec<Unit>, Vec<NodeSpec>, Vec<Mounted>);
 
-/// [`readopt`] on these facts.
-pub fn readopt_with(
+/// `reconnect`: re-adopts a running container's reservation (from its device cgroup when
+/// the state lost it), re-grants and re-makes what it lost.
+pub fn readopt(
     f: &Facts,
     h: &Holder,
     req: &Request,

@@ -81,47 +81,15 @@ fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &
     }
 }
 
-/// `prepare`: reserves GPUs for the holder (or keeps the reservation it has, if it still
-/// fits), reclaiming stale reservations only when the request does not fit otherwise. The
-/// reservation is abandoned when libvirtd (the hook's parent) is gone with no container.
-pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
-    reserve_with(&Facts::host(&Config::load()?), h, req)
-}
-
-/// [`reserve`] on these facts.
-pub fn reserve_with(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
-    let parent = f.proc.proc_ref(nix::unistd::getppid().as_raw());
-    reserve_by(f, h, req, parent).map(|_| ())
-}
-
-/// `create` of an OCI container: reserves as [`reserve`] does, for a process that will
-/// become the runtime (the wrapper execs it: when it is gone with no init recorded, the
-/// reservation is stale), and returns the nodes the container gets, owned by the request's
-/// container-side uid and gid (the runtime makes them), and the reserving process (the
-/// token its hooks carry). Nothing is reserved on error. `cfg`: the config the front door
-/// already loaded.
-pub fn reserve_nodes(
-    cfg: &Config,
-    h: &Holder,
-    req: &Request,
-) -> Result<(Prepared, ProcRef), Error> {
-    reserve_nodes_with(&Facts::host(cfg), h, req)
-}
-
-/// [`reserve_nodes`] on these facts.
-pub fn reserve_nodes_with(
-    f: &Facts,
-    h: &Holder,
-    req: &Request,
-) -> Result<(Prepared, ProcRef), Error> {
-    let me = f
-        .proc
-        .proc_ref(std::process::id() as i32)
-        .ok_or(LifecycleError::OwnStartTime)?;
-    reserve_by(f, h, req, Some(me)).map(|n| (n, me))
-}
-
-fn reserve_by(
+/// `prepare` (libvirt) and OCI `create`: reserves GPUs for the holder (or keeps the
+/// reservation it has, if it still fits), reclaiming stale reservations only when the request
+/// does not fit otherwise. `by` is the process that reserved, as the door read it: libvirtd
+/// (the hook's parent; the reservation is abandoned when it is gone with no container) or
+/// the OCI wrapper, which becomes the runtime (when it is gone with no init recorded, the
+/// reservation is stale; it is the token the container's hooks carry). Returns the nodes an
+/// OCI container gets, owned by the request's container-side uid and gid (the runtime makes
+/// them), and its CDI edits. Nothing is reserved on error.
+pub fn prepare(
     f: &Facts,
     h: &Holder,
     req: &Request,

@@ -518,12 +518,27 @@ fn pci(i: usize) -> Unit {
 }
 
 fn holder(idmap: &IdMap) -> Holder<'_> {
-    Holder {
-        kind: HolderKind::Libvirt,
-        name: "web1",
-        id: ID,
-        idmap,
-    }
+    Holder::libvirt("web1", ID, idmap)
+}
+
+/// `prepare` as the libvirt door calls it: reserved by the process that ran this one.
+fn prepare_by_parent(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
+    let parent = f.proc.proc_ref(nix::unistd::getppid().as_raw());
+    prepare(f, h, req, parent).map(drop)
+}
+
+/// `prepare` as the OCI door calls it: reserved by this process, the token its hooks carry.
+fn prepare_oci(f: &Facts, h: &Holder, req: &Request) -> Result<(Prepared, ProcRef), Error> {
+    let me = f
+        .proc
+        .proc_ref(std::process::id() as i32)
+        .ok_or(LifecycleError::OwnStartTime)?;
+    prepare(f, h, req, Some(me)).map(|n| (n, me))
+}
+
+/// Frees what the state holds under `id` for a holder of this kind, on this host.
+fn free_held(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
+    free_key(&Facts::host(cfg), kind, id)
 }
 
 fn container() -> Container {
@@ -566,7 +581,7 @@ fn activate_grants_creates_and_records_the_container() {
     h.seed(ID, "web1", &[pci(0), pci(1)], Phase::Prepared, None);
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
-    h.with(&fake, |f| activate_with(f, &holder(&idmap), &req(2), found))
+    h.with(&fake, |f| activate(f, &holder(&idmap), &req(2), found))
         .unwrap();
     assert_eq!(
         fake.calls(),
@@ -594,7 +609,7 @@ fn activate_grant_failure_leaves_nothing() {
     });
     let idmap = IdMap::default();
     let e = h
-        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(2), found))
+        .with(&fake, |f| activate(f, &holder(&idmap), &req(2), found))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -617,7 +632,7 @@ fn activate_node_failure_revokes_the_grants() {
     });
     let idmap = IdMap::default();
     let e = h
-        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .with(&fake, |f| activate(f, &holder(&idmap), &req(1), found))
         .unwrap_err();
     assert_eq!(e.to_string(), "/dev/nvidia0: a symlink is in the way");
     assert_eq!(
@@ -640,7 +655,7 @@ fn activate_says_what_a_failed_rollback_left() {
     });
     let idmap = IdMap::default();
     let e = h
-        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .with(&fake, |f| activate(f, &holder(&idmap), &req(1), found))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -659,9 +674,7 @@ fn activate_cdi_inject_failure_removes_nodes_and_revokes() {
     });
     let idmap = IdMap::default();
     let e = h
-        .with(&fake, |f| {
-            activate_with(f, &holder(&idmap), &cdi_req(1), found)
-        })
+        .with(&fake, |f| activate(f, &holder(&idmap), &cdi_req(1), found))
         .unwrap_err();
     assert_eq!(e.to_string(), "mount over /usr/lib: Permission denied");
     assert_eq!(
@@ -712,7 +725,7 @@ fn activate_init_gone_says_so_without_a_rollback_note() {
     });
     let idmap = IdMap::default();
     let e = h
-        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .with(&fake, |f| activate(f, &holder(&idmap), &req(1), found))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -736,7 +749,7 @@ fn activate_init_exit_seen_from_proc_is_said_first() {
     });
     let idmap = IdMap::default();
     let e = h
-        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .with(&fake, |f| activate(f, &holder(&idmap), &req(1), found))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -756,9 +769,7 @@ fn activate_init_gone_during_inject_leaves_no_rollback_note() {
     });
     let idmap = IdMap::default();
     let e = h
-        .with(&fake, |f| {
-            activate_with(f, &holder(&idmap), &cdi_req(1), found)
-        })
+        .with(&fake, |f| activate(f, &holder(&idmap), &cdi_req(1), found))
         .unwrap_err();
     // The undo is tried, but what it could not do went with the init's cgroup and /dev.
     assert_eq!(e.to_string(), "mount over /usr/lib: Permission denied");
@@ -773,7 +784,7 @@ fn activate_without_a_reservation_touches_nothing() {
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let e = h
-        .with(&fake, |f| activate_with(f, &holder(&idmap), &req(1), found))
+        .with(&fake, |f| activate(f, &holder(&idmap), &req(1), found))
         .unwrap_err();
     assert!(e.to_string().starts_with("holds no GPU reservation"), "{e}");
     assert!(fake.calls().is_empty());
@@ -781,7 +792,7 @@ fn activate_without_a_reservation_touches_nothing() {
     h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
     let e = h
         .with(&fake, |f| {
-            activate_with(f, &holder(&idmap), &req(1), || {
+            activate(f, &holder(&idmap), &req(1), || {
                 Err(ContainerError::Other("no libvirt_lxc controller".into()))
             })
         })
@@ -801,7 +812,7 @@ fn readopt_consistent_keeps_the_reservation_and_remakes_nodes() {
         ..Default::default()
     });
     let idmap = IdMap::default();
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::Consistent);
     // Already granted: not granted again; the node is made again.
     assert_eq!(fake.calls(), ["create /dev/nvidia2"]);
@@ -815,7 +826,7 @@ fn readopt_regrants_what_the_cgroup_lost() {
     h.seed(ID, "web1", &[pci(2)], Phase::Running, Some(INIT));
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::Consistent);
     assert_eq!(fake.calls(), ["allow 195:2", "create /dev/nvidia2"]);
 }
@@ -829,7 +840,7 @@ fn readopt_readopts_from_the_cgroups_exact_grants() {
         ..Default::default()
     });
     let idmap = IdMap::default();
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::Consistent);
     assert_eq!(fake.calls(), ["create /dev/nvidia5"]);
     let r = &h.state().reservations[ID];
@@ -847,7 +858,7 @@ fn readopt_takes_away_grants_beyond_the_request() {
         ..Default::default()
     });
     let idmap = IdMap::default();
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::Consistent);
     assert_eq!(fake.calls(), ["deny 195:6", "create /dev/nvidia3"]);
     assert_eq!(*fake.allowed.borrow(), [(195, 3)]);
@@ -863,7 +874,7 @@ fn readopt_inconsistent_when_its_gpu_is_anothers() {
         ..Default::default()
     });
     let idmap = IdMap::default();
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::Inconsistent);
     assert!(fake.calls().is_empty(), "{:?}", fake.calls());
     let st = h.state();
@@ -885,7 +896,7 @@ fn readopt_reclaims_a_stale_holder_of_its_gpu() {
         ..Default::default()
     });
     let idmap = IdMap::default();
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::Consistent);
     let st = h.state();
     assert!(!st.reservations.contains_key("other-uuid"));
@@ -903,7 +914,7 @@ fn readopt_inconsistent_when_its_dev_refuses_a_node() {
         ..Default::default()
     });
     let idmap = IdMap::default();
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::Inconsistent);
     assert_eq!(
         fake.calls(),
@@ -918,7 +929,7 @@ fn readopt_inconsistent_when_the_container_is_not_found() {
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let r = h.with(&fake, |f| {
-        readopt_with(f, &holder(&idmap), &req(1), || {
+        readopt(f, &holder(&idmap), &req(1), || {
             Err(ContainerError::InitGone {
                 pid: INIT.pid,
                 cause: None,
@@ -939,13 +950,13 @@ fn readopt_leaves_it_alone_when_gpuhooks_own_files_are_broken() {
         ..Default::default()
     });
     let idmap = IdMap::default();
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::LeftAlone);
     assert!(fake.calls().is_empty());
     // The state file is not gpuhook's JSON.
     std::fs::write(&h.cfg.state_file, "{ not json").unwrap();
     let fake = h.fake(Fake::default());
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::LeftAlone);
     assert!(fake.calls().is_empty());
     assert_eq!(
@@ -963,9 +974,7 @@ fn readopt_checks_the_driver_mounts_it_recorded() {
         allowed: RefCell::new(vec![(1, 3), (1, 7)]),
         ..Default::default()
     });
-    let r = h.with(&fake, |f| {
-        readopt_with(f, &holder(&idmap), &cdi_req(1), found)
-    });
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &cdi_req(1), found));
     assert_eq!(r, Readopted::Consistent);
     assert_eq!(
         fake.calls(),
@@ -1014,7 +1023,7 @@ fn free_drains_a_unit_a_process_keeps_open() {
     h.opener(4301, "/dev/zero", "010000000");
     h.seed(ID, "web1", &[pci(0), pci(1)], Phase::Running, Some(INIT));
     let fake = h.fake(Fake::default());
-    let out = h.with(&fake, |f| free_with(f, all_of(ID), |_| {})).unwrap();
+    let out = h.with(&fake, |f| free(f, all_of(ID), |_| {})).unwrap();
     assert_eq!(out.freed.len(), 1);
     assert_eq!(out.freed[0].0.gpus, vec![pci(0), pci(1)]);
     let st = h.state();
@@ -1042,7 +1051,7 @@ fn free_without_an_inventory_frees_and_drains_nothing() {
         no_inventory: true,
         ..Fake::default()
     });
-    let out = h.with(&fake, |f| free_with(f, all_of(ID), |_| {})).unwrap();
+    let out = h.with(&fake, |f| free(f, all_of(ID), |_| {})).unwrap();
     assert_eq!(out.freed.len(), 1);
     let st = h.state();
     assert!(st.reservations.is_empty() && st.draining.is_empty());
@@ -1057,7 +1066,7 @@ fn free_takes_only_what_is_chosen_and_runs_then_in_the_same_step() {
     let seen = Cell::new(false);
     let out = h
         .with(&fake, |f| {
-            free_with(
+            free(
                 f,
                 |_| vec![(ID.to_string(), "why"), ("no-such-id".to_string(), "x")],
                 |st| {
@@ -1084,17 +1093,21 @@ fn reserve_confirm_activate_free_in_memory() {
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let who = holder(&idmap);
-    h.with(&fake, |f| reserve_with(f, &who, &req(2))).unwrap();
+    h.with(&fake, |f| prepare_by_parent(f, &who, &req(2)))
+        .unwrap();
     let gpus = h.state().reservations[ID].gpus.clone();
     assert_eq!(gpus.len(), 2);
-    h.with(&fake, |f| confirm_with(f, &who, &req(2))).unwrap();
-    h.with(&fake, |f| activate_with(f, &who, &req(2), found))
+    h.with(&fake, |f| confirm(f, &who, &req(2))).unwrap();
+    h.with(&fake, |f| activate(f, &who, &req(2), found))
         .unwrap();
     // A reserve again with the same request keeps the GPUs.
-    h.with(&fake, |f| reserve_with(f, &who, &req(2))).unwrap();
+    h.with(&fake, |f| prepare_by_parent(f, &who, &req(2)))
+        .unwrap();
     assert_eq!(h.state().reservations[ID].gpus, gpus);
-    assert!(free(&h.cfg, HolderKind::Oci, ID).unwrap().is_none());
-    assert!(free(&h.cfg, HolderKind::Libvirt, ID).unwrap().is_some());
+    assert!(free_held(&h.cfg, HolderKind::Oci, ID).unwrap().is_none());
+    assert!(free_held(&h.cfg, HolderKind::Libvirt, ID)
+        .unwrap()
+        .is_some());
     assert!(h.state().reservations.is_empty());
 }
 
@@ -1109,7 +1122,7 @@ fn reserve_reclaims_a_stale_reservation_only_when_needed() {
     h.seed("other-uuid", "web2", &all, Phase::Running, Some(gone));
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
-    h.with(&fake, |f| reserve_with(f, &holder(&idmap), &req(1)))
+    h.with(&fake, |f| prepare_by_parent(f, &holder(&idmap), &req(1)))
         .unwrap();
     let st = h.state();
     assert!(!st.reservations.contains_key("other-uuid"));
@@ -1131,12 +1144,7 @@ impl Host {
 }
 
 fn oci_holder(idmap: &IdMap) -> Holder<'_> {
-    Holder {
-        kind: HolderKind::Oci,
-        name: "ctr1",
-        id: "ctr1",
-        idmap,
-    }
+    Holder::oci("ctr1", idmap)
 }
 
 #[test]
@@ -1146,9 +1154,7 @@ fn oci_reserve_is_held_by_the_create_that_made_it() {
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let who = oci_holder(&idmap);
-    let ((specs, _), by) = h
-        .with(&fake, |f| reserve_nodes_with(f, &who, &req(1)))
-        .unwrap();
+    let ((specs, _), by) = h.with(&fake, |f| prepare_oci(f, &who, &req(1))).unwrap();
     // The token its hooks carry is this process, as the fake /proc knows it.
     assert_eq!(by, me);
     let r = h.state().reservations["ctr1"].clone();
@@ -1159,8 +1165,7 @@ fn oci_reserve_is_held_by_the_create_that_made_it() {
     assert_eq!(r.nodes, as_nodes(&specs));
     assert_eq!(r.gpus.len(), 1);
     // The same create again keeps its GPU; another live create of the ID is refused.
-    h.with(&fake, |f| reserve_nodes_with(f, &who, &req(1)))
-        .unwrap();
+    h.with(&fake, |f| prepare_oci(f, &who, &req(1))).unwrap();
     assert_eq!(h.state().reservations["ctr1"].gpus, r.gpus);
     let other = ProcRef {
         pid: 4300,
@@ -1174,7 +1179,7 @@ fn oci_reserve_is_held_by_the_create_that_made_it() {
         })
         .unwrap();
     let e = h
-        .with(&fake, |f| reserve_nodes_with(f, &who, &req(1)))
+        .with(&fake, |f| prepare_oci(f, &who, &req(1)))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -1186,17 +1191,14 @@ fn oci_reserve_is_held_by_the_create_that_made_it() {
     // A libvirt domain may not take the OCI container's key.
     let e = h
         .with(&fake, |f| {
-            reserve_with(f, &holder_with_id(&idmap, "ctr1"), &req(1))
+            prepare_by_parent(f, &holder_with_id(&idmap, "ctr1"), &req(1))
         })
         .unwrap_err();
     assert!(e.to_string().contains("ctr1"), "{e}");
 }
 
 fn holder_with_id<'a>(idmap: &'a IdMap, id: &'a str) -> Holder<'a> {
-    Holder {
-        id,
-        ..holder(idmap)
-    }
+    Holder::libvirt("web1", id, idmap)
 }
 
 #[test]
@@ -1208,7 +1210,7 @@ fn mig_reserve_and_activate_give_the_instances_capabilities() {
     let idmap = IdMap::default();
     let mut r = req(2);
     r.mig = true;
-    h.with(&fake, |f| reserve_with(f, &holder(&idmap), &r))
+    h.with(&fake, |f| prepare_by_parent(f, &holder(&idmap), &r))
         .unwrap();
     let gpus = h.state().reservations[ID].gpus.clone();
     assert!(
@@ -1216,7 +1218,7 @@ fn mig_reserve_and_activate_give_the_instances_capabilities() {
         "{gpus:?}"
     );
     assert_eq!(gpus.len(), 2);
-    h.with(&fake, |f| activate_with(f, &holder(&idmap), &r, found))
+    h.with(&fake, |f| activate(f, &holder(&idmap), &r, found))
         .unwrap();
     let calls = fake.calls();
     // The parent GPU's node and each instance's GPU-instance and compute-instance
@@ -1238,7 +1240,9 @@ fn mig_reserve_and_activate_give_the_instances_capabilities() {
         "{calls:?}"
     );
     // Freed, nothing of it is left reserved.
-    assert!(free(&h.cfg, HolderKind::Libvirt, ID).unwrap().is_some());
+    assert!(free_held(&h.cfg, HolderKind::Libvirt, ID)
+        .unwrap()
+        .is_some());
     assert!(h.state().reservations.is_empty());
 }
 
@@ -1248,7 +1252,7 @@ impl Host {
     /// `attach` of `r` for `web1`, found running, on this host and `fake`.
     fn attach(&self, fake: &Rc<Fake>, r: &Request) -> Result<Attached, Error> {
         let idmap = IdMap::default();
-        self.with(fake, |f| attach_with(f, &holder(&idmap), r, found))
+        self.with(fake, |f| attach(f, &holder(&idmap), r, found))
     }
 }
 
@@ -1275,7 +1279,7 @@ impl Host {
         self.seed(ID, "web1", gpus, Phase::Prepared, None);
         let fake = self.fake(Fake::default());
         let idmap = IdMap::default();
-        self.with(&fake, |f| activate_with(f, &holder(&idmap), req, found))
+        self.with(&fake, |f| activate(f, &holder(&idmap), req, found))
             .unwrap();
         fake
     }
@@ -1368,7 +1372,9 @@ fn attach_to_a_container_without_a_reservation_makes_a_running_one() {
     std::fs::remove_file(h.cfg.proc.join(INIT.pid.to_string()).join("stat")).unwrap();
     assert!(stale_on(&r, Proc { root: &h.proc }, &alive).is_some());
     // A stop frees it with the rest.
-    assert!(free(&h.cfg, HolderKind::Libvirt, ID).unwrap().is_some());
+    assert!(free_held(&h.cfg, HolderKind::Libvirt, ID)
+        .unwrap()
+        .is_some());
     assert!(h.state().reservations.is_empty());
 }
 
@@ -1417,7 +1423,7 @@ fn attach_refused_to_a_prepared_or_other_reservation() {
     // Not running: what finding it said.
     let e = h
         .with(&fake, |f| {
-            attach_with(f, &holder(&idmap), &req(1), || {
+            super::attach(f, &holder(&idmap), &req(1), || {
                 Err(ContainerError::Other("domain is not running".into()))
             })
         })
@@ -1426,11 +1432,8 @@ fn attach_refused_to_a_prepared_or_other_reservation() {
     // An OCI container's key.
     let e = h
         .with(&fake, |f| {
-            let oci = Holder {
-                kind: HolderKind::Oci,
-                ..holder(&idmap)
-            };
-            attach_with(f, &oci, &req(1), found)
+            let oci = Holder::oci(ID, &idmap);
+            super::attach(f, &oci, &req(1), found)
         })
         .unwrap_err();
     assert_eq!(
@@ -1628,7 +1631,7 @@ fn mig_attach_gives_free_instances_and_their_capabilities() {
     h.seed(ID, "web1", &[gi(1)], Phase::Prepared, None);
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
-    h.with(&fake, |f| activate_with(f, &holder(&idmap), &r, found))
+    h.with(&fake, |f| activate(f, &holder(&idmap), &r, found))
         .unwrap();
     let fake = h.fake(Fake {
         allowed: RefCell::new(fake.allowed.borrow().clone()),
@@ -1665,7 +1668,7 @@ fn readopt_keeps_a_hotplugged_reservation_as_it_is() {
     let kept = h.state().reservations[ID].clone();
     // libvirtd restarted and the cgroup lost its grants: the XML asks for 1 GPU.
     let fake = h.fake(Fake::default());
-    let r = h.with(&fake, |f| readopt_with(f, &holder(&idmap), &req(1), found));
+    let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::Consistent);
     assert_eq!(
         fake.calls(),
@@ -1731,9 +1734,7 @@ impl Host {
             ..fake
         });
         let idmap = IdMap::default();
-        let out = self.with(&fake, |f| {
-            detach_with(f, &holder(&idmap), &which, force, found)
-        });
+        let out = self.with(&fake, |f| detach(f, &holder(&idmap), &which, force, found));
         (fake, out)
     }
 }
@@ -2026,7 +2027,7 @@ fn detach_refuses_a_container_not_running_as_recorded() {
     h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
     let idmap = IdMap::default();
     let fake = h.fake(Fake::default());
-    let run = |f: &Facts| detach_with(f, &holder(&idmap), &Which::All, false, found);
+    let run = |f: &Facts| detach(f, &holder(&idmap), &Which::All, false, found);
     let e = h.with(&fake, run).unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -2378,13 +2379,11 @@ fn mps_sharer_gets_the_daemons_directories_and_loses_them_at_detach() {
     let h = mps_host();
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
-    h.with(&fake, |f| reserve_with(f, &holder(&idmap), &shared(1)))
+    h.with(&fake, |f| prepare_by_parent(f, &holder(&idmap), &shared(1)))
         .unwrap();
     assert_eq!(fake.calls(), ["mps start 0000:11:00.0"]);
-    h.with(&fake, |f| {
-        activate_with(f, &holder(&idmap), &shared(1), found)
-    })
-    .unwrap();
+    h.with(&fake, |f| activate(f, &holder(&idmap), &shared(1), found))
+        .unwrap();
     assert_eq!(
         fake.calls()[1..],
         [
@@ -2509,8 +2508,7 @@ fn oci_create_of_an_mps_sharer_records_its_directories() {
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let who = oci_holder(&idmap);
-    h.with(&fake, |f| reserve_nodes_with(f, &who, &shared(1)))
-        .unwrap();
+    h.with(&fake, |f| prepare_oci(f, &who, &shared(1))).unwrap();
     let st = h.state();
     let r = &st.reservations["ctr1"];
     let targets: Vec<&str> = r.mounts.iter().map(|m| m.target.as_str()).collect();
@@ -2734,11 +2732,11 @@ fn reset_on_release_marks_what_every_free_path_frees() {
     let mut h = host();
     h.seed(ID, "web1", &[pci(0), pci(1)], Phase::Running, Some(INIT));
     let fake = h.fake(Fake::default());
-    h.with(&fake, |f| free_with(f, all_of(ID), |_| {})).unwrap();
+    h.with(&fake, |f| free(f, all_of(ID), |_| {})).unwrap();
     assert!(scrub_pending(&h).is_empty(), "off by default");
     h.cfg.reset_on_release = true;
     h.seed(ID, "web1", &[pci(0), pci(1)], Phase::Running, Some(INIT));
-    h.with(&fake, |f| free_with(f, all_of(ID), |_| {})).unwrap();
+    h.with(&fake, |f| free(f, all_of(ID), |_| {})).unwrap();
     assert_eq!(scrub_pending(&h), ["0000:10:00.0", "0000:11:00.0"]);
     // Without an inventory (no draining look): marked all the same.
     h.seed(ID, "web1", &[pci(2)], Phase::Running, Some(INIT));
@@ -2746,8 +2744,7 @@ fn reset_on_release_marks_what_every_free_path_frees() {
         no_inventory: true,
         ..Fake::default()
     });
-    h.with(&blind, |f| free_with(f, all_of(ID), |_| {}))
-        .unwrap();
+    h.with(&blind, |f| free(f, all_of(ID), |_| {})).unwrap();
     assert!(scrub_pending(&h).contains(&"0000:12:00.0".to_string()));
     // A detach of one of two GPUs.
     let mut h = host_with_controls();
@@ -2770,7 +2767,7 @@ fn reset_on_release_marks_what_every_free_path_frees() {
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let e = h
-        .with(&fake, |f| reserve_with(f, &holder(&idmap), &req(1)))
+        .with(&fake, |f| prepare_by_parent(f, &holder(&idmap), &req(1)))
         .unwrap_err()
         .to_string();
     assert!(e.contains("scrub pending"), "{e}");
@@ -2853,7 +2850,7 @@ fn host_driver_without_a_module_reserves_nothing() {
     let idmap = IdMap::default();
     let who = oci_holder(&idmap);
     let e = h
-        .with(&fake, |f| reserve_nodes_with(f, &who, &host_req_of(&[0])))
+        .with(&fake, |f| prepare_oci(f, &who, &host_req_of(&[0])))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -2861,7 +2858,7 @@ fn host_driver_without_a_module_reserves_nothing() {
     );
     assert!(h.state().reservations.is_empty());
     // Without the driver (nodes only) the same request is met.
-    h.with(&fake, |f| reserve_nodes_with(f, &who, &req_of(&[0])))
+    h.with(&fake, |f| prepare_oci(f, &who, &req_of(&[0])))
         .unwrap();
 }
 
@@ -2873,7 +2870,7 @@ fn host_driver_for_an_oci_create_is_its_plan_and_recorded() {
     let idmap = IdMap::default();
     let who = oci_holder(&idmap);
     let ((_, plan), _) = h
-        .with(&fake, |f| reserve_nodes_with(f, &who, &host_req_of(&[0])))
+        .with(&fake, |f| prepare_oci(f, &who, &host_req_of(&[0])))
         .unwrap();
     let plan = plan.expect("a plan");
     assert_eq!(plan.nvidia_version.as_deref(), Some(HOST_V));
