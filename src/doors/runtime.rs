@@ -579,7 +579,9 @@ fn delete(cfg: &Config, runtime: &Path, args: &[OsString], inv: &Invocation) -> 
         }
     };
     if let Some(id) = inv.id.as_deref().filter(|i| bundle::valid_id(i)) {
-        release(cfg, id, "delete", |r| lifecycle::stale_reason(r).is_some());
+        release(cfg, id, "delete", |r| {
+            crate::reserve::reconcile::stale_reason(r).is_some()
+        });
     }
     code
 }

@@ -16,6 +16,7 @@
 //! inventory's: they are read where the GPU is looked at, and again after a reset.
 
 pub mod catalog;
+pub mod error;
 pub mod reset;
 #[cfg(test)]
 mod transitions;
@@ -30,46 +31,11 @@ use crate::reserve::state::{
     now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, Reservation, State, Store, XidCount,
 };
 use catalog::{Action, Verdict};
+use error::HealthError;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
-use std::path::{Path, PathBuf};
-
-/// Why a health step failed or was refused: one line naming the file or the GPU.
-#[derive(Debug, thiserror::Error)]
-pub enum HealthError {
-    #[error("{}: {source}", path.display())]
-    Kmsg {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("'{pci}' is not a PCI address like 0000:3b:00.0")]
-    NotPci { pci: String },
-    #[error("GPU {pci} is not quarantined")]
-    NotQuarantined { pci: String },
-    #[error("{pci} is not a GPU this host lists")]
-    NotAGpu { pci: Pci },
-    #[error("GPU {pci} is held by {who}: it is reset only when nothing holds it")]
-    Held { pci: Pci, who: String },
-    #[error("GPU {pci} is open: {who}; it is reset only when no process has it open")]
-    Open { pci: Pci, who: String },
-    #[error("GPU {pci} may be open: the descriptors of {total} process(es) (pids {who}) were not all read in time; it is reset only when no process has it open")]
-    Unread { pci: Pci, who: String, total: usize },
-    #[error("GPU {pci} is being reset (pid {pid}, since {since})")]
-    Resetting { pci: Pci, pid: i32, since: String },
-    #[error("cannot read this process's own start time")]
-    OwnStartTime,
-}
-
-impl HealthError {
-    fn kmsg(path: &Path, e: Errno) -> HealthError {
-        HealthError::Kmsg {
-            path: path.to_path_buf(),
-            source: e.into(),
-        }
-    }
-}
+use std::path::Path;
 
 /// At most this much of new kernel log records is taken per scan (records beyond are left
 /// for the next scan); records the last scan read are passed over without counting, up to

@@ -3,7 +3,8 @@
 //! container still has the GPUs), and never one between `prepare` and `started` (its
 //! libvirtd is alive and the prepare is recent).
 
-use crate::host::procfs::ProcRef;
+use crate::host::procfs::{self, Proc, ProcRef};
+use crate::ids::Unit;
 use crate::reserve::state::{parse_rfc3339, HolderKind, Phase, Reservation, State};
 use std::collections::HashSet;
 
@@ -54,6 +55,60 @@ pub fn stale(r: &Reservation, seen: &Seen) -> Option<String> {
             _ => None,
         },
     }
+}
+
+/// Why a reservation is stale (its holder is gone), if it is: [`stale`]
+/// on this host's processes.
+pub fn stale_reason(r: &Reservation) -> Option<String> {
+    stale_on(r, procfs::HOST, &controller_running)
+}
+
+/// [`stale_reason`] on these facts: `proc` for liveness, `controller` for libvirt's
+/// controllers.
+pub fn stale_on(r: &Reservation, proc: Proc, controller: &dyn Fn(&str) -> bool) -> Option<String> {
+    stale(
+        r,
+        &Seen {
+            alive: &|p| proc.alive(p),
+            controller,
+        },
+    )
+}
+
+/// Whether libvirt's controller for the domain runs (`/run/libvirt/lxc/NAME.pid`).
+pub fn controller_running(name: &str) -> bool {
+    crate::enter::container::pidfile_controller(name)
+        .ok()
+        .and_then(procfs::comm)
+        .is_some_and(|c| c == "libvirt_lxc")
+}
+
+/// Drops stale reservations; returns what was reclaimed, for the log, and the reservations.
+pub fn reclaim_stale(
+    proc: Proc,
+    controller: &dyn Fn(&str) -> bool,
+    st: &mut State,
+) -> (Vec<String>, Vec<Reservation>) {
+    let stale: Vec<(String, String)> = st
+        .reservations
+        .iter()
+        .filter_map(|(u, r)| stale_on(r, proc, controller).map(|why| (u.clone(), why)))
+        .collect();
+    stale
+        .into_iter()
+        .filter_map(|(u, why)| {
+            st.reservations.remove(&u).map(|r| {
+                (
+                    format!(
+                        "reclaimed GPUs {} of {} ({u}): {why}",
+                        Unit::join(&r.gpus, ","),
+                        r.who()
+                    ),
+                    r,
+                )
+            })
+        })
+        .unzip()
 }
 
 /// What reconcile does with a reservation, and why.

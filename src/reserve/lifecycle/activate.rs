@@ -1,10 +1,11 @@
 //! `started`: grants and nodes in a running container, the CDI driver files, undone on
 //! failure.
 
-use super::{
-    as_nodes, cdi_plan, driver_record, node_specs, reservation, root_owner, scan_for, store,
-    Holder, LifecycleError,
-};
+use super::error::LifecycleError;
+use super::holder::Holder;
+use super::nodes::{as_nodes, node_specs, root_owner};
+use super::plan::{cdi_plan, driver_record, scan_for};
+use super::store::{reservation, store};
 use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
@@ -194,11 +195,10 @@ fn apply_in_started(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<App
         Error::Container(ContainerError::InitGone { pid, cause }) => {
             LifecycleError::InitExited { pid, cause }.into()
         }
-        e if !f.proc.alive(&ct.init) => LifecycleError::InitExitedAfter {
+        e if !f.proc.alive(&ct.init) => Error::InitExitedAfter {
             pid: ct.init.pid,
             error: Box::new(e),
-        }
-        .into(),
+        },
         e => e,
     })
 }

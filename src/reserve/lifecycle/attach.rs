@@ -20,11 +20,13 @@
 //! they are made (so a detach after a SIGKILL takes them back), the rest once made.
 
 use super::activate::{apply, log_cdi, log_mps, undo, with_rollback};
-use super::reserve::{choose, same_kind};
-use super::{
-    as_nodes, driver_record, new_reservation, node_specs, owned, plan_for, root_owner, scan_for,
-    store, wants_driver, Holder, HolderKind, LifecycleError,
-};
+use super::error::LifecycleError;
+use super::holder::{new_reservation, Holder};
+use super::mounts::planned;
+use super::nodes::{as_nodes, node_specs, owned, root_owner};
+use super::plan::{driver_record, plan_for, scan_for, wants_driver};
+use super::prepare::{choose, same_kind};
+use super::store::store;
 use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup, Fault, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
@@ -39,6 +41,7 @@ use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::mps;
+use crate::reserve::state::HolderKind;
 use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
 
 /// What one attach gave the container.
@@ -99,7 +102,7 @@ pub fn attach(
         match store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg)) {
             Ok(g) => g,
             Err(e) => {
-                super::reserve::keep_reclaimed(f, &mut inv);
+                super::prepare::keep_reclaimed(f, &mut inv);
                 return Err(e);
             }
         };
@@ -367,7 +370,7 @@ fn reserve_more(
     // planned and recorded as the CDI mounts are.
     let daemon = match has_mps {
         true => None,
-        false => super::record_mps_mounts(st, h.id, &units)?,
+        false => super::mounts::record_mps_mounts(st, h.id, &units)?,
     };
     if let Some((_, d, made)) = &daemon {
         mounts.extend(made.iter().cloned());
@@ -467,22 +470,6 @@ fn new_edits(
 /// not an MPS daemon's directories).
 pub(super) fn has_driver_files(r: &Reservation) -> bool {
     r.mounts.iter().any(|m| !mps::is_target(&m.target)) || !r.rootfs.is_empty()
-}
-
-/// A mount as the state records it before it is made: its target, and the identity its
-/// source has on the host (what the mount shows at the target, `open_tree` following links
-/// as this `stat` does), so that a detach after a SIGKILL unmounts it only if it is there.
-pub(super) fn planned(m: &cdi::BindMount) -> Result<Mounted, Error> {
-    use std::os::unix::fs::MetadataExt;
-    let md = std::fs::metadata(&m.source).map_err(|source| LifecycleError::MountSource {
-        path: m.source.clone(),
-        source,
-    })?;
-    Ok(Mounted {
-        target: m.target.clone(),
-        dev: md.dev(),
-        ino: md.ino(),
-    })
 }
 
 /// Of `specs`, those to grant, make and record: not one `recorded` already, nor one `cg`

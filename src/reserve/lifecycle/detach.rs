@@ -17,8 +17,12 @@
 //! locked step and are then taken out of its root, each only while it is still what gpuhook
 //! made.
 
+use super::error::LifecycleError;
 use super::free::drain_freed;
-use super::{driver_plan, root_owner, store, Holder, LifecycleError};
+use super::holder::Holder;
+use super::nodes::root_owner;
+use super::plan::driver_plan;
+use super::store::store;
 use crate::cgroup::{DeviceCgroup, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::devdir::Bound;
@@ -278,7 +282,7 @@ fn driver_needed(
     }
     // The host's driver files serve every NVIDIA GPU alike: all stay while one stays.
     if r.driver == Some(crate::request::Driver::Host) {
-        let nvidia = stay.iter().any(|u| super::is_nvidia(inv, u));
+        let nvidia = stay.iter().any(|u| super::plan::is_nvidia(inv, u));
         return match nvidia {
             true => Needed {
                 paths: recorded_paths(r).chain(needed.paths).collect(),
@@ -757,7 +761,7 @@ mod tests {
         let idmap = crate::request::IdMap::default();
         let h = Holder::libvirt("web1", "11111111-1111-1111-1111-111111111111", &idmap);
         let req = crate::reserve::alloc::tests::req(1);
-        let mut r = super::super::new_reservation(&h, &req, &[], Phase::Running, "now");
+        let mut r = super::super::holder::new_reservation(&h, &req, &[], Phase::Running, "now");
         r.mounts = vec![mounted("/usr/lib/a/libx.so.1"), mounted("/opt/y/bin/tool")];
         r.rootfs = Files {
             created: vec![

@@ -2,7 +2,7 @@
 //! reservations out of the state through [`free`], so a freed unit that a process still
 //! has open is draining whoever freed it.
 
-use super::store;
+use super::store::store;
 use crate::host::inventory::Scan;
 use crate::log;
 use crate::reserve::drain::{self, Settled};

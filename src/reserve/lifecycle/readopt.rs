@@ -2,10 +2,11 @@
 //! device cgroup's exact grants.
 
 use super::activate::apply;
-use super::{
-    as_nodes, cdi_plan, new_reservation, node_specs, owned, reclaim_stale, store, Holder,
-    LifecycleError,
-};
+use super::error::LifecycleError;
+use super::holder::{new_reservation, Holder};
+use super::nodes::{as_nodes, node_specs, owned};
+use super::plan::cdi_plan;
+use super::store::store;
 use crate::cgroup::{CgroupError, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::rootfs::Mounted;
@@ -18,6 +19,7 @@ use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
+use crate::reserve::reconcile::reclaim_stale;
 use crate::reserve::state::{now_rfc3339, Node, Phase, State};
 
 /// How [`readopt`] ended; the front door decides what it means for the container (libvirt
@@ -97,7 +99,7 @@ pub fn readopt(
     let now = now_rfc3339();
     let mut adopted = None;
     let decided = store(f.cfg).update(|st| -> Result<Result<Decided, Error>, Error> {
-        let (notes, freed) = reclaim_stale(f, st);
+        let (notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
         for n in notes {
             log::info(&n);
         }

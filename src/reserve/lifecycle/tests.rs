@@ -3,15 +3,28 @@
 //! recording device cgroup and a recording container, the state file in a temporary
 //! directory. Nothing here needs root, a libvirtd or a container: the tests run as any user.
 
+use super::nodes::as_nodes;
+use super::store::store;
 use super::*;
+use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError, DevTmpfs, Made};
 use crate::enter::rootfs::{Done, Mounted, Owner};
+use crate::host::config::Config;
+use crate::host::inventory::Inventory;
 use crate::host::inventory::{InventoryError, Scan};
+use crate::host::procfs::{Proc, ProcRef};
+use crate::ids::Unit;
+use crate::node::NodeSpec;
 use crate::node::Outcome;
 use crate::request::DeviceSel;
+use crate::request::{Driver, IdMap, Request};
 use crate::reserve::alloc::tests::{dgx, req};
+use crate::reserve::error::Error;
 use crate::reserve::facts::Enter;
+use crate::reserve::facts::Facts;
+use crate::reserve::reconcile::stale_on;
+use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;

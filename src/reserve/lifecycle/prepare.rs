@@ -1,27 +1,76 @@
 //! `prepare` and OCI `create`: choosing GPUs for a holder, or keeping what it has.
 
-use super::{
-    as_nodes, cdi_plan, driver_record, new_reservation, node_specs, reclaim_stale, satisfies,
-    scan_for, stale_on, store, unit_ok, wants_driver, Holder, HolderKind, LifecycleError, Prepared,
-};
+use super::error::LifecycleError;
+use super::holder::{new_reservation, Holder};
+use super::nodes::{as_nodes, node_specs};
+use super::plan::{cdi_plan, driver_record, scan_for, wants_driver};
+use super::store::store;
+use crate::cdi;
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::ProcRef;
 use crate::ids::{Pci, Unit};
 use crate::log;
+use crate::node::NodeSpec;
 use crate::request::Request;
 use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
+use crate::reserve::reconcile::{reclaim_stale, stale_on};
+use crate::reserve::state::HolderKind;
 use crate::reserve::state::{now_rfc3339, Phase, Reservation, State};
+
+/// The nodes an OCI container gets, and its CDI edits.
+pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
+
+/// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
+/// mode, or a MIG instance that exists on a usable GPU.
+pub(super) fn unit_ok(inv: &Inventory, unit: &Unit) -> bool {
+    match *unit {
+        Unit::Mig { .. } => inv.mig(unit).is_some_and(|(g, _)| g.usable()),
+        // A slot: its GPU is still shared, with this slot among its replicas.
+        Unit::Slot { slot, .. } => inv.by_unit(unit).is_some_and(|g| {
+            g.usable() && g.migs.is_empty() && g.sharing.is_some_and(|s| slot < s.replicas)
+        }),
+        Unit::Gpu(_) => inv
+            .by_unit(unit)
+            .is_some_and(|g| g.usable() && g.migs.is_empty() && g.sharing.is_none()),
+    }
+}
+
+/// Whether an existing reservation still fits the request on this inventory.
+pub(super) fn satisfies(inv: &Inventory, gpus: &[Unit], req: &Request) -> bool {
+    gpus.len() == req.count as usize
+        && gpus.iter().all(|p| {
+            p.is_mig() == req.mig
+                && p.is_slot() == req.share
+                && unit_ok(inv, p)
+                && inv
+                    .by_unit(p)
+                    .is_some_and(|g| alloc::matches(g, &req.filters))
+        })
+        && req.devices.iter().all(|sel| {
+            alloc::resolve(&inv.gpus, sel)
+                .is_some_and(|g| gpus.iter().any(|u| !u.is_mig() && u.pci() == g.pci))
+        })
+        && req.migs.iter().all(|sel| {
+            alloc::resolve(&inv.gpus, &sel.gpu).is_some_and(|g| {
+                gpus.contains(&Unit::Mig {
+                    pci: g.pci,
+                    gi: sel.gi,
+                    ci: sel.ci,
+                })
+            })
+        })
+}
 
 /// A reserve that does not fit: reclaims stale reservations (their GPUs that a process still
 /// has open become draining) and looks again at the draining GPUs (one pass over `/proc` for
 /// both). Returns what was done, for the log, and whether the state changed (the choice is
 /// then made again, and a refusal says what holds the GPUs now).
 fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
-    let (mut notes, freed) = reclaim_stale(f, st);
+    let (mut notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
     let units: Vec<Unit> = freed.iter().flat_map(|r| r.gpus.iter().copied()).collect();
     inv.settle(f.cfg, &units);
     let fresh = drain::freed_units(inv, st, &freed);
@@ -164,7 +213,7 @@ fn record_oci_mps(st: &mut State, h: &Holder) -> Result<(), Error> {
         .get(h.id)
         .map(|r| r.gpus.clone())
         .unwrap_or_default();
-    super::record_mps_mounts(st, h.id, &units).map(drop)
+    super::mounts::record_mps_mounts(st, h.id, &units).map(drop)
 }
 
 /// The holder's id is another kind's key, or (OCI) a container of that ID runs or is being
