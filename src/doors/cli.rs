@@ -717,7 +717,8 @@ fn release(domain: &str) -> Result<i32, Error> {
             .map(|(u, _)| (u.clone(), ()))
             .collect()
     };
-    let lifecycle::Freed { freed, drained } = lifecycle::free(&Facts::host(&cfg), theirs, |_| {})?;
+    let lifecycle::Released { freed, drained } =
+        lifecycle::free(&Facts::host(&cfg), theirs, |_| {})?;
     let freed: Vec<Reservation> = freed.into_iter().map(|(r, ())| r).collect();
     if freed.is_empty() {
         println!("'{domain}' holds no GPUs; nothing to release");

@@ -55,7 +55,7 @@ pub struct Attached {
 }
 
 /// What the locked step reserved, and what taking it back needs.
-struct Reserved {
+struct MoreReserved {
     units: Vec<Unit>,
     /// Their nodes that the reservation did not record yet and the cgroup did not allow.
     specs: Vec<NodeSpec>,
@@ -75,7 +75,7 @@ struct Reserved {
     mps: Option<(crate::ids::Pci, mps::Daemon)>,
 }
 
-impl Reserved {
+impl MoreReserved {
     /// The plan, when it has anything to do in the container's root.
     fn rootfs_work(&self) -> Option<&cdi::Plan> {
         self.plan
@@ -294,7 +294,7 @@ fn reserve_more(
     req: &Request,
     ct: &Container,
     cg: &dyn DeviceCgroup,
-) -> Result<(Reserved, Vec<String>), Error> {
+) -> Result<(MoreReserved, Vec<String>), Error> {
     let now = &now_rfc3339();
     // A quarantined GPU is given to no one.
     crate::reserve::health::apply(inv, st);
@@ -378,7 +378,7 @@ fn reserve_more(
             .mounts
             .extend(mps::mounts(d));
     }
-    let got = Reserved {
+    let got = MoreReserved {
         units,
         specs,
         created,
@@ -518,7 +518,7 @@ fn split(e: Error) -> (Error, Leftovers) {
 fn record(
     f: &Facts,
     h: &Holder,
-    got: &Reserved,
+    got: &MoreReserved,
     done: Option<&Done>,
     bound: &[Bound],
 ) -> Result<(), Error> {
@@ -560,7 +560,7 @@ fn take_back(
     inv: &mut Inventory,
     h: &Holder,
     ct: &Container,
-    got: &Reserved,
+    got: &MoreReserved,
     e: Error,
     mut left: Leftovers,
 ) -> Error {
@@ -582,7 +582,7 @@ fn take_back(
 /// Under the state lock: the units and the nodes the reserve recorded for them out of the
 /// holder's reservation (draining if a process opened one meanwhile), the reservation deleted
 /// when this attach made it and nothing else came into it.
-fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &Reserved) -> Result<(), Error> {
+fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> Result<(), Error> {
     store(f.cfg).update(|st| -> Result<(), Error> {
         let Some(r) = st.reservations.get_mut(h.id) else {
             return Ok(());

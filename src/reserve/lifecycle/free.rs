@@ -13,7 +13,7 @@ use crate::reserve::state::{HolderKind, Reservation, State};
 /// What one free took out of the state, each with what the chooser said of it (`why`: a
 /// reason for `reconcile`, nothing for the others), and which of its units now drain.
 #[derive(Debug)]
-pub struct Freed<W = ()> {
+pub struct Released<W = ()> {
     pub freed: Vec<(Reservation, W)>,
     pub drained: Settled,
 }
@@ -27,7 +27,7 @@ pub fn free<W>(
     f: &Facts,
     choose: impl FnOnce(&State) -> Vec<(String, W)>,
     then: impl FnOnce(&mut State),
-) -> Result<Freed<W>, Error> {
+) -> Result<Released<W>, Error> {
     store(f.cfg).update(|st| {
         let freed: Vec<(Reservation, W)> = choose(st)
             .into_iter()
@@ -40,7 +40,7 @@ pub fn free<W>(
         for n in crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st) {
             log::info(&n);
         }
-        Ok::<_, Error>(Freed { freed, drained })
+        Ok::<_, Error>(Released { freed, drained })
     })
 }
 

@@ -44,7 +44,7 @@ pub use attach::{attach, Attached};
 pub use confirm::confirm;
 pub use detach::{detach, Detached, Which};
 pub use error::LifecycleError;
-pub use free::{free, free_key, Freed};
+pub use free::{free, free_key, Released};
 pub use holder::Holder;
 pub use plan::cdi_preview;
 pub use prepare::{prepare, Prepared};

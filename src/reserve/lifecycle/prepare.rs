@@ -261,7 +261,7 @@ pub(super) fn same_kind(r: &Reservation, h: &Holder) -> Result<(), Error> {
     Ok(())
 }
 
-type Reserved = (Vec<Unit>, Vec<String>, Prepared);
+type Chosen = (Vec<Unit>, Vec<String>, Prepared);
 
 /// The holder's reservation, kept (prepared again) when it still fits the request; else
 /// removed, its GPUs freed for the new choice (one a process still has open drains).
@@ -273,7 +273,7 @@ fn keep_or_free(
     req: &Request,
     by: Option<ProcRef>,
     now: &str,
-) -> Result<Option<Reserved>, Error> {
+) -> Result<Option<Chosen>, Error> {
     let Some(r) = st.reservations.get_mut(h.id) else {
         return Ok(None);
     };
