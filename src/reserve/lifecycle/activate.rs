@@ -16,7 +16,7 @@ use crate::request::Request;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::mps;
-use crate::reserve::state::{now_rfc3339, Node, Phase};
+use crate::reserve::state::{now_rfc3339, Node};
 
 /// What one `apply` changed, so it can be undone.
 pub(super) struct Applied {
@@ -135,17 +135,13 @@ pub fn activate(
         if cur.gpus != r.gpus {
             return Err(LifecycleError::ChangedWhileStarting.into());
         }
-        cur.phase = Phase::Running;
-        cur.controller = Some(ct.controller);
-        cur.init = Some(ct.init);
-        cur.nodes = as_nodes(&specs);
+        cur.set_running(ct.controller, ct.init, as_nodes(&specs), &now);
         cur.mounts = done.as_ref().map(|d| d.mounted.clone()).unwrap_or_default();
         cur.rootfs = Default::default();
         if let (Some(d), Some(p)) = (&done, &plan) {
             cur.rootfs.add(d, &p.ld_folders);
         }
         (cur.driver, cur.driver_version) = (driver, driver_version);
-        cur.updated = now;
         Ok(())
     });
     if let Err(e) = recorded {

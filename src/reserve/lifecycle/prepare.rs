@@ -279,14 +279,9 @@ fn keep_or_free(
     };
     inv.settle(f.cfg, &r.gpus);
     if satisfies(inv, &r.gpus, req) {
-        r.phase = Phase::Prepared;
-        r.prepared_by = by;
-        r.init = None;
-        r.controller = None;
-        r.nodes.clear();
+        r.set_prepared(by, now);
         r.domain = h.name.to_string();
         r.request = req.to_string();
-        r.updated = now.to_string();
         let gpus = r.gpus.clone();
         let specs = prepared_edits(f, h, req, inv, &gpus)?;
         if let Some(r) = st.reservations.get_mut(h.id) {

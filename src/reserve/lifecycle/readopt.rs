@@ -223,11 +223,7 @@ fn decide(
         .reservations
         .entry(h.id.to_string())
         .or_insert_with(|| new_reservation(h, req, &gpus, Phase::Running, now));
-    r.phase = Phase::Running;
-    r.controller = Some(ct.controller);
-    r.init = Some(ct.init);
-    r.nodes = as_nodes(&specs);
-    r.updated = now.to_string();
+    r.set_running(ct.controller, ct.init, as_nodes(&specs), now);
     Ok((gpus, specs, r.mounts.clone()))
 }
 

@@ -8,7 +8,7 @@ use crate::ids::Unit;
 use crate::log;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
-use crate::reserve::state::{now_rfc3339, Phase};
+use crate::reserve::state::now_rfc3339;
 
 /// An OCI container's init exists (its `createRuntime` hook): the reservation is running and
 /// stale once that init is gone. `by` is the process that reserved it (the hook's token): a
@@ -30,11 +30,7 @@ pub fn record_init(
             .get_mut(h.id)
             .filter(|r| r.kind == h.kind && r.prepared_by == Some(by))
             .ok_or(LifecycleError::NotThisCreate)?;
-        r.phase = Phase::Running;
-        r.init = Some(init);
-        r.cgroup = cgroup;
-        r.namespaces = namespaces;
-        r.updated = now;
+        r.set_init(init, cgroup, namespaces, &now);
         Ok(r.gpus.clone())
     })?;
     log::info(&format!(
