@@ -166,16 +166,7 @@ pub fn attach(
         return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
     }
     if let Some(p) = &policy {
-        log::info(&format!(
-            "{}: {} lists {} too",
-            h.who(),
-            p.name(),
-            nodes
-                .iter()
-                .map(|n| format!("{}:{}", n.major, n.minor))
-                .collect::<Vec<_>>()
-                .join(" ")
-        ));
+        log_policy(h, &**p, &nodes);
     }
     if let Some(p) = &got.plan {
         log_cdi(h, p, done.as_ref());
@@ -197,6 +188,20 @@ pub fn attach(
         units: got.units,
         nodes: got.specs,
     })
+}
+
+/// The scope's device policy lists the attached nodes too: said.
+fn log_policy(h: &Holder, p: &dyn ManagedPolicy, nodes: &[Node]) {
+    log::info(&format!(
+        "{}: {} lists {} too",
+        h.who(),
+        p.name(),
+        nodes
+            .iter()
+            .map(|n| format!("{}:{}", n.major, n.minor))
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
 }
 
 /// How long an attach waits for every device rule in force for the container to let its new
@@ -282,6 +287,22 @@ fn in_force(
     }
 }
 
+/// The holder's reservation may take more: of its kind, running, with this init.
+fn may_take_more(r: &Reservation, h: &Holder, ct: &Container) -> Result<(), Error> {
+    same_kind(r, h)?;
+    if r.phase == Phase::Prepared {
+        return Err(LifecycleError::AttachPrepared.into());
+    }
+    if r.init != Some(ct.init) {
+        return Err(LifecycleError::AttachOtherInit {
+            recorded: r.init.map(|i| i.pid),
+            found: ct.init.pid,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Under the state lock: the holder's reservation may take more (a running one of this
 /// container, or none), the units are chosen as `reserve` chooses them (the holder's own
 /// count as held) and added to it, with the nodes about to be granted (not those `cg`
@@ -299,17 +320,7 @@ fn reserve_more(
     // A quarantined GPU is given to no one.
     crate::reserve::health::apply(inv, st);
     if let Some(r) = st.reservations.get(h.id) {
-        same_kind(r, h)?;
-        if r.phase == Phase::Prepared {
-            return Err(LifecycleError::AttachPrepared.into());
-        }
-        if r.init != Some(ct.init) {
-            return Err(LifecycleError::AttachOtherInit {
-                recorded: r.init.map(|i| i.pid),
-                found: ct.init.pid,
-            }
-            .into());
-        }
+        may_take_more(r, h, ct)?;
     }
     // One slot of a shared GPU per holder: not one of those it has.
     let sharing: Vec<crate::ids::Pci> = st

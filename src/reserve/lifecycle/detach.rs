@@ -151,33 +151,7 @@ pub fn detach(
         Ok(x) => x,
         Err(e) => return Err(retold(&mut policy, &planned, e)),
     };
-    // Entries of nodes still granted back; nodes denied that were not planned (the record
-    // changed in between) lose theirs.
-    let kept: Vec<Node> = planned
-        .iter()
-        .filter(|n| !revoked.denied.contains(n))
-        .cloned()
-        .collect();
-    let unplanned: Vec<Node> = revoked
-        .denied
-        .iter()
-        .filter(|n| !planned.contains(n))
-        .cloned()
-        .collect();
-    let mut policy_left = Leftovers::default();
-    if let Some(p) = &mut policy {
-        if !kept.is_empty() {
-            if let Err(e) = p.restore(&kept) {
-                policy_left.push(format_args!("{}: {e}", p.name()));
-            }
-        }
-        if !unplanned.is_empty() {
-            if let Err(e) = p.remove(&unplanned) {
-                policy_left.push(format_args!("{}: {e}", p.name()));
-            }
-        }
-    }
-
+    let policy_left = policy_after(&mut policy, &planned, &revoked.denied);
     let out = Detached {
         kept_open: open
             .into_iter()
@@ -217,6 +191,40 @@ fn untold(
 
 /// The error `e` of a detach that took nothing, after the manager's entries for `nodes` are
 /// put back (what could not be is said with it).
+/// After the locked step: the entries of nodes still granted go back to the scope's policy;
+/// nodes denied that were not planned (the record changed in between) lose theirs. Returns
+/// what could not be told.
+fn policy_after(
+    policy: &mut Option<Box<dyn ManagedPolicy>>,
+    planned: &[Node],
+    denied: &[Node],
+) -> Leftovers {
+    let kept: Vec<Node> = planned
+        .iter()
+        .filter(|n| !denied.contains(n))
+        .cloned()
+        .collect();
+    let unplanned: Vec<Node> = denied
+        .iter()
+        .filter(|n| !planned.contains(n))
+        .cloned()
+        .collect();
+    let mut left = Leftovers::default();
+    if let Some(p) = policy {
+        if !kept.is_empty() {
+            if let Err(e) = p.restore(&kept) {
+                left.push(format_args!("{}: {e}", p.name()));
+            }
+        }
+        if !unplanned.is_empty() {
+            if let Err(e) = p.remove(&unplanned) {
+                left.push(format_args!("{}: {e}", p.name()));
+            }
+        }
+    }
+    left
+}
+
 fn retold(policy: &mut Option<Box<dyn ManagedPolicy>>, nodes: &[Node], e: Error) -> Error {
     let mut left = Leftovers::default();
     if let Some(p) = policy {

@@ -309,18 +309,14 @@ fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<Unit>, Cgr
     Ok(out)
 }
 
-/// The state lost a running container's reservation: take back the GPUs its device cgroup
-/// grants (`granted`), as far as they fit the request and never more than it asks for, and
-/// top up to the request's count; or reserve afresh when it has none. GPUs the request names
-/// come first, then granted ones fill the other places. A granted GPU that another domain
-/// holds cannot be reconciled. Pure: it reads neither the container nor the host. Returns
-/// the GPUs and the granted ones it does not hold (their access must be taken away).
-fn adopt(
+/// Of the granted GPUs, none is another holder's (whole, by an instance, or through a
+/// compute instance of the same GPU instance): else the container cannot be reconciled.
+fn none_anothers(
     req: &Request,
     inv: &Inventory,
     held: &alloc::Held,
     granted: &[Unit],
-) -> Result<(Vec<Unit>, Vec<Unit>), Error> {
+) -> Result<(), Error> {
     for p in granted {
         // An instance held, or its GPU held whole; a GPU held whole or by an instance.
         let h = if p.is_mig() {
@@ -354,6 +350,22 @@ fn adopt(
             .into());
         }
     }
+    Ok(())
+}
+
+/// The state lost a running container's reservation: take back the GPUs its device cgroup
+/// grants (`granted`), as far as they fit the request and never more than it asks for, and
+/// top up to the request's count; or reserve afresh when it has none. GPUs the request names
+/// come first, then granted ones fill the other places. A granted GPU that another domain
+/// holds cannot be reconciled. Pure: it reads neither the container nor the host. Returns
+/// the GPUs and the granted ones it does not hold (their access must be taken away).
+fn adopt(
+    req: &Request,
+    inv: &Inventory,
+    held: &alloc::Held,
+    granted: &[Unit],
+) -> Result<(Vec<Unit>, Vec<Unit>), Error> {
+    none_anothers(req, inv, held, granted)?;
     if req.mig {
         let named: Vec<Unit> = req
             .migs
