@@ -18,6 +18,7 @@
 pub mod catalog;
 pub mod error;
 pub mod reset;
+pub mod scrub;
 #[cfg(test)]
 mod transitions;
 
@@ -28,13 +29,16 @@ use crate::log::one_line;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::state::{
-    now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, Reservation, State, Store, XidCount,
+    now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, State, Store, XidCount,
 };
 use catalog::{Action, Verdict};
 use error::HealthError;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
+#[cfg(test)]
+use scrub::scrub_freed;
+use scrub::scrub_text;
 use std::path::Path;
 
 /// At most this much of new kernel log records is taken per scan (records beyond are left
@@ -496,51 +500,6 @@ pub fn clear_with(f: &Facts, pci: &str) -> Result<Quarantine, Error> {
         }
         Ok::<_, Error>(q)
     })
-}
-
-/// With `reset_on_release`: the GPUs of `freed` (reservations just taken out of `st`) that
-/// no reservation holds any unit of now are `scrub pending`, and unusable in `inv` (when
-/// given) for the rest of this step. The GPUs marked.
-pub fn scrub_freed(
-    cfg: &Config,
-    st: &mut State,
-    inv: Option<&mut Inventory>,
-    freed: &[Reservation],
-) -> Vec<Pci> {
-    if !cfg.reset_on_release {
-        return Vec::new();
-    }
-    let mut marked: Vec<Pci> = Vec::new();
-    for r in freed {
-        for u in &r.gpus {
-            let pci = u.pci();
-            if marked.contains(&pci)
-                || st
-                    .reservations
-                    .values()
-                    .any(|o| o.gpus.iter().any(|x| x.pci() == pci))
-            {
-                continue;
-            }
-            st.health.entry(pci.to_string()).or_default().scrub_pending = true;
-            marked.push(pci);
-            crate::log::info(&format!(
-                "GPU {pci} freed by {}: scrub pending (reset_on_release) until `gpuhook health scan` resets it",
-                r.who()
-            ));
-        }
-    }
-    if let Some(inv) = inv {
-        for g in inv.gpus.iter_mut().filter(|g| marked.contains(&g.pci)) {
-            g.problem.get_or_insert_with(|| scrub_text(g.pci));
-            g.pending = false;
-        }
-    }
-    marked
-}
-
-fn scrub_text(pci: Pci) -> String {
-    format!("scrub pending: freed with reset_on_release, given to no one until `gpuhook health scan` resets it (or `gpuhook health reset {pci}`)")
 }
 
 /// Why a quarantine makes a GPU unusable, and what returns it: a refusal's and `list`'s

@@ -62,7 +62,7 @@ pub(super) fn drain_freed<W>(f: &Facts, st: &mut State, freed: &[(Reservation, W
                 "cannot look for processes that keep freed GPUs open ({e}): they are free"
             ));
             let rs: Vec<Reservation> = freed.iter().map(|(r, _)| r.clone()).collect();
-            crate::reserve::health::scrub_freed(f.cfg, st, None, &rs);
+            crate::reserve::health::scrub::scrub_freed(f.cfg, st, None, &rs);
             return Settled::default();
         }
     };

@@ -76,7 +76,7 @@ fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, 
     let fresh = drain::freed_units(inv, st, &freed);
     // With `reset_on_release`, a reclaimed GPU no one holds now is scrub pending: the
     // request that reclaimed it does not get it before a reset.
-    for p in crate::reserve::health::scrub_freed(f.cfg, st, Some(inv), &freed) {
+    for p in crate::reserve::health::scrub::scrub_freed(f.cfg, st, Some(inv), &freed) {
         notes.push(format!(
             "GPU {p} reclaimed: scrub pending (reset_on_release)"
         ));
