@@ -232,7 +232,7 @@ pub fn log_settled(s: &Settled) {
 /// (looked for in `proc`) become draining, and with `reset_on_release` the GPUs no one holds
 /// now are scrub pending ([`crate::reserve::health::scrub::scrub_freed`]); `inv` is settled here
 /// for the freed GPUs. The state's one free path is
-/// [`crate::reserve::lifecycle::free_with`].
+/// [`crate::reserve::lifecycle::free::free`].
 pub fn after_free_in(
     inv: &mut Inventory,
     cfg: &Config,

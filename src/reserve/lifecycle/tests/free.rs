@@ -75,7 +75,7 @@ fn free_takes_only_what_is_chosen_and_runs_then_in_the_same_step() {
     );
 }
 
-/// The one free path (`free_with`: the stop hooks, `release`, `reconcile`, the OCI door's
+/// The one free path (`free`: the stop hooks, `release`, `reconcile`, the OCI door's
 /// `poststop` and `delete`), with and without an inventory; a detach; a stale reservation
 /// reclaimed for a request (which then does not get the reclaimed GPU): each marks the GPUs
 /// no one holds any more scrub pending. Off by default.

@@ -547,7 +547,7 @@ fn holder(idmap: &IdMap) -> Holder<'_> {
 
 /// `prepare` as the libvirt door calls it: reserved by the process that ran this one.
 fn prepare_by_parent(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
-    let parent = f.proc.proc_ref(nix::unistd::getppid().as_raw());
+    let parent = f.proc.proc_ref(std::os::unix::process::parent_id() as i32);
     prepare(f, h, req, parent).map(drop)
 }
 
