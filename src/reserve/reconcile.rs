@@ -13,7 +13,7 @@ use std::collections::HashSet;
 pub const PREPARE_GRACE_SECS: i64 = 600;
 
 /// What staleness is decided from; injected so the rule is testable.
-pub struct Seen<'a> {
+pub struct Liveness<'a> {
     /// Whether a process (PID + start time) still lives.
     pub alive: &'a dyn Fn(&ProcRef) -> bool,
     /// Whether libvirt's controller for a domain (by name) runs.
@@ -25,14 +25,14 @@ pub struct World<'a> {
     /// UUIDs of the domains libvirt runs.
     pub active: &'a HashSet<String>,
     pub now: i64,
-    pub seen: Seen<'a>,
+    pub seen: Liveness<'a>,
 }
 
 /// The one staleness rule, for every front door: why a reservation's holder is gone, if it
 /// is. A running one: its recorded init is gone. A prepared one: the process that reserved
 /// is gone (libvirtd for a domain, and no controller of the domain runs; the runtime the
 /// wrapper became for an OCI container, which recorded no init).
-pub fn stale(r: &Reservation, seen: &Seen) -> Option<String> {
+pub fn stale(r: &Reservation, seen: &Liveness) -> Option<String> {
     match (r.phase, r.kind) {
         (Phase::Running, _) => match r.init {
             Some(i) if !(seen.alive)(&i) => {
@@ -68,7 +68,7 @@ pub fn stale_reason(r: &Reservation) -> Option<String> {
 pub fn stale_on(r: &Reservation, proc: Proc, controller: &dyn Fn(&str) -> bool) -> Option<String> {
     stale(
         r,
-        &Seen {
+        &Liveness {
             alive: &|p| proc.alive(p),
             controller,
         },
@@ -204,7 +204,7 @@ mod tests {
         let w = World {
             active: &active,
             now,
-            seen: Seen {
+            seen: Liveness {
                 alive: &alive,
                 controller: &|_| false,
             },
@@ -228,7 +228,7 @@ mod tests {
         let now = 1_800_000_000;
         let alive = |p: &ProcRef| p.pid == 10;
         let ctl = |name: &str| name == "d21";
-        let seen = Seen {
+        let seen = Liveness {
             alive: &alive,
             controller: &ctl,
         };
@@ -274,7 +274,7 @@ mod tests {
         let w = World {
             active: &active,
             now,
-            seen: Seen {
+            seen: Liveness {
                 alive: &alive,
                 controller: &|_| false,
             },
