@@ -535,7 +535,7 @@ fn attach_of_an_mps_slot_mounts_its_daemons_directories_once() {
     let calls = fake.calls();
     assert_eq!(calls[0], "mps start 0000:11:00.0");
     assert_eq!(calls.last().unwrap(), "inject /tmp/nvidia-mps /dev/shm");
-    let targets = |h: &Host| -> Vec<String> {
+    let targets = |h: &FakeHost| -> Vec<String> {
         h.state().reservations[ID]
             .mounts
             .iter()

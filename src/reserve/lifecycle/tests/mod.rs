@@ -354,7 +354,7 @@ fn write_stat(root: &Path, p: ProcRef, ppid: i32) {
 
 /// A host in a temporary directory: its config (state file, `/proc`, CDI spec dirs) and the
 /// inventory the fake scan gives.
-struct Host {
+struct FakeHost {
     _t: tempfile::TempDir,
     cfg: Config,
     proc: String,
@@ -363,7 +363,7 @@ struct Host {
     module: RefCell<Option<&'static str>>,
 }
 
-fn host() -> Host {
+fn host() -> FakeHost {
     let t = tempfile::tempdir().unwrap();
     let proc = t.path().join("proc");
     std::fs::create_dir_all(&proc).unwrap();
@@ -375,7 +375,7 @@ fn host() -> Host {
         cdi_spec_dirs: vec![t.path().join("cdi")],
         ..Config::default()
     };
-    let h = Host {
+    let h = FakeHost {
         cfg,
         proc: proc.to_string_lossy().into_owned(),
         inv: Inventory {
@@ -390,7 +390,7 @@ fn host() -> Host {
     h
 }
 
-impl Host {
+impl FakeHost {
     /// A live process in the fake `/proc`.
     fn process(&self, p: ProcRef, ppid: i32) {
         write_stat(&self.cfg.proc, p, ppid);
@@ -584,7 +584,7 @@ fn found() -> Result<Container, ContainerError> {
 }
 
 /// A host whose GPUs 0 and 1 are `/dev/null` and `/dev/zero` (what [`SPEC`] names).
-fn cdi_host() -> Host {
+fn cdi_host() -> FakeHost {
     let mut h = host();
     h.inv.gpus[0].nodes[0].1.node = Node::new("/dev/null".to_string(), 1, 3);
     h.inv.gpus[1].nodes[0].1.node = Node::new("/dev/zero".to_string(), 1, 5);
@@ -597,7 +597,7 @@ fn cdi_req(n: u32) -> Request {
     r
 }
 
-impl Host {
+impl FakeHost {
     /// Process `pid` of the fake `/proc` with descriptor 3 on `node` (a symlink to it, which
     /// `statx` follows as it follows the kernel's magic links), opened with `flags` (octal,
     /// as its `fdinfo` says them).
@@ -627,7 +627,7 @@ fn all_of(id: &'static str) -> impl FnOnce(&State) -> Vec<(String, ())> {
     }
 }
 
-impl Host {
+impl FakeHost {
     /// This test process in the fake `/proc` (the OCI `create` that reserves).
     fn this_process(&self) -> ProcRef {
         let me = ProcRef {
@@ -647,7 +647,7 @@ fn holder_with_id<'a>(idmap: &'a IdMap, id: &'a str) -> Holder<'a> {
     Holder::libvirt("web1", id, idmap)
 }
 
-impl Host {
+impl FakeHost {
     /// `attach` of `r` for `web1`, found running, on this host and `fake`.
     fn attach(&self, fake: &Rc<Fake>, r: &Request) -> Result<Attached, Error> {
         let idmap = IdMap::default();
@@ -657,7 +657,7 @@ impl Host {
 
 /// `/dev/nvidiactl` and `/dev/nvidia-modeset` on the test host: one control node every NVIDIA
 /// container gets, one that comes with `graphics`.
-fn with_controls(h: &mut Host) {
+fn with_controls(h: &mut FakeHost) {
     use crate::host::inventory::{Control, DevNode};
     let dev = |path: &str, minor| DevNode {
         node: Node::new(path, 195, minor),
@@ -671,7 +671,7 @@ fn with_controls(h: &mut Host) {
 
 /// A running container of GPU 0 (activated as at `started`: its nodes recorded); the fake
 /// cgroup after it grants what `started` granted.
-impl Host {
+impl FakeHost {
     /// `web1` reserved `gpus` (prepared) and `started` with `req` on a fake host that lets
     /// everything through; the fake it ran on.
     fn activated(&self, gpus: &[Unit], req: &Request) -> Rc<Fake> {
@@ -684,7 +684,7 @@ impl Host {
     }
 }
 
-fn running_on_gpu0(h: &Host, r: &Request) -> Rc<Fake> {
+fn running_on_gpu0(h: &FakeHost, r: &Request) -> Rc<Fake> {
     let fake = h.activated(&[pci(0)], r);
     let allowed = fake.allowed.borrow().clone();
     h.fake(Fake {
@@ -693,7 +693,7 @@ fn running_on_gpu0(h: &Host, r: &Request) -> Rc<Fake> {
     })
 }
 
-fn state_bytes(h: &Host) -> Vec<u8> {
+fn state_bytes(h: &FakeHost) -> Vec<u8> {
     std::fs::read(&h.cfg.state_file).unwrap()
 }
 
@@ -709,7 +709,7 @@ const CT_NS: &str = "pid:[4026532001]";
 
 const HOST_NS: &str = "pid:[4026531836]";
 
-impl Host {
+impl FakeHost {
     /// Puts process `pid` of the fake `/proc` in PID namespace `ns` (its `ns/pid` link).
     fn in_ns(&self, pid: i32, ns: &str) {
         let dir = self.cfg.proc.join(pid.to_string()).join("ns");
@@ -753,7 +753,7 @@ impl Host {
 }
 
 /// A host with NVIDIA's control nodes (`nvidiactl` 195:255, `nvidia-uvm` 510:0).
-fn host_with_controls() -> Host {
+fn host_with_controls() -> FakeHost {
     use crate::host::inventory::{Control, DevNode};
     let mut h = host();
     let dev = |p: &str, ma, mi| DevNode {
@@ -780,7 +780,7 @@ fn sel(u: Unit) -> Which {
 
 /// A container running with GPUs 0 (`/dev/null`) and 1 (`/dev/zero`), which process `pid`
 /// (command `comm`, in PID namespace `ns`) has open.
-fn gpu1_open_by(pid: i32, ns: &str, comm: &str) -> Host {
+fn gpu1_open_by(pid: i32, ns: &str, comm: &str) -> FakeHost {
     let h = cdi_host();
     h.running_with(&[pci(0), pci(1)], &req(2));
     h.opener_in(pid, "/dev/zero", ns, comm);
@@ -797,7 +797,7 @@ fn cdi_req_of(ix: &[usize]) -> Request {
 /// [`SPEC`]'s one driver mount.
 const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.535.129.03";
 
-fn mount_targets(h: &Host) -> Vec<String> {
+fn mount_targets(h: &FakeHost) -> Vec<String> {
     h.state().reservations[ID]
         .mounts
         .iter()
@@ -813,7 +813,7 @@ fn source_identity() -> String {
 }
 
 /// The test host with GPU 1 shared with MPS (2 slots).
-fn mps_host() -> Host {
+fn mps_host() -> FakeHost {
     let mut h = host();
     h.inv.gpus[1].sharing = Some(crate::host::config::Sharing {
         mode: crate::host::config::ShareMode::Mps,
@@ -840,13 +840,13 @@ fn mps_slot(n: u32) -> Unit {
 
 /// A running container of GPU 0 whose scope systemd keeps a device policy for: the
 /// container's own entries (`/dev/null`, 1:3) and GPU 0's (given at create, as runc lists it).
-fn managed_on_gpu0(h: &Host) -> Rc<Fake> {
+fn managed_on_gpu0(h: &FakeHost) -> Rc<Fake> {
     let fake = running_on_gpu0(h, &req(1));
     *fake.managed.borrow_mut() = Some(vec![(1, 3), (195, 0)]);
     fake
 }
 
-fn scrub_pending(h: &Host) -> Vec<String> {
+fn scrub_pending(h: &FakeHost) -> Vec<String> {
     h.state()
         .health
         .iter()
