@@ -65,9 +65,9 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
     let world = reconcile::World {
         active: &active,
         now,
-        seen: reconcile::Seen {
+        seen: reconcile::Liveness {
             alive: &alive,
-            controller: &gpuhook::reserve::lifecycle::controller_running,
+            controller: &reconcile::controller_running,
         },
     };
     let freed = if dry_run {
@@ -83,7 +83,7 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
         let recheck = |st: &mut gpuhook::reserve::state::State| {
             gpuhook::reserve::drain::log_settled(&gpuhook::reserve::drain::recheck(st))
         };
-        gpuhook::reserve::lifecycle::free_with(
+        gpuhook::reserve::lifecycle::free(
             &gpuhook::reserve::facts::Facts::host(&cfg),
             |st| reconcile::plan(st, &world),
             recheck,

@@ -307,87 +307,7 @@ fn health(action: HealthAction) -> Result<i32, Error> {
     use crate::reserve::health::{self, reset};
     let cfg = Config::load()?;
     match action {
-        HealthAction::Scan => {
-            let r = health::scan(&cfg)?;
-            for (pci, q) in &r.rebooted {
-                log::info(&format!(
-                    "GPU {pci}: its quarantine{} ended: the host rebooted",
-                    q.xid.map(|x| format!(" after Xid {x}")).unwrap_or_default()
-                ));
-            }
-            for x in &r.ignored {
-                log::info(&format!(
-                    "GPU {}: Xid {} ({}), action {}: counted{}: {}",
-                    x.pci,
-                    x.xid,
-                    x.verdict.what,
-                    x.verdict.action,
-                    if x.verdict.unknown {
-                        " and logged only"
-                    } else {
-                        ", nothing else"
-                    },
-                    x.message
-                ));
-            }
-            for x in &r.restart {
-                let who = if x.holders.is_empty() {
-                    "no one holds it now".to_string()
-                } else {
-                    format!("held by {}", x.holders.join(", "))
-                };
-                log::warn(&format!(
-                    "GPU {}: Xid {} ({}), action restart: the program that got it must restart; {who}; not quarantined: {}",
-                    x.pci, x.xid, x.verdict.what, x.message
-                ));
-            }
-            for (pci, q) in &r.quarantined {
-                let held = match r.holders.get(pci) {
-                    Some(h) => format!(
-                        "; still held by {} (no new holder or sharer gets it)",
-                        h.join(", ")
-                    ),
-                    None => String::new(),
-                };
-                log::warn(&format!(
-                    "GPU {pci} quarantined: Xid {} ({}), action {}: {}{held}",
-                    q.xid.map(|x| x.to_string()).unwrap_or_default(),
-                    q.reason,
-                    q.action.map_or("clear", |a| a.as_str()),
-                    q.message
-                ));
-            }
-            for pci in &r.escalated {
-                log::warn(&format!(
-                    "GPU {pci} was quarantined {} times within 24 hours: it needs inspection, and stays quarantined until `gpuhook health clear {pci}`",
-                    cfg.max_quarantines
-                ));
-            }
-            for p in &r.unlisted {
-                log::warn(&format!(
-                    "{p} is not a GPU this host lists now (unbound, being reset, removed?): its quarantine holds when it is one again"
-                ));
-            }
-            for m in &r.forged {
-                log::warn(&format!(
-                    "an Xid line written into the kernel log from userspace, ignored: {m}"
-                ));
-            }
-            println!(
-                "{} new kernel log record{} read, {} GPU{} quarantined",
-                r.new_records,
-                if r.new_records == 1 { "" } else { "s" },
-                r.quarantined.len(),
-                if r.quarantined.len() == 1 { "" } else { "s" },
-            );
-            for (pci, res) in &r.resets {
-                match res {
-                    Ok(x) if x.failure.is_none() => println!("{}", reset_line(x)),
-                    Ok(x) => log::warn(&reset_line(x)),
-                    Err(e) => log::info(&format!("GPU {pci} not reset now: {e}")),
-                }
-            }
-        }
+        HealthAction::Scan => health_scan(&cfg)?,
         HealthAction::Reset { pci } => {
             let r =
                 reset::reset_with(&Facts::host(&cfg), &reset::Host, &pci, reset::Why::Operator)?;
@@ -416,6 +336,90 @@ fn health(action: HealthAction) -> Result<i32, Error> {
         }
     }
     Ok(0)
+}
+
+/// `gpuhook health scan`: what the scan did, said.
+fn health_scan(cfg: &Config) -> Result<(), Error> {
+    let r = crate::reserve::health::scan(cfg)?;
+    for (pci, q) in &r.rebooted {
+        log::info(&format!(
+            "GPU {pci}: its quarantine{} ended: the host rebooted",
+            q.xid.map(|x| format!(" after Xid {x}")).unwrap_or_default()
+        ));
+    }
+    for x in &r.ignored {
+        log::info(&format!(
+            "GPU {}: Xid {} ({}), action {}: counted{}: {}",
+            x.pci,
+            x.xid,
+            x.verdict.what,
+            x.verdict.action,
+            if x.verdict.unknown {
+                " and logged only"
+            } else {
+                ", nothing else"
+            },
+            x.message
+        ));
+    }
+    for x in &r.restart {
+        let who = if x.holders.is_empty() {
+            "no one holds it now".to_string()
+        } else {
+            format!("held by {}", x.holders.join(", "))
+        };
+        log::warn(&format!(
+            "GPU {}: Xid {} ({}), action restart: the program that got it must restart; {who}; not quarantined: {}",
+            x.pci, x.xid, x.verdict.what, x.message
+        ));
+    }
+    for (pci, q) in &r.quarantined {
+        let held = match r.holders.get(pci) {
+            Some(h) => format!(
+                "; still held by {} (no new holder or sharer gets it)",
+                h.join(", ")
+            ),
+            None => String::new(),
+        };
+        log::warn(&format!(
+            "GPU {pci} quarantined: Xid {} ({}), action {}: {}{held}",
+            q.xid.map(|x| x.to_string()).unwrap_or_default(),
+            q.reason,
+            q.action.map_or("clear", |a| a.as_str()),
+            q.message
+        ));
+    }
+    for pci in &r.escalated {
+        log::warn(&format!(
+            "GPU {pci} was quarantined {} times within 24 hours: it needs inspection, and stays quarantined until `gpuhook health clear {pci}`",
+            cfg.max_quarantines
+        ));
+    }
+    for p in &r.unlisted {
+        log::warn(&format!(
+            "{p} is not a GPU this host lists now (unbound, being reset, removed?): its quarantine holds when it is one again"
+        ));
+    }
+    for m in &r.forged {
+        log::warn(&format!(
+            "an Xid line written into the kernel log from userspace, ignored: {m}"
+        ));
+    }
+    println!(
+        "{} new kernel log record{} read, {} GPU{} quarantined",
+        r.new_records,
+        if r.new_records == 1 { "" } else { "s" },
+        r.quarantined.len(),
+        if r.quarantined.len() == 1 { "" } else { "s" },
+    );
+    for (pci, res) in &r.resets {
+        match res {
+            Ok(x) if x.failure.is_none() => println!("{}", reset_line(x)),
+            Ok(x) => log::warn(&reset_line(x)),
+            Err(e) => log::info(&format!("GPU {pci} not reset now: {e}")),
+        }
+    }
+    Ok(())
 }
 
 /// One line of what a reset did.
@@ -634,13 +638,8 @@ fn check(file: &str) -> Result<i32, CliError> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let h = crate::reserve::lifecycle::Holder {
-        kind: crate::reserve::lifecycle::HolderKind::Libvirt,
-        name: &dom.name,
-        id: &dom.uuid,
-        idmap: &dom.idmap,
-    };
-    match crate::reserve::lifecycle::cdi_preview(&cfg, &h, req, &inv, &gpus) {
+    let h = crate::reserve::lifecycle::Holder::libvirt(&dom.name, &dom.uuid, &dom.idmap);
+    match crate::reserve::lifecycle::cdi_preview(&Facts::host(&cfg), &h, req, &inv, &gpus) {
         Ok(None) => {}
         Ok(Some(p)) => print_cdi(&p),
         // The host's driver says "driver \"host\": …" itself.
@@ -722,8 +721,8 @@ fn release(domain: &str) -> Result<i32, Error> {
             .map(|(u, _)| (u.clone(), ()))
             .collect()
     };
-    let lifecycle::Freed { freed, drained } =
-        lifecycle::free_with(&Facts::host(&cfg), theirs, |_| {})?;
+    let lifecycle::Released { freed, drained } =
+        lifecycle::free(&Facts::host(&cfg), theirs, |_| {})?;
     let freed: Vec<Reservation> = freed.into_iter().map(|(r, ())| r).collect();
     if freed.is_empty() {
         println!("'{domain}' holds no GPUs; nothing to release");

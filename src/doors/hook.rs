@@ -16,8 +16,12 @@
 
 use crate::enter::container;
 use crate::host::config::Config;
+use crate::host::procfs;
 use crate::log;
 use crate::request::metadata::{self, Domain};
+use crate::request::Request;
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
 use crate::reserve::lifecycle::{self, Holder, HolderKind, Readopted};
 use std::ffi::OsStr;
 use std::io::Read;
@@ -83,16 +87,18 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
     let h = holder(&dom);
     let find = || container::find(&dom.name, dom.id);
     let result = match op {
-        "prepare" => lifecycle::reserve(&h, &req),
-        "start" => lifecycle::confirm(&h, &req),
-        "started" => lifecycle::activate(&h, &req, find),
+        "prepare" | "start" | "started" => step(op, &h, &req, find),
         // A non-zero exit at reconnect makes libvirt kill the container: only when it cannot
         // be made consistent.
         "reconnect" => {
-            return match lifecycle::readopt(&h, &req, find) {
+            let readopted = match Config::load() {
+                Ok(cfg) => lifecycle::readopt(&Facts::host(&cfg), &h, &req, find),
+                Err(e) => lifecycle::config_unreadable(&h, &e),
+            };
+            return match readopted {
                 Readopted::Inconsistent => 1,
                 Readopted::Consistent | Readopted::LeftAlone => 0,
-            }
+            };
         }
         other => {
             log::warn(&format!(
@@ -108,6 +114,23 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
             log::error(&format!("domain '{}': {e}", dom.name));
             1
         }
+    }
+}
+
+/// `prepare`, `start`, `started`: the step on this host's facts, with the config loaded
+/// here; `prepare`'s reserving process is libvirtd, the hook's parent.
+fn step(
+    op: &str,
+    h: &Holder,
+    req: &Request,
+    find: impl FnOnce() -> Result<container::Container, container::ContainerError>,
+) -> Result<(), Error> {
+    let cfg = Config::load()?;
+    let f = Facts::host(&cfg);
+    match op {
+        "prepare" => lifecycle::prepare(&f, h, req, procfs::parent()).map(drop),
+        "start" => lifecycle::confirm(&f, h, req),
+        _ => lifecycle::activate(&f, h, req, find),
     }
 }
 
@@ -143,7 +166,7 @@ fn reconnect_attached(xml: &[u8]) -> i32 {
     };
     let h = holder(&dom);
     let find = || container::find(&dom.name, dom.id);
-    match lifecycle::readopt(&h, &req, find) {
+    match lifecycle::readopt(&Facts::host(&cfg), &h, &req, find) {
         Readopted::Inconsistent => 1,
         Readopted::Consistent | Readopted::LeftAlone => 0,
     }
@@ -151,12 +174,7 @@ fn reconnect_attached(xml: &[u8]) -> i32 {
 
 /// A libvirt domain as a holder of GPUs: keyed by its UUID; its nodes owned per `<idmap>`.
 fn holder(dom: &Domain) -> Holder<'_> {
-    Holder {
-        kind: HolderKind::Libvirt,
-        name: &dom.name,
-        id: &dom.uuid,
-        idmap: &dom.idmap,
-    }
+    Holder::libvirt(&dom.name, &dom.uuid, &dom.idmap)
 }
 
 /// `stopped`/`release`: frees what the state holds for the domain's UUID, whatever its live
@@ -181,7 +199,7 @@ fn stop(name: &str, op: &str, xml: &[u8]) {
     if !asks && !lifecycle::may_hold(&cfg, &uuid) {
         return;
     }
-    match lifecycle::free(&cfg, HolderKind::Libvirt, &uuid) {
+    match lifecycle::free_key(&Facts::host(&cfg), HolderKind::Libvirt, &uuid) {
         Ok(Some(r)) => log::info(&format!(
             "domain '{name}' ({uuid}): {op}: freed {}{}",
             crate::ids::Unit::join(&r.gpus, ","),

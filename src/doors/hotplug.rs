@@ -1,6 +1,6 @@
 //! `gpuhook attach` and `gpuhook detach`: GPUs into and out of a running container (SPEC
 //! "Hotplug"). This door finds the container and says what happened; the steps themselves
-//! are the lifecycle's ([`lifecycle::attach_with`], [`lifecycle::detach_with`], on the facts of the kind of container).
+//! are the lifecycle's ([`lifecycle::attach`], [`lifecycle::detach`], on the facts of the kind of container).
 //!
 //! A libvirt domain is found as libvirt's LXC driver keeps a running one: its status file
 //! `LXC_STATE_DIR/NAME.xml` (`<domstatus>` around the live `<domain>`), by name, or by UUID
@@ -18,7 +18,7 @@ use crate::request::metadata::{self, Domain};
 use crate::request::oci::{self, Pairs};
 use crate::request::{DeviceSel, Request};
 use crate::reserve::facts::Facts;
-use crate::reserve::lifecycle::{self, Attached, Detached, Holder, HolderKind, Which};
+use crate::reserve::lifecycle::{self, Attached, Detached, Holder, Which};
 use crate::reserve::state::{State, Store};
 use std::io::Read;
 use std::path::Path;
@@ -102,43 +102,33 @@ pub struct DetachArgs {
 
 /// Which kind of container NAME is said to be (`--domain`, `--container`), or either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum TargetKind {
     Either,
     Domain,
     Container,
 }
 
-impl Kind {
-    fn of(domain: bool, container: bool) -> Kind {
+impl TargetKind {
+    fn of(domain: bool, container: bool) -> TargetKind {
         match (domain, container) {
-            (true, _) => Kind::Domain,
-            (_, true) => Kind::Container,
-            _ => Kind::Either,
+            (true, _) => TargetKind::Domain,
+            (_, true) => TargetKind::Container,
+            _ => TargetKind::Either,
         }
     }
 }
 
 /// A running container the command names.
-enum Target {
+enum HotplugTarget {
     Libvirt(Domain),
     Oci(oci_container::Oci),
 }
 
-impl Target {
+impl HotplugTarget {
     fn holder(&self) -> Holder<'_> {
         match self {
-            Target::Libvirt(d) => Holder {
-                kind: HolderKind::Libvirt,
-                name: &d.name,
-                id: &d.uuid,
-                idmap: &d.idmap,
-            },
-            Target::Oci(o) => Holder {
-                kind: HolderKind::Oci,
-                name: &o.id,
-                id: &o.id,
-                idmap: &o.idmap,
-            },
+            HotplugTarget::Libvirt(d) => Holder::libvirt(&d.name, &d.uuid, &d.idmap),
+            HotplugTarget::Oci(o) => Holder::oci(&o.id, &o.idmap),
         }
     }
 
@@ -146,16 +136,16 @@ impl Target {
     /// init's).
     fn facts<'a>(&self, cfg: &'a Config) -> Facts<'a> {
         match self {
-            Target::Libvirt(_) => Facts::host(cfg),
-            Target::Oci(_) => oci_container::facts(cfg),
+            HotplugTarget::Libvirt(_) => Facts::host(cfg),
+            HotplugTarget::Oci(_) => oci_container::facts(cfg),
         }
     }
 
     /// Finds the running container, as at `started` (libvirt) or from its init (OCI).
     fn find(&self) -> Result<Container, ContainerError> {
         match self {
-            Target::Libvirt(d) => container::find(&d.name, d.id),
-            Target::Oci(o) => container::find_oci(o.init, o.userns()).map(|c| Container {
+            HotplugTarget::Libvirt(d) => container::find(&d.name, d.id),
+            HotplugTarget::Oci(o) => container::find_oci(o.init, o.userns()).map(|c| Container {
                 made: o.made.clone(),
                 ..c
             }),
@@ -165,15 +155,15 @@ impl Target {
 
 /// The container `name` names: a running libvirt domain (by name or UUID), or a running OCI
 /// container of that ID; a name that is both is refused unless `kind` says which.
-fn target(cfg: &Config, name: &str, kind: Kind) -> Result<Target, CliError> {
+fn target(cfg: &Config, name: &str, kind: TargetKind) -> Result<HotplugTarget, CliError> {
     let dom = match kind {
-        Kind::Container => None,
+        TargetKind::Container => None,
         _ => running_domain(container::LXC_STATE_DIRS.iter().map(Path::new), name)?,
     };
     if let Some(d) = dom {
         // Whoever may define a domain must not catch, by its name, what is meant for a
         // container (nor make a container lose its GPUs to a `detach` meant for it).
-        if kind == Kind::Either && bundle::valid_id(name) {
+        if kind == TargetKind::Either && bundle::valid_id(name) {
             let st = Store::new(&cfg.state_file).read().ok();
             if oci_container::known(cfg, st.as_ref(), name) {
                 return Err(CliError::Ambiguous {
@@ -183,21 +173,21 @@ fn target(cfg: &Config, name: &str, kind: Kind) -> Result<Target, CliError> {
                 });
             }
         }
-        return Ok(Target::Libvirt(d));
+        return Ok(HotplugTarget::Libvirt(d));
     }
-    if kind != Kind::Domain && bundle::valid_id(name) {
+    if kind != TargetKind::Domain && bundle::valid_id(name) {
         let st: State = Store::new(&cfg.state_file)
             .read()
             .map_err(crate::reserve::error::Error::from)?;
         if let Some(o) = oci_container::find(cfg, &st, name)? {
-            return Ok(Target::Oci(o));
+            return Ok(HotplugTarget::Oci(o));
         }
     }
     let name = name.to_string();
     Err(match kind {
-        Kind::Either => CliError::NoContainer { name },
-        Kind::Domain => CliError::NoDomain { name },
-        Kind::Container => CliError::NoOciContainer { name },
+        TargetKind::Either => CliError::NoContainer { name },
+        TargetKind::Domain => CliError::NoDomain { name },
+        TargetKind::Container => CliError::NoOciContainer { name },
     })
 }
 
@@ -344,10 +334,9 @@ fn which(d: &DetachArgs) -> Result<Which, CliError> {
 pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
     let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
     let req = attach_request(a)?;
-    let t = target(&cfg, &a.name, Kind::of(a.domain, a.container))?;
+    let t = target(&cfg, &a.name, TargetKind::of(a.domain, a.container))?;
     let h = t.holder();
-    let got =
-        lifecycle::attach_with(&t.facts(&cfg), &h, &req, || t.find()).map_err(|e| named(&h, e))?;
+    let got = lifecycle::attach(&t.facts(&cfg), &h, &req, || t.find()).map_err(|e| named(&h, e))?;
     if a.json {
         println!("{}", attached_json(&h, &got));
     } else {
@@ -366,9 +355,9 @@ pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
 pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
     let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
     let which = which(d)?;
-    let t = target(&cfg, &d.name, Kind::of(d.domain, d.container))?;
+    let t = target(&cfg, &d.name, TargetKind::of(d.domain, d.container))?;
     let h = t.holder();
-    let got = lifecycle::detach_with(&t.facts(&cfg), &h, &which, d.force, || t.find())
+    let got = lifecycle::detach(&t.facts(&cfg), &h, &which, d.force, || t.find())
         .map_err(|e| named(&h, e))?;
     if d.json {
         println!("{}", detached_json(&h, &got));

@@ -49,12 +49,7 @@ pub fn invoked_as_runtime(argv0: &OsStr) -> bool {
 /// The holder of a container's reservation as this door builds it: the container ID is its
 /// name and its key.
 fn holder<'a>(id: &'a str, idmap: &'a IdMap) -> Holder<'a> {
-    Holder {
-        kind: HolderKind::Oci,
-        name: id,
-        id,
-        idmap,
-    }
+    Holder::oci(id, idmap)
 }
 
 /// `gpuhook-runtime ARGS…` (or `gpuhook runtime -- ARGS…`): `args` are the runtime's.
@@ -182,7 +177,9 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Run
     let userns = bundle::has_user_namespace(&b.config);
     let identity = IdMap::default();
     let h = holder(id, if userns { &b.idmap } else { &identity });
-    let ((nodes, plan), by) = lifecycle::reserve_nodes(cfg, &h, &req)?;
+    let by = ProcRef::of(std::process::id() as i32)
+        .ok_or(Error::from(lifecycle::LifecycleError::OwnStartTime))?;
+    let (nodes, plan) = lifecycle::prepare(&Facts::host(cfg), &h, &req, Some(by))?;
     let cdi = match &plan {
         Some(p) => match container_root(&path, &b.config, p) {
             Ok(r) => Some((p, r)),
@@ -488,7 +485,7 @@ fn free_oci(
         Some(r) if r.kind == HolderKind::Oci && cond(r) => vec![(id.to_string(), ())],
         _ => Vec::new(),
     };
-    let freed = lifecycle::free_with(&Facts::host(cfg), mine, |st| sweep(cfg, st))?;
+    let freed = lifecycle::free(&Facts::host(cfg), mine, |st| sweep(cfg, st))?;
     Ok(freed.freed.into_iter().next().map(|(r, ())| r))
 }
 
@@ -582,7 +579,9 @@ fn delete(cfg: &Config, runtime: &Path, args: &[OsString], inv: &Invocation) -> 
         }
     };
     if let Some(id) = inv.id.as_deref().filter(|i| bundle::valid_id(i)) {
-        release(cfg, id, "delete", |r| lifecycle::stale_reason(r).is_some());
+        release(cfg, id, "delete", |r| {
+            crate::reserve::reconcile::stale_reason(r).is_some()
+        });
     }
     code
 }
@@ -660,7 +659,9 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
                         .map_err(|e| log::warn(&format!("{who}: createRuntime: {e}")))
                         .ok();
                     let ns = crate::host::procfs::HOST.namespaces(init.pid);
-                    Ok(lifecycle::record_init(&h, by, init, cgroup, ns)?)
+                    let cfg = Config::load().map_err(Error::from)?;
+                    let f = Facts::host(&cfg);
+                    Ok(lifecycle::record_init(&f, &h, by, init, cgroup, ns)?)
                 });
             match recorded {
                 Ok(()) => 0,

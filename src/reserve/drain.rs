@@ -230,9 +230,9 @@ pub fn log_settled(s: &Settled) {
 
 /// After `freed` left the state (under its lock): their units that a process still has open
 /// (looked for in `proc`) become draining, and with `reset_on_release` the GPUs no one holds
-/// now are scrub pending ([`crate::reserve::health::scrub_freed`]); `inv` is settled here
+/// now are scrub pending ([`crate::reserve::health::scrub::scrub_freed`]); `inv` is settled here
 /// for the freed GPUs. The state's one free path is
-/// [`crate::reserve::lifecycle::free_with`].
+/// [`crate::reserve::lifecycle::free::free`].
 pub fn after_free_in(
     inv: &mut Inventory,
     cfg: &Config,
@@ -256,7 +256,7 @@ pub fn after_free_in(
     );
     log_settled(&s);
     // With `reset_on_release`, a GPU its last holder let go of is scrub pending.
-    crate::reserve::health::scrub_freed(cfg, st, Some(inv), freed);
+    crate::reserve::health::scrub::scrub_freed(cfg, st, Some(inv), freed);
     s
 }
 

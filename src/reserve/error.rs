@@ -9,8 +9,8 @@ use crate::host::inventory::InventoryError;
 use crate::request::metadata::ParseError;
 use crate::request::Unmapped;
 use crate::reserve::alloc::AllocError;
-use crate::reserve::health::HealthError;
-use crate::reserve::lifecycle::LifecycleError;
+use crate::reserve::health::error::HealthError;
+use crate::reserve::lifecycle::error::LifecycleError;
 use crate::reserve::state::StateError;
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +45,13 @@ pub enum Error {
     },
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
+    /// A step failed and the init turned out gone: that is the cause, the failure in brackets.
+    #[error("container init {pid} exited during started ({error})")]
+    InitExitedAfter {
+        pid: i32,
+        #[source]
+        error: Box<Error>,
+    },
     #[error(transparent)]
     Health(#[from] HealthError),
     /// The vendors' CDI specs could not be read (one line naming the file).

@@ -160,7 +160,7 @@ impl<'a> Facts<'a> {
             manager: &real_manager,
             enter: &Host,
             cdi_specs: &cdi::load,
-            controller_running: &crate::reserve::lifecycle::controller_running,
+            controller_running: &crate::reserve::reconcile::controller_running,
             mps: &crate::reserve::mps::Host,
             host_driver: &real_host_driver,
         }

@@ -16,7 +16,9 @@
 //! inventory's: they are read where the GPU is looked at, and again after a reset.
 
 pub mod catalog;
+pub mod error;
 pub mod reset;
+pub mod scrub;
 #[cfg(test)]
 mod transitions;
 
@@ -27,49 +29,17 @@ use crate::log::one_line;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::state::{
-    now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, Reservation, State, Store, XidCount,
+    now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, State, Store, XidCount,
 };
 use catalog::{Action, Verdict};
+use error::HealthError;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
-use std::path::{Path, PathBuf};
-
-/// Why a health step failed or was refused: one line naming the file or the GPU.
-#[derive(Debug, thiserror::Error)]
-pub enum HealthError {
-    #[error("{}: {source}", path.display())]
-    Kmsg {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("'{pci}' is not a PCI address like 0000:3b:00.0")]
-    NotPci { pci: String },
-    #[error("GPU {pci} is not quarantined")]
-    NotQuarantined { pci: String },
-    #[error("{pci} is not a GPU this host lists")]
-    NotAGpu { pci: Pci },
-    #[error("GPU {pci} is held by {who}: it is reset only when nothing holds it")]
-    Held { pci: Pci, who: String },
-    #[error("GPU {pci} is open: {who}; it is reset only when no process has it open")]
-    Open { pci: Pci, who: String },
-    #[error("GPU {pci} may be open: the descriptors of {total} process(es) (pids {who}) were not all read in time; it is reset only when no process has it open")]
-    Unread { pci: Pci, who: String, total: usize },
-    #[error("GPU {pci} is being reset (pid {pid}, since {since})")]
-    Resetting { pci: Pci, pid: i32, since: String },
-    #[error("cannot read this process's own start time")]
-    OwnStartTime,
-}
-
-impl HealthError {
-    fn kmsg(path: &Path, e: Errno) -> HealthError {
-        HealthError::Kmsg {
-            path: path.to_path_buf(),
-            source: e.into(),
-        }
-    }
-}
+#[cfg(test)]
+use scrub::scrub_freed;
+use scrub::scrub_text;
+use std::path::Path;
 
 /// At most this much of new kernel log records is taken per scan (records beyond are left
 /// for the next scan); records the last scan read are passed over without counting, up to
@@ -530,51 +500,6 @@ pub fn clear_with(f: &Facts, pci: &str) -> Result<Quarantine, Error> {
         }
         Ok::<_, Error>(q)
     })
-}
-
-/// With `reset_on_release`: the GPUs of `freed` (reservations just taken out of `st`) that
-/// no reservation holds any unit of now are `scrub pending`, and unusable in `inv` (when
-/// given) for the rest of this step. The GPUs marked.
-pub fn scrub_freed(
-    cfg: &Config,
-    st: &mut State,
-    inv: Option<&mut Inventory>,
-    freed: &[Reservation],
-) -> Vec<Pci> {
-    if !cfg.reset_on_release {
-        return Vec::new();
-    }
-    let mut marked: Vec<Pci> = Vec::new();
-    for r in freed {
-        for u in &r.gpus {
-            let pci = u.pci();
-            if marked.contains(&pci)
-                || st
-                    .reservations
-                    .values()
-                    .any(|o| o.gpus.iter().any(|x| x.pci() == pci))
-            {
-                continue;
-            }
-            st.health.entry(pci.to_string()).or_default().scrub_pending = true;
-            marked.push(pci);
-            crate::log::info(&format!(
-                "GPU {pci} freed by {}: scrub pending (reset_on_release) until `gpuhook health scan` resets it",
-                r.who()
-            ));
-        }
-    }
-    if let Some(inv) = inv {
-        for g in inv.gpus.iter_mut().filter(|g| marked.contains(&g.pci)) {
-            g.problem.get_or_insert_with(|| scrub_text(g.pci));
-            g.pending = false;
-        }
-    }
-    marked
-}
-
-fn scrub_text(pci: Pci) -> String {
-    format!("scrub pending: freed with reset_on_release, given to no one until `gpuhook health scan` resets it (or `gpuhook health reset {pci}`)")
 }
 
 /// Why a quarantine makes a GPU unusable, and what returns it: a refusal's and `list`'s

@@ -3,7 +3,8 @@
 //! container still has the GPUs), and never one between `prepare` and `started` (its
 //! libvirtd is alive and the prepare is recent).
 
-use crate::host::procfs::ProcRef;
+use crate::host::procfs::{self, Proc, ProcRef};
+use crate::ids::Unit;
 use crate::reserve::state::{parse_rfc3339, HolderKind, Phase, Reservation, State};
 use std::collections::HashSet;
 
@@ -12,7 +13,7 @@ use std::collections::HashSet;
 pub const PREPARE_GRACE_SECS: i64 = 600;
 
 /// What staleness is decided from; injected so the rule is testable.
-pub struct Seen<'a> {
+pub struct Liveness<'a> {
     /// Whether a process (PID + start time) still lives.
     pub alive: &'a dyn Fn(&ProcRef) -> bool,
     /// Whether libvirt's controller for a domain (by name) runs.
@@ -24,14 +25,14 @@ pub struct World<'a> {
     /// UUIDs of the domains libvirt runs.
     pub active: &'a HashSet<String>,
     pub now: i64,
-    pub seen: Seen<'a>,
+    pub seen: Liveness<'a>,
 }
 
 /// The one staleness rule, for every front door: why a reservation's holder is gone, if it
 /// is. A running one: its recorded init is gone. A prepared one: the process that reserved
 /// is gone (libvirtd for a domain, and no controller of the domain runs; the runtime the
 /// wrapper became for an OCI container, which recorded no init).
-pub fn stale(r: &Reservation, seen: &Seen) -> Option<String> {
+pub fn stale(r: &Reservation, seen: &Liveness) -> Option<String> {
     match (r.phase, r.kind) {
         (Phase::Running, _) => match r.init {
             Some(i) if !(seen.alive)(&i) => {
@@ -54,6 +55,60 @@ pub fn stale(r: &Reservation, seen: &Seen) -> Option<String> {
             _ => None,
         },
     }
+}
+
+/// Why a reservation is stale (its holder is gone), if it is: [`stale`]
+/// on this host's processes.
+pub fn stale_reason(r: &Reservation) -> Option<String> {
+    stale_on(r, procfs::HOST, &controller_running)
+}
+
+/// [`stale_reason`] on these facts: `proc` for liveness, `controller` for libvirt's
+/// controllers.
+pub fn stale_on(r: &Reservation, proc: Proc, controller: &dyn Fn(&str) -> bool) -> Option<String> {
+    stale(
+        r,
+        &Liveness {
+            alive: &|p| proc.alive(p),
+            controller,
+        },
+    )
+}
+
+/// Whether libvirt's controller for the domain runs (`/run/libvirt/lxc/NAME.pid`).
+pub fn controller_running(name: &str) -> bool {
+    crate::enter::container::pidfile_controller(name)
+        .ok()
+        .and_then(procfs::comm)
+        .is_some_and(|c| c == "libvirt_lxc")
+}
+
+/// Drops stale reservations; returns what was reclaimed, for the log, and the reservations.
+pub fn reclaim_stale(
+    proc: Proc,
+    controller: &dyn Fn(&str) -> bool,
+    st: &mut State,
+) -> (Vec<String>, Vec<Reservation>) {
+    let stale: Vec<(String, String)> = st
+        .reservations
+        .iter()
+        .filter_map(|(u, r)| stale_on(r, proc, controller).map(|why| (u.clone(), why)))
+        .collect();
+    stale
+        .into_iter()
+        .filter_map(|(u, why)| {
+            st.reservations.remove(&u).map(|r| {
+                (
+                    format!(
+                        "reclaimed GPUs {} of {} ({u}): {why}",
+                        Unit::join(&r.gpus, ","),
+                        r.who()
+                    ),
+                    r,
+                )
+            })
+        })
+        .unzip()
 }
 
 /// What reconcile does with a reservation, and why.
@@ -149,7 +204,7 @@ mod tests {
         let w = World {
             active: &active,
             now,
-            seen: Seen {
+            seen: Liveness {
                 alive: &alive,
                 controller: &|_| false,
             },
@@ -173,7 +228,7 @@ mod tests {
         let now = 1_800_000_000;
         let alive = |p: &ProcRef| p.pid == 10;
         let ctl = |name: &str| name == "d21";
-        let seen = Seen {
+        let seen = Liveness {
             alive: &alive,
             controller: &ctl,
         };
@@ -219,7 +274,7 @@ mod tests {
         let w = World {
             active: &active,
             now,
-            seen: Seen {
+            seen: Liveness {
                 alive: &alive,
                 controller: &|_| false,
             },

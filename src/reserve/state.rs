@@ -144,6 +144,43 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// Prepared (again) by `by`, as of `now`: a `prepare` or `create` that keeps it; no
+    /// container, init or node recorded until it runs.
+    pub fn set_prepared(&mut self, by: Option<ProcRef>, now: &str) {
+        self.phase = Phase::Prepared;
+        self.prepared_by = by;
+        self.init = None;
+        self.controller = None;
+        self.nodes.clear();
+        self.updated = now.to_string();
+    }
+
+    /// Running in a libvirt container (`started`, `reconnect`): its controller and init, and
+    /// the nodes it now has, as of `now`.
+    pub fn set_running(&mut self, controller: i32, init: ProcRef, nodes: Vec<Node>, now: &str) {
+        self.phase = Phase::Running;
+        self.controller = Some(controller);
+        self.init = Some(init);
+        self.nodes = nodes;
+        self.updated = now.to_string();
+    }
+
+    /// Running in an OCI container whose init exists (its `createRuntime` hook): the init,
+    /// and where the runtime put it, as of `now`.
+    pub fn set_init(
+        &mut self,
+        init: ProcRef,
+        cgroup: Option<crate::cgroup::Made>,
+        namespaces: Option<crate::host::procfs::Namespaces>,
+        now: &str,
+    ) {
+        self.phase = Phase::Running;
+        self.init = Some(init);
+        self.cgroup = cgroup;
+        self.namespaces = namespaces;
+        self.updated = now.to_string();
+    }
+
     /// A running reservation of `units` for tests: nothing recorded but its holder.
     #[cfg(test)]
     pub(crate) fn for_test(kind: HolderKind, domain: &str, uuid: &str, units: &[&str]) -> Self {

@@ -167,7 +167,7 @@ impl<'a> Holders<'a> {
 pub fn list_json(inv: &Inventory, st: &State) -> serde_json::Value {
     json_with(
         inv,
-        &Holders::new(st, &crate::reserve::lifecycle::stale_reason),
+        &Holders::new(st, &crate::reserve::reconcile::stale_reason),
     )
 }
 
@@ -239,7 +239,7 @@ fn json_with(inv: &Inventory, h: &Holders) -> serde_json::Value {
 
 pub(super) fn list(as_json: bool) -> Result<i32, Error> {
     let (cfg, inv, st) = load()?;
-    let holders = Holders::new(&st, &crate::reserve::lifecycle::stale_reason)
+    let holders = Holders::new(&st, &crate::reserve::reconcile::stale_reason)
         .with_host_driver(crate::host::driver::module_version(&cfg.proc).ok());
     if as_json {
         println!(

@@ -264,7 +264,7 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
 pub fn known(cfg: &Config, st: Option<&State>, id: &str) -> bool {
     st.is_some_and(|st| {
         st.reservations.get(id).is_some_and(|r| {
-            r.kind == HolderKind::Oci && crate::reserve::lifecycle::stale_reason(r).is_none()
+            r.kind == HolderKind::Oci && crate::reserve::reconcile::stale_reason(r).is_none()
         })
     }) || cfg.oci_state_roots.iter().any(|root| {
         StateFile::ALL

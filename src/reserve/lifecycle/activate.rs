@@ -1,14 +1,14 @@
 //! `started`: grants and nodes in a running container, the CDI driver files, undone on
 //! failure.
 
-use super::{
-    as_nodes, cdi_plan, driver_record, node_specs, reservation, root_owner, scan_for, store,
-    Holder, LifecycleError,
-};
+use super::error::LifecycleError;
+use super::holder::Holder;
+use super::nodes::{as_nodes, node_specs, root_owner};
+use super::plan::{cdi_plan, driver_record, scan_for};
+use super::store::{reservation, store};
 use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
-use crate::host::config::Config;
 use crate::log;
 use crate::log::Leftovers;
 use crate::node::{NodeSpec, Outcome};
@@ -16,7 +16,7 @@ use crate::request::Request;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::mps;
-use crate::reserve::state::{now_rfc3339, Node, Phase};
+use crate::reserve::state::{now_rfc3339, Node};
 
 /// What one `apply` changed, so it can be undone.
 pub(super) struct Applied {
@@ -88,15 +88,6 @@ pub(super) fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Leftovers {
 /// them in its `/dev` (undone on failure), then records the container in the state. `find`
 /// is how the front door finds its container (libvirt: through the controller).
 pub fn activate(
-    h: &Holder,
-    req: &Request,
-    find: impl FnOnce() -> Result<Container, ContainerError>,
-) -> Result<(), Error> {
-    activate_with(&Facts::host(&Config::load()?), h, req, find)
-}
-
-/// [`activate`] on these facts.
-pub fn activate_with(
     f: &Facts,
     h: &Holder,
     req: &Request,
@@ -144,17 +135,13 @@ pub fn activate_with(
         if cur.gpus != r.gpus {
             return Err(LifecycleError::ChangedWhileStarting.into());
         }
-        cur.phase = Phase::Running;
-        cur.controller = Some(ct.controller);
-        cur.init = Some(ct.init);
-        cur.nodes = as_nodes(&specs);
+        cur.set_running(ct.controller, ct.init, as_nodes(&specs), &now);
         cur.mounts = done.as_ref().map(|d| d.mounted.clone()).unwrap_or_default();
         cur.rootfs = Default::default();
         if let (Some(d), Some(p)) = (&done, &plan) {
             cur.rootfs.add(d, &p.ld_folders);
         }
         (cur.driver, cur.driver_version) = (driver, driver_version);
-        cur.updated = now;
         Ok(())
     });
     if let Err(e) = recorded {
@@ -204,11 +191,10 @@ fn apply_in_started(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<App
         Error::Container(ContainerError::InitGone { pid, cause }) => {
             LifecycleError::InitExited { pid, cause }.into()
         }
-        e if !f.proc.alive(&ct.init) => LifecycleError::InitExitedAfter {
+        e if !f.proc.alive(&ct.init) => Error::InitExitedAfter {
             pid: ct.init.pid,
             error: Box::new(e),
-        }
-        .into(),
+        },
         e => e,
     })
 }

@@ -20,11 +20,13 @@
 //! they are made (so a detach after a SIGKILL takes them back), the rest once made.
 
 use super::activate::{apply, log_cdi, log_mps, undo, with_rollback};
-use super::reserve::{choose, same_kind};
-use super::{
-    as_nodes, driver_record, new_reservation, node_specs, owned, plan_for, root_owner, scan_for,
-    store, wants_driver, Holder, HolderKind, LifecycleError,
-};
+use super::error::LifecycleError;
+use super::holder::{new_reservation, Holder};
+use super::mounts::planned;
+use super::nodes::{as_nodes, node_specs, owned, root_owner};
+use super::plan::{driver_record, plan_for, scan_for, wants_driver};
+use super::prepare::{choose, same_kind};
+use super::store::store;
 use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup, Fault, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
@@ -39,6 +41,7 @@ use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::mps;
+use crate::reserve::state::HolderKind;
 use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
 
 /// What one attach gave the container.
@@ -52,7 +55,7 @@ pub struct Attached {
 }
 
 /// What the locked step reserved, and what taking it back needs.
-struct Reserved {
+struct MoreReserved {
     units: Vec<Unit>,
     /// Their nodes that the reservation did not record yet and the cgroup did not allow.
     specs: Vec<NodeSpec>,
@@ -72,7 +75,7 @@ struct Reserved {
     mps: Option<(crate::ids::Pci, mps::Daemon)>,
 }
 
-impl Reserved {
+impl MoreReserved {
     /// The plan, when it has anything to do in the container's root.
     fn rootfs_work(&self) -> Option<&cdi::Plan> {
         self.plan
@@ -86,7 +89,7 @@ impl Reserved {
 /// left on failure. Refused (nothing changed) when the container does not run, its
 /// reservation is only prepared or records another init, or the units are not there. The
 /// door passes the facts of its kind of container (an OCI one's device cgroup is its init's).
-pub fn attach_with(
+pub fn attach(
     f: &Facts,
     h: &Holder,
     req: &Request,
@@ -99,7 +102,7 @@ pub fn attach_with(
         match store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg)) {
             Ok(g) => g,
             Err(e) => {
-                super::reserve::keep_reclaimed(f, &mut inv);
+                super::prepare::keep_reclaimed(f, &mut inv);
                 return Err(e);
             }
         };
@@ -163,16 +166,7 @@ pub fn attach_with(
         return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
     }
     if let Some(p) = &policy {
-        log::info(&format!(
-            "{}: {} lists {} too",
-            h.who(),
-            p.name(),
-            nodes
-                .iter()
-                .map(|n| format!("{}:{}", n.major, n.minor))
-                .collect::<Vec<_>>()
-                .join(" ")
-        ));
+        log_policy(h, &**p, &nodes);
     }
     if let Some(p) = &got.plan {
         log_cdi(h, p, done.as_ref());
@@ -194,6 +188,20 @@ pub fn attach_with(
         units: got.units,
         nodes: got.specs,
     })
+}
+
+/// The scope's device policy lists the attached nodes too: said.
+fn log_policy(h: &Holder, p: &dyn ManagedPolicy, nodes: &[Node]) {
+    log::info(&format!(
+        "{}: {} lists {} too",
+        h.who(),
+        p.name(),
+        nodes
+            .iter()
+            .map(|n| format!("{}:{}", n.major, n.minor))
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
 }
 
 /// How long an attach waits for every device rule in force for the container to let its new
@@ -279,6 +287,22 @@ fn in_force(
     }
 }
 
+/// The holder's reservation may take more: of its kind, running, with this init.
+fn may_take_more(r: &Reservation, h: &Holder, ct: &Container) -> Result<(), Error> {
+    same_kind(r, h)?;
+    if r.phase == Phase::Prepared {
+        return Err(LifecycleError::AttachPrepared.into());
+    }
+    if r.init != Some(ct.init) {
+        return Err(LifecycleError::AttachOtherInit {
+            recorded: r.init.map(|i| i.pid),
+            found: ct.init.pid,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Under the state lock: the holder's reservation may take more (a running one of this
 /// container, or none), the units are chosen as `reserve` chooses them (the holder's own
 /// count as held) and added to it, with the nodes about to be granted (not those `cg`
@@ -291,22 +315,12 @@ fn reserve_more(
     req: &Request,
     ct: &Container,
     cg: &dyn DeviceCgroup,
-) -> Result<(Reserved, Vec<String>), Error> {
+) -> Result<(MoreReserved, Vec<String>), Error> {
     let now = &now_rfc3339();
     // A quarantined GPU is given to no one.
     crate::reserve::health::apply(inv, st);
     if let Some(r) = st.reservations.get(h.id) {
-        same_kind(r, h)?;
-        if r.phase == Phase::Prepared {
-            return Err(LifecycleError::AttachPrepared.into());
-        }
-        if r.init != Some(ct.init) {
-            return Err(LifecycleError::AttachOtherInit {
-                recorded: r.init.map(|i| i.pid),
-                found: ct.init.pid,
-            }
-            .into());
-        }
+        may_take_more(r, h, ct)?;
     }
     // One slot of a shared GPU per holder: not one of those it has.
     let sharing: Vec<crate::ids::Pci> = st
@@ -367,7 +381,7 @@ fn reserve_more(
     // planned and recorded as the CDI mounts are.
     let daemon = match has_mps {
         true => None,
-        false => super::record_mps_mounts(st, h.id, &units)?,
+        false => super::mounts::record_mps_mounts(st, h.id, &units)?,
     };
     if let Some((_, d, made)) = &daemon {
         mounts.extend(made.iter().cloned());
@@ -375,7 +389,7 @@ fn reserve_more(
             .mounts
             .extend(mps::mounts(d));
     }
-    let got = Reserved {
+    let got = MoreReserved {
         units,
         specs,
         created,
@@ -469,22 +483,6 @@ pub(super) fn has_driver_files(r: &Reservation) -> bool {
     r.mounts.iter().any(|m| !mps::is_target(&m.target)) || !r.rootfs.is_empty()
 }
 
-/// A mount as the state records it before it is made: its target, and the identity its
-/// source has on the host (what the mount shows at the target, `open_tree` following links
-/// as this `stat` does), so that a detach after a SIGKILL unmounts it only if it is there.
-pub(super) fn planned(m: &cdi::BindMount) -> Result<Mounted, Error> {
-    use std::os::unix::fs::MetadataExt;
-    let md = std::fs::metadata(&m.source).map_err(|source| LifecycleError::MountSource {
-        path: m.source.clone(),
-        source,
-    })?;
-    Ok(Mounted {
-        target: m.target.clone(),
-        dev: md.dev(),
-        ino: md.ino(),
-    })
-}
-
 /// Of `specs`, those to grant, make and record: not one `recorded` already, nor one `cg`
 /// allows already that it does not record (the container's own: a `--device` of its own, a
 /// `<hostdev>`, a wildcard rule; said in `notes`), which a detach must then never take.
@@ -531,7 +529,7 @@ fn split(e: Error) -> (Error, Leftovers) {
 fn record(
     f: &Facts,
     h: &Holder,
-    got: &Reserved,
+    got: &MoreReserved,
     done: Option<&Done>,
     bound: &[Bound],
 ) -> Result<(), Error> {
@@ -573,7 +571,7 @@ fn take_back(
     inv: &mut Inventory,
     h: &Holder,
     ct: &Container,
-    got: &Reserved,
+    got: &MoreReserved,
     e: Error,
     mut left: Leftovers,
 ) -> Error {
@@ -595,7 +593,7 @@ fn take_back(
 /// Under the state lock: the units and the nodes the reserve recorded for them out of the
 /// holder's reservation (draining if a process opened one meanwhile), the reservation deleted
 /// when this attach made it and nothing else came into it.
-fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &Reserved) -> Result<(), Error> {
+fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> Result<(), Error> {
     store(f.cfg).update(|st| -> Result<(), Error> {
         let Some(r) = st.reservations.get_mut(h.id) else {
             return Ok(());

@@ -17,8 +17,12 @@
 //! locked step and are then taken out of its root, each only while it is still what gpuhook
 //! made.
 
+use super::error::LifecycleError;
 use super::free::drain_freed;
-use super::{driver_plan, root_owner, store, Holder, LifecycleError};
+use super::holder::Holder;
+use super::nodes::root_owner;
+use super::plan::driver_plan;
+use super::store::store;
 use crate::cgroup::{DeviceCgroup, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::devdir::Bound;
@@ -72,7 +76,7 @@ const EVERY: Capabilities = Capabilities {
 /// refused, nothing changed, when it is not running with this init, a selector names no
 /// unit it holds, or (without `force`) a process of the container has one of their own
 /// nodes open or might have; then grants taken back, units freed, nodes removed.
-pub fn detach_with(
+pub fn detach(
     f: &Facts,
     h: &Holder,
     which: &Which,
@@ -147,33 +151,7 @@ pub fn detach_with(
         Ok(x) => x,
         Err(e) => return Err(retold(&mut policy, &planned, e)),
     };
-    // Entries of nodes still granted back; nodes denied that were not planned (the record
-    // changed in between) lose theirs.
-    let kept: Vec<Node> = planned
-        .iter()
-        .filter(|n| !revoked.denied.contains(n))
-        .cloned()
-        .collect();
-    let unplanned: Vec<Node> = revoked
-        .denied
-        .iter()
-        .filter(|n| !planned.contains(n))
-        .cloned()
-        .collect();
-    let mut policy_left = Leftovers::default();
-    if let Some(p) = &mut policy {
-        if !kept.is_empty() {
-            if let Err(e) = p.restore(&kept) {
-                policy_left.push(format_args!("{}: {e}", p.name()));
-            }
-        }
-        if !unplanned.is_empty() {
-            if let Err(e) = p.remove(&unplanned) {
-                policy_left.push(format_args!("{}: {e}", p.name()));
-            }
-        }
-    }
-
+    let policy_left = policy_after(&mut policy, &planned, &revoked.denied);
     let out = Detached {
         kept_open: open
             .into_iter()
@@ -213,6 +191,40 @@ fn untold(
 
 /// The error `e` of a detach that took nothing, after the manager's entries for `nodes` are
 /// put back (what could not be is said with it).
+/// After the locked step: the entries of nodes still granted go back to the scope's policy;
+/// nodes denied that were not planned (the record changed in between) lose theirs. Returns
+/// what could not be told.
+fn policy_after(
+    policy: &mut Option<Box<dyn ManagedPolicy>>,
+    planned: &[Node],
+    denied: &[Node],
+) -> Leftovers {
+    let kept: Vec<Node> = planned
+        .iter()
+        .filter(|n| !denied.contains(n))
+        .cloned()
+        .collect();
+    let unplanned: Vec<Node> = denied
+        .iter()
+        .filter(|n| !planned.contains(n))
+        .cloned()
+        .collect();
+    let mut left = Leftovers::default();
+    if let Some(p) = policy {
+        if !kept.is_empty() {
+            if let Err(e) = p.restore(&kept) {
+                left.push(format_args!("{}: {e}", p.name()));
+            }
+        }
+        if !unplanned.is_empty() {
+            if let Err(e) = p.remove(&unplanned) {
+                left.push(format_args!("{}: {e}", p.name()));
+            }
+        }
+    }
+    left
+}
+
 fn retold(policy: &mut Option<Box<dyn ManagedPolicy>>, nodes: &[Node], e: Error) -> Error {
     let mut left = Leftovers::default();
     if let Some(p) = policy {
@@ -278,7 +290,7 @@ fn driver_needed(
     }
     // The host's driver files serve every NVIDIA GPU alike: all stay while one stays.
     if r.driver == Some(crate::request::Driver::Host) {
-        let nvidia = stay.iter().any(|u| super::is_nvidia(inv, u));
+        let nvidia = stay.iter().any(|u| super::plan::is_nvidia(inv, u));
         return match nvidia {
             true => Needed {
                 paths: recorded_paths(r).chain(needed.paths).collect(),
@@ -755,14 +767,9 @@ mod tests {
     #[test]
     fn only_what_no_kept_unit_needs_is_taken() {
         let idmap = crate::request::IdMap::default();
-        let h = Holder {
-            kind: crate::reserve::state::HolderKind::Libvirt,
-            name: "web1",
-            id: "11111111-1111-1111-1111-111111111111",
-            idmap: &idmap,
-        };
+        let h = Holder::libvirt("web1", "11111111-1111-1111-1111-111111111111", &idmap);
         let req = crate::reserve::alloc::tests::req(1);
-        let mut r = super::super::new_reservation(&h, &req, &[], Phase::Running, "now");
+        let mut r = super::super::holder::new_reservation(&h, &req, &[], Phase::Running, "now");
         r.mounts = vec![mounted("/usr/lib/a/libx.so.1"), mounted("/opt/y/bin/tool")];
         r.rootfs = Files {
             created: vec![

@@ -6,7 +6,6 @@ use crate::enter::container::ContainerError;
 use crate::ids::Unit;
 use crate::log::Leftovers;
 use crate::request::DeviceSel;
-use crate::reserve::error::Error;
 use crate::reserve::state::{Node, Phase};
 use std::path::PathBuf;
 
@@ -54,13 +53,6 @@ pub enum LifecycleError {
     InitExited {
         pid: i32,
         cause: Option<Box<ContainerError>>,
-    },
-    /// A step failed and the init turned out gone: that is the cause, the failure in brackets.
-    #[error("container init {pid} exited during started ({error})")]
-    InitExitedAfter {
-        pid: i32,
-        #[source]
-        error: Box<Error>,
     },
     #[error("it uses GPU {unit}, which is reserved by {holder}")]
     UsedByAnother { unit: Unit, holder: String },
@@ -234,6 +226,7 @@ fn in_parens(cause: &Option<Box<ContainerError>>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reserve::error::Error;
 
     /// The words are the product's: as they were when each was built in place.
     #[test]
@@ -294,7 +287,7 @@ mod tests {
         for (e, want) in cases {
             assert_eq!(Error::from(e).to_string(), want);
         }
-        let after = LifecycleError::InitExitedAfter {
+        let after = Error::InitExitedAfter {
             pid: 9,
             error: Box::new(LifecycleError::ChangedWhileStarting.into()),
         };

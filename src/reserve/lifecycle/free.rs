@@ -1,9 +1,8 @@
 //! The one free path: every door's stop, an operator's `release`, and `reconcile` take
-//! reservations out of the state through [`free_with`], so a freed unit that a process still
+//! reservations out of the state through [`free`], so a freed unit that a process still
 //! has open is draining whoever freed it.
 
-use super::store;
-use crate::host::config::Config;
+use super::store::store;
 use crate::host::inventory::Scan;
 use crate::log;
 use crate::reserve::drain::{self, Settled};
@@ -14,7 +13,7 @@ use crate::reserve::state::{HolderKind, Reservation, State};
 /// What one free took out of the state, each with what the chooser said of it (`why`: a
 /// reason for `reconcile`, nothing for the others), and which of its units now drain.
 #[derive(Debug)]
-pub struct Freed<W = ()> {
+pub struct Released<W = ()> {
     pub freed: Vec<(Reservation, W)>,
     pub drained: Settled,
 }
@@ -24,11 +23,11 @@ pub struct Freed<W = ()> {
 /// (nodes read through `f.scan`, openers looked for in `f.proc`); then `then` runs on the
 /// state (a door's own bookkeeping, in the same locked step). A key that is not in the state
 /// frees nothing.
-pub fn free_with<W>(
+pub fn free<W>(
     f: &Facts,
     choose: impl FnOnce(&State) -> Vec<(String, W)>,
     then: impl FnOnce(&mut State),
-) -> Result<Freed<W>, Error> {
+) -> Result<Released<W>, Error> {
     store(f.cfg).update(|st| {
         let freed: Vec<(Reservation, W)> = choose(st)
             .into_iter()
@@ -41,7 +40,7 @@ pub fn free_with<W>(
         for n in crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st) {
             log::info(&n);
         }
-        Ok::<_, Error>(Freed { freed, drained })
+        Ok::<_, Error>(Released { freed, drained })
     })
 }
 
@@ -63,7 +62,7 @@ pub(super) fn drain_freed<W>(f: &Facts, st: &mut State, freed: &[(Reservation, W
                 "cannot look for processes that keep freed GPUs open ({e}): they are free"
             ));
             let rs: Vec<Reservation> = freed.iter().map(|(r, _)| r.clone()).collect();
-            crate::reserve::health::scrub_freed(f.cfg, st, None, &rs);
+            crate::reserve::health::scrub::scrub_freed(f.cfg, st, None, &rs);
             return Settled::default();
         }
     };
@@ -73,12 +72,11 @@ pub(super) fn drain_freed<W>(f: &Facts, st: &mut State, freed: &[(Reservation, W
 
 /// `stopped`/`release`/`delete`: frees the reservation the state holds under `id` for a
 /// holder of this kind (whatever the holder's request says now); returns it, if there was one.
-pub fn free(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
-    let f = Facts::host(cfg);
+pub fn free_key(f: &Facts, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
     let mine = |st: &State| match st.reservations.get(id) {
         Some(r) if r.kind == kind => vec![(id.to_string(), ())],
         _ => Vec::new(),
     };
-    let freed = free_with(&f, mine, |_| {})?;
+    let freed = free(f, mine, |_| {})?;
     Ok(freed.freed.into_iter().next().map(|(r, ())| r))
 }

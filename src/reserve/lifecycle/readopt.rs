@@ -2,14 +2,14 @@
 //! device cgroup's exact grants.
 
 use super::activate::apply;
-use super::{
-    as_nodes, cdi_plan, new_reservation, node_specs, owned, reclaim_stale, store, Holder,
-    LifecycleError,
-};
+use super::error::LifecycleError;
+use super::holder::{new_reservation, Holder};
+use super::nodes::{as_nodes, node_specs, owned};
+use super::plan::cdi_plan;
+use super::store::store;
 use crate::cgroup::{CgroupError, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::rootfs::Mounted;
-use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::ids::{Pci, Unit};
 use crate::log;
@@ -19,6 +19,7 @@ use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
+use crate::reserve::reconcile::reclaim_stale;
 use crate::reserve::state::{now_rfc3339, Node, Phase, State};
 
 /// How [`readopt`] ended; the front door decides what it means for the container (libvirt
@@ -53,18 +54,10 @@ fn fatal(h: &Holder, e: Error) -> Readopted {
     Readopted::Inconsistent
 }
 
-/// `reconnect`: re-adopts a running container's reservation (from its device cgroup when
-/// the state lost it), re-grants and re-makes what it lost.
-pub fn readopt(
-    h: &Holder,
-    req: &Request,
-    find: impl FnOnce() -> Result<Container, ContainerError>,
-) -> Readopted {
-    let cfg = match Config::load() {
-        Ok(c) => c,
-        Err(e) => return soft(h, "cannot read the config", &e),
-    };
-    readopt_with(&Facts::host(&cfg), h, req, find)
+/// `reconnect` of a holder whose door could not read the config: said, and the container
+/// left alone.
+pub fn config_unreadable(h: &Holder, e: &dyn std::fmt::Display) -> Readopted {
+    soft(h, "cannot read the config", e)
 }
 
 /// The container's device cgroup, when it could be opened.
@@ -73,8 +66,9 @@ type Cgroup = Option<Box<dyn DeviceCgroup>>;
 /// What the locked step decided: the GPUs, the nodes, the driver mounts recorded.
 type Decided = (Vec<Unit>, Vec<NodeSpec>, Vec<Mounted>);
 
-/// [`readopt`] on these facts.
-pub fn readopt_with(
+/// `reconnect`: re-adopts a running container's reservation (from its device cgroup when
+/// the state lost it), re-grants and re-makes what it lost.
+pub fn readopt(
     f: &Facts,
     h: &Holder,
     req: &Request,
@@ -105,7 +99,7 @@ pub fn readopt_with(
     let now = now_rfc3339();
     let mut adopted = None;
     let decided = store(f.cfg).update(|st| -> Result<Result<Decided, Error>, Error> {
-        let (notes, freed) = reclaim_stale(f, st);
+        let (notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
         for n in notes {
             log::info(&n);
         }
@@ -229,11 +223,7 @@ fn decide(
         .reservations
         .entry(h.id.to_string())
         .or_insert_with(|| new_reservation(h, req, &gpus, Phase::Running, now));
-    r.phase = Phase::Running;
-    r.controller = Some(ct.controller);
-    r.init = Some(ct.init);
-    r.nodes = as_nodes(&specs);
-    r.updated = now.to_string();
+    r.set_running(ct.controller, ct.init, as_nodes(&specs), now);
     Ok((gpus, specs, r.mounts.clone()))
 }
 
@@ -319,18 +309,14 @@ fn granted_gpus(cg: &dyn DeviceCgroup, inv: &Inventory) -> Result<Vec<Unit>, Cgr
     Ok(out)
 }
 
-/// The state lost a running container's reservation: take back the GPUs its device cgroup
-/// grants (`granted`), as far as they fit the request and never more than it asks for, and
-/// top up to the request's count; or reserve afresh when it has none. GPUs the request names
-/// come first, then granted ones fill the other places. A granted GPU that another domain
-/// holds cannot be reconciled. Pure: it reads neither the container nor the host. Returns
-/// the GPUs and the granted ones it does not hold (their access must be taken away).
-fn adopt(
+/// Of the granted GPUs, none is another holder's (whole, by an instance, or through a
+/// compute instance of the same GPU instance): else the container cannot be reconciled.
+fn none_anothers(
     req: &Request,
     inv: &Inventory,
     held: &alloc::Held,
     granted: &[Unit],
-) -> Result<(Vec<Unit>, Vec<Unit>), Error> {
+) -> Result<(), Error> {
     for p in granted {
         // An instance held, or its GPU held whole; a GPU held whole or by an instance.
         let h = if p.is_mig() {
@@ -364,6 +350,22 @@ fn adopt(
             .into());
         }
     }
+    Ok(())
+}
+
+/// The state lost a running container's reservation: take back the GPUs its device cgroup
+/// grants (`granted`), as far as they fit the request and never more than it asks for, and
+/// top up to the request's count; or reserve afresh when it has none. GPUs the request names
+/// come first, then granted ones fill the other places. A granted GPU that another domain
+/// holds cannot be reconciled. Pure: it reads neither the container nor the host. Returns
+/// the GPUs and the granted ones it does not hold (their access must be taken away).
+fn adopt(
+    req: &Request,
+    inv: &Inventory,
+    held: &alloc::Held,
+    granted: &[Unit],
+) -> Result<(Vec<Unit>, Vec<Unit>), Error> {
+    none_anothers(req, inv, held, granted)?;
     if req.mig {
         let named: Vec<Unit> = req
             .migs

@@ -1,33 +1,82 @@
 //! `prepare` and OCI `create`: choosing GPUs for a holder, or keeping what it has.
 
-use super::{
-    as_nodes, cdi_plan, driver_record, new_reservation, node_specs, reclaim_stale, satisfies,
-    scan_for, stale_on, store, unit_ok, wants_driver, Holder, HolderKind, LifecycleError, Prepared,
-};
+use super::error::LifecycleError;
+use super::holder::{new_reservation, Holder};
+use super::nodes::{as_nodes, node_specs};
+use super::plan::{cdi_plan, driver_record, scan_for, wants_driver};
+use super::store::store;
+use crate::cdi;
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::ProcRef;
 use crate::ids::{Pci, Unit};
 use crate::log;
+use crate::node::NodeSpec;
 use crate::request::Request;
 use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
+use crate::reserve::reconcile::{reclaim_stale, stale_on};
+use crate::reserve::state::HolderKind;
 use crate::reserve::state::{now_rfc3339, Phase, Reservation, State};
+
+/// The nodes an OCI container gets, and its CDI edits.
+pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
+
+/// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
+/// mode, or a MIG instance that exists on a usable GPU.
+pub(super) fn unit_ok(inv: &Inventory, unit: &Unit) -> bool {
+    match *unit {
+        Unit::Mig { .. } => inv.mig(unit).is_some_and(|(g, _)| g.usable()),
+        // A slot: its GPU is still shared, with this slot among its replicas.
+        Unit::Slot { slot, .. } => inv.by_unit(unit).is_some_and(|g| {
+            g.usable() && g.migs.is_empty() && g.sharing.is_some_and(|s| slot < s.replicas)
+        }),
+        Unit::Gpu(_) => inv
+            .by_unit(unit)
+            .is_some_and(|g| g.usable() && g.migs.is_empty() && g.sharing.is_none()),
+    }
+}
+
+/// Whether an existing reservation still fits the request on this inventory.
+pub(super) fn satisfies(inv: &Inventory, gpus: &[Unit], req: &Request) -> bool {
+    gpus.len() == req.count as usize
+        && gpus.iter().all(|p| {
+            p.is_mig() == req.mig
+                && p.is_slot() == req.share
+                && unit_ok(inv, p)
+                && inv
+                    .by_unit(p)
+                    .is_some_and(|g| alloc::matches(g, &req.filters))
+        })
+        && req.devices.iter().all(|sel| {
+            alloc::resolve(&inv.gpus, sel)
+                .is_some_and(|g| gpus.iter().any(|u| !u.is_mig() && u.pci() == g.pci))
+        })
+        && req.migs.iter().all(|sel| {
+            alloc::resolve(&inv.gpus, &sel.gpu).is_some_and(|g| {
+                gpus.contains(&Unit::Mig {
+                    pci: g.pci,
+                    gi: sel.gi,
+                    ci: sel.ci,
+                })
+            })
+        })
+}
 
 /// A reserve that does not fit: reclaims stale reservations (their GPUs that a process still
 /// has open become draining) and looks again at the draining GPUs (one pass over `/proc` for
 /// both). Returns what was done, for the log, and whether the state changed (the choice is
 /// then made again, and a refusal says what holds the GPUs now).
 fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
-    let (mut notes, freed) = reclaim_stale(f, st);
+    let (mut notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
     let units: Vec<Unit> = freed.iter().flat_map(|r| r.gpus.iter().copied()).collect();
     inv.settle(f.cfg, &units);
     let fresh = drain::freed_units(inv, st, &freed);
     // With `reset_on_release`, a reclaimed GPU no one holds now is scrub pending: the
     // request that reclaimed it does not get it before a reset.
-    for p in crate::reserve::health::scrub_freed(f.cfg, st, Some(inv), &freed) {
+    for p in crate::reserve::health::scrub::scrub_freed(f.cfg, st, Some(inv), &freed) {
         notes.push(format!(
             "GPU {p} reclaimed: scrub pending (reset_on_release)"
         ));
@@ -81,47 +130,15 @@ fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &
     }
 }
 
-/// `prepare`: reserves GPUs for the holder (or keeps the reservation it has, if it still
-/// fits), reclaiming stale reservations only when the request does not fit otherwise. The
-/// reservation is abandoned when libvirtd (the hook's parent) is gone with no container.
-pub fn reserve(h: &Holder, req: &Request) -> Result<(), Error> {
-    reserve_with(&Facts::host(&Config::load()?), h, req)
-}
-
-/// [`reserve`] on these facts.
-pub fn reserve_with(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
-    let parent = f.proc.proc_ref(nix::unistd::getppid().as_raw());
-    reserve_by(f, h, req, parent).map(|_| ())
-}
-
-/// `create` of an OCI container: reserves as [`reserve`] does, for a process that will
-/// become the runtime (the wrapper execs it: when it is gone with no init recorded, the
-/// reservation is stale), and returns the nodes the container gets, owned by the request's
-/// container-side uid and gid (the runtime makes them), and the reserving process (the
-/// token its hooks carry). Nothing is reserved on error. `cfg`: the config the front door
-/// already loaded.
-pub fn reserve_nodes(
-    cfg: &Config,
-    h: &Holder,
-    req: &Request,
-) -> Result<(Prepared, ProcRef), Error> {
-    reserve_nodes_with(&Facts::host(cfg), h, req)
-}
-
-/// [`reserve_nodes`] on these facts.
-pub fn reserve_nodes_with(
-    f: &Facts,
-    h: &Holder,
-    req: &Request,
-) -> Result<(Prepared, ProcRef), Error> {
-    let me = f
-        .proc
-        .proc_ref(std::process::id() as i32)
-        .ok_or(LifecycleError::OwnStartTime)?;
-    reserve_by(f, h, req, Some(me)).map(|n| (n, me))
-}
-
-fn reserve_by(
+/// `prepare` (libvirt) and OCI `create`: reserves GPUs for the holder (or keeps the
+/// reservation it has, if it still fits), reclaiming stale reservations only when the request
+/// does not fit otherwise. `by` is the process that reserved, as the door read it: libvirtd
+/// (the hook's parent; the reservation is abandoned when it is gone with no container) or
+/// the OCI wrapper, which becomes the runtime (when it is gone with no init recorded, the
+/// reservation is stale; it is the token the container's hooks carry). Returns the nodes an
+/// OCI container gets, owned by the request's container-side uid and gid (the runtime makes
+/// them), and its CDI edits. Nothing is reserved on error.
+pub fn prepare(
     f: &Facts,
     h: &Holder,
     req: &Request,
@@ -196,7 +213,7 @@ fn record_oci_mps(st: &mut State, h: &Holder) -> Result<(), Error> {
         .get(h.id)
         .map(|r| r.gpus.clone())
         .unwrap_or_default();
-    super::record_mps_mounts(st, h.id, &units).map(drop)
+    super::mounts::record_mps_mounts(st, h.id, &units).map(drop)
 }
 
 /// The holder's id is another kind's key, or (OCI) a container of that ID runs or is being
@@ -244,7 +261,7 @@ pub(super) fn same_kind(r: &Reservation, h: &Holder) -> Result<(), Error> {
     Ok(())
 }
 
-type Reserved = (Vec<Unit>, Vec<String>, Prepared);
+type Chosen = (Vec<Unit>, Vec<String>, Prepared);
 
 /// The holder's reservation, kept (prepared again) when it still fits the request; else
 /// removed, its GPUs freed for the new choice (one a process still has open drains).
@@ -256,20 +273,15 @@ fn keep_or_free(
     req: &Request,
     by: Option<ProcRef>,
     now: &str,
-) -> Result<Option<Reserved>, Error> {
+) -> Result<Option<Chosen>, Error> {
     let Some(r) = st.reservations.get_mut(h.id) else {
         return Ok(None);
     };
     inv.settle(f.cfg, &r.gpus);
     if satisfies(inv, &r.gpus, req) {
-        r.phase = Phase::Prepared;
-        r.prepared_by = by;
-        r.init = None;
-        r.controller = None;
-        r.nodes.clear();
+        r.set_prepared(by, now);
         r.domain = h.name.to_string();
         r.request = req.to_string();
-        r.updated = now.to_string();
         let gpus = r.gpus.clone();
         let specs = prepared_edits(f, h, req, inv, &gpus)?;
         if let Some(r) = st.reservations.get_mut(h.id) {
