@@ -23,6 +23,7 @@ mod attach;
 mod detach;
 mod error;
 mod free;
+mod oci_create;
 mod readopt;
 mod reserve;
 #[cfg(test)]
@@ -34,6 +35,9 @@ pub use attach::{attach_with, Attached};
 pub use detach::{detach_with, Detached, Which};
 pub use error::LifecycleError;
 pub use free::{free, free_with, Freed};
+pub use oci_create::{
+    free_oci_with, oci_create, oci_holder, release_oci_with, OciCreate, OciNodesError,
+};
 pub use readopt::{readopt, readopt_with, Readopted};
 pub use reserve::{reserve, reserve_nodes, reserve_nodes_with, reserve_with};
 

@@ -1,0 +1,169 @@
+//! OCI `create` and the OCI door's frees: the reservation a `create` makes, held by a guard
+//! ([`OciCreate`]) that frees it once, on the first error or when the runtime could not be
+//! started (the wrapper `exec`s it: a guard never dropped is a reservation kept); the nodes
+//! of a user-namespaced container, made under the state lock; the frees of `delete` and
+//! `poststop`, which take the node directories nobody holds any more in the same locked step.
+
+use super::free::free_with;
+use super::reserve::reserve_nodes_with;
+use super::Holder;
+use crate::cdi;
+use crate::enter::private_nodes::{self, PrivateNodeError};
+use crate::host::config::Config;
+use crate::host::procfs::ProcRef;
+use crate::log;
+use crate::node::NodeSpec;
+use crate::request::{IdMap, Request};
+use crate::reserve::error::Error;
+use crate::reserve::facts::Facts;
+use crate::reserve::state::{HolderKind, Reservation, State, StateError, Store};
+use std::path::{Path, PathBuf};
+
+/// The holder of a container's reservation as the OCI door builds it: the container ID is
+/// its name and its key.
+pub fn oci_holder<'a>(id: &'a str, idmap: &'a IdMap) -> Holder<'a> {
+    Holder {
+        kind: HolderKind::Oci,
+        name: id,
+        id,
+        idmap,
+    }
+}
+
+/// Why the nodes of a user-namespaced container could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum OciNodesError {
+    #[error("its reservation was released meanwhile")]
+    Released,
+    #[error(transparent)]
+    Nodes(#[from] PrivateNodeError),
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// What one `create` reserved: the nodes the container gets, the CDI plan, and the reserving
+/// process (the token its hooks carry). Freed when dropped (only while it is still this
+/// create's: the ID may be another live container's by then), unless [`OciCreate::roll_back`]
+/// freed it already.
+pub struct OciCreate<'a> {
+    f: Facts<'a>,
+    id: String,
+    pub by: ProcRef,
+    pub nodes: Vec<NodeSpec>,
+    pub plan: Option<cdi::Plan>,
+    armed: bool,
+}
+
+/// `create` of an OCI container: reserves for the holder ([`reserve_nodes_with`]); the guard
+/// returned frees it on the way out of anything but an `exec` of the runtime.
+pub fn oci_create<'a>(f: &Facts<'a>, h: &Holder, req: &Request) -> Result<OciCreate<'a>, Error> {
+    let ((nodes, plan), by) = reserve_nodes_with(f, h, req)?;
+    Ok(OciCreate {
+        f: *f,
+        id: h.id.to_string(),
+        by,
+        nodes,
+        plan,
+        armed: true,
+    })
+}
+
+impl OciCreate<'_> {
+    /// Makes the nodes (numbers from the host's nodes, owner and mode from the request
+    /// mapped through the container's user namespace) for the runtime to bind-mount; returns
+    /// their paths. All under the state lock, so that no free or sweep races it: only while
+    /// the ID's reservation is still this create's; directories of IDs that hold no container
+    /// reservation are removed on the way.
+    pub fn private_nodes(&self) -> Result<Vec<String>, OciNodesError> {
+        let cfg = self.f.cfg;
+        Store::new(&cfg.state_file).update(|st| {
+            if !st
+                .reservations
+                .get(&self.id)
+                .is_some_and(|r| r.kind == HolderKind::Oci && r.prepared_by == Some(self.by))
+            {
+                return Err(OciNodesError::Released);
+            }
+            let root = nodes_root(cfg);
+            private_nodes::prepare_root(&root)?;
+            sweep(cfg, st);
+            Ok(private_nodes::make(&root.join(&self.id), &self.nodes)?)
+        })
+    }
+
+    /// Frees what this create reserved, now, because of `e`: returns `e`, or the free's own
+    /// error when the free failed.
+    pub fn roll_back<E: From<Error>>(mut self, e: E) -> E {
+        self.armed = false;
+        match self.free() {
+            Ok(_) => e,
+            Err(fe) => fe.into(),
+        }
+    }
+
+    fn free(&self) -> Result<Option<Reservation>, Error> {
+        let by = self.by;
+        free_oci_with(&self.f, &self.id, |r| r.prepared_by == Some(by))
+    }
+}
+
+impl Drop for OciCreate<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.free();
+        }
+    }
+}
+
+/// Where gpuhook makes the nodes of user-namespaced containers: beside the state (root
+/// only, on tmpfs), one directory per container ID.
+fn nodes_root(cfg: &Config) -> PathBuf {
+    cfg.state_file
+        .parent()
+        .unwrap_or(Path::new("/run/gpuhook"))
+        .join("nodes")
+}
+
+/// Removes the node directories of IDs that hold no container reservation (freed, released
+/// by an operator, reclaimed as stale). Called under the state lock.
+fn sweep(cfg: &Config, st: &State) {
+    private_nodes::sweep(&nodes_root(cfg), |name| {
+        st.reservations
+            .get(name)
+            .is_some_and(|r| r.kind == HolderKind::Oci)
+    });
+}
+
+/// Frees the container's reservation when `cond` holds for it, and removes node directories
+/// nobody holds any more, in one locked step.
+pub fn free_oci_with(
+    f: &Facts,
+    id: &str,
+    cond: impl FnOnce(&Reservation) -> bool,
+) -> Result<Option<Reservation>, Error> {
+    let mine = |st: &State| match st.reservations.get(id) {
+        Some(r) if r.kind == HolderKind::Oci && cond(r) => vec![(id.to_string(), ())],
+        _ => Vec::new(),
+    };
+    let freed = free_with(f, mine, |st| sweep(f.cfg, st))?;
+    Ok(freed.freed.into_iter().next().map(|(r, ())| r))
+}
+
+/// `delete`, `poststop`: frees the container's reservation when `cond` holds for it (decided
+/// under the lock). Errors are logged: the caller's status stands.
+pub fn release_oci_with(f: &Facts, id: &str, stage: &str, cond: impl FnOnce(&Reservation) -> bool) {
+    // Nothing held and no nodes left (an operator's `gpuhook release` frees the reservation
+    // but cannot remove a running container's nodes): nothing to do.
+    if !Store::new(&f.cfg.state_file).mentions(id) && !nodes_root(f.cfg).join(id).exists() {
+        return;
+    }
+    let who = HolderKind::Oci.who(id);
+    match free_oci_with(f, id, cond) {
+        Ok(Some(r)) => log::info(&format!(
+            "{who}: {stage}: freed {}",
+            crate::ids::Unit::join(&r.gpus, ",")
+        )),
+        Ok(None) => {}
+        Err(e) => log::error(&format!("{who}: {stage}: cannot free its GPUs: {e}")),
+    }
+}
