@@ -39,7 +39,8 @@ fn io(what: &'static str, path: &Path, source: impl Into<std::io::Error>) -> Pri
 }
 
 /// Makes `root` (mode 0700, with its parents) a filesystem the runtime can bind nodes from
-/// into a user namespace ([`nodes_mount`]).
+/// into a user namespace (a tmpfs of its own where it lies on a `nodev` or non-`relatime`
+/// mount).
 pub fn prepare_root(root: &Path) -> Result<(), PrivateNodeError> {
     std::fs::DirBuilder::new()
         .mode(0o700)

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 /// again, or passed on without it.
 pub const HOOK_WORD: &str = "oci-hook";
 
-/// The mark on a CDI hook gpuhook passed on to the runtime (in its env), for [`strip`].
+/// The mark on a CDI hook gpuhook passed on to the runtime (in its env), for [`super::strip::strip`].
 pub(super) const CDI_MARK: &str = "GPUHOOK_CDI=1";
 
 /// How the runtime runs gpuhook at its hooks: this binary, and the config it was given.
