@@ -128,3 +128,66 @@ pub fn make(dir: &Path, nodes: &[NodeSpec]) -> Result<Vec<String>, PrivateNodeEr
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+    /// The nodes as the runtime.rs of before made them: `I-NAME`, the host's number, the
+    /// request's owner and mode (whatever the umask), in a fresh 0700 directory.
+    #[test]
+    fn makes_numbered_nodes_with_owner_and_mode() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root (mknod, chown)");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("ctr");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("stale"), b"x").unwrap();
+        let node = |path: &str, minor, mode, uid| NodeSpec {
+            node: crate::node::Node::new(path, 1, minor),
+            mode,
+            uid,
+            gid: uid + 1,
+        };
+        let nodes = [
+            node("/dev/null", 3, 0o666, 1000),
+            node("/dev/dri/zero", 5, 0o640, 2000),
+        ];
+        let old = nix::sys::stat::umask(Mode::from_bits_truncate(0o077));
+        let made = make(&dir, &nodes);
+        nix::sys::stat::umask(old);
+        let made = made.unwrap();
+        assert_eq!(
+            made,
+            [
+                dir.join("0-null").to_string_lossy(),
+                dir.join("1-zero").to_string_lossy()
+            ]
+        );
+        assert!(!dir.join("stale").exists());
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o700);
+        for (p, n) in made.iter().zip(&nodes) {
+            let md = std::fs::symlink_metadata(p).unwrap();
+            assert!(md.file_type().is_char_device());
+            assert_eq!(md.rdev(), libc::makedev(n.major, n.minor));
+            assert_eq!((md.uid(), md.gid()), (n.uid, n.gid));
+            assert_eq!(md.mode() & 0o7777, n.mode);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A sweep keeps what `keep` names, and nothing else.
+    #[test]
+    fn sweep_keeps_what_it_is_told() {
+        let t = tempfile::tempdir().unwrap();
+        for d in ["a", "b"] {
+            std::fs::create_dir(t.path().join(d)).unwrap();
+        }
+        sweep(t.path(), |n| n == "a");
+        assert!(t.path().join("a").exists());
+        assert!(!t.path().join("b").exists());
+    }
+}
