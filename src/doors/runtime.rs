@@ -19,10 +19,9 @@ use crate::doors::error::RuntimeError;
 use crate::enter::private_nodes::PrivateNodeError;
 use crate::host::config::Config;
 use crate::log;
-use crate::node::NodeSpec;
 use crate::request::IdMap;
 use crate::reserve::facts::Facts;
-use crate::reserve::lifecycle::{self, HolderKind, OciCreate, OciNodesError};
+use crate::reserve::lifecycle::{self, HolderKind, OciCreate, OciCreateError};
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
@@ -153,7 +152,7 @@ fn prepare_bundle<'a>(
     let identity = IdMap::default();
     let h = lifecycle::oci_holder(id, if userns { &b.idmap } else { &identity });
     let created = lifecycle::oci_create(f, &h, &req)?;
-    if let Err(e) = hand_over(f, &created, id, &path, b.config, userns) {
+    if let Err(e) = hand_over(&created, &path, b.config, userns) {
         return Err(created.roll_back(e));
     }
     log::info(&format!(
@@ -171,12 +170,9 @@ fn prepare_bundle<'a>(
 }
 
 /// Hands what `c` reserved to the runtime: the container's root checked for the CDI plan,
-/// the host's `/dev/char` links, with a user namespace the nodes gpuhook makes, then the
-/// edited `config.json`.
+/// the host side ([`OciCreate::host_side`]), then the edited `config.json`.
 fn hand_over(
-    f: &Facts,
     c: &OciCreate,
-    id: &str,
     path: &Path,
     config: serde_json::Value,
     userns: bool,
@@ -186,48 +182,31 @@ fn hand_over(
         None => None,
     };
     let cdi = cdi.as_ref().map(|(p, r)| (*p, r.as_str()));
-    // runc's systemd driver hands systemd only the rules whose /dev/char entry exists: without
-    // one, the GPU is gone from the container at the next `systemctl daemon-reload`.
-    char_links(f.cfg, &c.nodes)?;
-    let mps = lifecycle::mps_dir(f.cfg, id);
-    let binds = if userns {
-        Some(c.private_nodes().map_err(nodes_error)?)
-    } else {
-        None
-    };
+    let host = c.host_side(userns).map_err(create_error)?;
     file::write_config(
         path,
         config,
         &c.nodes,
-        binds.as_deref(),
+        host.binds.as_deref(),
         c.by,
         cdi,
-        mps.as_deref(),
+        host.mps.as_deref(),
     )
 }
 
-/// The lifecycle's words for the nodes it could not make, as this door says them.
-fn nodes_error(e: OciNodesError) -> RuntimeError {
+/// The lifecycle's words for what it could not ready, as this door says them.
+fn create_error(e: OciCreateError) -> RuntimeError {
     match e {
-        OciNodesError::Released => RuntimeError::Released,
-        OciNodesError::Nodes(PrivateNodeError::Io { what, path, source }) => {
+        OciCreateError::CharLink(e) => RuntimeError::CharLink(e),
+        OciCreateError::Released => RuntimeError::Released,
+        OciCreateError::Nodes(PrivateNodeError::Io { what, path, source }) => {
             RuntimeError::Io { what, path, source }
         }
-        OciNodesError::Nodes(PrivateNodeError::Mknod { path, source }) => {
+        OciCreateError::Nodes(PrivateNodeError::Mknod { path, source }) => {
             RuntimeError::Mknod { path, source }
         }
-        OciNodesError::State(e) => e.into(),
+        OciCreateError::State(e) => e.into(),
     }
-}
-
-/// The host's `/dev/char/MAJ:MIN` entry of each node (under the config's device root), made
-/// when missing ([`crate::enter::charlink`]); a node with no host node of that number to link
-/// to is left without one, an entry that leads elsewhere refuses the create.
-fn char_links(cfg: &Config, nodes: &[NodeSpec]) -> Result<(), RuntimeError> {
-    for n in nodes {
-        crate::enter::charlink::ensure_logged(&cfg.dev, &n.path, n.major, n.minor)?;
-    }
-    Ok(())
 }
 
 /// `delete`: runs the real runtime, then frees the container's reservation if its holder is

@@ -36,7 +36,7 @@ pub use detach::{detach_with, Detached, Which};
 pub use error::LifecycleError;
 pub use free::{free, free_with, Freed};
 pub use oci_create::{
-    free_oci_with, oci_create, oci_holder, release_oci_with, OciCreate, OciNodesError,
+    free_oci_with, oci_create, oci_holder, release_oci_with, HostSide, OciCreate, OciCreateError,
 };
 pub use readopt::{readopt, readopt_with, Readopted};
 pub use reserve::{reserve, reserve_nodes, reserve_nodes_with, reserve_with};

@@ -1,13 +1,16 @@
 //! OCI `create` and the OCI door's frees: the reservation a `create` makes, held by a guard
 //! ([`OciCreate`]) that frees it once, on the first error or when the runtime could not be
-//! started (the wrapper `exec`s it: a guard never dropped is a reservation kept); the nodes
-//! of a user-namespaced container, made under the state lock; the frees of `delete` and
-//! `poststop`, which take the node directories nobody holds any more in the same locked step.
+//! started (the wrapper `exec`s it: a guard never dropped is a reservation kept); what the
+//! host gives the runtime beside `config.json` ([`OciCreate::host_side`]: `/dev/char` links,
+//! the MPS daemon's directory, the nodes of a user-namespaced container, made under the state
+//! lock); the frees of `delete` and `poststop`, which take the node directories nobody holds
+//! any more in the same locked step.
 
 use super::free::free_with;
 use super::reserve::reserve_nodes_with;
-use super::Holder;
+use super::{mps_dir, Holder};
 use crate::cdi;
+use crate::enter::charlink::{self, CharLinkError};
 use crate::enter::private_nodes::{self, PrivateNodeError};
 use crate::host::config::Config;
 use crate::host::procfs::ProcRef;
@@ -30,9 +33,12 @@ pub fn oci_holder<'a>(id: &'a str, idmap: &'a IdMap) -> Holder<'a> {
     }
 }
 
-/// Why the nodes of a user-namespaced container could not be made.
+/// Why the host side of a create could not be made ready.
 #[derive(Debug, thiserror::Error)]
-pub enum OciNodesError {
+pub enum OciCreateError {
+    /// A node's host `/dev/char` entry ([`crate::enter::charlink`]'s words).
+    #[error(transparent)]
+    CharLink(#[from] CharLinkError),
     #[error("its reservation was released meanwhile")]
     Released,
     #[error(transparent)]
@@ -68,13 +74,44 @@ pub fn oci_create<'a>(f: &Facts<'a>, h: &Holder, req: &Request) -> Result<OciCre
     })
 }
 
+/// What the host gives the runtime beside the nodes' numbers.
+#[derive(Debug, Default)]
+pub struct HostSide {
+    /// The directory of the MPS daemon serving the container's slots, if one does.
+    pub mps: Option<PathBuf>,
+    /// The nodes gpuhook made for a user-namespaced container, for the runtime to bind.
+    pub binds: Option<Vec<String>>,
+}
+
 impl OciCreate<'_> {
+    /// The host's `/dev/char/MAJ:MIN` entry of each node (under the config's device root),
+    /// made when missing ([`crate::enter::charlink`]; a node with no host node of that number
+    /// to link to is left without one, an entry that leads elsewhere refuses the create);
+    /// the MPS daemon's directory; with a user namespace (`userns`) the nodes
+    /// ([`OciCreate::private_nodes`]).
+    pub fn host_side(&self, userns: bool) -> Result<HostSide, OciCreateError> {
+        let cfg = self.f.cfg;
+        // runc's systemd driver hands systemd only the rules whose /dev/char entry exists:
+        // without one, the GPU is gone from the container at the next `systemctl
+        // daemon-reload`.
+        for n in &self.nodes {
+            charlink::ensure_logged(&cfg.dev, &n.path, n.major, n.minor)?;
+        }
+        let mps = mps_dir(cfg, &self.id);
+        let binds = if userns {
+            Some(self.private_nodes()?)
+        } else {
+            None
+        };
+        Ok(HostSide { mps, binds })
+    }
+
     /// Makes the nodes (numbers from the host's nodes, owner and mode from the request
     /// mapped through the container's user namespace) for the runtime to bind-mount; returns
     /// their paths. All under the state lock, so that no free or sweep races it: only while
     /// the ID's reservation is still this create's; directories of IDs that hold no container
     /// reservation are removed on the way.
-    pub fn private_nodes(&self) -> Result<Vec<String>, OciNodesError> {
+    pub fn private_nodes(&self) -> Result<Vec<String>, OciCreateError> {
         let cfg = self.f.cfg;
         Store::new(&cfg.state_file).update(|st| {
             if !st
@@ -82,7 +119,7 @@ impl OciCreate<'_> {
                 .get(&self.id)
                 .is_some_and(|r| r.kind == HolderKind::Oci && r.prepared_by == Some(self.by))
             {
-                return Err(OciNodesError::Released);
+                return Err(OciCreateError::Released);
             }
             let root = nodes_root(cfg);
             private_nodes::prepare_root(&root)?;
