@@ -161,7 +161,7 @@ pub enum RuntimeError {
     TooLarge { path: PathBuf, max_mib: u64 },
     /// The bundle's `config.json` cannot be read or edited ([`crate::doors::bundle`]'s words).
     #[error(transparent)]
-    Bundle(#[from] crate::doors::bundle::BundleError),
+    Bundle(#[from] crate::doors::bundle::error::BundleError),
     #[error("no valid container ID on the runtime's command line")]
     NoContainerId,
     #[error("config.json has no root.path")]

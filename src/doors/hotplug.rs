@@ -9,7 +9,7 @@
 //! init, else its runtime's state; its `/dev` from its init's mounts, its device cgroup its
 //! init's (cgroup v1).
 
-use crate::doors::bundle;
+use crate::doors::bundle::parse as bundle;
 use crate::doors::error::CliError;
 use crate::enter::container::{self, Container, ContainerError};
 use crate::host::config::Config;

@@ -306,7 +306,7 @@ fn is_sandbox(p: &Path) -> Result<bool, CliError> {
             None => serde_json::Map::new(),
         }
     };
-    Ok(crate::doors::bundle::is_sandbox(
+    Ok(crate::doors::bundle::parse::is_sandbox(
         &serde_json::json!({ "annotations": annotations }),
     ))
 }

@@ -14,6 +14,7 @@
 //! | [`attach`] | `attach.rs` | `gpuhook attach`: more units for a running container |
 //! | [`detach`] | `detach.rs` | `gpuhook detach`: units back from a running container |
 //! | [`free`], [`free_key`] | `free.rs` | every stop, `release`, `reconcile` |
+//! | [`oci_create`] | `oci_create.rs` | OCI `create`: prepare, host-side nodes and links, one rollback guard |
 //!
 //! Shared by the steps: the holder (`holder.rs`), the state file (`store.rs`), the nodes a
 //! container gets (`nodes.rs`), the driver's user space (`plan.rs`), mounts recorded before
@@ -30,6 +31,7 @@ pub mod free;
 pub mod holder;
 pub mod mounts;
 pub mod nodes;
+pub mod oci_create;
 pub mod plan;
 pub mod prepare;
 pub mod readopt;
@@ -46,6 +48,7 @@ pub use detach::{detach, Detached, Which};
 pub use error::LifecycleError;
 pub use free::{free, free_key, Released};
 pub use holder::Holder;
+pub use oci_create::{free_oci, oci_create, release_oci, HostSide, OciCreate, OciCreateError};
 pub use plan::cdi_preview;
 pub use prepare::{prepare, Prepared};
 pub use readopt::{config_unreadable, readopt, Readopted};
