@@ -104,6 +104,29 @@ pub fn attach_with(
             }
         };
     drop(cg);
+    // The daemons marked `starting` above start now, outside the state lock.
+    let mut notes = notes;
+    let mut got = got;
+    match mps::bring_up(f.cfg, f.mps, f.proc, &inv, &got.units, &|_| {}) {
+        Ok(up) => {
+            notes.extend(up.notes);
+            if let Some((pci, d)) = &mut got.mps {
+                *d = up.daemons.get(pci).cloned().unwrap_or(d.clone());
+            }
+        }
+        Err(e) => {
+            let e = e.into();
+            return Err(take_back(
+                f,
+                &mut inv,
+                h,
+                &ct,
+                &got,
+                e,
+                Leftovers::default(),
+            ));
+        }
+    }
     for n in notes {
         log::info(&n);
     }
@@ -362,7 +385,7 @@ fn reserve_more(
     }
     r.updated = now.to_string();
     // The first slot of a GPU shared with MPS starts its daemon (or one that died).
-    notes.extend(mps::start_needed(f.cfg, f.mps, f.proc, st, inv)?);
+    notes.extend(mps::claim(f.cfg, f.mps, f.proc, st, inv, &units)?);
     // The first slot of a GPU shared with MPS this container gets: its daemon's directories,
     // planned and recorded as the CDI mounts are.
     let daemon = match has_mps {
