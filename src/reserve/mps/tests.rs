@@ -1,7 +1,11 @@
 //! The plan, the two-step start and the PID file, on fakes.
 
+use super::daemon::{dir_for, limit_commands, Daemon, PID_FILE};
+use super::error::MpsError;
 use super::nvidia::{in_namespace, read_pid};
-use super::*;
+use super::plan::{plan, stop_unused, Plan};
+use super::start::{bring_up, claim};
+use super::work::Mps;
 use crate::host::config::{Config, ShareMode, Sharing};
 use crate::host::inventory::Inventory;
 use crate::host::procfs::ProcRef;
