@@ -95,7 +95,7 @@ pub fn attach_with(
     let ct = find()?;
     let cg = (f.cgroup)(&ct)?;
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
-    let (got, notes) =
+    let (mut got, mut notes) =
         match store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg)) {
             Ok(g) => g,
             Err(e) => {
@@ -105,13 +105,13 @@ pub fn attach_with(
         };
     drop(cg);
     // The daemons marked `starting` above start now, outside the state lock.
-    let mut notes = notes;
-    let mut got = got;
     match mps::bring_up(f.cfg, f.mps, f.proc, &inv, &got.units, &|_| {}) {
         Ok(up) => {
             notes.extend(up.notes);
             if let Some((pci, d)) = &mut got.mps {
-                *d = up.daemons.get(pci).cloned().unwrap_or(d.clone());
+                if let Some(started) = up.daemons.get(pci) {
+                    *d = started.clone();
+                }
             }
         }
         Err(e) => {
