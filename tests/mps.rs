@@ -139,3 +139,173 @@ fn killed_daemon_restarted_and_orphan_stopped_by_next_free() {
         Some("quit")
     );
 }
+
+/// A stand-in for nvidia-cuda-mps-control whose `-d` touches `begun` and then takes 3 s
+/// before the real stand-in starts the daemon (client mode is not slowed).
+fn slow_standin(dir: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let begun = dir.join("begun");
+    let slow = dir.join("slow-mps-control");
+    let sleep = ["/usr/bin/sleep", "/bin/sleep"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("sleep");
+    std::fs::write(
+        &slow,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -d ]; then : > {}; {sleep} 3; fi\nexec {} \"$@\"\n",
+            begun.display(),
+            common::mps_standin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (slow, begun)
+}
+
+fn slow_host(slow: &Path) -> Host {
+    Host::with(FakeHost::dgx8(), |c| {
+        c["sharing"] = serde_json::json!({GPU: {"replicas": 3, "mode": "mps",
+            "memory_limit_mib": 2048, "active_thread_percentage": 50}});
+        c["mps_control"] = serde_json::json!(slow);
+    })
+}
+
+/// How many daemons the stand-in started for `dir` (its log's start lines).
+fn starts(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("log/control.log"))
+        .unwrap_or_default()
+        .matches("Starting control daemon")
+        .count()
+}
+
+/// Issue 35: the first sharer's daemon start (here 3 s) does not hold the state lock, so
+/// another domain's unrelated `prepare` does not wait for it; a second sharer waits for the
+/// same daemon (no second start).
+#[test]
+fn a_slow_daemon_start_holds_no_other_prepare() {
+    let t = tempfile::tempdir().unwrap();
+    let (slow, begun) = slow_standin(t.path());
+    let h = slow_host(&slow);
+    let share = gpus(r#"share="yes""#);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| h.hook("s1", "prepare", &domain("s1", 11, &share)));
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !begun.exists() {
+            assert!(
+                std::time::Instant::now() < end,
+                "the daemon's start never began"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let t0 = std::time::Instant::now();
+        assert_ok(&h.hook("other", "prepare", &domain("other", 13, &gpus(""))));
+        let took = t0.elapsed();
+        assert!(
+            took < std::time::Duration::from_secs(1),
+            "another domain's prepare waited {took:?} behind the MPS daemon's start"
+        );
+        let second = s.spawn(|| h.hook("s2", "prepare", &domain("s2", 12, &share)));
+        assert_ok(&first.join().unwrap());
+        assert_ok(&second.join().unwrap());
+    });
+    let (pid, dir) = daemon(&h).expect("a daemon recorded");
+    assert!(alive(pid));
+    assert_eq!(starts(&dir), 1);
+    assert!(!state(&h)["mps"][GPU]
+        .as_object()
+        .unwrap()
+        .contains_key("starting"));
+    assert_ok(&h.hook("s1", "stopped", &domain("s1", 11, &share)));
+    assert_ok(&h.hook("s2", "stopped", &domain("s2", 12, &share)));
+    wait_gone(pid);
+}
+
+/// The processes of host root whose environment names `pipe` as the MPS pipe directory (a
+/// daemon started for it, or a part of its start).
+fn started_for(pipe: &Path) -> Vec<i32> {
+    let want = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()).into_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| alive(*pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == want))
+        })
+        .collect()
+}
+
+/// Issue 35: a hook SIGKILLed at each point of a daemon's start (strace's fault injection at
+/// the entry of the N-th call of a syscall) leaves no daemon the state does not record: the
+/// next sharer's `prepare` sweeps what the killed start left and starts one daemon, the only
+/// one running; its last free stops it.
+#[test]
+fn a_killed_start_leaves_no_unrecorded_daemon() {
+    // `gpuhook hook s1 prepare` (no `-f`: the hook alone): its locked step (flock 1), the
+    // look after it (flock 2), `-d` spawned (clone 1), `-d` waited for (wait4 1, 2 ms
+    // apart), the limits' client spawned (clone 2), the record's lock (flock 3) and write
+    // (renameat 2).
+    let steps: [(&str, &str, u32); 7] = [
+        ("marked, not looked at", "flock", 2),
+        ("looked at, -d not spawned", "clone", 1),
+        ("-d spawned", "wait4", 1),
+        ("-d running", "wait4", 5),
+        ("daemon up, limits not set", "clone", 2),
+        ("started, not recorded", "flock", 3),
+        ("recorded, not renamed", "renameat", 2),
+    ];
+    for (at, call, when) in steps {
+        let h = mps_host();
+        let share = gpus(r#"share="yes""#);
+        let o = std::process::Command::new("strace")
+            .args(["-e", &format!("trace={call}"), "-e"])
+            .arg(format!("inject={call}:signal=SIGKILL:when={when}"))
+            .arg(common::bin())
+            .args(["hook", "s1", "prepare", "begin", "-"])
+            .env("GPUHOOK_CONFIG", &h.config)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin
+                    .take()
+                    .unwrap()
+                    .write_all(domain("s1", 11, &share).as_bytes())?;
+                c.wait_with_output()
+            })
+            .expect("strace");
+        let err = common::stderr(&o);
+        assert!(err.contains("killed by SIGKILL"), "{at}: not killed: {err}");
+        let dir = h.state.parent().unwrap().join("mps");
+        // The next sharer sweeps what was left and starts (or keeps) one daemon.
+        assert_ok(&h.hook("s2", "prepare", &domain("s2", 12, &share)));
+        let (pid, d) = daemon(&h).expect("a daemon recorded");
+        assert!(d.starts_with(&dir), "{at}");
+        assert!(alive(pid), "{at}");
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let running = started_for(&d.join("pipe"));
+            if running == [pid] {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "{at}: running {running:?}, recorded {pid}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!state(&h)["mps"][GPU]
+            .as_object()
+            .unwrap()
+            .contains_key("starting"));
+        // Its sharers gone (the killed one's reservation with them), it is stopped.
+        for (n, id) in [(11, "s1"), (12, "s2")] {
+            assert_ok(&h.hook(id, "stopped", &domain(id, n, &share)));
+        }
+        wait_gone(pid);
+        assert!(started_for(&d.join("pipe")).is_empty(), "{at}");
+    }
+}

@@ -49,16 +49,16 @@ const MAX_OUTPUT: usize = 1 << 20;
 /// One `DeviceAllow=` entry: the device (a path, `char-NAME`, `block-NAME`) and its access
 /// (`r`, `w`, `m`), as systemd lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub struct DeviceAllowEntry {
     pub device: String,
     pub access: String,
 }
 
-impl Entry {
+impl DeviceAllowEntry {
     /// The entry gpuhook writes for a node: `/dev/char/MAJ:MIN rw` (what runc writes, and
     /// what systemd reads the numbers from without the node existing).
-    fn for_node(n: &Node) -> Entry {
-        Entry {
+    fn for_node(n: &Node) -> DeviceAllowEntry {
+        DeviceAllowEntry {
             device: char_path(n),
             access: "rw".into(),
         }
@@ -115,7 +115,7 @@ pub struct Shown {
     pub load_state: String,
     pub control_group: String,
     pub policy: String,
-    pub entries: Vec<Entry>,
+    pub entries: Vec<DeviceAllowEntry>,
 }
 
 /// `systemctl show -p …` output: `Key=Value` lines, `DeviceAllow=` once per entry.
@@ -131,7 +131,7 @@ pub fn parse_show(text: &str) -> Shown {
             "DevicePolicy" => s.policy = v.to_string(),
             "DeviceAllow" if !v.is_empty() => {
                 let (device, access) = v.split_once(' ').unwrap_or((v, ""));
-                s.entries.push(Entry {
+                s.entries.push(DeviceAllowEntry {
                     device: device.to_string(),
                     access: access.trim().to_string(),
                 });
@@ -148,8 +148,8 @@ pub fn parse_show(text: &str) -> Shown {
 pub struct Scope {
     unit: String,
     cgroup: PathBuf,
-    entries: Vec<Entry>,
-    original: Vec<Entry>,
+    entries: Vec<DeviceAllowEntry>,
+    original: Vec<DeviceAllowEntry>,
     _lock: Flock<std::fs::File>,
 }
 
@@ -196,7 +196,7 @@ impl Scope {
 
     /// Sets the unit's list to `next` (appending only, when that is all that changes; else
     /// emptied and listed again in the same call), then reads back what systemd has.
-    fn set(&mut self, next: Vec<Entry>) -> Result<(), CgroupError> {
+    fn set(&mut self, next: Vec<DeviceAllowEntry>) -> Result<(), CgroupError> {
         if next == self.entries {
             return Ok(());
         }
@@ -228,7 +228,7 @@ impl Scope {
         let missing: Vec<String> = next
             .iter()
             .filter(|e| !shown.entries.contains(e))
-            .map(Entry::text)
+            .map(DeviceAllowEntry::text)
             .collect();
         self.entries = shown.entries;
         if !missing.is_empty() {
@@ -252,7 +252,7 @@ impl ManagedPolicy for Scope {
             if next.iter().any(|e| e.allows(n)) {
                 continue;
             }
-            let want = Entry::for_node(n);
+            let want = DeviceAllowEntry::for_node(n);
             match next.iter_mut().find(|e| e.device == want.device) {
                 // An entry for it with less access: the union (systemd replaces an entry's
                 // access by the one set for the same device).
@@ -281,7 +281,7 @@ impl ManagedPolicy for Scope {
 
     fn restore(&mut self, nodes: &[Node]) -> Result<(), CgroupError> {
         let paths: Vec<String> = nodes.iter().map(char_path).collect();
-        let mut next: Vec<Entry> = self
+        let mut next: Vec<DeviceAllowEntry> = self
             .entries
             .iter()
             .filter(|e| !paths.contains(&e.device))
@@ -322,7 +322,6 @@ fn show(unit: &str, cgroup: &Path) -> Result<Shown, CgroupError> {
 /// within [`DEADLINE`]); its standard output, or what went wrong (its standard error's last
 /// line).
 fn systemctl(args: &[String]) -> Result<String, String> {
-    use std::os::unix::process::CommandExt;
     let bin = SYSTEMCTL
         .iter()
         .find(|p| Path::new(p).is_file())
@@ -335,14 +334,7 @@ fn systemctl(args: &[String]) -> Result<String, String> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: one raw syscall in the child between fork and exec.
-    unsafe {
-        c.pre_exec(|| {
-            const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC);
-            Ok(())
-        })
-    };
+    crate::host::child::std_fds_only(&mut c);
     let mut ch = c.spawn().map_err(|e| format!("run {bin}: {e}"))?;
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let file = |fd: std::os::fd::OwnedFd| std::fs::File::from(fd);
@@ -437,7 +429,10 @@ mod tests {
         assert_eq!(s.control_group, "/system.slice/hpx-r1.scope");
         assert_eq!(s.policy, "strict");
         assert_eq!(
-            s.entries.iter().map(Entry::text).collect::<Vec<_>>(),
+            s.entries
+                .iter()
+                .map(DeviceAllowEntry::text)
+                .collect::<Vec<_>>(),
             ["char-pts rwm", "/dev/char/1:3 rwm", "char-* m"]
         );
         let none = parse_show("LoadState=not-found\nControlGroup=\nDevicePolicy=auto\n");
@@ -446,14 +441,14 @@ mod tests {
             ("not-found", 0)
         );
         let n = Node::new("/dev/nvidia1", 195, 1);
-        assert!(Entry::for_node(&n).allows(&n));
-        assert_eq!(Entry::for_node(&n).text(), "/dev/char/195:1 rw");
-        let m = Entry {
+        assert!(DeviceAllowEntry::for_node(&n).allows(&n));
+        assert_eq!(DeviceAllowEntry::for_node(&n).text(), "/dev/char/195:1 rw");
+        let m = DeviceAllowEntry {
             device: "/dev/char/195:1".into(),
             access: "m".into(),
         };
         assert!(!m.allows(&n));
-        let whole = Entry {
+        let whole = DeviceAllowEntry {
             device: "char-195".into(),
             access: "rwm".into(),
         };

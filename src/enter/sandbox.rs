@@ -15,6 +15,7 @@
 //! pipe, a fixed environment, the signals as a fresh process has them, and a process group
 //! of its own.
 
+use crate::host::child::close_from;
 use crate::host::syserr::{IoErr, SysErr};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -121,18 +122,6 @@ pub fn no_fork_filter() -> Result<BpfProgram, SandboxError> {
     .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
     f.try_into()
         .map_err(|e| SandboxError::Seccomp(format!("{e:?}")))
-}
-
-/// Closes every descriptor from `first` on.
-pub fn close_from(first: u32) {
-    // SAFETY: close_range over descriptors this process owns; nothing uses them after.
-    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
-    if r < 0 {
-        for fd in first..4096 {
-            // SAFETY: as above (close_range is missing before Linux 5.9).
-            unsafe { libc::close(fd as i32) };
-        }
-    }
 }
 
 /// In a forked child: confines this process as `c` says and executes `exe` (an

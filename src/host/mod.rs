@@ -4,6 +4,7 @@
 //! OS errors as values ([`syserr`]).
 
 pub mod arch;
+pub mod child;
 pub mod config;
 pub mod driver;
 pub mod inventory;

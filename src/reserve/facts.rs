@@ -161,7 +161,7 @@ impl<'a> Facts<'a> {
             enter: &Host,
             cdi_specs: &cdi::load,
             controller_running: &crate::reserve::reconcile::controller_running,
-            mps: &crate::reserve::mps::Host,
+            mps: &crate::reserve::mps::NvidiaMps,
             host_driver: &real_host_driver,
         }
     }

@@ -237,7 +237,7 @@ pub struct State {
     /// The MPS control daemons gpuhook started, by their GPU's PCI address (files written
     /// before have none).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub mps: BTreeMap<crate::ids::Pci, crate::reserve::mps::Daemon>,
+    pub mps: BTreeMap<crate::ids::Pci, crate::reserve::mps::daemon::Daemon>,
     /// GPUs' health records beyond quarantine, by PCI address (files written before have
     /// none).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -981,13 +981,14 @@ mod tests {
         let mut st = State::default();
         st.mps.insert(
             "0000:04:00.0".parse().unwrap(),
-            crate::reserve::mps::Daemon {
+            crate::reserve::mps::daemon::Daemon {
                 proc: ProcRef {
                     pid: 500,
                     start_time: 9,
                 },
                 uuid: "GPU-1".into(),
                 dir: "/run/gpuhook/mps/GPU-1".into(),
+                starting: false,
             },
         );
         let text = String::from_utf8(st.to_bytes()).unwrap();

@@ -98,7 +98,7 @@ pub fn attach(
     let ct = find()?;
     let cg = (f.cgroup)(&ct)?;
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
-    let (got, notes) =
+    let (mut got, mut notes) =
         match store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg)) {
             Ok(g) => g,
             Err(e) => {
@@ -107,6 +107,29 @@ pub fn attach(
             }
         };
     drop(cg);
+    // The daemons marked `starting` above start now, outside the state lock.
+    match mps::bring_up(f.cfg, f.mps, f.proc, &inv, &got.units, &|_| {}) {
+        Ok(up) => {
+            notes.extend(up.notes);
+            if let Some((pci, d)) = &mut got.mps {
+                if let Some(started) = up.daemons.get(pci) {
+                    *d = started.clone();
+                }
+            }
+        }
+        Err(e) => {
+            let e = e.into();
+            return Err(take_back(
+                f,
+                &mut inv,
+                h,
+                &ct,
+                &got,
+                e,
+                Leftovers::default(),
+            ));
+        }
+    }
     for n in notes {
         log::info(&n);
     }
@@ -376,7 +399,7 @@ fn reserve_more(
     }
     r.updated = now.to_string();
     // The first slot of a GPU shared with MPS starts its daemon (or one that died).
-    notes.extend(mps::start_needed(f.cfg, f.mps, f.proc, st, inv)?);
+    notes.extend(mps::claim(f.cfg, f.mps, f.proc, st, inv, &units)?);
     // The first slot of a GPU shared with MPS this container gets: its daemon's directories,
     // planned and recorded as the CDI mounts are.
     let daemon = match has_mps {

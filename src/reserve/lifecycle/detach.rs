@@ -823,6 +823,7 @@ mod tests {
                 },
                 uuid: name.into(),
                 dir,
+                starting: false,
             }
         };
         let (a, b): (crate::ids::Pci, crate::ids::Pci) = (

@@ -146,14 +146,15 @@ pub fn prepare(
 ) -> Result<Prepared, Error> {
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let now = now_rfc3339();
+    let mut fresh = false;
     let chosen = store(f.cfg).update(|st| -> Result<_, Error> {
         // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
         crate::reserve::health::apply(&mut inv, st);
         refuse_takeover(f, st, h, by)?;
         if let Some(mut kept) = keep_or_free(f, st, &mut inv, h, req, by, &now)? {
             // A daemon that died since is started again.
-            kept.1.extend(crate::reserve::mps::start_needed(
-                f.cfg, f.mps, f.proc, st, &inv,
+            kept.1.extend(crate::reserve::mps::claim(
+                f.cfg, f.mps, f.proc, st, &inv, &kept.0,
             )?);
             // A create again of a kept container: its MPS directories come again.
             record_oci_mps(st, h)?;
@@ -175,19 +176,33 @@ pub fn prepare(
         let mut notes = notes;
         // Stale sharers reclaimed for this choice may have left a daemon without sharers.
         notes.extend(crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st));
-        notes.extend(crate::reserve::mps::start_needed(
-            f.cfg, f.mps, f.proc, st, &inv,
+        notes.extend(crate::reserve::mps::claim(
+            f.cfg, f.mps, f.proc, st, &inv, &gpus,
         )?);
         record_oci_mps(st, h)?;
+        fresh = true;
         Ok((gpus, notes, specs))
     });
-    let (gpus, notes, specs) = match chosen {
+    let (gpus, mut notes, specs) = match chosen {
         Ok(c) => c,
         Err(e) => {
             keep_reclaimed(f, &mut inv);
             return Err(e);
         }
     };
+    // The daemons marked `starting` above start now, outside the state lock; when one
+    // fails, the reservation this call made is taken back with its mark.
+    let undo = |st: &mut State| {
+        let mine = st
+            .reservations
+            .get(h.id)
+            .is_some_and(|r| r.phase == Phase::Prepared && r.prepared_by == by);
+        if fresh && mine {
+            st.reservations.remove(h.id);
+        }
+    };
+    let up = crate::reserve::mps::bring_up(f.cfg, f.mps, f.proc, &inv, &gpus, &undo)?;
+    notes.extend(up.notes);
     for n in notes {
         log::info(&n);
     }

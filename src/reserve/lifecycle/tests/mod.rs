@@ -323,6 +323,7 @@ impl crate::reserve::mps::Mps for Fake {
             proc,
             uuid: uuid.into(),
             dir,
+            starting: false,
         })
     }
     fn quit(

@@ -1,0 +1,382 @@
+//! The plan, the two-step start and the PID file, on fakes.
+
+use super::daemon::{dir_for, limit_commands, Daemon, PID_FILE};
+use super::error::MpsError;
+use super::nvidia::{in_namespace, read_pid};
+use super::plan::{plan, stop_unused, Plan};
+use super::start::{bring_up, claim};
+use super::work::Mps;
+use crate::host::config::{Config, ShareMode, Sharing};
+use crate::host::inventory::Inventory;
+use crate::host::procfs::ProcRef;
+use crate::ids::Pci;
+use crate::reserve::state::{HolderKind, Reservation, State, Store};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+fn pci(s: &str) -> Pci {
+    s.parse().expect("a PCI address")
+}
+
+fn daemon(pid: i32) -> Daemon {
+    Daemon {
+        proc: ProcRef { pid, start_time: 7 },
+        uuid: "GPU-1".into(),
+        dir: "/run/gpuhook/mps/GPU-1".into(),
+        starting: false,
+    }
+}
+
+fn state(slots: &[(&str, &str)]) -> State {
+    let mut st = State::default();
+    for (id, unit) in slots {
+        st.reservations.insert(
+            id.to_string(),
+            Reservation::for_test(HolderKind::Oci, id, id, &[unit]),
+        );
+    }
+    st
+}
+
+const A: &str = "0000:04:00.0";
+const B: &str = "0000:05:00.0";
+
+#[test]
+fn first_slot_starts_later_ones_do_not() {
+    let mps: BTreeSet<Pci> = [pci(A)].into();
+    let mut st = state(&[("c1", "0000:04:00.0/slot0")]);
+    assert_eq!(plan(&st, &mps, &|_| true).start, vec![pci(A)]);
+    st.mps.insert(pci(A), daemon(10));
+    st.reservations.insert(
+        "c2".into(),
+        Reservation::for_test(HolderKind::Oci, "c2", "c2", &["0000:04:00.0/slot1"]),
+    );
+    assert_eq!(plan(&st, &mps, &|_| true), Plan::default());
+}
+
+#[test]
+fn a_dead_daemon_is_started_again() {
+    let mps: BTreeSet<Pci> = [pci(A)].into();
+    let mut st = state(&[("c1", "0000:04:00.0/slot0")]);
+    st.mps.insert(pci(A), daemon(10));
+    assert_eq!(plan(&st, &mps, &|_| false).start, vec![pci(A)]);
+}
+
+#[test]
+fn timeslice_and_whole_gpus_start_nothing() {
+    let mps: BTreeSet<Pci> = [pci(A)].into();
+    let st = state(&[("c1", "0000:05:00.0/slot0"), ("c2", A)]);
+    assert_eq!(plan(&st, &mps, &|_| true), Plan::default());
+}
+
+#[test]
+fn a_daemon_without_sharers_is_stopped() {
+    let mps: BTreeSet<Pci> = [pci(A), pci(B)].into();
+    let mut st = state(&[("c1", "0000:05:00.0/slot1")]);
+    st.mps.insert(pci(A), daemon(10));
+    st.mps.insert(pci(B), daemon(11));
+    let p = plan(&st, &mps, &|_| true);
+    assert_eq!(p.stop, vec![pci(A)]);
+    assert!(p.start.is_empty());
+}
+
+#[test]
+fn limits_become_client_commands() {
+    let s = Sharing {
+        mode: ShareMode::Mps,
+        replicas: 2,
+        memory_limit_mib: Some(2048),
+        active_thread_percentage: Some(50),
+    };
+    assert_eq!(
+        limit_commands(&s),
+        vec![
+            "set_default_device_pinned_mem_limit 0 2048M",
+            "set_default_active_thread_percentage 50"
+        ]
+    );
+    assert!(limit_commands(&Sharing {
+        mode: ShareMode::Mps,
+        ..Sharing::timeslice(2)
+    })
+    .is_empty());
+}
+
+#[test]
+fn dir_is_beside_the_state_file() {
+    let cfg = Config::default();
+    assert_eq!(
+        dir_for(&cfg, "GPU-1"),
+        cfg.state_file.parent().expect("a dir").join("mps/GPU-1")
+    );
+}
+
+/// Stops what plan says, forgets a dead one, keeps one that cannot be told; starts (or
+/// fails to, `fail`) after checking that its start was marked in the state file.
+struct Fake(std::cell::RefCell<Vec<String>>, bool);
+impl Fake {
+    fn calls(&self) -> Vec<String> {
+        self.0.borrow().clone()
+    }
+}
+impl Mps for Fake {
+    fn dirs(&self, cfg: &Config, pci: Pci, uuid: &str) -> Result<PathBuf, MpsError> {
+        self.0.borrow_mut().push(format!("dirs {pci} {uuid}"));
+        Ok(dir_for(cfg, uuid))
+    }
+    fn start(&self, cfg: &Config, pci: Pci, uuid: &str, _: &Sharing) -> Result<Daemon, MpsError> {
+        self.0.borrow_mut().push(format!("start {pci} {uuid}"));
+        // Outside the lock, after the mark is written.
+        if let Ok(st) = Store::new(&cfg.state_file).read() {
+            if st.mps.get(&pci).is_some_and(|d| d.starting) {
+                self.0.borrow_mut().push(format!("marked {pci}"));
+            }
+        }
+        if !self.1 {
+            return Err(MpsError::Failed {
+                pci,
+                uuid: uuid.into(),
+                what: "no start".into(),
+            });
+        }
+        Ok(Daemon {
+            uuid: uuid.into(),
+            dir: dir_for(cfg, uuid),
+            ..daemon(99)
+        })
+    }
+    fn quit(&self, _: &Config, pci: Pci, _: &Daemon) -> Result<(), MpsError> {
+        self.0.borrow_mut().push(format!("quit {pci}"));
+        if self.1 {
+            Ok(())
+        } else {
+            Err(MpsError::Failed {
+                pci,
+                uuid: "GPU-1".into(),
+                what: "no answer".into(),
+            })
+        }
+    }
+    fn sweep(&self, _: &Config, pci: Pci, d: &Daemon) -> Vec<i32> {
+        self.0
+            .borrow_mut()
+            .push(format!("sweep {pci} {}", d.proc.pid));
+        vec![]
+    }
+}
+
+#[test]
+fn stop_unused_quits_and_forgets() {
+    let cfg = Config::default();
+    let me = crate::host::procfs::HOST
+        .proc_ref(std::process::id() as i32)
+        .expect("own start time");
+    for ok in [true, false] {
+        let mut st = State::default();
+        st.mps.insert(
+            pci(A),
+            Daemon {
+                proc: me,
+                ..daemon(1)
+            },
+        );
+        let f = Fake(Default::default(), ok);
+        let notes = stop_unused(&cfg, &f, crate::host::procfs::HOST, &mut st);
+        assert_eq!(*f.0.borrow(), vec![format!("quit {A}")]);
+        assert_eq!(st.mps.is_empty(), ok, "{notes:?}");
+    }
+    // A dead one is forgotten without a quit.
+    let mut st = State::default();
+    st.mps.insert(pci(A), daemon(i32::MAX));
+    let f = Fake(Default::default(), true);
+    stop_unused(&cfg, &f, crate::host::procfs::HOST, &mut st);
+    assert!(f.0.borrow().is_empty());
+    assert!(st.mps.is_empty());
+}
+
+fn mps_inv(no_uuid_b: bool) -> Inventory {
+    let mps = Sharing {
+        mode: ShareMode::Mps,
+        replicas: 2,
+        memory_limit_mib: None,
+        active_thread_percentage: None,
+    };
+    let mut gpus = crate::reserve::alloc::tests::dgx();
+    for (g, p) in gpus.iter_mut().zip([A, B]) {
+        g.pci = pci(p);
+        g.sharing = Some(mps);
+    }
+    if no_uuid_b {
+        gpus[1].uuid = None;
+    }
+    Inventory {
+        gpus,
+        controls: vec![],
+        deferred: 0,
+    }
+}
+
+fn units(us: &[&str]) -> Vec<crate::ids::Unit> {
+    us.iter().map(|u| u.parse().expect("a unit")).collect()
+}
+
+/// A GPU without a UUID fails the claim (the caller's step, whose state is not written):
+/// nothing is started.
+#[test]
+fn a_gpu_without_uuid_fails_the_claim() {
+    let cfg = Config::default();
+    let inv = mps_inv(true);
+    let mut st = state(&[("c1", "0000:04:00.0/slot0"), ("c2", "0000:05:00.0/slot0")]);
+    let f = Fake(Default::default(), true);
+    let us = units(&["0000:04:00.0/slot0", "0000:05:00.0/slot0"]);
+    let e = claim(&cfg, &f, crate::host::procfs::HOST, &mut st, &inv, &us).unwrap_err();
+    assert!(e.to_string().contains("has no UUID"), "{e}");
+    assert!(!f.calls().iter().any(|c| c.starts_with("start")));
+}
+
+/// The test's state file, with reservations holding these slots.
+fn stored(slots: &[(&str, &str)]) -> (tempfile::TempDir, Config) {
+    let t = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        state_file: t.path().join("state.json"),
+        ..Config::default()
+    };
+    let st0 = state(slots);
+    Store::new(&cfg.state_file)
+        .update(|st| -> Result<(), crate::reserve::state::StateError> {
+            *st = st0;
+            Ok(())
+        })
+        .unwrap();
+    (t, cfg)
+}
+
+/// The claim marks the start in the caller's locked step; the daemon starts after it, with
+/// the mark written, and a second locked step records it; another holder's unrelated
+/// units neither mark nor wait.
+#[test]
+fn a_start_is_marked_then_run_outside_the_lock_then_recorded() {
+    let (_t, cfg) = stored(&[("c1", "0000:04:00.0/slot0")]);
+    let inv = mps_inv(false);
+    let proc = crate::host::procfs::HOST;
+    let f = Fake(Default::default(), true);
+    let us = units(&["0000:04:00.0/slot0"]);
+    let store = Store::new(&cfg.state_file);
+    store
+        .update(|st| claim(&cfg, &f, proc, st, &inv, &us))
+        .unwrap();
+    let st = store.read().unwrap();
+    assert!(st.mps[&pci(A)].starting);
+    let up = bring_up(&cfg, &f, proc, &inv, &us, &|_| {}).unwrap();
+    assert_eq!(
+        f.calls(),
+        vec![
+            format!("dirs {A} GPU-00000000"),
+            format!("start {A} GPU-00000000"),
+            format!("marked {A}")
+        ]
+    );
+    let st = store.read().unwrap();
+    assert!(!st.mps[&pci(A)].starting);
+    assert_eq!(st.mps[&pci(A)].proc.pid, 99);
+    assert_eq!(up.daemons[&pci(A)].proc.pid, 99);
+    assert!(up.notes[0].starts_with("started MPS daemon pid 99 for GPU"));
+    // Whole GPUs: nothing to bring up, and no lock taken.
+    let whole = units(&[B]);
+    let up = bring_up(&cfg, &f, proc, &inv, &whole, &|_| panic!("no undo")).unwrap();
+    assert!(up.notes.is_empty() && up.daemons.is_empty());
+}
+
+/// A failed start forgets its mark and undoes the caller's step in the same locked step.
+#[test]
+fn a_failed_start_forgets_the_mark_and_undoes_the_step() {
+    let (_t, cfg) = stored(&[("c1", "0000:04:00.0/slot0")]);
+    let inv = mps_inv(false);
+    let proc = crate::host::procfs::HOST;
+    let f = Fake(Default::default(), false);
+    let us = units(&["0000:04:00.0/slot0"]);
+    let store = Store::new(&cfg.state_file);
+    store
+        .update(|st| claim(&cfg, &f, proc, st, &inv, &us))
+        .unwrap();
+    let undo = |st: &mut State| {
+        st.reservations.remove("c1");
+    };
+    let e = bring_up(&cfg, &f, proc, &inv, &us, &undo).unwrap_err();
+    assert!(e.to_string().contains("no start"), "{e}");
+    let st = store.read().unwrap();
+    assert!(st.mps.is_empty());
+    assert!(st.reservations.is_empty());
+}
+
+/// A mark whose starter is gone is swept by the next claim, which marks the start again.
+#[test]
+fn a_dead_starters_mark_is_swept() {
+    let cfg = Config::default();
+    let inv = mps_inv(false);
+    let proc = crate::host::procfs::HOST;
+    let mut st = state(&[("c1", "0000:04:00.0/slot0")]);
+    st.mps.insert(
+        pci(A),
+        Daemon {
+            starting: true,
+            ..daemon(i32::MAX)
+        },
+    );
+    let f = Fake(Default::default(), true);
+    let us = units(&["0000:04:00.0/slot0"]);
+    let notes = claim(&cfg, &f, proc, &mut st, &inv, &us).unwrap();
+    assert_eq!(f.calls()[0], format!("sweep {A} {}", i32::MAX));
+    assert!(notes[0].contains("did not finish"), "{notes:?}");
+    let d = &st.mps[&pci(A)];
+    assert!(d.starting);
+    assert_eq!(d.proc.pid, std::process::id() as i32);
+    // A live starter's mark is neither swept nor stopped.
+    let f = Fake(Default::default(), true);
+    st.reservations.clear();
+    stop_unused(&cfg, &f, proc, &mut st);
+    assert!(f.calls().is_empty());
+    assert!(st.mps[&pci(A)].starting);
+}
+
+/// The state file: `starting` is written only while true (a record without it loads).
+#[test]
+fn starting_is_an_optional_field() {
+    let d = daemon(5);
+    let text = serde_json::to_string(&d).unwrap();
+    assert!(!text.contains("starting"), "{text}");
+    let s: Daemon = serde_json::from_str(&text).unwrap();
+    assert_eq!(s, d);
+    let m = Daemon {
+        starting: true,
+        ..daemon(5)
+    };
+    assert!(serde_json::to_string(&m)
+        .unwrap()
+        .contains("\"starting\":true"));
+}
+
+/// The PID file is read only as a small regular file: a FIFO planted at its name does not
+/// block, a link is not followed, PID 1 and junk are no PID.
+#[test]
+fn pid_file_read_neither_blocks_nor_follows() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path().join(PID_FILE);
+    std::fs::write(&p, "4242\n").unwrap();
+    assert_eq!(read_pid(&p), Some(4242));
+    for junk in ["1\n", "x", ""] {
+        std::fs::write(&p, junk).unwrap();
+        assert_eq!(read_pid(&p), None, "{junk:?}");
+    }
+    std::fs::remove_file(&p).unwrap();
+    nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    assert_eq!(read_pid(&p), None, "a FIFO");
+    std::fs::remove_file(&p).unwrap();
+    std::fs::write(t.path().join("real"), "4242").unwrap();
+    std::os::unix::fs::symlink("real", &p).unwrap();
+    assert_eq!(read_pid(&p), None, "a link");
+    let me = std::process::id() as i32;
+    let ours = nix::sys::stat::stat("/proc/self/ns/mnt").unwrap().st_ino as u64;
+    assert!(in_namespace(me, ours));
+    assert!(!in_namespace(me, ours + 1));
+}

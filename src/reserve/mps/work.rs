@@ -1,0 +1,42 @@
+//! The host work behind MPS sharing, as the lifecycle's facts pass it in.
+
+use super::daemon::{dir_for, Daemon};
+use super::error::MpsError;
+use crate::host::config::{Config, Sharing};
+use crate::ids::Pci;
+use std::path::PathBuf;
+
+/// The host work: a daemon's directories (made under the state lock, before its start is
+/// recorded), starting a daemon (and setting its limits: outside the lock), telling one to
+/// quit, and stopping what a killed start left.
+pub trait Mps {
+    /// Makes the daemon's directories; its directory (by default [`dir_for`], its
+    /// directories made with the default modes).
+    fn dirs(&self, cfg: &Config, pci: Pci, uuid: &str) -> Result<PathBuf, MpsError> {
+        let dir = dir_for(cfg, uuid);
+        for d in ["pipe", "log", "shm"] {
+            std::fs::create_dir_all(dir.join(d)).map_err(|cause| MpsError::Io {
+                pci,
+                uuid: uuid.into(),
+                what: format!("mkdir {}", dir.join(d).display()),
+                cause,
+            })?;
+        }
+        Ok(dir)
+    }
+    fn start(
+        &self,
+        cfg: &Config,
+        pci: Pci,
+        uuid: &str,
+        sharing: &Sharing,
+    ) -> Result<Daemon, MpsError>;
+    fn quit(&self, cfg: &Config, pci: Pci, d: &Daemon) -> Result<(), MpsError>;
+    /// Stops every process a start of `d` (recorded `starting`, its starter gone) left
+    /// running; their PIDs.
+    /// By default none (a start that runs nothing outside the process).
+    fn sweep(&self, cfg: &Config, pci: Pci, d: &Daemon) -> Vec<i32> {
+        let _ = (cfg, pci, d);
+        Vec::new()
+    }
+}
