@@ -319,24 +319,7 @@ pub fn scan_with(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error>
     let now = now_rfc3339();
     let mut rep = store.update(|st| -> Result<ScanReport, Error> {
         let mut rep = ScanReport::default();
-        // A reboot quarantine of another boot ends.
-        let ended: Vec<String> = st
-            .quarantine
-            .iter()
-            .filter(|(_, q)| {
-                q.action == Some(Action::Reboot)
-                    && !q.needs_inspection
-                    && q.boot_id.is_some()
-                    && boot.is_some()
-                    && q.boot_id != boot
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in ended {
-            if let Some(q) = st.quarantine.remove(&k) {
-                rep.rebooted.push((k, q));
-            }
-        }
+        end_rebooted(st, boot.as_ref(), &mut rep);
         let from = mark(st);
         let mut last = from;
         for r in records.iter().filter(|r| from.is_none_or(|f| r.seq > f)) {
@@ -373,37 +356,7 @@ pub fn scan_with(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error>
                         boot_id: boot.clone(),
                         needs_inspection: false,
                     };
-                    match st.quarantine.get_mut(&pci) {
-                        // One fault often logs several Xids (62, then 154 "GPU Reset
-                        // Required"): counted once; a reboot one makes a reset one
-                        // stronger.
-                        Some(old) => {
-                            if v.action == Action::Reboot && old.action == Some(Action::Reset) {
-                                *old = Quarantine {
-                                    since: old.since.clone(),
-                                    needs_inspection: old.needs_inspection,
-                                    ..q
-                                };
-                                rep.quarantined.push((pci.clone(), old.clone()));
-                            }
-                            continue;
-                        }
-                        None => {
-                            st.quarantine.insert(pci.clone(), q);
-                        }
-                    }
-                    if escalate(st, cfg, &pci, &now) {
-                        rep.escalated.push(pci.clone());
-                    }
-                    if inv.by_pci(&pci).is_none() {
-                        rep.unlisted.push(pci.clone());
-                    }
-                    let holders = holders_of(st, &pci);
-                    if !holders.is_empty() {
-                        rep.holders.insert(pci.clone(), holders);
-                    }
-                    rep.quarantined
-                        .push((pci.clone(), st.quarantine[&pci].clone()));
+                    quarantine(st, cfg, &inv, &mut rep, &pci, q, &now);
                 }
             }
         }
@@ -438,6 +391,70 @@ pub fn scan_with(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error>
         rep.resets.push((pci, reset::reset_pci(f, r, pci, why)));
     }
     Ok(rep)
+}
+
+/// A reboot quarantine of another boot (than `boot`) ends.
+fn end_rebooted(st: &mut State, boot: Option<&String>, rep: &mut ScanReport) {
+    let ended: Vec<String> = st
+        .quarantine
+        .iter()
+        .filter(|(_, q)| {
+            q.action == Some(Action::Reboot)
+                && !q.needs_inspection
+                && q.boot_id.is_some()
+                && boot.is_some()
+                && q.boot_id.as_ref() != boot
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in ended {
+        if let Some(q) = st.quarantine.remove(&k) {
+            rep.rebooted.push((k, q));
+        }
+    }
+}
+
+/// A reset or reboot Xid of `pci` puts it in quarantine `q` (or makes its reset quarantine a
+/// reboot one), escalating past `max_quarantines`.
+fn quarantine(
+    st: &mut State,
+    cfg: &Config,
+    inv: &Inventory,
+    rep: &mut ScanReport,
+    pci: &str,
+    q: Quarantine,
+    now: &str,
+) {
+    match st.quarantine.get_mut(pci) {
+        // One fault often logs several Xids (62, then 154 "GPU Reset Required"): counted
+        // once; a reboot one makes a reset one stronger.
+        Some(old) => {
+            if q.action == Some(Action::Reboot) && old.action == Some(Action::Reset) {
+                *old = Quarantine {
+                    since: old.since.clone(),
+                    needs_inspection: old.needs_inspection,
+                    ..q
+                };
+                rep.quarantined.push((pci.to_string(), old.clone()));
+            }
+            return;
+        }
+        None => {
+            st.quarantine.insert(pci.to_string(), q);
+        }
+    }
+    if escalate(st, cfg, pci, now) {
+        rep.escalated.push(pci.to_string());
+    }
+    if inv.by_pci(pci).is_none() {
+        rep.unlisted.push(pci.to_string());
+    }
+    let holders = holders_of(st, pci);
+    if !holders.is_empty() {
+        rep.holders.insert(pci.to_string(), holders);
+    }
+    rep.quarantined
+        .push((pci.to_string(), st.quarantine[pci].clone()));
 }
 
 /// What a scan resets: every scrub-pending GPU, and with `auto_reset` every GPU quarantined

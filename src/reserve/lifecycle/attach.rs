@@ -84,6 +84,24 @@ impl MoreReserved {
     }
 }
 
+/// Starts the MPS daemons [`reserve_more`] marked `starting` (outside the state lock): their
+/// notes join `notes`, the container's daemon in `got` becomes the one started.
+fn bring_up_mps(
+    f: &Facts,
+    inv: &Inventory,
+    got: &mut MoreReserved,
+    notes: &mut Vec<String>,
+) -> Result<(), Error> {
+    let up = mps::bring_up(f.cfg, f.mps, f.proc, inv, &got.units, &|_| {})?;
+    notes.extend(up.notes);
+    if let Some((pci, d)) = &mut got.mps {
+        if let Some(started) = up.daemons.get(pci) {
+            *d = started.clone();
+        }
+    }
+    Ok(())
+}
+
 /// `attach`: reserves `req.count` more units for the holder's running container (`find`),
 /// grants their nodes in its device cgroup and makes them in its `/dev`; nothing of it is
 /// left on failure. Refused (nothing changed) when the container does not run, its
@@ -108,27 +126,16 @@ pub fn attach(
         };
     drop(cg);
     // The daemons marked `starting` above start now, outside the state lock.
-    match mps::bring_up(f.cfg, f.mps, f.proc, &inv, &got.units, &|_| {}) {
-        Ok(up) => {
-            notes.extend(up.notes);
-            if let Some((pci, d)) = &mut got.mps {
-                if let Some(started) = up.daemons.get(pci) {
-                    *d = started.clone();
-                }
-            }
-        }
-        Err(e) => {
-            let e = e.into();
-            return Err(take_back(
-                f,
-                &mut inv,
-                h,
-                &ct,
-                &got,
-                e,
-                Leftovers::default(),
-            ));
-        }
+    if let Err(e) = bring_up_mps(f, &inv, &mut got, &mut notes) {
+        return Err(take_back(
+            f,
+            &mut inv,
+            h,
+            &ct,
+            &got,
+            e,
+            Leftovers::default(),
+        ));
     }
     for n in notes {
         log::info(&n);
