@@ -546,7 +546,7 @@ fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, CliError> {
     tmp_name.push(name);
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
-    let r = crate::enter::replace::Replace {
+    let r = crate::host::atomic::AtomicWrite {
         dir: nix::fcntl::AT_FDCWD,
         tmp: &tmp,
         name: path,
@@ -556,7 +556,7 @@ fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, CliError> {
         clear_stale: true,
         durable: false,
     };
-    crate::enter::replace::replace(&r, text.as_bytes()).map_err(|(_, e)| io(e.into()))?;
+    crate::host::atomic::replace(&r, text.as_bytes()).map_err(|(_, e)| io(e.into()))?;
     Ok(0)
 }
 

@@ -15,7 +15,7 @@
 
 use crate::doors::bundle::{self, HookCmd};
 use crate::doors::error::RuntimeError;
-use crate::enter::replace::{replace, Replace};
+use crate::host::atomic::{replace, AtomicWrite};
 use crate::host::config::Config;
 use crate::host::procfs::ProcRef;
 use crate::log;
@@ -234,11 +234,11 @@ fn prepare_bundle(inv: &Invocation, cfg: &Config) -> Result<Option<ProcRef>, Run
 }
 
 /// The host's `/dev/char/MAJ:MIN` entry of each node (under the config's device root), made
-/// when missing ([`crate::enter::charlink`]); a node with no host node of that number to link
+/// when missing ([`crate::host::charlink`]); a node with no host node of that number to link
 /// to is left without one, an entry that leads elsewhere refuses the create.
 fn char_links(cfg: &Config, nodes: &[NodeSpec]) -> Result<(), RuntimeError> {
     for n in nodes {
-        crate::enter::charlink::ensure_logged(&cfg.dev, &n.path, n.major, n.minor)?;
+        crate::host::charlink::ensure_logged(&cfg.dev, &n.path, n.major, n.minor)?;
     }
     Ok(())
 }
@@ -548,7 +548,7 @@ fn replace_config(path: &Path, config: &serde_json::Value) -> Result<(), Runtime
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".gpuhook.tmp");
     let tmp = PathBuf::from(tmp);
-    let r = Replace {
+    let r = AtomicWrite {
         dir: nix::fcntl::AT_FDCWD,
         tmp: &tmp,
         name: path,

@@ -643,9 +643,9 @@ fn replace_file(dir: &OwnedFd, name: &str, text: &str) -> Result<(), Errno> {
 /// `name` in `dir` becomes a new regular file holding `bytes` (a temporary name made with
 /// `O_EXCL|O_NOFOLLOW`, renamed over `name`: what was at `name` is never opened).
 fn replace_bytes(dir: &OwnedFd, name: &str, text: &[u8]) -> Result<(), Errno> {
-    use crate::enter::replace::{replace, Replace};
+    use crate::host::atomic::{replace, AtomicWrite};
     let tmp = format!(".{name}.gpuhook-{}", std::process::id());
-    let r = Replace {
+    let r = AtomicWrite {
         dir: std::os::fd::AsFd::as_fd(dir),
         tmp: std::path::Path::new(&tmp),
         name: std::path::Path::new(name),

@@ -170,7 +170,7 @@ fn write_cache(cfg: &Config, d: &Discovered) -> Result<(), std::io::Error> {
     };
     let bytes = serde_json::to_vec(&c).map_err(std::io::Error::other)?;
     let tmp = format!(".{CACHE_FILE}.{}", std::process::id());
-    let r = crate::enter::replace::Replace {
+    let r = crate::host::atomic::AtomicWrite {
         dir: dir.as_fd(),
         tmp: Path::new(&tmp),
         name: Path::new(CACHE_FILE),
@@ -180,7 +180,7 @@ fn write_cache(cfg: &Config, d: &Discovered) -> Result<(), std::io::Error> {
         clear_stale: true,
         durable: false,
     };
-    crate::enter::replace::replace(&r, &bytes).map_err(|(_, e)| std::io::Error::from(e))
+    crate::host::atomic::replace(&r, &bytes).map_err(|(_, e)| std::io::Error::from(e))
 }
 
 /// Removes the cache (the next start looks again); `Ok` when there was none.

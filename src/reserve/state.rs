@@ -815,10 +815,10 @@ impl Store {
     }
 
     fn write_at(&self, dir: &OwnedFd, bytes: &[u8]) -> Result<(), StateError> {
-        use crate::enter::replace::{replace, Replace, Step};
+        use crate::host::atomic::{replace, AtomicWrite, Step};
         let tmp = self.tmp_name();
         let tmp_path = self.dir.join(&tmp);
-        let r = Replace {
+        let r = AtomicWrite {
             dir: dir.as_fd(),
             tmp: Path::new(&tmp),
             name: Path::new(&self.name),

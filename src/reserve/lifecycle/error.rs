@@ -126,7 +126,7 @@ pub enum LifecycleError {
     #[error(transparent)]
     CharLink {
         #[from]
-        source: crate::enter::charlink::CharLinkError,
+        source: crate::host::charlink::CharLinkError,
     },
     #[error("holds no GPU to detach")]
     NothingToDetach,
