@@ -271,7 +271,8 @@ fn detach_denies_in_libvirts_map() {
 /// revoke takes back only this run's grant, and a program gpuhook cannot read is refused.
 #[test]
 fn runtime_program_replaced_with_multi_and_without() {
-    use gpuhook::cgroup::program::{runc_like, Replace, Rule};
+    use gpuhook::cgroup::interp::{runc_like, DeviceRule as Rule};
+    use gpuhook::cgroup::runtime_program::RuntimeProgram as Replace;
     common::require_root();
     let (_dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");
@@ -402,7 +403,7 @@ fn runtime_program_replaced_with_multi_and_without() {
 
     // A gpuhook killed between attaching its replacement and detaching the old program left
     // both: the kernel asks both, and so does the next gpuhook, which then leaves one.
-    use gpuhook::cgroup::program::Prologue;
+    use gpuhook::cgroup::runtime_program::Prologue;
     let cg = Cg(unified_root().join(format!("gpuhook-test-v2rk-{}", std::process::id())));
     std::fs::create_dir(&cg.0).unwrap();
     let cgfd = dir_fd(&cg.0);
@@ -507,8 +508,12 @@ fn runtime_program_replaced_with_multi_and_without() {
 }
 
 /// A device program as systemd names its own (`sd_devices`): runc-like rules, for the tests.
-fn systemd_like(cgfd: std::os::fd::BorrowedFd, rules: &[gpuhook::cgroup::program::Rule]) -> u32 {
-    use gpuhook::cgroup::program::{runc_like, SYSTEMD_PROGRAM};
+fn systemd_like(
+    cgfd: std::os::fd::BorrowedFd,
+    rules: &[gpuhook::cgroup::interp::DeviceRule],
+) -> u32 {
+    use gpuhook::cgroup::interp::runc_like;
+    use gpuhook::cgroup::runtime_program::SYSTEMD_PROGRAM;
     let p = bpf::prog_load_named(
         bpf::BPF_PROG_TYPE_CGROUP_DEVICE,
         &runc_like(rules),
@@ -539,7 +544,8 @@ fn systemd_like(cgfd: std::os::fd::BorrowedFd, rules: &[gpuhook::cgroup::program
 /// user-namespaced container) lets everything through until a detach denies a node.
 #[test]
 fn systemds_program_and_those_above_rule_too() {
-    use gpuhook::cgroup::program::{runc_like, Replace, Rule};
+    use gpuhook::cgroup::interp::{runc_like, DeviceRule as Rule};
+    use gpuhook::cgroup::runtime_program::RuntimeProgram as Replace;
     common::require_root();
     let (_dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");

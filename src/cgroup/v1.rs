@@ -11,7 +11,8 @@
 //! the container took away. A revoke takes the rule back from exactly the cgroups the grant
 //! wrote to.
 
-use super::{CgroupError, DeviceCgroup, Fault};
+use super::device::DeviceCgroup;
+use super::error::{CgroupError, Fault};
 use crate::node::Node;
 use std::collections::HashMap;
 use std::io::Write;

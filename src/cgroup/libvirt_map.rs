@@ -9,7 +9,8 @@
 //! of that map: found by `BPF_PROG_QUERY` on the cgroup, then the program's map ids.
 
 use super::bpf;
-use super::{CgroupError, DeviceCgroup, Fault, MapOp};
+use super::device::{open_dir, prog_fd, DeviceCgroup};
+use super::error::{CgroupError, Fault, MapOp};
 use crate::node::Node;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -39,12 +40,12 @@ impl V2 {
     /// Opens the device map of the program attached to cgroup `dir`.
     pub fn open(dir: &Path) -> Result<V2, CgroupError> {
         let e = |f: Fault| CgroupError::new(dir, f);
-        let cg = super::open_dir(dir)?;
+        let cg = open_dir(dir)?;
         let progs = bpf::prog_query(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
             .map_err(|x| e(Fault::ProgQuery(x.into())))?;
         let mut found: Vec<(OwnedFd, u32)> = Vec::new();
         for &id in &progs {
-            let prog = super::prog_fd(dir, id)?;
+            let prog = prog_fd(dir, id)?;
             let mids = bpf::prog_map_ids(prog.as_fd()).map_err(|x| {
                 let errno = x.into();
                 e(Fault::ProgInfo { id, errno })
