@@ -23,7 +23,7 @@ pub(super) const ACC_WRITE: u32 = 4;
 
 /// The instructions gpuhook writes (and the tests' runtime-like and libvirt programs).
 pub mod asm {
-    use super::Insn;
+    use crate::cgroup::bpf::Insn;
     /// One instruction: opcode, registers, offset, immediate.
     pub fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
         Insn {

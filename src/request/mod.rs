@@ -3,6 +3,7 @@
 //! next OCI annotations and Nova's flavor metadata ([`extra_specs`]). Choosing GPUs
 //! (`reserve::alloc`) and the lifecycle (`reserve::lifecycle`) see only this.
 
+pub(crate) mod attrs;
 pub mod extra_specs;
 pub mod metadata;
 pub mod oci;

@@ -15,25 +15,18 @@ use error::{err, Kind};
 use parser::Parser;
 
 mod attrs;
-mod error;
+pub(crate) mod error;
+mod limits;
 mod parser;
 
-pub(crate) use attrs::{build_request, set_attr, GpusBuilder};
 pub use error::{AttrError, ParseError};
+pub use limits::{IDMAP, MAX_XML};
 
 /// gpuhook's XML namespace.
 pub const NS: &str = "urn:gpuhook:gpu:1";
 /// Nova's metadata namespace without its version (`…/nova/1.1` since 2015): the elements
 /// gpuhook reads have kept their shape across versions.
 pub const NOVA_NS_PREFIX: &str = "http://openstack.org/xmlns/libvirt/nova/";
-
-/// Upper bound on the domain XML the hook accepts (libvirt's own limit is 10 MiB).
-pub const MAX_XML: usize = 16 << 20;
-/// How errors name a domain's id mapping.
-pub const IDMAP: &str = "the domain's <idmap>";
-const MAX_DEVICES: usize = 256;
-const MAX_EXTRA_SPECS: usize = 64;
-const MAX_VALUE: usize = 256;
 
 /// Whether the document mentions gpuhook's namespace.
 pub fn mentions_gpuhook(xml: &[u8]) -> bool {

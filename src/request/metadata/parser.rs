@@ -1,13 +1,14 @@
 //! The domain XML's reader: one pass of events over a stack of contexts.
 
 use super::attrs::{
-    apply_extra_spec, attr_value, build_request, each_attr, parse_device, parse_gpus_attrs,
-    parse_idmap_entry, parse_mig, push_unique, GpusBuilder,
+    apply_extra_spec, attr_value, each_attr, parse_device, parse_gpus_attrs, parse_idmap_entry,
+    parse_mig, push_unique,
 };
-use super::{
-    err, Domain, Kind, ParseError, Source, IDMAP, MAX_EXTRA_SPECS, MAX_VALUE, NOVA_NS_PREFIX, NS,
-};
+use super::error::{err, Kind, ParseError};
+use super::limits::{IDMAP, MAX_EXTRA_SPECS, MAX_VALUE};
+use super::{Domain, Source, NOVA_NS_PREFIX, NS};
 use crate::ids::normalize_uuid;
+use crate::request::attrs::{build_request, GpusBuilder};
 use crate::request::extra_specs;
 use crate::request::{IdMap, Request};
 use quick_xml::escape::resolve_predefined_entity;
