@@ -4,7 +4,7 @@
 
 use super::error::{CgroupError, Fault};
 use super::{bpf, interp};
-use crate::log::Leftovers;
+use crate::leftovers::Leftovers;
 use crate::node::Node;
 use std::path::Path;
 

@@ -345,7 +345,7 @@ pub fn for_container(controller: i32, init: i32) -> Result<Box<dyn DeviceCgroup>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::log::Leftovers;
+    use crate::leftovers::Leftovers;
     use crate::node::Node;
 
     /// A cgroup in memory, to test the grant/rollback logic.

@@ -237,7 +237,7 @@ impl DeviceCgroup for V1 {
         });
         if let Err(e) = r {
             // Leave nothing of a half-done grant.
-            let left: crate::log::Leftovers = wrote
+            let left: crate::leftovers::Leftovers = wrote
                 .iter()
                 .rev()
                 .filter_map(|(d, n)| self.deny_in(d, n).err().map(|x| x.to_string()))

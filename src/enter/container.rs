@@ -328,7 +328,7 @@ enum Reply {
     Removed,
     Injected(rootfs::Done),
     /// What could not be undone.
-    Left(crate::log::Leftovers),
+    Left(crate::leftovers::Leftovers),
     /// The mounts no longer in place.
     Missing(Vec<String>),
     Failed(ContainerError),
@@ -411,7 +411,7 @@ pub fn uninject(
     ct: &Container,
     done: &rootfs::Done,
     owner: rootfs::Owner,
-) -> Result<crate::log::Leftovers, ContainerError> {
+) -> Result<crate::leftovers::Leftovers, ContainerError> {
     match run(ct, &Job::Uninject(done.clone(), owner))? {
         Reply::Left(l) => Ok(l),
         Reply::Failed(e) => Err(e),

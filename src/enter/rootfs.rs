@@ -681,8 +681,8 @@ pub fn missing(root: &OwnedFd, mounted: &[Mounted]) -> Vec<String> {
 
 /// Takes back what [`apply`] did (each thing only if it is still what gpuhook made);
 /// returns what could not be.
-pub fn undo(root: &OwnedFd, done: &Done) -> crate::log::Leftovers {
-    let mut left = crate::log::Leftovers::default();
+pub fn undo(root: &OwnedFd, done: &Done) -> crate::leftovers::Leftovers {
+    let mut left = crate::leftovers::Leftovers::default();
     for m in done.mounted.iter().rev() {
         match in_place(root, m) {
             Ok((dir, true)) => {

@@ -12,7 +12,7 @@ use crate::enter::rootfs::{Done, Mounted, Owner};
 use crate::host::config::Config;
 use crate::host::inventory::{self, Inventory, InventoryError, Scan};
 use crate::host::procfs::{self, Proc};
-use crate::log::Leftovers;
+use crate::leftovers::Leftovers;
 use crate::node::NodeSpec;
 use std::path::PathBuf;
 

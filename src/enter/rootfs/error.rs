@@ -68,7 +68,7 @@ pub enum RootfsError {
     RolledBack {
         #[source]
         error: Box<RootfsError>,
-        left: crate::log::Leftovers,
+        left: crate::leftovers::Leftovers,
     },
     #[error("cannot create link {link} in the container: {errno}")]
     Link {

@@ -4,7 +4,7 @@
 use crate::cgroup::CgroupError;
 use crate::enter::container::ContainerError;
 use crate::ids::Unit;
-use crate::log::Leftovers;
+use crate::leftovers::Leftovers;
 use crate::request::DeviceSel;
 use crate::reserve::error::Error;
 use crate::reserve::state::{Node, Phase};

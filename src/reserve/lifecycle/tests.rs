@@ -256,7 +256,7 @@ impl Enter for Fake {
         _: &Container,
         d: &Done,
         _: Owner,
-    ) -> Result<crate::log::Leftovers, ContainerError> {
+    ) -> Result<crate::leftovers::Leftovers, ContainerError> {
         let what: Vec<String> = d
             .mounted
             .iter()
