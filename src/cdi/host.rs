@@ -7,7 +7,7 @@
 use super::error::PlanError;
 use super::plan::host_node_path;
 use super::{kind_of, BindMount, Link, Loaded, Plan, Spec};
-use crate::host::driver::{version_shaped, Found, Kind};
+use crate::host::driver::{version_shaped, DriverFileKind, DriverFound};
 use crate::host::inventory::Inventory;
 use crate::ids::Vendor;
 use serde::Serialize;
@@ -23,7 +23,7 @@ pub const GENERATED_VERSION: &str = "0.5.0";
 /// `nosuid,nodev` at the path it was found at (a socket also `noexec`); the SONAME links of
 /// the libraries (`sonames`: a library's path → its `DT_SONAME`) and `libcuda.so` in their
 /// directories; the linker cache for those directories.
-pub fn plan(found: &Found, sonames: &BTreeMap<String, String>) -> Result<Plan, PlanError> {
+pub fn plan(found: &DriverFound, sonames: &BTreeMap<String, String>) -> Result<Plan, PlanError> {
     let mut p = Plan {
         host_driver: Some(format!("the host's NVIDIA driver {}", found.version)),
         nvidia_version: Some(found.version.clone()),
@@ -35,7 +35,7 @@ pub fn plan(found: &Found, sonames: &BTreeMap<String, String>) -> Result<Plan, P
             target: f.path.clone(),
             rw: false,
             recursive: false,
-            noexec: f.kind == Kind::Socket,
+            noexec: f.kind == DriverFileKind::Socket,
             dir: false,
         });
     }
@@ -47,12 +47,12 @@ pub fn plan(found: &Found, sonames: &BTreeMap<String, String>) -> Result<Plan, P
 
 /// The links `ldconfig` would make for the libraries (SONAME → file, in each library
 /// directory), and `libcuda.so` → its SONAME (what nvidia-ctk's spec links too).
-fn links(found: &Found, sonames: &BTreeMap<String, String>) -> Vec<Link> {
+fn links(found: &DriverFound, sonames: &BTreeMap<String, String>) -> Vec<Link> {
     let mut out: Vec<Link> = Vec::new();
     let taken = |out: &[Link], link: &str| {
         out.iter().any(|l| l.link == link) || found.files.iter().any(|f| f.path == link)
     };
-    for f in found.of(Kind::Library) {
+    for f in found.of(DriverFileKind::Library) {
         let Some((dir, file)) = f.path.rsplit_once('/') else {
             continue;
         };
@@ -93,7 +93,7 @@ fn links(found: &Found, sonames: &BTreeMap<String, String>) -> Vec<Link> {
 /// `gpuhook cdi-hook create-symlinks` and `update-ldcache`, which gpuhook's own `driver="cdi"`
 /// also does itself. Node host paths are under `dev` (the config's device root).
 pub fn spec(
-    found: &Found,
+    found: &DriverFound,
     sonames: &BTreeMap<String, String>,
     inv: &Inventory,
     dev: &Path,

@@ -28,9 +28,9 @@ mod spec;
 
 pub use error::{EditError, HookError, PathError, PlanError};
 pub use hooks::{parse_native, NativeHook};
-pub use plan::{container_path, nvidia_version, plan, Host, Unit, Units};
+pub use plan::{container_path, nvidia_version, plan, ChosenUnit, SpecHost, Units};
 pub use soname::{soname, ElfError};
-pub use spec::{load, parse, parse_checked, LoadError, ParseError, SpecError};
+pub use spec::{load, parse, parse_checked, LoadError, SpecError, SpecParseError};
 
 #[cfg(test)]
 use hooks::{native, Native};

@@ -389,8 +389,12 @@ fn health(action: HealthAction) -> Result<i32, Error> {
             }
         }
         HealthAction::Reset { pci } => {
-            let r =
-                reset::reset_with(&Facts::host(&cfg), &reset::Host, &pci, reset::Why::Operator)?;
+            let r = reset::reset_with(
+                &Facts::host(&cfg),
+                &reset::HostReset,
+                &pci,
+                reset::Why::Operator,
+            )?;
             let line = reset_line(&r);
             if r.failure.is_some() {
                 log::error(&line);

@@ -293,7 +293,7 @@ fn init_child(proc: &Proc, controller: i32, pid: i32) -> Option<ProcRef> {
 
 /// What a run in the container made (for rollback).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Made {
+pub struct ContainerMade {
     pub outcomes: Vec<Outcome>,
     /// Directories created, e.g. `/dev/dri`.
     pub dirs: Vec<String>,
@@ -324,7 +324,7 @@ enum Job {
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Reply {
-    Made(Made),
+    Made(ContainerMade),
     Removed,
     Injected(rootfs::Done),
     /// What could not be undone.
@@ -340,7 +340,7 @@ const CHILD_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Creates `nodes` in the container's `/dev`; on any failure removes what it created and
 /// returns the error.
-pub fn create_nodes(ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError> {
+pub fn create_nodes(ct: &Container, nodes: &[NodeSpec]) -> Result<ContainerMade, ContainerError> {
     let job = match ct.userns {
         Some(owner) => Job::Bind(nodes.to_vec(), owner),
         None => Job::Create(nodes.to_vec()),
@@ -577,7 +577,7 @@ fn child(
     let dev_fs = st.st_dev;
     Ok(match job {
         Job::Create(nodes) => {
-            let mut made = Made::default();
+            let mut made = ContainerMade::default();
             for (i, n) in nodes.iter().enumerate() {
                 match devdir::create_one(&Sys, &dev, dev_fs, n, &mut made.dirs) {
                     Ok(o) => made.outcomes.push(o),
@@ -596,7 +596,7 @@ fn child(
             Reply::Made(made)
         }
         Job::Bind(nodes, _) => {
-            let mut made = Made::default();
+            let mut made = ContainerMade::default();
             for (n, t) in nodes.iter().zip(&nodes_made) {
                 match devdir::bind_one(&Sys, &dev, dev_fs, n, t, t.id(), &mut made.dirs) {
                     Ok((o, b)) => {
@@ -639,7 +639,7 @@ fn child(
 /// (not `nodev`), each node made on it as the request asks (number, mode, host-side owner), and
 /// a detached clone of each ([`rootfs::node_tree`]). The tmpfs lives on in the mounts moved
 /// into the container; nothing is left on the host.
-fn own_nodes(nodes: &[NodeSpec]) -> Result<Vec<rootfs::Tree>, Failure> {
+fn own_nodes(nodes: &[NodeSpec]) -> Result<Vec<rootfs::DetachedTree>, Failure> {
     use nix::mount::{mount, MsFlags};
     let fail = |what: &str, e: nix::errno::Errno| Failure::OwnNode {
         what: what.to_owned(),
@@ -749,9 +749,9 @@ mod tests {
             gone(42, Some(at("/dev/nvidia0", enoent).into())),
             Refusal::HostDev.into(),
             Failure::Fork(nix::errno::Errno::EAGAIN.into()).into(),
-            Refusal::Node(devdir::NodeError::InTheWay {
+            Refusal::Node(devdir::MakeNodeError::InTheWay {
                 path: "/dev/nvidia0".into(),
-                found: devdir::Found {
+                found: devdir::PlaceFound {
                     kind: libc::S_IFCHR,
                     rdev: libc::makedev(1, 3),
                 },

@@ -137,13 +137,13 @@ fn set_attr(fd: &OwnedFd, set: u64, clear: u64, at: libc::c_uint) -> Result<(), 
 
 /// A detached copy of a mount's source, its attributes set: ready to be moved into a
 /// container. Call in the host's mount namespace.
-pub struct Tree {
+pub struct DetachedTree {
     fd: OwnedFd,
     dev: u64,
     ino: u64,
 }
 
-impl Tree {
+impl DetachedTree {
     /// Its filesystem and inode: what a `stat` where it is mounted shows.
     pub fn id(&self) -> (u64, u64) {
         (self.dev, self.ino)
@@ -170,7 +170,7 @@ impl Tree {
 /// mounted in the host's user namespace), cloned in this mount namespace (`open_tree`) and made
 /// read-only, `nosuid`, `noexec` and private while detached — not `nodev`: it is a device to
 /// be opened. What a user-namespaced container gets for a node ([`crate::enter::devdir::Bound`]).
-pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<Tree, Errno> {
+pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<DetachedTree, Errno> {
     let cname = CString::new(name).map_err(|_| Errno::EINVAL)?;
     let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
     // SAFETY: open_tree on a directory descriptor we hold and a valid C string.
@@ -185,7 +185,7 @@ pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<Tree, Errno> {
         0,
     )?;
     let st = fstat(&fd)?;
-    Ok(Tree {
+    Ok(DetachedTree {
         fd,
         dev: st.st_dev,
         ino: st.st_ino,
@@ -194,11 +194,11 @@ pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<Tree, Errno> {
 
 /// Clones each mount's source (in this, the host's, mount namespace) and sets its
 /// attributes while it is detached.
-pub fn open_trees(mounts: &[BindMount]) -> Result<Vec<Tree>, RootfsError> {
+pub fn open_trees(mounts: &[BindMount]) -> Result<Vec<DetachedTree>, RootfsError> {
     mounts.iter().map(open_tree).collect()
 }
 
-fn open_tree(m: &BindMount) -> Result<Tree, RootfsError> {
+fn open_tree(m: &BindMount) -> Result<DetachedTree, RootfsError> {
     let path = || m.source.clone();
     let src =
         CString::new(m.source.as_str()).map_err(|_| RootfsError::NulInPath { path: path() })?;
@@ -233,7 +233,7 @@ fn open_tree(m: &BindMount) -> Result<Tree, RootfsError> {
         path: path(),
         errno: e.into(),
     })?;
-    Ok(Tree {
+    Ok(DetachedTree {
         fd,
         dev: st.st_dev,
         ino: st.st_ino,
@@ -425,7 +425,7 @@ pub fn act_as(owner: Owner, mounts: bool) -> Result<(), RootfsError> {
 /// not be is said on the error's line.
 pub fn apply(
     root: &OwnedFd,
-    trees: Vec<Tree>,
+    trees: Vec<DetachedTree>,
     plan: &Plan,
     ldconfig: Option<&OwnedFd>,
     owner: Owner,
@@ -448,7 +448,7 @@ pub fn apply(
 
 fn apply_into(
     root: &OwnedFd,
-    trees: Vec<Tree>,
+    trees: Vec<DetachedTree>,
     plan: &Plan,
     ldconfig: Option<&OwnedFd>,
     owner: Owner,
@@ -531,7 +531,12 @@ fn relink(dir: &OwnedFd, name: &str, target: &str) -> Result<(), Errno> {
     })
 }
 
-fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<(), RootfsError> {
+fn mount_one(
+    root: &OwnedFd,
+    t: DetachedTree,
+    m: &BindMount,
+    done: &mut Done,
+) -> Result<(), RootfsError> {
     let (parent, name) = split(&m.target);
     let target = || m.target.clone();
     let at = |e: Errno| RootfsError::At {

@@ -4,7 +4,9 @@
 
 use crate::ids::Vendor;
 use crate::request::extra_specs::{self, Op};
-use crate::request::metadata::error::{err, AttrError, CountFrom, Kind, ParseError, Resources};
+use crate::request::metadata::error::{
+    err, AttrError, CountFrom, ParseError, ParseFault, Resources,
+};
 use crate::request::{Capabilities, DeviceSel, Field, Filter, MigSel, Request};
 
 #[derive(Default)]
@@ -44,13 +46,13 @@ fn yes_no(v: &str) -> Option<bool> {
 
 pub(crate) fn parse_u32(what: &'static str, s: &str) -> Result<u32, ParseError> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return err(Kind::NotWhole {
+        return err(ParseFault::NotWhole {
             what,
             value: s.into(),
         });
     }
     s.parse::<u32>().or_else(|source| {
-        err(Kind::OutOfRange {
+        err(ParseFault::OutOfRange {
             what,
             value: s.into(),
             source,
@@ -62,14 +64,14 @@ pub(crate) fn parse_mode(s: &str) -> Result<u32, ParseError> {
     let digits = s.strip_prefix("0o").unwrap_or(s);
     if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
     {
-        return err(Kind::ModeNotOctal { value: s.into() });
+        return err(ParseFault::ModeNotOctal { value: s.into() });
     }
-    let m = u32::from_str_radix(digits, 8).map_err(|source| Kind::BadMode {
+    let m = u32::from_str_radix(digits, 8).map_err(|source| ParseFault::BadMode {
         value: s.into(),
         source,
     })?;
     if m & !0o777 != 0 {
-        return err(Kind::ModeSpecialBits { value: s.into() });
+        return err(ParseFault::ModeSpecialBits { value: s.into() });
     }
     Ok(m)
 }
@@ -123,14 +125,14 @@ pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, 
 
 pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     if g.mig == Some(false) && !g.migs.is_empty() {
-        return err(Kind::MigNo);
+        return err(ParseFault::MigNo);
     }
     let mig = g.mig.unwrap_or(false) || !g.migs.is_empty();
     if mig && !g.devices.is_empty() {
-        return err(Kind::MigAndDevices);
+        return err(ParseFault::MigAndDevices);
     }
     if mig && !g.resources.is_empty() {
-        return err(Kind::MigAndResources);
+        return err(ParseFault::MigAndResources);
     }
     // `resources:CUSTOM_GPU_<ARCH>_SHARED`: slots of shareable GPUs of that architecture.
     let shared_class = g.resources.first().and_then(|(_, c, _)| {
@@ -138,13 +140,13 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
             .map(|b| (c.clone(), b.to_owned()))
     });
     if let (Some(false), Some((class, _))) = (g.share, &shared_class) {
-        return err(Kind::ShareNo {
+        return err(ParseFault::ShareNo {
             class: class.clone(),
         });
     }
     let share = g.share.unwrap_or(false) || shared_class.is_some();
     if share && mig {
-        return err(Kind::ShareAndMig);
+        return err(ParseFault::ShareAndMig);
     }
     let n = (g.devices.len() + g.migs.len()) as u32;
     let resources = placement(&mut g, shared_class)?;
@@ -152,7 +154,7 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     let spec = match (&g.spec_count, &resources) {
         (Some((s, raw, true)), Some((t, keys))) => {
             if t < s {
-                return err(Kind::FewerThanSpec {
+                return err(ParseFault::FewerThanSpec {
                     keys: keys.clone(),
                     total: *t,
                     raw: raw.clone(),
@@ -174,7 +176,7 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     {
         match &count {
             Some((c0, first)) if *c0 != c => {
-                return err(Kind::Contradicts {
+                return err(ParseFault::Contradicts {
                     first: first.clone(),
                     then: what,
                 })
@@ -185,7 +187,7 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     }
     let count = count.map_or(n.max(1), |(c, _)| c);
     if count < n {
-        return err(Kind::CountBelowChildren {
+        return err(ParseFault::CountBelowChildren {
             count,
             n,
             what: if mig { "mig" } else { "device" },
@@ -217,7 +219,7 @@ fn placement(
     };
     let class = class.clone();
     if let Some((_, other, _)) = g.resources.iter().find(|(_, c, _)| *c != class) {
-        return err(Kind::TwoClasses {
+        return err(ParseFault::TwoClasses {
             class,
             other: other.clone(),
         });
@@ -230,7 +232,7 @@ fn placement(
             .collect(),
     );
     if total > extra_specs::MAX_COUNT {
-        return err(Kind::TooManyResources { keys, total });
+        return err(ParseFault::TooManyResources { keys, total });
     }
     g.filters.push(Filter {
         field: Field::Arch,

@@ -8,7 +8,7 @@
 //! directory) is checked at every start, cached or not.
 
 use crate::host::config::Config;
-use crate::host::driver::{self, DriverError, Found, Kind};
+use crate::host::driver::{self, DriverError, DriverFileKind, DriverFound};
 use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, Mode};
@@ -31,7 +31,7 @@ const MAX_CACHE: u64 = 8 << 20;
 /// The driver's files and what a plan needs of them beyond their paths.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Discovered {
-    pub found: Found,
+    pub found: DriverFound,
     /// The `DT_SONAME` of each library in a library directory, by its path (in containers).
     pub sonames: BTreeMap<String, String>,
 }
@@ -81,7 +81,7 @@ pub fn discover(cfg: &Config, version: &str) -> Result<Discovered, DriverError> 
         crate::log::warn(&format!("driver \"host\": {n}"));
     }
     let sonames = found
-        .of(Kind::Library)
+        .of(DriverFileKind::Library)
         .filter(|f| {
             f.path
                 .rsplit_once('/')

@@ -6,7 +6,7 @@
 
 use crate::cdi;
 use crate::cgroup::{self, CgroupError, DeviceCgroup, ManagedPolicy};
-use crate::enter::container::{self, Container, ContainerError, Made};
+use crate::enter::container::{self, Container, ContainerError, ContainerMade as Made};
 use crate::enter::devdir::Bound;
 use crate::enter::rootfs::{Done, Mounted, Owner};
 use crate::host::config::Config;

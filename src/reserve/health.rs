@@ -29,7 +29,7 @@ use crate::reserve::facts::Facts;
 use crate::reserve::state::{
     now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, Reservation, State, Store, XidCount,
 };
-use catalog::{Action, Verdict};
+use catalog::{Action, XidVerdict};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
@@ -227,7 +227,7 @@ pub struct ScanReport {
 pub struct Seen {
     pub pci: String,
     pub xid: u32,
-    pub verdict: Verdict,
+    pub verdict: XidVerdict,
     pub message: String,
     pub holders: Vec<String>,
 }
@@ -324,7 +324,7 @@ fn count_xid(st: &mut State, key: &str, xid: u32, action: Action) {
 /// Reads the kernel log (`<dev>/kmsg`) from where the last scan stopped and acts on its Xid
 /// errors; then resets what it should (`auto_reset`, scrub pending GPUs) on this host.
 pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
-    scan_with(&Facts::host(cfg), &reset::Host)
+    scan_with(&Facts::host(cfg), &reset::HostReset)
 }
 
 /// [`scan`] over these facts, resetting with `r`.

@@ -5,7 +5,7 @@
 
 use super::{DevBy, DevTmpfs};
 use crate::cgroup::CgroupError;
-use crate::enter::devdir::{NodeError, OpenDirError};
+use crate::enter::devdir::{MakeNodeError, OpenDirError};
 use crate::enter::rootfs::RootfsError;
 use crate::enter::sandbox::{PipeError, Waited};
 use crate::host::syserr::{IoErr, SysErr};
@@ -67,7 +67,7 @@ pub enum Refusal {
     NotTmpfsDev { fs_type: String, root: String },
     /// A node could not be made in its `/dev`.
     #[error(transparent)]
-    Node(#[from] NodeError),
+    Node(#[from] MakeNodeError),
     /// Its root refused a mount, a link, the linker cache (or the host lacks what they need).
     #[error(transparent)]
     Rootfs(#[from] RootfsError),

@@ -85,7 +85,7 @@ pub struct Gpu {
     /// they are the units it is handed out in, never the whole GPU.
     pub migs: Vec<Mig>,
     /// Its PCIe link, read for listings only.
-    pub link: Option<Link>,
+    pub link: Option<PcieLink>,
     /// Whether the host config lets it be shared (SPEC "Sharing"): then it is only ever
     /// given as one of its slots, never whole.
     pub sharing: Option<crate::host::config::Sharing>,
@@ -114,14 +114,14 @@ impl Mig {
 
 /// A PCIe link as sysfs shows it (`current_link_speed` `16.0 GT/s PCIe`, `…_width` `16`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Link {
+pub struct PcieLink {
     pub speed: String,
     pub max_speed: String,
     pub width: u32,
     pub max_width: u32,
 }
 
-impl Link {
+impl PcieLink {
     fn gts(s: &str) -> Option<f64> {
         s.split_whitespace().next()?.parse().ok()
     }
@@ -134,7 +134,7 @@ impl Link {
     }
 }
 
-impl std::fmt::Display for Link {
+impl std::fmt::Display for PcieLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let short = |s: &str| s.trim_end_matches(" PCIe").to_owned();
         write!(

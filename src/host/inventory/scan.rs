@@ -74,7 +74,7 @@ impl Scan {
 /// Why a device node, or a GPU's MIG capabilities, cannot be had: the message becomes the
 /// GPU's problem.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum NodeError {
+pub(super) enum NodeUnavailable {
     /// The device root did not open.
     #[error("{}: cannot open the device root", .root.display())]
     NoRoot { root: PathBuf },
@@ -112,17 +112,18 @@ pub(super) struct DevRoot<'a> {
 impl DevRoot<'_> {
     /// The host node behind container path `/dev/<rel>`: must be a character device (not a
     /// symlink to one).
-    pub(super) fn node(&self, rel: &str) -> Result<DevNode, NodeError> {
+    pub(super) fn node(&self, rel: &str) -> Result<DevNode, NodeUnavailable> {
         let p = self.path.join(rel);
-        let fd = self.fd.as_ref().ok_or_else(|| NodeError::NoRoot {
+        let fd = self.fd.as_ref().ok_or_else(|| NodeUnavailable::NoRoot {
             root: self.path.to_path_buf(),
         })?;
-        let st = fstatat(fd, rel, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| NodeError::Stat {
-            path: p.clone(),
-            source: std::io::Error::from(e),
-        })?;
+        let st =
+            fstatat(fd, rel, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| NodeUnavailable::Stat {
+                path: p.clone(),
+                source: std::io::Error::from(e),
+            })?;
         if st.st_mode & libc::S_IFMT != libc::S_IFCHR {
-            return Err(NodeError::NotChar { path: p });
+            return Err(NodeUnavailable::NotChar { path: p });
         }
         Ok(DevNode {
             node: Node::new(
@@ -139,7 +140,7 @@ impl DevRoot<'_> {
     /// `/dev/nvidia-caps/nvidia-cap<m>`: the host's node when it has one (`stat`), else the
     /// number from the `nvidia-caps` major of `/proc/devices` (nvidia-modprobe makes these
     /// nodes on demand: a host may lack them).
-    pub(super) fn cap_node(&self, minor: u32, mode: u32) -> Result<DevNode, NodeError> {
+    pub(super) fn cap_node(&self, minor: u32, mode: u32) -> Result<DevNode, NodeUnavailable> {
         let rel = format!("nvidia-caps/nvidia-cap{minor}");
         if let Ok(n) = self.node(&rel) {
             return Ok(n);
@@ -153,7 +154,7 @@ impl DevRoot<'_> {
                     (name.trim() == "nvidia-caps").then(|| n.parse().ok())?
                 })
             })
-            .ok_or_else(|| NodeError::NoCapsMajor {
+            .ok_or_else(|| NodeUnavailable::NoCapsMajor {
                 rel: rel.clone(),
                 devices: devices.clone(),
             })?;
@@ -231,7 +232,7 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
 }
 
 /// A PCI function that is a GPU, before its details are read.
-struct Found {
+struct GpuFunction {
     pci: Pci,
     name: String,
     vendor: u16,
@@ -274,8 +275,11 @@ fn list_functions(
 }
 
 /// The functions among `names` that are GPUs, in PCI address order.
-fn find_gpus(dirfd: BorrowedFd, names: Vec<(std::ffi::OsString, Option<Listed>)>) -> Vec<Found> {
-    let mut found: Vec<Found> = Vec::new();
+fn find_gpus(
+    dirfd: BorrowedFd,
+    names: Vec<(std::ffi::OsString, Option<Listed>)>,
+) -> Vec<GpuFunction> {
+    let mut found: Vec<GpuFunction> = Vec::new();
     for (name, known) in names {
         let Some(name) = name.to_str().map(str::to_owned) else {
             continue;
@@ -296,7 +300,7 @@ fn find_gpus(dirfd: BorrowedFd, names: Vec<(std::ffi::OsString, Option<Listed>)>
         if !is_gpu(class, vendor) {
             continue;
         }
-        found.push(Found {
+        found.push(GpuFunction {
             pci,
             name,
             vendor,
@@ -309,7 +313,7 @@ fn find_gpus(dirfd: BorrowedFd, names: Vec<(std::ffi::OsString, Option<Listed>)>
 }
 
 /// The GPU of a function, with what sysfs tells of it (NUMA node, parent bridge, link).
-fn new_gpu(cfg: &Config, what: Scan, dirfd: BorrowedFd, index: usize, f: Found) -> Gpu {
+fn new_gpu(cfg: &Config, what: Scan, dirfd: BorrowedFd, index: usize, f: GpuFunction) -> Gpu {
     let vendor = Vendor::from_pci_id(f.vendor).expect("filtered above");
     let numa_node = read_at(dirfd, &format!("{}/numa_node", f.name))
         .and_then(|s| s.trim().parse::<i64>().ok())

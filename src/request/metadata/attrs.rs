@@ -1,7 +1,7 @@
 //! The domain XML's side of a request: `<gpus>`'s attributes and children, and Nova's extra
 //! specs, into the one grammar ([`crate::request::attrs`]).
 
-use super::error::{err, Kind, ParseError, SpecFault};
+use super::error::{err, ParseError, ParseFault, SpecFault};
 use super::limits::{MAX_DEVICES, MAX_VALUE};
 use crate::ids::{normalize_pci, Vendor};
 use crate::request::attrs::{parse_u32, set_attr, GpusBuilder};
@@ -17,9 +17,9 @@ pub(super) fn attr_value(
 ) -> Result<String, ParseError> {
     let v = a
         .normalized_value(XmlVersion::Implicit1_0)
-        .map_err(Kind::AttrValue)?;
+        .map_err(ParseFault::AttrValue)?;
     if v.len() > MAX_VALUE {
-        return err(Kind::AttrTooLong {
+        return err(ParseFault::AttrTooLong {
             key: a.key.as_ref().into(),
         });
     }
@@ -34,10 +34,10 @@ pub(super) fn push_unique<T: PartialEq + std::fmt::Display>(
     what: &'static str,
 ) -> Result<(), ParseError> {
     if v.len() >= MAX_DEVICES {
-        return err(Kind::TooManyChildren { what });
+        return err(ParseFault::TooManyChildren { what });
     }
     if v.contains(&x) {
-        return err(Kind::NamedTwice {
+        return err(ParseFault::NamedTwice {
             what,
             sel: x.to_string(),
         });
@@ -53,7 +53,7 @@ pub(super) fn is_xmlns(key: &str) -> bool {
 pub(super) fn parse_idmap_entry(e: &BytesStart) -> Result<IdRange, ParseError> {
     let (mut start, mut target, mut count) = (None, None, None);
     for a in e.attributes() {
-        let a = a.map_err(Kind::XmlAttr)?;
+        let a = a.map_err(ParseFault::XmlAttr)?;
         let v = attr_value(&a)?;
         match a.key.as_ref() {
             "start" => start = Some(parse_u32("idmap start", &v)?),
@@ -68,7 +68,7 @@ pub(super) fn parse_idmap_entry(e: &BytesStart) -> Result<IdRange, ParseError> {
             target,
             count,
         }),
-        _ => err(Kind::IdmapEntry),
+        _ => err(ParseFault::IdmapEntry),
     }
 }
 
@@ -81,13 +81,13 @@ pub(super) fn each_attr(
     mut f: impl FnMut(&str, &quick_xml::events::attributes::Attribute) -> Result<(), ParseError>,
 ) -> Result<(), ParseError> {
     for a in e.attributes() {
-        let a = a.map_err(Kind::XmlAttr)?;
+        let a = a.map_err(ParseFault::XmlAttr)?;
         if is_xmlns(a.key.as_ref()) {
             continue;
         }
         let (ans, key) = reader.resolver().resolve_attribute(a.key);
         if !matches!(ans, ResolveResult::Unbound) {
-            return err(Kind::UnknownAttr {
+            return err(ParseFault::UnknownAttr {
                 key: a.key.as_ref().into(),
                 elem,
             });
@@ -106,8 +106,8 @@ pub(super) fn parse_gpus_attrs(
         let v = attr_value(a)?;
         match set_attr(g, key, &v) {
             Ok(true) => Ok(()),
-            Ok(false) => err(Kind::UnknownGpusAttr { key: key.into() }),
-            Err(source) => err(Kind::GpusAttr {
+            Ok(false) => err(ParseFault::UnknownGpusAttr { key: key.into() }),
+            Err(source) => err(ParseFault::GpusAttr {
                 key: key.into(),
                 source,
             }),
@@ -121,7 +121,7 @@ pub(super) fn parse_device(
 ) -> Result<DeviceSel, ParseError> {
     let mut sel = None;
     for a in e.attributes() {
-        let a = a.map_err(Kind::XmlAttr)?;
+        let a = a.map_err(ParseFault::XmlAttr)?;
         if is_xmlns(a.key.as_ref()) {
             continue;
         }
@@ -132,27 +132,29 @@ pub(super) fn parse_device(
             _ => None,
         };
         let Some(this) = named else {
-            return err(Kind::UnknownDeviceAttr {
+            return err(ParseFault::UnknownDeviceAttr {
                 key: a.key.as_ref().into(),
             });
         };
         if sel.is_some() {
-            return err(Kind::DeviceTwoNames);
+            return err(ParseFault::DeviceTwoNames);
         }
         sel = Some(this);
     }
-    Ok(sel.ok_or(Kind::DeviceNoName)?)
+    Ok(sel.ok_or(ParseFault::DeviceNoName)?)
 }
 
 /// The GPU a `pci`, `uuid` or `index` attribute (of `<device>` or `<mig>`) names; `None` for
 /// another attribute.
 pub(super) fn device_sel(key: &str, v: &str) -> Result<Option<DeviceSel>, ParseError> {
     Ok(Some(match key {
-        "pci" => DeviceSel::Pci(normalize_pci(v).ok_or_else(|| Kind::BadPci { value: v.into() })?),
+        "pci" => {
+            DeviceSel::Pci(normalize_pci(v).ok_or_else(|| ParseFault::BadPci { value: v.into() })?)
+        }
         "uuid" => {
             let u = v.trim();
             if u.is_empty() || !u.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-                return err(Kind::BadGpuUuid { value: v.into() });
+                return err(ParseFault::BadGpuUuid { value: v.into() });
             }
             DeviceSel::Uuid(u.to_ascii_lowercase())
         }
@@ -170,17 +172,17 @@ pub(super) fn parse_mig(reader: &NsReader<&[u8]>, e: &BytesStart) -> Result<MigS
             "gi" => gi = Some(parse_u32("mig gi", &v)?),
             "ci" => ci = Some(parse_u32("mig ci", &v)?),
             _ => match device_sel(key, &v)? {
-                Some(_) if gpu.is_some() => return err(Kind::MigTwoGpus),
+                Some(_) if gpu.is_some() => return err(ParseFault::MigTwoGpus),
                 Some(sel) => gpu = Some(sel),
-                None => return err(Kind::UnknownMigAttr { key: key.into() }),
+                None => return err(ParseFault::UnknownMigAttr { key: key.into() }),
             },
         }
         Ok(())
     })?;
-    let gpu = gpu.ok_or(Kind::MigNoGpu)?;
+    let gpu = gpu.ok_or(ParseFault::MigNoGpu)?;
     match (gi, ci) {
         (Some(gi), Some(ci)) => Ok(MigSel { gpu, gi, ci }),
-        _ => err(Kind::MigNeedsGiCi),
+        _ => err(ParseFault::MigNeedsGiCi),
     }
 }
 
@@ -190,7 +192,7 @@ pub(super) fn apply_extra_spec(
     value: &str,
 ) -> Result<(), ParseError> {
     let bad = |fault: SpecFault| -> ParseError {
-        Kind::Spec {
+        ParseFault::Spec {
             key: key.into(),
             value: value.trim().into(),
             source: fault,

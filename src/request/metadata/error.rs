@@ -1,4 +1,4 @@
-//! Why a domain XML (or a request from another front door) is refused: a [`Kind`] per fault,
+//! Why a domain XML (or a request from another front door) is refused: a [`ParseFault`] per fault,
 //! carrying what it names, said on one bounded line by [`ParseError`].
 
 use super::limits::{MAX_DEVICES, MAX_EXTRA_SPECS, MAX_VALUE, MAX_XML};
@@ -14,7 +14,7 @@ const MAX_MESSAGE: usize = 400;
 /// newlines or control characters, which are escaped, and it is bounded in length. Two
 /// errors are equal when they say the same.
 #[derive(Debug, Clone)]
-pub struct ParseError(Box<Kind>);
+pub struct ParseError(Box<ParseFault>);
 
 impl std::fmt::Display for ParseError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -36,13 +36,13 @@ impl PartialEq for ParseError {
 
 impl Eq for ParseError {}
 
-impl From<Kind> for ParseError {
-    fn from(kind: Kind) -> Self {
+impl From<ParseFault> for ParseError {
+    fn from(kind: ParseFault) -> Self {
         ParseError(Box::new(kind))
     }
 }
 
-pub(crate) fn err<T>(kind: Kind) -> Result<T, ParseError> {
+pub(crate) fn err<T>(kind: ParseFault) -> Result<T, ParseError> {
     Err(kind.into())
 }
 
@@ -57,7 +57,7 @@ fn gpus(n: &u32) -> &'static str {
 
 /// Each fault, with its words (before [`ParseError`] makes them one bounded line).
 #[derive(Debug, Clone, thiserror::Error)]
-pub(crate) enum Kind {
+pub(crate) enum ParseFault {
     // The document.
     #[error("domain XML is larger than {} MiB", MAX_XML >> 20)]
     TooLarge,

@@ -11,7 +11,7 @@
 
 use crate::ids::normalize_uuid;
 use crate::request::{IdMap, Request};
-use error::{err, Kind};
+use error::{err, ParseFault};
 use parser::Parser;
 
 mod attrs;
@@ -135,9 +135,9 @@ impl std::fmt::Display for Source {
 /// Parses a domain XML. Errors are one line, without the domain name (callers add it).
 pub fn parse_domain(xml: &[u8]) -> Result<Domain, ParseError> {
     if xml.len() > MAX_XML {
-        return err(Kind::TooLarge);
+        return err(ParseFault::TooLarge);
     }
-    let text = std::str::from_utf8(xml).map_err(Kind::NotUtf8)?;
+    let text = std::str::from_utf8(xml).map_err(ParseFault::NotUtf8)?;
     Parser::default().run(text)
 }
 

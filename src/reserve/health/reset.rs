@@ -61,7 +61,7 @@ pub enum Failure {
     Probe(#[from] ProbeFailure),
 }
 
-/// The reset and the probes: the host's ([`Host`]), or the unit tests' doubles.
+/// The reset and the probes: the host's ([`HostReset`]), or the unit tests' doubles.
 pub trait Recover {
     /// Resets the GPU as the config says, within [`DEADLINE`].
     fn reset(&self, cfg: &Config, pci: Pci) -> Result<(), ResetFailure>;
@@ -72,9 +72,9 @@ pub trait Recover {
 /// This host: the configured `reset_command`, as gpuhook runs every child
 /// ([`crate::enter::sandbox::run_program`]), or the sysfs function-level reset in a child
 /// of its own; then [`inventory::probe`].
-pub struct Host;
+pub struct HostReset;
 
-impl Recover for Host {
+impl Recover for HostReset {
     fn reset(&self, cfg: &Config, pci: Pci) -> Result<(), ResetFailure> {
         run_reset(cfg, pci, DEADLINE)
     }

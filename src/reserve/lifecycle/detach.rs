@@ -487,7 +487,7 @@ fn open_in_container(
             continue;
         }
         if let Some(g) = inv.by_unit(u) {
-            own.push(drain::Freed {
+            own.push(drain::FreedUnit {
                 unit: *u,
                 nodes: g.own_nodes(),
                 after: h.who(),

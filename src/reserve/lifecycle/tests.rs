@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::cgroup::{CgroupError, DeviceCgroup};
-use crate::enter::container::{Container, ContainerError, DevTmpfs, Made};
+use crate::enter::container::{Container, ContainerError, ContainerMade as Made, DevTmpfs};
 use crate::enter::rootfs::{Done, Mounted, Owner};
 use crate::host::inventory::{InventoryError, Scan};
 use crate::node::Outcome;
@@ -2787,7 +2787,7 @@ const HOST_V: &str = "550.54.15";
 /// What discovery finds for driver `v`: its libcuda (the host's `/etc/hostname` stands in)
 /// with its SONAME, and a firmware file (`/etc/passwd`).
 fn host_driver_of(v: &str) -> crate::reserve::driver::Discovered {
-    use crate::host::driver::{DriverFile, Found, FoundBy, Kind};
+    use crate::host::driver::{DriverFile, DriverFileKind as Kind, DriverFound as Found, FoundBy};
     let lib = format!("/usr/lib/x86_64-linux-gnu/libcuda.so.{v}");
     crate::reserve::driver::Discovered {
         found: Found {
