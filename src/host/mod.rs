@@ -11,4 +11,5 @@ pub mod config;
 pub mod driver;
 pub mod inventory;
 pub mod procfs;
+pub mod sys;
 pub mod syserr;

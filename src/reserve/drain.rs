@@ -874,25 +874,8 @@ int main(int argc, char **argv) {
                 if name.to_bytes().first().is_none_or(|c| !c.is_ascii_digit()) {
                     continue;
                 }
-                let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-                // SAFETY: `dfd` is `dir`'s descriptor, open for this loop; `name` is a
-                // NUL-terminated entry name; `stx` is a writable buffer of the struct.
-                let rc = unsafe {
-                    libc::statx(
-                        dfd,
-                        name.as_ptr(),
-                        libc::AT_STATX_DONT_SYNC,
-                        libc::STATX_TYPE,
-                        stx.as_mut_ptr(),
-                    )
-                };
-                if rc != 0 {
-                    continue;
-                }
-                // SAFETY: statx returned 0, so it filled the (zeroed) buffer.
-                let st = unsafe { stx.assume_init() };
-                if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFCHR
-                    && wanted.contains(&libc::makedev(st.stx_rdev_major, st.stx_rdev_minor))
+                if crate::host::sys::statx_char_rdev(dfd, name)
+                    .is_some_and(|rdev| wanted.contains(&rdev))
                 {
                     hits += 1;
                 }

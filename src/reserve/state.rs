@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 pub const VERSION: u32 = 1;
@@ -791,9 +791,8 @@ impl Store {
         })?;
         self.check_owner(&lock, &lock_path, false)?;
         loop {
-            // SAFETY: flock(2) on a descriptor this function owns and keeps open for the
-            // whole update; it touches no memory of ours.
-            match Errno::result(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }) {
+            // flock(2) on a descriptor this function owns and keeps open for the whole update.
+            match crate::host::sys::flock(lock.as_fd(), libc::LOCK_EX) {
                 Ok(_) => break,
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(io(&lock_path, "flock")(e).into()),
