@@ -22,7 +22,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
 mod error;
-pub use error::{CapsError, ContainerError, Failure, Refusal};
+use crate::enter::caps::{keep_only, CapsError};
+pub use error::{ContainerError, Failure, Refusal};
 
 fn gone(pid: i32, cause: Option<ContainerError>) -> ContainerError {
     ContainerError::gone(pid, cause)
@@ -639,7 +640,7 @@ fn child(
 /// (not `nodev`), each node made on it as the request asks (number, mode, host-side owner), and
 /// a detached clone of each ([`rootfs::node_tree`]). The tmpfs lives on in the mounts moved
 /// into the container; nothing is left on the host.
-fn own_nodes(nodes: &[NodeSpec]) -> Result<Vec<rootfs::DetachedTree>, Failure> {
+fn own_nodes(nodes: &[NodeSpec]) -> Result<Vec<crate::enter::tree::DetachedTree>, Failure> {
     use nix::mount::{mount, MsFlags};
     let fail = |what: &str, e: nix::errno::Errno| Failure::OwnNode {
         what: what.to_owned(),
@@ -718,20 +719,6 @@ fn drop_capabilities() -> Result<(), CapsError> {
         Capability::CAP_DAC_OVERRIDE,
         Capability::CAP_DAC_READ_SEARCH,
     ])
-}
-
-/// Keeps of this process's capabilities only `want` (those it has), effective and
-/// permitted; none inheritable.
-pub(crate) fn keep_only(want: &[caps::Capability]) -> Result<(), CapsError> {
-    use caps::CapSet;
-    // (The caps crate's errors are text: said as they are.)
-    let have = caps::read(None, CapSet::Permitted).map_err(|e| CapsError::Read(e.to_string()))?;
-    let keep: caps::CapsHashSet = want.iter().filter(|c| have.contains(c)).copied().collect();
-    let dropping = |e: caps::errors::CapsError| CapsError::Drop(e.to_string());
-    caps::set(None, CapSet::Effective, &keep).map_err(dropping)?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(dropping)?;
-    caps::clear(None, CapSet::Inheritable).map_err(dropping)?;
-    Ok(())
 }
 
 /// Opens a directory entry without following a symlink. Errors read "is a symlink; …",

@@ -201,7 +201,7 @@ pub struct Sys;
 impl DirOps for Sys {
     type Dir = OwnedFd;
     type Obj = OwnedFd;
-    type Tree = crate::enter::rootfs::DetachedTree;
+    type Tree = crate::enter::tree::DetachedTree;
     fn dup(&self, d: &OwnedFd) -> Result<OwnedFd, Errno> {
         d.try_clone()
             .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))
@@ -268,7 +268,7 @@ impl DirOps for Sys {
     }
     fn mount_on(
         &self,
-        tree: &crate::enter::rootfs::DetachedTree,
+        tree: &crate::enter::tree::DetachedTree,
         target: &OwnedFd,
     ) -> Result<(), Errno> {
         tree.move_onto(target)

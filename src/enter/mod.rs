@@ -2,7 +2,9 @@
 //! mount namespace ([`container`]), the `/dev` walk ([`devdir`]), CDI's work in its root
 //! filesystem ([`rootfs`]), and the one sandbox gpuhook runs a program in ([`sandbox`]).
 
+pub mod caps;
 pub mod container;
 pub mod devdir;
 pub mod rootfs;
 pub mod sandbox;
+pub mod tree;

@@ -14,6 +14,7 @@
 
 use crate::cdi::{BindMount, Plan};
 use crate::enter::devdir::{self, Sys};
+use crate::enter::tree::{DetachedTree, MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH};
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, Mode};
@@ -97,8 +98,6 @@ pub struct Done {
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
@@ -133,37 +132,6 @@ fn set_attr(fd: &OwnedFd, set: u64, clear: u64, at: libc::c_uint) -> Result<(), 
         )
     };
     Errno::result(r).map(drop)
-}
-
-/// A detached copy of a mount's source, its attributes set: ready to be moved into a
-/// container. Call in the host's mount namespace.
-pub struct DetachedTree {
-    fd: OwnedFd,
-    dev: u64,
-    ino: u64,
-}
-
-impl DetachedTree {
-    /// Its filesystem and inode: what a `stat` where it is mounted shows.
-    pub fn id(&self) -> (u64, u64) {
-        (self.dev, self.ino)
-    }
-
-    /// Moves it onto `target` (an `O_PATH` handle of the place), descriptors only.
-    pub fn move_onto(&self, target: &OwnedFd) -> Result<(), Errno> {
-        // SAFETY: move_mount between two descriptors we hold, with empty paths.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_move_mount,
-                self.fd.as_raw_fd(),
-                c"".as_ptr(),
-                target.as_raw_fd(),
-                c"".as_ptr(),
-                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-            )
-        };
-        Errno::result(r).map(drop)
-    }
 }
 
 /// A detached mount of the node `name` in `dir` (one gpuhook made on a tmpfs of its own,
@@ -402,7 +370,7 @@ pub fn act_as(owner: Owner, mounts: bool) -> Result<(), RootfsError> {
         Ok(()) | Err(Errno::EPERM) => {}
         Err(e) => return Err(RootfsError::Setgroups(e.into())),
     }
-    crate::enter::container::keep_only(&keep)?;
+    crate::enter::caps::keep_only(&keep)?;
     // setfsuid/setfsgid say nothing on failure: the second call returns the id in force.
     nix::unistd::setfsgid(owner.gid.into());
     let gid = nix::unistd::setfsgid(owner.gid.into());

@@ -5,6 +5,7 @@
 
 use super::{DevBy, DevTmpfs};
 use crate::cgroup::CgroupError;
+use crate::enter::caps::CapsError;
 use crate::enter::devdir::{MakeNodeError, OpenDirError};
 use crate::enter::rootfs::RootfsError;
 use crate::enter::sandbox::{PipeError, Waited};
@@ -174,16 +175,6 @@ pub enum Failure {
     #[cfg(test)]
     #[error("{0}")]
     Fake(String),
-}
-
-/// Why this process's capabilities could not be lowered (`0`: what the caps crate said; its
-/// error is neither `Clone` nor serde).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-pub enum CapsError {
-    #[error("reading capabilities: {0}")]
-    Read(String),
-    #[error("dropping capabilities: {0}")]
-    Drop(String),
 }
 
 /// A test double's refusal, as it says it.

@@ -2,7 +2,7 @@
 //! from. A value (serde): it crosses the fork in the container helper's reply.
 
 use super::{Owner, LD_CONF};
-use crate::enter::container::CapsError;
+use crate::enter::caps::CapsError;
 use crate::enter::devdir::OpenDirError;
 use crate::enter::sandbox::{PipeError, SandboxError, Waited};
 use crate::host::syserr::{IoErr, SysErr};
