@@ -1,9 +1,9 @@
 //! The NVIDIA driver's facts of a GPU: `/proc/driver/nvidia/gpus/<bus>/information` and the
 //! MIG capabilities under `/proc/driver/nvidia/capabilities`.
 
+use super::devroot::{DevRoot, NodeUnavailable};
+use super::gpu::{DevNode, Gpu, Mig, Role};
 use super::pci::{config_space_problem, read_at};
-use super::scan::{DevRoot, NodeUnavailable};
-use super::{DevNode, Gpu, Mig, Role};
 use std::fs;
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! The PCI functions that may be GPUs: sysfs `bus/pci/devices`, and the kernel's list in
 //! `/proc/bus/pci/devices` that a lazy scan reads instead of each function's directory.
 
-use super::PcieLink;
+use super::gpu::PcieLink;
 use crate::ids::Vendor;
 use nix::fcntl::{openat, readlinkat, OFlag};
 use nix::sys::stat::Mode;
