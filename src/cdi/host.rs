@@ -107,6 +107,53 @@ pub fn spec(
             .unwrap_or_else(|_| path.to_string());
         json!({"path": path, "hostPath": host})
     };
+    let devices = named_devices(inv);
+    let devices: Vec<serde_json::Value> = devices
+        .into_iter()
+        .map(|(name, nodes)| {
+            json!({
+                "name": name,
+                "containerEdits": {"deviceNodes": nodes.iter().map(|n| node(n)).collect::<Vec<_>>()},
+            })
+        })
+        .collect();
+    let controls: Vec<serde_json::Value> = inv
+        .controls
+        .iter()
+        .filter(|(c, _)| !matches!(c, crate::host::inventory::Control::Kfd))
+        .map(|(_, n)| node(&n.path))
+        .collect();
+    let mounts: Vec<serde_json::Value> = plan
+        .mounts
+        .iter()
+        .map(|m| {
+            let mut opts = vec!["ro", "nosuid", "nodev", "bind"];
+            if m.noexec {
+                opts.push("noexec");
+            }
+            json!({"hostPath": m.source, "containerPath": m.target, "options": opts})
+        })
+        .collect();
+    let hooks = spec_hooks(&plan, hook);
+    let mut edits = serde_json::Map::new();
+    if !controls.is_empty() {
+        edits.insert("deviceNodes".into(), controls.into());
+    }
+    edits.insert("mounts".into(), mounts.into());
+    if !hooks.is_empty() {
+        edits.insert("hooks".into(), hooks.into());
+    }
+    Ok(json!({
+        "cdiVersion": GENERATED_VERSION,
+        "kind": kind_of(Vendor::Nvidia),
+        "devices": devices,
+        "containerEdits": edits,
+    }))
+}
+
+/// The spec's devices by name, with their nodes' paths: each NVIDIA GPU by index and UUID,
+/// each MIG GPU instance (`INDEX:GI`), and `all`.
+fn named_devices(inv: &Inventory) -> Vec<(String, Vec<String>)> {
     let mut devices: Vec<(String, Vec<String>)> = Vec::new();
     let mut all: Vec<String> = Vec::new();
     for g in inv.gpus.iter().filter(|g| g.vendor == Vendor::Nvidia) {
@@ -147,32 +194,12 @@ pub fn spec(
     if !all.is_empty() {
         devices.push(("all".into(), all));
     }
-    let devices: Vec<serde_json::Value> = devices
-        .into_iter()
-        .map(|(name, nodes)| {
-            json!({
-                "name": name,
-                "containerEdits": {"deviceNodes": nodes.iter().map(|n| node(n)).collect::<Vec<_>>()},
-            })
-        })
-        .collect();
-    let controls: Vec<serde_json::Value> = inv
-        .controls
-        .iter()
-        .filter(|(c, _)| !matches!(c, crate::host::inventory::Control::Kfd))
-        .map(|(_, n)| node(&n.path))
-        .collect();
-    let mounts: Vec<serde_json::Value> = plan
-        .mounts
-        .iter()
-        .map(|m| {
-            let mut opts = vec!["ro", "nosuid", "nodev", "bind"];
-            if m.noexec {
-                opts.push("noexec");
-            }
-            json!({"hostPath": m.source, "containerPath": m.target, "options": opts})
-        })
-        .collect();
+    devices
+}
+
+/// The spec's two hooks (`create-symlinks`, `update-ldcache`), each only when it has work.
+fn spec_hooks(plan: &Plan, hook: &str) -> Vec<serde_json::Value> {
+    use serde_json::json;
     let mut hooks = Vec::new();
     if !plan.links.is_empty() {
         let mut args = vec![
@@ -198,20 +225,7 @@ pub fn spec(
         }
         hooks.push(json!({"hookName": "createContainer", "path": hook, "args": args}));
     }
-    let mut edits = serde_json::Map::new();
-    if !controls.is_empty() {
-        edits.insert("deviceNodes".into(), controls.into());
-    }
-    edits.insert("mounts".into(), mounts.into());
-    if !hooks.is_empty() {
-        edits.insert("hooks".into(), hooks.into());
-    }
-    Ok(json!({
-        "cdiVersion": GENERATED_VERSION,
-        "kind": kind_of(Vendor::Nvidia),
-        "devices": devices,
-        "containerEdits": edits,
-    }))
+    hooks
 }
 
 // ---- `gpuhook cdi check` ----

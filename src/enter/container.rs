@@ -23,6 +23,7 @@ use std::time::Duration;
 
 mod error;
 use crate::enter::caps::{keep_only, CapsError};
+use crate::enter::tree::DetachedTree;
 pub use error::{ContainerError, Failure, Refusal};
 
 fn gone(pid: i32, cause: Option<ContainerError>) -> ContainerError {
@@ -577,41 +578,8 @@ fn child(
     }
     let dev_fs = st.st_dev;
     Ok(match job {
-        Job::Create(nodes) => {
-            let mut made = ContainerMade::default();
-            for (i, n) in nodes.iter().enumerate() {
-                match devdir::create_one(&Sys, &dev, dev_fs, n, &mut made.dirs) {
-                    Ok(o) => made.outcomes.push(o),
-                    Err(e) => {
-                        let created: Vec<NodeSpec> = nodes[..i]
-                            .iter()
-                            .zip(&made.outcomes)
-                            .filter(|(_, o)| **o == Outcome::Created)
-                            .map(|(n, _)| n.clone())
-                            .collect();
-                        devdir::remove(&Sys, &dev, dev_fs, &created, &made.dirs);
-                        return Ok(Reply::Failed(Refusal::Node(e).into()));
-                    }
-                }
-            }
-            Reply::Made(made)
-        }
-        Job::Bind(nodes, _) => {
-            let mut made = ContainerMade::default();
-            for (n, t) in nodes.iter().zip(&nodes_made) {
-                match devdir::bind_one(&Sys, &dev, dev_fs, n, t, t.id(), &mut made.dirs) {
-                    Ok((o, b)) => {
-                        made.outcomes.push(o);
-                        made.bound.extend(b);
-                    }
-                    Err(e) => {
-                        devdir::unbind(&Sys, &dev, dev_fs, &nodes, &made.bound, &made.dirs);
-                        return Ok(Reply::Failed(Refusal::Node(e).into()));
-                    }
-                }
-            }
-            Reply::Made(made)
-        }
+        Job::Create(nodes) => create_in(&dev, dev_fs, &nodes),
+        Job::Bind(nodes, _) => bind_in(&dev, dev_fs, &nodes, &nodes_made),
         Job::Remove {
             nodes,
             dirs,
@@ -634,13 +602,54 @@ fn child(
     })
 }
 
+/// The helper's `Create`: each node made in the container's `/dev` (open as `dev`); on a
+/// refusal, those it created are removed again.
+fn create_in(dev: &OwnedFd, dev_fs: u64, nodes: &[NodeSpec]) -> Reply {
+    let mut made = ContainerMade::default();
+    for (i, n) in nodes.iter().enumerate() {
+        match devdir::create_one(&Sys, dev, dev_fs, n, &mut made.dirs) {
+            Ok(o) => made.outcomes.push(o),
+            Err(e) => {
+                let created: Vec<NodeSpec> = nodes[..i]
+                    .iter()
+                    .zip(&made.outcomes)
+                    .filter(|(_, o)| **o == Outcome::Created)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                devdir::remove(&Sys, dev, dev_fs, &created, &made.dirs);
+                return Reply::Failed(Refusal::Node(e).into());
+            }
+        }
+    }
+    Reply::Made(made)
+}
+
+/// The helper's `Bind`: each node's detached tree (`trees`, made on the host's side) bound
+/// in the container's `/dev`; on a refusal, those it bound are unbound again.
+fn bind_in(dev: &OwnedFd, dev_fs: u64, nodes: &[NodeSpec], trees: &[DetachedTree]) -> Reply {
+    let mut made = ContainerMade::default();
+    for (n, t) in nodes.iter().zip(trees) {
+        match devdir::bind_one(&Sys, dev, dev_fs, n, t, t.id(), &mut made.dirs) {
+            Ok((o, b)) => {
+                made.outcomes.push(o);
+                made.bound.extend(b);
+            }
+            Err(e) => {
+                devdir::unbind(&Sys, dev, dev_fs, nodes, &made.bound, &made.dirs);
+                return Reply::Failed(Refusal::Node(e).into());
+            }
+        }
+    }
+    Reply::Made(made)
+}
+
 /// The nodes a user-namespaced container gets bind mounts of, made in the host's user
 /// namespace where they can be used (in the helper, before it joins the container): a mount
 /// namespace of the helper's own (nothing it mounts reaches the host's), a fresh tmpfs there
 /// (not `nodev`), each node made on it as the request asks (number, mode, host-side owner), and
 /// a detached clone of each ([`rootfs::node_tree`]). The tmpfs lives on in the mounts moved
 /// into the container; nothing is left on the host.
-fn own_nodes(nodes: &[NodeSpec]) -> Result<Vec<crate::enter::tree::DetachedTree>, Failure> {
+fn own_nodes(nodes: &[NodeSpec]) -> Result<Vec<DetachedTree>, Failure> {
     use nix::mount::{mount, MsFlags};
     let fail = |what: &str, e: nix::errno::Errno| Failure::OwnNode {
         what: what.to_owned(),

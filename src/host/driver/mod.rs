@@ -396,24 +396,11 @@ fn cache_dirs(entries: &[ldcache::CacheEntry]) -> Vec<String> {
     dirs
 }
 
-/// Finds the files of driver `version` under `root` (SPEC: libraries, firmware, programs,
-/// sockets, config files, in that order). An error when no `libcuda.so.VERSION` is there.
-pub fn discover(root: &Path, version: &str) -> Result<DriverFound, DriverError> {
-    let mut s = Search {
-        root,
-        found: DriverFound {
-            version: version.to_string(),
-            files: Vec::new(),
-            lib_dirs: Vec::new(),
-            searched: Vec::new(),
-            notes: Vec::new(),
-        },
-        seen: BTreeSet::new(),
-    };
-    // The libraries: the linker cache's directories, then the fixed ones.
+/// The linker cache's entries (none when it is missing or unreadable: a note says so).
+fn cache_entries(s: &mut Search) -> Vec<ldcache::CacheEntry> {
     s.looked("/etc/ld.so.cache");
     let cache = s.under("/etc/ld.so.cache");
-    let entries = match std::fs::read(&cache) {
+    match std::fs::read(&cache) {
         Ok(b) => match ldcache::parse(&b) {
             Ok((_, e)) => e,
             Err(e) => {
@@ -430,7 +417,70 @@ pub fn discover(root: &Path, version: &str) -> Result<DriverFound, DriverError> 
                 .push(format!("{}: {e}; not used", cache.display()));
             Vec::new()
         }
+    }
+}
+
+/// The driver's files at fixed places: firmware of this version, programs (the first of
+/// each name), sockets, config files.
+fn fixed_files(s: &mut Search, version: &str) {
+    let root = s.root;
+    // Firmware of this version.
+    let fw = format!("/lib/firmware/nvidia/{version}");
+    for (n, r) in s.files_in(&fw, |n| n.ends_with(".bin")) {
+        s.take(
+            format!("{fw}/{n}"),
+            &r,
+            DriverFileKind::Firmware,
+            FoundBy::Fixed,
+            is_file,
+        );
+    }
+    // Programs: the first of each name.
+    for p in PROGRAMS {
+        for d in PROGRAM_DIRS {
+            s.looked(d);
+            let path = format!("{d}/{p}");
+            let Some(r) = resolve(root, &path) else {
+                continue;
+            };
+            if s.take(path, &r, DriverFileKind::Program, FoundBy::Fixed, is_file) {
+                break;
+            }
+        }
+    }
+    for p in SOCKETS {
+        s.fixed(p, DriverFileKind::Socket, is_socket);
+    }
+    for p in CONFIGS {
+        s.fixed(p, DriverFileKind::Config, is_file);
+    }
+    for (n, _) in s.files_in(EGL_PLATFORMS, |n| {
+        n.contains("nvidia") && n.ends_with(".json")
+    }) {
+        s.fixed(
+            &format!("{EGL_PLATFORMS}/{n}"),
+            DriverFileKind::Config,
+            is_file,
+        );
+    }
+}
+
+/// Finds the files of driver `version` under `root` (SPEC: libraries, firmware, programs,
+/// sockets, config files, in that order). An error when no `libcuda.so.VERSION` is there.
+pub fn discover(root: &Path, version: &str) -> Result<DriverFound, DriverError> {
+    let mut s = Search {
+        root,
+        found: DriverFound {
+            version: version.to_string(),
+            files: Vec::new(),
+            lib_dirs: Vec::new(),
+            searched: Vec::new(),
+            notes: Vec::new(),
+        },
+        seen: BTreeSet::new(),
     };
+    // The libraries: the linker cache's directories, then the fixed ones.
+    let entries = cache_entries(&mut s);
     let suffix = format!(".so.{version}");
     let mut dirs: Vec<(String, FoundBy)> = cache_dirs(&entries)
         .into_iter()
@@ -489,45 +539,7 @@ pub fn discover(root: &Path, version: &str) -> Result<DriverFound, DriverError> 
             ),
         });
     }
-    // Firmware of this version.
-    let fw = format!("/lib/firmware/nvidia/{version}");
-    for (n, r) in s.files_in(&fw, |n| n.ends_with(".bin")) {
-        s.take(
-            format!("{fw}/{n}"),
-            &r,
-            DriverFileKind::Firmware,
-            FoundBy::Fixed,
-            is_file,
-        );
-    }
-    // Programs: the first of each name.
-    for p in PROGRAMS {
-        for d in PROGRAM_DIRS {
-            s.looked(d);
-            let path = format!("{d}/{p}");
-            let Some(r) = resolve(root, &path) else {
-                continue;
-            };
-            if s.take(path, &r, DriverFileKind::Program, FoundBy::Fixed, is_file) {
-                break;
-            }
-        }
-    }
-    for p in SOCKETS {
-        s.fixed(p, DriverFileKind::Socket, is_socket);
-    }
-    for p in CONFIGS {
-        s.fixed(p, DriverFileKind::Config, is_file);
-    }
-    for (n, _) in s.files_in(EGL_PLATFORMS, |n| {
-        n.contains("nvidia") && n.ends_with(".json")
-    }) {
-        s.fixed(
-            &format!("{EGL_PLATFORMS}/{n}"),
-            DriverFileKind::Config,
-            is_file,
-        );
-    }
+    fixed_files(&mut s, version);
     Ok(s.found)
 }
 
