@@ -22,14 +22,12 @@ use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// The file gpuhook writes into the container's `/etc/ld.so.conf.d` (LXD writes
-/// `00-lxdcdi.conf`, nvidia-cdi-hook `00-nvcr-*.conf`).
-pub const LD_CONF: &str = "00-gpuhook-cdi.conf";
-
 mod error;
 mod ldconfig;
+mod owner;
 pub use error::{ComponentError, RootfsError};
 pub use ldconfig::{host_ldconfig, LDCONFIG_ID};
+pub use owner::{Owner, LD_CONF};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mounted {
@@ -333,14 +331,6 @@ pub fn split(path: &str) -> (&str, &str) {
         Some((a, b)) => (a, b),
         None => ("", p),
     }
-}
-
-/// The ids gpuhook acts as in a container's root: its root's (container uid and gid 0, mapped
-/// through the container's user namespace; the host's root without one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Owner {
-    pub uid: u32,
-    pub gid: u32,
 }
 
 /// From here on, acts on files as the container's root does: file-system ids `owner`, and

@@ -36,7 +36,12 @@ pub const HOST: Proc<'static> = Proc { root: "/proc" };
 mod fds;
 mod mountinfo;
 use fds::{denied, really_open, same_files, statx_chr};
-pub use mountinfo::{mounts, parse_mountinfo, Mount};
+pub use mountinfo::{parse_mountinfo, Mount};
+
+/// The mounts of a process's mount namespace (`/proc/PID/mountinfo`, or our own for `None`).
+pub fn mounts(pid: Option<i32>) -> Option<Vec<Mount>> {
+    HOST.mounts(pid)
+}
 
 impl Proc<'_> {
     fn path(&self, pid: i32, file: &str) -> String {

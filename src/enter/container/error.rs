@@ -3,7 +3,7 @@
 //! helper as serde, so every error in it is a value: OS errors by their numbers
 //! ([`crate::host::syserr`]), what a library or a child said by its text.
 
-use super::{DevBy, DevTmpfs};
+use super::dev::{DevBy, DevTmpfs};
 use crate::cgroup::CgroupError;
 use crate::enter::caps::CapsError;
 use crate::enter::devdir::{MakeNodeError, OpenDirError};

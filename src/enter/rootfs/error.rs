@@ -1,7 +1,7 @@
 //! Why work in a container's root failed ([`RootfsError`]): the place, and the error it came
 //! from. A value (serde): it crosses the fork in the container helper's reply.
 
-use super::{Owner, LD_CONF};
+use super::owner::{Owner, LD_CONF};
 use crate::enter::caps::CapsError;
 use crate::enter::devdir::OpenDirError;
 use crate::enter::sandbox::{PipeError, SandboxError, Waited};
