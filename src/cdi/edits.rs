@@ -2,11 +2,12 @@
 
 use super::error::{EditError, PlanError};
 use super::hooks::{native, Native};
-use super::plan::container_path;
-use super::{
-    generator, BindMount, Edits, ExtraNode, PassedHook, Plan, SpecHook, SpecHost, SpecMount, Units,
+use super::model::{
+    generator, BindMount, Edits, ExtraNode, PassedHook, Plan, SpecHook, SpecMount, MPS_TARGETS,
     STAGES,
 };
+use super::plan::container_path;
+use super::plan::{SpecHost, Units};
 use crate::host::config::ForeignHooks;
 use crate::ids::Vendor;
 use crate::node::Node;
@@ -182,7 +183,7 @@ pub(super) fn bind_mount(m: &SpecMount, host: &SpecHost) -> Result<BindMount, Ed
     }
     container_path(&m.container_path, "mount containerPath")?;
     let target = m.container_path.trim_end_matches('/');
-    if super::MPS_TARGETS.contains(&target) {
+    if MPS_TARGETS.contains(&target) {
         return Err(EditError::MpsTarget(target.into()));
     }
     if !Path::new(&m.host_path).is_absolute() {

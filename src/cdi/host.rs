@@ -5,8 +5,8 @@
 //! the host (`gpuhook cdi check`).
 
 use super::error::PlanError;
+use super::model::{kind_of, BindMount, Device, Edits, Link, Loaded, Plan, Spec};
 use super::plan::host_node_path;
-use super::{kind_of, BindMount, Link, Loaded, Plan, Spec};
 use crate::host::driver::{version_shaped, DriverFileKind, DriverFound};
 use crate::host::inventory::Inventory;
 use crate::ids::Vendor;
@@ -302,7 +302,7 @@ fn check_spec(s: &Spec, version: Option<&str>, inv: &Inventory, dev: &Path) -> V
 }
 
 fn check_edits(
-    e: &super::Edits,
+    e: &Edits,
     device: Option<&str>,
     nvidia: bool,
     version: Option<&str>,
@@ -369,7 +369,7 @@ fn check_edits(
 
 /// A device named as nvidia-ctk and `gpuhook cdi generate` name them (an index, a UUID,
 /// `INDEX:GI`): the host has that GPU (or instance), and the device's nodes hold its node.
-fn check_device(d: &super::Device, inv: &Inventory, out: &mut Vec<Stale>) {
+fn check_device(d: &Device, inv: &Inventory, out: &mut Vec<Stale>) {
     let name = d.name.as_str();
     if name == "all" {
         return;

@@ -1,8 +1,8 @@
 //! Choosing the edits that belong to the chosen units, and checking their device nodes.
 
 use super::error::{EditError, PathError, PlanError};
+use super::model::{generator, kind_of, Device, Edits, Loaded, Plan};
 use super::spec::dirs_list;
-use super::{generator, kind_of, Device, Edits, Loaded, Plan};
 use crate::host::config::ForeignHooks;
 use crate::ids::Vendor;
 use crate::node::Node;

@@ -1,7 +1,7 @@
 //! Loading the specs: the directories and files (trusted only when root's and not writable
 //! by others), parsing, and the checks of a spec's shape and version.
 
-use super::{Loaded, Spec, MAX_SPEC, MAX_VERSION, VERSIONS};
+use super::model::{Loaded, Spec, MAX_SPEC, MAX_VERSION, VERSIONS};
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, Mode};
 use std::collections::BTreeSet;

@@ -3,7 +3,9 @@
 
 use super::*;
 use crate::host::config::ForeignHooks;
-use std::path::Path;
+use crate::ids::Vendor;
+use crate::node::Node;
+use std::path::{Path, PathBuf};
 
 const GPU0: (u32, u32) = (1, 3);
 const GPU1: (u32, u32) = (1, 5);
