@@ -96,7 +96,7 @@ pub trait DeviceCgroup {
 }
 
 /// The device rules a service manager keeps for a container's cgroup and applies again on its
-/// own ([`systemd::Scope`]: systemd's `DeviceAllow=` of the container's scope, put in force at
+/// own ([`super::systemd::Scope`]: systemd's `DeviceAllow=` of the container's scope, put in force at
 /// every change and `systemctl daemon-reload`): a grant it does not list never passes its
 /// program (v2) or is taken back at the next reload (v1); an entry it keeps for a GPU taken
 /// back gives that back (v1). Changed outside the state lock (it runs a program).
