@@ -21,7 +21,7 @@ mod v1;
 
 pub use device::{grant_all, revoke_all, DeviceCgroup, ManagedPolicy};
 pub use error::{CgroupError, Fault, MapOp, OutsideDomain};
-pub use libvirt_map::V2;
+pub use libvirt_map::LibvirtMap;
 pub use v1::V1;
 
 use crate::host::procfs;
@@ -144,7 +144,7 @@ fn open(
         .iter()
         .find(|m| m.fs_type == "cgroup2")
         .ok_or_else(|| CgroupError::new(what, Fault::NoCgroup2))?;
-    Ok(Box::new(V2::open(&dir_of(m, &p)?)?))
+    Ok(Box::new(LibvirtMap::open(&dir_of(m, &p)?)?))
 }
 
 /// The device cgroup of a process: v1 if its devices controller is on a v1 hierarchy, else
