@@ -4,9 +4,12 @@
 //! - v1: `c MAJ:MIN rw` into `devices.allow` of the init's devices cgroup; `devices.deny`
 //!   revokes; `devices.list` says what is allowed.
 //! - v2: libvirt's own `BPF_PROG_TYPE_CGROUP_DEVICE` program on the init's cgroup keeps its
-//!   rules in a hash map; gpuhook adds exact entries to that map (never a second program).
-//!   An OCI runtime's program has no map: gpuhook replaces it with one that allows exactly
-//!   what it allowed plus or minus exact GPU nodes ([`runtime_program`]).
+//!   rules in a hash map; gpuhook adds exact entries to that map (never a second program:
+//!   [`LibvirtMap`]). An OCI runtime's program has no map: gpuhook replaces it with one that
+//!   allows exactly what it allowed plus or minus exact GPU nodes ([`runtime_program`]), and
+//!   reads what a program allows by running it ([`interp`]).
+//!
+//! The interface and what the backends share: [`device`].
 //!
 //! Least privilege: exact device numbers, `rw` only (no `m`, no wildcards).
 

@@ -1,6 +1,8 @@
 //! Work inside a container: finding a libvirt container and the helper that joins its
 //! mount namespace ([`container`]), the `/dev` walk ([`devdir`]), CDI's work in its root
-//! filesystem ([`rootfs`]), and the one sandbox gpuhook runs a program in ([`sandbox`]).
+//! filesystem ([`rootfs`]), the one sandbox gpuhook runs a program in ([`sandbox`]), the
+//! capabilities a step keeps ([`caps`]), and a detached mount moved in by descriptor
+//! ([`tree`]).
 
 pub mod caps;
 pub mod container;
