@@ -9,7 +9,7 @@
 //!   allows exactly what it allowed plus or minus exact GPU nodes ([`runtime_program`]), and
 //!   reads what a program allows by running it ([`interp`]).
 //!
-//! The interface and what the backends share: [`device`].
+//! The interface and what the backends share: `device.rs`.
 //!
 //! Least privilege: exact device numbers, `rw` only (no `m`, no wildcards).
 
