@@ -496,7 +496,7 @@ fn child(
             Err(e) => return Ok(Reply::Failed(Refusal::Rootfs(e).into())),
         }
         if !plan.ld_folders.is_empty() {
-            match rootfs::host_ldconfig() {
+            match rootfs::ldconfig::host_ldconfig() {
                 Ok(l) => ldconfig = Some(l),
                 Err(e) => return Ok(Reply::Failed(Refusal::Rootfs(e).into())),
             }

@@ -23,11 +23,12 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 mod error;
-mod ldconfig;
+pub(crate) mod ldconfig;
 mod owner;
+mod paths;
 pub use error::{ComponentError, RootfsError};
-pub use ldconfig::{host_ldconfig, LDCONFIG_ID};
-pub use owner::{Owner, LD_CONF};
+pub use owner::Owner;
+pub use paths::LD_CONF;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mounted {

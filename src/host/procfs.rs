@@ -35,8 +35,10 @@ pub const HOST: Proc<'static> = Proc { root: "/proc" };
 
 mod fds;
 mod mountinfo;
+mod raw;
 use fds::{denied, really_open, same_files, statx_chr};
 pub use mountinfo::{parse_mountinfo, Mount};
+use raw::read_raw;
 
 /// The mounts of a process's mount namespace (`/proc/PID/mountinfo`, or our own for `None`).
 pub fn mounts(pid: Option<i32>) -> Option<Vec<Mount>> {
@@ -540,26 +542,6 @@ fn read(p: impl AsRef<Path>) -> Option<String> {
 
 fn read_bytes(p: impl AsRef<Path>) -> Option<Vec<u8>> {
     read_raw(p).ok()
-}
-
-fn read_raw(p: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(p)?;
-    let mut buf = vec![0u8; 4096];
-    let mut n = 0;
-    loop {
-        if n == buf.len() {
-            buf.resize(buf.len() * 2, 0);
-        }
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    buf.truncate(n);
-    Ok(buf)
 }
 
 /// What a task's `stat` file says.

@@ -1,7 +1,8 @@
 //! Why work in a container's root failed ([`RootfsError`]): the place, and the error it came
 //! from. A value (serde): it crosses the fork in the container helper's reply.
 
-use super::owner::{Owner, LD_CONF};
+use super::owner::Owner;
+use super::paths::{LDCONFIGS, LD_CONF};
 use crate::enter::caps::CapsError;
 use crate::enter::devdir::OpenDirError;
 use crate::enter::sandbox::{PipeError, SandboxError, Waited};
@@ -97,7 +98,7 @@ pub enum RootfsError {
     #[error("cannot write /etc/ld.so.conf in the container: {0}")]
     WriteLdSoConf(#[source] SysErr),
     // ---- the host's ldconfig ----
-    #[error("no ldconfig on the host (looked at {})", super::ldconfig::LDCONFIGS.join(", "))]
+    #[error("no ldconfig on the host (looked at {})", LDCONFIGS.join(", "))]
     NoLdconfig,
     #[error("{path}: {error}")]
     LdconfigOpen {

@@ -2,7 +2,7 @@
 //! (`statx` through the magic link), whether it is a real open (`fdinfo`: `O_PATH` is none),
 //! and whether two tasks share one table (`kcmp`).
 
-use super::read_raw;
+use super::raw::read_raw;
 use std::collections::BTreeSet;
 
 /// `kcmp(2)`'s `KCMP_FILES`: whether two tasks share one descriptor table.

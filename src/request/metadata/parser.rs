@@ -4,9 +4,9 @@ use super::attrs::{
     apply_extra_spec, attr_value, each_attr, parse_device, parse_gpus_attrs, parse_idmap_entry,
     parse_mig, push_unique,
 };
+use super::domain::{Domain, Source, NOVA_NS_PREFIX, NS};
 use super::error::{err, ParseError, ParseFault};
 use super::limits::{IDMAP, MAX_EXTRA_SPECS, MAX_VALUE};
-use super::{Domain, Source, NOVA_NS_PREFIX, NS};
 use crate::ids::normalize_uuid;
 use crate::request::attrs::{build_request, GpusBuilder};
 use crate::request::extra_specs;
