@@ -23,6 +23,7 @@ pub mod doors;
 pub mod enter;
 pub mod host;
 pub mod ids;
+pub mod leftovers;
 pub mod log;
 pub mod node;
 pub mod openstack;

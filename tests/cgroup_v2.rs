@@ -4,7 +4,7 @@
 
 mod common;
 use gpuhook::cgroup::bpf;
-use gpuhook::cgroup::{grant_all, revoke_all, DeviceCgroup, V2};
+use gpuhook::cgroup::{grant_all, revoke_all, DeviceCgroup, LibvirtMap};
 use gpuhook::reserve::state::Node;
 use nix::errno::Errno;
 use std::os::fd::{AsFd, AsRawFd};
@@ -76,7 +76,7 @@ fn grant_through_libvirts_map() {
     let null = Path::new("/dev/null");
 
     // Before libvirt's program: v2 imposes nothing, and gpuhook sees nothing to do.
-    let free = V2::open(&cg.0).unwrap();
+    let free = LibvirtMap::open(&cg.0).unwrap();
     assert!(free.is_allowed(&node("/dev/nvidia0", 195, 0)).unwrap());
 
     let cgfd = dir_fd(&cg.0);
@@ -99,7 +99,7 @@ fn grant_through_libvirts_map() {
         ]
     );
 
-    let mut v2 = V2::open(&cg.0).unwrap();
+    let mut v2 = LibvirtMap::open(&cg.0).unwrap();
     let want = vec![
         node("/dev/nvidia0", 195, 0),
         node("/dev/nvidiactl", 195, 255),
@@ -125,7 +125,7 @@ fn grant_through_libvirts_map() {
         1
     );
     // Granting again adds nothing.
-    let mut again = V2::open(&cg.0).unwrap();
+    let mut again = LibvirtMap::open(&cg.0).unwrap();
     assert!(grant_all(&mut again, &want).unwrap().is_empty());
 
     // Rollback takes back exactly what this run added.
@@ -145,7 +145,7 @@ fn grant_through_libvirts_map() {
         bpf::map_update_u32(map.as_fd(), (7u64 << 32) | u64::from(k), (7 << 16) | 2).unwrap();
         k += 1;
     }
-    let mut full = V2::open(&cg.0).unwrap();
+    let mut full = LibvirtMap::open(&cg.0).unwrap();
     let e = grant_all(
         &mut full,
         &[node("/dev/nvidia0", 195, 0), node("/dev/nvidia1", 195, 1)],
@@ -191,7 +191,7 @@ fn foreign_program_is_refused() {
     ];
     let prog = bpf::prog_load(bpf::BPF_PROG_TYPE_CGROUP_DEVICE, &insns, "GPL").unwrap();
     bpf::prog_attach(cgfd.as_fd(), prog.as_fd(), bpf::BPF_CGROUP_DEVICE, 0).unwrap();
-    let e = V2::open(&cg.0).err().expect("must refuse");
+    let e = LibvirtMap::open(&cg.0).err().expect("must refuse");
     assert!(
         e.to_string().contains("none with libvirt's map layout"),
         "{e}"
@@ -199,7 +199,7 @@ fn foreign_program_is_refused() {
     // A child cgroup restricted only by the parent's program: also refused.
     let child = Cg(cg.0.join("child"));
     std::fs::create_dir(&child.0).unwrap();
-    let e = V2::open(&child.0).err().expect("must refuse");
+    let e = LibvirtMap::open(&child.0).err().expect("must refuse");
     assert!(
         e.to_string()
             .contains("restricted by 1 program(s) of a parent cgroup"),
@@ -231,8 +231,8 @@ fn detach_denies_in_libvirts_map() {
         node("/dev/nvidia1", 195, 1),
         node("/dev/nvidiactl", 195, 255),
     ];
-    // The attach (its own process, its own V2).
-    grant_all(&mut V2::open(&cg.0).unwrap(), &nodes).unwrap();
+    // The attach (its own process, its own LibvirtMap).
+    grant_all(&mut LibvirtMap::open(&cg.0).unwrap(), &nodes).unwrap();
     let all: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
     let mut with_null = all.clone();
     with_null.push(Path::new("/dev/null"));
@@ -246,7 +246,7 @@ fn detach_denies_in_libvirts_map() {
         ]
     );
     // The detach of GPU 1 (another process): only its entry goes.
-    V2::open(&cg.0).unwrap().deny(&nodes[1]).unwrap();
+    LibvirtMap::open(&cg.0).unwrap().deny(&nodes[1]).unwrap();
     assert_eq!(
         opens(&cg.0, &with_null),
         vec![
@@ -261,7 +261,7 @@ fn detach_denies_in_libvirts_map() {
         bpfprog::DEFAULT_ALLOW.len() + 2
     );
     // Denying what is not there is no error (a detach after a killed one).
-    V2::open(&cg.0).unwrap().deny(&nodes[1]).unwrap();
+    LibvirtMap::open(&cg.0).unwrap().deny(&nodes[1]).unwrap();
 }
 
 /// An OCI runtime's device program (runc's shape, no map) replaced by gpuhook's: attached
@@ -271,7 +271,8 @@ fn detach_denies_in_libvirts_map() {
 /// revoke takes back only this run's grant, and a program gpuhook cannot read is refused.
 #[test]
 fn runtime_program_replaced_with_multi_and_without() {
-    use gpuhook::cgroup::program::{runc_like, Replace, Rule};
+    use gpuhook::cgroup::interp::{runc_like, DeviceRule as Rule};
+    use gpuhook::cgroup::runtime_program::RuntimeProgram as Replace;
     common::require_root();
     let (_dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");
@@ -402,7 +403,7 @@ fn runtime_program_replaced_with_multi_and_without() {
 
     // A gpuhook killed between attaching its replacement and detaching the old program left
     // both: the kernel asks both, and so does the next gpuhook, which then leaves one.
-    use gpuhook::cgroup::program::Prologue;
+    use gpuhook::cgroup::runtime_program::Prologue;
     let cg = Cg(unified_root().join(format!("gpuhook-test-v2rk-{}", std::process::id())));
     std::fs::create_dir(&cg.0).unwrap();
     let cgfd = dir_fd(&cg.0);
@@ -507,8 +508,12 @@ fn runtime_program_replaced_with_multi_and_without() {
 }
 
 /// A device program as systemd names its own (`sd_devices`): runc-like rules, for the tests.
-fn systemd_like(cgfd: std::os::fd::BorrowedFd, rules: &[gpuhook::cgroup::program::Rule]) -> u32 {
-    use gpuhook::cgroup::program::{runc_like, SYSTEMD_PROGRAM};
+fn systemd_like(
+    cgfd: std::os::fd::BorrowedFd,
+    rules: &[gpuhook::cgroup::interp::DeviceRule],
+) -> u32 {
+    use gpuhook::cgroup::interp::runc_like;
+    use gpuhook::cgroup::runtime_program::SYSTEMD_PROGRAM;
     let p = bpf::prog_load_named(
         bpf::BPF_PROG_TYPE_CGROUP_DEVICE,
         &runc_like(rules),
@@ -539,7 +544,8 @@ fn systemd_like(cgfd: std::os::fd::BorrowedFd, rules: &[gpuhook::cgroup::program
 /// user-namespaced container) lets everything through until a detach denies a node.
 #[test]
 fn systemds_program_and_those_above_rule_too() {
-    use gpuhook::cgroup::program::{runc_like, Replace, Rule};
+    use gpuhook::cgroup::interp::{runc_like, DeviceRule as Rule};
+    use gpuhook::cgroup::runtime_program::RuntimeProgram as Replace;
     common::require_root();
     let (_dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");

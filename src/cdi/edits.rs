@@ -2,11 +2,12 @@
 
 use super::error::{EditError, PlanError};
 use super::hooks::{native, Native};
-use super::plan::container_path;
-use super::{
-    generator, BindMount, Edits, ExtraNode, Host, PassedHook, Plan, SpecHook, SpecMount, Units,
+use super::model::{
+    generator, BindMount, Edits, ExtraNode, PassedHook, Plan, SpecHook, SpecMount, MPS_TARGETS,
     STAGES,
 };
+use super::plan::container_path;
+use super::plan::{SpecHost, Units};
 use crate::host::config::ForeignHooks;
 use crate::ids::Vendor;
 use crate::node::Node;
@@ -19,7 +20,7 @@ impl Plan {
         e: &Edits,
         nodes: Vec<(Node, u32)>,
         units: &Units,
-        host: &Host,
+        host: &SpecHost,
     ) -> Result<(), EditError> {
         if e.intel_rdt.is_some() {
             return Err(EditError::IntelRdt);
@@ -159,7 +160,7 @@ const MOUNT_OPTIONS: [&str; 14] = [
     "noatime",
 ];
 
-pub(super) fn bind_mount(m: &SpecMount, host: &Host) -> Result<BindMount, EditError> {
+pub(super) fn bind_mount(m: &SpecMount, host: &SpecHost) -> Result<BindMount, EditError> {
     let opts = m.options.clone().unwrap_or_default();
     let is_bind = opts.iter().any(|o| o == "bind" || o == "rbind");
     match m.kind.as_deref().unwrap_or("") {
@@ -182,7 +183,7 @@ pub(super) fn bind_mount(m: &SpecMount, host: &Host) -> Result<BindMount, EditEr
     }
     container_path(&m.container_path, "mount containerPath")?;
     let target = m.container_path.trim_end_matches('/');
-    if super::MPS_TARGETS.contains(&target) {
+    if MPS_TARGETS.contains(&target) {
         return Err(EditError::MpsTarget(target.into()));
     }
     if !Path::new(&m.host_path).is_absolute() {
@@ -210,7 +211,7 @@ pub(super) fn bind_mount(m: &SpecMount, host: &Host) -> Result<BindMount, EditEr
 
 /// When a mounted library names an NVIDIA driver version other than the running kernel
 /// module's, the spec was written for another driver: the message that says so.
-fn stale_driver(host_path: &str, host: &Host) -> Option<EditError> {
+fn stale_driver(host_path: &str, host: &SpecHost) -> Option<EditError> {
     let running = host.nvidia_version.as_deref()?;
     let file = Path::new(host_path).file_name()?.to_str()?;
     let ver = ["libcuda.so.", "libnvidia-ml.so."]

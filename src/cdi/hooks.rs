@@ -1,8 +1,8 @@
 //! The NVIDIA hooks gpuhook does itself, recognised from their arguments.
 
 use super::error::HookError;
+use super::model::Link;
 use super::plan::container_path;
-use super::Link;
 use std::path::Path;
 
 /// What an NVIDIA hook gpuhook does itself asks for.
@@ -27,7 +27,7 @@ pub(super) fn native(path: &str, args: &[String]) -> Result<Option<Native>, Hook
         Some("nvidia-cdi-hook") if args.len() >= 2 => &args[1..],
         Some("nvidia-ctk") if args.len() >= 3 && args[1] == "hook" => &args[2..],
         Some(p)
-            if p.starts_with("gpuhook") && args.len() >= 3 && args[1] == crate::cdi::CDI_HOOK =>
+            if p.starts_with("gpuhook") && args.len() >= 3 && args[1] == super::model::CDI_HOOK =>
         {
             &args[2..]
         }

@@ -5,9 +5,9 @@
 //! the host (`gpuhook cdi check`).
 
 use super::error::PlanError;
+use super::model::{kind_of, BindMount, Device, Edits, Link, Loaded, Plan, Spec};
 use super::plan::host_node_path;
-use super::{kind_of, BindMount, Link, Loaded, Plan, Spec};
-use crate::host::driver::{version_shaped, Found, Kind};
+use crate::host::driver::{version_shaped, DriverFileKind, DriverFound};
 use crate::host::inventory::Inventory;
 use crate::ids::Vendor;
 use serde::Serialize;
@@ -23,7 +23,7 @@ pub const GENERATED_VERSION: &str = "0.5.0";
 /// `nosuid,nodev` at the path it was found at (a socket also `noexec`); the SONAME links of
 /// the libraries (`sonames`: a library's path → its `DT_SONAME`) and `libcuda.so` in their
 /// directories; the linker cache for those directories.
-pub fn plan(found: &Found, sonames: &BTreeMap<String, String>) -> Result<Plan, PlanError> {
+pub fn plan(found: &DriverFound, sonames: &BTreeMap<String, String>) -> Result<Plan, PlanError> {
     let mut p = Plan {
         host_driver: Some(format!("the host's NVIDIA driver {}", found.version)),
         nvidia_version: Some(found.version.clone()),
@@ -35,7 +35,7 @@ pub fn plan(found: &Found, sonames: &BTreeMap<String, String>) -> Result<Plan, P
             target: f.path.clone(),
             rw: false,
             recursive: false,
-            noexec: f.kind == Kind::Socket,
+            noexec: f.kind == DriverFileKind::Socket,
             dir: false,
         });
     }
@@ -47,12 +47,12 @@ pub fn plan(found: &Found, sonames: &BTreeMap<String, String>) -> Result<Plan, P
 
 /// The links `ldconfig` would make for the libraries (SONAME → file, in each library
 /// directory), and `libcuda.so` → its SONAME (what nvidia-ctk's spec links too).
-fn links(found: &Found, sonames: &BTreeMap<String, String>) -> Vec<Link> {
+fn links(found: &DriverFound, sonames: &BTreeMap<String, String>) -> Vec<Link> {
     let mut out: Vec<Link> = Vec::new();
     let taken = |out: &[Link], link: &str| {
         out.iter().any(|l| l.link == link) || found.files.iter().any(|f| f.path == link)
     };
-    for f in found.of(Kind::Library) {
+    for f in found.of(DriverFileKind::Library) {
         let Some((dir, file)) = f.path.rsplit_once('/') else {
             continue;
         };
@@ -93,7 +93,7 @@ fn links(found: &Found, sonames: &BTreeMap<String, String>) -> Vec<Link> {
 /// `gpuhook cdi-hook create-symlinks` and `update-ldcache`, which gpuhook's own `driver="cdi"`
 /// also does itself. Node host paths are under `dev` (the config's device root).
 pub fn spec(
-    found: &Found,
+    found: &DriverFound,
     sonames: &BTreeMap<String, String>,
     inv: &Inventory,
     dev: &Path,
@@ -107,6 +107,53 @@ pub fn spec(
             .unwrap_or_else(|_| path.to_string());
         json!({"path": path, "hostPath": host})
     };
+    let devices = named_devices(inv);
+    let devices: Vec<serde_json::Value> = devices
+        .into_iter()
+        .map(|(name, nodes)| {
+            json!({
+                "name": name,
+                "containerEdits": {"deviceNodes": nodes.iter().map(|n| node(n)).collect::<Vec<_>>()},
+            })
+        })
+        .collect();
+    let controls: Vec<serde_json::Value> = inv
+        .controls
+        .iter()
+        .filter(|(c, _)| !matches!(c, crate::host::inventory::Control::Kfd))
+        .map(|(_, n)| node(&n.path))
+        .collect();
+    let mounts: Vec<serde_json::Value> = plan
+        .mounts
+        .iter()
+        .map(|m| {
+            let mut opts = vec!["ro", "nosuid", "nodev", "bind"];
+            if m.noexec {
+                opts.push("noexec");
+            }
+            json!({"hostPath": m.source, "containerPath": m.target, "options": opts})
+        })
+        .collect();
+    let hooks = spec_hooks(&plan, hook);
+    let mut edits = serde_json::Map::new();
+    if !controls.is_empty() {
+        edits.insert("deviceNodes".into(), controls.into());
+    }
+    edits.insert("mounts".into(), mounts.into());
+    if !hooks.is_empty() {
+        edits.insert("hooks".into(), hooks.into());
+    }
+    Ok(json!({
+        "cdiVersion": GENERATED_VERSION,
+        "kind": kind_of(Vendor::Nvidia),
+        "devices": devices,
+        "containerEdits": edits,
+    }))
+}
+
+/// The spec's devices by name, with their nodes' paths: each NVIDIA GPU by index and UUID,
+/// each MIG GPU instance (`INDEX:GI`), and `all`.
+fn named_devices(inv: &Inventory) -> Vec<(String, Vec<String>)> {
     let mut devices: Vec<(String, Vec<String>)> = Vec::new();
     let mut all: Vec<String> = Vec::new();
     for g in inv.gpus.iter().filter(|g| g.vendor == Vendor::Nvidia) {
@@ -147,32 +194,12 @@ pub fn spec(
     if !all.is_empty() {
         devices.push(("all".into(), all));
     }
-    let devices: Vec<serde_json::Value> = devices
-        .into_iter()
-        .map(|(name, nodes)| {
-            json!({
-                "name": name,
-                "containerEdits": {"deviceNodes": nodes.iter().map(|n| node(n)).collect::<Vec<_>>()},
-            })
-        })
-        .collect();
-    let controls: Vec<serde_json::Value> = inv
-        .controls
-        .iter()
-        .filter(|(c, _)| !matches!(c, crate::host::inventory::Control::Kfd))
-        .map(|(_, n)| node(&n.path))
-        .collect();
-    let mounts: Vec<serde_json::Value> = plan
-        .mounts
-        .iter()
-        .map(|m| {
-            let mut opts = vec!["ro", "nosuid", "nodev", "bind"];
-            if m.noexec {
-                opts.push("noexec");
-            }
-            json!({"hostPath": m.source, "containerPath": m.target, "options": opts})
-        })
-        .collect();
+    devices
+}
+
+/// The spec's two hooks (`create-symlinks`, `update-ldcache`), each only when it has work.
+fn spec_hooks(plan: &Plan, hook: &str) -> Vec<serde_json::Value> {
+    use serde_json::json;
     let mut hooks = Vec::new();
     if !plan.links.is_empty() {
         let mut args = vec![
@@ -198,20 +225,7 @@ pub fn spec(
         }
         hooks.push(json!({"hookName": "createContainer", "path": hook, "args": args}));
     }
-    let mut edits = serde_json::Map::new();
-    if !controls.is_empty() {
-        edits.insert("deviceNodes".into(), controls.into());
-    }
-    edits.insert("mounts".into(), mounts.into());
-    if !hooks.is_empty() {
-        edits.insert("hooks".into(), hooks.into());
-    }
-    Ok(json!({
-        "cdiVersion": GENERATED_VERSION,
-        "kind": kind_of(Vendor::Nvidia),
-        "devices": devices,
-        "containerEdits": edits,
-    }))
+    hooks
 }
 
 // ---- `gpuhook cdi check` ----
@@ -288,7 +302,7 @@ fn check_spec(s: &Spec, version: Option<&str>, inv: &Inventory, dev: &Path) -> V
 }
 
 fn check_edits(
-    e: &super::Edits,
+    e: &Edits,
     device: Option<&str>,
     nvidia: bool,
     version: Option<&str>,
@@ -355,7 +369,7 @@ fn check_edits(
 
 /// A device named as nvidia-ctk and `gpuhook cdi generate` name them (an index, a UUID,
 /// `INDEX:GI`): the host has that GPU (or instance), and the device's nodes hold its node.
-fn check_device(d: &super::Device, inv: &Inventory, out: &mut Vec<Stale>) {
+fn check_device(d: &Device, inv: &Inventory, out: &mut Vec<Stale>) {
     let name = d.name.as_str();
     if name == "all" {
         return;

@@ -1,8 +1,8 @@
 //! Choosing the edits that belong to the chosen units, and checking their device nodes.
 
 use super::error::{EditError, PathError, PlanError};
+use super::model::{generator, kind_of, Device, Edits, Loaded, Plan};
 use super::spec::dirs_list;
-use super::{generator, kind_of, Device, Edits, Loaded, Plan};
 use crate::host::config::ForeignHooks;
 use crate::ids::Vendor;
 use crate::node::Node;
@@ -16,7 +16,7 @@ pub struct Units {
     /// The vendors of the chosen GPUs.
     pub vendors: Vec<Vendor>,
     /// Each chosen unit.
-    pub own: Vec<Unit>,
+    pub own: Vec<ChosenUnit>,
     /// What gpuhook grants the container anyway (its units' nodes and control nodes).
     pub granted: BTreeSet<(u32, u32)>,
     /// Every other GPU's (or MIG instance's) own nodes: never granted through a spec.
@@ -26,7 +26,7 @@ pub struct Units {
 /// A chosen unit (PCI address or MIG instance) with its vendor and its own nodes: a whole
 /// GPU's nodes, a MIG instance's two access capabilities.
 #[derive(Debug, Clone)]
-pub struct Unit {
+pub struct ChosenUnit {
     pub id: String,
     pub vendor: Vendor,
     pub nodes: Vec<(u32, u32)>,
@@ -34,7 +34,7 @@ pub struct Unit {
 
 /// The host, as far as checking a spec goes.
 #[derive(Debug, Clone)]
-pub struct Host<'a> {
+pub struct SpecHost<'a> {
     /// Whether hooks gpuhook does not do itself are passed on or refused.
     pub foreign_hooks: ForeignHooks,
     /// Where the host's `/dev` is (the config's `dev` root).
@@ -52,7 +52,7 @@ pub fn nvidia_version(text: &str) -> Option<String> {
 }
 
 /// The edits of `specs` that belong to `units`. Errors are one line naming the spec file.
-pub fn plan(specs: &[Loaded], units: &Units, host: &Host) -> Result<Plan, PlanError> {
+pub fn plan(specs: &[Loaded], units: &Units, host: &SpecHost) -> Result<Plan, PlanError> {
     let mut b = Plan::default();
     let mut vendors = units.vendors.clone();
     vendors.sort();
@@ -83,7 +83,7 @@ fn plan_vendor(
     b: &mut Plan,
     specs: &[Loaded],
     units: &Units,
-    host: &Host,
+    host: &SpecHost,
     v: Vendor,
 ) -> Result<(), PlanError> {
     let kind = kind_of(v);
@@ -168,7 +168,7 @@ fn all_covered(
     of_kind: &[&Loaded],
 ) -> Result<(), PlanError> {
     let kind = kind_of(v);
-    for Unit {
+    for ChosenUnit {
         id: unit,
         nodes: own,
         ..
@@ -196,7 +196,12 @@ fn all_covered(
 }
 
 /// A used spec's common edits: none of its nodes may be another GPU's.
-fn add_common_edits(b: &mut Plan, l: &Loaded, units: &Units, host: &Host) -> Result<(), PlanError> {
+fn add_common_edits(
+    b: &mut Plan,
+    l: &Loaded,
+    units: &Units,
+    host: &SpecHost,
+) -> Result<(), PlanError> {
     let edits = l.spec.container_edits.clone().unwrap_or_default();
     let what = |source| PlanError::Common {
         spec: l.path.clone(),
@@ -219,7 +224,7 @@ fn add_common_edits(b: &mut Plan, l: &Loaded, units: &Units, host: &Host) -> Res
 
 /// A device node of a spec: where it is in the container, its number (the host node's),
 /// and the spec's mode for it.
-pub(super) fn resolve_nodes(e: &Edits, host: &Host) -> Result<Vec<(Node, u32)>, EditError> {
+pub(super) fn resolve_nodes(e: &Edits, host: &SpecHost) -> Result<Vec<(Node, u32)>, EditError> {
     let mut out = Vec::new();
     for n in e.device_nodes.as_deref().unwrap_or_default() {
         let rel = container_path(&n.path, "deviceNode path")?;

@@ -1,6 +1,6 @@
 //! The SONAME links `update-ldcache` would make, from the host libraries' ELF headers.
 
-use super::{Link, Plan};
+use super::model::{Link, Plan};
 use std::path::Path;
 
 impl Plan {

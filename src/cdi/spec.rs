@@ -1,7 +1,7 @@
 //! Loading the specs: the directories and files (trusted only when root's and not writable
 //! by others), parsing, and the checks of a spec's shape and version.
 
-use super::{Loaded, Spec, MAX_SPEC, MAX_VERSION, VERSIONS};
+use super::model::{Loaded, Spec, MAX_SPEC, MAX_VERSION, VERSIONS};
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, Mode};
 use std::collections::BTreeSet;
@@ -61,7 +61,10 @@ pub enum LoadError {
     TooBig { path: String },
     /// A spec file does not parse (the parser's message, on one line).
     #[error("CDI spec {path}: {}", one_line(&.source.to_string()))]
-    Parse { path: String, source: ParseError },
+    Parse {
+        path: String,
+        source: SpecParseError,
+    },
     /// A spec file parses but fails the reference loader's checks.
     #[error("CDI spec {path}: {source}")]
     Invalid { path: String, source: SpecError },
@@ -86,7 +89,7 @@ pub enum SpecError {
 
 /// Why a spec's text is no spec: the parser's message, or (checked) the reference loader's.
 #[derive(Debug, thiserror::Error)]
-pub enum ParseError {
+pub enum SpecParseError {
     #[error("{0}")]
     Json(#[source] serde_json::Error),
     #[error("{0}")]
@@ -317,17 +320,17 @@ fn file_kind(t: std::fs::FileType) -> &'static str {
 }
 
 /// A spec's text, strictly (unknown fields refused): JSON, or YAML (which JSON also is).
-pub fn parse(text: &[u8], json: bool) -> Result<Spec, ParseError> {
+pub fn parse(text: &[u8], json: bool) -> Result<Spec, SpecParseError> {
     if json {
-        serde_json::from_slice(text).map_err(ParseError::Json)
+        serde_json::from_slice(text).map_err(SpecParseError::Json)
     } else {
-        serde_yaml_ng::from_slice(text).map_err(ParseError::Yaml)
+        serde_yaml_ng::from_slice(text).map_err(SpecParseError::Yaml)
     }
 }
 
 /// [`parse`], then the reference loader's checks of the whole spec (version, kind, device
 /// names).
-pub fn parse_checked(text: &[u8], json: bool) -> Result<Spec, ParseError> {
+pub fn parse_checked(text: &[u8], json: bool) -> Result<Spec, SpecParseError> {
     let s = parse(text, json)?;
     check_spec(&s)?;
     Ok(s)

@@ -3,7 +3,9 @@
 
 use super::*;
 use crate::host::config::ForeignHooks;
-use std::path::Path;
+use crate::ids::Vendor;
+use crate::node::Node;
+use std::path::{Path, PathBuf};
 
 const GPU0: (u32, u32) = (1, 3);
 const GPU1: (u32, u32) = (1, 5);
@@ -76,7 +78,7 @@ fn units(chosen: &[(u32, u32)]) -> Units {
     };
     for (i, n) in [GPU0, GPU1].iter().enumerate() {
         if chosen.contains(n) {
-            u.own.push(Unit {
+            u.own.push(ChosenUnit {
                 id: format!("gpu{i}"),
                 vendor: Vendor::Nvidia,
                 nodes: vec![*n],
@@ -144,7 +146,7 @@ fn plan_with(
     Ok(plan(
         &loaded,
         &units(chosen),
-        &Host {
+        &SpecHost {
             foreign_hooks,
             dev: Path::new("/dev"),
             nvidia_version: version.map(str::to_owned),
@@ -460,7 +462,7 @@ fn a_mig_instance_gets_its_own_device_only() {
     let d = dirs(&[(0, "nvidia.yaml", &text)]);
     let units = Units {
         vendors: vec![Vendor::Nvidia],
-        own: vec![Unit {
+        own: vec![ChosenUnit {
             id: "0000:3b:00.0/gi1/ci0".into(),
             vendor: Vendor::Nvidia,
             nodes: vec![(1, 5), (1, 7)],
@@ -469,7 +471,7 @@ fn a_mig_instance_gets_its_own_device_only() {
         foreign: [(1, 8), (1, 9)].into_iter().collect(),
     };
     let loaded = load(&d.dirs, &["nvidia.com/gpu"]).unwrap();
-    let host = Host {
+    let host = SpecHost {
         foreign_hooks: ForeignHooks::Pass,
         dev: Path::new("/dev"),
         nvidia_version: None,

@@ -3,7 +3,7 @@
 //! For a libvirt domain gpuhook only *updates* the map of the device program libvirt
 //! attached (`map_create` is here for the tests, which attach a program of libvirt's layout
 //! to a cgroup of their own). For an OCI container it replaces the runtime's program
-//! (`prog_xlated`, `prog_load`, `prog_attach`, `prog_detach`: [`super::program`]).
+//! (`prog_xlated`, `prog_load`, `prog_attach`, `prog_detach`: [`super::runtime_program`]).
 
 use nix::errno::Errno;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

@@ -2,7 +2,7 @@
 //! OS error it came from. A value (serde): it is said in the container helper's reply too.
 
 use crate::host::syserr::{IoErr, SysErr};
-use crate::log::Leftovers;
+use crate::leftovers::Leftovers;
 use crate::node::Node;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

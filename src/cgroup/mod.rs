@@ -4,126 +4,32 @@
 //! - v1: `c MAJ:MIN rw` into `devices.allow` of the init's devices cgroup; `devices.deny`
 //!   revokes; `devices.list` says what is allowed.
 //! - v2: libvirt's own `BPF_PROG_TYPE_CGROUP_DEVICE` program on the init's cgroup keeps its
-//!   rules in a hash map; gpuhook adds exact entries to that map (never a second program).
-//!   An OCI runtime's program has no map: gpuhook replaces it with one that allows exactly
-//!   what it allowed plus or minus exact GPU nodes ([`program`]).
+//!   rules in a hash map; gpuhook adds exact entries to that map (never a second program:
+//!   [`LibvirtMap`]). An OCI runtime's program has no map: gpuhook replaces it with one that
+//!   allows exactly what it allowed plus or minus exact GPU nodes ([`runtime_program`]), and
+//!   reads what a program allows by running it ([`interp`]).
+//!
+//! The interface and what the backends share: `device.rs`.
 //!
 //! Least privilege: exact device numbers, `rw` only (no `m`, no wildcards).
 
 pub mod bpf;
+mod device;
 mod error;
-pub mod program;
+pub mod interp;
+mod libvirt_map;
+pub mod runtime_program;
 pub mod systemd;
 mod v1;
-mod v2;
 
+pub use device::{grant_all, revoke_all, DeviceCgroup, ManagedPolicy};
 pub use error::{CgroupError, Fault, MapOp, OutsideDomain};
+pub use libvirt_map::LibvirtMap;
 pub use v1::V1;
-pub use v2::V2;
 
 use crate::host::procfs;
-use crate::log::Leftovers;
-use crate::node::Node;
+
 use std::path::{Path, PathBuf};
-
-/// Opens cgroup directory `dir` for its BPF programs (v2).
-fn open_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, CgroupError> {
-    nix::fcntl::open(
-        dir,
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .map_err(|x| CgroupError::new(dir, Fault::Open(x.into())))
-}
-
-/// A descriptor of BPF program `id` attached to cgroup `dir` (named in the error).
-fn prog_fd(dir: &Path, id: u32) -> Result<std::os::fd::OwnedFd, CgroupError> {
-    bpf::prog_get_fd_by_id(id).map_err(|x| {
-        let errno = x.into();
-        CgroupError::new(dir, Fault::ProgFd { id, errno })
-    })
-}
-
-/// Whether every device program in force for the cgroup `dir` (open as `cg`) lets the node be
-/// read and written: `BPF_F_QUERY_EFFECTIVE`, the programs attached there and to each cgroup
-/// above it, each run here ([`program::eval`]). One gpuhook cannot run gives no verdict: an
-/// error.
-fn programs_allow(dir: &Path, cg: std::os::fd::BorrowedFd, n: &Node) -> Result<bool, CgroupError> {
-    let e = |f: Fault| CgroupError::new(dir, f);
-    let ids = bpf::prog_query(cg, bpf::BPF_CGROUP_DEVICE, bpf::BPF_F_QUERY_EFFECTIVE)
-        .map_err(|x| e(Fault::ProgQueryEffective(x.into())))?;
-    for id in ids {
-        let prog = prog_fd(dir, id)?;
-        let (insns, maps) = bpf::prog_xlated(std::os::fd::AsFd::as_fd(&prog)).map_err(|x| {
-            let errno = x.into();
-            e(Fault::ProgInfo { id, errno })
-        })?;
-        let verdict = match maps {
-            0 => program::eval(&insns, program::DevCtx::rw_char(n.major, n.minor)),
-            _ => None,
-        };
-        match verdict {
-            Some(true) => {}
-            Some(false) => return Ok(false),
-            None => return Err(e(Fault::UnreadableInForce { id, maps })),
-        }
-    }
-    Ok(true)
-}
-
-/// A cgroup whose device access gpuhook can widen by exact character devices.
-pub trait DeviceCgroup {
-    /// The cgroup directory (for messages).
-    fn path(&self) -> &Path;
-    /// Whether `rw` access to the char device is already allowed.
-    fn is_allowed(&self, node: &Node) -> Result<bool, CgroupError>;
-    /// Whether a rule for exactly this char device grants `rw` (a wildcard rule is evidence
-    /// of nothing: it names no GPU). What `reconnect` adopts from.
-    fn grants_exactly(&self, node: &Node) -> Result<bool, CgroupError>;
-    /// Allows `rw` access to exactly this char device.
-    fn allow(&mut self, node: &Node) -> Result<(), CgroupError>;
-    /// Takes back an access this gpuhook run added.
-    fn revoke(&mut self, node: &Node) -> Result<(), CgroupError>;
-    /// Takes away `rw` access to exactly this char device, whoever added it (a GPU a container
-    /// was granted but does not hold: `reconnect` leaves no access behind that the state does
-    /// not account for).
-    fn deny(&mut self, node: &Node) -> Result<(), CgroupError>;
-    /// Whether its rules confine device access at all: a node they allow is then the
-    /// container's own. Not a cgroup where no runtime attached a device program (crun attaches
-    /// none for a container with a user namespace): every device passes it, none is the
-    /// container's own.
-    fn confines(&self) -> bool {
-        true
-    }
-    /// Whether the container's processes may now read and write the node: what every rule in
-    /// force for them allows, the cgroups' above included (v2: every device program from the
-    /// cgroup up to the root; v1: its `devices.list`, which no child widens past its parent).
-    /// What an attach checks before it says `attached`.
-    fn effective(&self, node: &Node) -> Result<bool, CgroupError> {
-        self.is_allowed(node)
-    }
-    /// Grants every node not yet allowed; returns the ones it added. On failure nothing it
-    /// added is left, and the error says what a rollback could not undo.
-    fn grant_missing(&mut self, nodes: &[Node]) -> Result<Vec<Node>, CgroupError> {
-        grant_each(self, nodes)
-    }
-}
-
-/// The device rules a service manager keeps for a container's cgroup and applies again on its
-/// own ([`systemd::Scope`]: systemd's `DeviceAllow=` of the container's scope, put in force at
-/// every change and `systemctl daemon-reload`): a grant it does not list never passes its
-/// program (v2) or is taken back at the next reload (v1); an entry it keeps for a GPU taken
-/// back gives that back (v1). Changed outside the state lock (it runs a program).
-pub trait ManagedPolicy {
-    /// What messages call it (`systemd unit libpod-ID.scope`).
-    fn name(&self) -> String;
-    /// Lists `rw` of exactly these nodes (those it lacks).
-    fn allow(&mut self, nodes: &[Node]) -> Result<(), CgroupError>;
-    /// Takes out its entries for exactly these nodes, whoever listed them.
-    fn remove(&mut self, nodes: &[Node]) -> Result<(), CgroupError>;
-    /// Puts its entries for these nodes back as they were when this value was made.
-    fn restore(&mut self, nodes: &[Node]) -> Result<(), CgroupError>;
-}
 
 /// The managed device policy of a process's device cgroup (an OCI container's init; a libvirt
 /// domain's): systemd's scope of it, where systemd keeps a device policy for it.
@@ -135,53 +41,6 @@ pub fn managed_policy(pid: i32) -> Result<Option<Box<dyn ManagedPolicy>>, Cgroup
         return Ok(None);
     };
     Ok(systemd::Scope::find(&path)?.map(|s| Box::new(s) as Box<dyn ManagedPolicy>))
-}
-
-/// Grants every node not yet allowed. Returns the ones this call added (the only ones a
-/// rollback may take back: access the container had before, or that another owner gave, is
-/// never revoked). On failure, revokes what it added and returns the error.
-pub fn grant_all(cg: &mut dyn DeviceCgroup, nodes: &[Node]) -> Result<Vec<Node>, CgroupError> {
-    cg.grant_missing(nodes)
-}
-
-/// [`DeviceCgroup::grant_missing`] one node at a time.
-fn grant_each<C: DeviceCgroup + ?Sized>(
-    cg: &mut C,
-    nodes: &[Node],
-) -> Result<Vec<Node>, CgroupError> {
-    let mut added = Vec::new();
-    for n in nodes {
-        let r = cg.is_allowed(n).and_then(|ok| {
-            if ok {
-                Ok(false)
-            } else {
-                cg.allow(n).map(|_| true)
-            }
-        });
-        match r {
-            Ok(true) => added.push(n.clone()),
-            Ok(false) => {}
-            Err(e) => {
-                let left = revoke_all(cg, &added);
-                let fault = Fault::Granting {
-                    node: n.clone(),
-                    fault: Box::new(e.fault),
-                };
-                return Err(CgroupError::new(&e.path, fault).with_left(left));
-            }
-        }
-    }
-    Ok(added)
-}
-
-/// Best-effort revoke, newest first; returns what could not be taken back, so the caller
-/// can say it on its one error line.
-pub fn revoke_all<C: DeviceCgroup + ?Sized>(cg: &mut C, nodes: &[Node]) -> Leftovers {
-    nodes
-        .iter()
-        .rev()
-        .filter_map(|n| cg.revoke(n).err().map(|e| e.to_string()))
-        .collect()
 }
 
 /// Joins a mount point and a cgroup path (relative to the mount's root).
@@ -288,7 +147,7 @@ fn open(
         .iter()
         .find(|m| m.fs_type == "cgroup2")
         .ok_or_else(|| CgroupError::new(what, Fault::NoCgroup2))?;
-    Ok(Box::new(V2::open(&dir_of(m, &p)?)?))
+    Ok(Box::new(LibvirtMap::open(&dir_of(m, &p)?)?))
 }
 
 /// The device cgroup of a process: v1 if its devices controller is on a v1 hierarchy, else
@@ -376,7 +235,7 @@ pub fn v1_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgroup>,
 }
 
 /// The device cgroup of an OCI container's init on cgroup v2, where its runtime attached its
-/// device program ([`program::Replace`]): the cgroup `made`, where the runtime put the init
+/// device program ([`runtime_program::RuntimeProgram`]): the cgroup `made`, where the runtime put the init
 /// (`None`: not known, refused). The init must be there or below, and no program but
 /// systemd's on the way from there to the init's: a program at `made` rules every process
 /// below it. Never one above: a cgroup above rules other processes too (a program there is
@@ -423,7 +282,7 @@ pub fn program_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgr
         .ancestors()
         .take_while(|d| *d != top && d.starts_with(&top))
     {
-        if program::runtime_programs(d)? > 0 {
+        if runtime_program::runtime_programs(d)? > 0 {
             return Err(CgroupError::new(
                 d,
                 Fault::ProgramBelow {
@@ -433,7 +292,7 @@ pub fn program_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgr
             ));
         }
     }
-    Ok(Box::new(program::Replace::open(&top)?))
+    Ok(Box::new(runtime_program::RuntimeProgram::open(&top)?))
 }
 
 /// The cgroup libvirt made for a container, given its controller's and its init's cgroup
@@ -489,6 +348,8 @@ pub fn for_container(controller: i32, init: i32) -> Result<Box<dyn DeviceCgroup>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::leftovers::Leftovers;
+    use crate::node::Node;
 
     /// A cgroup in memory, to test the grant/rollback logic.
     #[derive(Default)]

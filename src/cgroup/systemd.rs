@@ -25,7 +25,8 @@
 //! descriptor but its standard ones, bounded in time, never under the state lock. Changes to
 //! one unit's list are serialized by a lock of root's named after the unit.
 
-use super::{CgroupError, Fault, ManagedPolicy};
+use super::device::ManagedPolicy;
+use super::error::{CgroupError, Fault};
 use crate::node::Node;
 use nix::fcntl::Flock;
 use std::io::Read;
@@ -166,7 +167,7 @@ impl Scope {
             return Ok(None);
         }
         let path = PathBuf::from(&at);
-        let lock = super::program::lock_named(&format!("systemd-{unit}"))
+        let lock = super::runtime_program::lock_named(&format!("systemd-{unit}"))
             .map_err(|f| CgroupError::new(&path, f))?;
         let shown = show(&unit, &path)?;
         if shown.load_state != "loaded" || shown.control_group != at {

@@ -11,7 +11,8 @@
 //! the container took away. A revoke takes the rule back from exactly the cgroups the grant
 //! wrote to.
 
-use super::{CgroupError, DeviceCgroup, Fault};
+use super::device::DeviceCgroup;
+use super::error::{CgroupError, Fault};
 use crate::node::Node;
 use std::collections::HashMap;
 use std::io::Write;
@@ -236,7 +237,7 @@ impl DeviceCgroup for V1 {
         });
         if let Err(e) = r {
             // Leave nothing of a half-done grant.
-            let left: crate::log::Leftovers = wrote
+            let left: crate::leftovers::Leftovers = wrote
                 .iter()
                 .rev()
                 .filter_map(|(d, n)| self.deny_in(d, n).err().map(|x| x.to_string()))

@@ -309,8 +309,12 @@ fn health(action: HealthAction) -> Result<i32, Error> {
     match action {
         HealthAction::Scan => health_scan(&cfg)?,
         HealthAction::Reset { pci } => {
-            let r =
-                reset::reset_with(&Facts::host(&cfg), &reset::Host, &pci, reset::Why::Operator)?;
+            let r = reset::reset_with(
+                &Facts::host(&cfg),
+                &reset::HostReset,
+                &pci,
+                reset::Why::Operator,
+            )?;
             let line = reset_line(&r);
             if r.failure.is_some() {
                 log::error(&line);
@@ -550,7 +554,7 @@ fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, CliError> {
     tmp_name.push(name);
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
-    let r = crate::enter::replace::Replace {
+    let r = crate::host::atomic::AtomicWrite {
         dir: nix::fcntl::AT_FDCWD,
         tmp: &tmp,
         name: path,
@@ -560,7 +564,7 @@ fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, CliError> {
         clear_stale: true,
         durable: false,
     };
-    crate::enter::replace::replace(&r, text.as_bytes()).map_err(|(_, e)| io(e.into()))?;
+    crate::host::atomic::replace(&r, text.as_bytes()).map_err(|(_, e)| io(e.into()))?;
     Ok(0)
 }
 

@@ -212,9 +212,9 @@ pub enum RuntimeError {
     Serialize(serde_json::Error),
     #[error("the runtime passed no live container init PID")]
     NoInitPid,
-    /// A node's host `/dev/char` entry ([`crate::enter::charlink`]'s words).
+    /// A node's host `/dev/char` entry ([`crate::host::charlink`]'s words).
     #[error(transparent)]
-    CharLink(#[from] crate::enter::charlink::CharLinkError),
+    CharLink(#[from] crate::host::charlink::CharLinkError),
 }
 
 /// The crate's errors a door meets directly, as the crate's [`Error`] says them.

@@ -21,8 +21,13 @@ use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
+use crate::enter::caps::{keep_only, CapsError};
+use crate::enter::tree::DetachedTree;
+
+mod dev;
 mod error;
-pub use error::{CapsError, ContainerError, Failure, Refusal};
+pub use dev::{DevBy, DevTmpfs};
+pub use error::{ContainerError, Failure, Refusal};
 
 fn gone(pid: i32, cause: Option<ContainerError>) -> ContainerError {
     ContainerError::gone(pid, cause)
@@ -52,51 +57,6 @@ pub struct Container {
     /// Where its runtime put it (an OCI container's, from the runtime's state; unknown for a
     /// libvirt domain, whose cgroup is its controller's): its device cgroup for hotplug.
     pub made: crate::cgroup::Made,
-}
-
-/// The tmpfs libvirt's controller mounts at `/run/libvirt/lxc/NAME.dev` in its own mount
-/// namespace and moves to the container's `/dev` (`virLXCControllerSetupDev`,
-/// `lxcContainerMountFSDev`), or the one an OCI runtime mounts at the container's `/dev`:
-/// its device and the inode of its root. The only `/dev` gpuhook writes into is the
-/// directory with exactly this identity; a container that bind-mounts another directory (of
-/// its host-backed rootfs, a `<filesystem>` passthrough, a fresh devtmpfs) over `/dev` or `/`
-/// is refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DevTmpfs {
-    pub dev: u64,
-    pub ino: u64,
-    /// Who made it (and whose mounts it was read from).
-    #[serde(default)]
-    pub by: DevBy,
-}
-
-/// Who made a container's `/dev` tmpfs, and whose mounts gpuhook reads it from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum DevBy {
-    /// libvirt's controller, read from the controller's own mounts (the container cannot
-    /// change them).
-    #[default]
-    Libvirt,
-    /// The OCI runtime, read from the container init's mounts.
-    Runtime,
-}
-
-impl DevBy {
-    /// Who made it, as messages say.
-    pub fn maker(self) -> &'static str {
-        match self {
-            DevBy::Libvirt => "libvirt",
-            DevBy::Runtime => "its OCI runtime",
-        }
-    }
-
-    /// Whose mounts it is read from, as messages say.
-    pub fn viewer(self) -> &'static str {
-        match self {
-            DevBy::Libvirt => "controller",
-            DevBy::Runtime => "container init",
-        }
-    }
 }
 
 /// Where libvirt keeps its LXC state (`LXC_STATE_DIR`): `/run/libvirt/lxc`, or
@@ -293,7 +253,7 @@ fn init_child(proc: &Proc, controller: i32, pid: i32) -> Option<ProcRef> {
 
 /// What a run in the container made (for rollback).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Made {
+pub struct ContainerMade {
     pub outcomes: Vec<Outcome>,
     /// Directories created, e.g. `/dev/dri`.
     pub dirs: Vec<String>,
@@ -324,11 +284,11 @@ enum Job {
 
 #[derive(Debug, Serialize, Deserialize)]
 enum Reply {
-    Made(Made),
+    Made(ContainerMade),
     Removed,
     Injected(rootfs::Done),
     /// What could not be undone.
-    Left(crate::log::Leftovers),
+    Left(crate::leftovers::Leftovers),
     /// The mounts no longer in place.
     Missing(Vec<String>),
     Failed(ContainerError),
@@ -340,7 +300,7 @@ const CHILD_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Creates `nodes` in the container's `/dev`; on any failure removes what it created and
 /// returns the error.
-pub fn create_nodes(ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError> {
+pub fn create_nodes(ct: &Container, nodes: &[NodeSpec]) -> Result<ContainerMade, ContainerError> {
     let job = match ct.userns {
         Some(owner) => Job::Bind(nodes.to_vec(), owner),
         None => Job::Create(nodes.to_vec()),
@@ -411,7 +371,7 @@ pub fn uninject(
     ct: &Container,
     done: &rootfs::Done,
     owner: rootfs::Owner,
-) -> Result<crate::log::Leftovers, ContainerError> {
+) -> Result<crate::leftovers::Leftovers, ContainerError> {
     match run(ct, &Job::Uninject(done.clone(), owner))? {
         Reply::Left(l) => Ok(l),
         Reply::Failed(e) => Err(e),
@@ -536,7 +496,7 @@ fn child(
             Err(e) => return Ok(Reply::Failed(Refusal::Rootfs(e).into())),
         }
         if !plan.ld_folders.is_empty() {
-            match rootfs::host_ldconfig() {
+            match rootfs::ldconfig::host_ldconfig() {
                 Ok(l) => ldconfig = Some(l),
                 Err(e) => return Ok(Reply::Failed(Refusal::Rootfs(e).into())),
             }
@@ -576,41 +536,8 @@ fn child(
     }
     let dev_fs = st.st_dev;
     Ok(match job {
-        Job::Create(nodes) => {
-            let mut made = Made::default();
-            for (i, n) in nodes.iter().enumerate() {
-                match devdir::create_one(&Sys, &dev, dev_fs, n, &mut made.dirs) {
-                    Ok(o) => made.outcomes.push(o),
-                    Err(e) => {
-                        let created: Vec<NodeSpec> = nodes[..i]
-                            .iter()
-                            .zip(&made.outcomes)
-                            .filter(|(_, o)| **o == Outcome::Created)
-                            .map(|(n, _)| n.clone())
-                            .collect();
-                        devdir::remove(&Sys, &dev, dev_fs, &created, &made.dirs);
-                        return Ok(Reply::Failed(Refusal::Node(e).into()));
-                    }
-                }
-            }
-            Reply::Made(made)
-        }
-        Job::Bind(nodes, _) => {
-            let mut made = Made::default();
-            for (n, t) in nodes.iter().zip(&nodes_made) {
-                match devdir::bind_one(&Sys, &dev, dev_fs, n, t, t.id(), &mut made.dirs) {
-                    Ok((o, b)) => {
-                        made.outcomes.push(o);
-                        made.bound.extend(b);
-                    }
-                    Err(e) => {
-                        devdir::unbind(&Sys, &dev, dev_fs, &nodes, &made.bound, &made.dirs);
-                        return Ok(Reply::Failed(Refusal::Node(e).into()));
-                    }
-                }
-            }
-            Reply::Made(made)
-        }
+        Job::Create(nodes) => create_in(&dev, dev_fs, &nodes),
+        Job::Bind(nodes, _) => bind_in(&dev, dev_fs, &nodes, &nodes_made),
         Job::Remove {
             nodes,
             dirs,
@@ -633,13 +560,54 @@ fn child(
     })
 }
 
+/// The helper's `Create`: each node made in the container's `/dev` (open as `dev`); on a
+/// refusal, those it created are removed again.
+fn create_in(dev: &OwnedFd, dev_fs: u64, nodes: &[NodeSpec]) -> Reply {
+    let mut made = ContainerMade::default();
+    for (i, n) in nodes.iter().enumerate() {
+        match devdir::create_one(&Sys, dev, dev_fs, n, &mut made.dirs) {
+            Ok(o) => made.outcomes.push(o),
+            Err(e) => {
+                let created: Vec<NodeSpec> = nodes[..i]
+                    .iter()
+                    .zip(&made.outcomes)
+                    .filter(|(_, o)| **o == Outcome::Created)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                devdir::remove(&Sys, dev, dev_fs, &created, &made.dirs);
+                return Reply::Failed(Refusal::Node(e).into());
+            }
+        }
+    }
+    Reply::Made(made)
+}
+
+/// The helper's `Bind`: each node's detached tree (`trees`, made on the host's side) bound
+/// in the container's `/dev`; on a refusal, those it bound are unbound again.
+fn bind_in(dev: &OwnedFd, dev_fs: u64, nodes: &[NodeSpec], trees: &[DetachedTree]) -> Reply {
+    let mut made = ContainerMade::default();
+    for (n, t) in nodes.iter().zip(trees) {
+        match devdir::bind_one(&Sys, dev, dev_fs, n, t, t.id(), &mut made.dirs) {
+            Ok((o, b)) => {
+                made.outcomes.push(o);
+                made.bound.extend(b);
+            }
+            Err(e) => {
+                devdir::unbind(&Sys, dev, dev_fs, nodes, &made.bound, &made.dirs);
+                return Reply::Failed(Refusal::Node(e).into());
+            }
+        }
+    }
+    Reply::Made(made)
+}
+
 /// The nodes a user-namespaced container gets bind mounts of, made in the host's user
 /// namespace where they can be used (in the helper, before it joins the container): a mount
 /// namespace of the helper's own (nothing it mounts reaches the host's), a fresh tmpfs there
 /// (not `nodev`), each node made on it as the request asks (number, mode, host-side owner), and
 /// a detached clone of each ([`rootfs::node_tree`]). The tmpfs lives on in the mounts moved
 /// into the container; nothing is left on the host.
-fn own_nodes(nodes: &[NodeSpec]) -> Result<Vec<rootfs::Tree>, Failure> {
+fn own_nodes(nodes: &[NodeSpec]) -> Result<Vec<DetachedTree>, Failure> {
     use nix::mount::{mount, MsFlags};
     let fail = |what: &str, e: nix::errno::Errno| Failure::OwnNode {
         what: what.to_owned(),
@@ -720,20 +688,6 @@ fn drop_capabilities() -> Result<(), CapsError> {
     ])
 }
 
-/// Keeps of this process's capabilities only `want` (those it has), effective and
-/// permitted; none inheritable.
-pub(crate) fn keep_only(want: &[caps::Capability]) -> Result<(), CapsError> {
-    use caps::CapSet;
-    // (The caps crate's errors are text: said as they are.)
-    let have = caps::read(None, CapSet::Permitted).map_err(|e| CapsError::Read(e.to_string()))?;
-    let keep: caps::CapsHashSet = want.iter().filter(|c| have.contains(c)).copied().collect();
-    let dropping = |e: caps::errors::CapsError| CapsError::Drop(e.to_string());
-    caps::set(None, CapSet::Effective, &keep).map_err(dropping)?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(dropping)?;
-    caps::clear(None, CapSet::Inheritable).map_err(dropping)?;
-    Ok(())
-}
-
 /// Opens a directory entry without following a symlink. Errors read "is a symlink; …",
 /// "is a regular file, not a directory", ": <errno>".
 #[cfg(test)]
@@ -749,9 +703,9 @@ mod tests {
             gone(42, Some(at("/dev/nvidia0", enoent).into())),
             Refusal::HostDev.into(),
             Failure::Fork(nix::errno::Errno::EAGAIN.into()).into(),
-            Refusal::Node(devdir::NodeError::InTheWay {
+            Refusal::Node(devdir::MakeNodeError::InTheWay {
                 path: "/dev/nvidia0".into(),
-                found: devdir::Found {
+                found: devdir::PlaceFound {
                     kind: libc::S_IFCHR,
                     rdev: libc::makedev(1, 3),
                 },

@@ -21,7 +21,7 @@ pub enum OpenDirError {
     #[error("is a symlink; refusing to follow it")]
     Symlink,
     #[error("is {0}, not a directory")]
-    NotDir(Found),
+    NotDir(PlaceFound),
     #[error(": {0}")]
     Sys(#[source] SysErr),
 }
@@ -29,22 +29,22 @@ pub enum OpenDirError {
 /// What a stat found at a place, as far as messages say it (`a FIFO`, `the character
 /// device 1:3`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Found {
+pub struct PlaceFound {
     /// `S_IFMT` bits.
     pub kind: u32,
     pub rdev: u64,
 }
 
-impl From<&Stat> for Found {
-    fn from(st: &Stat) -> Found {
-        Found {
+impl From<&WalkStat> for PlaceFound {
+    fn from(st: &WalkStat) -> PlaceFound {
+        PlaceFound {
             kind: st.kind,
             rdev: st.rdev,
         }
     }
 }
 
-impl std::fmt::Display for Found {
+impl std::fmt::Display for PlaceFound {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str(match self.kind {
             libc::S_IFLNK => "a symlink",
@@ -65,7 +65,7 @@ impl std::fmt::Display for Found {
 /// Why a node could not be made in the container's `/dev`. A value (serde): it crosses the
 /// fork in the helper's reply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-pub enum NodeError {
+pub enum MakeNodeError {
     #[error("node path {path} is not under /dev")]
     NotUnderDev { path: String },
     #[error("bad node path {path}")]
@@ -95,7 +95,7 @@ pub enum NodeError {
     #[error("container {path} is {found} (not the character device {major}:{minor}); refusing to replace it")]
     InTheWay {
         path: String,
-        found: Found,
+        found: PlaceFound,
         major: u32,
         minor: u32,
     },
@@ -116,7 +116,7 @@ pub enum NodeError {
         errno: SysErr,
     },
     #[error("container {path} was swapped for {found} while being created")]
-    Swapped { path: String, found: Found },
+    Swapped { path: String, found: PlaceFound },
     #[error("cannot chown container {path} to {uid}:{gid}: {errno}")]
     Chown {
         path: String,
@@ -143,7 +143,7 @@ pub enum NodeError {
 
 /// What a stat says, as far as the walk cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stat {
+pub struct WalkStat {
     /// `S_IFMT` bits.
     pub kind: u32,
     pub mode: u32,
@@ -154,9 +154,9 @@ pub struct Stat {
     pub size: i64,
 }
 
-impl Stat {
-    fn of(st: &libc::stat) -> Stat {
-        Stat {
+impl WalkStat {
+    fn of(st: &libc::stat) -> WalkStat {
+        WalkStat {
             kind: st.st_mode & libc::S_IFMT,
             mode: st.st_mode & 0o7777,
             rdev: st.st_rdev,
@@ -177,14 +177,14 @@ pub trait DirOps {
     fn dup(&self, d: &Self::Dir) -> Result<Self::Dir, Errno>;
     /// Opens a directory, not following a symlink (`O_DIRECTORY | O_NOFOLLOW`).
     fn open_dir(&self, parent: &Self::Dir, name: &str) -> Result<Self::Dir, Errno>;
-    fn fstat(&self, d: &Self::Dir) -> Result<Stat, Errno>;
+    fn fstat(&self, d: &Self::Dir) -> Result<WalkStat, Errno>;
     /// `fstatat(AT_SYMLINK_NOFOLLOW)`.
-    fn lstat(&self, parent: &Self::Dir, name: &str) -> Result<Stat, Errno>;
+    fn lstat(&self, parent: &Self::Dir, name: &str) -> Result<WalkStat, Errno>;
     fn mkdir(&self, parent: &Self::Dir, name: &str, mode: u32) -> Result<(), Errno>;
     fn mknod_chr(&self, parent: &Self::Dir, name: &str, mode: u32, rdev: u64) -> Result<(), Errno>;
     /// `O_PATH | O_NOFOLLOW`.
     fn open_obj(&self, parent: &Self::Dir, name: &str) -> Result<Self::Obj, Errno>;
-    fn fstat_obj(&self, o: &Self::Obj) -> Result<Stat, Errno>;
+    fn fstat_obj(&self, o: &Self::Obj) -> Result<WalkStat, Errno>;
     fn chown_obj(&self, o: &Self::Obj, uid: u32, gid: u32) -> Result<(), Errno>;
     fn unlink(&self, parent: &Self::Dir, name: &str, dir: bool) -> Result<(), Errno>;
     /// Creates an empty regular file (`O_CREAT | O_EXCL | O_NOFOLLOW`): a mount point.
@@ -201,7 +201,7 @@ pub struct Sys;
 impl DirOps for Sys {
     type Dir = OwnedFd;
     type Obj = OwnedFd;
-    type Tree = crate::enter::rootfs::Tree;
+    type Tree = crate::enter::tree::DetachedTree;
     fn dup(&self, d: &OwnedFd) -> Result<OwnedFd, Errno> {
         d.try_clone()
             .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))
@@ -214,11 +214,11 @@ impl DirOps for Sys {
             Mode::empty(),
         )
     }
-    fn fstat(&self, d: &OwnedFd) -> Result<Stat, Errno> {
-        fstat(d).map(|s| Stat::of(&s))
+    fn fstat(&self, d: &OwnedFd) -> Result<WalkStat, Errno> {
+        fstat(d).map(|s| WalkStat::of(&s))
     }
-    fn lstat(&self, parent: &OwnedFd, name: &str) -> Result<Stat, Errno> {
-        fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).map(|s| Stat::of(&s))
+    fn lstat(&self, parent: &OwnedFd, name: &str) -> Result<WalkStat, Errno> {
+        fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).map(|s| WalkStat::of(&s))
     }
     fn mkdir(&self, parent: &OwnedFd, name: &str, mode: u32) -> Result<(), Errno> {
         mkdirat(parent, name, Mode::from_bits_truncate(mode))
@@ -240,8 +240,8 @@ impl DirOps for Sys {
             Mode::empty(),
         )
     }
-    fn fstat_obj(&self, o: &OwnedFd) -> Result<Stat, Errno> {
-        fstat(o).map(|s| Stat::of(&s))
+    fn fstat_obj(&self, o: &OwnedFd) -> Result<WalkStat, Errno> {
+        fstat(o).map(|s| WalkStat::of(&s))
     }
     fn chown_obj(&self, o: &OwnedFd, uid: u32, gid: u32) -> Result<(), Errno> {
         // SAFETY: fchownat on a valid O_PATH descriptor with AT_EMPTY_PATH touches that inode.
@@ -266,7 +266,11 @@ impl DirOps for Sys {
         )
         .map(drop)
     }
-    fn mount_on(&self, tree: &crate::enter::rootfs::Tree, target: &OwnedFd) -> Result<(), Errno> {
+    fn mount_on(
+        &self,
+        tree: &crate::enter::tree::DetachedTree,
+        target: &OwnedFd,
+    ) -> Result<(), Errno> {
         tree.move_onto(target)
     }
     fn umount(&self, parent: &OwnedFd, name: &str) -> Result<(), Errno> {
@@ -284,28 +288,28 @@ pub fn open_dir<D: DirOps>(ops: &D, parent: &D::Dir, name: &str) -> Result<D::Di
         // O_DIRECTORY|O_NOFOLLOW on a symlink gives ENOTDIR (or ELOOP): say what it is.
         Errno::ELOOP | Errno::ENOTDIR => match ops.lstat(parent, name) {
             Ok(st) if st.kind == libc::S_IFLNK => OpenDirError::Symlink,
-            Ok(st) => OpenDirError::NotDir(Found::from(&st)),
+            Ok(st) => OpenDirError::NotDir(PlaceFound::from(&st)),
             Err(e) => OpenDirError::Sys(e.into()),
         },
         e => OpenDirError::Sys(e.into()),
     })
 }
 
-fn is_node(st: &Stat, n: &NodeSpec) -> bool {
+fn is_node(st: &WalkStat, n: &NodeSpec) -> bool {
     st.kind == libc::S_IFCHR && st.rdev == n.rdev()
 }
 
 /// The components of a path under `/dev`, each a plain name.
-fn components(path: &str) -> Result<Vec<&str>, NodeError> {
+fn components(path: &str) -> Result<Vec<&str>, MakeNodeError> {
     let rest = path
         .strip_prefix("/dev/")
-        .ok_or_else(|| NodeError::NotUnderDev { path: path.into() })?;
+        .ok_or_else(|| MakeNodeError::NotUnderDev { path: path.into() })?;
     let comps: Vec<&str> = rest.split('/').collect();
     if comps
         .iter()
         .any(|c| c.is_empty() || *c == "." || *c == ".." || c.contains('\0'))
     {
-        return Err(NodeError::BadPath { path: path.into() });
+        return Err(MakeNodeError::BadPath { path: path.into() });
     }
     Ok(comps)
 }
@@ -319,12 +323,12 @@ fn walk_parent<'a, D: DirOps>(
     dev_fs: u64,
     path: &'a str,
     mut dirs: Option<&mut Vec<String>>,
-) -> Result<Option<(D::Dir, &'a str)>, NodeError> {
+) -> Result<Option<(D::Dir, &'a str)>, MakeNodeError> {
     let comps = components(path)?;
     let (leaf, parents) = comps
         .split_last()
-        .ok_or_else(|| NodeError::BadPath { path: path.into() })?;
-    let mut cur = ops.dup(dev).map_err(|e| NodeError::Dup(e.into()))?;
+        .ok_or_else(|| MakeNodeError::BadPath { path: path.into() })?;
+    let mut cur = ops.dup(dev).map_err(|e| MakeNodeError::Dup(e.into()))?;
     let mut at = String::from("/dev");
     for c in parents {
         at = format!("{at}/{c}");
@@ -339,22 +343,22 @@ fn walk_parent<'a, D: DirOps>(
                     Err(Errno::EEXIST) => {}
                     Err(e) => {
                         let errno = e.into();
-                        return Err(NodeError::CreateDir { at, errno });
+                        return Err(MakeNodeError::CreateDir { at, errno });
                     }
                 }
-                open_dir(ops, &cur, c).map_err(|error| NodeError::OpenDir {
+                open_dir(ops, &cur, c).map_err(|error| MakeNodeError::OpenDir {
                     at: at.clone(),
                     error,
                 })?
             }
-            Err(error) => return Err(NodeError::OpenDir { at, error }),
+            Err(error) => return Err(MakeNodeError::OpenDir { at, error }),
         };
-        let st = ops.fstat(&next).map_err(|e| NodeError::Stat {
+        let st = ops.fstat(&next).map_err(|e| MakeNodeError::Stat {
             at: at.clone(),
             errno: e.into(),
         })?;
         if st.fs != dev_fs {
-            return Err(NodeError::OtherMount { at });
+            return Err(MakeNodeError::OtherMount { at });
         }
         cur = next;
     }
@@ -369,19 +373,19 @@ pub fn create_one<D: DirOps>(
     dev_fs: u64,
     n: &NodeSpec,
     dirs: &mut Vec<String>,
-) -> Result<Outcome, NodeError> {
+) -> Result<Outcome, MakeNodeError> {
     let (dir, leaf) = walk_parent(ops, dev, dev_fs, &n.path, Some(dirs))?.expect("dirs given");
     let path = || n.path.clone();
-    let stat_err = |e: Errno| NodeError::Stat {
+    let stat_err = |e: Errno| MakeNodeError::Stat {
         at: path(),
         errno: e.into(),
     };
     match ops.lstat(&dir, leaf) {
         Ok(st) if is_node(&st, n) => return Ok(Outcome::Existing),
         Ok(st) => {
-            return Err(NodeError::InTheWay {
+            return Err(MakeNodeError::InTheWay {
                 path: path(),
-                found: Found::from(&st),
+                found: PlaceFound::from(&st),
                 major: n.major,
                 minor: n.minor,
             })
@@ -391,10 +395,10 @@ pub fn create_one<D: DirOps>(
     }
     if n.mode & !0o777 != 0 {
         let mode = n.mode;
-        return Err(NodeError::BadMode { mode, path: path() });
+        return Err(MakeNodeError::BadMode { mode, path: path() });
     }
     ops.mknod_chr(&dir, leaf, n.mode, n.rdev())
-        .map_err(|e| NodeError::Mknod {
+        .map_err(|e| MakeNodeError::Mknod {
             path: path(),
             major: n.major,
             minor: n.minor,
@@ -402,20 +406,22 @@ pub fn create_one<D: DirOps>(
         })?;
     // From here on, act on the node we made through a handle that names it, never by path.
     let done = (|| {
-        let o = ops.open_obj(&dir, leaf).map_err(|e| NodeError::Vanished {
-            path: path(),
-            errno: e.into(),
-        })?;
+        let o = ops
+            .open_obj(&dir, leaf)
+            .map_err(|e| MakeNodeError::Vanished {
+                path: path(),
+                errno: e.into(),
+            })?;
         let st = ops.fstat_obj(&o).map_err(stat_err)?;
         if !is_node(&st, n) {
-            let found = Found::from(&st);
-            return Err(NodeError::Swapped {
+            let found = PlaceFound::from(&st);
+            return Err(MakeNodeError::Swapped {
                 path: path(),
                 found,
             });
         }
         ops.chown_obj(&o, n.uid, n.gid)
-            .map_err(|e| NodeError::Chown {
+            .map_err(|e| MakeNodeError::Chown {
                 path: path(),
                 uid: n.uid,
                 gid: n.gid,
@@ -424,7 +430,7 @@ pub fn create_one<D: DirOps>(
         let st = ops.fstat_obj(&o).map_err(stat_err)?;
         if st.mode != n.mode {
             let (mode, want) = (st.mode, n.mode);
-            return Err(NodeError::Mode {
+            return Err(MakeNodeError::Mode {
                 path: path(),
                 mode,
                 want,
@@ -490,19 +496,19 @@ pub fn bind_one<D: DirOps>(
     tree: &D::Tree,
     id: (u64, u64),
     dirs: &mut Vec<String>,
-) -> Result<(Outcome, Option<Bound>), NodeError> {
+) -> Result<(Outcome, Option<Bound>), MakeNodeError> {
     let (dir, leaf) = walk_parent(ops, dev, dev_fs, &n.path, Some(dirs))?.expect("dirs given");
     let path = || n.path.clone();
-    let stat_err = |e: Errno| NodeError::Stat {
+    let stat_err = |e: Errno| MakeNodeError::Stat {
         at: path(),
         errno: e.into(),
     };
     match ops.lstat(&dir, leaf) {
         Ok(st) if is_node(&st, n) => return Ok((Outcome::Existing, None)),
         Ok(st) => {
-            return Err(NodeError::InTheWay {
+            return Err(MakeNodeError::InTheWay {
                 path: path(),
-                found: Found::from(&st),
+                found: PlaceFound::from(&st),
                 major: n.major,
                 minor: n.minor,
             })
@@ -511,27 +517,29 @@ pub fn bind_one<D: DirOps>(
         Err(e) => return Err(stat_err(e)),
     }
     ops.create_file(&dir, leaf)
-        .map_err(|e| NodeError::MountPoint {
+        .map_err(|e| MakeNodeError::MountPoint {
             path: path(),
             errno: e.into(),
         })?;
     // From here on, act on the file we made through a handle that names it, never by path.
     let mut made = None;
     let done = (|| {
-        let o = ops.open_obj(&dir, leaf).map_err(|e| NodeError::Vanished {
-            path: path(),
-            errno: e.into(),
-        })?;
+        let o = ops
+            .open_obj(&dir, leaf)
+            .map_err(|e| MakeNodeError::Vanished {
+                path: path(),
+                errno: e.into(),
+            })?;
         let st = ops.fstat_obj(&o).map_err(stat_err)?;
         if st.kind != libc::S_IFREG || st.size != 0 {
-            let found = Found::from(&st);
-            return Err(NodeError::Swapped {
+            let found = PlaceFound::from(&st);
+            return Err(MakeNodeError::Swapped {
                 path: path(),
                 found,
             });
         }
         made = Some((st.fs, st.ino));
-        ops.mount_on(tree, &o).map_err(|e| NodeError::Bind {
+        ops.mount_on(tree, &o).map_err(|e| MakeNodeError::Bind {
             path: path(),
             errno: e.into(),
         })?;
@@ -620,7 +628,7 @@ mod tests {
     /// One inode of the in-memory `/dev`.
     #[derive(Debug, Clone)]
     struct Inode {
-        st: Stat,
+        st: WalkStat,
         owner: (u32, u32),
         children: BTreeMap<String, usize>,
     }
@@ -650,7 +658,7 @@ mod tests {
         fn new() -> Fake {
             Fake {
                 inodes: RefCell::new(vec![Inode {
-                    st: Stat {
+                    st: WalkStat {
                         kind: DIR,
                         mode: 0o755,
                         rdev: 0,
@@ -674,7 +682,7 @@ mod tests {
             let mut v = self.inodes.borrow_mut();
             let ino = v.len();
             v.push(Inode {
-                st: Stat {
+                st: WalkStat {
                     kind: CHR,
                     mode: 0o666,
                     rdev,
@@ -702,7 +710,7 @@ mod tests {
             let fs = fs.unwrap_or(v[parent].st.fs);
             let ino = v.len() as u64;
             v.push(Inode {
-                st: Stat {
+                st: WalkStat {
                     kind,
                     mode: 0o755,
                     rdev,
@@ -773,10 +781,10 @@ mod tests {
                 _ => Err(Errno::ENOTDIR),
             }
         }
-        fn fstat(&self, d: &usize) -> Result<Stat, Errno> {
+        fn fstat(&self, d: &usize) -> Result<WalkStat, Errno> {
             Ok(self.inodes.borrow()[*d].st)
         }
-        fn lstat(&self, parent: &usize, name: &str) -> Result<Stat, Errno> {
+        fn lstat(&self, parent: &usize, name: &str) -> Result<WalkStat, Errno> {
             let c = self.child(*parent, name)?;
             Ok(self.inodes.borrow()[c].st)
         }
@@ -799,7 +807,7 @@ mod tests {
             let ino = self.add(*parent, name, CHR, rdev, None);
             self.inodes.borrow_mut()[ino].st.mode = mode;
             if self.swap_after_mknod {
-                self.inodes.borrow_mut()[ino].st = Stat {
+                self.inodes.borrow_mut()[ino].st = WalkStat {
                     kind: LNK,
                     mode: 0o777,
                     rdev: 0,
@@ -813,7 +821,7 @@ mod tests {
         fn open_obj(&self, parent: &usize, name: &str) -> Result<usize, Errno> {
             self.child(*parent, name)
         }
-        fn fstat_obj(&self, o: &usize) -> Result<Stat, Errno> {
+        fn fstat_obj(&self, o: &usize) -> Result<WalkStat, Errno> {
             Ok(self.inodes.borrow()[*o].st)
         }
         fn chown_obj(&self, o: &usize, uid: u32, gid: u32) -> Result<(), Errno> {

@@ -14,6 +14,7 @@
 
 use crate::cdi::{BindMount, Plan};
 use crate::enter::devdir::{self, Sys};
+use crate::enter::tree::{DetachedTree, MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH};
 use nix::errno::Errno;
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, Mode};
@@ -21,14 +22,13 @@ use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-/// The file gpuhook writes into the container's `/etc/ld.so.conf.d` (LXD writes
-/// `00-lxdcdi.conf`, nvidia-cdi-hook `00-nvcr-*.conf`).
-pub const LD_CONF: &str = "00-gpuhook-cdi.conf";
-
 mod error;
-mod ldconfig;
+pub(crate) mod ldconfig;
+mod owner;
+mod paths;
 pub use error::{ComponentError, RootfsError};
-pub use ldconfig::{host_ldconfig, LDCONFIG_ID};
+pub use owner::Owner;
+pub use paths::LD_CONF;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mounted {
@@ -97,8 +97,6 @@ pub struct Done {
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
@@ -135,42 +133,11 @@ fn set_attr(fd: &OwnedFd, set: u64, clear: u64, at: libc::c_uint) -> Result<(), 
     Errno::result(r).map(drop)
 }
 
-/// A detached copy of a mount's source, its attributes set: ready to be moved into a
-/// container. Call in the host's mount namespace.
-pub struct Tree {
-    fd: OwnedFd,
-    dev: u64,
-    ino: u64,
-}
-
-impl Tree {
-    /// Its filesystem and inode: what a `stat` where it is mounted shows.
-    pub fn id(&self) -> (u64, u64) {
-        (self.dev, self.ino)
-    }
-
-    /// Moves it onto `target` (an `O_PATH` handle of the place), descriptors only.
-    pub fn move_onto(&self, target: &OwnedFd) -> Result<(), Errno> {
-        // SAFETY: move_mount between two descriptors we hold, with empty paths.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_move_mount,
-                self.fd.as_raw_fd(),
-                c"".as_ptr(),
-                target.as_raw_fd(),
-                c"".as_ptr(),
-                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-            )
-        };
-        Errno::result(r).map(drop)
-    }
-}
-
 /// A detached mount of the node `name` in `dir` (one gpuhook made on a tmpfs of its own,
 /// mounted in the host's user namespace), cloned in this mount namespace (`open_tree`) and made
 /// read-only, `nosuid`, `noexec` and private while detached — not `nodev`: it is a device to
 /// be opened. What a user-namespaced container gets for a node ([`crate::enter::devdir::Bound`]).
-pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<Tree, Errno> {
+pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<DetachedTree, Errno> {
     let cname = CString::new(name).map_err(|_| Errno::EINVAL)?;
     let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
     // SAFETY: open_tree on a directory descriptor we hold and a valid C string.
@@ -185,7 +152,7 @@ pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<Tree, Errno> {
         0,
     )?;
     let st = fstat(&fd)?;
-    Ok(Tree {
+    Ok(DetachedTree {
         fd,
         dev: st.st_dev,
         ino: st.st_ino,
@@ -194,11 +161,11 @@ pub fn node_tree(dir: &OwnedFd, name: &str) -> Result<Tree, Errno> {
 
 /// Clones each mount's source (in this, the host's, mount namespace) and sets its
 /// attributes while it is detached.
-pub fn open_trees(mounts: &[BindMount]) -> Result<Vec<Tree>, RootfsError> {
+pub fn open_trees(mounts: &[BindMount]) -> Result<Vec<DetachedTree>, RootfsError> {
     mounts.iter().map(open_tree).collect()
 }
 
-fn open_tree(m: &BindMount) -> Result<Tree, RootfsError> {
+fn open_tree(m: &BindMount) -> Result<DetachedTree, RootfsError> {
     let path = || m.source.clone();
     let src =
         CString::new(m.source.as_str()).map_err(|_| RootfsError::NulInPath { path: path() })?;
@@ -233,7 +200,7 @@ fn open_tree(m: &BindMount) -> Result<Tree, RootfsError> {
         path: path(),
         errno: e.into(),
     })?;
-    Ok(Tree {
+    Ok(DetachedTree {
         fd,
         dev: st.st_dev,
         ino: st.st_ino,
@@ -367,14 +334,6 @@ pub fn split(path: &str) -> (&str, &str) {
     }
 }
 
-/// The ids gpuhook acts as in a container's root: its root's (container uid and gid 0, mapped
-/// through the container's user namespace; the host's root without one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Owner {
-    pub uid: u32,
-    pub gid: u32,
-}
-
 /// From here on, acts on files as the container's root does: file-system ids `owner`, and
 /// no capability that overrides file permissions or ownership (`CAP_DAC_*`, `CAP_FOWNER`,
 /// `CAP_CHOWN`, `CAP_MKNOD` go). Kept: mounting (`move_mount`, `umount`) and what starting
@@ -402,7 +361,7 @@ pub fn act_as(owner: Owner, mounts: bool) -> Result<(), RootfsError> {
         Ok(()) | Err(Errno::EPERM) => {}
         Err(e) => return Err(RootfsError::Setgroups(e.into())),
     }
-    crate::enter::container::keep_only(&keep)?;
+    crate::enter::caps::keep_only(&keep)?;
     // setfsuid/setfsgid say nothing on failure: the second call returns the id in force.
     nix::unistd::setfsgid(owner.gid.into());
     let gid = nix::unistd::setfsgid(owner.gid.into());
@@ -425,7 +384,7 @@ pub fn act_as(owner: Owner, mounts: bool) -> Result<(), RootfsError> {
 /// not be is said on the error's line.
 pub fn apply(
     root: &OwnedFd,
-    trees: Vec<Tree>,
+    trees: Vec<DetachedTree>,
     plan: &Plan,
     ldconfig: Option<&OwnedFd>,
     owner: Owner,
@@ -448,7 +407,7 @@ pub fn apply(
 
 fn apply_into(
     root: &OwnedFd,
-    trees: Vec<Tree>,
+    trees: Vec<DetachedTree>,
     plan: &Plan,
     ldconfig: Option<&OwnedFd>,
     owner: Owner,
@@ -531,7 +490,12 @@ fn relink(dir: &OwnedFd, name: &str, target: &str) -> Result<(), Errno> {
     })
 }
 
-fn mount_one(root: &OwnedFd, t: Tree, m: &BindMount, done: &mut Done) -> Result<(), RootfsError> {
+fn mount_one(
+    root: &OwnedFd,
+    t: DetachedTree,
+    m: &BindMount,
+    done: &mut Done,
+) -> Result<(), RootfsError> {
     let (parent, name) = split(&m.target);
     let target = || m.target.clone();
     let at = |e: Errno| RootfsError::At {
@@ -643,9 +607,9 @@ fn replace_file(dir: &OwnedFd, name: &str, text: &str) -> Result<(), Errno> {
 /// `name` in `dir` becomes a new regular file holding `bytes` (a temporary name made with
 /// `O_EXCL|O_NOFOLLOW`, renamed over `name`: what was at `name` is never opened).
 fn replace_bytes(dir: &OwnedFd, name: &str, text: &[u8]) -> Result<(), Errno> {
-    use crate::enter::replace::{replace, Replace};
+    use crate::host::atomic::{replace, AtomicWrite};
     let tmp = format!(".{name}.gpuhook-{}", std::process::id());
-    let r = Replace {
+    let r = AtomicWrite {
         dir: std::os::fd::AsFd::as_fd(dir),
         tmp: std::path::Path::new(&tmp),
         name: std::path::Path::new(name),
@@ -681,8 +645,8 @@ pub fn missing(root: &OwnedFd, mounted: &[Mounted]) -> Vec<String> {
 
 /// Takes back what [`apply`] did (each thing only if it is still what gpuhook made);
 /// returns what could not be.
-pub fn undo(root: &OwnedFd, done: &Done) -> crate::log::Leftovers {
-    let mut left = crate::log::Leftovers::default();
+pub fn undo(root: &OwnedFd, done: &Done) -> crate::leftovers::Leftovers {
+    let mut left = crate::leftovers::Leftovers::default();
     for m in done.mounted.iter().rev() {
         match in_place(root, m) {
             Ok((dir, true)) => {

@@ -9,10 +9,10 @@
 use std::path::{Path, PathBuf};
 
 /// (vendor, device, architecture, model)
-type Entry = (u16, u16, &'static str, &'static str);
+type ArchRow = (u16, u16, &'static str, &'static str);
 
 #[rustfmt::skip]
-const TABLE: &[Entry] = &[
+const TABLE: &[ArchRow] = &[
     // NVIDIA Fermi (the blueprint's cg1 hosts)
     (0x10de, 0x06d1, "fermi", "Tesla C2050 / C2070"),
     (0x10de, 0x06d2, "fermi", "Tesla M2070"),

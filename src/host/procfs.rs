@@ -35,8 +35,15 @@ pub const HOST: Proc<'static> = Proc { root: "/proc" };
 
 mod fds;
 mod mountinfo;
+mod raw;
 use fds::{denied, really_open, same_files, statx_chr};
-pub use mountinfo::{mounts, parse_mountinfo, Mount};
+pub use mountinfo::{parse_mountinfo, Mount};
+use raw::read_raw;
+
+/// The mounts of a process's mount namespace (`/proc/PID/mountinfo`, or our own for `None`).
+pub fn mounts(pid: Option<i32>) -> Option<Vec<Mount>> {
+    HOST.mounts(pid)
+}
 
 impl Proc<'_> {
     fn path(&self, pid: i32, file: &str) -> String {
@@ -45,14 +52,14 @@ impl Proc<'_> {
 
     fn pid_stat(&self, pid: i32) -> Option<Vec<String>> {
         match self.stat_of(pid) {
-            Stat::Fields(f) => Some(f),
-            Stat::Gone | Stat::Unparsed => None,
+            TaskStat::Fields(f) => Some(f),
+            TaskStat::Gone | TaskStat::Unparsed => None,
         }
     }
 
-    fn stat_of(&self, pid: i32) -> Stat {
+    fn stat_of(&self, pid: i32) -> TaskStat {
         if pid <= 0 {
-            return Stat::Gone;
+            return TaskStat::Gone;
         }
         stat_fields(&self.path(pid, "stat"))
     }
@@ -74,11 +81,11 @@ impl Proc<'_> {
     /// See [`ProcRef::alive`].
     pub fn alive(&self, r: &ProcRef) -> bool {
         let f = match self.stat_of(r.pid) {
-            Stat::Fields(f) => f,
-            Stat::Gone => return false,
+            TaskStat::Fields(f) => f,
+            TaskStat::Gone => return false,
             // There, but not understood: never taken for gone (its GPUs would go to the
             // next tenant while it runs).
-            Stat::Unparsed => return true,
+            TaskStat::Unparsed => return true,
         };
         if f.get(19).and_then(|s| s.parse().ok()) != Some(r.start_time) {
             return false;
@@ -93,9 +100,9 @@ impl Proc<'_> {
         tasks.flatten().any(|t| {
             t.file_name().to_str() != Some(&pid.to_string())
                 && match stat_fields(&t.path().join("stat").to_string_lossy()) {
-                    Stat::Fields(f) => running(&f),
-                    Stat::Unparsed => true,
-                    Stat::Gone => false,
+                    TaskStat::Fields(f) => running(&f),
+                    TaskStat::Unparsed => true,
+                    TaskStat::Gone => false,
                 }
         })
     }
@@ -175,7 +182,7 @@ pub type Openers = BTreeMap<u64, Vec<ProcRef>>;
 
 /// What one bounded pass over `/proc` found ([`Proc::openers`]).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Found {
+pub struct OpenersFound {
     /// Who has one of the wanted numbers open.
     pub openers: Openers,
     /// Processes whose descriptor tables were not all read before the budget ran out (the
@@ -185,10 +192,10 @@ pub struct Found {
     pub unread_total: usize,
 }
 
-/// How many of the processes a look did not finish [`Found::unread`] names.
+/// How many of the processes a look did not finish [`OpenersFound::unread`] names.
 pub const UNREAD_KEPT: usize = 16;
 
-impl Found {
+impl OpenersFound {
     /// Whether every process was read to the end.
     pub fn complete(&self) -> bool {
         self.unread_total == 0
@@ -421,14 +428,14 @@ impl Proc<'_> {
 
     /// One pass over the processes `keep` takes (all but ourselves; no kernel thread): which
     /// have one of `wanted` open, within `budget`. The tables larger than [`LARGE`] are read
-    /// last, smallest first; those the budget did not reach (or finish) are in [`Found::unread`].
+    /// last, smallest first; those the budget did not reach (or finish) are in [`OpenersFound::unread`].
     pub fn openers(
         &self,
         wanted: &BTreeSet<u64>,
         keep: impl Fn(i32) -> bool,
         budget: &Budget,
-    ) -> Found {
-        let mut out = Found::default();
+    ) -> OpenersFound {
+        let mut out = OpenersFound::default();
         if wanted.is_empty() {
             return out;
         }
@@ -449,7 +456,7 @@ impl Proc<'_> {
         let (mut unread_large, mut unread) = (Vec::new(), Vec::new());
         // Read, but with descriptors that could not be looked at.
         let mut unknown = Vec::new();
-        let record = |pid: i32, hits: BTreeSet<u64>, out: &mut Found| {
+        let record = |pid: i32, hits: BTreeSet<u64>, out: &mut OpenersFound| {
             if hits.is_empty() {
                 return;
             }
@@ -537,28 +544,8 @@ fn read_bytes(p: impl AsRef<Path>) -> Option<Vec<u8>> {
     read_raw(p).ok()
 }
 
-fn read_raw(p: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(p)?;
-    let mut buf = vec![0u8; 4096];
-    let mut n = 0;
-    loop {
-        if n == buf.len() {
-            buf.resize(buf.len() * 2, 0);
-        }
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    buf.truncate(n);
-    Ok(buf)
-}
-
 /// What a task's `stat` file says.
-enum Stat {
+enum TaskStat {
     /// No such task (the file cannot be opened or read: ENOENT, ESRCH).
     Gone,
     /// The fields after the command name: [0] is the state, [1] the parent, [6] the flags,
@@ -570,25 +557,25 @@ enum Stat {
 
 /// Reads a `stat` file as bytes: the command name (`comm`, any bytes the process chose,
 /// `)` and spaces included) ends at the last `)`; what follows is the kernel's ASCII.
-fn stat_fields(path: &str) -> Stat {
+fn stat_fields(path: &str) -> TaskStat {
     let b = match read_raw(path) {
         Ok(b) => b,
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
-            return Stat::Gone
+            return TaskStat::Gone
         }
-        Err(_) => return Stat::Unparsed,
+        Err(_) => return TaskStat::Unparsed,
     };
     let Some(close) = b.iter().rposition(|&c| c == b')') else {
-        return Stat::Unparsed;
+        return TaskStat::Unparsed;
     };
     let Ok(rest) = std::str::from_utf8(&b[close + 1..]) else {
-        return Stat::Unparsed;
+        return TaskStat::Unparsed;
     };
     let f: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
     if f.len() < 20 {
-        return Stat::Unparsed;
+        return TaskStat::Unparsed;
     }
-    Stat::Fields(f)
+    TaskStat::Fields(f)
 }
 
 pub fn comm(pid: i32) -> Option<String> {

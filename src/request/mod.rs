@@ -1,8 +1,10 @@
 //! What a container asks for, whichever front door it came through: the domain XML's
-//! attributes and `device` children, the blueprint's extra_specs (see [`metadata`]), and
-//! next OCI annotations and Nova's flavor metadata ([`extra_specs`]). Choosing GPUs
+//! attributes and `device` children, the blueprint's extra_specs (see [`metadata`]), OCI
+//! annotations and env ([`oci`]) and Nova's flavor metadata ([`extra_specs`]); the one
+//! attribute grammar they share ([`attrs`]). Choosing GPUs
 //! (`reserve::alloc`) and the lifecycle (`reserve::lifecycle`) see only this.
 
+pub(crate) mod attrs;
 pub mod extra_specs;
 pub mod metadata;
 pub mod oci;

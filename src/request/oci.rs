@@ -1,10 +1,11 @@
 //! A request from an OCI bundle's `config.json`: annotations `gpuhook.io/KEY`, else
 //! `GPUHOOK_KEY` entries of `process.env`, validated as the domain XML's attributes are
-//! (the same `metadata::set_attr`); and the container user namespace's id ranges. The
+//! (the same `attrs::set_attr`); and the container user namespace's id ranges. The
 //! bundle itself (reading, editing, cleaning it) is the OCI door's (`doors::bundle`).
 
 use crate::ids::normalize_pci;
-use crate::request::metadata::{self, AttrError, GpusBuilder, ParseError};
+use crate::request::attrs::{self, GpusBuilder};
+use crate::request::metadata::error::{AttrError, ParseError};
 use crate::request::{DeviceSel, IdRange, Request};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -114,7 +115,7 @@ pub fn request(pairs: &Pairs) -> Result<Request, OciError> {
             source,
         };
         let known = match key.as_str() {
-            "gpus" => metadata::set_attr(&mut g, "count", v).map_err(attr)?,
+            "gpus" => attrs::set_attr(&mut g, "count", v).map_err(attr)?,
             "count" => false,
             "devices" => {
                 g.devices
@@ -124,13 +125,13 @@ pub fn request(pairs: &Pairs) -> Result<Request, OciError> {
                     })?);
                 true
             }
-            k => metadata::set_attr(&mut g, k, v).map_err(attr)?,
+            k => attrs::set_attr(&mut g, k, v).map_err(attr)?,
         };
         if !known {
             return Err(OciError::UnknownKey { src: src.clone() });
         }
     }
-    Ok(metadata::build_request(g)?)
+    Ok(attrs::build_request(g)?)
 }
 
 /// `gpuhook.io/devices`: a comma list of PCI addresses, GPU UUIDs or indices.

@@ -26,7 +26,7 @@ use std::collections::BTreeSet;
 
 /// A unit just freed: its id, its own nodes, whose reservation it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Freed {
+pub struct FreedUnit {
     pub unit: Unit,
     pub nodes: Vec<Node>,
     pub after: String,
@@ -42,7 +42,7 @@ fn numbers(nodes: &[Node]) -> BTreeSet<u64> {
 
 /// The units of reservations just taken out of `st`, with their own nodes (see the module
 /// comment). A unit the inventory does not know (its GPU is gone) has none.
-pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<Freed> {
+pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<FreedUnit> {
     let mut out = Vec::new();
     for r in freed {
         for unit in &r.gpus {
@@ -66,7 +66,7 @@ pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<Fr
                 None => inv.by_unit(unit).map(|g| g.own_nodes()).unwrap_or_default(),
             };
             if !nodes.is_empty() {
-                out.push(Freed {
+                out.push(FreedUnit {
                     // The last slot of a shared GPU: the GPU drains whole, so that neither a
                     // sharer nor a holder gets it while a process keeps it open.
                     unit: if unit.is_slot() {
@@ -107,7 +107,7 @@ pub const BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 /// state lock.
 pub fn settle(
     st: &mut State,
-    fresh: Vec<Freed>,
+    fresh: Vec<FreedUnit>,
     recheck: bool,
     proc: Proc,
     now: &str,
@@ -874,25 +874,8 @@ int main(int argc, char **argv) {
                 if name.to_bytes().first().is_none_or(|c| !c.is_ascii_digit()) {
                     continue;
                 }
-                let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-                // SAFETY: `dfd` is `dir`'s descriptor, open for this loop; `name` is a
-                // NUL-terminated entry name; `stx` is a writable buffer of the struct.
-                let rc = unsafe {
-                    libc::statx(
-                        dfd,
-                        name.as_ptr(),
-                        libc::AT_STATX_DONT_SYNC,
-                        libc::STATX_TYPE,
-                        stx.as_mut_ptr(),
-                    )
-                };
-                if rc != 0 {
-                    continue;
-                }
-                // SAFETY: statx returned 0, so it filled the (zeroed) buffer.
-                let st = unsafe { stx.assume_init() };
-                if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFCHR
-                    && wanted.contains(&libc::makedev(st.stx_rdev_major, st.stx_rdev_minor))
+                if crate::host::sys::statx_char_rdev(dfd, name)
+                    .is_some_and(|rdev| wanted.contains(&rdev))
                 {
                     hits += 1;
                 }

@@ -8,7 +8,7 @@
 //! directory) is checked at every start, cached or not.
 
 use crate::host::config::Config;
-use crate::host::driver::{self, DriverError, Found, Kind};
+use crate::host::driver::{self, DriverError, DriverFileKind, DriverFound};
 use nix::errno::Errno;
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, Mode};
@@ -31,7 +31,7 @@ const MAX_CACHE: u64 = 8 << 20;
 /// The driver's files and what a plan needs of them beyond their paths.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Discovered {
-    pub found: Found,
+    pub found: DriverFound,
     /// The `DT_SONAME` of each library in a library directory, by its path (in containers).
     pub sonames: BTreeMap<String, String>,
 }
@@ -81,7 +81,7 @@ pub fn discover(cfg: &Config, version: &str) -> Result<Discovered, DriverError> 
         crate::log::warn(&format!("driver \"host\": {n}"));
     }
     let sonames = found
-        .of(Kind::Library)
+        .of(DriverFileKind::Library)
         .filter(|f| {
             f.path
                 .rsplit_once('/')
@@ -170,7 +170,7 @@ fn write_cache(cfg: &Config, d: &Discovered) -> Result<(), std::io::Error> {
     };
     let bytes = serde_json::to_vec(&c).map_err(std::io::Error::other)?;
     let tmp = format!(".{CACHE_FILE}.{}", std::process::id());
-    let r = crate::enter::replace::Replace {
+    let r = crate::host::atomic::AtomicWrite {
         dir: dir.as_fd(),
         tmp: Path::new(&tmp),
         name: Path::new(CACHE_FILE),
@@ -180,7 +180,7 @@ fn write_cache(cfg: &Config, d: &Discovered) -> Result<(), std::io::Error> {
         clear_stale: true,
         durable: false,
     };
-    crate::enter::replace::replace(&r, &bytes).map_err(|(_, e)| std::io::Error::from(e))
+    crate::host::atomic::replace(&r, &bytes).map_err(|(_, e)| std::io::Error::from(e))
 }
 
 /// Removes the cache (the next start looks again); `Ok` when there was none.

@@ -41,7 +41,7 @@ pub enum Error {
     #[error("{error}{}", left.note())]
     RollbackIncomplete {
         error: Box<Error>,
-        left: crate::log::Leftovers,
+        left: crate::leftovers::Leftovers,
     },
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),

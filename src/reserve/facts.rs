@@ -6,13 +6,13 @@
 
 use crate::cdi;
 use crate::cgroup::{self, CgroupError, DeviceCgroup, ManagedPolicy};
-use crate::enter::container::{self, Container, ContainerError, Made};
+use crate::enter::container::{self, Container, ContainerError, ContainerMade as Made};
 use crate::enter::devdir::Bound;
 use crate::enter::rootfs::{Done, Mounted, Owner};
 use crate::host::config::Config;
 use crate::host::inventory::{self, Inventory, InventoryError, Scan};
 use crate::host::procfs::{self, Proc};
-use crate::log::Leftovers;
+use crate::leftovers::Leftovers;
 use crate::node::NodeSpec;
 use std::path::PathBuf;
 

@@ -31,7 +31,7 @@ use crate::reserve::facts::Facts;
 use crate::reserve::state::{
     now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, State, Store, XidCount,
 };
-use catalog::{Action, Verdict};
+use catalog::{Action, XidVerdict};
 use error::HealthError;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -197,7 +197,7 @@ pub struct ScanReport {
 pub struct Seen {
     pub pci: String,
     pub xid: u32,
-    pub verdict: Verdict,
+    pub verdict: XidVerdict,
     pub message: String,
     pub holders: Vec<String>,
 }
@@ -294,7 +294,7 @@ fn count_xid(st: &mut State, key: &str, xid: u32, action: Action) {
 /// Reads the kernel log (`<dev>/kmsg`) from where the last scan stopped and acts on its Xid
 /// errors; then resets what it should (`auto_reset`, scrub pending GPUs) on this host.
 pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
-    scan_with(&Facts::host(cfg), &reset::Host)
+    scan_with(&Facts::host(cfg), &reset::HostReset)
 }
 
 /// [`scan`] over these facts, resetting with `r`.

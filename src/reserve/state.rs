@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 pub const VERSION: u32 = 1;
@@ -828,9 +828,8 @@ impl Store {
         })?;
         self.check_owner(&lock, &lock_path, false)?;
         loop {
-            // SAFETY: flock(2) on a descriptor this function owns and keeps open for the
-            // whole update; it touches no memory of ours.
-            match Errno::result(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }) {
+            // flock(2) on a descriptor this function owns and keeps open for the whole update.
+            match crate::host::sys::flock(lock.as_fd(), libc::LOCK_EX) {
                 Ok(_) => break,
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(io(&lock_path, "flock")(e).into()),
@@ -852,10 +851,10 @@ impl Store {
     }
 
     fn write_at(&self, dir: &OwnedFd, bytes: &[u8]) -> Result<(), StateError> {
-        use crate::enter::replace::{replace, Replace, Step};
+        use crate::host::atomic::{replace, AtomicWrite, Step};
         let tmp = self.tmp_name();
         let tmp_path = self.dir.join(&tmp);
-        let r = Replace {
+        let r = AtomicWrite {
             dir: dir.as_fd(),
             tmp: Path::new(&tmp),
             name: Path::new(&self.name),

@@ -12,7 +12,7 @@ const R2: u8 = 2;
 const R6: u8 = 6;
 const R10: u8 = 10;
 
-use gpuhook::cgroup::program::asm::{exit, insn as i, ldx_w, mov64_imm};
+use gpuhook::cgroup::interp::asm::{exit, insn as i, ldx_w, mov64_imm};
 
 fn mov64_reg(d: u8, s: u8) -> Insn {
     i(0xbf, d, s, 0, 0)

@@ -6,7 +6,7 @@ use super::hooks::{HookCmd, HookToken};
 use super::parse::{mentions_request, parse, Bundle, Policy};
 use super::strip::strip;
 use crate::doors::error::RuntimeError;
-use crate::enter::replace::{replace, Replace};
+use crate::host::atomic::{replace, AtomicWrite};
 use crate::host::procfs::ProcRef;
 use crate::node::NodeSpec;
 use crate::request::Request;
@@ -159,7 +159,7 @@ fn replace_config(path: &Path, config: &serde_json::Value) -> Result<(), Runtime
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".gpuhook.tmp");
     let tmp = PathBuf::from(tmp);
-    let r = Replace {
+    let r = AtomicWrite {
         dir: nix::fcntl::AT_FDCWD,
         tmp: &tmp,
         name: path,

@@ -6,7 +6,7 @@
 use super::emit;
 use crate::doors::error::CliError;
 use crate::host::config::Config;
-use crate::host::driver::{self, Kind};
+use crate::host::driver::{self, DriverFileKind as Kind};
 use crate::ids::Vendor;
 use crate::reserve::driver::{host_driver, Origin};
 use crate::reserve::error::Error;

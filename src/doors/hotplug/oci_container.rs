@@ -3,7 +3,7 @@
 //! config's `oci_state_roots` (runc: `ROOT/ID/state.json`, crun: `ROOT/ID/status`); its user
 //! namespace's id map from the init's `/proc/PID/uid_map` and `gid_map`; its device cgroup
 //! the init's v1 devices cgroup, else (cgroup v2) the runtime's device program on the init's
-//! unified cgroup, which attach and detach replace ([`crate::cgroup::program`]).
+//! unified cgroup, which attach and detach replace ([`crate::cgroup::runtime_program`]).
 
 use crate::cgroup::{self, CgroupError, DeviceCgroup, Fault};
 use crate::doors::error::CliError;

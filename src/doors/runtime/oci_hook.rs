@@ -149,7 +149,7 @@ pub fn root_work(
     let ld = if plan.ld_folders.is_empty() {
         None
     } else {
-        Some(crate::enter::rootfs::host_ldconfig().map_err(RuntimeError::Rootfs)?)
+        Some(crate::enter::rootfs::ldconfig::host_ldconfig().map_err(RuntimeError::Rootfs)?)
     };
     // The runtime runs this hook in the container's namespaces, user namespace included:
     // uid 0 here is the container's root, whether or not it is host root. (It runs from the

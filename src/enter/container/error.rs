@@ -3,9 +3,10 @@
 //! helper as serde, so every error in it is a value: OS errors by their numbers
 //! ([`crate::host::syserr`]), what a library or a child said by its text.
 
-use super::{DevBy, DevTmpfs};
+use super::dev::{DevBy, DevTmpfs};
 use crate::cgroup::CgroupError;
-use crate::enter::devdir::{NodeError, OpenDirError};
+use crate::enter::caps::CapsError;
+use crate::enter::devdir::{MakeNodeError, OpenDirError};
 use crate::enter::rootfs::RootfsError;
 use crate::enter::sandbox::{PipeError, Waited};
 use crate::host::syserr::{IoErr, SysErr};
@@ -67,7 +68,7 @@ pub enum Refusal {
     NotTmpfsDev { fs_type: String, root: String },
     /// A node could not be made in its `/dev`.
     #[error(transparent)]
-    Node(#[from] NodeError),
+    Node(#[from] MakeNodeError),
     /// Its root refused a mount, a link, the linker cache (or the host lacks what they need).
     #[error(transparent)]
     Rootfs(#[from] RootfsError),
@@ -174,16 +175,6 @@ pub enum Failure {
     #[cfg(test)]
     #[error("{0}")]
     Fake(String),
-}
-
-/// Why this process's capabilities could not be lowered (`0`: what the caps crate said; its
-/// error is neither `Clone` nor serde).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-pub enum CapsError {
-    #[error("reading capabilities: {0}")]
-    Read(String),
-    #[error("dropping capabilities: {0}")]
-    Drop(String),
 }
 
 /// A test double's refusal, as it says it.

@@ -1,9 +1,10 @@
 //! Why work in a container's root failed ([`RootfsError`]): the place, and the error it came
 //! from. A value (serde): it crosses the fork in the container helper's reply.
 
-use super::{Owner, LD_CONF};
+use super::owner::Owner;
+use super::paths::{LDCONFIGS, LD_CONF};
 use crate::cdi::soname::ElfError;
-use crate::enter::container::CapsError;
+use crate::enter::caps::CapsError;
 use crate::enter::devdir::OpenDirError;
 use crate::enter::sandbox::{PipeError, SandboxError, Waited};
 use crate::host::syserr::{IoErr, SysErr};
@@ -69,7 +70,7 @@ pub enum RootfsError {
     RolledBack {
         #[source]
         error: Box<RootfsError>,
-        left: crate::log::Leftovers,
+        left: crate::leftovers::Leftovers,
     },
     #[error("cannot create link {link} in the container: {errno}")]
     Link {
@@ -98,7 +99,7 @@ pub enum RootfsError {
     #[error("cannot write /etc/ld.so.conf in the container: {0}")]
     WriteLdSoConf(#[source] SysErr),
     // ---- the host's ldconfig ----
-    #[error("no ldconfig on the host (looked at {})", super::ldconfig::LDCONFIGS.join(", "))]
+    #[error("no ldconfig on the host (looked at {})", LDCONFIGS.join(", "))]
     NoLdconfig,
     #[error("{path}: {error}")]
     LdconfigOpen {

@@ -2,21 +2,13 @@
 //! the container's root in [`crate::enter::sandbox`], its cache copied into the container's
 //! `/etc` ([`run_ldconfig`]).
 
+use super::paths::LDCONFIGS;
 use super::*;
 use crate::enter::sandbox::{self, ForkError, Waited};
 use std::time::Duration;
 
 /// How long the container's `ldconfig` may take.
 const LDCONFIG_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Where a host's static `ldconfig` is (Ubuntu's `/sbin/ldconfig` is a script around
-/// `ldconfig.real`).
-pub(super) const LDCONFIGS: [&str; 4] = [
-    "/sbin/ldconfig.real",
-    "/usr/sbin/ldconfig.real",
-    "/sbin/ldconfig",
-    "/usr/sbin/ldconfig",
-];
 
 /// One mount gpuhook made: where, and the identity of what it mounted (to unmount only that).
 /// The host's static `ldconfig`, as an exec-only copy ([`sandbox::exec_only_copy`])

@@ -18,7 +18,7 @@
 
 /// One library of the cache.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub struct CacheEntry {
     /// Its SONAME (`libcuda.so.1`).
     pub soname: String,
     /// Where ldconfig found it (`/usr/lib/x86_64-linux-gnu/libcuda.so.1`).
@@ -30,7 +30,7 @@ pub struct Entry {
 /// glibc's `FLAG_ELF_LIBC6 | FLAG_X8664_LIB64`: a 64-bit x86-64 glibc library.
 pub const X86_64_LIBC6: i32 = 0x0303;
 
-impl Entry {
+impl CacheEntry {
     /// A 64-bit x86-64 library (not an i386 or x32 one).
     pub fn is_x86_64(&self) -> bool {
         self.flags == X86_64_LIBC6
@@ -80,7 +80,7 @@ fn u32_at(b: &[u8], o: usize) -> Option<u32> {
 }
 
 /// The entries of a linker cache, in its order.
-pub fn parse(b: &[u8]) -> Result<(Format, Vec<Entry>), LdCacheError> {
+pub fn parse(b: &[u8]) -> Result<(Format, Vec<CacheEntry>), LdCacheError> {
     if b.starts_with(NEW_MAGIC) {
         return parse_new(b, 0).map(|e| (Format::New, e));
     }
@@ -102,7 +102,7 @@ pub fn parse(b: &[u8]) -> Result<(Format, Vec<Entry>), LdCacheError> {
 }
 
 /// The new table whose header is at `base`; its strings are at offsets from `base`.
-fn parse_new(b: &[u8], base: usize) -> Result<Vec<Entry>, LdCacheError> {
+fn parse_new(b: &[u8], base: usize) -> Result<Vec<CacheEntry>, LdCacheError> {
     let h = b
         .get(base..base + NEW_HEADER)
         .ok_or(LdCacheError::Truncated("new header"))?;
@@ -127,14 +127,14 @@ fn entries(
     size: usize,
     n: u32,
     strings: usize,
-) -> Result<Vec<Entry>, LdCacheError> {
+) -> Result<Vec<CacheEntry>, LdCacheError> {
     let mut out = Vec::with_capacity(n as usize);
     for i in 0..n {
         let at = first + i as usize * size;
         let flags = u32_at(b, at).ok_or(LdCacheError::Truncated("entry"))? as i32;
         let key = u32_at(b, at + 4).ok_or(LdCacheError::Truncated("entry"))?;
         let value = u32_at(b, at + 8).ok_or(LdCacheError::Truncated("entry"))?;
-        out.push(Entry {
+        out.push(CacheEntry {
             soname: string(b, strings, key, i, "name")?,
             path: string(b, strings, value, i, "path")?,
             flags,
@@ -242,9 +242,9 @@ mod tests {
         ),
     ];
 
-    fn want() -> Vec<Entry> {
+    fn want() -> Vec<CacheEntry> {
         LIBS.iter()
-            .map(|(f, k, v)| Entry {
+            .map(|(f, k, v)| CacheEntry {
                 soname: k.to_string(),
                 path: v.to_string(),
                 flags: *f,

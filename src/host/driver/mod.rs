@@ -70,7 +70,7 @@ pub const VERSION_FILE: &str = "driver/nvidia/version";
 /// What a file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Kind {
+pub enum DriverFileKind {
     Library,
     Firmware,
     Program,
@@ -99,7 +99,7 @@ pub struct DriverFile {
     pub path: String,
     /// The host's file (under the root, symlinks resolved).
     pub source: PathBuf,
-    pub kind: Kind,
+    pub kind: DriverFileKind,
     pub found_by: FoundBy,
 }
 
@@ -136,7 +136,7 @@ pub struct Searched {
 
 /// What was found for the running driver.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Found {
+pub struct DriverFound {
     /// The kernel module's version.
     pub version: String,
     /// In the order they were found: libraries (then `vdpau`), firmware, programs, sockets,
@@ -152,7 +152,7 @@ pub struct Found {
     pub notes: Vec<String>,
 }
 
-impl Found {
+impl DriverFound {
     /// Whether what was looked at is still as it was (`ld.so.cache`, each directory): then a
     /// new look would find the same.
     pub fn unchanged(&self) -> bool {
@@ -160,7 +160,7 @@ impl Found {
     }
 
     /// The files of a kind.
-    pub fn of(&self, k: Kind) -> impl Iterator<Item = &DriverFile> {
+    pub fn of(&self, k: DriverFileKind) -> impl Iterator<Item = &DriverFile> {
         self.files.iter().filter(move |f| f.kind == k)
     }
 }
@@ -287,7 +287,7 @@ pub fn resolve(root: &Path, p: &str) -> Option<String> {
 /// looked at.
 struct Search<'a> {
     root: &'a Path,
-    found: Found,
+    found: DriverFound,
     seen: BTreeSet<(u64, u64)>,
 }
 
@@ -311,7 +311,7 @@ impl Search<'_> {
         &mut self,
         path: String,
         resolved: &str,
-        kind: Kind,
+        kind: DriverFileKind,
         found_by: FoundBy,
         want: fn(&std::fs::FileType) -> bool,
     ) -> bool {
@@ -332,7 +332,7 @@ impl Search<'_> {
     }
 
     /// A fixed path: taken (links followed) when it is there and of the wanted type.
-    fn fixed(&mut self, p: &str, kind: Kind, want: fn(&std::fs::FileType) -> bool) {
+    fn fixed(&mut self, p: &str, kind: DriverFileKind, want: fn(&std::fs::FileType) -> bool) {
         if let Some((dir, _)) = p.rsplit_once('/') {
             self.looked(dir);
         }
@@ -379,7 +379,7 @@ fn is_socket(t: &std::fs::FileType) -> bool {
 
 /// The directories of the driver's two key libraries in the linker cache, in its order
 /// (64-bit x86-64 entries only).
-fn cache_dirs(entries: &[ldcache::Entry]) -> Vec<String> {
+fn cache_dirs(entries: &[ldcache::CacheEntry]) -> Vec<String> {
     let mut dirs: Vec<String> = Vec::new();
     for e in entries.iter().filter(|e| e.is_x86_64()) {
         if !(e.soname.starts_with("libcuda.so") || e.soname.starts_with("libnvidia-ml.so")) {
@@ -396,24 +396,11 @@ fn cache_dirs(entries: &[ldcache::Entry]) -> Vec<String> {
     dirs
 }
 
-/// Finds the files of driver `version` under `root` (SPEC: libraries, firmware, programs,
-/// sockets, config files, in that order). An error when no `libcuda.so.VERSION` is there.
-pub fn discover(root: &Path, version: &str) -> Result<Found, DriverError> {
-    let mut s = Search {
-        root,
-        found: Found {
-            version: version.to_string(),
-            files: Vec::new(),
-            lib_dirs: Vec::new(),
-            searched: Vec::new(),
-            notes: Vec::new(),
-        },
-        seen: BTreeSet::new(),
-    };
-    // The libraries: the linker cache's directories, then the fixed ones.
+/// The linker cache's entries (none when it is missing or unreadable: a note says so).
+fn cache_entries(s: &mut Search) -> Vec<ldcache::CacheEntry> {
     s.looked("/etc/ld.so.cache");
     let cache = s.under("/etc/ld.so.cache");
-    let entries = match std::fs::read(&cache) {
+    match std::fs::read(&cache) {
         Ok(b) => match ldcache::parse(&b) {
             Ok((_, e)) => e,
             Err(e) => {
@@ -430,7 +417,70 @@ pub fn discover(root: &Path, version: &str) -> Result<Found, DriverError> {
                 .push(format!("{}: {e}; not used", cache.display()));
             Vec::new()
         }
+    }
+}
+
+/// The driver's files at fixed places: firmware of this version, programs (the first of
+/// each name), sockets, config files.
+fn fixed_files(s: &mut Search, version: &str) {
+    let root = s.root;
+    // Firmware of this version.
+    let fw = format!("/lib/firmware/nvidia/{version}");
+    for (n, r) in s.files_in(&fw, |n| n.ends_with(".bin")) {
+        s.take(
+            format!("{fw}/{n}"),
+            &r,
+            DriverFileKind::Firmware,
+            FoundBy::Fixed,
+            is_file,
+        );
+    }
+    // Programs: the first of each name.
+    for p in PROGRAMS {
+        for d in PROGRAM_DIRS {
+            s.looked(d);
+            let path = format!("{d}/{p}");
+            let Some(r) = resolve(root, &path) else {
+                continue;
+            };
+            if s.take(path, &r, DriverFileKind::Program, FoundBy::Fixed, is_file) {
+                break;
+            }
+        }
+    }
+    for p in SOCKETS {
+        s.fixed(p, DriverFileKind::Socket, is_socket);
+    }
+    for p in CONFIGS {
+        s.fixed(p, DriverFileKind::Config, is_file);
+    }
+    for (n, _) in s.files_in(EGL_PLATFORMS, |n| {
+        n.contains("nvidia") && n.ends_with(".json")
+    }) {
+        s.fixed(
+            &format!("{EGL_PLATFORMS}/{n}"),
+            DriverFileKind::Config,
+            is_file,
+        );
+    }
+}
+
+/// Finds the files of driver `version` under `root` (SPEC: libraries, firmware, programs,
+/// sockets, config files, in that order). An error when no `libcuda.so.VERSION` is there.
+pub fn discover(root: &Path, version: &str) -> Result<DriverFound, DriverError> {
+    let mut s = Search {
+        root,
+        found: DriverFound {
+            version: version.to_string(),
+            files: Vec::new(),
+            lib_dirs: Vec::new(),
+            searched: Vec::new(),
+            notes: Vec::new(),
+        },
+        seen: BTreeSet::new(),
     };
+    // The libraries: the linker cache's directories, then the fixed ones.
+    let entries = cache_entries(&mut s);
     let suffix = format!(".so.{version}");
     let mut dirs: Vec<(String, FoundBy)> = cache_dirs(&entries)
         .into_iter()
@@ -457,12 +507,18 @@ pub fn discover(root: &Path, version: &str) -> Result<Found, DriverError> {
         let base = dir.trim_end_matches('/');
         let mut any = false;
         for (n, r) in libs {
-            any |= s.take(format!("{base}/{n}"), &r, Kind::Library, by, is_file);
+            any |= s.take(
+                format!("{base}/{n}"),
+                &r,
+                DriverFileKind::Library,
+                by,
+                is_file,
+            );
         }
         let vdpau = format!("{base}/vdpau/libvdpau_nvidia{suffix}");
         s.looked(&format!("{base}/vdpau"));
         if let Some(r) = resolve(root, &vdpau) {
-            s.take(vdpau, &r, Kind::Library, by, is_file);
+            s.take(vdpau, &r, DriverFileKind::Library, by, is_file);
         }
         if any {
             s.found.lib_dirs.push(base.to_string());
@@ -483,41 +539,7 @@ pub fn discover(root: &Path, version: &str) -> Result<Found, DriverError> {
             ),
         });
     }
-    // Firmware of this version.
-    let fw = format!("/lib/firmware/nvidia/{version}");
-    for (n, r) in s.files_in(&fw, |n| n.ends_with(".bin")) {
-        s.take(
-            format!("{fw}/{n}"),
-            &r,
-            Kind::Firmware,
-            FoundBy::Fixed,
-            is_file,
-        );
-    }
-    // Programs: the first of each name.
-    for p in PROGRAMS {
-        for d in PROGRAM_DIRS {
-            s.looked(d);
-            let path = format!("{d}/{p}");
-            let Some(r) = resolve(root, &path) else {
-                continue;
-            };
-            if s.take(path, &r, Kind::Program, FoundBy::Fixed, is_file) {
-                break;
-            }
-        }
-    }
-    for p in SOCKETS {
-        s.fixed(p, Kind::Socket, is_socket);
-    }
-    for p in CONFIGS {
-        s.fixed(p, Kind::Config, is_file);
-    }
-    for (n, _) in s.files_in(EGL_PLATFORMS, |n| {
-        n.contains("nvidia") && n.ends_with(".json")
-    }) {
-        s.fixed(&format!("{EGL_PLATFORMS}/{n}"), Kind::Config, is_file);
-    }
+    fixed_files(&mut s, version);
     Ok(s.found)
 }
 
@@ -535,7 +557,7 @@ pub fn check_trust(root: &Path, files: &[DriverFile]) -> Result<(), DriverError>
             path: path.clone(),
             source,
         })?;
-        let socket = f.kind == Kind::Socket;
+        let socket = f.kind == DriverFileKind::Socket;
         let (ok, want) = if socket {
             (md.file_type().is_socket(), "socket")
         } else {

@@ -62,7 +62,7 @@ impl Root {
     }
 }
 
-fn paths(f: &Found) -> Vec<(&str, Kind, FoundBy)> {
+fn paths(f: &DriverFound) -> Vec<(&str, DriverFileKind, FoundBy)> {
     f.files
         .iter()
         .map(|x| (x.path.as_str(), x.kind, x.found_by))
@@ -107,10 +107,10 @@ fn full_host() -> Root {
 fn finds_exactly_the_running_drivers_files() {
     let r = full_host();
     let f = discover(r.root(), V).unwrap();
+    use DriverFileKind::*;
     use FoundBy::*;
-    use Kind::*;
     let lib = |n: &str| format!("{LIB}/{n}");
-    let want: Vec<(String, Kind, FoundBy)> = vec![
+    let want: Vec<(String, DriverFileKind, FoundBy)> = vec![
         (lib(&format!("libcuda.so.{V}")), Library, LdCache),
         (lib(&format!("libnvidia-ml.so.{V}")), Library, LdCache),
         (
@@ -150,7 +150,7 @@ fn finds_exactly_the_running_drivers_files() {
             Fixed,
         ),
     ];
-    let got: Vec<(String, Kind, FoundBy)> = paths(&f)
+    let got: Vec<(String, DriverFileKind, FoundBy)> = paths(&f)
         .into_iter()
         .map(|(p, k, b)| (p.to_string(), k, b))
         .collect();
@@ -177,7 +177,10 @@ fn merged_usr_gives_each_file_once_at_the_path_found_first() {
     // ldconfig on a merged-/usr host lists the libraries under /lib.
     r.cache(&[(0x0303, "libcuda.so.1", "/lib/x86_64-linux-gnu/libcuda.so.1")]);
     let f = discover(r.root(), V).unwrap();
-    let libs: Vec<&str> = f.of(Kind::Library).map(|x| x.path.as_str()).collect();
+    let libs: Vec<&str> = f
+        .of(DriverFileKind::Library)
+        .map(|x| x.path.as_str())
+        .collect();
     assert_eq!(
         libs,
         vec![
@@ -193,7 +196,10 @@ fn merged_usr_gives_each_file_once_at_the_path_found_first() {
         f.files[0].source,
         r.p("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
     );
-    let progs: Vec<&str> = f.of(Kind::Program).map(|x| x.path.as_str()).collect();
+    let progs: Vec<&str> = f
+        .of(DriverFileKind::Program)
+        .map(|x| x.path.as_str())
+        .collect();
     assert_eq!(progs, vec!["/usr/bin/nvidia-smi"]);
 }
 
@@ -217,7 +223,7 @@ fn debian_layout_found_through_the_fixed_directories() {
     );
     let f = discover(r.root(), V).unwrap();
     let libs: Vec<(&str, FoundBy)> = f
-        .of(Kind::Library)
+        .of(DriverFileKind::Library)
         .map(|x| (x.path.as_str(), x.found_by))
         .collect();
     assert_eq!(libs.len(), 4, "{libs:?}");
@@ -470,6 +476,6 @@ fn an_unreadable_cache_is_noted_and_the_fixed_directories_still_searched() {
         f.notes
     );
     assert!(f
-        .of(Kind::Library)
+        .of(DriverFileKind::Library)
         .all(|x| x.found_by == FoundBy::Directory));
 }

@@ -1,9 +1,9 @@
 //! The NVIDIA driver's facts of a GPU: `/proc/driver/nvidia/gpus/<bus>/information` and the
 //! MIG capabilities under `/proc/driver/nvidia/capabilities`.
 
+use super::devroot::{DevRoot, NodeUnavailable};
+use super::gpu::{DevNode, Gpu, Mig, Role};
 use super::pci::{config_space_problem, read_at};
-use super::scan::{DevRoot, NodeError};
-use super::{DevNode, Gpu, Mig, Role};
 use std::fs;
 use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
@@ -107,7 +107,7 @@ fn cap_access(text: &str) -> Option<(u32, u32)> {
 /// order; none when the GPU has no MIG directory. The capability nodes are the host's
 /// `/dev/nvidia-caps/nvidia-cap<m>` (`stat`ed), else made from the `nvidia-caps` major in
 /// `/proc/devices` and the access file's mode.
-fn read_migs(nv_gpus_path: &Path, minor: u32, dev: &DevRoot) -> Result<Vec<Mig>, NodeError> {
+fn read_migs(nv_gpus_path: &Path, minor: u32, dev: &DevRoot) -> Result<Vec<Mig>, NodeUnavailable> {
     // <proc>/driver/nvidia/gpus → <proc>/driver/nvidia/capabilities/gpu<minor>/mig
     let base = nv_gpus_path
         .with_file_name("capabilities")
@@ -116,13 +116,13 @@ fn read_migs(nv_gpus_path: &Path, minor: u32, dev: &DevRoot) -> Result<Vec<Mig>,
         return Ok(vec![]);
     };
     let num = |name: &str, prefix: &str| -> Option<u32> { name.strip_prefix(prefix)?.parse().ok() };
-    let cap = |dir: &Path| -> Result<DevNode, NodeError> {
+    let cap = |dir: &Path| -> Result<DevNode, NodeUnavailable> {
         let p = dir.join("access");
-        let text = fs::read_to_string(&p).map_err(|source| NodeError::Read {
+        let text = fs::read_to_string(&p).map_err(|source| NodeUnavailable::Read {
             path: p.clone(),
             source,
         })?;
-        let (m, mode) = cap_access(&text).ok_or(NodeError::NoMinor { path: p })?;
+        let (m, mode) = cap_access(&text).ok_or(NodeUnavailable::NoMinor { path: p })?;
         dev.cap_node(m, mode)
     };
     let mut out = Vec::new();
@@ -134,7 +134,7 @@ fn read_migs(nv_gpus_path: &Path, minor: u32, dev: &DevRoot) -> Result<Vec<Mig>,
     for (gi, gdir) in gis {
         let gi_cap = cap(&gdir)?;
         let mut cis: Vec<(u32, PathBuf)> = fs::read_dir(&gdir)
-            .map_err(|source| NodeError::Read {
+            .map_err(|source| NodeUnavailable::Read {
                 path: gdir.clone(),
                 source,
             })?

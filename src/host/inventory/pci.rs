@@ -1,7 +1,7 @@
 //! The PCI functions that may be GPUs: sysfs `bus/pci/devices`, and the kernel's list in
 //! `/proc/bus/pci/devices` that a lazy scan reads instead of each function's directory.
 
-use super::Link;
+use super::gpu::PcieLink;
 use crate::ids::Vendor;
 use nix::fcntl::{openat, readlinkat, OFlag};
 use nix::sys::stat::Mode;
@@ -119,9 +119,9 @@ pub(super) fn config_space_problem(devices: BorrowedFd, pci: &str) -> Option<Str
 }
 
 /// The PCIe link of a device, when sysfs shows one.
-pub(super) fn read_link(devices: BorrowedFd, name: &str) -> Option<Link> {
+pub(super) fn read_link(devices: BorrowedFd, name: &str) -> Option<PcieLink> {
     let at = |a: &str| read_at(devices, &format!("{name}/{a}")).map(|s| s.trim().to_owned());
-    Some(Link {
+    Some(PcieLink {
         speed: at("current_link_speed")?,
         max_speed: at("max_link_speed")?,
         width: at("current_link_width")?.parse().ok()?,

@@ -1,21 +1,21 @@
 //! One scan of the host: the PCI functions that are GPUs, each one's nodes and names, the
 //! control nodes.
 
+use super::devroot::DevRoot;
+use super::gpu::{Control, Gpu, Inventory, InventoryError, Role};
 use super::nvidia::nvidia_details;
 use super::pci::{
     bus_devfn, config_space_problem, is_gpu, may_be_gpu, open_dir, pci_ids, proc_pci_devices,
     read_at, read_link, Listed, DISPLAY_CLASSES,
 };
-use super::{Control, DevNode, Gpu, Inventory, InventoryError, Role};
 use crate::host::arch::{self, PciIds};
 use crate::host::config::Config;
 use crate::ids::{Pci, Unit, Vendor};
-use crate::node::Node;
 use crate::request::Capabilities;
-use nix::fcntl::{readlinkat, AtFlags, OFlag};
-use nix::sys::stat::{fstatat, Mode};
+use nix::fcntl::{readlinkat, OFlag};
+use nix::sys::stat::Mode;
 use std::fs;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -67,99 +67,6 @@ impl Scan {
             Control::NvidiaCtl => true,
             Control::NvidiaUvm | Control::NvidiaUvmTools | Control::Kfd => c.compute,
             Control::NvidiaModeset => c.graphics,
-        })
-    }
-}
-
-/// Why a device node, or a GPU's MIG capabilities, cannot be had: the message becomes the
-/// GPU's problem.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum NodeError {
-    /// The device root did not open.
-    #[error("{}: cannot open the device root", .root.display())]
-    NoRoot { root: PathBuf },
-    /// The node cannot be `stat`ed.
-    #[error("{}: {source}", .path.display())]
-    Stat {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// The node is no character device (or a link to one).
-    #[error("{} is not a character device", .path.display())]
-    NotChar { path: PathBuf },
-    /// No capability node, and no `nvidia-caps` major to make one from.
-    #[error("no /dev/{rel} and no nvidia-caps major in {}", .devices.display())]
-    NoCapsMajor { rel: String, devices: PathBuf },
-    /// A driver file or directory cannot be read.
-    #[error("{}: {source}", .path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// A capability's `access` file names no minor.
-    #[error("{}: no DeviceFileMinor", .path.display())]
-    NoMinor { path: PathBuf },
-}
-
-/// The host's device root, opened once per scan: nodes are looked up relative to it.
-pub(super) struct DevRoot<'a> {
-    path: &'a Path,
-    fd: Option<OwnedFd>,
-    /// The proc root (`/proc/devices` names the `nvidia-caps` major).
-    proc: &'a Path,
-}
-
-impl DevRoot<'_> {
-    /// The host node behind container path `/dev/<rel>`: must be a character device (not a
-    /// symlink to one).
-    pub(super) fn node(&self, rel: &str) -> Result<DevNode, NodeError> {
-        let p = self.path.join(rel);
-        let fd = self.fd.as_ref().ok_or_else(|| NodeError::NoRoot {
-            root: self.path.to_path_buf(),
-        })?;
-        let st = fstatat(fd, rel, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| NodeError::Stat {
-            path: p.clone(),
-            source: std::io::Error::from(e),
-        })?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFCHR {
-            return Err(NodeError::NotChar { path: p });
-        }
-        Ok(DevNode {
-            node: Node::new(
-                format!("/dev/{rel}"),
-                libc::major(st.st_rdev),
-                libc::minor(st.st_rdev),
-            ),
-            mode: st.st_mode & 0o777,
-        })
-    }
-}
-
-impl DevRoot<'_> {
-    /// `/dev/nvidia-caps/nvidia-cap<m>`: the host's node when it has one (`stat`), else the
-    /// number from the `nvidia-caps` major of `/proc/devices` (nvidia-modprobe makes these
-    /// nodes on demand: a host may lack them).
-    pub(super) fn cap_node(&self, minor: u32, mode: u32) -> Result<DevNode, NodeError> {
-        let rel = format!("nvidia-caps/nvidia-cap{minor}");
-        if let Ok(n) = self.node(&rel) {
-            return Ok(n);
-        }
-        let devices = self.proc.join("devices");
-        let major = fs::read_to_string(&devices)
-            .ok()
-            .and_then(|t| {
-                t.lines().find_map(|l| {
-                    let (n, name) = l.trim().split_once(' ')?;
-                    (name.trim() == "nvidia-caps").then(|| n.parse().ok())?
-                })
-            })
-            .ok_or_else(|| NodeError::NoCapsMajor {
-                rel: rel.clone(),
-                devices: devices.clone(),
-            })?;
-        Ok(DevNode {
-            node: Node::new(format!("/dev/{rel}"), major, minor),
-            mode,
         })
     }
 }
@@ -231,7 +138,7 @@ pub fn scan_with(cfg: &Config, what: Scan) -> Result<Inventory, InventoryError> 
 }
 
 /// A PCI function that is a GPU, before its details are read.
-struct Found {
+struct GpuFunction {
     pci: Pci,
     name: String,
     vendor: u16,
@@ -274,8 +181,11 @@ fn list_functions(
 }
 
 /// The functions among `names` that are GPUs, in PCI address order.
-fn find_gpus(dirfd: BorrowedFd, names: Vec<(std::ffi::OsString, Option<Listed>)>) -> Vec<Found> {
-    let mut found: Vec<Found> = Vec::new();
+fn find_gpus(
+    dirfd: BorrowedFd,
+    names: Vec<(std::ffi::OsString, Option<Listed>)>,
+) -> Vec<GpuFunction> {
+    let mut found: Vec<GpuFunction> = Vec::new();
     for (name, known) in names {
         let Some(name) = name.to_str().map(str::to_owned) else {
             continue;
@@ -296,7 +206,7 @@ fn find_gpus(dirfd: BorrowedFd, names: Vec<(std::ffi::OsString, Option<Listed>)>
         if !is_gpu(class, vendor) {
             continue;
         }
-        found.push(Found {
+        found.push(GpuFunction {
             pci,
             name,
             vendor,
@@ -309,7 +219,7 @@ fn find_gpus(dirfd: BorrowedFd, names: Vec<(std::ffi::OsString, Option<Listed>)>
 }
 
 /// The GPU of a function, with what sysfs tells of it (NUMA node, parent bridge, link).
-fn new_gpu(cfg: &Config, what: Scan, dirfd: BorrowedFd, index: usize, f: Found) -> Gpu {
+fn new_gpu(cfg: &Config, what: Scan, dirfd: BorrowedFd, index: usize, f: GpuFunction) -> Gpu {
     let vendor = Vendor::from_pci_id(f.vendor).expect("filtered above");
     let numa_node = read_at(dirfd, &format!("{}/numa_node", f.name))
         .and_then(|s| s.trim().parse::<i64>().ok())

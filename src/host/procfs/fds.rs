@@ -2,7 +2,7 @@
 //! (`statx` through the magic link), whether it is a real open (`fdinfo`: `O_PATH` is none),
 //! and whether two tasks share one table (`kcmp`).
 
-use super::read_raw;
+use super::raw::read_raw;
 use std::collections::BTreeSet;
 
 /// `kcmp(2)`'s `KCMP_FILES`: whether two tasks share one descriptor table.
@@ -10,7 +10,7 @@ pub(super) const KCMP_FILES: libc::c_int = 2;
 
 /// The statx fields a descriptor is told apart by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Seen {
+pub(super) struct FdIdentity {
     pub(super) rdev: u64,
     pub(super) ino: u64,
     pub(super) mnt_id: u64,
@@ -20,7 +20,7 @@ pub(super) struct Seen {
 pub(super) fn statx_chr(
     dfd: libc::c_int,
     name: &std::ffi::CStr,
-) -> Result<Option<Seen>, nix::errno::Errno> {
+) -> Result<Option<FdIdentity>, nix::errno::Errno> {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: `dfd` is the descriptor of a directory open for the caller's loop; `name` is a
     // NUL-terminated entry name that outlives the call; `stx` is a writable buffer of the
@@ -42,7 +42,7 @@ pub(super) fn statx_chr(
     if u32::from(st.stx_mode) & libc::S_IFMT != libc::S_IFCHR {
         return Ok(None);
     }
-    Ok(Some(Seen {
+    Ok(Some(FdIdentity {
         rdev: libc::makedev(st.stx_rdev_major, st.stx_rdev_minor),
         ino: st.stx_ino,
         mnt_id: if st.stx_mask & libc::STATX_MNT_ID != 0 {
@@ -81,7 +81,7 @@ pub(super) fn really_open(
     dfd: libc::c_int,
     name: &std::ffi::CStr,
     info: &str,
-    mut seen: Seen,
+    mut seen: FdIdentity,
     wanted: &BTreeSet<u64>,
 ) -> bool {
     const O_PATH: u64 = libc::O_PATH as u64;

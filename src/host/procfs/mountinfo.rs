@@ -1,7 +1,5 @@
 //! Mount tables (`/proc/PID/mountinfo`, `proc(5)`), read as bytes.
 
-use super::HOST;
-
 /// One line of a `mountinfo` file (`proc(5)`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
@@ -32,11 +30,6 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
             })
         })
         .collect()
-}
-
-/// The mounts of a process's mount namespace (`/proc/PID/mountinfo`, or our own for `None`).
-pub fn mounts(pid: Option<i32>) -> Option<Vec<Mount>> {
-    HOST.mounts(pid)
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.

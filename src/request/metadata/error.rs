@@ -1,7 +1,7 @@
-//! Why a domain XML (or a request from another front door) is refused: a [`Kind`] per fault,
+//! Why a domain XML (or a request from another front door) is refused: a [`ParseFault`] per fault,
 //! carrying what it names, said on one bounded line by [`ParseError`].
 
-use super::{MAX_DEVICES, MAX_EXTRA_SPECS, MAX_VALUE, MAX_XML};
+use super::limits::{MAX_DEVICES, MAX_EXTRA_SPECS, MAX_VALUE, MAX_XML};
 use crate::log::one_line;
 use crate::request::extra_specs::{self, ValueError, MAX_COUNT};
 use crate::request::{Unmapped, WordError};
@@ -14,7 +14,7 @@ const MAX_MESSAGE: usize = 400;
 /// newlines or control characters, which are escaped, and it is bounded in length. Two
 /// errors are equal when they say the same.
 #[derive(Debug, Clone)]
-pub struct ParseError(Box<Kind>);
+pub struct ParseError(Box<ParseFault>);
 
 impl std::fmt::Display for ParseError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -36,13 +36,13 @@ impl PartialEq for ParseError {
 
 impl Eq for ParseError {}
 
-impl From<Kind> for ParseError {
-    fn from(kind: Kind) -> Self {
+impl From<ParseFault> for ParseError {
+    fn from(kind: ParseFault) -> Self {
         ParseError(Box::new(kind))
     }
 }
 
-pub(super) fn err<T>(kind: Kind) -> Result<T, ParseError> {
+pub(crate) fn err<T>(kind: ParseFault) -> Result<T, ParseError> {
     Err(kind.into())
 }
 
@@ -57,7 +57,7 @@ fn gpus(n: &u32) -> &'static str {
 
 /// Each fault, with its words (before [`ParseError`] makes them one bounded line).
 #[derive(Debug, Clone, thiserror::Error)]
-pub(super) enum Kind {
+pub(crate) enum ParseFault {
     // The document.
     #[error("domain XML is larger than {} MiB", MAX_XML >> 20)]
     TooLarge,
@@ -246,7 +246,7 @@ pub(super) enum Kind {
 
 /// Why an extra spec's value is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum SpecFault {
+pub(crate) enum SpecFault {
     #[error(transparent)]
     Value(#[from] ValueError),
     #[error("'{class}' is not a Placement resource class name (CUSTOM_[A-Z0-9_]+)")]
@@ -257,7 +257,7 @@ pub(super) enum SpecFault {
 
 /// Placement's `resources[N]:CUSTOM_GPU_<ARCH>` keys and their amounts: `key=N, key=N`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Resources(pub(super) Vec<(String, u32)>);
+pub(crate) struct Resources(pub(crate) Vec<(String, u32)>);
 
 impl std::fmt::Display for Resources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -273,7 +273,7 @@ impl std::fmt::Display for Resources {
 
 /// What gave a request its count.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum CountFrom {
+pub(crate) enum CountFrom {
     Attr(u32),
     /// The `gpus` extra spec, as written.
     Spec(String),

@@ -10,30 +10,18 @@
 //! element. Everything else of Nova's is left unread.
 
 use crate::ids::normalize_uuid;
-use crate::request::{IdMap, Request};
-use error::{err, Kind};
+use error::{err, ParseFault};
 use parser::Parser;
 
 mod attrs;
-mod error;
+mod domain;
+pub(crate) mod error;
+mod limits;
 mod parser;
 
-pub(crate) use attrs::{build_request, set_attr, GpusBuilder};
+pub use domain::{Domain, Source, NOVA_NS_PREFIX, NS};
 pub use error::{AttrError, ParseError};
-
-/// gpuhook's XML namespace.
-pub const NS: &str = "urn:gpuhook:gpu:1";
-/// Nova's metadata namespace without its version (`…/nova/1.1` since 2015): the elements
-/// gpuhook reads have kept their shape across versions.
-pub const NOVA_NS_PREFIX: &str = "http://openstack.org/xmlns/libvirt/nova/";
-
-/// Upper bound on the domain XML the hook accepts (libvirt's own limit is 10 MiB).
-pub const MAX_XML: usize = 16 << 20;
-/// How errors name a domain's id mapping.
-pub const IDMAP: &str = "the domain's <idmap>";
-const MAX_DEVICES: usize = 256;
-const MAX_EXTRA_SPECS: usize = 64;
-const MAX_VALUE: usize = 256;
+pub use limits::{IDMAP, MAX_XML};
 
 /// Whether the document mentions gpuhook's namespace.
 pub fn mentions_gpuhook(xml: &[u8]) -> bool {
@@ -104,47 +92,12 @@ pub fn domain_uuid(xml: &[u8]) -> Option<String> {
     normalize_uuid(std::str::from_utf8(&xml[start..start + len]).ok()?)
 }
 
-/// The facts of a domain XML that gpuhook uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Domain {
-    pub name: String,
-    pub uuid: String,
-    /// `<domain id=…>`: the libvirt_lxc controller's PID while the domain runs.
-    pub id: Option<i32>,
-    pub idmap: IdMap,
-    pub request: Option<Request>,
-    /// Where the request came from.
-    pub source: Source,
-}
-
-/// Which part of the domain XML asked for GPUs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    /// No request.
-    None,
-    /// gpuhook's `<gpus>` element; `Some(flavor)` when a Nova flavor's GPU keys were there
-    /// too and were not read (the element wins).
-    Gpuhook { nova_ignored: Option<String> },
-    /// The extra specs of this Nova flavor.
-    Nova { flavor: String },
-}
-
-impl std::fmt::Display for Source {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Source::None => write!(f, "no request"),
-            Source::Gpuhook { .. } => write!(f, "gpuhook <gpus> element"),
-            Source::Nova { flavor } => write!(f, "Nova flavor '{flavor}' extra specs"),
-        }
-    }
-}
-
 /// Parses a domain XML. Errors are one line, without the domain name (callers add it).
 pub fn parse_domain(xml: &[u8]) -> Result<Domain, ParseError> {
     if xml.len() > MAX_XML {
-        return err(Kind::TooLarge);
+        return err(ParseFault::TooLarge);
     }
-    let text = std::str::from_utf8(xml).map_err(Kind::NotUtf8)?;
+    let text = std::str::from_utf8(xml).map_err(ParseFault::NotUtf8)?;
     Parser::default().run(text)
 }
 

@@ -1,13 +1,14 @@
 //! The domain XML's reader: one pass of events over a stack of contexts.
 
 use super::attrs::{
-    apply_extra_spec, attr_value, build_request, each_attr, parse_device, parse_gpus_attrs,
-    parse_idmap_entry, parse_mig, push_unique, GpusBuilder,
+    apply_extra_spec, attr_value, each_attr, parse_device, parse_gpus_attrs, parse_idmap_entry,
+    parse_mig, push_unique,
 };
-use super::{
-    err, Domain, Kind, ParseError, Source, IDMAP, MAX_EXTRA_SPECS, MAX_VALUE, NOVA_NS_PREFIX, NS,
-};
+use super::domain::{Domain, Source, NOVA_NS_PREFIX, NS};
+use super::error::{err, ParseError, ParseFault};
+use super::limits::{IDMAP, MAX_EXTRA_SPECS, MAX_VALUE};
 use crate::ids::normalize_uuid;
+use crate::request::attrs::{build_request, GpusBuilder};
 use crate::request::extra_specs;
 use crate::request::{IdMap, Request};
 use quick_xml::escape::resolve_predefined_entity;
@@ -83,7 +84,7 @@ impl Parser {
         let mut reader = NsReader::from_str(text);
         reader.config_mut().check_end_names = true;
         loop {
-            let (ns, ev) = reader.read_resolved_event().map_err(Kind::Xml)?;
+            let (ns, ev) = reader.read_resolved_event().map_err(ParseFault::Xml)?;
             let ns = Self::ns_of(&ns);
             if !self.event(&reader, ev, ns)? {
                 break;
@@ -123,7 +124,7 @@ impl Parser {
                 self.text_in(s)?
             }
             Event::GeneralRef(r) => self.text_in(&general_ref(&r)?)?,
-            Event::DocType(_) => return err(Kind::DocType),
+            Event::DocType(_) => return err(ParseFault::DocType),
             Event::Decl(_) | Event::PI(_) | Event::Comment(_) => {}
             Event::Eof => return Ok(false),
         }
@@ -133,18 +134,18 @@ impl Parser {
     /// The domain, once the whole document is read.
     fn finish(mut self) -> Result<Domain, ParseError> {
         if !self.saw_root {
-            return err(Kind::EmptyDocument);
+            return err(ParseFault::EmptyDocument);
         }
         if !self.stack.is_empty() {
-            return err(Kind::UnexpectedEnd);
+            return err(ParseFault::UnexpectedEnd);
         }
         let (request, source) = self.request()?;
-        let name = self.name.take().ok_or(Kind::NoName)?;
-        let uuid = self.uuid.take().ok_or(Kind::NoUuid)?;
+        let name = self.name.take().ok_or(ParseFault::NoName)?;
+        let uuid = self.uuid.take().ok_or(ParseFault::NoUuid)?;
         if let Some(r) = &request {
             self.idmap
                 .owner(r.uid, r.gid, (IDMAP, IDMAP))
-                .map_err(Kind::Unmapped)?;
+                .map_err(ParseFault::Unmapped)?;
         }
         Ok(Domain {
             name,
@@ -170,7 +171,7 @@ impl Parser {
                     nova_ignored: (!self.nova.specs.is_empty()).then_some(nova_flavor),
                 },
             ),
-            None => match nova_request(&self.nova.specs).map_err(|source| Kind::Nova {
+            None => match nova_request(&self.nova.specs).map_err(|source| ParseFault::Nova {
                 flavor: nova_flavor.clone(),
                 source,
             })? {
@@ -189,27 +190,27 @@ impl Parser {
         match self.top() {
             Some(Ctx::Name) | Some(Ctx::Uuid) => {
                 if self.text.len() + s.len() > 1024 {
-                    return err(Kind::NameTooLong);
+                    return err(ParseFault::NameTooLong);
                 }
                 self.text.push_str(s)
             }
             Some(Ctx::ExtraSpec) => {
                 let g = self.gpus.as_mut().expect("extra_spec inside gpus");
                 if g.text.len() + s.len() > MAX_VALUE {
-                    return err(Kind::SpecTooLong);
+                    return err(ParseFault::SpecTooLong);
                 }
                 g.text.push_str(s);
             }
             Some(Ctx::NovaExtraSpec) => {
                 if self.nova.text.len() + s.len() > MAX_VALUE {
-                    return err(Kind::NovaSpecTooLong {
+                    return err(ParseFault::NovaSpecTooLong {
                         key: self.nova.current.clone().unwrap_or_default(),
                     });
                 }
                 self.nova.text.push_str(s);
             }
             Some(Ctx::Gpus) | Some(Ctx::Device) | Some(Ctx::Mig) if !s.trim().is_empty() => {
-                return err(Kind::Text {
+                return err(ParseFault::Text {
                     text: s.trim().chars().take(40).collect(),
                 });
             }
@@ -245,7 +246,7 @@ impl Parser {
                 open_in_gpus(g, reader, e, ours, local)?
             }
             Some(Ctx::Device) | Some(Ctx::Mig) | Some(Ctx::ExtraSpec) => {
-                return err(Kind::ElementInside {
+                return err(ParseFault::ElementInside {
                     name: e.name().as_ref().into(),
                 })
             }
@@ -261,7 +262,7 @@ impl Parser {
             Some(Ctx::NovaFlavor) if nova && local == "extraSpecs" => Ctx::NovaExtraSpecs,
             Some(Ctx::NovaExtraSpecs) if nova && local == "extraSpec" => self.open_nova_spec(e)?,
             Some(Ctx::NovaExtraSpec) => {
-                return err(Kind::ElementInNovaSpec {
+                return err(ParseFault::ElementInNovaSpec {
                     name: e.name().as_ref().into(),
                     key: self.nova.current.clone().unwrap_or_default(),
                 })
@@ -274,21 +275,21 @@ impl Parser {
     /// The root element: `<domain>`, its `id`.
     fn open_root(&mut self, e: &BytesStart, no_ns: bool, local: &str) -> Result<Ctx, ParseError> {
         if self.saw_root {
-            return err(Kind::MoreThanOneRoot);
+            return err(ParseFault::MoreThanOneRoot);
         }
         self.saw_root = true;
         if !(no_ns && local == "domain") {
-            return err(Kind::Root {
+            return err(ParseFault::Root {
                 name: e.name().as_ref().into(),
             });
         }
         for a in e.attributes() {
-            let a = a.map_err(Kind::XmlAttr)?;
+            let a = a.map_err(ParseFault::XmlAttr)?;
             if a.key.as_ref() == "id" {
                 let v = attr_value(&a)?;
                 match v.parse::<i32>() {
                     Ok(id) => self.id = Some(id),
-                    Err(source) => return err(Kind::DomainId { value: v, source }),
+                    Err(source) => return err(ParseFault::DomainId { value: v, source }),
                 }
             }
         }
@@ -320,10 +321,10 @@ impl Parser {
         local: &str,
     ) -> Result<Ctx, ParseError> {
         if local != "gpus" {
-            return err(Kind::NotGpus { name: local.into() });
+            return err(ParseFault::NotGpus { name: local.into() });
         }
         if self.seen_gpus {
-            return err(Kind::MoreThanOneGpus);
+            return err(ParseFault::MoreThanOneGpus);
         }
         self.seen_gpus = true;
         let mut g = GpusBuilder::default();
@@ -337,7 +338,7 @@ impl Parser {
         Ok(match lenient_attr(e, "name") {
             Some(key) if nova_gpu_key(&key) => {
                 if self.nova.specs.len() >= MAX_EXTRA_SPECS {
-                    return err(Kind::TooManyNovaSpecs);
+                    return err(ParseFault::TooManyNovaSpecs);
                 }
                 self.nova.current = Some(key);
                 self.nova.text.clear();
@@ -348,17 +349,17 @@ impl Parser {
     }
 
     fn close(&mut self) -> Result<(), ParseError> {
-        let ctx = self.stack.pop().ok_or(Kind::UnexpectedClose)?;
+        let ctx = self.stack.pop().ok_or(ParseFault::UnexpectedClose)?;
         match ctx {
             Ctx::Name => {
                 let n = self.text.trim().to_owned();
                 if n.is_empty() {
-                    return err(Kind::EmptyName);
+                    return err(ParseFault::EmptyName);
                 }
                 self.name = Some(n);
             }
             Ctx::Uuid => {
-                let u = normalize_uuid(&self.text).ok_or_else(|| Kind::BadUuid {
+                let u = normalize_uuid(&self.text).ok_or_else(|| ParseFault::BadUuid {
                     value: self.text.trim().into(),
                 })?;
                 self.uuid = Some(u);
@@ -372,7 +373,7 @@ impl Parser {
             Ctx::NovaExtraSpec => {
                 let key = self.nova.current.take().unwrap_or_default();
                 if self.nova.specs.iter().any(|(k, _)| *k == key) {
-                    return err(Kind::NovaSpecTwice { key });
+                    return err(ParseFault::NovaSpecTwice { key });
                 }
                 let value = std::mem::take(&mut self.nova.text);
                 self.nova.specs.push((key, value));
@@ -420,7 +421,7 @@ fn general_ref(r: &BytesRef) -> Result<String, ParseError> {
     if r.is_char_ref() {
         match r.resolve_char_ref() {
             Ok(Some(c)) => Ok(c.to_string()),
-            res => err(Kind::BadCharRef {
+            res => err(ParseFault::BadCharRef {
                 name: (**r).into(),
                 source: res.err(),
             }),
@@ -428,7 +429,7 @@ fn general_ref(r: &BytesRef) -> Result<String, ParseError> {
     } else {
         match resolve_predefined_entity(r) {
             Some(s) => Ok(s.to_owned()),
-            None => err(Kind::UnknownEntity { name: (**r).into() }),
+            None => err(ParseFault::UnknownEntity { name: (**r).into() }),
         }
     }
 }
@@ -442,7 +443,7 @@ fn open_in_gpus(
     local: &str,
 ) -> Result<Ctx, ParseError> {
     if !ours {
-        return err(Kind::ForeignInGpus {
+        return err(ParseFault::ForeignInGpus {
             name: e.name().as_ref().into(),
         });
     }
@@ -456,7 +457,7 @@ fn open_in_gpus(
             Ok(Ctx::Mig)
         }
         "extra_spec" => open_extra_spec(g, reader, e),
-        other => err(Kind::UnknownInGpus { name: other.into() }),
+        other => err(ParseFault::UnknownInGpus { name: other.into() }),
     }
 }
 
@@ -467,12 +468,12 @@ fn open_extra_spec(
     e: &BytesStart,
 ) -> Result<Ctx, ParseError> {
     if g.spec_keys.len() >= MAX_EXTRA_SPECS {
-        return err(Kind::TooManySpecs);
+        return err(ParseFault::TooManySpecs);
     }
     let mut name = None;
     each_attr(reader, e, "extra_spec", |key, a| {
         if key != "name" {
-            return err(Kind::UnknownAttr {
+            return err(ParseFault::UnknownAttr {
                 key: key.into(),
                 elem: "extra_spec",
             });
@@ -480,9 +481,9 @@ fn open_extra_spec(
         name = Some(attr_value(a)?);
         Ok(())
     })?;
-    let name = name.ok_or(Kind::SpecWithoutName)?;
+    let name = name.ok_or(ParseFault::SpecWithoutName)?;
     if g.spec_keys.contains(&name) {
-        return err(Kind::SpecTwice { name });
+        return err(ParseFault::SpecTwice { name });
     }
     g.spec_keys.push(name.clone());
     g.current_spec = Some(name);

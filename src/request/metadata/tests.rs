@@ -1,7 +1,7 @@
 use super::*;
 use crate::ids::normalize_pci;
 use crate::request::extra_specs::Op;
-use crate::request::{Capabilities, DeviceSel, Field, Filter};
+use crate::request::{Capabilities, DeviceSel, Field, Filter, IdMap, Request};
 
 const UUID: &str = "155e2a6a-e7c9-40ab-9e0e-8fd8636abd19";
 

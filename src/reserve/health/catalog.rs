@@ -46,7 +46,7 @@ impl std::fmt::Display for Action {
 
 /// How the table gives an Xid its action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rule {
+pub enum XidRule {
     /// Always this action.
     Is(Action),
     /// The action the driver's record states (Xid 154).
@@ -55,16 +55,16 @@ pub enum Rule {
 
 /// One row of the table: the Xid, its action, what it means (NVIDIA's description, short).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
+pub struct XidEntry {
     pub xid: u32,
-    pub rule: Rule,
+    pub rule: XidRule,
     pub what: &'static str,
 }
 
-const fn e(xid: u32, action: Action, what: &'static str) -> Entry {
-    Entry {
+const fn e(xid: u32, action: Action, what: &'static str) -> XidEntry {
+    XidEntry {
         xid,
-        rule: Rule::Is(action),
+        rule: XidRule::Is(action),
         what,
     }
 }
@@ -73,7 +73,7 @@ use Action::{Ignore, Reboot, Reset, Restart};
 
 /// NVIDIA's Xid catalog, as gpuhook acts on it (SPEC's table), in Xid order. An Xid that is
 /// not here is counted and logged only.
-pub const CATALOG: &[Entry] = &[
+pub const CATALOG: &[XidEntry] = &[
     e(13, Restart, "graphics engine exception"),
     e(31, Restart, "GPU memory page fault"),
     e(
@@ -104,21 +104,21 @@ pub const CATALOG: &[Entry] = &[
     ),
     e(140, Reset, "unrecovered ECC error"),
     e(143, Reset, "GPU initialization failure"),
-    Entry {
+    XidEntry {
         xid: 154,
-        rule: Rule::DriverSays,
+        rule: XidRule::DriverSays,
         what: "GPU recovery action changed",
     },
 ];
 
 /// The table's row for `xid`.
-pub fn entry(xid: u32) -> Option<&'static Entry> {
+pub fn entry(xid: u32) -> Option<&'static XidEntry> {
     CATALOG.iter().find(|e| e.xid == xid)
 }
 
 /// What one Xid record calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Verdict {
+pub struct XidVerdict {
     pub action: Action,
     /// What the Xid means (for 154, the action its record states).
     pub what: &'static str,
@@ -147,29 +147,29 @@ pub fn driver_says(msg: &str) -> (Action, &'static str) {
 }
 
 /// The action for an Xid record with this number and message.
-pub fn verdict(xid: u32, msg: &str) -> Verdict {
+pub fn verdict(xid: u32, msg: &str) -> XidVerdict {
     match entry(xid) {
-        Some(Entry {
-            rule: Rule::Is(action),
+        Some(XidEntry {
+            rule: XidRule::Is(action),
             what,
             ..
-        }) => Verdict {
+        }) => XidVerdict {
             action: *action,
             what,
             unknown: false,
         },
-        Some(Entry {
-            rule: Rule::DriverSays,
+        Some(XidEntry {
+            rule: XidRule::DriverSays,
             ..
         }) => {
             let (action, what) = driver_says(msg);
-            Verdict {
+            XidVerdict {
                 action,
                 what,
                 unknown: false,
             }
         }
-        None => Verdict {
+        None => XidVerdict {
             action: Ignore,
             what: "not in gpuhook's Xid catalog",
             unknown: true,
@@ -203,7 +203,7 @@ mod tests {
         }
         // 154 besides: nothing else is in the table.
         assert_eq!(CATALOG.len(), n + 1);
-        assert_eq!(entry(154).unwrap().rule, Rule::DriverSays);
+        assert_eq!(entry(154).unwrap().rule, XidRule::DriverSays);
         // In Xid order, each once.
         assert!(CATALOG.windows(2).all(|w| w[0].xid < w[1].xid));
         // Only reset and reboot quarantine.

@@ -61,7 +61,7 @@ pub enum Failure {
     Probe(#[from] ProbeFailure),
 }
 
-/// The reset and the probes: the host's ([`Host`]), or the unit tests' doubles.
+/// The reset and the probes: the host's ([`HostReset`]), or the unit tests' doubles.
 pub trait Recover {
     /// Resets the GPU as the config says, within [`DEADLINE`].
     fn reset(&self, cfg: &Config, pci: Pci) -> Result<(), ResetFailure>;
@@ -72,9 +72,9 @@ pub trait Recover {
 /// This host: the configured `reset_command`, as gpuhook runs every child
 /// ([`crate::enter::sandbox::run_program`]), or the sysfs function-level reset in a child
 /// of its own; then [`inventory::probe`].
-pub struct Host;
+pub struct HostReset;
 
-impl Recover for Host {
+impl Recover for HostReset {
     fn reset(&self, cfg: &Config, pci: Pci) -> Result<(), ResetFailure> {
         run_reset(cfg, pci, DEADLINE)
     }
@@ -255,48 +255,7 @@ pub fn reset_pci(f: &Facts, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
                 .into());
             }
         }
-        let wanted: BTreeSet<u64> = nodes
-            .iter()
-            .map(|n| libc::makedev(n.major, n.minor))
-            .collect();
-        let found = f.proc.openers(
-            &wanted,
-            |p| p != me.pid,
-            &Budget::new(crate::reserve::drain::BUDGET),
-        );
-        if !found.openers.is_empty() {
-            let mut who = Vec::new();
-            for n in &nodes {
-                let procs = found
-                    .openers
-                    .get(&libc::makedev(n.major, n.minor))
-                    .cloned()
-                    .unwrap_or_default();
-                for p in procs {
-                    let comm = f.proc.comm(p.pid).unwrap_or_else(|| "?".into());
-                    who.push(format!("pid {} ({comm}) has {} open", p.pid, n.path));
-                }
-            }
-            return Err(HealthError::Open {
-                pci,
-                who: who.join(", "),
-            }
-            .into());
-        }
-        if !found.complete() {
-            let who = found
-                .unread
-                .iter()
-                .map(|p| p.pid.to_string())
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(HealthError::Unread {
-                pci,
-                who,
-                total: found.unread_total,
-            }
-            .into());
-        }
+        none_open(f, pci, &nodes, me.pid)?;
         let h = st.health.entry(key.clone()).or_default();
         Ok(h.resetting.replace(Resetting {
             by: me,
@@ -336,6 +295,54 @@ pub fn reset_pci(f: &Facts, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
         );
         Ok(out)
     })
+}
+
+/// Refused while a process other than this one (`me`) has one of the GPU's nodes open, or a
+/// process could not be read.
+fn none_open(f: &Facts, pci: Pci, nodes: &[Node], me: i32) -> Result<(), Error> {
+    let wanted: BTreeSet<u64> = nodes
+        .iter()
+        .map(|n| libc::makedev(n.major, n.minor))
+        .collect();
+    let found = f.proc.openers(
+        &wanted,
+        |p| p != me,
+        &Budget::new(crate::reserve::drain::BUDGET),
+    );
+    if !found.openers.is_empty() {
+        let mut who = Vec::new();
+        for n in nodes {
+            let procs = found
+                .openers
+                .get(&libc::makedev(n.major, n.minor))
+                .cloned()
+                .unwrap_or_default();
+            for p in procs {
+                let comm = f.proc.comm(p.pid).unwrap_or_else(|| "?".into());
+                who.push(format!("pid {} ({comm}) has {} open", p.pid, n.path));
+            }
+        }
+        return Err(HealthError::Open {
+            pci,
+            who: who.join(", "),
+        }
+        .into());
+    }
+    if !found.complete() {
+        let who = found
+            .unread
+            .iter()
+            .map(|p| p.pid.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(HealthError::Unread {
+            pci,
+            who,
+            total: found.unread_total,
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// The outcome step: the mark taken off, the counters, the quarantine lifted (a `reset`

@@ -164,12 +164,10 @@ impl Recover for Fake {
 
 /// Whether nobody holds the state lock of the state file at `p` (a non-blocking `flock`).
 fn lock_is_free(p: &Path) -> bool {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     let lock = p.with_file_name(format!("{}.lock", p.file_name().unwrap().to_string_lossy()));
     let f = std::fs::File::open(lock).unwrap();
-    // SAFETY: flock on a descriptor this function owns.
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    r == 0
+    crate::host::sys::flock(f.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_ok()
 }
 
 const G0: &str = "0000:10:00.0";
@@ -812,12 +810,11 @@ fn the_reset_runs_as_every_child() {
     };
     // Open here, and inherited by an exec (dup2 clears close-on-exec): never seen there.
     let keep = std::fs::File::open("/dev/null").unwrap();
-    // SAFETY: dup2 onto a descriptor number this test owns; closed below.
-    let dup = unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&keep), 779) };
-    assert_eq!(dup, 779);
+    // dup2 onto a descriptor number this test owns; closed below.
+    let dup = crate::host::sys::dup_onto(std::os::fd::AsFd::as_fd(&keep), 779).unwrap();
+    assert_eq!(std::os::fd::AsRawFd::as_raw_fd(&dup), 779);
     let ran = reset::run_reset(&cfg, G0.parse().unwrap(), Duration::from_secs(10));
-    // SAFETY: closes the descriptor made above.
-    unsafe { libc::close(779) };
+    drop(dup);
     ran.unwrap();
     let text = std::fs::read_to_string(&seen).unwrap();
     let lines: Vec<&str> = text.lines().collect();

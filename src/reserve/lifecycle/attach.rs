@@ -34,7 +34,8 @@ use crate::enter::devdir::Bound;
 use crate::enter::rootfs::{Done, Mounted};
 use crate::host::inventory::Inventory;
 use crate::ids::Unit;
-use crate::log::{self, Leftovers};
+use crate::leftovers::Leftovers;
+use crate::log;
 use crate::node::NodeSpec;
 use crate::request::Request;
 use crate::reserve::drain;
@@ -264,12 +265,12 @@ fn tell_manager(
 }
 
 /// The host's `/dev/char/MAJ:MIN` entry of a node handed to systemd, made when missing (as
-/// at an OCI create, [`crate::enter::charlink`]): a systemd that finds a device by that
+/// at an OCI create, [`crate::host::charlink`]): a systemd that finds a device by that
 /// entry (older than the ones that read its numbers from the name) would drop the node at its
 /// next reload. A node with no host node of that number is left without one; an entry that
 /// leads elsewhere refuses the attach (systemd would allow that other device).
 fn char_link(f: &Facts, n: &Node) -> Result<(), Error> {
-    crate::enter::charlink::ensure_logged(&f.cfg.dev, &n.path, n.major, n.minor)
+    crate::host::charlink::ensure_logged(&f.cfg.dev, &n.path, n.major, n.minor)
         .map_err(|source| LifecycleError::CharLink { source }.into())
 }
 

@@ -30,7 +30,8 @@ use crate::enter::rootfs::Done;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::{Budget, ProcRef};
 use crate::ids::Unit;
-use crate::log::{self, Leftovers};
+use crate::leftovers::Leftovers;
+use crate::log;
 use crate::node::NodeSpec;
 use crate::request::{Capabilities, DeviceSel};
 use crate::reserve::alloc;
@@ -498,7 +499,7 @@ fn open_in_container(
             continue;
         }
         if let Some(g) = inv.by_unit(u) {
-            own.push(drain::Freed {
+            own.push(drain::FreedUnit {
                 unit: *u,
                 nodes: g.own_nodes(),
                 after: h.who(),

@@ -4,7 +4,7 @@
 use crate::cgroup::CgroupError;
 use crate::enter::container::ContainerError;
 use crate::ids::Unit;
-use crate::log::Leftovers;
+use crate::leftovers::Leftovers;
 use crate::request::DeviceSel;
 use crate::reserve::state::{Node, Phase};
 use std::path::PathBuf;
@@ -118,7 +118,7 @@ pub enum LifecycleError {
     #[error(transparent)]
     CharLink {
         #[from]
-        source: crate::enter::charlink::CharLinkError,
+        source: crate::host::charlink::CharLinkError,
     },
     #[error("holds no GPU to detach")]
     NothingToDetach,

@@ -11,8 +11,8 @@ use super::holder::Holder;
 use super::prepare::prepare;
 use super::store::mps_dir;
 use crate::cdi;
-use crate::enter::charlink::{self, CharLinkError};
 use crate::enter::private_nodes::{self, PrivateNodeError};
+use crate::host::charlink::{self, CharLinkError};
 use crate::host::config::Config;
 use crate::host::procfs::ProcRef;
 use crate::log;
@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 /// Why the host side of a create could not be made ready.
 #[derive(Debug, thiserror::Error)]
 pub enum OciCreateError {
-    /// A node's host `/dev/char` entry ([`crate::enter::charlink`]'s words).
+    /// A node's host `/dev/char` entry ([`crate::host::charlink`]'s words).
     #[error(transparent)]
     CharLink(#[from] CharLinkError),
     #[error("its reservation was released meanwhile")]
@@ -81,7 +81,7 @@ pub struct HostSide {
 
 impl OciCreate<'_> {
     /// The host's `/dev/char/MAJ:MIN` entry of each node (under the config's device root),
-    /// made when missing ([`crate::enter::charlink`]; a node with no host node of that number
+    /// made when missing ([`crate::host::charlink`]; a node with no host node of that number
     /// to link to is left without one, an entry that leads elsewhere refuses the create);
     /// the MPS daemon's directory; with a user namespace (`userns`) the nodes
     /// ([`OciCreate::private_nodes`]).

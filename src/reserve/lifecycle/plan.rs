@@ -137,7 +137,7 @@ pub(super) fn driver_plan(
             Some((_, m)) => vec![num(&m.gi_cap), num(&m.ci_cap)],
             None => g.nodes.iter().map(|(_, n)| num(n)).collect(),
         };
-        units.own.push(cdi::Unit {
+        units.own.push(cdi::ChosenUnit {
             id: u.to_string(),
             vendor: g.vendor,
             nodes: own,
@@ -161,7 +161,7 @@ pub(super) fn driver_plan(
     let version = std::fs::read_to_string(cfg.proc.join("driver/nvidia/version"))
         .ok()
         .and_then(|t| cdi::nvidia_version(&t));
-    let host = cdi::Host {
+    let host = cdi::SpecHost {
         foreign_hooks: cfg.cdi_foreign_hooks,
         dev: &cfg.dev,
         nvidia_version: version,

@@ -8,7 +8,7 @@ use super::store::store;
 use super::*;
 use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup};
-use crate::enter::container::{Container, ContainerError, DevTmpfs, Made};
+use crate::enter::container::{Container, ContainerError, ContainerMade as Made, DevTmpfs};
 use crate::enter::rootfs::{Done, Mounted, Owner};
 use crate::host::config::Config;
 use crate::host::inventory::Inventory;
@@ -280,7 +280,7 @@ impl Enter for Fake {
         _: &Container,
         d: &Done,
         _: Owner,
-    ) -> Result<crate::log::Leftovers, ContainerError> {
+    ) -> Result<crate::leftovers::Leftovers, ContainerError> {
         let what: Vec<String> = d
             .mounted
             .iter()
@@ -862,7 +862,7 @@ const HOST_V: &str = "550.54.15";
 /// What discovery finds for driver `v`: its libcuda (the host's `/etc/hostname` stands in)
 /// with its SONAME, and a firmware file (`/etc/passwd`).
 fn host_driver_of(v: &str) -> crate::reserve::driver::Discovered {
-    use crate::host::driver::{DriverFile, Found, FoundBy, Kind};
+    use crate::host::driver::{DriverFile, DriverFileKind as Kind, DriverFound as Found, FoundBy};
     let lib = format!("/usr/lib/x86_64-linux-gnu/libcuda.so.{v}");
     crate::reserve::driver::Discovered {
         found: Found {

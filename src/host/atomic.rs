@@ -28,7 +28,7 @@ pub enum Step {
 
 /// One replacement: `tmp` and `name` are relative to `dir` (or whole paths, with
 /// [`nix::fcntl::AT_FDCWD`]).
-pub struct Replace<'a> {
+pub struct AtomicWrite<'a> {
     pub dir: BorrowedFd<'a>,
     pub tmp: &'a Path,
     pub name: &'a Path,
@@ -46,7 +46,7 @@ pub struct Replace<'a> {
 
 /// Writes `bytes` to `r.name` in `r.dir` by temporary name and rename. On failure after the
 /// temporary file was made, it is removed; the target is as it was.
-pub fn replace(r: &Replace, bytes: &[u8]) -> Result<(), (Step, Errno)> {
+pub fn replace(r: &AtomicWrite, bytes: &[u8]) -> Result<(), (Step, Errno)> {
     if r.clear_stale {
         let _ = unlinkat(r.dir, r.tmp, UnlinkatFlags::NoRemoveDir);
     }
@@ -96,7 +96,7 @@ mod tests {
         std::fs::write(d.path().join("f"), "old").unwrap();
         let dir = std::fs::File::open(d.path()).unwrap();
         std::fs::write(d.path().join(".f.tmp"), "stale").unwrap();
-        let r = Replace {
+        let r = AtomicWrite {
             dir: dir.as_fd(),
             tmp: Path::new(".f.tmp"),
             name: Path::new("f"),
@@ -116,7 +116,7 @@ mod tests {
         assert!(!d.path().join(".f.tmp").exists());
         // Without clearing, a file at the temporary name is refused, the target kept.
         std::fs::write(d.path().join(".f.tmp"), "stale").unwrap();
-        let r = Replace {
+        let r = AtomicWrite {
             clear_stale: false,
             ..r
         };

@@ -19,11 +19,14 @@
 //! program are serialized by a `flock` of a file of root's named by the cgroup's inode.
 //!
 //! What the program allows is read by running it, here, on the access in question: a small
-//! interpreter of the instructions such programs use ([`eval`]); a program with anything else
+//! interpreter of the instructions such programs use ([`eval`](super::interp::eval)); a program with anything else
 //! (a map, a call, a store) is refused as one gpuhook cannot read.
 
 use super::bpf::{self, Insn};
-use super::{CgroupError, DeviceCgroup, Fault};
+use super::device::{open_dir, prog_fd, programs_allow, DeviceCgroup};
+use super::error::{CgroupError, Fault};
+use super::interp::asm::*;
+use super::interp::{eval, DevCtx, ACC_READ, ACC_WRITE, DEV_CHAR};
 use crate::node::Node;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
@@ -31,289 +34,8 @@ use std::collections::BTreeSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-// ---- instructions ----
-
-const CLASS_LD: u8 = 0x00;
-const CLASS_LDX: u8 = 0x01;
-const CLASS_ALU: u8 = 0x04;
-const CLASS_JMP: u8 = 0x05;
-const CLASS_JMP32: u8 = 0x06;
-const CLASS_ALU64: u8 = 0x07;
-const SRC_X: u8 = 0x08;
-
-const DEV_CHAR: i32 = 2;
-const ACC_MKNOD: u32 = 1;
-const ACC_READ: u32 = 2;
-const ACC_WRITE: u32 = 4;
-
 /// The prologue's first instruction's immediate: "GPUH".
 pub const MAGIC: i32 = 0x4750_5548;
-
-/// The instructions gpuhook writes (and the tests' runtime-like and libvirt programs).
-pub mod asm {
-    use super::Insn;
-    /// One instruction: opcode, registers, offset, immediate.
-    pub fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-        Insn {
-            code,
-            regs: dst | (src << 4),
-            off,
-            imm,
-        }
-    }
-    pub fn mov64_imm(d: u8, imm: i32) -> Insn {
-        insn(0xb7, d, 0, 0, imm)
-    }
-    pub fn mov32_imm(d: u8, imm: i32) -> Insn {
-        insn(0xb4, d, 0, 0, imm)
-    }
-    pub fn mov32_reg(d: u8, s: u8) -> Insn {
-        insn(0xbc, d, s, 0, 0)
-    }
-    pub fn and32_imm(d: u8, imm: i32) -> Insn {
-        insn(0x54, d, 0, 0, imm)
-    }
-    pub fn and32_reg(d: u8, s: u8) -> Insn {
-        insn(0x5c, d, s, 0, 0)
-    }
-    pub fn rsh32_imm(d: u8, imm: i32) -> Insn {
-        insn(0x74, d, 0, 0, imm)
-    }
-    pub fn ldx_w(d: u8, s: u8, off: i16) -> Insn {
-        insn(0x61, d, s, off, 0)
-    }
-    /// `if (u32)d != imm goto +off`
-    pub fn jne32_imm(d: u8, imm: i32, off: i16) -> Insn {
-        insn(0x56, d, 0, off, imm)
-    }
-    /// `if d != imm goto +off` (64 bits, imm sign-extended)
-    pub fn jne_imm(d: u8, imm: i32, off: i16) -> Insn {
-        insn(0x55, d, 0, off, imm)
-    }
-    pub fn jne_reg(d: u8, s: u8, off: i16) -> Insn {
-        insn(0x5d, d, s, off, 0)
-    }
-    pub fn exit() -> Insn {
-        insn(0x95, 0, 0, 0, 0)
-    }
-}
-use asm::*;
-
-fn dst(i: &Insn) -> usize {
-    usize::from(i.regs & 0x0f)
-}
-fn src(i: &Insn) -> usize {
-    usize::from(i.regs >> 4)
-}
-
-// ---- what a program allows ----
-
-/// An access as a device program sees it (`struct bpf_cgroup_dev_ctx`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DevCtx {
-    /// `access << 16 | type` (access: mknod 1, read 2, write 4; type: block 1, char 2).
-    pub access_type: u32,
-    pub major: u32,
-    pub minor: u32,
-}
-
-impl DevCtx {
-    /// Read and write of a char device: what a GPU's holder needs.
-    pub fn rw_char(major: u32, minor: u32) -> DevCtx {
-        DevCtx {
-            access_type: ((ACC_READ | ACC_WRITE) << 16) | DEV_CHAR as u32,
-            major,
-            minor,
-        }
-    }
-
-    fn bytes(&self) -> [u8; 12] {
-        let mut b = [0u8; 12];
-        b[0..4].copy_from_slice(&self.access_type.to_ne_bytes());
-        b[4..8].copy_from_slice(&self.major.to_ne_bytes());
-        b[8..12].copy_from_slice(&self.minor.to_ne_bytes());
-        b
-    }
-}
-
-/// A register: a number, or the context pointer (only `r1` at entry).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reg {
-    Unset,
-    Ctx,
-    Val(u64),
-}
-
-/// The most instructions one run may execute (a device program has no loops; a run longer
-/// than its length is one gpuhook does not understand).
-const MAX_STEPS: usize = 1 << 16;
-
-/// Whether the program allows the access: `Some(true)`/`Some(false)` as it returns 1/0,
-/// `None` when it does something this interpreter does not model (a map, a call, a store, a
-/// load outside the context, a jump outside the program, a register read before it is set).
-pub fn eval(prog: &[Insn], ctx: DevCtx) -> Option<bool> {
-    // The context's bytes are read as the kernel lays them out on a little-endian host.
-    if cfg!(target_endian = "big") {
-        return None;
-    }
-    let mut r = [Reg::Unset; 11];
-    r[1] = Reg::Ctx;
-    let cb = ctx.bytes();
-    let mut pc = 0usize;
-    for _ in 0..MAX_STEPS {
-        let i = prog.get(pc)?;
-        let class = i.code & 0x07;
-        let (d, s) = (dst(i), src(i));
-        if d > 10 || s > 10 {
-            return None;
-        }
-        let val = |x: Reg| match x {
-            Reg::Val(v) => Some(v),
-            _ => None,
-        };
-        match class {
-            CLASS_ALU | CLASS_ALU64 => {
-                let op = i.code & 0xf0;
-                let wide = class == CLASS_ALU64;
-                // cpu v4's signed div/mod and sign-extending mov (`off`), an address-space
-                // cast (`imm` of a register mov): not modelled.
-                if i.off != 0 || (i.code & SRC_X != 0 && i.imm != 0) {
-                    return None;
-                }
-                if op == 0xb0 && i.code & SRC_X != 0 && r[s] == Reg::Ctx {
-                    // A copy of the context pointer stays one (64-bit mov only).
-                    r[d] = if wide { Reg::Ctx } else { return None };
-                    pc += 1;
-                    continue;
-                }
-                let operand = if i.code & SRC_X != 0 {
-                    val(r[s])?
-                } else if wide {
-                    i.imm as i64 as u64
-                } else {
-                    i.imm as u32 as u64
-                };
-                if op == 0xb0 {
-                    r[d] = Reg::Val(if wide { operand } else { operand & 0xffff_ffff });
-                } else {
-                    let a = val(r[d])?;
-                    let v = alu(op, a, operand, wide)?;
-                    r[d] = Reg::Val(if wide { v } else { v & 0xffff_ffff });
-                }
-                pc += 1;
-            }
-            CLASS_LDX => {
-                // Only loads from the context, of 1, 2 or 4 bytes inside it.
-                if i.code & 0xe0 != 0x60 || r[s] != Reg::Ctx {
-                    return None;
-                }
-                let size = match i.code & 0x18 {
-                    0x00 => 4,
-                    0x08 => 2,
-                    0x10 => 1,
-                    _ => return None,
-                };
-                let off = usize::try_from(i.off).ok()?;
-                let bytes = cb.get(off..off.checked_add(size)?)?;
-                let mut v = [0u8; 8];
-                v[..size].copy_from_slice(bytes);
-                r[d] = Reg::Val(u64::from_le_bytes(v));
-                if i.imm != 0 {
-                    return None;
-                }
-                pc += 1;
-            }
-            CLASS_LD => {
-                // `ld_imm64` of a plain number; a map or other pseudo source is not modelled.
-                let next = prog.get(pc + 1)?;
-                if i.code != 0x18 || s != 0 {
-                    return None;
-                }
-                r[d] = Reg::Val(u64::from(i.imm as u32) | (u64::from(next.imm as u32) << 32));
-                pc += 2;
-            }
-            CLASS_JMP | CLASS_JMP32 => {
-                let op = i.code & 0xf0;
-                match op {
-                    0x90 if class == CLASS_JMP => return val(r[0]).map(|v| v & 0xffff_ffff == 1),
-                    0x80 => return None,
-                    0x00 if class == CLASS_JMP => {
-                        pc = jump(pc, i.off, prog.len())?;
-                        continue;
-                    }
-                    _ => {}
-                }
-                let wide = class == CLASS_JMP;
-                let a = val(r[d])?;
-                let b = if i.code & SRC_X != 0 {
-                    val(r[s])?
-                } else {
-                    i.imm as i64 as u64
-                };
-                let (a, b) = if wide {
-                    (a, b)
-                } else {
-                    (a & 0xffff_ffff, b & 0xffff_ffff)
-                };
-                let (sa, sb) = if wide {
-                    (a as i64, b as i64)
-                } else {
-                    (i64::from(a as u32 as i32), i64::from(b as u32 as i32))
-                };
-                let taken = match op {
-                    0x10 => a == b,
-                    0x20 => a > b,
-                    0x30 => a >= b,
-                    0x40 => a & b != 0,
-                    0x50 => a != b,
-                    0x60 => sa > sb,
-                    0x70 => sa >= sb,
-                    0xa0 => a < b,
-                    0xb0 => a <= b,
-                    0xc0 => sa < sb,
-                    0xd0 => sa <= sb,
-                    _ => return None,
-                };
-                pc = if taken {
-                    jump(pc, i.off, prog.len())?
-                } else {
-                    pc + 1
-                };
-            }
-            _ => return None,
-        }
-    }
-    None
-}
-
-fn jump(pc: usize, off: i16, len: usize) -> Option<usize> {
-    let to = (pc as i64) + 1 + i64::from(off);
-    usize::try_from(to).ok().filter(|&t| t < len)
-}
-
-fn alu(op: u8, a: u64, b: u64, wide: bool) -> Option<u64> {
-    let bits = if wide { 64 } else { 32 };
-    let (a32, b32) = (a as u32, b as u32);
-    Some(match op {
-        0x00 => a.wrapping_add(b),
-        0x10 => a.wrapping_sub(b),
-        0x20 => a.wrapping_mul(b),
-        0x30 if wide => a.checked_div(b).unwrap_or(0),
-        0x30 => u64::from(a32.checked_div(b32).unwrap_or(0)),
-        0x40 => a | b,
-        0x50 => a & b,
-        0x60 => a.wrapping_shl((b % bits) as u32),
-        0x70 if wide => a.wrapping_shr((b % bits) as u32),
-        0x70 => u64::from(a32.wrapping_shr((b % bits) as u32)),
-        0x80 => a.wrapping_neg(),
-        0x90 if wide => a.checked_rem(b).unwrap_or(a),
-        0x90 => u64::from(a32.checked_rem(b32).unwrap_or(a32)),
-        0xa0 => a ^ b,
-        0xc0 if wide => ((a as i64) >> (b % 64)) as u64,
-        0xc0 => u64::from(((a32 as i32) >> (b % 32)) as u32),
-        _ => return None,
-    })
-}
 
 // ---- gpuhook's prologue ----
 
@@ -426,7 +148,7 @@ pub const SYSTEMD_PROGRAM: &str = "sd_devices";
 fn not_systemds(dir: &Path, ids: &[u32]) -> Result<Vec<(u32, OwnedFd)>, CgroupError> {
     let mut out = Vec::new();
     for &id in ids {
-        let prog = super::prog_fd(dir, id)?;
+        let prog = prog_fd(dir, id)?;
         let name = bpf::prog_name(prog.as_fd()).map_err(|x| {
             let errno = x.into();
             CgroupError::new(dir, Fault::ProgInfo { id, errno })
@@ -441,7 +163,7 @@ fn not_systemds(dir: &Path, ids: &[u32]) -> Result<Vec<(u32, OwnedFd)>, CgroupEr
 /// How many device programs not systemd's (a runtime's, or gpuhook's replacement of one)
 /// are attached to the cgroup `dir`.
 pub fn runtime_programs(dir: &Path) -> Result<usize, CgroupError> {
-    let cg = super::open_dir(dir)?;
+    let cg = open_dir(dir)?;
     let all = bpf::prog_query(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
         .map_err(|x| CgroupError::new(dir, Fault::ProgQuery(x.into())))?;
     Ok(not_systemds(dir, &all)?.len())
@@ -463,13 +185,13 @@ struct Before {
 
 /// An OCI container's cgroup on the unified hierarchy with the runtime's device program,
 /// which gpuhook widens or narrows by replacing it.
-pub struct Replace {
+pub struct RuntimeProgram {
     dir: PathBuf,
     cg: OwnedFd,
     /// gpuhook's lock of this cgroup, held for as long as this value lives.
     _lock: Flock<std::fs::File>,
     /// The programs attached now: one, or two where a gpuhook was killed between attaching
-    /// its replacement and detaching the program it replaced (both rule, see [`Replace::open`]).
+    /// its replacement and detaching the program it replaced (both rule, see [`RuntimeProgram::open`]).
     current: Vec<OwnedFd>,
     prologue: Prologue,
     runtime: Vec<Insn>,
@@ -540,7 +262,7 @@ pub(super) fn lock_named(name: &str) -> Result<Flock<std::fs::File>, Fault> {
     }
 }
 
-impl Replace {
+impl RuntimeProgram {
     /// The device program attached to cgroup `dir` (exactly one, attached as runc and crun
     /// attach theirs, of plain code that [`eval`] can read), locked against another
     /// gpuhook's replacement. systemd's own programs there ([`SYSTEMD_PROGRAM`]: a scope's
@@ -548,9 +270,9 @@ impl Replace {
     /// beside the runtime's at each `systemctl daemon-reload`) are systemd's: left in place,
     /// never replaced. They rule too (an access needs every program to allow it), which
     /// [`DeviceCgroup::effective`] reads.
-    pub fn open(dir: &Path) -> Result<Replace, CgroupError> {
+    pub fn open(dir: &Path) -> Result<RuntimeProgram, CgroupError> {
         let e = |f: Fault| CgroupError::new(dir, f);
-        let cg = super::open_dir(dir)?;
+        let cg = open_dir(dir)?;
         let lock = lock(&cg).map_err(e)?;
         let (all, flags) = bpf::prog_query_flags(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
             .map_err(|x| e(Fault::ProgQuery(x.into())))?;
@@ -572,7 +294,7 @@ impl Replace {
         // then adds nothing here (what rules from above is what the attach checks before it
         // says `attached`), a detach a program of gpuhook's that denies the node.
         if ids.is_empty() {
-            return Ok(Replace {
+            return Ok(RuntimeProgram {
                 dir: dir.to_path_buf(),
                 cg,
                 _lock: lock,
@@ -615,7 +337,7 @@ impl Replace {
             let deny = prologue.deny.clone();
             prologue.allow.retain(|k| !deny.contains(k));
         }
-        Ok(Replace {
+        Ok(RuntimeProgram {
             dir: dir.to_path_buf(),
             cg,
             _lock: lock,
@@ -691,7 +413,7 @@ impl Replace {
     }
 }
 
-impl DeviceCgroup for Replace {
+impl DeviceCgroup for RuntimeProgram {
     fn path(&self) -> &Path {
         &self.dir
     }
@@ -715,7 +437,7 @@ impl DeviceCgroup for Replace {
     /// Every program in force for the cgroup: the one gpuhook keeps, systemd's beside it, and
     /// those of the cgroups above (a scope's, above crun's `container` cgroup).
     fn effective(&self, n: &Node) -> Result<bool, CgroupError> {
-        super::programs_allow(&self.dir, self.cg.as_fd(), n)
+        programs_allow(&self.dir, self.cg.as_fd(), n)
     }
 
     fn allow(&mut self, n: &Node) -> Result<(), CgroupError> {
@@ -771,76 +493,22 @@ impl DeviceCgroup for Replace {
     }
 }
 
-/// A device rule as runc's `devicefilter` and crun compile it: the last rule that matches
-/// decides. For tests: a program of the runtimes' own shape.
-#[derive(Debug, Clone, Copy)]
-pub struct Rule {
-    pub allow: bool,
-    /// `b'a'` (all), `b'c'`, `b'b'`
-    pub kind: u8,
-    pub major: Option<u32>,
-    pub minor: Option<u32>,
-    /// mknod 1 | read 2 | write 4
-    pub access: u32,
-}
-
-/// A program as runc's `devicefilter.go` emits it for `rules` (default deny).
-#[doc(hidden)]
-pub fn runc_like(rules: &[Rule]) -> Vec<Insn> {
-    let mut p = vec![
-        ldx_w(2, 1, 0),
-        and32_imm(2, 0xffff),
-        ldx_w(3, 1, 0),
-        rsh32_imm(3, 16),
-        ldx_w(4, 1, 4),
-        ldx_w(5, 1, 8),
-    ];
-    for r in rules.iter().rev() {
-        let mut block = Vec::new();
-        if r.kind != b'a' {
-            let t = if r.kind == b'b' { 1 } else { DEV_CHAR };
-            block.push(("next", jne_imm(2, t, 0)));
-        }
-        if r.access != ACC_MKNOD | ACC_READ | ACC_WRITE {
-            block.push(("", mov32_reg(1, 3)));
-            block.push(("", and32_imm(1, r.access as i32)));
-            block.push(("next", jne_reg(1, 3, 0)));
-        }
-        if let Some(m) = r.major {
-            block.push(("next", jne_imm(4, m as i32, 0)));
-        }
-        if let Some(m) = r.minor {
-            block.push(("next", jne_imm(5, m as i32, 0)));
-        }
-        block.push(("", mov32_imm(0, i32::from(r.allow))));
-        block.push(("", exit()));
-        let n = block.len();
-        let catch_all = n == 2;
-        for (k, (label, mut i)) in block.into_iter().enumerate() {
-            if label == "next" {
-                i.off = (n - k - 1) as i16;
-            }
-            p.push(i);
-        }
-        // Nothing after a rule that matches every access is reachable (the verifier refuses
-        // unreachable code; runc stops there too).
-        if catch_all {
-            return p;
-        }
-    }
-    p.extend([mov32_imm(0, 0), exit()]);
-    p
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cgroup::interp::{runc_like, DeviceRule};
 
     const RWM: u32 = 7;
     const RW: u32 = 6;
 
-    fn rule(allow: bool, kind: u8, major: Option<u32>, minor: Option<u32>, access: u32) -> Rule {
-        Rule {
+    fn rule(
+        allow: bool,
+        kind: u8,
+        major: Option<u32>,
+        minor: Option<u32>,
+        access: u32,
+    ) -> DeviceRule {
+        DeviceRule {
             allow,
             kind,
             major,
@@ -850,7 +518,7 @@ mod tests {
     }
 
     /// What podman asks runc for, with one GPU (195:0) of gpuhook's at create.
-    fn podman_rules() -> Vec<Rule> {
+    fn podman_rules() -> Vec<DeviceRule> {
         vec![
             rule(false, b'a', None, None, RWM),
             rule(true, b'c', None, None, 1),

@@ -9,7 +9,8 @@
 //! of that map: found by `BPF_PROG_QUERY` on the cgroup, then the program's map ids.
 
 use super::bpf;
-use super::{CgroupError, DeviceCgroup, Fault, MapOp};
+use super::device::{open_dir, prog_fd, DeviceCgroup};
+use super::error::{CgroupError, Fault, MapOp};
 use crate::node::Node;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -26,7 +27,7 @@ pub fn key(major: u32, minor: u32) -> u64 {
     (u64::from(major) << 32) | u64::from(minor)
 }
 
-pub struct V2 {
+pub struct LibvirtMap {
     dir: PathBuf,
     /// libvirt's map and its capacity; `None`: no device program applies at all, so every
     /// device is already allowed.
@@ -35,16 +36,16 @@ pub struct V2 {
     changed: HashMap<u64, Option<u32>>,
 }
 
-impl V2 {
+impl LibvirtMap {
     /// Opens the device map of the program attached to cgroup `dir`.
-    pub fn open(dir: &Path) -> Result<V2, CgroupError> {
+    pub fn open(dir: &Path) -> Result<LibvirtMap, CgroupError> {
         let e = |f: Fault| CgroupError::new(dir, f);
-        let cg = super::open_dir(dir)?;
+        let cg = open_dir(dir)?;
         let progs = bpf::prog_query(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
             .map_err(|x| e(Fault::ProgQuery(x.into())))?;
         let mut found: Vec<(OwnedFd, u32)> = Vec::new();
         for &id in &progs {
-            let prog = super::prog_fd(dir, id)?;
+            let prog = prog_fd(dir, id)?;
             let mids = bpf::prog_map_ids(prog.as_fd()).map_err(|x| {
                 let errno = x.into();
                 e(Fault::ProgInfo { id, errno })
@@ -64,7 +65,7 @@ impl V2 {
             }
         }
         match found.len() {
-            1 => Ok(V2 {
+            1 => Ok(LibvirtMap {
                 dir: dir.to_path_buf(),
                 map: found.pop(),
                 changed: HashMap::new(),
@@ -77,7 +78,7 @@ impl V2 {
                 )
                 .map_err(|x| e(Fault::ProgQueryEffective(x.into())))?;
                 if eff.is_empty() {
-                    Ok(V2 {
+                    Ok(LibvirtMap {
                         dir: dir.to_path_buf(),
                         map: None,
                         changed: HashMap::new(),
@@ -115,7 +116,7 @@ impl V2 {
     }
 }
 
-impl DeviceCgroup for V2 {
+impl DeviceCgroup for LibvirtMap {
     fn path(&self) -> &Path {
         &self.dir
     }
