@@ -6,7 +6,7 @@
 use crate::doors::error::CliError;
 use crate::doors::hook;
 use crate::host::config::Config;
-use crate::host::inventory::{self, Inventory};
+use crate::host::inventory;
 use crate::log;
 use crate::request::metadata;
 use crate::reserve::alloc;
@@ -17,7 +17,9 @@ use crate::reserve::state::{Reservation, State, Store};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod common;
 mod driver;
+use common::{emit, load};
 mod list;
 use list::list;
 pub use list::list_json;
@@ -535,39 +537,6 @@ fn placement(output: Option<&std::path::Path>) -> Result<i32, CliError> {
     emit(&crate::openstack::placement::render(&inv), output)
 }
 
-/// Prints `text`, or replaces `output` with it atomically.
-fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, CliError> {
-    let Some(path) = output else {
-        print!("{text}");
-        return Ok(0);
-    };
-    // Readers (node_exporter, nova-compute) may read at any moment: a temp file beside it,
-    // then a rename.
-    let io = |source: std::io::Error| CliError::Output {
-        path: path.to_path_buf(),
-        source,
-    };
-    let name = path.file_name().ok_or_else(|| CliError::OutputNoFile {
-        path: path.to_path_buf(),
-    })?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(".tmp");
-    let tmp = path.with_file_name(tmp_name);
-    let r = crate::host::atomic::AtomicWrite {
-        dir: nix::fcntl::AT_FDCWD,
-        tmp: &tmp,
-        name: path,
-        mode: 0o644,
-        chmod: None,
-        owner: None,
-        clear_stale: true,
-        durable: false,
-    };
-    crate::host::atomic::replace(&r, text.as_bytes()).map_err(|(_, e)| io(e.into()))?;
-    Ok(0)
-}
-
 fn report(r: Result<i32, impl std::fmt::Display>) -> i32 {
     match r {
         Ok(code) => code,
@@ -576,16 +545,6 @@ fn report(r: Result<i32, impl std::fmt::Display>) -> i32 {
             1
         }
     }
-}
-
-pub(super) fn load() -> Result<(Config, Inventory, State), Error> {
-    let cfg = Config::load()?;
-    let mut inv = inventory::scan(&cfg)?;
-    let mut st = Store::new(&cfg.state_file).read()?;
-    crate::reserve::health::apply(&mut inv, &st);
-    // What still holds draining GPUs now (the file is not written).
-    crate::reserve::drain::recheck(&mut st);
-    Ok((cfg, inv, st))
 }
 
 fn check(file: &str) -> Result<i32, CliError> {

@@ -139,6 +139,10 @@ pub struct Facts<'a> {
     pub mps: &'a dyn crate::reserve::mps::Mps,
     /// The running driver's files on the host (`driver="host"`).
     pub host_driver: HostDriverFn<'a>,
+    /// The door's own process (left out where a step looks for processes holding a GPU).
+    pub me: i32,
+    /// Who asked (the door's real uid), for the log.
+    pub uid: u32,
 }
 
 fn real_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
@@ -163,6 +167,8 @@ impl<'a> Facts<'a> {
             controller_running: &crate::reserve::reconcile::controller_running,
             mps: &crate::reserve::mps::NvidiaMps,
             host_driver: &real_host_driver,
+            me: std::process::id() as i32,
+            uid: nix::unistd::getuid().as_raw(),
         }
     }
 }

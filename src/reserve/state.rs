@@ -22,16 +22,19 @@ use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+mod error;
+pub use error::{Corruption, Unsafety};
+
 pub const VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("state file {path} is corrupt ({detail}); gpuhook never resets it: fix it, or remove it when no GPU domain runs")]
-    Corrupt { path: String, detail: String },
+    #[error("state file {path} is corrupt ({why}); gpuhook never resets it: fix it, or remove it when no GPU domain runs")]
+    Corrupt { path: String, why: Corruption },
     #[error("state file {path} has version {found}, this gpuhook reads version {VERSION}; refusing to touch it")]
     Version { path: String, found: String },
-    #[error("state {path}: {detail}; refusing to use it")]
-    Unsafe { path: String, detail: String },
+    #[error("state {path}: {why}; refusing to use it")]
+    Unsafe { path: String, why: Unsafety },
     #[error("state {path}: {op}: {errno}")]
     Io {
         path: String,
@@ -510,7 +513,10 @@ impl State {
                     if *k != r.uuid {
                         return Err(StateError::Corrupt {
                             path: path.into(),
-                            detail: format!("reservation key {k} differs from its uuid {}", r.uuid),
+                            why: Corruption::KeyNotUuid {
+                                key: k.clone(),
+                                uuid: r.uuid.clone(),
+                            },
                         });
                     }
                 }
@@ -521,7 +527,11 @@ impl State {
                         if let Some(other) = seen.insert(u, k) {
                             return Err(StateError::Corrupt {
                                 path: path.into(),
-                                detail: format!("{u} is in two reservations, {other} and {k}"),
+                                why: Corruption::TwiceReserved {
+                                    unit: *u,
+                                    first: other.to_string(),
+                                    second: k.clone(),
+                                },
                             });
                         }
                     }
@@ -544,7 +554,7 @@ impl State {
                     }),
                     _ => Err(StateError::Corrupt {
                         path: path.into(),
-                        detail: e.to_string(),
+                        why: Corruption::Json(e),
                     }),
                 }
             }
@@ -698,10 +708,10 @@ impl Store {
         format!(".{}.tmp", self.name)
     }
 
-    fn unsafe_(&self, p: &Path, detail: String) -> StateError {
+    fn unsafe_(&self, p: &Path, why: Unsafety) -> StateError {
         StateError::Unsafe {
             path: p.display().to_string(),
-            detail,
+            why,
         }
     }
 
@@ -710,22 +720,27 @@ impl Store {
         let st = fstat(fd).map_err(io(p, "fstat"))?;
         let fmt = st.st_mode & libc::S_IFMT;
         if want_dir && fmt != libc::S_IFDIR {
-            return Err(self.unsafe_(p, "not a directory".into()));
+            return Err(self.unsafe_(p, Unsafety::NotDirectory));
         }
         if !want_dir && fmt != libc::S_IFREG {
-            return Err(self.unsafe_(p, "not a regular file".into()));
+            return Err(self.unsafe_(p, Unsafety::NotRegularFile));
         }
         let euid = nix::unistd::geteuid().as_raw();
         if st.st_uid != euid {
-            return Err(self.unsafe_(p, format!("owned by uid {}, not {euid}", st.st_uid)));
+            return Err(self.unsafe_(
+                p,
+                Unsafety::Owner {
+                    owner: st.st_uid,
+                    euid,
+                },
+            ));
         }
         if st.st_mode & 0o022 != 0 {
             return Err(self.unsafe_(
                 p,
-                format!(
-                    "mode {:04o} lets group or others write it",
-                    st.st_mode & 0o7777
-                ),
+                Unsafety::Writable {
+                    mode: st.st_mode & 0o7777,
+                },
             ));
         }
         Ok(())
@@ -745,7 +760,7 @@ impl Store {
             }
             Err(Errno::ENOENT) => return Ok(None),
             Err(Errno::ELOOP) | Err(Errno::ENOTDIR) => {
-                return Err(self.unsafe_(&self.dir, "is a symlink or not a directory".into()))
+                return Err(self.unsafe_(&self.dir, Unsafety::SymlinkOrNotDirectory))
             }
             Err(e) => return Err(io(&self.dir, "open state directory")(e)),
         };
@@ -767,7 +782,7 @@ impl Store {
         ) {
             Ok(fd) => fd,
             Err(Errno::ENOENT) => return Ok((State::default(), None)),
-            Err(Errno::ELOOP) => return Err(self.unsafe_(&self.path, "is a symlink".into())),
+            Err(Errno::ELOOP) => return Err(self.unsafe_(&self.path, Unsafety::Symlink)),
             Err(e) => return Err(io(&self.path, "open")(e)),
         };
         self.check_owner(&fd, &self.path, false)?;
@@ -823,7 +838,7 @@ impl Store {
             Mode::from_bits_truncate(0o600),
         )
         .map_err(|e| match e {
-            Errno::ELOOP => self.unsafe_(&lock_path, "is a symlink".into()),
+            Errno::ELOOP => self.unsafe_(&lock_path, Unsafety::Symlink),
             e => io(&lock_path, "open lock")(e),
         })?;
         self.check_owner(&lock, &lock_path, false)?;

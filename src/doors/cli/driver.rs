@@ -3,7 +3,7 @@
 //! that no longer match the host), and `gpuhook cdi-hook` (the two NVIDIA hooks of a
 //! generated spec, run by an OCI runtime).
 
-use super::emit;
+use super::common::emit;
 use crate::doors::error::CliError;
 use crate::host::config::Config;
 use crate::host::driver::{self, DriverFileKind as Kind};

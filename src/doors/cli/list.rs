@@ -2,7 +2,7 @@
 //! holder is gone (stale: the next request that needs its units reclaims it) is listed as
 //! such, never as a live holder.
 
-use super::load;
+use super::common::load;
 use crate::host::inventory::{Gpu, Inventory};
 use crate::ids::Unit;
 use crate::reserve::error::Error;

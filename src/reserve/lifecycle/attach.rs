@@ -19,7 +19,7 @@
 //! container does not have from gpuhook already. The mounts are recorded with the nodes before
 //! they are made (so a detach after a SIGKILL takes them back), the rest once made.
 
-use super::activate::{apply, log_cdi, log_mps, undo, with_rollback};
+use super::activate::{apply, log_cdi, log_mps, undo, with_rollback, Applied};
 use super::error::LifecycleError;
 use super::holder::{new_reservation, Holder};
 use super::mounts::planned;
@@ -199,8 +199,25 @@ pub fn attach(
     if let Some(p) = &policy {
         log_policy(h, &**p, &nodes);
     }
+    log_attached(f, h, req, &got, done.as_ref(), &applied, &ct);
+    Ok(Attached {
+        units: got.units,
+        nodes: got.specs,
+    })
+}
+
+/// What an attach did, for the log: the driver's files, the MPS daemon, the units.
+fn log_attached(
+    f: &Facts,
+    h: &Holder,
+    req: &Request,
+    got: &MoreReserved,
+    done: Option<&Done>,
+    applied: &Applied,
+    ct: &Container,
+) {
     if let Some(p) = &got.plan {
-        log_cdi(h, p, done.as_ref());
+        log_cdi(h, p, done);
     }
     if let Some((pci, d)) = &got.mps {
         log_mps(h, *pci, d);
@@ -210,15 +227,11 @@ pub fn attach(
         h.who(),
         h.id,
         Unit::join(&got.units, ","),
-        nix::unistd::getuid(),
+        f.uid,
         applied.granted.len(),
         applied.created.len(),
         ct.init.pid
     ));
-    Ok(Attached {
-        units: got.units,
-        nodes: got.specs,
-    })
 }
 
 /// The scope's device policy lists the attached nodes too: said.

@@ -517,7 +517,7 @@ fn open_in_container(
             Err(LifecycleError::NamespaceUnknown { init: ct.init.pid }.into())
         };
     };
-    let me = std::process::id() as i32;
+    let me = f.me;
     let in_ct = |p: i32| p != me && f.proc.pid_ns(p) == Some(ns);
     let found = f.proc.openers(&wanted, in_ct, &Budget::new(drain::BUDGET));
     let open: Vec<(Unit, Vec<ProcRef>)> = own
@@ -660,7 +660,7 @@ fn log_detached(f: &Facts, h: &Holder, d: &Detached) {
         h.who(),
         h.id,
         Unit::join(&d.units, ","),
-        nix::unistd::getuid()
+        f.uid
     ));
     for (u, procs) in &d.kept_open {
         for p in procs {

@@ -23,14 +23,14 @@ pub fn daemon_for<'s>(st: &'s State, units: &[Unit]) -> Option<(Pci, &'s Daemon)
 /// recorded and no live start of one) and to stop (a recorded daemon whose GPU no
 /// reservation holds a slot of).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Plan {
+pub struct DaemonPlan {
     pub start: Vec<Pci>,
     pub stop: Vec<Pci>,
 }
 
-/// [`Plan`] on the state; `mps`: the GPUs shared with MPS; `alive`: whether a process runs
+/// [`DaemonPlan`] on the state; `mps`: the GPUs shared with MPS; `alive`: whether a process runs
 /// (a daemon, or the gpuhook process starting one).
-pub fn plan(st: &State, mps: &BTreeSet<Pci>, alive: &dyn Fn(&ProcRef) -> bool) -> Plan {
+pub fn plan(st: &State, mps: &BTreeSet<Pci>, alive: &dyn Fn(&ProcRef) -> bool) -> DaemonPlan {
     let used: BTreeSet<Pci> = st
         .reservations
         .values()
@@ -38,7 +38,7 @@ pub fn plan(st: &State, mps: &BTreeSet<Pci>, alive: &dyn Fn(&ProcRef) -> bool) -
         .filter(|u| u.is_slot())
         .map(Unit::pci)
         .collect();
-    Plan {
+    DaemonPlan {
         start: used
             .iter()
             .filter(|p| mps.contains(p))

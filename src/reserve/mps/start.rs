@@ -72,7 +72,7 @@ pub fn claim(
 
 /// Who starts the daemons of a holder's GPUs, as one locked look sees it.
 #[derive(Default)]
-struct Look {
+struct StartLook {
     /// Marked `starting` by this process: to start now.
     mine: Vec<(Pci, String)>,
     /// Marked by another live process: to wait for.
@@ -81,8 +81,8 @@ struct Look {
     done: Vec<(Pci, Daemon)>,
 }
 
-fn look(st: &State, gpus: &[Pci], me: Option<ProcRef>) -> Look {
-    let mut l = Look::default();
+fn look(st: &State, gpus: &[Pci], me: Option<ProcRef>) -> StartLook {
+    let mut l = StartLook::default();
     for pci in gpus {
         match st.mps.get(pci) {
             Some(d) if d.starting && Some(d.proc) == me => l.mine.push((*pci, d.uuid.clone())),
@@ -132,7 +132,7 @@ pub fn bring_up(
     loop {
         // Locked: sweep, mark again what a failed start of another process left unstarted.
         let l = store
-            .update(|st| -> Result<Look, MpsError> {
+            .update(|st| -> Result<StartLook, MpsError> {
                 up.notes.extend(claim(cfg, m, proc, st, inv, units)?);
                 Ok(look(st, &gpus, me))
             })

@@ -3,7 +3,7 @@
 use super::daemon::{dir_for, limit_commands, Daemon, PID_FILE};
 use super::error::MpsError;
 use super::nvidia::{in_namespace, read_pid};
-use super::plan::{plan, stop_unused, Plan};
+use super::plan::{plan, stop_unused, DaemonPlan};
 use super::start::{bring_up, claim};
 use super::work::Mps;
 use crate::host::config::{Config, ShareMode, Sharing};
@@ -51,7 +51,7 @@ fn first_slot_starts_later_ones_do_not() {
         "c2".into(),
         Reservation::for_test(HolderKind::Oci, "c2", "c2", &["0000:04:00.0/slot1"]),
     );
-    assert_eq!(plan(&st, &mps, &|_| true), Plan::default());
+    assert_eq!(plan(&st, &mps, &|_| true), DaemonPlan::default());
 }
 
 #[test]
@@ -66,7 +66,7 @@ fn a_dead_daemon_is_started_again() {
 fn timeslice_and_whole_gpus_start_nothing() {
     let mps: BTreeSet<Pci> = [pci(A)].into();
     let st = state(&[("c1", "0000:05:00.0/slot0"), ("c2", A)]);
-    assert_eq!(plan(&st, &mps, &|_| true), Plan::default());
+    assert_eq!(plan(&st, &mps, &|_| true), DaemonPlan::default());
 }
 
 #[test]

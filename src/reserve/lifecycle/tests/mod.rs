@@ -461,6 +461,8 @@ impl FakeHost {
             controller_running: &|name| name == "web1",
             mps: &**fake,
             host_driver: &host_driver,
+            me: std::process::id() as i32,
+            uid: nix::unistd::getuid().as_raw(),
         };
         step(&f)
     }

@@ -1,0 +1,53 @@
+//! What the operator's commands share: the host as `list` and `driver` read it, and how
+//! a command writes its output (stdout, or a file replaced atomically).
+
+use crate::doors::error::CliError;
+use crate::host::config::Config;
+use crate::host::inventory::{self, Inventory};
+use crate::reserve::error::Error;
+use crate::reserve::state::{State, Store};
+
+/// The config, the inventory (quarantined GPUs marked) and the state as the commands read
+/// them; nothing is written.
+pub(crate) fn load() -> Result<(Config, Inventory, State), Error> {
+    let cfg = Config::load()?;
+    let mut inv = inventory::scan(&cfg)?;
+    let mut st = Store::new(&cfg.state_file).read()?;
+    crate::reserve::health::apply(&mut inv, &st);
+    // What still holds draining GPUs now (the file is not written).
+    crate::reserve::drain::recheck(&mut st);
+    Ok((cfg, inv, st))
+}
+
+/// Prints `text`, or replaces `output` with it atomically.
+pub(crate) fn emit(text: &str, output: Option<&std::path::Path>) -> Result<i32, CliError> {
+    let Some(path) = output else {
+        print!("{text}");
+        return Ok(0);
+    };
+    // Readers (node_exporter, nova-compute) may read at any moment: a temp file beside it,
+    // then a rename.
+    let io = |source: std::io::Error| CliError::Output {
+        path: path.to_path_buf(),
+        source,
+    };
+    let name = path.file_name().ok_or_else(|| CliError::OutputNoFile {
+        path: path.to_path_buf(),
+    })?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    let r = crate::host::atomic::AtomicWrite {
+        dir: nix::fcntl::AT_FDCWD,
+        tmp: &tmp,
+        name: path,
+        mode: 0o644,
+        chmod: None,
+        owner: None,
+        clear_stale: true,
+        durable: false,
+    };
+    crate::host::atomic::replace(&r, text.as_bytes()).map_err(|(_, e)| io(e.into()))?;
+    Ok(0)
+}
