@@ -95,7 +95,7 @@ printf '#!/bin/sh\nGPUHOOK_CONFIG=%s exec %s "$@"\n' "$w/host/config.json" "$w/l
 sed "s|@NEXT@|$w/rt/gpuhook|" scripts/field-suites-gpu-shim >"$w/rt/gpu"
 chmod 755 "$w/rt/gpuhook" "$w/rt/gpu"
 # Reservations held by a live holder (a stale one, whose create or init is gone, is taken
-# by the next request: README "Crashes").
+# by the next request: docs/guides/oci.md, "Crashes").
 held() { GPUHOOK_CONFIG=$w/host/config.json "$bin" list --json | jq '[.reservations[]? | select(.holder.stale != true)] | length'; }
 
 # The suites, copied; the tests docs/FIELD-SUITES.md lists as skipped get a `skip`.

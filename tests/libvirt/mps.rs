@@ -196,8 +196,8 @@ pub fn mps_two_domains_one_daemon(b: &mut Bed) {
         .collect();
     assert_eq!(slots.len(), 1, "{r}");
     assert!(slots[0].starts_with(&format!("{SHARED}/slot")), "{r}");
-    // The documented limit (README, MPS): a domain without <idmap> keeps CAP_SYS_ADMIN of
-    // the host's user namespace (its init's effective set), so it
+    // The documented limit (docs/guides/sharing.md, MPS): a domain without <idmap> keeps
+    // CAP_SYS_ADMIN of the host's user namespace (its init's effective set), so it
     // could remount the read-only pipe directory writable, as it could mount anything.
     let init = b.ct("gh-mp1").init;
     let cap = std::fs::read_to_string(format!("/proc/{}/status", init.pid)).unwrap();
