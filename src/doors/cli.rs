@@ -8,8 +8,6 @@ use crate::doors::hook;
 use crate::host::config::Config;
 use crate::host::inventory;
 use crate::log;
-use crate::request::metadata;
-use crate::reserve::alloc;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::lifecycle;
@@ -17,9 +15,14 @@ use crate::reserve::state::{Reservation, State, Store};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod check;
 mod common;
 mod driver;
+mod health;
+use check::check;
 use common::{emit, load};
+use health::health;
+pub use health::HealthAction;
 mod list;
 use list::list;
 pub use list::list_json;
@@ -138,35 +141,6 @@ pub enum Command {
         /// What that create added to the config (read back from the config, not used here);
         /// for cdi, the work in the container's root (JSON)
         added: Option<String>,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum HealthAction {
-    /// Act on the NVIDIA Xids of the kernel log as NVIDIA's Xid catalog says
-    /// (gpuhook-health.timer runs it)
-    ///
-    /// Reads the kernel log records (<dev>/kmsg) the last scan did not: ignore (counted,
-    /// logged), restart (a warning naming the GPU's holder), reset or reboot (quarantined
-    /// until a reset, or until the host reboots). Then resets the scrub-pending GPUs
-    /// (reset_on_release) and, with auto_reset, the GPUs quarantined with the reset action
-    /// that are free and not open.
-    Scan,
-    /// Reset a GPU nothing holds or has open, probe it, lift its reset quarantine
-    ///
-    /// Runs the config's reset_command (or with "pci" the function-level reset through
-    /// sysfs; 30 s at most), then probes the GPU (config space, the driver's list, GPU
-    /// Excluded: No): a reset quarantine is lifted only when every probe passes, else the GPU
-    /// stays quarantined with the failed probe as its reason.
-    Reset {
-        /// Its PCI address (0000:3b:00.0)
-        pci: String,
-    },
-    /// Lift any quarantine of a GPU (a reboot or an escalated one too), start its 24-hour
-    /// count again
-    Clear {
-        /// Its PCI address (0000:3b:00.0)
-        pci: String,
     },
 }
 
@@ -305,182 +279,6 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
     }
 }
 
-fn health(action: HealthAction) -> Result<i32, Error> {
-    use crate::reserve::health::{self, reset};
-    let cfg = Config::load()?;
-    match action {
-        HealthAction::Scan => health_scan(&cfg)?,
-        HealthAction::Reset { pci } => {
-            let r = reset::reset_with(
-                &Facts::host(&cfg),
-                &reset::HostReset,
-                &pci,
-                reset::Why::Operator,
-            )?;
-            let line = reset_line(&r);
-            if r.failure.is_some() {
-                log::error(&line);
-                return Ok(1);
-            }
-            log::info(&format!("operator: {line}"));
-            println!("{line}");
-        }
-        HealthAction::Clear { pci } => {
-            let q = health::clear(&cfg, &pci)?;
-            let xid = q
-                .xid
-                .map(|x| format!("Xid {x}"))
-                .unwrap_or_else(|| "a failed reset".into());
-            log::info(&format!(
-                "GPU {pci}: quarantine lifted (it was for {xid}, {}, since {})",
-                q.reason, q.since
-            ));
-            println!(
-                "GPU {pci} is back in service (quarantined since {} for {xid})",
-                q.since
-            );
-        }
-    }
-    Ok(0)
-}
-
-/// `gpuhook health scan`: what the scan did, said.
-fn health_scan(cfg: &Config) -> Result<(), Error> {
-    let r = crate::reserve::health::scan(cfg)?;
-    for (pci, q) in &r.rebooted {
-        log::info(&format!(
-            "GPU {pci}: its quarantine{} ended: the host rebooted",
-            q.xid.map(|x| format!(" after Xid {x}")).unwrap_or_default()
-        ));
-    }
-    for x in &r.ignored {
-        log::info(&format!(
-            "GPU {}: Xid {} ({}), action {}: counted{}: {}",
-            x.pci,
-            x.xid,
-            x.verdict.what,
-            x.verdict.action,
-            if x.verdict.unknown {
-                " and logged only"
-            } else {
-                ", nothing else"
-            },
-            x.message
-        ));
-    }
-    for x in &r.restart {
-        let who = if x.holders.is_empty() {
-            "no one holds it now".to_string()
-        } else {
-            format!("held by {}", x.holders.join(", "))
-        };
-        log::warn(&format!(
-            "GPU {}: Xid {} ({}), action restart: the program that got it must restart; {who}; not quarantined: {}",
-            x.pci, x.xid, x.verdict.what, x.message
-        ));
-    }
-    for (pci, q) in &r.quarantined {
-        let held = match r.holders.get(pci) {
-            Some(h) => format!(
-                "; still held by {} (no new holder or sharer gets it)",
-                h.join(", ")
-            ),
-            None => String::new(),
-        };
-        log::warn(&format!(
-            "GPU {pci} quarantined: Xid {} ({}), action {}: {}{held}",
-            q.xid.map(|x| x.to_string()).unwrap_or_default(),
-            q.reason,
-            q.action.map_or("clear", |a| a.as_str()),
-            q.message
-        ));
-    }
-    for pci in &r.escalated {
-        log::warn(&format!(
-            "GPU {pci} was quarantined {} times within 24 hours: it needs inspection, and stays quarantined until `gpuhook health clear {pci}`",
-            cfg.max_quarantines
-        ));
-    }
-    for p in &r.unlisted {
-        log::warn(&format!(
-            "{p} is not a GPU this host lists now (unbound, being reset, removed?): its quarantine holds when it is one again"
-        ));
-    }
-    for m in &r.forged {
-        log::warn(&format!(
-            "an Xid line written into the kernel log from userspace, ignored: {m}"
-        ));
-    }
-    println!(
-        "{} new kernel log record{} read, {} GPU{} quarantined",
-        r.new_records,
-        if r.new_records == 1 { "" } else { "s" },
-        r.quarantined.len(),
-        if r.quarantined.len() == 1 { "" } else { "s" },
-    );
-    for (pci, res) in &r.resets {
-        match res {
-            Ok(x) if x.failure.is_none() => println!("{}", reset_line(x)),
-            Ok(x) => log::warn(&reset_line(x)),
-            Err(e) => log::info(&format!("GPU {pci} not reset now: {e}")),
-        }
-    }
-    Ok(())
-}
-
-/// One line of what a reset did.
-fn reset_line(r: &crate::reserve::health::reset::Reset) -> String {
-    use crate::reserve::health::reset::Why;
-    let pci = r.pci;
-    let took = r.took.as_secs_f64();
-    let why = match r.why {
-        Why::Operator => "",
-        Why::AutoReset => " (auto_reset)",
-        Why::Scrub => " (scrub after release)",
-    };
-    let over = match &r.took_over {
-        Some(o) => format!(
-            "; the reset pid {} began at {} did not finish: taken over",
-            o.by.pid, o.since
-        ),
-        None => String::new(),
-    };
-    if let Some(f) = &r.failure {
-        let kept = match &r.kept {
-            Some(q) if q.needs_inspection => format!(
-                "quarantined, and needs inspection (quarantined too often within 24 hours): `gpuhook health clear {pci}` returns it"
-            ),
-            _ => format!("quarantined: `gpuhook health reset {pci}` tries again"),
-        };
-        return format!("GPU {pci}: reset{why} failed after {took:.2} s: {f}; {kept}{over}");
-    }
-    let mut line = format!(
-        "GPU {pci} reset{why} in {took:.2} s: every probe passes (config space, driver, not excluded)"
-    );
-    if let Some(q) = &r.lifted {
-        line.push_str(&format!(
-            "; back in service (its quarantine{} is lifted)",
-            q.xid.map(|x| format!(" after Xid {x}")).unwrap_or_default()
-        ));
-    } else if let Some(q) = &r.kept {
-        let why = if q.needs_inspection {
-            format!("it needs inspection: `gpuhook health clear {pci}` returns it")
-        } else if q.action == Some(crate::reserve::health::catalog::Action::Reboot) {
-            "a reboot ends it".to_string()
-        } else {
-            format!("`gpuhook health clear {pci}` ends it")
-        };
-        line.push_str(&format!(
-            "; still quarantined{} ({why})",
-            q.xid.map(|x| format!(" after Xid {x}")).unwrap_or_default()
-        ));
-    } else if r.scrubbed {
-        line.push_str("; scrubbed, free again");
-    }
-    line.push_str(&over);
-    line
-}
-
 fn metrics(output: Option<&std::path::Path>) -> Result<i32, CliError> {
     let (cfg, mut inv, st) = load()?;
     // A draining GPU is not usable, as a quarantined one is not.
@@ -544,133 +342,6 @@ fn report(r: Result<i32, impl std::fmt::Display>) -> i32 {
             log::error(&e.to_string());
             1
         }
-    }
-}
-
-fn check(file: &str) -> Result<i32, CliError> {
-    let xml = if file == "-" {
-        hook::read_stdin().map_err(CliError::Stdin)?
-    } else {
-        std::fs::read(file).map_err(|source| CliError::ReadXml {
-            file: file.to_string(),
-            source,
-        })?
-    };
-    let dom = metadata::parse_domain(&xml).map_err(|source| CliError::DomainXml {
-        file: file.to_string(),
-        source,
-    })?;
-    let Some(req) = &dom.request else {
-        println!(
-            "domain '{}' asks for no GPUs: gpuhook leaves it alone",
-            dom.name
-        );
-        return Ok(0);
-    };
-    let (cfg, inv, st) = load()?;
-    println!("domain '{}' asks for {req} ({})", dom.name, dom.source);
-    let (gpus, verb) = match st.reservations.get(&dom.uuid) {
-        Some(r) => (r.gpus.clone(), "holds"),
-        None => match alloc::allocate(&inv.gpus, &st.held(None), req) {
-            Ok(g) => (g, "would get"),
-            Err(e) => {
-                println!("not satisfiable now: {e}");
-                return Ok(1);
-            }
-        },
-    };
-    println!("it {verb}:");
-    for p in &gpus {
-        if let Some(g) = inv.by_unit(p) {
-            println!(
-                "  {} {} {} {} (NUMA {})",
-                g.index,
-                p,
-                g.model,
-                g.arch.as_deref().unwrap_or("-"),
-                g.numa_node.map_or("-".into(), |n| n.to_string())
-            );
-        }
-    }
-    let nodes = inv.nodes_for(&gpus, req.capabilities);
-    println!(
-        "nodes: {}",
-        nodes
-            .iter()
-            .map(|n| format!("{} ({}:{})", n.path, n.major, n.minor))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let h = crate::reserve::lifecycle::Holder::libvirt(&dom.name, &dom.uuid, &dom.idmap);
-    match crate::reserve::lifecycle::cdi_preview(&Facts::host(&cfg), &h, req, &inv, &gpus) {
-        Ok(None) => {}
-        Ok(Some(p)) => print_cdi(&p),
-        // The host's driver says "driver \"host\": …" itself.
-        Err(e @ Error::Driver(_)) => {
-            println!("{e}");
-            return Ok(1);
-        }
-        Err(e) => {
-            println!("driver cdi: {e}");
-            return Ok(1);
-        }
-    }
-    Ok(0)
-}
-
-/// What a container gets from the CDI specs, for `check`.
-fn print_cdi(p: &crate::cdi::Plan) {
-    match &p.host_driver {
-        Some(d) => println!("driver host: {d}"),
-        None => println!(
-            "driver cdi: from {} ({})",
-            p.specs.join(", "),
-            p.devices.join(" ")
-        ),
-    }
-    let rw = p.mounts.iter().filter(|m| m.rw).count();
-    println!(
-        "  {} mount(s), read-only, nosuid, nodev{}",
-        p.mounts.len(),
-        if rw > 0 {
-            format!(" ({rw} read-write as the spec says)")
-        } else {
-            String::new()
-        }
-    );
-    for m in &p.mounts {
-        println!(
-            "    {} <- {}{}",
-            m.target,
-            m.source,
-            if m.rw { " (rw)" } else { "" }
-        );
-    }
-    if !p.nodes.is_empty() {
-        println!(
-            "  more nodes: {}",
-            p.nodes
-                .iter()
-                .map(|n| format!("{} ({}:{})", n.node.path, n.node.major, n.node.minor))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-    }
-    for l in &p.links {
-        println!("  link {} -> {}", l.link, l.target);
-    }
-    if !p.ld_folders.is_empty() {
-        println!("  linker cache for {}", p.ld_folders.join(" "));
-    }
-    for k in &p.hooks {
-        println!(
-            "  hook {} {} (passed to an OCI runtime; logged for libvirt)",
-            k.stage,
-            k.args.join(" ")
-        );
-    }
-    if !p.env.is_empty() {
-        println!("  env {}", p.env.join(" "));
     }
 }
 

@@ -18,14 +18,16 @@
 //!
 //! Shared by the steps: the holder (`holder.rs`), the state file (`store.rs`), the nodes a
 //! container gets (`nodes.rs`), the driver's user space (`plan.rs`), mounts recorded before
-//! they are made (`mounts.rs`), the steps' errors (`error.rs`). Stale reservations are
-//! [`crate::reserve::reconcile`]'s. Siblings import each other by path; this file only names
-//! them.
+//! they are made (`mounts.rs`), the steps' errors (`error.rs`); `detach`'s own helper: the
+//! recorded driver files the units it keeps still need (`driver_files.rs`). Stale reservations
+//! are [`crate::reserve::reconcile`]'s. Siblings import each other by path; this file only
+//! names them.
 
 pub mod activate;
 pub mod attach;
 pub mod confirm;
 pub mod detach;
+pub mod driver_files;
 pub mod error;
 pub mod free;
 pub mod holder;
