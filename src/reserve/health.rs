@@ -292,13 +292,9 @@ fn count_xid(st: &mut State, key: &str, xid: u32, action: Action) {
 }
 
 /// Reads the kernel log (`<dev>/kmsg`) from where the last scan stopped and acts on its Xid
-/// errors; then resets what it should (`auto_reset`, scrub pending GPUs) on this host.
-pub fn scan(cfg: &Config) -> Result<ScanReport, Error> {
-    scan_with(&Facts::host(cfg), &reset::HostReset)
-}
-
-/// [`scan`] over these facts, resetting with `r`.
-pub fn scan_with(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error> {
+/// errors; then resets what it should (`auto_reset`, scrub pending GPUs) with `r`
+/// ([`reset::HostReset`] on this host).
+pub fn scan(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error> {
     let cfg = f.cfg;
     let store = Store::new(&cfg.state_file);
     let boot = boot_id(cfg);
@@ -488,12 +484,7 @@ pub fn reset_candidates(cfg: &Config, st: &State) -> Vec<(Pci, reset::Why)> {
 
 /// Lifts any quarantine of the GPU at `pci` (an escalated one too), starts its 24-hour
 /// count again, and drops a reset mark whose process is gone.
-pub fn clear(cfg: &Config, pci: &str) -> Result<Quarantine, Error> {
-    clear_with(&Facts::host(cfg), pci)
-}
-
-/// [`clear`] over these facts.
-pub fn clear_with(f: &Facts, pci: &str) -> Result<Quarantine, Error> {
+pub fn clear(f: &Facts, pci: &str) -> Result<Quarantine, Error> {
     let p = normalize_pci(pci).ok_or_else(|| HealthError::NotPci {
         pci: pci.to_string(),
     })?;

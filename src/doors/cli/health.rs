@@ -39,15 +39,11 @@ pub enum HealthAction {
 pub(super) fn health(action: HealthAction) -> Result<i32, Error> {
     use crate::reserve::health::{self, reset};
     let cfg = Config::load()?;
+    let f = Facts::host(&cfg);
     match action {
-        HealthAction::Scan => health_scan(&cfg)?,
+        HealthAction::Scan => health_scan(&f)?,
         HealthAction::Reset { pci } => {
-            let r = reset::reset_with(
-                &Facts::host(&cfg),
-                &reset::HostReset,
-                &pci,
-                reset::Why::Operator,
-            )?;
+            let r = reset::reset(&f, &reset::HostReset, &pci, reset::Why::Operator)?;
             let line = reset_line(&r);
             if r.failure.is_some() {
                 log::error(&line);
@@ -57,7 +53,7 @@ pub(super) fn health(action: HealthAction) -> Result<i32, Error> {
             println!("{line}");
         }
         HealthAction::Clear { pci } => {
-            let q = health::clear(&cfg, &pci)?;
+            let q = health::clear(&f, &pci)?;
             let xid = q
                 .xid
                 .map(|x| format!("Xid {x}"))
@@ -76,8 +72,8 @@ pub(super) fn health(action: HealthAction) -> Result<i32, Error> {
 }
 
 /// `gpuhook health scan`: what the scan did, said.
-fn health_scan(cfg: &Config) -> Result<(), Error> {
-    let r = crate::reserve::health::scan(cfg)?;
+fn health_scan(f: &Facts) -> Result<(), Error> {
+    let r = crate::reserve::health::scan(f, &crate::reserve::health::reset::HostReset)?;
     for (pci, q) in &r.rebooted {
         log::info(&format!(
             "GPU {pci}: its quarantine{} ended: the host rebooted",
@@ -129,7 +125,7 @@ fn health_scan(cfg: &Config) -> Result<(), Error> {
     for pci in &r.escalated {
         log::warn(&format!(
             "GPU {pci} was quarantined {} times within 24 hours: it needs inspection, and stays quarantined until `gpuhook health clear {pci}`",
-            cfg.max_quarantines
+            f.cfg.max_quarantines
         ));
     }
     for p in &r.unlisted {

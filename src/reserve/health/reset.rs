@@ -209,14 +209,14 @@ fn held(st: &State, pci: Pci) -> Option<String> {
 
 /// Resets the GPU `pci` (given as the user wrote it): refused while it is held, draining,
 /// open or being reset; else marked `resetting`, reset, probed, and the outcome recorded.
-pub fn reset_with(f: &Facts, r: &dyn Recover, pci: &str, why: Why) -> Result<Reset, Error> {
+pub fn reset(f: &Facts, r: &dyn Recover, pci: &str, why: Why) -> Result<Reset, Error> {
     let p = Pci::normalize(pci).ok_or_else(|| HealthError::NotPci {
         pci: pci.to_string(),
     })?;
     reset_pci(f, r, p, why)
 }
 
-/// [`reset_with`] of a PCI address.
+/// [`reset`] of a PCI address.
 pub fn reset_pci(f: &Facts, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset, Error> {
     let cfg = f.cfg;
     let store = Store::new(&cfg.state_file);

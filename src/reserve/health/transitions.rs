@@ -83,11 +83,11 @@ impl Bed {
     }
 
     fn scan(&self, r: &dyn Recover) -> ScanReport {
-        self.with(|f| scan_with(f, r)).unwrap()
+        self.with(|f| scan(f, r)).unwrap()
     }
 
     fn reset(&self, r: &dyn Recover, pci: &str) -> Result<reset::Reset, Error> {
-        self.with(|f| reset::reset_with(f, r, pci, Why::Operator))
+        self.with(|f| reset::reset(f, r, pci, Why::Operator))
     }
 
     fn store(&self) -> Store {
@@ -398,7 +398,7 @@ fn a_reset_lifts_only_a_reset_quarantine() {
     b.scan(&Fake::default());
     assert!(b.state().quarantine.contains_key(G1));
     assert!(!b.state().quarantine.contains_key(G0));
-    let q = clear(&b.cfg, G1).unwrap();
+    let q = b.with(|f| clear(f, G1)).unwrap();
     assert_eq!(q.xid, Some(48));
 }
 
@@ -626,7 +626,7 @@ fn escalation_needs_inspection_until_clear() {
     let r = b.reset(&Fake::default(), G0).unwrap();
     assert!(r.failure.is_none() && r.lifted.is_none());
     assert!(r.kept.unwrap().needs_inspection);
-    clear(&b.cfg, G0).unwrap();
+    b.with(|f| clear(f, G0)).unwrap();
     let st = b.state();
     assert!(st.quarantine.is_empty());
     assert_eq!(count_24h(&st, G0, &now_rfc3339()), 0);
