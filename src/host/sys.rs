@@ -38,6 +38,32 @@ pub fn statx_char_rdev(dfd: RawFd, name: &std::ffi::CStr) -> Option<u64> {
         .then(|| libc::makedev(st.stx_rdev_major, st.stx_rdev_minor))
 }
 
+/// `pidfd_open(2)` of `pid`: a descriptor that names that very process (never one that
+/// reuses its PID later), closed when dropped.
+pub fn pidfd_open(pid: i32) -> Result<std::os::fd::OwnedFd, Errno> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a PID and flags (none) and touches no memory of ours.
+    let fd = Errno::result(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: the call returned a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `pidfd_send_signal(2)`: `sig` to the process `pidfd` names (gone: `ESRCH`).
+pub fn pidfd_kill(pidfd: BorrowedFd, sig: nix::sys::signal::Signal) -> Result<(), Errno> {
+    // SAFETY: the descriptor stays open for the call (a `BorrowedFd`); no siginfo (null),
+    // no flags.
+    Errno::result(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
 /// `dup2(2)` of `fd` onto descriptor number `n`, which the caller owns (a test's fixed number
 /// no one else uses): the new descriptor, closed when dropped. Not close-on-exec (`dup2`
 /// clears it), so an exec inherits it.

@@ -74,31 +74,40 @@ pub(super) fn in_namespace(pid: i32, ns: u64) -> bool {
     nix::sys::stat::stat(format!("/proc/{pid}/ns/mnt").as_str()).is_ok_and(|st| st.st_ino == ns)
 }
 
-/// The processes of host root (uid 0, this process's root directory) whose environment
-/// names `pipe` as the MPS pipe directory: a daemon started for it and the processes of its
-/// start (a container's process, under its own root, is none of them).
+/// The processes of host root (real uid 0, this process's root directory, a mount namespace
+/// other than this process's: the daemon and its `-d` run in the one made for them) whose
+/// environment names `pipe` as the MPS pipe directory: a daemon started for it and the
+/// processes of its start (a container's process, under its own root, is none of them, nor
+/// is an operator's shell on the host that exported the same variable).
 pub(super) fn started_for(pipe: &Path) -> Vec<i32> {
-    let want = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()).into_bytes();
-    let root = nix::sys::stat::stat("/").ok();
     let me = std::process::id() as i32;
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| *pid != me)
-        .filter(|pid| {
-            let p = format!("/proc/{pid}");
-            let same_root = nix::sys::stat::stat(format!("{p}/root").as_str())
-                .ok()
-                .zip(root)
-                .is_some_and(|(a, b)| (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino));
-            let by_root = nix::sys::stat::stat(p.as_str()).is_ok_and(|s| s.st_uid == 0);
-            same_root
-                && by_root
-                && std::fs::read(format!("{p}/environ"))
-                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == want))
-        })
+        .filter(|pid| *pid != me && is_started_for(*pid, pipe))
         .collect()
+}
+
+/// Whether process `pid` is one [`started_for`] `pipe` looks for.
+pub(super) fn is_started_for(pid: i32, pipe: &Path) -> bool {
+    let want = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()).into_bytes();
+    let id = |p: &str| nix::sys::stat::stat(p).ok().map(|s| (s.st_dev, s.st_ino));
+    let p = format!("/proc/{pid}");
+    let same_root = id("/").is_some() && id(&format!("{p}/root")) == id("/");
+    let own_ns = id(&format!("{p}/ns/mnt")).is_some_and(|n| Some(n) != id("/proc/self/ns/mnt"));
+    // The real uid (`/proc/PID` is owned by root for any process that is not dumpable).
+    let by_root = std::fs::read_to_string(format!("{p}/status")).is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().next())
+            == Some("0")
+    });
+    same_root
+        && own_ns
+        && by_root
+        && std::fs::read(format!("{p}/environ"))
+            .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == want))
 }
 
 impl NvidiaMps {
@@ -350,8 +359,16 @@ impl Mps for NvidiaMps {
                 quiet = 0;
             }
             for pid in found {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
+                // By a descriptor of the process, looked at again through it: a PID reused
+                // since the look is not signalled.
+                let Ok(fd) = crate::host::sys::pidfd_open(pid) else {
+                    continue;
+                };
+                if !is_started_for(pid, &d.pipe()) {
+                    continue;
+                }
+                let _ = crate::host::sys::pidfd_kill(
+                    std::os::fd::AsFd::as_fd(&fd),
                     nix::sys::signal::SIGKILL,
                 );
                 if !killed.contains(&pid) {

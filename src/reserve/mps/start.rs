@@ -139,7 +139,7 @@ pub fn bring_up(
             .map_err(fail)?;
         if !l.mine.is_empty() {
             let started = start_mine(cfg, m, inv, &l.mine).map_err(fail)?;
-            record(cfg, m, &store, me, started, &mut up)?;
+            record(cfg, m, &store, me, started, &mut up).map_err(fail)?;
         }
         up.daemons.extend(l.done);
         let Some((pci, d)) = l.theirs.into_iter().next() else {

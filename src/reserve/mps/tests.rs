@@ -380,3 +380,45 @@ fn pid_file_read_neither_blocks_nor_follows() {
     assert!(in_namespace(me, ours));
     assert!(!in_namespace(me, ours + 1));
 }
+
+/// The sweep of a dead starter's daemon looks only at processes in a mount namespace of their
+/// own (the daemon's): an operator's process on the host that exported the same pipe
+/// directory is not the daemon's, and is never killed.
+#[test]
+fn the_sweep_passes_over_a_host_process_with_the_daemons_environment() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("needs root (a mount namespace of its own)");
+        return;
+    }
+    let pipe = tempfile::tempdir().unwrap();
+    let spawn = |argv: &[&str]| {
+        std::process::Command::new(argv[0])
+            .args(&argv[1..])
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe.path())
+            .spawn()
+            .unwrap()
+    };
+    let mut host = spawn(&["sleep", "30"]);
+    let mut own = spawn(&["unshare", "-m", "--propagation", "private", "sleep", "30"]);
+    // `unshare` execs `sleep` in its new namespace: wait for the exec.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::fs::read_to_string(format!("/proc/{}/comm", own.id()))
+        .is_ok_and(|c| c.trim() != "sleep")
+        && std::time::Instant::now() < end
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let host_seen = super::nvidia::is_started_for(host.id() as i32, pipe.path());
+    let own_seen = super::nvidia::is_started_for(own.id() as i32, pipe.path());
+    let found = super::nvidia::started_for(pipe.path());
+    for c in [&mut host, &mut own] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert!(
+        !host_seen,
+        "a host process in gpuhook's own mount namespace"
+    );
+    assert!(own_seen, "a process in a mount namespace of its own");
+    assert_eq!(found, vec![own.id() as i32]);
+}
