@@ -190,9 +190,7 @@ pub enum RuntimeError {
     NoWork,
     #[error("bad work: {0}")]
     BadWork(#[source] serde_json::Error),
-    #[error("its reservation was released meanwhile")]
-    Released,
-    /// A node directory, a node or `config.json` (`what`: create, chown, chmod, read, write).
+    /// `config.json` (`what`: read, write).
     #[error("cannot {what} {}: {source}", path.display())]
     Io {
         what: &'static str,
@@ -200,21 +198,16 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot make node {}: {source}", path.display())]
-    Mknod {
-        path: PathBuf,
-        #[source]
-        source: nix::Error,
-    },
     #[error("cannot find gpuhook's own path: {0}")]
     OwnPath(#[source] std::io::Error),
     #[error(transparent)]
     Serialize(serde_json::Error),
     #[error("the runtime passed no live container init PID")]
     NoInitPid,
-    /// A node's host `/dev/char` entry ([`crate::host::charlink`]'s words).
+    /// The host side of a create: `/dev/char` links, the private nodes, the reservation
+    /// released meanwhile ([`crate::reserve::lifecycle::oci_create`]'s words).
     #[error(transparent)]
-    CharLink(#[from] crate::host::charlink::CharLinkError),
+    OciCreate(#[from] crate::reserve::lifecycle::OciCreateError),
 }
 
 /// The crate's errors a door meets directly, as the crate's [`Error`] says them.

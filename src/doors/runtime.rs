@@ -16,15 +16,12 @@
 use crate::doors::bundle::file;
 use crate::doors::bundle::parse::{has_user_namespace, valid_id, Policy};
 use crate::doors::error::RuntimeError;
-use crate::enter::private_nodes::PrivateNodeError;
 use crate::host::config::Config;
 use crate::host::procfs::ProcRef;
 use crate::log;
 use crate::request::IdMap;
 use crate::reserve::facts::Facts;
-use crate::reserve::lifecycle::{
-    self, Holder, HolderKind, LifecycleError, OciCreate, OciCreateError,
-};
+use crate::reserve::lifecycle::{self, Holder, HolderKind, LifecycleError, OciCreate};
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
@@ -188,7 +185,7 @@ fn hand_over(
         None => None,
     };
     let cdi = cdi.as_ref().map(|(p, r)| (*p, r.as_str()));
-    let host = c.host_side(userns).map_err(create_error)?;
+    let host = c.host_side(userns)?;
     file::write_config(
         path,
         config,
@@ -198,21 +195,6 @@ fn hand_over(
         cdi,
         host.mps.as_deref(),
     )
-}
-
-/// The lifecycle's words for what it could not ready, as this door says them.
-fn create_error(e: OciCreateError) -> RuntimeError {
-    match e {
-        OciCreateError::CharLink(e) => RuntimeError::CharLink(e),
-        OciCreateError::Released => RuntimeError::Released,
-        OciCreateError::Nodes(PrivateNodeError::Io { what, path, source }) => {
-            RuntimeError::Io { what, path, source }
-        }
-        OciCreateError::Nodes(PrivateNodeError::Mknod { path, source }) => {
-            RuntimeError::Mknod { path, source }
-        }
-        OciCreateError::State(e) => e.into(),
-    }
 }
 
 /// `delete`: runs the real runtime, then frees the container's reservation if its holder is
