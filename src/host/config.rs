@@ -113,6 +113,8 @@ pub enum ConfigProblem {
     ResetCommand(#[source] ResetCommandError),
     #[error("\"max_quarantines\" must be at least 1")]
     NoQuarantines,
+    #[error("\"driver_socket_owners\": {0} is neither an account name nor a uid")]
+    SocketOwner(serde_json::Value),
 }
 
 /// What is wrong with one `sharing` entry.
@@ -182,6 +184,45 @@ struct Raw {
     auto_reset: Option<bool>,
     max_quarantines: Option<u32>,
     reset_on_release: Option<bool>,
+    driver_socket_owners: Option<Vec<serde_json::Value>>,
+}
+
+/// An account whose sockets `driver="host"` may give though they are not root's (config
+/// `driver_socket_owners`; `nvidia-persistenced --user NAME`): by name, looked up in the
+/// host's `<root>/etc/passwd` at each start that meets a socket not root's, or by uid (a
+/// JSON number, or a string of digits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SocketOwner {
+    Name(String),
+    Uid(u32),
+}
+
+impl SocketOwner {
+    /// An entry as written: a name (letters, digits, `_`, `-`, `.`, a final `$`; not
+    /// starting with `-`; at most 32 bytes), a uid as a number or a string of digits.
+    fn parse(v: serde_json::Value) -> Result<SocketOwner, ConfigProblem> {
+        let uid = |n: u64| u32::try_from(n).ok().filter(|u| *u != u32::MAX);
+        let owner = match &v {
+            serde_json::Value::Number(n) => n.as_u64().and_then(uid).map(SocketOwner::Uid),
+            serde_json::Value::String(s)
+                if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                s.parse().ok().and_then(uid).map(SocketOwner::Uid)
+            }
+            serde_json::Value::String(s) => {
+                let body = s.strip_suffix('$').unwrap_or(s);
+                let ok = !body.is_empty()
+                    && s.len() <= 32
+                    && !body.starts_with('-')
+                    && body
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+                ok.then(|| SocketOwner::Name(s.clone()))
+            }
+            _ => None,
+        };
+        owner.ok_or(ConfigProblem::SocketOwner(v))
+    }
 }
 
 /// One `sharing` entry as written.
@@ -343,6 +384,9 @@ pub struct Config {
     /// Whether a GPU freed by its last holder is reset (by `health scan`) before anyone else
     /// gets it.
     pub reset_on_release: bool,
+    /// The accounts whose sockets `driver="host"` gives though they are not root's (in a
+    /// directory chain root's above the socket's own directory).
+    pub driver_socket_owners: Vec<SocketOwner>,
 }
 
 impl Default for Config {
@@ -376,6 +420,7 @@ impl Default for Config {
             auto_reset: false,
             max_quarantines: DEFAULT_MAX_QUARANTINES,
             reset_on_release: false,
+            driver_socket_owners: Vec::new(),
         }
     }
 }
@@ -481,6 +526,9 @@ impl Config {
         }
         c.auto_reset = raw.auto_reset.unwrap_or(false);
         c.reset_on_release = raw.reset_on_release.unwrap_or(false);
+        for v in raw.driver_socket_owners.unwrap_or_default() {
+            c.driver_socket_owners.push(SocketOwner::parse(v)?);
+        }
         if let Some(n) = raw.max_quarantines {
             if n == 0 {
                 return Err(ConfigProblem::NoQuarantines);
@@ -763,6 +811,49 @@ mod tests {
             assert!(e.contains(says), "{bad}: {e}");
             assert!(e.starts_with("config /etc/gpuhook/config.json: "), "{e}");
         }
+    }
+
+    /// `driver_socket_owners`: account names and uids (a number or a string of digits); none
+    /// by default; anything else refused naming the entry.
+    #[test]
+    fn driver_socket_owners() {
+        assert!(p("{}").unwrap().driver_socket_owners.is_empty());
+        let c = p(
+            r#"{"driver_socket_owners": ["nvidia-persistenced", 998, "997", "svc_1.x", "host$"]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.driver_socket_owners,
+            [
+                SocketOwner::Name("nvidia-persistenced".into()),
+                SocketOwner::Uid(998),
+                SocketOwner::Uid(997),
+                SocketOwner::Name("svc_1.x".into()),
+                SocketOwner::Name("host$".into()),
+            ]
+        );
+        for bad in [
+            r#""""#,
+            r#""-x""#,
+            r#""a:b""#,
+            r#""a b""#,
+            r#""../x""#,
+            "-1",
+            "1.5",
+            "4294967295",
+            "true",
+            r#"["x"]"#,
+            r#""0123456789012345678901234567890123""#,
+        ] {
+            let e = p(&format!(r#"{{"driver_socket_owners": [{bad}]}}"#))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                format!("config /etc/gpuhook/config.json: \"driver_socket_owners\": {bad} is neither an account name nor a uid"),
+            );
+        }
+        assert!(p(r#"{"driver_socket_owners": "nvidia-persistenced"}"#).is_err());
     }
 
     #[test]

@@ -85,7 +85,17 @@ pub(super) fn show(as_json: bool) -> Result<i32, Error> {
         driver::FoundBy::Fixed => "fixed",
     };
     for x in &f.files {
-        println!("  {:<8}  {:<11}  {}", word(x.kind), by(x.found_by), x.path);
+        let through = if d.pinned.contains(&x.path) {
+            format!("  (through {})", x.source.display())
+        } else {
+            String::new()
+        };
+        println!(
+            "  {:<8}  {:<11}  {}{through}",
+            word(x.kind),
+            by(x.found_by),
+            x.path
+        );
     }
     let count = |k| f.of(k).count();
     println!(
@@ -120,7 +130,17 @@ pub(super) fn cdi(action: CdiAction) -> Result<i32, CliError> {
 /// `gpuhook cdi generate [--output FILE]`.
 fn generate(output: Option<&Path>) -> Result<i32, CliError> {
     let cfg = Config::load().map_err(Error::from)?;
-    let (d, _) = host_driver(&cfg).map_err(Error::from)?;
+    let (mut d, _) = host_driver(&cfg).map_err(Error::from)?;
+    // A socket in a service account's directory: the engine would mount it by its path
+    // whenever it starts a container, long after this check, and the account may have put
+    // another socket there by then; gpuhook's own link to it would not follow a restart of
+    // the daemon. Left out of the spec (driver="host" gives it).
+    for p in std::mem::take(&mut d.pinned) {
+        d.found.files.retain(|f| f.path != p);
+        crate::log::warn(&format!(
+            "{p} is left out of the spec: its directory is a service account's, which could put another socket in its place before an engine mounts it (driver=\"host\" gives it)"
+        ));
+    }
     let inv = crate::host::inventory::scan(&cfg).map_err(Error::from)?;
     let spec = crate::cdi::host::spec(&d.found, &d.sonames, &inv, &cfg.dev, &own_path())
         .map_err(Error::from)?;

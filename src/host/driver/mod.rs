@@ -15,12 +15,14 @@
 //! host's `ldconfig`.
 //!
 //! Paths are looked for under the config's `root` (`/` on a real host): each symlink on the
-//! way is followed as if `root` were `/`. A file's `path` is where it was found without that
-//! prefix (where containers get it); its `source` is the host file, links resolved.
+//! way is followed as if `root` were `/` — but for sockets, which are never reached through
+//! a link ([`socket`]). A file's `path` is where it was found without that prefix (where
+//! containers get it); its `source` is the host file, links resolved.
 //! [`check_trust`] (every start, cached or not) refuses a file that is not root's or that
-//! group or others may write, or whose directory is.
+//! group or others may write, or whose directory is; a socket as [`socket::open`] says.
 
 pub mod ldcache;
+pub mod socket;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -202,6 +204,39 @@ pub enum DriverError {
     },
     #[error("driver \"host\": {} is no longer a {want}", .path.display())]
     Changed { path: PathBuf, want: &'static str },
+    #[error("driver \"host\": the socket {} is a symbolic link; a socket is never given through one: refusing to give it", .path.display())]
+    SocketLink { path: PathBuf },
+    #[error("driver \"host\": a directory on the way to the socket {} ({}) is a symbolic link; a socket is never given through one: refusing to give it", .path.display(), .dir.display())]
+    SocketDirLink { path: PathBuf, dir: PathBuf },
+    #[error("driver \"host\": {} is owned by {owner}, not root: name it in driver_socket_owners to give it", .path.display())]
+    SocketOwner {
+        path: PathBuf,
+        owner: socket::Account,
+    },
+    #[error("driver \"host\": the directory of the socket {} ({}) is owned by {owner}, not root: name it in driver_socket_owners to give it", .path.display(), .dir.display())]
+    SocketDirOwner {
+        path: PathBuf,
+        dir: PathBuf,
+        owner: socket::Account,
+    },
+    #[error("driver \"host\": {}: {source}; the names in driver_socket_owners cannot be looked up", .path.display())]
+    Accounts {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("driver \"host\": the socket {} is in a directory of {owner}, so it is given only through gpuhook's own link in {}, and that is on another file system: put state_file on the socket's file system to give it", .path.display(), .dir.display())]
+    SocketOtherFs {
+        path: PathBuf,
+        dir: PathBuf,
+        owner: socket::Account,
+    },
+    #[error("driver \"host\": the socket {} is in a directory of {owner}, so it is given only through gpuhook's own link in {}, which cannot be made: {source}; refusing to give it", .path.display(), .dir.display())]
+    SocketPin {
+        path: PathBuf,
+        dir: PathBuf,
+        owner: socket::Account,
+        source: std::io::Error,
+    },
 }
 
 /// Whether `w` looks like a driver version: digits in two or more parts joined by dots.
@@ -341,6 +376,31 @@ impl Search<'_> {
         }
     }
 
+    /// A socket at fixed path `p`: looked for without following a link. Taken when a socket
+    /// is there, or when a link is anywhere on its way (for [`check_trust`] to refuse, naming
+    /// it: something is at work where the driver's daemon should be).
+    fn socket(&mut self, p: &str) {
+        if let Some((dir, _)) = p.rsplit_once('/') {
+            self.looked(dir);
+        }
+        let mut at = self.root.to_path_buf();
+        for c in p.split('/').filter(|c| !c.is_empty()) {
+            at.push(c);
+            let Ok(md) = std::fs::symlink_metadata(&at) else {
+                return;
+            };
+            if md.file_type().is_symlink() || (at == self.under(p) && md.file_type().is_socket()) {
+                self.found.files.push(DriverFile {
+                    path: p.to_string(),
+                    source: self.under(p),
+                    kind: DriverFileKind::Socket,
+                    found_by: FoundBy::Fixed,
+                });
+                return;
+            }
+        }
+    }
+
     /// The regular files of directory `dir` (as found, under the root) whose names pass
     /// `keep`, sorted by name: (name, its resolved path).
     fn files_in(&mut self, dir: &str, keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
@@ -371,10 +431,6 @@ impl Search<'_> {
 
 fn is_file(t: &std::fs::FileType) -> bool {
     t.is_file()
-}
-
-fn is_socket(t: &std::fs::FileType) -> bool {
-    t.is_socket()
 }
 
 /// The directories of the driver's two key libraries in the linker cache, in its order
@@ -449,7 +505,7 @@ fn fixed_files(s: &mut Search, version: &str) {
         }
     }
     for p in SOCKETS {
-        s.fixed(p, DriverFileKind::Socket, is_socket);
+        s.socket(p);
     }
     for p in CONFIGS {
         s.fixed(p, DriverFileKind::Config, is_file);
@@ -546,27 +602,32 @@ pub fn discover(root: &Path, version: &str) -> Result<DriverFound, DriverError> 
 /// Every file is root's and not writable by group or others, nor is any directory on the way
 /// to it from `/` (through the host's root, the config's `root`; a sticky one above `root`
 /// may be, `/tmp`): a user who may write one could swap the file after this check, before it
-/// is mounted (a socket need only be root's). Below `root` each is a directory, not a link. Checked at every start: a file changed since it was found (gone, or another
-/// type) is an error too.
-pub fn check_trust(root: &Path, files: &[DriverFile]) -> Result<(), DriverError> {
+/// is mounted. Below `root` each is a directory, not a link. A socket as [`socket::open`]
+/// says (no link anywhere on its way; root's, or an account's `owners` names); those that
+/// may be given only from the descriptor checked come back. Checked at every start: a file
+/// changed since it was found (gone, or another type) is an error too.
+pub fn check_trust(
+    root: &Path,
+    files: &[DriverFile],
+    owners: &socket::Owners,
+) -> Result<Vec<socket::HeldSocket>, DriverError> {
     check_root(root)?;
+    let mut held = Vec::new();
     let mut dirs_ok: BTreeSet<PathBuf> = BTreeSet::new();
     for f in files {
+        if f.kind == DriverFileKind::Socket {
+            held.extend(socket::open(root, f, owners)?);
+            continue;
+        }
         let path = &f.source;
         let md = std::fs::symlink_metadata(path).map_err(|source| DriverError::Gone {
             path: path.clone(),
             source,
         })?;
-        let socket = f.kind == DriverFileKind::Socket;
-        let (ok, want) = if socket {
-            (md.file_type().is_socket(), "socket")
-        } else {
-            (md.file_type().is_file(), "regular file")
-        };
-        if !ok {
+        if !md.file_type().is_file() {
             return Err(DriverError::Changed {
                 path: path.clone(),
-                want,
+                want: "regular file",
             });
         }
         if md.uid() != 0 {
@@ -574,9 +635,6 @@ pub fn check_trust(root: &Path, files: &[DriverFile]) -> Result<(), DriverError>
                 path: path.clone(),
                 uid: md.uid(),
             });
-        }
-        if socket {
-            continue;
         }
         if md.mode() & 0o022 != 0 {
             return Err(DriverError::Writable {
@@ -602,7 +660,7 @@ pub fn check_trust(root: &Path, files: &[DriverFile]) -> Result<(), DriverError>
             trusted_dir(path, dir, false)?;
         }
     }
-    Ok(())
+    Ok(held)
 }
 
 /// The root and each directory above it, as it really is (its links resolved): root's, not

@@ -62,6 +62,11 @@ impl Root {
     }
 }
 
+/// [`check_trust`] with no `driver_socket_owners`.
+fn trust(root: &Path, files: &[DriverFile]) -> Result<Vec<socket::HeldSocket>, DriverError> {
+    check_trust(root, files, &socket::Owners::new(root, &[]))
+}
+
 fn paths(f: &DriverFound) -> Vec<(&str, DriverFileKind, FoundBy)> {
     f.files
         .iter()
@@ -161,7 +166,7 @@ fn finds_exactly_the_running_drivers_files() {
     assert_eq!(f.files[0].source, r.p(&format!("{LIB}/libcuda.so.{V}")));
     // Nothing of the older driver.
     assert!(f.files.iter().all(|x| !x.path.contains(OLD)), "{f:?}");
-    check_trust(r.root(), &f.files).unwrap();
+    trust(r.root(), &f.files).unwrap();
     assert!(f.unchanged());
 }
 
@@ -308,7 +313,7 @@ fn untrusted_files_and_directories_are_refused() {
     let f = discover(r.root(), V).unwrap();
     let lib = r.p(&format!("{LIB}/libnvidia-ml.so.{V}"));
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o664)).unwrap();
-    let e = check_trust(r.root(), &f.files).unwrap_err();
+    let e = trust(r.root(), &f.files).unwrap_err();
     assert_eq!(
         e.to_string(),
         format!(
@@ -317,19 +322,19 @@ fn untrusted_files_and_directories_are_refused() {
         )
     );
     std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o644)).unwrap();
-    check_trust(r.root(), &f.files).unwrap();
+    trust(r.root(), &f.files).unwrap();
     // Not root's.
     let smi = r.p("/usr/bin/nvidia-smi");
     std::os::unix::fs::chown(&smi, Some(1000), None).unwrap();
     assert!(matches!(
-        check_trust(r.root(), &f.files),
+        trust(r.root(), &f.files),
         Err(DriverError::NotRoots { uid: 1000, .. })
     ));
     std::os::unix::fs::chown(&smi, Some(0), None).unwrap();
     // Its directory writable by others.
     let fw = r.p(&format!("/lib/firmware/nvidia/{V}"));
     std::fs::set_permissions(&fw, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let e = check_trust(r.root(), &f.files).unwrap_err();
+    let e = trust(r.root(), &f.files).unwrap_err();
     assert!(
         matches!(e, DriverError::DirWritable { mode: 0o777, .. }),
         "{e}"
@@ -339,7 +344,7 @@ fn untrusted_files_and_directories_are_refused() {
     // below it (and the file in it) after the check, before the mount.
     let up = r.p("/usr/lib");
     std::os::unix::fs::chown(&up, Some(1000), None).unwrap();
-    let e = check_trust(r.root(), &f.files).unwrap_err();
+    let e = trust(r.root(), &f.files).unwrap_err();
     assert!(
         matches!(&e, DriverError::DirNotRoots { dir, uid: 1000, .. } if *dir == up),
         "{e}"
@@ -349,7 +354,7 @@ fn untrusted_files_and_directories_are_refused() {
     let usr = r.p("/usr");
     std::fs::set_permissions(&usr, std::fs::Permissions::from_mode(0o775)).unwrap();
     assert!(matches!(
-        check_trust(r.root(), &f.files),
+        trust(r.root(), &f.files),
         Err(DriverError::DirWritable { mode: 0o775, dir, .. }) if dir == usr
     ));
     std::fs::set_permissions(&usr, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -357,7 +362,7 @@ fn untrusted_files_and_directories_are_refused() {
     // the tests' roots lie in /tmp).
     std::os::unix::fs::chown(r.root(), Some(1000), None).unwrap();
     assert!(matches!(
-        check_trust(r.root(), &f.files),
+        trust(r.root(), &f.files),
         Err(DriverError::DirNotRoots { uid: 1000, .. })
     ));
     std::os::unix::fs::chown(r.root(), Some(0), None).unwrap();
@@ -372,21 +377,21 @@ fn untrusted_files_and_directories_are_refused() {
             ..x.clone()
         })
         .collect();
-    check_trust(&nested, &moved).unwrap();
+    trust(&nested, &moved).unwrap();
     std::fs::set_permissions(above.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     assert!(matches!(
-        check_trust(&nested, &moved),
+        trust(&nested, &moved),
         Err(DriverError::DirWritable { mode: 0o777, .. })
     ));
     std::fs::set_permissions(above.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
-    check_trust(&nested, &moved).unwrap();
+    trust(&nested, &moved).unwrap();
     // Below the root, a directory that became a link (to one as trusted) since it was found.
     let fw_dir = nested.join(format!("lib/firmware/nvidia/{V}"));
     let real_fw = nested.join("fw-elsewhere");
     std::fs::rename(&fw_dir, &real_fw).unwrap();
     symlink(&real_fw, &fw_dir).unwrap();
     assert!(matches!(
-        check_trust(&nested, &moved),
+        trust(&nested, &moved),
         Err(DriverError::Changed {
             want: "directory",
             ..
@@ -396,12 +401,12 @@ fn untrusted_files_and_directories_are_refused() {
     std::fs::rename(&real_fw, &fw_dir).unwrap();
     std::fs::rename(&nested, r.root()).unwrap();
     // A socket is 0777 (clients must connect): root's is enough.
-    check_trust(r.root(), &f.files).unwrap();
+    assert!(trust(r.root(), &f.files).unwrap().is_empty());
     let sock = r.p("/run/nvidia-persistenced/socket");
     std::os::unix::fs::lchown(&sock, Some(1000), None).unwrap();
     assert!(matches!(
-        check_trust(r.root(), &f.files),
-        Err(DriverError::NotRoots { .. })
+        trust(r.root(), &f.files),
+        Err(DriverError::SocketOwner { .. })
     ));
     std::os::unix::fs::lchown(&sock, Some(0), None).unwrap();
     // A file replaced by a link since it was found.
@@ -409,7 +414,7 @@ fn untrusted_files_and_directories_are_refused() {
     std::fs::remove_file(&cfgf).unwrap();
     symlink("/etc/passwd", &cfgf).unwrap();
     assert!(matches!(
-        check_trust(r.root(), &f.files),
+        trust(r.root(), &f.files),
         Err(DriverError::Changed { .. })
     ));
 }
@@ -478,4 +483,336 @@ fn an_unreadable_cache_is_noted_and_the_fixed_directories_still_searched() {
     assert!(f
         .of(DriverFileKind::Library)
         .all(|x| x.found_by == FoundBy::Directory));
+}
+
+// ---- sockets ----
+
+/// The service account of stock packaging (`nvidia-persistenced --user nvidia-persistenced`).
+const SVC: u32 = 999;
+const SVC_NAME: &str = "nvidia-persistenced";
+const PERSISTENCED: &str = "/run/nvidia-persistenced/socket";
+
+/// A host whose `nvidia-persistenced` runs as its own account: `/run/nvidia-persistenced`
+/// (0755) and the socket in it are that account's, as the daemon leaves them; the host's
+/// passwd names it; `/run/docker.sock`, a root socket anyone would want, listens beside.
+/// Returns the listeners (persistenced's, docker's).
+fn service_host() -> (Root, UnixListener, UnixListener) {
+    let r = full_host();
+    let sock = r.p(PERSISTENCED);
+    std::fs::remove_file(&sock).unwrap();
+    let real = UnixListener::bind(&sock).unwrap();
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::lchown(&sock, Some(SVC), Some(SVC)).unwrap();
+    std::os::unix::fs::chown(sock.parent().unwrap(), Some(SVC), Some(SVC)).unwrap();
+    let docker = UnixListener::bind(r.p("/run/docker.sock")).unwrap();
+    std::fs::write(
+        r.p("/etc/passwd"),
+        format!("root:x:0:0:root:/root:/bin/bash\n{SVC_NAME}:x:{SVC}:{SVC}:NVIDIA Persistence Daemon,,,:/nonexistent:/usr/sbin/nologin\n"),
+    )
+    .unwrap();
+    (r, real, docker)
+}
+
+fn trust_with(
+    root: &Path,
+    files: &[DriverFile],
+    named: &[SocketOwner],
+) -> Result<Vec<socket::HeldSocket>, DriverError> {
+    check_trust(root, files, &socket::Owners::new(root, named))
+}
+
+fn ino(p: &Path) -> (u64, u64) {
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (m.dev(), m.ino())
+}
+
+/// Which of the listeners `ls` a client connecting at `path` reaches.
+fn reached(path: &Path, ls: &[&UnixListener]) -> Vec<bool> {
+    let _c = std::os::unix::net::UnixStream::connect(path).unwrap();
+    ls.iter()
+        .map(|l| {
+            l.set_nonblocking(true).unwrap();
+            l.accept().is_ok()
+        })
+        .collect()
+}
+
+use crate::host::config::SocketOwner;
+use std::os::unix::net::UnixListener;
+
+/// The reviewer's scenario: the account that owns `/run/nvidia-persistenced/` puts a link
+/// to `/run/docker.sock` (root's) where its socket was. The link is found (something is at
+/// work where the daemon should be) and refused in one line naming it, whoever is named in
+/// `driver_socket_owners`; docker's socket is never given.
+#[test]
+fn a_link_where_the_socket_was_is_never_given() {
+    let (r, _real, _docker) = service_host();
+    let sock = r.p(PERSISTENCED);
+    std::fs::remove_file(&sock).unwrap();
+    symlink("/run/docker.sock", &sock).unwrap();
+    std::os::unix::fs::lchown(&sock, Some(SVC), Some(SVC)).unwrap();
+    let f = discover(r.root(), V).unwrap();
+    let s: Vec<&DriverFile> = f.of(DriverFileKind::Socket).collect();
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!(s[0].path, PERSISTENCED);
+    assert_eq!(s[0].source, sock, "found without following the link");
+    for named in [
+        vec![],
+        vec![SocketOwner::Name(SVC_NAME.into())],
+        vec![SocketOwner::Uid(SVC), SocketOwner::Uid(0)],
+    ] {
+        let e = trust_with(r.root(), &f.files, &named).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("driver \"host\": the socket {} is a symbolic link; a socket is never given through one: refusing to give it", sock.display())
+        );
+    }
+    // A link owned by root, in a root-owned directory, to a root socket: refused all the same.
+    std::os::unix::fs::chown(sock.parent().unwrap(), Some(0), Some(0)).unwrap();
+    std::os::unix::fs::lchown(&sock, Some(0), Some(0)).unwrap();
+    assert!(matches!(
+        trust(r.root(), &discover(r.root(), V).unwrap().files),
+        Err(DriverError::SocketLink { .. })
+    ));
+    // A relative link, and one that leads nowhere.
+    std::fs::remove_file(&sock).unwrap();
+    symlink("../docker.sock", &sock).unwrap();
+    assert!(matches!(
+        trust(r.root(), &discover(r.root(), V).unwrap().files),
+        Err(DriverError::SocketLink { .. })
+    ));
+    std::fs::remove_file(&sock).unwrap();
+    symlink("/nowhere", &sock).unwrap();
+    assert!(matches!(
+        trust(r.root(), &discover(r.root(), V).unwrap().files),
+        Err(DriverError::SocketLink { .. })
+    ));
+    // A socket that became a link since it was found (a cached discovery).
+    std::fs::remove_file(&sock).unwrap();
+    let _l = UnixListener::bind(&sock).unwrap();
+    let cached = discover(r.root(), V).unwrap();
+    trust(r.root(), &cached.files).unwrap();
+    std::fs::remove_file(&sock).unwrap();
+    symlink("/run/docker.sock", &sock).unwrap();
+    assert!(matches!(
+        trust(r.root(), &cached.files),
+        Err(DriverError::SocketLink { .. })
+    ));
+}
+
+/// A directory on the way that is a link (even to a root-owned directory holding a root
+/// socket) refuses the socket, naming the link; so does a directory above that group or
+/// others may write (sticky or not: below the root, sticky is no excuse).
+#[test]
+fn a_link_or_a_writable_directory_on_the_way_refuses_the_socket() {
+    let r = full_host();
+    std::fs::create_dir_all(r.p("/var/lib/fm")).unwrap();
+    let _fm = UnixListener::bind(r.p("/var/lib/fm/socket")).unwrap();
+    symlink("/var/lib/fm", r.p("/run/nvidia-fabricmanager")).unwrap();
+    let f = discover(r.root(), V).unwrap();
+    let fm = f
+        .of(DriverFileKind::Socket)
+        .find(|x| x.path == "/run/nvidia-fabricmanager/socket")
+        .expect("the link on the way is found");
+    assert_eq!(fm.source, r.p("/run/nvidia-fabricmanager/socket"));
+    let e = trust(r.root(), &f.files).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "driver \"host\": a directory on the way to the socket {} ({}) is a symbolic link; a socket is never given through one: refusing to give it",
+            r.p("/run/nvidia-fabricmanager/socket").display(),
+            r.p("/run/nvidia-fabricmanager").display()
+        )
+    );
+    std::fs::remove_file(r.p("/run/nvidia-fabricmanager")).unwrap();
+    // `/run` itself a link (to a copy with the same socket in it).
+    let f = discover(r.root(), V).unwrap();
+    trust(r.root(), &f.files).unwrap();
+    std::fs::rename(r.p("/run"), r.p("/run2")).unwrap();
+    symlink("run2", r.p("/run")).unwrap();
+    assert!(matches!(
+        trust(r.root(), &f.files),
+        Err(DriverError::SocketDirLink { dir, .. }) if dir == r.p("/run")
+    ));
+    std::fs::remove_file(r.p("/run")).unwrap();
+    std::fs::rename(r.p("/run2"), r.p("/run")).unwrap();
+    trust(r.root(), &f.files).unwrap();
+    // A group-writable directory above the socket's: its group could rename the socket's
+    // directory away and put one of its own there.
+    for mode in [0o775, 0o1777] {
+        std::fs::set_permissions(r.p("/run"), std::fs::Permissions::from_mode(mode)).unwrap();
+        let e = trust(r.root(), &f.files).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "driver \"host\": a directory on the way to {} ({}) has mode {mode:04o}: group or others may write it; refusing to give it",
+                r.p(PERSISTENCED).display(),
+                r.p("/run").display()
+            )
+        );
+    }
+    std::fs::set_permissions(r.p("/run"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The socket's own directory writable by others.
+    let dir = r.p("/run/nvidia-persistenced");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o757)).unwrap();
+    assert!(matches!(
+        trust(r.root(), &f.files),
+        Err(DriverError::DirWritable { mode: 0o757, .. })
+    ));
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Something else in the socket's place: a regular file is not taken; one that replaced
+    // the socket since it was found is refused.
+    std::fs::remove_file(r.p(PERSISTENCED)).unwrap();
+    std::fs::write(r.p(PERSISTENCED), "x").unwrap();
+    assert!(matches!(
+        trust(r.root(), &f.files),
+        Err(DriverError::Changed { want: "socket", .. })
+    ));
+    assert_eq!(
+        discover(r.root(), V)
+            .unwrap()
+            .of(DriverFileKind::Socket)
+            .count(),
+        0
+    );
+}
+
+/// Stock `nvidia-persistenced --user nvidia-persistenced`: the directory and the socket are
+/// the account's. Refused in one line saying what to set; given once `driver_socket_owners`
+/// names the account (by name through the host's passwd, or by uid), and then only from the
+/// descriptor checked (held), as its directory is the account's.
+#[test]
+fn a_service_accounts_socket_needs_driver_socket_owners() {
+    let (r, _real, _docker) = service_host();
+    let sock = r.p(PERSISTENCED);
+    let f = discover(r.root(), V).unwrap();
+    let e = trust(r.root(), &f.files).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("driver \"host\": {} is owned by {SVC_NAME} (uid {SVC}), not root: name it in driver_socket_owners to give it", sock.display())
+    );
+    // Another account named: the same.
+    let other = [SocketOwner::Name("root".into()), SocketOwner::Uid(998)];
+    assert!(matches!(
+        trust_with(r.root(), &f.files, &other),
+        Err(DriverError::SocketOwner { .. })
+    ));
+    for named in [
+        [SocketOwner::Name(SVC_NAME.into())],
+        [SocketOwner::Uid(SVC)],
+    ] {
+        let held = trust_with(r.root(), &f.files, &named).unwrap();
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].path, PERSISTENCED);
+        assert_eq!(
+            held[0].dir_owner.to_string(),
+            "nvidia-persistenced (uid 999)"
+        );
+        let st = nix::sys::stat::fstat(&held[0].fd).unwrap();
+        assert_eq!((st.st_dev, st.st_ino), ino(&sock));
+    }
+    let named = [SocketOwner::Name(SVC_NAME.into())];
+    // A root socket in the account's directory: held too (the account could swap it).
+    std::os::unix::fs::lchown(&sock, Some(0), Some(0)).unwrap();
+    assert_eq!(trust_with(r.root(), &f.files, &named).unwrap().len(), 1);
+    let e = trust(r.root(), &f.files).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("driver \"host\": the directory of the socket {} ({}) is owned by {SVC_NAME} (uid {SVC}), not root: name it in driver_socket_owners to give it", sock.display(), sock.parent().unwrap().display())
+    );
+    // The account's socket in a root-owned directory: given by its path (nobody but root can
+    // change what is there); still only when named.
+    std::os::unix::fs::lchown(&sock, Some(SVC), Some(SVC)).unwrap();
+    std::os::unix::fs::chown(sock.parent().unwrap(), Some(0), Some(0)).unwrap();
+    assert!(trust_with(r.root(), &f.files, &named).unwrap().is_empty());
+    assert!(matches!(
+        trust(r.root(), &f.files),
+        Err(DriverError::SocketOwner { .. })
+    ));
+    // Only the socket's own directory may be the account's: not one above it.
+    std::os::unix::fs::chown(r.p("/run"), Some(SVC), Some(SVC)).unwrap();
+    let e = trust_with(r.root(), &f.files, &named).unwrap_err();
+    assert!(
+        matches!(&e, DriverError::DirNotRoots { dir, uid: SVC, .. } if *dir == r.p("/run")),
+        "{e}"
+    );
+    std::os::unix::fs::chown(r.p("/run"), Some(0), Some(0)).unwrap();
+    // Names are looked up in a passwd only root may write.
+    let passwd = r.p("/etc/passwd");
+    std::fs::set_permissions(&passwd, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let e = trust_with(r.root(), &f.files, &named).unwrap_err();
+    assert!(
+        e.to_string().starts_with(&format!("driver \"host\": {}: not a regular file of root's closed to group and others (uid 0, mode 0666); the names in driver_socket_owners cannot be looked up", passwd.display())),
+        "{e}"
+    );
+    // A uid needs no passwd; nor does a start that meets only root's sockets.
+    std::fs::remove_file(&passwd).unwrap();
+    assert!(trust_with(r.root(), &f.files, &[SocketOwner::Uid(SVC)])
+        .unwrap()
+        .is_empty());
+    std::os::unix::fs::lchown(&sock, Some(0), Some(0)).unwrap();
+    trust_with(r.root(), &f.files, &named).unwrap();
+    // Without a passwd the message names the uid alone.
+    std::os::unix::fs::lchown(&sock, Some(SVC), Some(SVC)).unwrap();
+    assert!(trust(r.root(), &f.files)
+        .unwrap_err()
+        .to_string()
+        .contains(" is owned by uid 999, not root: name it in driver_socket_owners"));
+}
+
+/// The race: the account swaps its socket for a link to docker's between gpuhook's check
+/// and the mount. What is given is gpuhook's hard link made from the descriptor checked, in
+/// a directory of root's: whatever the account does after the check, a client of that link
+/// reaches the socket checked, never docker's.
+#[test]
+fn the_socket_given_is_the_one_checked_whatever_is_swapped_in_after() {
+    let (r, real, docker) = service_host();
+    let sock = r.p(PERSISTENCED);
+    let f = discover(r.root(), V).unwrap();
+    let mut held = trust_with(r.root(), &f.files, &[SocketOwner::Uid(SVC)]).unwrap();
+    let h = held.pop().unwrap();
+    // The swap, after the check (a relative link: it leads to the fake root's docker.sock).
+    let aside = r.p("/run/nvidia-persistenced/real");
+    std::fs::rename(&sock, &aside).unwrap();
+    symlink("../docker.sock", &sock).unwrap();
+    let pins = tempfile::tempdir().unwrap();
+    let dir = nix::fcntl::open(
+        pins.path(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    let name = socket::pin_name(&h.path);
+    assert_eq!(name, "run_nvidia-persistenced_socket");
+    socket::pin(&h.fd, &dir, &name).unwrap();
+    let given = pins.path().join(&name);
+    assert_eq!(ino(&given), ino(&aside));
+    assert_eq!(reached(&given, &[&real, &docker]), [true, false]);
+    // Through the path the account controls: docker's (what a mount by path would give).
+    assert_eq!(reached(&sock, &[&real, &docker]), [false, true]);
+    // Again (a later start): the same link, nothing left behind.
+    socket::pin(&h.fd, &dir, &name).unwrap();
+    assert_eq!(std::fs::read_dir(pins.path()).unwrap().count(), 1);
+    // A stale link of an earlier socket is replaced by the one checked now.
+    std::fs::remove_file(&given).unwrap();
+    std::fs::hard_link(r.p("/run/docker.sock"), &given).unwrap();
+    socket::pin(&h.fd, &dir, &name).unwrap();
+    assert_eq!(ino(&given), ino(&aside));
+    assert_eq!(std::fs::read_dir(pins.path()).unwrap().count(), 1);
+    // The socket unlinked since it was checked: nothing to link.
+    std::fs::remove_file(&aside).unwrap();
+    std::fs::remove_file(&given).unwrap();
+    assert_eq!(
+        socket::pin(&h.fd, &dir, &name),
+        Err(nix::errno::Errno::ENOENT)
+    );
+    assert_eq!(std::fs::read_dir(pins.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn passwd_lines() {
+    assert_eq!(
+        socket::parse_passwd("root:x:0:0:root:/root:/bin/bash\n# c\n+nis::::::\nbad\nsvc:x:999:999::/:/bin/false\nno:x:abc:1::/:\n"),
+        [("root".to_string(), 0), ("svc".to_string(), 999)]
+    );
 }

@@ -888,6 +888,7 @@ fn host_driver_of(v: &str) -> crate::reserve::driver::Discovered {
             notes: vec![],
         },
         sonames: [(lib, "libcuda.so.1".to_string())].into_iter().collect(),
+        pinned: vec![],
     }
 }
 
