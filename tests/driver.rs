@@ -1,11 +1,15 @@
 //! `driver="host"` on fake hosts, without a container engine: `gpuhook driver`, `gpuhook cdi
 //! generate` and `gpuhook cdi check`, `list` and `metrics` after a driver upgrade, and the
-//! refusals the hook makes at `prepare` (no module, no libcuda, a file others may write).
+//! refusals the hook makes at `prepare` (no module, no libcuda, a file others may write);
+//! the sockets' own rules (`driver/sockets.rs`).
 //! The fake driver is real ELF libraries with SONAMEs (gcc), an `ld.so.cache` written by the
 //! real `ldconfig -r`, a module version line as the driver writes it. (Containers with the
 //! driver: tests/oci.rs under podman, tests/libvirt/driver.rs under libvirtd.)
 
 mod common;
+#[path = "driver/sockets.rs"]
+mod sockets;
+
 use common::*;
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;

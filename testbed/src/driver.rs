@@ -266,15 +266,17 @@ fn relink(target: &str, link: &Path) -> Result<(), String> {
     io("symlink", link, symlink(target, link))
 }
 
-/// Binds a unix socket at `path` and drops the listener (the socket file stays). Paths too
-/// long for `sun_path` are reached through a short symlink to their directory.
+/// Binds a unix socket at `path` and drops the listener (the socket file stays).
 fn make_socket(path: &Path) -> Result<(), String> {
+    listen(path).map(drop)
+}
+
+/// A unix socket listening at `path` (a daemon's, or a decoy's). Paths too long for
+/// `sun_path` are reached through a short symlink to their directory.
+pub fn listen(path: &Path) -> Result<std::os::unix::net::UnixListener, String> {
+    use std::os::unix::net::UnixListener;
     if path.as_os_str().len() < 100 {
-        return io(
-            "bind",
-            path,
-            std::os::unix::net::UnixListener::bind(path).map(drop),
-        );
+        return io("bind", path, UnixListener::bind(path));
     }
     let dir = path.parent().ok_or("socket path has no parent")?;
     let short = std::env::temp_dir().join(format!(
@@ -287,7 +289,7 @@ fn make_socket(path: &Path) -> Result<(), String> {
     ));
     io("symlink", &short, symlink(dir, &short))?;
     let name = path.file_name().ok_or("socket path has no name")?;
-    let r = std::os::unix::net::UnixListener::bind(short.join(name)).map(drop);
+    let r = UnixListener::bind(short.join(name));
     let _ = fs::remove_file(&short);
     io("bind", path, r)
 }
@@ -449,6 +451,51 @@ impl FakeDriver {
             root: to.to_path_buf(),
             version: self.version.clone(),
         })
+    }
+
+    /// `nvidia-persistenced --user NAME`, as the NVIDIA and distribution packages run it:
+    /// ROOT/run/nvidia-persistenced/ (0755) and a new socket in it (0777, listening: the
+    /// listener is returned) owned by account `name` of uid `uid`, which ROOT/etc/passwd
+    /// names (as the package's `adduser --system` leaves it).
+    pub fn persistenced_as(
+        &self,
+        name: &str,
+        uid: u32,
+    ) -> Result<std::os::unix::net::UnixListener, String> {
+        let sock = under(&self.root, SOCKET);
+        let dir = sock.parent().ok_or("socket has no parent")?;
+        mkdirs(dir)?;
+        io(
+            "chmod",
+            dir,
+            fs::set_permissions(dir, PermissionsExt::from_mode(0o755)),
+        )?;
+        let _ = fs::remove_file(&sock);
+        let l = listen(&sock)?;
+        io(
+            "chmod",
+            &sock,
+            fs::set_permissions(&sock, PermissionsExt::from_mode(0o777)),
+        )?;
+        io(
+            "chown",
+            &sock,
+            std::os::unix::fs::lchown(&sock, Some(uid), Some(uid)),
+        )?;
+        io(
+            "chown",
+            dir,
+            std::os::unix::fs::chown(dir, Some(uid), Some(uid)),
+        )?;
+        let etc = self.root.join("etc");
+        mkdirs(&etc)?;
+        write(
+            &etc.join("passwd"),
+            &format!(
+                "root:x:0:0:root:/root:/bin/bash\n{name}:x:{uid}:{uid}:NVIDIA Persistence Daemon,,,:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        )?;
+        Ok(l)
     }
 
     /// This driver's ICD and config files (what `driver="host"` takes besides libraries,

@@ -118,13 +118,22 @@ pub struct Ident {
 impl Ident {
     /// `stat` of `p` (links followed); `None` when there is nothing there.
     pub fn of(p: &Path) -> Option<Ident> {
-        std::fs::metadata(p).ok().map(|m| Ident {
+        std::fs::metadata(p).ok().map(|m| Self::from(&m))
+    }
+
+    /// `lstat` of `p` (a link is itself); `None` when there is nothing there.
+    pub fn of_link(p: &Path) -> Option<Ident> {
+        std::fs::symlink_metadata(p).ok().map(|m| Self::from(&m))
+    }
+
+    fn from(m: &std::fs::Metadata) -> Ident {
+        Ident {
             dev: m.dev(),
             ino: m.ino(),
             size: m.size(),
             mtime: m.mtime(),
             mtime_nsec: m.mtime_nsec(),
-        })
+        }
     }
 }
 
@@ -134,6 +143,20 @@ pub struct Searched {
     /// Under the root.
     pub path: PathBuf,
     pub ident: Option<Ident>,
+    /// Whether `ident` is of `path` itself, a link not followed (a socket's directory: a
+    /// link put there or taken away is a change).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub link_itself: bool,
+}
+
+impl Searched {
+    fn ident_now(&self) -> Option<Ident> {
+        if self.link_itself {
+            Ident::of_link(&self.path)
+        } else {
+            Ident::of(&self.path)
+        }
+    }
 }
 
 /// What was found for the running driver.
@@ -158,7 +181,7 @@ impl DriverFound {
     /// Whether what was looked at is still as it was (`ld.so.cache`, each directory): then a
     /// new look would find the same.
     pub fn unchanged(&self) -> bool {
-        self.searched.iter().all(|s| Ident::of(&s.path) == s.ident)
+        self.searched.iter().all(|s| s.ident_now() == s.ident)
     }
 
     /// The files of a kind.
@@ -333,10 +356,26 @@ impl Search<'_> {
 
     /// Records a directory (or file) looked at, under the root.
     fn looked(&mut self, p: &str) {
+        self.record(p, false);
+    }
+
+    /// Records a directory looked at, under the root; `link_itself`: its identity is that
+    /// of a link there, not followed.
+    fn record(&mut self, p: &str, link_itself: bool) {
         let path = self.under(p);
-        if !self.found.searched.iter().any(|s| s.path == path) {
-            let ident = Ident::of(&path);
-            self.found.searched.push(Searched { path, ident });
+        if !self
+            .found
+            .searched
+            .iter()
+            .any(|s| s.path == path && s.link_itself == link_itself)
+        {
+            let s = Searched {
+                path,
+                ident: None,
+                link_itself,
+            };
+            let ident = s.ident_now();
+            self.found.searched.push(Searched { ident, ..s });
         }
     }
 
@@ -381,7 +420,7 @@ impl Search<'_> {
     /// it: something is at work where the driver's daemon should be).
     fn socket(&mut self, p: &str) {
         if let Some((dir, _)) = p.rsplit_once('/') {
-            self.looked(dir);
+            self.record(dir, true);
         }
         let mut at = self.root.to_path_buf();
         for c in p.split('/').filter(|c| !c.is_empty()) {

@@ -624,7 +624,10 @@ fn a_link_or_a_writable_directory_on_the_way_refuses_the_socket() {
             r.p("/run/nvidia-fabricmanager").display()
         )
     );
+    // The link taken away: the cache's look is stale (the link was looked at, not followed).
+    assert!(f.unchanged());
     std::fs::remove_file(r.p("/run/nvidia-fabricmanager")).unwrap();
+    assert!(!f.unchanged());
     // `/run` itself a link (to a copy with the same socket in it).
     let f = discover(r.root(), V).unwrap();
     trust(r.root(), &f.files).unwrap();
