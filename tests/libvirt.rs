@@ -2169,6 +2169,10 @@ const CASES: &[(&str, Case)] = &[
         "attach_host_driver_in_a_domain_with_its_own_root",
         driver::attach_host_driver_in_a_domain_with_its_own_root,
     ),
+    (
+        "host_driver_service_account_socket",
+        driver::host_driver_service_account_socket,
+    ),
     ("blueprint_flavor", blueprint_flavor),
     ("more_than_free_fails", more_than_free_fails),
     ("renamed_init_keeps_its_gpus", renamed_init_keeps_its_gpus),

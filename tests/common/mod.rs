@@ -704,3 +704,50 @@ pub fn wait_gone(pid: i32, limit: std::time::Duration) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// A client of a unix socket, built static into a root: connects to the path it is given
+/// and prints `reached WORD` with what the listener wrote.
+pub fn sock_probe(rootfs: &Path) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("sock-probe.c");
+    std::fs::write(
+        &src,
+        r#"#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (argc < 2 || s < 0) return 2;
+    strncpy(a.sun_path, argv[1], sizeof a.sun_path - 1);
+    if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) { perror("connect"); return 1; }
+    char b[64];
+    ssize_t n = read(s, b, sizeof b - 1);
+    if (n < 0) { perror("read"); return 1; }
+    b[n] = 0;
+    printf("reached %s\n", b);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let o = Command::new("cc")
+        .args(["-static", "-O2", "-o"])
+        .arg(rootfs.join("usr/bin/sock-probe"))
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert_ok(&o);
+}
+
+/// Answers every client of `l` with `word`, from a thread of its own (for the test's life).
+pub fn serve(l: std::os::unix::net::UnixListener, word: &'static str) {
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let mut c = c;
+            let _ = std::io::Write::write_all(&mut c, word.as_bytes());
+        }
+    });
+}

@@ -215,3 +215,62 @@ pub fn attach_host_driver_in_a_domain_with_its_own_root(b: &mut Bed) {
     assert!(b.wait_shut_off("gh-hphost"));
     assert!(b.holders().is_empty(), "{:?}", b.holders());
 }
+
+/// Issue 39 under libvirtd: stock `nvidia-persistenced --user nvidia-persistenced` (its
+/// directory and socket the account's), a root socket listening beside it. A domain with its
+/// own root asking `driver="host"` is refused at its start in one line saying what to set;
+/// once `driver_socket_owners` names the account, `started` mounts gpuhook's own link to the
+/// socket checked (a path in a directory of root's, beside the state), and inside the
+/// container the socket reaches persistenced, not the other.
+pub fn host_driver_service_account_socket(b: &mut Bed) {
+    let d = common::host_driver_root(&b.work.join(format!("driver{}", b.hosts + 1)), HOST_V);
+    common::serve(
+        d.persistenced_as("nvidia-persistenced", 999).unwrap(),
+        "persistenced",
+    );
+    common::serve(
+        testbed::driver::listen(&d.root.join("run/docker.sock")).unwrap(),
+        "docker",
+    );
+    let p = b.use_host_with(FakeHost::blueprint(), |c| c["root"] = json!(d.root));
+    set_module(&p.proc, Some(HOST_V), false);
+    let dir = b.work.join("host-socket");
+    let _ = std::fs::remove_dir_all(&dir);
+    let rootfs = testbed::driver::rootfs(&dir).expect("rootfs");
+    common::sock_probe(&rootfs);
+    b.define(&with_rootfs(
+        "gh-host-sock",
+        r#"driver="host""#,
+        &rootfs,
+        false,
+    ));
+    let e = b.start("gh-host-sock").unwrap_err();
+    let sock = d.root.join("run/nvidia-persistenced/socket");
+    assert!(
+        e.contains(&format!(
+            "gpuhook: domain 'gh-host-sock': driver \"host\": {} is owned by nvidia-persistenced (uid 999), not root: name it in driver_socket_owners to give it",
+            sock.display()
+        )),
+        "{e}"
+    );
+    assert!(b.wait_shut_off("gh-host-sock"));
+    assert!(b.holders().is_empty(), "{:?}", b.holders());
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(b.config()).unwrap()).unwrap();
+    cfg["driver_socket_owners"] = json!(["nvidia-persistenced"]);
+    b.d.write_config(&cfg).expect("config");
+    b.start("gh-host-sock")
+        .expect("start with the account named");
+    let ct = b.ct("gh-host-sock");
+    let o = b.sh_in(
+        &ct,
+        "sock-probe /run/nvidia-persistenced/socket; grep ' /run/nvidia-persistenced/socket ' /proc/1/mounts",
+    );
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("reached persistenced\n"), "{s}");
+    assert!(!s.contains("docker"), "{s}");
+    assert!(s.contains(" ro,nosuid,nodev,noexec"), "{s}");
+    assert!(host_mounts_under(&rootfs).is_empty());
+    b.d.virsh_ok(&["destroy", "gh-host-sock"]).unwrap();
+    assert!(b.wait_shut_off("gh-host-sock"));
+    assert!(b.holders().is_empty());
+}

@@ -382,53 +382,6 @@ fn oci_attach_host_driver_into_a_running_podman_container() {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
-/// A client of a unix socket, built static into a root: connects to the path it is given
-/// and prints `reached WORD` with what the listener wrote.
-fn sock_probe(rootfs: &Path) {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("sock-probe.c");
-    std::fs::write(
-        &src,
-        r#"#include <stdio.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    int s = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if (argc < 2 || s < 0) return 2;
-    strncpy(a.sun_path, argv[1], sizeof a.sun_path - 1);
-    if (connect(s, (struct sockaddr *)&a, sizeof a) != 0) { perror("connect"); return 1; }
-    char b[64];
-    ssize_t n = read(s, b, sizeof b - 1);
-    if (n < 0) { perror("read"); return 1; }
-    b[n] = 0;
-    printf("reached %s\n", b);
-    return 0;
-}
-"#,
-    )
-    .unwrap();
-    let o = Command::new("cc")
-        .args(["-static", "-O2", "-o"])
-        .arg(rootfs.join("usr/bin/sock-probe"))
-        .arg(&src)
-        .output()
-        .expect("cc");
-    assert_ok(&o);
-}
-
-/// Answers every client of `l` with `word`, from a thread of its own (for the test's life).
-fn serve(l: std::os::unix::net::UnixListener, word: &'static str) {
-    std::thread::spawn(move || {
-        for c in l.incoming().flatten() {
-            let mut c = c;
-            let _ = std::io::Write::write_all(&mut c, word.as_bytes());
-        }
-    });
-}
-
 /// Issue 39 with the real parts: stock `nvidia-persistenced --user nvidia-persistenced`
 /// (its directory and socket the account's) and `driver_socket_owners` naming it. The
 /// account swaps its socket for a link to docker's root socket after gpuhook checked it and
@@ -439,12 +392,12 @@ fn serve(l: std::os::unix::net::UnixListener, word: &'static str) {
 fn podman_gets_the_socket_checked_though_the_account_swaps_it_before_the_mount() {
     let o = Oci::new(FakeHost::blueprint(), RUNC);
     let d = o.host.with_host_driver(HOST_V);
-    serve(
+    common::serve(
         d.persistenced_as("nvidia-persistenced", 999).unwrap(),
         "persistenced",
     );
     let decoy = d.root.join("run/docker.sock");
-    serve(testbed::driver::listen(&decoy).unwrap(), "docker");
+    common::serve(testbed::driver::listen(&decoy).unwrap(), "docker");
     let sock = d.root.join("run/nvidia-persistenced/socket");
     let swap = o.host.root().join("swap-then-runc");
     std::fs::write(
@@ -462,7 +415,7 @@ fn podman_gets_the_socket_checked_though_the_account_swaps_it_before_the_mount()
         c["driver_socket_owners"] = json!(["nvidia-persistenced"]);
     });
     let rootfs = testbed::driver::rootfs(&o.host.root().join("host-socket")).unwrap();
-    sock_probe(&rootfs);
+    common::sock_probe(&rootfs);
     let r = podman_rootfs(
         &o,
         &rootfs,
@@ -475,6 +428,9 @@ fn podman_gets_the_socket_checked_though_the_account_swaps_it_before_the_mount()
     assert!(!s.contains("docker"), "{s}");
     assert!(s.contains(" ro,nosuid,nodev,noexec"), "{s}");
     // The swap was made before runc mounted: a mount by path would have given docker's.
-    assert!(std::fs::symlink_metadata(&sock).unwrap().file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(&sock)
+        .unwrap()
+        .file_type()
+        .is_symlink());
     assert!(o.reservations().is_empty());
 }
