@@ -619,6 +619,7 @@ fn container() -> Container {
         },
         userns: None,
         made: Default::default(),
+        mnt: crate::enter::namespace::MntNs::own(),
     }
 }
 
