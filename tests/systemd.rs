@@ -479,6 +479,42 @@ impl Bed {
         out(&o)
     }
 
+    /// `gpuhook ARGS…` with the scope's `systemctl` failing as `mode` says (through a stand-in
+    /// bound over `/usr/bin/systemctl` in a mount namespace of the command's own): `readback`,
+    /// the `show` after the first `set-property` (which goes through) fails; `lost`, from then
+    /// on every `show` and `set-property` fails, as when systemd can no longer be reached. Its
+    /// output; it must fail.
+    fn gh_failing(&self, mode: &str, args: &str) -> String {
+        let d = self.dir.display();
+        std::fs::write(
+            self.dir.join("systemctl-standin"),
+            format!(
+                "#!/bin/sh\n\
+                 real={d}/systemctl.real; n=$(cat {d}/sd-sets 2>/dev/null || echo 0)\n\
+                 case \"$*\" in\n\
+                 *set-property*) n=$((n+1)); echo $n >{d}/sd-sets\n\
+                   if [ {mode} = lost ] && [ $n -ge 2 ]; then echo 'Failed to connect to bus: Connection refused' >&2; exit 1; fi;;\n\
+                 *show*) if [ $n -ge 1 ] && {{ [ {mode} = lost ] || [ $n = 1 ]; }}; then echo 'Failed to get properties: Connection timed out' >&2; exit 1; fi;;\n\
+                 esac\n\
+                 exec $real \"$@\"\n"
+            ),
+        )
+        .unwrap();
+        let standin = self.dir.join("systemctl-standin");
+        std::fs::set_permissions(&standin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _ = std::fs::remove_file(self.dir.join("sd-sets"));
+        let o = self
+            .sys
+            .sh(&format!(
+                "touch {d}/systemctl.real && unshare -m --propagation private sh -c 'mount --bind /usr/bin/systemctl {d}/systemctl.real && mount --bind {d}/systemctl-standin /usr/bin/systemctl && {} {args}'",
+                self.gh
+            ))
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "gpuhook {args} ({mode}): {}", out(&o));
+        out(&o)
+    }
+
     fn reload(&self) {
         assert_ok(&self.sys.sh("systemctl daemon-reload").output().unwrap());
     }
@@ -638,6 +674,85 @@ fn systemd_runc_user_namespaced_hotplug_survives_daemon_reload() {
     bed.reload();
     assert_eq!(
         verdict("detached, after daemon-reload"),
+        only("open", "denied")
+    );
+    bed.delete();
+}
+
+/// An attach whose `systemctl set-property` went through but whose read-back failed (issue
+/// 39) puts the scope's `DeviceAllow=` back as it was before it frees the GPU: after a
+/// daemon-reload the container still cannot open it (the old code freed it with the entry
+/// left, and systemd let the container open a GPU that was free again). When the list cannot
+/// be put back either (systemd no longer reachable), the GPU stays reserved for the container
+/// and the one line says so; a detach then takes it back.
+#[test]
+fn systemd_runc_attach_whose_read_back_failed_restores_device_allow() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let bed = Bed::new(Runtime::Runc, "gh-systemd-rb", false);
+    bed.create();
+    let listed = |mm: &str| {
+        bed.policy()
+            .1
+            .iter()
+            .any(|e| e.starts_with(&format!("/dev/char/{mm} ")))
+    };
+    let only = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(bed.look("started"), only("open", "denied"));
+    // systemd lists the entries newest first: a list set again whole comes back reversed.
+    let sorted = || {
+        let (policy, mut entries) = bed.policy();
+        entries.sort();
+        (policy, entries)
+    };
+    let before = sorted();
+    assert!(!listed("195:41"), "{before:?}");
+
+    let said = bed.gh_failing(
+        "readback",
+        &format!("attach {} --device 0000:08:00.0", bed.id),
+    );
+    assert!(
+        said.contains(
+            "systemctl show: exit status: 1: Failed to get properties: Connection timed out"
+        ),
+        "{said}"
+    );
+    assert!(!said.contains("stay reserved"), "{said}");
+    assert_eq!(sorted(), before, "the scope's list is not put back");
+    let holders = bed.host.holders();
+    assert_eq!(holders[&bed.id], ["0000:07:00.0"], "{holders:?}");
+    bed.reload();
+    assert_eq!(
+        bed.look("failed attach, after daemon-reload"),
+        only("open", "denied"),
+        "a reload gave the container the GPU a failed attach freed"
+    );
+
+    let said = bed.gh_failing("lost", &format!("attach {} --device 0000:08:00.0", bed.id));
+    // One line: the failure, what could not be put back, and that the GPU stays reserved.
+    let stays = format!("GPUs 0000:08:00.0 stay reserved for container '{}'", bed.id);
+    assert!(
+        said.lines()
+            .any(|l| l.contains("systemctl show: exit status: 1")
+                && l.contains(
+                    "Failed to connect to bus: Connection refused (it may still list 195:41)"
+                )
+                && l.ends_with(&stays)),
+        "{said}"
+    );
+    assert!(listed("195:41"), "{:?}", bed.policy());
+    let holders = bed.host.holders();
+    assert_eq!(
+        holders[&bed.id],
+        ["0000:07:00.0", "0000:08:00.0"],
+        "{holders:?}"
+    );
+    bed.gh(&format!("detach {} --device 0000:08:00.0", bed.id));
+    assert_eq!(sorted(), before);
+    assert_eq!(bed.host.holders()[&bed.id], ["0000:07:00.0"]);
+    bed.reload();
+    assert_eq!(
+        bed.look("detached, after daemon-reload"),
         only("open", "denied")
     );
     bed.delete();

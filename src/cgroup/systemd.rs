@@ -143,6 +143,21 @@ pub fn parse_show(text: &str) -> Shown {
     s
 }
 
+/// How `systemctl ARGS…` is run: its standard output, or what went wrong. [`Installed`] runs
+/// the host's; the tests pass a double that keeps a unit in memory and can fail any call.
+pub(super) trait Systemctl {
+    fn run(&self, args: &[String]) -> Result<String, String>;
+}
+
+/// The host's `systemctl` ([`systemctl`]).
+struct Installed;
+
+impl Systemctl for Installed {
+    fn run(&self, args: &[String]) -> Result<String, String> {
+        systemctl(args)
+    }
+}
+
 /// A scope systemd keeps a device policy for: its entries as gpuhook last read or set them,
 /// and as they were when first read (what [`ManagedPolicy::restore`] puts back). Holds the
 /// unit's lock for as long as it lives.
@@ -150,8 +165,12 @@ pub struct Scope {
     unit: String,
     cgroup: PathBuf,
     entries: Vec<DeviceAllowEntry>,
+    /// Whether `entries` are what systemd lists: not after a change whose outcome could not be
+    /// read back (it may or may not have gone through), until one is read back.
+    known: bool,
     original: Vec<DeviceAllowEntry>,
-    _lock: Flock<std::fs::File>,
+    ctl: Box<dyn Systemctl>,
+    _lock: Option<Flock<std::fs::File>>,
 }
 
 impl Scope {
@@ -169,7 +188,19 @@ impl Scope {
         let path = PathBuf::from(&at);
         let lock = super::runtime_program::lock_named(&format!("systemd-{unit}"))
             .map_err(|f| CgroupError::new(&path, f))?;
-        let shown = show(&unit, &path)?;
+        Scope::open(unit, &at, Box::new(Installed), Some(lock))
+    }
+
+    /// The unit `unit` whose cgroup is `at`, as `ctl` shows it, when it is loaded with that
+    /// cgroup and keeps a device policy.
+    fn open(
+        unit: String,
+        at: &str,
+        ctl: Box<dyn Systemctl>,
+        lock: Option<Flock<std::fs::File>>,
+    ) -> Result<Option<Scope>, CgroupError> {
+        let path = PathBuf::from(at);
+        let shown = show(&*ctl, &unit, &path)?;
         if shown.load_state != "loaded" || shown.control_group != at {
             return Ok(None);
         }
@@ -181,6 +212,8 @@ impl Scope {
             cgroup: path,
             original: shown.entries.clone(),
             entries: shown.entries,
+            known: true,
+            ctl,
             _lock: lock,
         }))
     }
@@ -195,17 +228,20 @@ impl Scope {
         )
     }
 
-    /// Sets the unit's list to `next` (appending only, when that is all that changes; else
-    /// emptied and listed again in the same call), then reads back what systemd has.
+    /// Sets the unit's list to `next` (appending only, when that is all that changes and the
+    /// list is known; else emptied and listed again in the same call), then reads back what
+    /// systemd has, after a failure too. Done only when the read-back lists exactly `next`'s
+    /// devices, each as `next` says.
     fn set(&mut self, next: Vec<DeviceAllowEntry>) -> Result<(), CgroupError> {
-        if next == self.entries {
+        if self.known && next == self.entries {
             return Ok(());
         }
         // Each entry set for a device replaces the one listed for it, else is added.
-        let appended = self
-            .entries
-            .iter()
-            .all(|e| next.iter().any(|x| x.device == e.device));
+        let appended = self.known
+            && self
+                .entries
+                .iter()
+                .all(|e| next.iter().any(|x| x.device == e.device));
         let mut args = vec![
             "set-property".to_string(),
             "--runtime".into(),
@@ -222,20 +258,43 @@ impl Scope {
             args.push("DeviceAllow=".into());
             args.extend(next.iter().map(|e| format!("DeviceAllow={}", e.text())));
         }
-        systemctl(&args).map_err(|w| self.err(format!("systemctl set-property: {w}")))?;
+        // From here on systemd may have taken the change in, whatever comes back (a refusal,
+        // a timeout): what it lists is known again only once read back.
+        self.known = false;
+        let told = self
+            .ctl
+            .run(&args)
+            .map_err(|w| self.err(format!("systemctl set-property: {w}")));
         // Read back: what systemd lists now (and, its answer coming after the change, a
         // change it has taken in).
-        let shown = show(&self.unit, &self.cgroup)?;
+        let shown = match show(&*self.ctl, &self.unit, &self.cgroup) {
+            Ok(s) => s,
+            Err(e) => return Err(told.err().unwrap_or(e)),
+        };
+        self.entries = shown.entries;
+        self.known = true;
+        told?;
         let missing: Vec<String> = next
             .iter()
-            .filter(|e| !shown.entries.contains(e))
+            .filter(|e| !self.entries.contains(e))
             .map(DeviceAllowEntry::text)
             .collect();
-        self.entries = shown.entries;
         if !missing.is_empty() {
             return Err(self.err(format!(
                 "DeviceAllow= lacks {} after systemctl set-property",
                 missing.join(", ")
+            )));
+        }
+        let extra: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|e| !next.iter().any(|x| x.device == e.device))
+            .map(DeviceAllowEntry::text)
+            .collect();
+        if !extra.is_empty() {
+            return Err(self.err(format!(
+                "DeviceAllow= still lists {} after systemctl set-property",
+                extra.join(", ")
             )));
         }
         Ok(())
@@ -299,7 +358,7 @@ impl ManagedPolicy for Scope {
 }
 
 /// `systemctl show` of the unit: its load state, cgroup, device policy and entries.
-fn show(unit: &str, cgroup: &Path) -> Result<Shown, CgroupError> {
+fn show(ctl: &dyn Systemctl, unit: &str, cgroup: &Path) -> Result<Shown, CgroupError> {
     let args = [
         "show",
         "--property=LoadState,ControlGroup,DevicePolicy,DeviceAllow",
@@ -307,7 +366,7 @@ fn show(unit: &str, cgroup: &Path) -> Result<Shown, CgroupError> {
         unit,
     ]
     .map(String::from);
-    let out = systemctl(&args).map_err(|what| {
+    let out = ctl.run(&args).map_err(|what| {
         CgroupError::new(
             cgroup,
             Fault::Systemd {
@@ -454,5 +513,231 @@ mod tests {
             access: "rwm".into(),
         };
         assert!(!whole.allows(&n), "gpuhook's entries are exact ones");
+    }
+
+    /// How the double answers one call of a verb (`set-property`, `show`), when not as asked.
+    #[derive(Clone, Copy)]
+    struct Answer {
+        verb: &'static str,
+        /// A change is made (`set-property` only).
+        made: bool,
+        /// What goes wrong (the call's error), if anything.
+        fails: Option<&'static str>,
+    }
+
+    /// A unit of systemd's in memory, as `systemctl` shows and changes it: its `DeviceAllow=`
+    /// list, every call, and how its next calls go.
+    #[derive(Default)]
+    struct Unit {
+        list: std::cell::RefCell<Vec<String>>,
+        calls: std::cell::RefCell<Vec<String>>,
+        script: std::cell::RefCell<std::collections::VecDeque<Answer>>,
+    }
+
+    impl Unit {
+        fn new(list: &[&str]) -> std::rc::Rc<Unit> {
+            std::rc::Rc::new(Unit {
+                list: std::cell::RefCell::new(list.iter().map(|e| e.to_string()).collect()),
+                ..Default::default()
+            })
+        }
+        fn list(&self) -> Vec<String> {
+            self.list.borrow().clone()
+        }
+        /// `systemctl set-property`'s `DeviceAllow=`: empty clears the list, an entry replaces
+        /// the one listed for its device, else is added.
+        fn set(&self, args: &[String]) {
+            let mut list = self.list.borrow_mut();
+            for a in args.iter().filter_map(|a| a.strip_prefix("DeviceAllow=")) {
+                if a.is_empty() {
+                    list.clear();
+                    continue;
+                }
+                let device = a.split(' ').next().unwrap_or("");
+                match list
+                    .iter_mut()
+                    .find(|e| e.split(' ').next() == Some(device))
+                {
+                    Some(e) => *e = a.to_string(),
+                    None => list.push(a.to_string()),
+                }
+            }
+        }
+    }
+
+    struct Double(std::rc::Rc<Unit>);
+
+    impl Systemctl for Double {
+        fn run(&self, args: &[String]) -> Result<String, String> {
+            let u = &self.0;
+            let verb = args[0].as_str();
+            u.calls.borrow_mut().push(args.join(" "));
+            let answer = {
+                let mut script = u.script.borrow_mut();
+                match script.front() {
+                    Some(a) if a.verb == verb => script.pop_front(),
+                    _ => None,
+                }
+            };
+            let made = answer.is_none_or(|a| a.made);
+            if verb == "set-property" && made {
+                u.set(args);
+            }
+            if let Some(why) = answer.and_then(|a| a.fails) {
+                return Err(why.to_string());
+            }
+            Ok(match verb {
+                "show" => {
+                    let mut out = "LoadState=loaded\nControlGroup=/system.slice/t.scope\nDevicePolicy=strict\n".to_string();
+                    for e in u.list.borrow().iter() {
+                        out.push_str(&format!("DeviceAllow={e}\n"));
+                    }
+                    out
+                }
+                _ => String::new(),
+            })
+        }
+    }
+
+    /// The scope `t.scope` over the unit `u` (its container's own entries and GPU 0's).
+    fn scope(u: &std::rc::Rc<Unit>) -> Scope {
+        let s = Scope::open(
+            "t.scope".into(),
+            "/system.slice/t.scope",
+            Box::new(Double(u.clone())),
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        u.calls.borrow_mut().clear();
+        s
+    }
+
+    const BEFORE: [&str; 3] = ["char-pts rwm", "/dev/char/1:3 rwm", "/dev/char/195:0 rw"];
+
+    fn gpu1() -> Node {
+        Node::new("/dev/nvidia1", 195, 1)
+    }
+
+    /// An attach's change that went through but whose read-back failed or timed out, or that
+    /// timed out itself, leaves the list unknown: the restore sets it again, whole, as it was
+    /// before (issue 39: the old code took its own stale copy for the list and changed nothing,
+    /// the new entry left for the next reload).
+    #[test]
+    fn a_restore_after_a_change_of_unknown_outcome_sets_the_list_again() {
+        let failed = [
+            (
+                "show",
+                true,
+                "exit status: 1: Failed to get properties: Connection timed out",
+            ),
+            ("show", true, "/usr/bin/systemctl did not finish within 30s"),
+            (
+                "set-property",
+                true,
+                "/usr/bin/systemctl did not finish within 30s",
+            ),
+        ];
+        for (verb, made, why) in failed {
+            let u = Unit::new(&BEFORE);
+            let mut s = scope(&u);
+            u.script.borrow_mut().push_back(Answer {
+                verb,
+                made,
+                fails: Some(why),
+            });
+            if verb == "set-property" {
+                // Its read-back fails too: nothing tells what systemd lists.
+                u.script.borrow_mut().push_back(Answer {
+                    verb: "show",
+                    made: false,
+                    fails: Some("Connection timed out"),
+                });
+            }
+            assert!(s.allow(&[gpu1()]).is_err(), "{verb}: {why}");
+            assert!(u.list().contains(&"/dev/char/195:1 rw".to_string()));
+            s.restore(&[gpu1()]).unwrap();
+            assert_eq!(u.list(), BEFORE, "{verb}: {why}");
+            let calls = u.calls.borrow().clone();
+            assert_eq!(
+                calls.last().map(String::as_str),
+                Some("show --property=LoadState,ControlGroup,DevicePolicy,DeviceAllow -- t.scope"),
+                "{calls:?}"
+            );
+            assert_eq!(
+                calls[calls.len() - 2],
+                "set-property --runtime -- t.scope DeviceAllow= DeviceAllow=char-pts rwm DeviceAllow=/dev/char/1:3 rwm DeviceAllow=/dev/char/195:0 rw",
+                "{verb}: {why}"
+            );
+        }
+    }
+
+    /// A change systemd refused is read back too: the list is known as it was, and the restore
+    /// has nothing to do (the old code read nothing back after a failed `set-property`).
+    #[test]
+    fn a_refused_change_read_back_needs_no_restore() {
+        let u = Unit::new(&BEFORE);
+        let mut s = scope(&u);
+        u.script.borrow_mut().push_back(Answer {
+            verb: "set-property",
+            made: false,
+            fails: Some("exit status: 1: Failed to set unit properties on t.scope: Access denied"),
+        });
+        let e = s.allow(&[gpu1()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cgroup /system.slice/t.scope: t.scope: systemctl set-property: exit status: 1: Failed to set unit properties on t.scope: Access denied"
+        );
+        assert_eq!(u.list(), BEFORE);
+        // Read back after the refusal: what systemd lists is known.
+        assert_eq!(
+            u.calls
+                .borrow()
+                .last()
+                .map(|c| c.split(' ').next().unwrap_or("")),
+            Some("show")
+        );
+        let n = u.calls.borrow().len();
+        s.restore(&[gpu1()]).unwrap();
+        assert_eq!(u.calls.borrow().len(), n, "{:?}", u.calls.borrow());
+    }
+
+    /// A restore (or a removal) is done only once the read-back shows the entry gone: one
+    /// systemd still lists is an error, whatever `set-property` said (issue 39).
+    #[test]
+    fn an_entry_still_listed_after_a_restore_is_an_error() {
+        let u = Unit::new(&BEFORE);
+        let mut s = scope(&u);
+        s.allow(&[gpu1()]).unwrap();
+        assert!(u.list().contains(&"/dev/char/195:1 rw".to_string()));
+        u.script.borrow_mut().push_back(Answer {
+            verb: "set-property",
+            made: false,
+            fails: None,
+        });
+        let e = s.restore(&[gpu1()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cgroup /system.slice/t.scope: t.scope: DeviceAllow= still lists /dev/char/195:1 rw after systemctl set-property"
+        );
+        // Tried again, it goes through.
+        s.restore(&[gpu1()]).unwrap();
+        assert_eq!(u.list(), BEFORE);
+        // The same for a removal.
+        u.script.borrow_mut().push_back(Answer {
+            verb: "set-property",
+            made: false,
+            fails: None,
+        });
+        let gpu0 = Node::new("/dev/nvidia0", 195, 0);
+        let e = s.remove(std::slice::from_ref(&gpu0)).unwrap_err();
+        assert!(
+            e.to_string().ends_with(
+                "DeviceAllow= still lists /dev/char/195:0 rw after systemctl set-property"
+            ),
+            "{e}"
+        );
+        s.remove(&[gpu0]).unwrap();
+        assert_eq!(u.list(), ["char-pts rwm", "/dev/char/1:3 rwm"]);
     }
 }

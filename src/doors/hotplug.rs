@@ -145,10 +145,12 @@ impl HotplugTarget {
     fn find(&self) -> Result<Container, ContainerError> {
         match self {
             HotplugTarget::Libvirt(d) => container::find(&d.name, d.id),
-            HotplugTarget::Oci(o) => container::find_oci(o.init, o.userns()).map(|c| Container {
-                made: o.made.clone(),
-                ..c
-            }),
+            HotplugTarget::Oci(o) => {
+                container::find_oci(o.init, o.userns(), o.namespaces).map(|c| Container {
+                    made: o.made.clone(),
+                    ..c
+                })
+            }
         }
     }
 }
@@ -384,10 +386,18 @@ pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
 /// A lifecycle's failure as the door says it: one of the device cgroup's names the container
 /// (the cgroup's own words name only its path).
 fn named(h: &Holder, e: crate::reserve::error::Error) -> CliError {
+    use crate::enter::container::Refusal;
     match e {
         crate::reserve::error::Error::Cgroup(source) => CliError::HotplugCgroup {
             who: h.who(),
             source,
+        },
+        crate::reserve::error::Error::Container(ContainerError::Refused(
+            Refusal::LeftNamespace { pid, kind },
+        )) => CliError::OciLeftNamespace {
+            id: h.name.to_string(),
+            pid,
+            which: kind.word(),
         },
         e => e.into(),
     }

@@ -2,23 +2,24 @@
 //! and creating device nodes in its `/dev`.
 //!
 //! The container's `/dev` is hostile and can race us. All work there happens in a forked
-//! child that `setns`es into the init's mount namespace (never a path through
-//! `/proc/PID/root`), walks from `/dev` one component at a time with `O_NOFOLLOW`, and acts
+//! child that `setns`es into the init's mount namespace (opened once when the container is
+//! found, [`crate::enter::namespace`]; never a path through `/proc/PID/root`), walks from `/dev` one component at a time with `O_NOFOLLOW`, and acts
 //! only through `*at()` calls on directory file descriptors it holds. It refuses a `/dev`
 //! that is the host's, a directory that is another mount, and anything at a node's place that
 //! is not already the right character device. It keeps only the capabilities it needs, and
 //! undoes what it created when a later node fails.
 
 use crate::enter::devdir::{self, Bound, Sys};
+use crate::enter::namespace::{MntNs, PinError};
 use crate::enter::rootfs;
 use crate::enter::sandbox::{self, ForkError, Waited};
-use crate::host::procfs::{self, Proc, ProcRef};
+use crate::host::procfs::{self, Namespaces, Proc, ProcRef};
 use crate::node::{NodeSpec, Outcome};
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, Mode};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use crate::enter::caps::{keep_only, CapsError};
@@ -57,6 +58,9 @@ pub struct Container {
     /// Where its runtime put it (an OCI container's, from the runtime's state; unknown for a
     /// libvirt domain, whose cgroup is its controller's): its device cgroup for hotplug.
     pub made: crate::cgroup::Made,
+    /// Its init's mount namespace, opened once when it was found (and compared there with
+    /// the one its runtime made, where gpuhook recorded it): every helper joins this one.
+    pub mnt: MntNs,
 }
 
 /// Where libvirt keeps its LXC state (`LXC_STATE_DIR`): `/run/libvirt/lxc`, or
@@ -149,13 +153,19 @@ pub fn controller_dev(name: &str, controller: i32) -> Result<DevTmpfs, Container
 /// record, or the runtime's state): the `/dev` tmpfs of the init's own mount namespace
 /// (its `mountinfo`, and its root inode through the init's root), checked again by the
 /// helper as at `started`. `controller` is the init itself. `userns`: its root's host ids,
-/// when it runs in a user namespace of its own (its `/dev` is that namespace's).
-pub fn find_oci(init: ProcRef, userns: Option<rootfs::Owner>) -> Result<Container, ContainerError> {
+/// when it runs in a user namespace of its own (its `/dev` is that namespace's). `want`: the
+/// user and mount namespaces its runtime made (gpuhook's record), which the init must be in.
+pub fn find_oci(
+    init: ProcRef,
+    userns: Option<rootfs::Owner>,
+    want: Option<Namespaces>,
+) -> Result<Container, ContainerError> {
     let by = DevBy::Runtime;
     let pid = init.pid;
     if !init.alive() {
         return Err(gone(pid, None));
     }
+    let mnt = pin_init(init, want)?;
     let still = |e: ContainerError| if init.alive() { e } else { gone(pid, Some(e)) };
     let mounts = procfs::mounts(Some(pid))
         .ok_or(Failure::NoMountinfo { by, pid })
@@ -172,7 +182,27 @@ pub fn find_oci(init: ProcRef, userns: Option<rootfs::Owner>) -> Result<Containe
         dev,
         userns,
         made: Default::default(),
+        mnt,
     })
+}
+
+/// The init's mount namespace, opened once ([`MntNs::pin`]; with `want`, its user and mount
+/// namespaces compared with those on the descriptors opened), then the init checked alive
+/// still: a PID reused meanwhile would have given another process's namespace.
+fn pin_init(init: ProcRef, want: Option<Namespaces>) -> Result<MntNs, ContainerError> {
+    let pid = init.pid;
+    let ns = MntNs::pin(pid, want).map_err(|e| -> ContainerError {
+        match e {
+            PinError::Left { kind } => Refusal::LeftNamespace { pid, kind }.into(),
+            PinError::Open { kind, errno } => {
+                at(&format!("/proc/{pid}/ns/{}", kind.file()), errno).into()
+            }
+        }
+    });
+    if !init.alive() {
+        return Err(gone(pid, ns.err()));
+    }
+    ns
 }
 
 /// Accepts a domain name for use in `/run/libvirt/lxc/NAME.pid` (libvirt forbids `/`).
@@ -224,12 +254,14 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
                     gone(init.pid, Some(e))
                 }
             })?;
+            let mnt = pin_init(*init, None)?;
             Ok(Container {
                 controller,
                 init: *init,
                 dev,
                 userns: None,
                 made: Default::default(),
+                mnt,
             })
         }
         [] => Err(Failure::NoInit { controller }.into()),
@@ -393,33 +425,28 @@ pub fn check_mounts(
 
 fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
     let init = ct.init;
-    let ns_path = format!("/proc/{}/ns/mnt", init.pid);
-    let ns = nix::fcntl::open(
-        ns_path.as_str(),
-        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| gone(init.pid, Some(at(&ns_path, e).into())))?;
-    // The cgroups the container's ldconfig joins, opened with the mount namespace (before
-    // the check below that they are the init's).
+    // The init's mount namespace as it was opened (and checked) when the container was found:
+    // never opened again by its path, which the init may point elsewhere meanwhile.
+    let ns = &ct.mnt;
+    // The cgroups the container's ldconfig joins (before the check below that they are the
+    // init's).
     let cgroups = match job {
         Job::Inject(p, _) if !p.ld_folders.is_empty() => container_cgroups(init.pid)?,
         _ => Vec::new(),
     };
-    // The namespace we hold is the init's only if the PID was not reused meanwhile.
+    // The init still runs (what was read through its PID is its own): else say it is gone.
     if !init.alive() {
         return Err(gone(init.pid, None));
     }
     let own = nix::sys::stat::stat("/proc/self/ns/mnt").map_err(|e| at("/proc/self/ns/mnt", e))?;
-    let theirs = fstat(&ns).map_err(|e| at(&ns_path, e))?;
-    if own.st_ino == theirs.st_ino && own.st_dev == theirs.st_dev {
+    if own.st_ino == ns.id.ino && own.st_dev == ns.id.dev {
         return Err(Failure::SharedNamespace { pid: init.pid }.into());
     }
     let host_dev = nix::sys::stat::stat("/dev").map_err(|e| at("/dev", e))?;
     let payload = serde_json::to_vec(job).expect("job serializes");
     let helper = move |wr: OwnedFd| {
         let reply = match child(
-            &ns,
+            ns,
             cgroups,
             (host_dev.st_dev, host_dev.st_ino),
             ct.dev,
@@ -465,7 +492,7 @@ fn run(ct: &Container, job: &Job) -> Result<Reply, ContainerError> {
 // ---- in the child, inside the container's mount namespace ----
 
 fn child(
-    ns: &OwnedFd,
+    ns: &MntNs,
     cgroups: Vec<OwnedFd>,
     host_dev: (u64, u64),
     want: DevTmpfs,
@@ -502,8 +529,7 @@ fn child(
             }
         }
     }
-    nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(|e| Failure::Setns(e.into()))?;
+    ns.join().map_err(|e| Failure::Setns(e.into()))?;
     match &job {
         Job::Inject(_, owner)
         | Job::Uninject(_, owner)

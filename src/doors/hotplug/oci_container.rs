@@ -19,13 +19,16 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// A running OCI container: its ID, its init, its user namespace's id map, the cgroup its
-/// runtime put it in.
+/// runtime put it in, the user and mount namespaces its runtime made (gpuhook's record).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Oci {
     pub id: String,
     pub init: ProcRef,
     pub idmap: IdMap,
     pub made: cgroup::Made,
+    /// Those its init must still be in ([`crate::enter::container::find_oci`] compares them on
+    /// the namespaces it opens, and joins that mount namespace); `None`: not recorded.
+    pub namespaces: Option<procfs::Namespaces>,
 }
 
 impl Oci {
@@ -205,23 +208,10 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
         .filter(|r| r.kind == HolderKind::Oci)
         .and_then(|r| Some((r.init?, r.cgroup.clone(), r.namespaces)))
         .filter(|(i, _, _)| i.alive());
-    // An init that left the namespaces its runtime made (unshared its own) is refused: gpuhook
-    // would make nodes and mounts in namespaces the container chose.
-    if let Some((i, _, Some(then))) = &recorded {
-        let now = procfs::HOST.namespaces(i.pid);
-        for (which, was, is) in [
-            ("user", then.user, now.map(|n| n.user)),
-            ("mount", then.mnt, now.map(|n| n.mnt)),
-        ] {
-            if is != Some(was) {
-                return Err(CliError::OciLeftNamespace {
-                    id: id.to_string(),
-                    pid: i.pid,
-                    which,
-                });
-            }
-        }
-    }
+    // An init that left the namespaces its runtime made (unshared its own) is refused when the
+    // container is found (`find_oci`): gpuhook would make nodes and mounts in namespaces the
+    // container chose. Compared there on the namespaces opened, which are those joined.
+    let namespaces = recorded.as_ref().and_then(|(_, _, n)| *n);
     let recorded = recorded.map(|(i, c, _)| (i, c));
     // Where the runtime put the init: as its createRuntime hook read it (gpuhook-runtime's
     // create), else as the runtime's state says while it names that very init; else unknown,
@@ -255,6 +245,7 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
         init,
         idmap,
         made,
+        namespaces,
     }))
 }
 

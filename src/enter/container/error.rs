@@ -66,6 +66,13 @@ pub enum Refusal {
     NoDevMount,
     #[error("container /dev is {fs_type} (root {root}), not the tmpfs its OCI runtime mounts; refusing to write there")]
     NotTmpfsDev { fs_type: String, root: String },
+    /// An OCI container's init is in another user or mount namespace than the one its runtime
+    /// made (it unshared its own): gpuhook would act in a namespace the container chose.
+    #[error("its init (pid {pid}) has left the {} namespace its runtime made; refusing to change it", kind.word())]
+    LeftNamespace {
+        pid: i32,
+        kind: crate::enter::namespace::NsKind,
+    },
     /// A node could not be made in its `/dev`.
     #[error(transparent)]
     Node(#[from] MakeNodeError),

@@ -8,7 +8,10 @@
 //! granted is recorded, so a later detach (or stop) takes it back before the unit is free.
 //!
 //! Under systemd's cgroup manager the scope's device policy lists the new nodes too (before
-//! the grant, outside the state lock, taken out again on failure), and nothing is said
+//! the grant, outside the state lock), and on any failure once that change was tried (its
+//! own too: refused, timed out, read back wrong or not at all) the list is put back as it was
+//! before the units are freed; while it may still list them they stay reserved (the
+//! container's, listed), so no reload ever lets it open a GPU another holds. Nothing is said
 //! `attached` before every device rule in force for the container lets the nodes through
 //! (`DeviceCgroup::effective`: every program from its cgroup up to the root on cgroup v2).
 //! In a user-namespaced container the nodes are bind mounts, recorded by identity.
@@ -147,15 +150,8 @@ pub fn attach(
     let mut policy = match tell_manager(f, &ct, &nodes) {
         Ok(p) => p,
         Err(e) => {
-            return Err(take_back(
-                f,
-                &mut inv,
-                h,
-                &ct,
-                &got,
-                e,
-                Leftovers::default(),
-            ))
+            let (e, left) = split(e);
+            return Err(take_back(f, &mut inv, h, &ct, &got, e, left));
         }
     };
     let applied = match apply(f, &ct, &got.specs) {
@@ -258,7 +254,10 @@ const IN_FORCE_WAIT: std::time::Duration = if cfg!(test) {
 };
 
 /// The service manager's device policy of the container's cgroup (systemd's scope), where it
-/// keeps one, told to list `nodes`.
+/// keeps one, told to list `nodes`. Once the change was tried, whatever came back (refused,
+/// timed out, its read-back failed), the manager may list them: on failure its list is put
+/// back as it was before the units go back to the pool; what could not be put back comes
+/// with the error ([`split`] apart: the units then stay reserved, [`take_back`]).
 fn tell_manager(
     f: &Facts,
     ct: &Container,
@@ -272,7 +271,10 @@ fn tell_manager(
         for n in nodes {
             char_link(f, n)?;
         }
-        p.allow(nodes)?;
+        if let Err(e) = p.allow(nodes) {
+            let left = untell(&mut policy, nodes);
+            return Err(with_rollback(e.into(), left));
+        }
     }
     Ok(policy)
 }
@@ -287,13 +289,21 @@ fn char_link(f: &Facts, n: &Node) -> Result<(), Error> {
         .map_err(|source| LifecycleError::CharLink { source }.into())
 }
 
-/// Takes `nodes` back out of the manager's policy (what [`tell_manager`] added); what could
-/// not be.
+/// Puts the manager's entries for `nodes` back as they were before [`tell_manager`]; what
+/// could not be (the manager may then still list them).
 fn untell(policy: &mut Option<Box<dyn ManagedPolicy>>, nodes: &[Node]) -> Leftovers {
     let mut left = Leftovers::default();
     if let Some(p) = policy {
         if let Err(e) = p.restore(nodes) {
-            left.push(format_args!("{}: {e}", p.name()));
+            let listed: Vec<String> = nodes
+                .iter()
+                .map(|n| format!("{}:{}", n.major, n.minor))
+                .collect();
+            left.push(format_args!(
+                "{}: {e} (it may still list {})",
+                p.name(),
+                listed.join(" ")
+            ));
         }
     }
     left

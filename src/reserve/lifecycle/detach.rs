@@ -8,7 +8,9 @@
 //! Under systemd's cgroup manager the scope's device policy loses the entries of exactly the
 //! nodes taken back before the locked step (outside the state lock), so that no `systemctl
 //! daemon-reload` gives back a freed GPU; those of nodes the step keeps granted go back after
-//! it, all of them when it is refused. In a user-namespaced container the nodes are mounts:
+//! it, all of them when it is refused, and when that change fails (its read-back too). The
+//! step takes back only nodes whose entries left the list: a record that changed meanwhile
+//! so that it would take back another refuses the detach. In a user-namespaced container the nodes are mounts:
 //! taken off while they are the ones gpuhook recorded.
 //!
 //! The CDI driver files gpuhook put in its root (at `started` or `attach`) go with the last
@@ -108,7 +110,7 @@ pub fn detach(
         if !units.iter().all(|u| r.gpus.contains(u)) {
             return Err(LifecycleError::ChangedWhileDetaching.into());
         }
-        let revoked = revoke(&mut *cg, plan(&inv, r, &units));
+        let revoked = revoke(&mut *cg, as_planned(plan(&inv, r, &units), &planned)?);
         let freed: Vec<Unit> = units
             .iter()
             .filter(|u| !revoked.kept.contains(u))
@@ -173,7 +175,9 @@ pub fn detach(
 }
 
 /// The service manager's device policy of the container's cgroup (systemd's scope), where it
-/// keeps one, without entries for `nodes`.
+/// keeps one, without entries for `nodes`. Once the change was tried, whatever came back, the
+/// list may lack them while the container still holds them: on failure they are put back
+/// (what could not be is said with the error; nothing is freed).
 fn untold(
     f: &Facts,
     ct: &Container,
@@ -184,16 +188,16 @@ fn untold(
     }
     let mut policy = (f.manager)(ct)?;
     if let Some(p) = &mut policy {
-        p.remove(nodes)?;
+        if let Err(e) = p.remove(nodes) {
+            return Err(retold(&mut policy, nodes, e.into()));
+        }
     }
     Ok(policy)
 }
 
-/// The error `e` of a detach that took nothing, after the manager's entries for `nodes` are
-/// put back (what could not be is said with it).
-/// After the locked step: the entries of nodes still granted go back to the scope's policy;
-/// nodes denied that were not planned (the record changed in between) lose theirs. Returns
-/// what could not be told.
+/// After the locked step: the entries of nodes still granted go back to the scope's policy
+/// (the step took back only nodes whose entries had left it: [`untold`]). Returns what could
+/// not be told.
 fn policy_after(
     policy: &mut Option<Box<dyn ManagedPolicy>>,
     planned: &[Node],
@@ -204,11 +208,6 @@ fn policy_after(
         .filter(|n| !denied.contains(n))
         .cloned()
         .collect();
-    let unplanned: Vec<Node> = denied
-        .iter()
-        .filter(|n| !planned.contains(n))
-        .cloned()
-        .collect();
     let mut left = Leftovers::default();
     if let Some(p) = policy {
         if !kept.is_empty() {
@@ -216,15 +215,12 @@ fn policy_after(
                 left.push(format_args!("{}: {e}", p.name()));
             }
         }
-        if !unplanned.is_empty() {
-            if let Err(e) = p.remove(&unplanned) {
-                left.push(format_args!("{}: {e}", p.name()));
-            }
-        }
     }
     left
 }
 
+/// The error `e` of a detach that took nothing, after the manager's entries for `nodes` are
+/// put back (what could not be is said with it).
 fn retold(policy: &mut Option<Box<dyn ManagedPolicy>>, nodes: &[Node], e: Error) -> Error {
     let mut left = Leftovers::default();
     if let Some(p) = policy {
@@ -233,6 +229,19 @@ fn retold(policy: &mut Option<Box<dyn ManagedPolicy>>, nodes: &[Node], e: Error)
         }
     }
     super::activate::with_rollback(e, left)
+}
+
+/// The plan of the locked step, when it takes back only nodes whose entries left the scope's
+/// list before (`planned`): one the record added meanwhile (another detach freed what kept it)
+/// could leave the list only after the free, and a reload would give it back until then.
+fn as_planned(
+    plan: Vec<(Node, Vec<Unit>)>,
+    planned: &[Node],
+) -> Result<Vec<(Node, Vec<Unit>)>, Error> {
+    if plan.iter().any(|(n, _)| !planned.contains(n)) {
+        return Err(LifecycleError::ChangedWhileDetaching.into());
+    }
+    Ok(plan)
 }
 
 /// Takes out of `r`'s record the bind-mounted nodes at the paths of `denied`.

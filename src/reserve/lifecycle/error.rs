@@ -111,7 +111,7 @@ pub enum LifecycleError {
         by: Option<String>,
     },
     /// `detach` took the units back, but the service manager's device policy could not be set
-    /// to match (an entry of a kept unit not put back, one of a freed unit not taken out).
+    /// to match (an entry of a unit it kept not put back).
     #[error("detached GPU(s) {} (their grants taken back), but the device policy of its scope could not be updated to match: {left}", Unit::join(units, ","))]
     PolicyNotUpdated { units: Vec<Unit>, left: Leftovers },
     /// The host's `/dev/char` entry of a node handed to systemd leads elsewhere.

@@ -674,3 +674,83 @@ fn attach_that_a_rule_in_force_still_refuses_is_taken_back() {
     assert!(e.to_string().ends_with("after the grant"), "{e}");
     assert_eq!(h.state().reservations[ID].gpus, [pci(0)]);
 }
+
+/// The scope's `DeviceAllow=` of an attach whose change went through but whose read-back
+/// failed or timed out is put back as it was before the unit is free again (issue 39: the
+/// old code freed it with the entry left, which systemd puts in force at the next reload).
+#[test]
+fn attach_whose_read_back_failed_restores_the_scopes_list_before_the_free() {
+    for why in [
+        "systemd unit fake.scope: systemctl show: exit status: 1: Failed to get properties: Connection timed out",
+        "systemd unit fake.scope: systemctl show: /usr/bin/systemctl did not finish within 30s",
+    ] {
+        let h = host();
+        let fake = managed_on_gpu0(&h);
+        let fake = h.fake(Fake {
+            allowed: RefCell::new(fake.allowed.borrow().clone()),
+            managed: RefCell::new(fake.managed.borrow().clone()),
+            manager_script: RefCell::new([Told::Unsure(why)].into()),
+            ..Default::default()
+        });
+        let e = h.attach(&fake, &req_of(&[1])).unwrap_err();
+        assert_eq!(e.to_string(), format!("cgroup /fake.scope: {why}"));
+        // Restored, then freed: nothing granted or made.
+        assert_eq!(
+            fake.calls(),
+            ["policy allow 195:1", "policy restore 195:1"]
+        );
+        assert_eq!(fake.managed.borrow().clone().unwrap(), [(1, 3), (195, 0)]);
+        let r = &h.state().reservations[ID];
+        assert_eq!(r.gpus, [pci(0)]);
+        assert_eq!(r.nodes.len(), 1);
+    }
+}
+
+/// A restore that fails too (systemd cannot be reached any more): the scope may still list
+/// the unit's node, so the unit stays reserved for the container (listed as its), and the one
+/// line says so; a later detach takes it back.
+#[test]
+fn attach_whose_restore_failed_keeps_the_unit_reserved() {
+    let h = host();
+    let fake = managed_on_gpu0(&h);
+    let fake = h.fake(Fake {
+        allowed: RefCell::new(fake.allowed.borrow().clone()),
+        managed: RefCell::new(fake.managed.borrow().clone()),
+        manager_script: RefCell::new(
+            [
+                Told::Unsure("systemctl show: Connection timed out"),
+                Told::Lost("Failed to connect to bus"),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    });
+    let e = h.attach(&fake, &req_of(&[1])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cgroup /fake.scope: systemctl show: Connection timed out; rollback incomplete: systemd unit fake.scope: cgroup /fake.scope: Failed to connect to bus (it may still list 195:1); GPUs 0000:11:00.0 stay reserved for domain 'web1'"
+    );
+    assert_eq!(fake.calls(), ["policy allow 195:1", "policy restore 195:1"]);
+    // Listed by the scope still; never granted or made here, but held: no one else gets it.
+    assert_eq!(
+        fake.managed.borrow().clone().unwrap(),
+        [(1, 3), (195, 0), (195, 1)]
+    );
+    let r = &h.state().reservations[ID];
+    assert_eq!(r.gpus, [pci(0), pci(1)]);
+    assert!(r.nodes.iter().any(|n| (n.major, n.minor) == (195, 1)));
+    // A detach takes it back: out of the scope's list, then freed.
+    h.in_ns(INIT.pid, CT_NS);
+    let (fake, out) = h.detach(
+        Fake {
+            managed: RefCell::new(fake.managed.borrow().clone()),
+            ..Default::default()
+        },
+        sel(pci(1)),
+        false,
+    );
+    assert_eq!(out.unwrap().units, [pci(1)]);
+    assert_eq!(fake.calls()[0], "policy remove 195:1");
+    assert_eq!(fake.managed.borrow().clone().unwrap(), [(1, 3), (195, 0)]);
+    assert_eq!(h.state().reservations[ID].gpus, [pci(0)]);
+}

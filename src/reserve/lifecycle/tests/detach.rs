@@ -468,3 +468,75 @@ fn detach_puts_back_the_entries_of_what_it_keeps() {
     assert_eq!(fake.managed.borrow().clone().unwrap(), [(1, 3), (195, 1)]);
     assert_eq!(h.state().reservations[ID].gpus, [pci(1)]);
 }
+
+/// A detach whose change of the scope's list went through but whose read-back failed puts
+/// the list back before it gives up: nothing is taken back or freed, and no reload takes the
+/// GPU from the container that still holds it.
+#[test]
+fn detach_whose_read_back_failed_puts_the_scopes_list_back() {
+    let h = host();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let (fake, out) = h.detach(
+        Fake {
+            managed: RefCell::new(Some(vec![(1, 3), (195, 0), (195, 1)])),
+            manager_script: RefCell::new(
+                [Told::Unsure("systemctl show: Connection timed out")].into(),
+            ),
+            ..Default::default()
+        },
+        sel(pci(0)),
+        false,
+    );
+    assert_eq!(
+        out.unwrap_err().to_string(),
+        "cgroup /fake.scope: systemctl show: Connection timed out"
+    );
+    assert_eq!(
+        fake.calls(),
+        ["policy remove 195:0", "policy restore 195:0"]
+    );
+    assert_eq!(
+        fake.managed.borrow().clone().unwrap(),
+        [(1, 3), (195, 1), (195, 0)]
+    );
+    assert_eq!(h.state().reservations[ID].gpus, [pci(0), pci(1)]);
+}
+
+/// A record that changed between the detach's look and its locked step so that it would take
+/// back a node it did not take out of the scope's list first (here the control nodes, once
+/// another detach freed the container's other GPU meanwhile) is refused, the list put back:
+/// no node is ever denied and freed while the scope may still list it for the next reload.
+#[test]
+fn detach_refuses_nodes_it_did_not_take_out_of_the_scopes_list() {
+    let h = host_with_controls();
+    h.running_with(&[pci(0), pci(1)], &req(2));
+    let cfg = h.cfg.clone();
+    let (fake, out) = h.detach(
+        Fake {
+            managed: RefCell::new(Some(vec![(1, 3), (195, 0), (195, 1), (195, 255), (510, 0)])),
+            on_told: Some(Box::new(move || {
+                store(&cfg)
+                    .update(|st| -> Result<(), Error> {
+                        let r = st.reservations.get_mut(ID).unwrap();
+                        r.gpus.retain(|u| *u != pci(1));
+                        r.nodes.retain(|n| n.minor != 1);
+                        Ok(())
+                    })
+                    .unwrap();
+            })),
+            ..Default::default()
+        },
+        sel(pci(0)),
+        false,
+    );
+    assert_eq!(
+        out.unwrap_err().to_string(),
+        "GPU reservation changed while detaching; try again"
+    );
+    assert!(denied(&fake).is_empty(), "{:?}", fake.calls());
+    assert_eq!(
+        fake.calls(),
+        ["policy remove 195:0", "policy restore 195:0"]
+    );
+    assert_eq!(h.state().reservations[ID].gpus, [pci(0)]);
+}

@@ -82,8 +82,12 @@ struct Fake {
     /// A service manager keeps a device policy for the container's cgroup (systemd's
     /// scope): its entries. While there is one, a node is in force only if it lists it too.
     managed: RefCell<Option<Vec<(u32, u32)>>>,
-    /// The manager refuses every change.
+    /// The manager refuses every change (systemd says so; its list as it was, read back).
     manager_fails: bool,
+    /// How the manager answers its next changes, in order (then as `manager_fails` says).
+    manager_script: RefCell<std::collections::VecDeque<Told>>,
+    /// Runs once the manager has been told (what happens meanwhile elsewhere).
+    on_told: Option<Box<dyn Fn()>>,
     /// A device program of a cgroup above refuses this minor.
     refused_above: Option<u32>,
 }
@@ -166,21 +170,55 @@ impl DeviceCgroup for Cg {
     }
 }
 
+/// How a service manager answers a change of its device policy, when not as asked.
+#[derive(Debug, Clone, Copy)]
+enum Told {
+    /// The change is made, but the call fails after it (`systemctl set-property` went through;
+    /// its read-back failed or timed out): what it lists now is not known.
+    Unsure(&'static str),
+    /// Nothing is made, and what it lists cannot be read either (systemd cannot be reached).
+    Lost(&'static str),
+}
+
 /// The manager's policy in memory (its entries are the fake host's `managed`), as it was
-/// when made.
-struct Mgr(Rc<Fake>, Vec<(u32, u32)>);
+/// when made; whether what it lists now is known (as systemd's scope knows it: a change that
+/// failed midway leaves it unknown until one goes through).
+struct Mgr(Rc<Fake>, Vec<(u32, u32)>, bool);
 
 impl Mgr {
-    fn set(&self, what: &str, nodes: &[Node], next: Vec<(u32, u32)>) -> Result<(), CgroupError> {
+    fn set(
+        &mut self,
+        what: &str,
+        nodes: &[Node],
+        next: Vec<(u32, u32)>,
+    ) -> Result<(), CgroupError> {
+        if self.2 && next == self.now() {
+            return Ok(());
+        }
         let ns: Vec<String> = nodes.iter().map(num).collect();
         self.0.call(format!("policy {what} {}", ns.join(" ")));
-        if self.0.manager_fails {
-            return Err(CgroupError::new(
-                Path::new("/fake.scope"),
-                "Failed to connect to bus",
-            ));
+        let fail = |why: &str| Err(CgroupError::new(Path::new("/fake.scope"), why));
+        let told = self.0.manager_script.borrow_mut().pop_front();
+        match told {
+            Some(Told::Unsure(why)) => {
+                *self.0.managed.borrow_mut() = Some(next);
+                self.2 = false;
+                return fail(why);
+            }
+            Some(Told::Lost(why)) => {
+                self.2 = false;
+                return fail(why);
+            }
+            None if self.0.manager_fails => {
+                return fail("Failed to connect to bus");
+            }
+            None => {}
         }
         *self.0.managed.borrow_mut() = Some(next);
+        self.2 = true;
+        if let Some(f) = &self.0.on_told {
+            f();
+        }
         Ok(())
     }
     fn now(&self) -> Vec<(u32, u32)> {
@@ -434,7 +472,9 @@ impl FakeHost {
             CgroupError,
         > {
             let now = fk.managed.borrow().clone();
-            Ok(now.map(|m| Box::new(Mgr(fk.clone(), m)) as Box<dyn crate::cgroup::ManagedPolicy>))
+            Ok(now.map(|m| {
+                Box::new(Mgr(fk.clone(), m, true)) as Box<dyn crate::cgroup::ManagedPolicy>
+            }))
         };
         let specs = |_: &[PathBuf], _: &[&str]| -> Result<Vec<cdi::Loaded>, cdi::LoadError> {
             Ok(vec![cdi::Loaded {
@@ -579,6 +619,7 @@ fn container() -> Container {
         },
         userns: None,
         made: Default::default(),
+        mnt: crate::enter::namespace::MntNs::own(),
     }
 }
 
