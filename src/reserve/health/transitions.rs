@@ -924,3 +924,6 @@ fn the_reset_runs_as_every_child() {
         "{e}"
     );
 }
+
+#[path = "transitions/forged.rs"]
+mod forged;
