@@ -339,6 +339,16 @@ mod tests {
         );
     }
 
+    /// The query the real-GPU check shows on a real host is this one.
+    #[test]
+    fn the_real_gpu_check_asks_the_same() {
+        let script = include_str!("../../../scripts/real-gpu-check.sh");
+        assert!(
+            script.contains(&format!("--query-gpu={}", SMI_FIELDS.join(","))),
+            "scripts/real-gpu-check.sh asks nvidia-smi for other fields"
+        );
+    }
+
     /// Only a program that is root's and that no one else may write (nor its directory) is
     /// run; a missing one says so.
     #[test]
