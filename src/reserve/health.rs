@@ -1,6 +1,9 @@
 //! GPU health from the kernel log, by NVIDIA's Xid catalog, with recovery (SPEC "Health by
 //! NVIDIA's Xid catalog, with recovery"). `gpuhook health scan` (run by
-//! `gpuhook-health.timer`) reads the records the last scan did not and acts on each Xid as
+//! `gpuhook-health.timer`) reads the records the last scan did not, takes as Xids only the
+//! NVIDIA driver's own ([`xid`]: a kernel record in the driver's whole shape, never one
+//! with netfilter's packet log fields), lets a reset or reboot Xid wait for the GPU's own
+//! state where it can show the fault ([`confirm`]), and acts on each Xid as
 //! [`catalog`] says: counted and logged (`ignore`, and Xids it does not know), a warning
 //! naming the GPU's holder (`restart`), or a quarantine in the state (`reset`, `reboot`).
 //! A reset quarantine ends with a reset whose probes all pass ([`reset`]: `gpuhook health
@@ -316,11 +319,11 @@ pub fn scan(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error> {
             lazy: true,
         },
     )?;
-    // The GPUs' own state, read without the lock (nvidia-smi is a child of its own).
     let now = now_rfc3339();
     let cx = Taking {
         cfg,
         inv: &inv,
+        // The GPUs' own state, read without the lock (nvidia-smi is a child of its own).
         looked: look_at_gpus(cfg, r, &records),
         now: &now,
         boot: boot.as_ref(),
