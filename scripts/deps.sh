@@ -6,7 +6,9 @@ export PATH="$HOME/.cargo/bin:$PATH"
 pkgs="libvirt-daemon libvirt-daemon-driver-lxc libvirt-clients libvirt-dev pkg-config hwdata util-linux file gzip"
 if [ "${1:-}" = full ]; then
     # debootstrap, systemd-container: tests/systemd.rs boots systemd (scripts/systemd-root.sh).
-    pkgs="$pkgs rpm lintian rpmlint hyperfine valgrind dpkg-dev podman runc crun conmon busybox-static docker.io containerd gcc libc6-dev prometheus python3-venv strace bats jq gawk debootstrap systemd-container"
+    # iptables, nftables: tests/health.rs has netfilter's LOG target write forged Xid records
+    # (testbed/scripts/netfilter-xid-records).
+    pkgs="$pkgs rpm lintian rpmlint hyperfine valgrind dpkg-dev podman runc crun conmon busybox-static docker.io containerd gcc libc6-dev prometheus python3-venv strace bats jq gawk debootstrap systemd-container iptables nftables"
 fi
 missing=""
 for p in $pkgs; do

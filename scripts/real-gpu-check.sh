@@ -150,6 +150,17 @@ PY
 else
     echo "(driver=\"host\" has nothing to give here)"
 fi
+# health scan waits for the GPU's own state before a memory error's Xid quarantines it: the
+# query it runs (the fields of SMI_FIELDS in src/reserve/health/confirm.rs), on the first GPU.
+# A field this driver's nvidia-smi does not know makes it refuse the whole query: the scan
+# then trusts the driver's record (and says so).
+smi_pci=$(sed -n 's/.*"pci": *"\([0-9a-f:.]*\)".*/\1/p' "$work/list.json" | head -n 1)
+if [ -n "$smi_pci" ] && [ -x /usr/bin/nvidia-smi ]; then
+    echo "== nvidia-smi's memory error counters of $smi_pci, as health scan asks for them:"
+    /usr/bin/nvidia-smi --query-gpu=pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending,remapped_rows.failure \
+        --format=csv,noheader,nounits -i "$smi_pci" ||
+        echo "(refused: health scan cannot confirm a memory error's Xid with this nvidia-smi)"
+fi
 # health reset (SPEC "Health by NVIDIA's Xid catalog, with recovery"): the first GPU, idle
 # (nothing holds it; a process with one of its nodes open, nvidia-persistenced for one, makes
 # gpuhook refuse in one line naming it), reset with the default reset_command

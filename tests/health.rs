@@ -1,9 +1,12 @@
 //! GPU health: Xid quarantine from the kernel log (`gpuhook health scan` / `clear`), GPUs
 //! that fell off the bus or that their driver no longer lists, the driver's own exclusion,
 //! and degraded PCIe links; on fake hosts, with a kmsg-format fixture and with a real
-//! `/dev/kmsg` node.
+//! `/dev/kmsg` node. `health/forged.rs`: forged Xid records (netfilter's LOG target) and the
+//! GPU's own state that confirms a genuine one.
 
 mod common;
+#[path = "health/forged.rs"]
+mod forged;
 
 use common::{assert_fails, assert_ok, domain, gpus, Host};
 use serde_json::Value;
@@ -29,13 +32,16 @@ use common::gpu_of as gpu;
 
 /// Kernel log records as `/dev/kmsg` shows them on an 8×H100 host (driver 535): an H100
 /// that fell off the bus, an application's fault (Xid 13: not the GPU's), a double-bit ECC
-/// error in the older format without `PCI:`, an Xid for an NVSwitch bus (no GPU there).
+/// error in the older format without `PCI:`, a 79 for an NVSwitch's bus (no GPU there: its
+/// config space reads, so it is not confirmed), a 79 for a bus gone from the host (a GPU the
+/// kernel removed).
 const RECORDS: &str = "6,1520,4213561000,-;nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms  535.129.03\n\
 4,1523,4213563121,-;NVRM: Xid (PCI:0000:1a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n SUBSYSTEM=pci\n DEVICE=+pci:0000:1a:00.0\n\
 4,1524,4213563200,-;NVRM: GPU 0000:1a:00.0: GPU has fallen off the bus.\n\
 3,1530,4213999000,-;NVRM: Xid (PCI:0000:40:00): 13, pid=2811, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address\n\
 4,1531,4214000100,-;NVRM: Xid (0000:42:00): 48, pid=2811, name=python3, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n\
-4,1532,4214000900,-;NVRM: Xid (PCI:0000:07:00): 79, pid=0, GPU has fallen off the bus.\n";
+4,1532,4214000900,-;NVRM: Xid (PCI:0000:07:00): 79, pid=0, GPU has fallen off the bus.\n\
+4,1533,4214001000,-;NVRM: Xid (PCI:0000:b3:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
 
 #[test]
 fn xid_quarantine_and_clear() {
@@ -50,11 +56,13 @@ fn xid_quarantine_and_clear() {
     );
 
     std::fs::write(kmsg(&h), RECORDS).unwrap();
+    // The H100 fell off the bus: its config space reads as all ones (what confirms a 79).
+    let config_1a = config_all_ones(&h.paths, "0000:1a:00.0");
     let o = health(&h, &["scan"]);
     assert_ok(&o);
     assert_eq!(
         String::from_utf8_lossy(&o.stdout),
-        "6 new kernel log records read, 3 GPUs quarantined\n"
+        "7 new kernel log records read, 3 GPUs quarantined\n"
     );
     let e = common::stderr(&o);
     assert!(
@@ -62,9 +70,14 @@ fn xid_quarantine_and_clear() {
         "{e}"
     );
     assert!(e.contains("GPU 0000:42:00.0 quarantined: Xid 48 (double-bit ECC error)"));
-    // An NVSwitch's bus here, or a GPU that is unbound or being reset: kept for when it is one.
+    // A bus gone from the host (a GPU the kernel removed): kept for when it is one again.
     assert!(
-        e.contains("0000:07:00.0 is not a GPU this host lists now"),
+        e.contains("0000:b3:00.0 is not a GPU this host lists now"),
+        "{e}"
+    );
+    // The NVSwitch's bus answers: not fallen off it.
+    assert!(
+        e.contains("GPU 0000:07:00.0: Xid 79 (GPU has fallen off the bus), action reboot: unconfirmed: its PCI config space reads, not as all ones; counted and logged only, not quarantined"),
         "{e}"
     );
     let list = h.list();
@@ -103,6 +116,8 @@ fn xid_quarantine_and_clear() {
         String::from_utf8_lossy(&o.stdout),
         "0 new kernel log records read, 0 GPUs quarantined\n"
     );
+    // Reseated: it answers again.
+    config_back(&h.paths, "0000:1a:00.0", &config_1a);
     assert_ok(&health(&h, &["clear", "0000:1A:00.0"]));
     let o = health(&h, &["clear", "0000:1a:00.0"]);
     assert_eq!(o.status.code(), Some(1));
@@ -165,6 +180,7 @@ fn xid_quarantine_and_clear() {
         "7b1c3f0e-2d4a-4c55-8e61-90a1b2c3d4e5\n",
     )
     .unwrap();
+    config_all_ones(&h.paths, "0000:1a:00.0");
     std::fs::write(
         kmsg(&h),
         "6,1,1000,-;Linux version 6.1.0-27-amd64\n4,1523,4213563121,-;NVRM: Xid (PCI:0000:1a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n",
@@ -181,6 +197,7 @@ fn xid_quarantine_and_clear() {
     assert_eq!(gpu(&l, "0000:40:00.0")["quarantine"]["xid"], 95);
     let st: Value = serde_json::from_slice(&std::fs::read(&h.state).unwrap()).unwrap();
     assert_eq!(st["quarantine"].get("0000:07:00.0"), None, "{st}");
+    assert_eq!(st["quarantine"].get("0000:b3:00.0"), None, "{st}");
 }
 
 /// The real kernel log: a `/dev/kmsg` node made with mknod in the fake host's /dev. The scan
@@ -349,6 +366,7 @@ fn shared_gpu_listed_counted_and_quarantined() {
     );
 
     std::fs::write(kmsg(&h), RECORDS).unwrap();
+    config_all_ones(&h.paths, "0000:1a:00.0");
     let o = health(&h, &["scan"]);
     assert_ok(&o);
     let e = common::stderr(&o);
@@ -379,8 +397,8 @@ fn shared_gpu_listed_counted_and_quarantined() {
 // ---- SPEC "Health by NVIDIA's Xid catalog, with recovery", through the binary ----
 
 use testbed::health::{
-    config_all_ones, reboot, standin_calls, standin_command, standin_mode, xid_154, xid_record,
-    xid_text,
+    config_all_ones, config_back, reboot, standin_calls, standin_command, standin_mode, xid_154,
+    xid_record, xid_text,
 };
 
 /// A dgx8 fake host whose `reset_command` is the stand-in (`testbed/scripts/gpu-reset-standin`).
@@ -469,6 +487,8 @@ fn each_class_of_xid_by_the_catalog() {
             ("0000:ca:00.0", 154, &xid_154("None")),
         ],
     );
+    // D fell off the bus (what confirms its 79); no nvidia-smi here: B's 48 is trusted.
+    config_all_ones(&h.paths, D);
     let o = h.cmd().args(["-v", "health", "scan"]).output().unwrap();
     assert_ok(&o);
     assert_eq!(
@@ -752,6 +772,7 @@ fn auto_reset_and_escalation() {
     });
     let mut recs = vec![(B, 48, xid_text(48)), (D, 79, xid_text(79))];
     log_xids(&h, &recs);
+    config_all_ones(&h.paths, D);
     let o = health(&h, &["scan"]);
     assert_ok(&o);
     let out = String::from_utf8_lossy(&o.stdout);
@@ -828,6 +849,7 @@ fn a_new_boot_id_ends_a_reboot_quarantine() {
             (D, 48, xid_text(48)),
         ],
     );
+    config_all_ones(&h.paths, B);
     assert_ok(&health(&h, &["scan"]));
     let out = reset_ok(&h, B);
     assert!(

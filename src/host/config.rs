@@ -180,6 +180,7 @@ struct Raw {
     #[serde(default)]
     sharing: BTreeMap<String, RawSharing>,
     mps_control: Option<PathBuf>,
+    nvidia_smi: Option<PathBuf>,
     reset_command: Option<serde_json::Value>,
     auto_reset: Option<bool>,
     max_quarantines: Option<u32>,
@@ -286,6 +287,10 @@ pub const REPLICAS: std::ops::RangeInclusive<u32> = 2..=64;
 /// NVIDIA's MPS control program (config `mps_control`).
 pub const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
 
+/// NVIDIA's `nvidia-smi` (config `nvidia_smi`): `health scan` reads a GPU's ECC and
+/// row-remapping counters with it to confirm a memory error's Xid.
+pub const DEFAULT_NVIDIA_SMI: &str = "/usr/bin/nvidia-smi";
+
 /// How `gpuhook health reset` resets a GPU (config `reset_command`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResetCommand {
@@ -374,6 +379,8 @@ pub struct Config {
     pub share_by_id: BTreeMap<(u16, u16), Sharing>,
     /// NVIDIA's MPS control program.
     pub mps_control: PathBuf,
+    /// NVIDIA's `nvidia-smi`, run by `health scan` to read a GPU's memory error counters.
+    pub nvidia_smi: PathBuf,
     /// How `health reset` resets a GPU.
     pub reset_command: ResetCommand,
     /// Whether `health scan` resets every GPU quarantined with the reset action that is free
@@ -411,6 +418,7 @@ impl Default for Config {
             share_by_address: BTreeMap::new(),
             share_by_id: BTreeMap::new(),
             mps_control: DEFAULT_MPS_CONTROL.into(),
+            nvidia_smi: DEFAULT_NVIDIA_SMI.into(),
             reset_command: ResetCommand::Argv(
                 DEFAULT_RESET_COMMAND
                     .iter()
@@ -520,6 +528,9 @@ impl Config {
         c.set_sharing(raw.sharing)?;
         if let Some(p) = raw.mps_control {
             c.mps_control = absolute("mps_control", p)?;
+        }
+        if let Some(p) = raw.nvidia_smi {
+            c.nvidia_smi = absolute("nvidia_smi", p)?;
         }
         if let Some(v) = raw.reset_command {
             c.reset_command = ResetCommand::parse(v).map_err(ConfigProblem::ResetCommand)?;
@@ -767,7 +778,8 @@ mod tests {
     }
 
     /// The health keys: `reset_command` an argument list (`{pci}` replaced) or `"pci"`,
-    /// `auto_reset`, `max_quarantines` (at least 1), `reset_on_release`; their defaults.
+    /// `auto_reset`, `max_quarantines` (at least 1), `reset_on_release`, `nvidia_smi` (an
+    /// absolute path); their defaults.
     #[test]
     fn health_keys() {
         let d = p("{}").unwrap();
@@ -777,7 +789,9 @@ mod tests {
         );
         assert!(!d.auto_reset && !d.reset_on_release);
         assert_eq!(d.max_quarantines, 3);
-        let c = p(r#"{"reset_command": ["/usr/local/bin/reset-gpu", "--bus={pci}", "x"], "auto_reset": true, "max_quarantines": 5, "reset_on_release": true}"#).unwrap();
+        assert_eq!(d.nvidia_smi, Path::new("/usr/bin/nvidia-smi"));
+        let c = p(r#"{"reset_command": ["/usr/local/bin/reset-gpu", "--bus={pci}", "x"], "auto_reset": true, "max_quarantines": 5, "reset_on_release": true, "nvidia_smi": "/opt/nvidia/bin/nvidia-smi"}"#).unwrap();
+        assert_eq!(c.nvidia_smi, Path::new("/opt/nvidia/bin/nvidia-smi"));
         assert_eq!(
             c.reset_command.argv("0000:3b:00.0").unwrap(),
             ["/usr/local/bin/reset-gpu", "--bus=0000:3b:00.0", "x"]
@@ -804,6 +818,10 @@ mod tests {
             (
                 r#"{"max_quarantines": 0}"#,
                 "\"max_quarantines\" must be at least 1",
+            ),
+            (
+                r#"{"nvidia_smi": "nvidia-smi"}"#,
+                "\"nvidia_smi\" must be an absolute path",
             ),
             (r#"{"auto_reset": "yes"}"#, "invalid type"),
         ] {

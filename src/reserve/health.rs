@@ -1,6 +1,9 @@
 //! GPU health from the kernel log, by NVIDIA's Xid catalog, with recovery (SPEC "Health by
 //! NVIDIA's Xid catalog, with recovery"). `gpuhook health scan` (run by
-//! `gpuhook-health.timer`) reads the records the last scan did not and acts on each Xid as
+//! `gpuhook-health.timer`) reads the records the last scan did not, takes as Xids only the
+//! NVIDIA driver's own ([`xid`]: a kernel record in the driver's whole shape, never one
+//! with netfilter's packet log fields), lets a reset or reboot Xid wait for the GPU's own
+//! state where it can show the fault ([`confirm`]), and acts on each Xid as
 //! [`catalog`] says: counted and logged (`ignore`, and Xids it does not know), a warning
 //! naming the GPU's holder (`restart`), or a quarantine in the state (`reset`, `reboot`).
 //! A reset quarantine ends with a reset whose probes all pass ([`reset`]: `gpuhook health
@@ -16,11 +19,13 @@
 //! inventory's: they are read where the GPU is looked at, and again after a reset.
 
 pub mod catalog;
+pub mod confirm;
 pub mod error;
 pub mod reset;
 pub mod scrub;
 #[cfg(test)]
 mod transitions;
+pub mod xid;
 
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
@@ -31,7 +36,8 @@ use crate::reserve::facts::Facts;
 use crate::reserve::state::{
     now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, State, Store, XidCount,
 };
-use catalog::{Action, XidVerdict};
+use catalog::{Action, Check, XidVerdict};
+use confirm::{Confirmation, GpuState, Unreadable};
 use error::HealthError;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -40,6 +46,8 @@ use nix::sys::stat::Mode;
 use scrub::scrub_freed;
 use scrub::scrub_text;
 use std::path::Path;
+pub use xid::{parse_xid, Xid};
+use xid::{Imitation, Shape};
 
 /// At most this much of new kernel log records is taken per scan (records beyond are left
 /// for the next scan); records the last scan read are passed over without counting, up to
@@ -65,6 +73,30 @@ impl Record {
     pub fn from_kernel(&self) -> bool {
         self.prio >> 3 == 0
     }
+
+    /// What the scan makes of it: the driver's Xid only when the kernel logged it and its
+    /// whole text is the driver's ([`xid::shape`]).
+    pub fn kind(&self) -> RecordKind {
+        match xid::shape(&self.msg) {
+            Shape::Other => RecordKind::Other,
+            _ if !self.from_kernel() => RecordKind::Userspace,
+            Shape::Imitation(why) => RecordKind::Imitation(why),
+            Shape::Driver(x) => RecordKind::Xid(x),
+        }
+    }
+}
+
+/// What one kernel log record is to the scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordKind {
+    /// It does not begin `NVRM: Xid`.
+    Other,
+    /// It begins so, but was written into the log from userspace (facility not 0).
+    Userspace,
+    /// A kernel record that begins so but is not the driver's (why).
+    Imitation(Imitation),
+    /// The driver's Xid.
+    Xid(Xid),
 }
 
 /// The records in `text` (one read of `/dev/kmsg` each, or a file of them); continuation
@@ -84,42 +116,6 @@ pub fn parse_records(text: &str) -> Vec<Record> {
             })
         })
         .collect()
-}
-
-/// An NVIDIA Xid event: `NVRM: Xid (PCI:0000:3b:00): 79, pid=…, name=…, GPU has fallen off
-/// the bus.` (older drivers: `NVRM: Xid (0000:3b:00): 79, …`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Xid {
-    /// Domain, bus and device of the GPU, as `0000:3b:00`: the GPU is function 0 of it.
-    pub bus: String,
-    pub code: u32,
-}
-
-/// Only a message that *starts* so: the driver's own printk does, while a kernel message
-/// that echoes a string a user chose (`tmpfs: Unknown parameter 'NVRM: Xid …'`, from an
-/// unprivileged `mount` in a user namespace) does not.
-pub fn parse_xid(msg: &str) -> Option<Xid> {
-    let rest = msg.strip_prefix("NVRM: Xid (")?;
-    let (inside, after) = rest.split_once(')')?;
-    let addr = inside.strip_prefix("PCI:").unwrap_or(inside);
-    // With the function or without it, with the domain or without it.
-    let bdf = if addr.matches(':').count() == 1 {
-        format!("0000:{addr}")
-    } else {
-        addr.to_owned()
-    };
-    let pci = if bdf.contains('.') {
-        bdf
-    } else {
-        format!("{bdf}.0")
-    };
-    let pci = normalize_pci(&pci)?;
-    let code = after.strip_prefix(':')?.trim_start();
-    let digits: String = code.chars().take_while(char::is_ascii_digit).collect();
-    Some(Xid {
-        bus: pci[..pci.len() - 2].to_owned(),
-        code: digits.parse().ok()?,
-    })
 }
 
 /// Reads the kernel log's records after sequence number `after` (all with `None`), without
@@ -177,6 +173,17 @@ pub struct ScanReport {
     pub unlisted: Vec<String>,
     /// Xid lines written into the log from userspace (not the driver's): ignored.
     pub forged: Vec<String>,
+    /// Kernel records that begin like an Xid but are not the driver's (a netfilter LOG
+    /// rule's prefix, another shape): why, and the record. Ignored.
+    pub imitations: Vec<(Imitation, String)>,
+    /// Reset and reboot Xids that the GPU's own state refuted (what it showed): counted with
+    /// the action `ignore` and logged, not quarantined.
+    pub unconfirmed: Vec<(Seen, GpuState)>,
+    /// Reset and reboot Xids that the GPU's own state confirmed (what it showed).
+    pub confirmed: Vec<(Seen, GpuState)>,
+    /// Reset and reboot Xids whose class the GPU's state confirms but could not be read
+    /// (why): the driver's record is trusted.
+    pub trusted: Vec<(Seen, Unreadable)>,
     /// Who holds each GPU quarantined by this scan (whole, by its MIG instances, or every
     /// sharer of a shared GPU), as messages name them: they keep it until they stop.
     pub holders: std::collections::BTreeMap<String, Vec<String>>,
@@ -313,6 +320,14 @@ pub fn scan(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error> {
         },
     )?;
     let now = now_rfc3339();
+    let cx = Taking {
+        cfg,
+        inv: &inv,
+        // The GPUs' own state, read without the lock (nvidia-smi is a child of its own).
+        looked: look_at_gpus(cfg, r, &records),
+        now: &now,
+        boot: boot.as_ref(),
+    };
     let mut rep = store.update(|st| -> Result<ScanReport, Error> {
         let mut rep = ScanReport::default();
         end_rebooted(st, boot.as_ref(), &mut rep);
@@ -321,40 +336,7 @@ pub fn scan(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error> {
         for r in records.iter().filter(|r| from.is_none_or(|f| r.seq > f)) {
             rep.new_records += 1;
             last = Some(last.map_or(r.seq, |l| l.max(r.seq)));
-            let Some(x) = parse_xid(&r.msg) else {
-                continue;
-            };
-            if !r.from_kernel() {
-                rep.forged.push(one_line(&r.msg, 300));
-                continue;
-            }
-            // The GPU is function 0 of the bus and device the driver names.
-            let pci = format!("{}.0", x.bus);
-            let v = catalog::verdict(x.code, &r.msg);
-            count_xid(st, &pci, x.code, v.action);
-            let seen = |st: &State| Seen {
-                pci: pci.clone(),
-                xid: x.code,
-                verdict: v,
-                message: one_line(&r.msg, 300),
-                holders: holders_of(st, &pci),
-            };
-            match v.action {
-                Action::Ignore => rep.ignored.push(seen(st)),
-                Action::Restart => rep.restart.push(seen(st)),
-                Action::Reset | Action::Reboot => {
-                    let q = Quarantine {
-                        xid: Some(x.code),
-                        reason: v.what.into(),
-                        message: one_line(&r.msg, 300),
-                        since: now.clone(),
-                        action: Some(v.action),
-                        boot_id: boot.clone(),
-                        needs_inspection: false,
-                    };
-                    quarantine(st, cfg, &inv, &mut rep, &pci, q, &now);
-                }
-            }
+            take(st, &cx, &mut rep, r);
         }
         let keys: Vec<String> = st.health.keys().cloned().collect();
         for k in keys {
@@ -387,6 +369,99 @@ pub fn scan(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error> {
         rep.resets.push((pci, reset::reset_pci(f, r, pci, why)));
     }
     Ok(rep)
+}
+
+/// What the scan acts on each record with: the config, the inventory, the GPUs' own state
+/// ([`look_at_gpus`]), the time and the boot.
+struct Taking<'a> {
+    cfg: &'a Config,
+    inv: &'a Inventory,
+    looked: std::collections::BTreeMap<(String, Check), Confirmation>,
+    now: &'a str,
+    boot: Option<&'a String>,
+}
+
+/// One new record, under the lock: an imitation or a userspace line reported; an Xid
+/// counted and acted on by the catalog, a reset or reboot one quarantining unless the GPU's
+/// own state refutes it.
+fn take(st: &mut State, cx: &Taking, rep: &mut ScanReport, r: &Record) {
+    let x = match r.kind() {
+        RecordKind::Other => return,
+        RecordKind::Userspace => return rep.forged.push(one_line(&r.msg, 300)),
+        RecordKind::Imitation(why) => return rep.imitations.push((why, one_line(&r.msg, 300))),
+        RecordKind::Xid(x) => x,
+    };
+    // The GPU is function 0 of the bus and device the driver names.
+    let pci = format!("{}.0", x.bus);
+    let v = catalog::verdict(x.code, &r.msg);
+    let seen = |st: &State| Seen {
+        pci: pci.clone(),
+        xid: x.code,
+        verdict: v,
+        message: one_line(&r.msg, 300),
+        holders: holders_of(st, &pci),
+    };
+    match v.action {
+        Action::Ignore => {
+            count_xid(st, &pci, x.code, v.action);
+            rep.ignored.push(seen(st));
+        }
+        Action::Restart => {
+            count_xid(st, &pci, x.code, v.action);
+            rep.restart.push(seen(st));
+        }
+        Action::Reset | Action::Reboot => {
+            let state = catalog::check(x.code).and_then(|c| cx.looked.get(&(pci.clone(), c)));
+            match state {
+                Some(Confirmation::Refuted(g)) => {
+                    count_xid(st, &pci, x.code, Action::Ignore);
+                    return rep.unconfirmed.push((seen(st), g.clone()));
+                }
+                Some(Confirmation::Confirmed(g)) => rep.confirmed.push((seen(st), g.clone())),
+                Some(Confirmation::Unavailable(u)) => rep.trusted.push((seen(st), u.clone())),
+                None => {}
+            }
+            count_xid(st, &pci, x.code, v.action);
+            let q = Quarantine {
+                xid: Some(x.code),
+                reason: v.what.into(),
+                message: one_line(&r.msg, 300),
+                since: cx.now.to_string(),
+                action: Some(v.action),
+                boot_id: cx.boot.cloned(),
+                needs_inspection: false,
+            };
+            quarantine(st, cx.cfg, cx.inv, rep, &pci, q, cx.now);
+        }
+    }
+}
+
+/// The GPU's own state for each reset or reboot Xid of `records` whose class it can confirm
+/// ([`catalog::check`]), read once per GPU and check with `r`.
+fn look_at_gpus(
+    cfg: &Config,
+    r: &dyn reset::Recover,
+    records: &[Record],
+) -> std::collections::BTreeMap<(String, Check), Confirmation> {
+    let mut out = std::collections::BTreeMap::new();
+    for rec in records {
+        let RecordKind::Xid(x) = rec.kind() else {
+            continue;
+        };
+        let Some(check) = catalog::check(x.code) else {
+            continue;
+        };
+        if !catalog::verdict(x.code, &rec.msg).action.quarantines() {
+            continue;
+        }
+        let pci = format!("{}.0", x.bus);
+        let Ok(p) = pci.parse::<Pci>() else {
+            continue;
+        };
+        out.entry((pci, check))
+            .or_insert_with(|| r.confirm(cfg, p, check));
+    }
+    out
 }
 
 /// A reboot quarantine of another boot (than `boot`) ends.

@@ -1,7 +1,8 @@
 //! GPU health on fake hosts: kernel log records as the NVIDIA driver writes them (what
 //! `/dev/kmsg` hands out, continuation lines included), the stand-in for the reset program
-//! (`scripts/gpu-reset-standin`), what a GPU's sysfs and driver files look like after a
-//! reset that failed, and a reboot (a new boot id).
+//! (`scripts/gpu-reset-standin`), the stand-in for `nvidia-smi`'s memory error counters
+//! (`scripts/nvidia-smi-standin`), what a GPU's sysfs and driver files look like when it
+//! fell off the bus or after a reset that failed, and a reboot (a new boot id).
 
 use crate::HostPaths;
 use std::path::{Path, PathBuf};
@@ -84,13 +85,90 @@ pub fn standin_calls(p: &HostPaths) -> Vec<serde_json::Value> {
 }
 
 /// A GPU that fell off the bus, or whose reset failed: every read of its config space
-/// answers all ones.
-pub fn config_all_ones(p: &HostPaths, pci: &str) {
+/// answers all ones. What its config space held before (for [`config_back`]).
+pub fn config_all_ones(p: &HostPaths, pci: &str) -> Vec<u8> {
+    let path = p.sysfs.join("bus/pci/devices").join(pci).join("config");
+    let before = std::fs::read(&path).expect("config");
+    std::fs::write(&path, [0xffu8; 256]).expect("config");
+    before
+}
+
+/// The GPU answers again: its config space holds `bytes` (what [`config_all_ones`] gave).
+pub fn config_back(p: &HostPaths, pci: &str, bytes: &[u8]) {
     std::fs::write(
         p.sysfs.join("bus/pci/devices").join(pci).join("config"),
-        [0xffu8; 256],
+        bytes,
     )
     .expect("config");
+}
+
+/// The stand-in for `nvidia-smi`'s counters (see the script's own words).
+pub fn smi_standin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/nvidia-smi-standin")
+}
+
+/// Puts the fake host's `nvidia-smi` at `<root>/bin/nvidia-smi` (a copy of the stand-in,
+/// root's, mode 0755; it finds the fake host from its own path), and gives its path: the
+/// config's `nvidia_smi`.
+pub fn install_smi(p: &HostPaths) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = p.root.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = bin.join("nvidia-smi");
+    std::fs::copy(smi_standin(), &path).expect("nvidia-smi");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// What the stand-in answers for GPU `pci`: each field given (`"2"`, `"Yes"`, `"[N/A]"`),
+/// the others their defaults (no error).
+pub fn smi_answers(p: &HostPaths, pci: &str, fields: &[(&str, &str)]) {
+    let path = p.root.join("nvidia-smi-standin.json");
+    let mut all: serde_json::Value = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
+    all[pci] = fields
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    std::fs::write(&path, all.to_string()).expect("nvidia-smi-standin.json");
+}
+
+/// What the stand-in does at its next calls: `ok`, `fail`, `hang`.
+pub fn smi_mode(p: &HostPaths, mode: &str) {
+    std::fs::write(p.root.join("nvidia-smi-standin.mode"), mode).expect("nvidia-smi-standin.mode");
+}
+
+/// Each call the stand-in logged: its arguments and environment.
+pub fn smi_calls(p: &HostPaths) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(p.root.join("nvidia-smi-standin.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("stand-in log line"))
+        .collect()
+}
+
+/// Runs the capture script (`scripts/netfilter-xid-records`, as root): the records
+/// netfilter's LOG target writes for rules whose prefixes imitate Xids, as /dev/kmsg hands
+/// them out, the UDP ports from `port`; or why it could not.
+pub fn netfilter_records(port: u16) -> Result<String, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/netfilter-xid-records");
+    let o = std::process::Command::new(&script)
+        .arg(port.to_string())
+        .output()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    if !o.status.success() {
+        return Err(format!(
+            "{}: {}: {}",
+            script.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    String::from_utf8(o.stdout).map_err(|e| e.to_string())
 }
 
 /// The host rebooted: a new boot id, and a kernel log that starts anew with `records`.

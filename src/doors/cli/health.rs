@@ -14,9 +14,12 @@ pub enum HealthAction {
     ///
     /// Reads the kernel log records (<dev>/kmsg) the last scan did not: ignore (counted,
     /// logged), restart (a warning naming the GPU's holder), reset or reboot (quarantined
-    /// until a reset, or until the host reboots). Then resets the scrub-pending GPUs
-    /// (reset_on_release) and, with auto_reset, the GPUs quarantined with the reset action
-    /// that are free and not open.
+    /// until a reset, or until the host reboots). Only the NVIDIA driver's own records count
+    /// (a kernel record in the driver's whole shape, without netfilter's packet log fields);
+    /// a reboot or reset Xid that the GPU's own state refutes (79: its config space reads; a
+    /// memory error: nvidia-smi's ECC and row-remapping counters are clear) is counted and
+    /// logged only. Then resets the scrub-pending GPUs (reset_on_release) and, with
+    /// auto_reset, the GPUs quarantined with the reset action that are free and not open.
     Scan,
     /// Reset a GPU nothing holds or has open, probe it, lift its reset quarantine
     ///
@@ -138,6 +141,7 @@ fn health_scan(f: &Facts) -> Result<(), Error> {
             "an Xid line written into the kernel log from userspace, ignored: {m}"
         ));
     }
+    log_not_taken(&r);
     println!(
         "{} new kernel log record{} read, {} GPU{} quarantined",
         r.new_records,
@@ -153,6 +157,34 @@ fn health_scan(f: &Facts) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// The records the scan did not take as the driver's word: imitations, Xids the GPU's own
+/// state refuted; and what it confirmed or could not.
+fn log_not_taken(r: &crate::reserve::health::ScanReport) {
+    for (why, m) in &r.imitations {
+        log::warn(&format!(
+            "a kernel log record that begins like an NVIDIA Xid is not the driver's ({why}), ignored: {m}"
+        ));
+    }
+    for (x, state) in &r.unconfirmed {
+        log::warn(&format!(
+            "GPU {}: Xid {} ({}), action {}: unconfirmed: {state}; counted and logged only, not quarantined: {}",
+            x.pci, x.xid, x.verdict.what, x.verdict.action, x.message
+        ));
+    }
+    for (x, state) in &r.confirmed {
+        log::info(&format!(
+            "GPU {}: Xid {} confirmed by the GPU's own state: {state}",
+            x.pci, x.xid
+        ));
+    }
+    for (x, why) in &r.trusted {
+        log::info(&format!(
+            "GPU {}: Xid {} could not be confirmed by the GPU's own state ({why}): the NVIDIA driver's record is trusted",
+            x.pci, x.xid
+        ));
+    }
 }
 
 /// One line of what a reset did.

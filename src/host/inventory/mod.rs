@@ -11,5 +11,5 @@ mod scan;
 
 pub use gpu::{Control, DevNode, Gpu, Inventory, InventoryError, Mig, PcieLink, Role};
 pub use nvidia::{parse_nvidia_information, NvidiaInfo};
-pub use probe::{own_nodes_of, probe, ProbeFailure};
+pub use probe::{config_probe, own_nodes_of, probe, ProbeFailure};
 pub use scan::{scan, scan_with, Scan};

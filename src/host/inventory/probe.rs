@@ -32,6 +32,39 @@ pub enum ProbeFailure {
 
 /// Every probe of the GPU at `pci`, in order; the first that fails.
 pub fn probe(cfg: &Config, pci: Pci) -> Result<(), ProbeFailure> {
+    config_probe(cfg, pci)?;
+    let devices_path = cfg.sysfs.join("bus/pci/devices");
+    let devices = open_dir(&devices_path).ok_or_else(|| ProbeFailure::Gone {
+        pci,
+        devices: devices_path.clone(),
+    })?;
+    let name = pci.as_str();
+    let driver = match readlinkat(devices.as_fd(), format!("{name}/driver").as_str()) {
+        Ok(t) => {
+            let t = t.as_bytes();
+            String::from_utf8_lossy(t.rsplit(|b| *b == b'/').next().unwrap_or(t)).into_owned()
+        }
+        Err(_) => return Err(ProbeFailure::Unbound),
+    };
+    if driver != "nvidia" {
+        // Another GPU driver has no list of its own to look in: bound is listed.
+        return Ok(());
+    }
+    let gpus = cfg.proc.join("driver/nvidia/gpus");
+    let path = gpus.join(name).join("information");
+    let text = open_dir(&gpus)
+        .and_then(|d| read_at(d.as_fd(), &format!("{name}/information")))
+        .ok_or(ProbeFailure::NotListed { path })?;
+    if parse_nvidia_information(&text).excluded {
+        return Err(ProbeFailure::Excluded);
+    }
+    Ok(())
+}
+
+/// The first probe alone: the GPU's PCI config space reads, and not as all ones (a GPU that
+/// fell off the bus answers every read with all ones). [`ProbeFailure::Gone`] when the
+/// function is not under `<sys>/bus/pci/devices` at all.
+pub fn config_probe(cfg: &Config, pci: Pci) -> Result<(), ProbeFailure> {
     let devices_path = cfg.sysfs.join("bus/pci/devices");
     let gone = || ProbeFailure::Gone {
         pci,
@@ -67,25 +100,6 @@ pub fn probe(cfg: &Config, pci: Pci) -> Result<(), ProbeFailure> {
                 cause: std::io::Error::from(e).to_string(),
             })
         }
-    }
-    let driver = match readlinkat(devices.as_fd(), format!("{name}/driver").as_str()) {
-        Ok(t) => {
-            let t = t.as_bytes();
-            String::from_utf8_lossy(t.rsplit(|b| *b == b'/').next().unwrap_or(t)).into_owned()
-        }
-        Err(_) => return Err(ProbeFailure::Unbound),
-    };
-    if driver != "nvidia" {
-        // Another GPU driver has no list of its own to look in: bound is listed.
-        return Ok(());
-    }
-    let gpus = cfg.proc.join("driver/nvidia/gpus");
-    let path = gpus.join(name).join("information");
-    let text = open_dir(&gpus)
-        .and_then(|d| read_at(d.as_fd(), &format!("{name}/information")))
-        .ok_or(ProbeFailure::NotListed { path })?;
-    if parse_nvidia_information(&text).excluded {
-        return Err(ProbeFailure::Excluded);
     }
     Ok(())
 }

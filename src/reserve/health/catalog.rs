@@ -116,6 +116,34 @@ pub fn entry(xid: u32) -> Option<&'static XidEntry> {
     CATALOG.iter().find(|e| e.xid == xid)
 }
 
+/// How the GPU's own state can confirm an Xid's class before it quarantines the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Check {
+    /// Fallen off the bus (79): its PCI config space reads as all ones, or the function is
+    /// gone from the bus.
+    ConfigSpace,
+    /// A memory error ([`MEMORY_ERRORS`]): the driver's ECC and row-remapping counters, read
+    /// through `nvidia-smi`, show an uncorrected error, a pending or failed row remapping, or
+    /// a pending page retirement.
+    MemoryCounters,
+}
+
+/// The reset-class Xids NVIDIA's catalog gives for GPU memory errors: 48 (double-bit ECC
+/// error), 64 (ECC page retirement or row remapping failed), 95 (uncontained ECC error),
+/// 140 (unrecovered ECC error). The memory Xids of the other classes (63, 92 ignore; 94
+/// restart) quarantine nothing, so nothing waits for them.
+pub const MEMORY_ERRORS: [u32; 4] = [48, 64, 95, 140];
+
+/// What the GPU's own state can confirm of Xid `xid`; `None` for the classes it cannot
+/// (the driver shows nothing of them that gpuhook can read: the record alone counts).
+pub fn check(xid: u32) -> Option<Check> {
+    match xid {
+        79 => Some(Check::ConfigSpace),
+        x if MEMORY_ERRORS.contains(&x) => Some(Check::MemoryCounters),
+        _ => None,
+    }
+}
+
 /// What one Xid record calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XidVerdict {
@@ -238,6 +266,22 @@ mod tests {
             Reboot
         );
         assert!(!verdict(154, back).unknown);
+    }
+
+    /// 79 is confirmed by the config space, the reset-class memory errors by the counters;
+    /// every memory error is a reset in the table; nothing else has a check.
+    #[test]
+    fn which_xids_the_gpus_state_confirms() {
+        assert_eq!(check(79), Some(Check::ConfigSpace));
+        for x in MEMORY_ERRORS {
+            assert_eq!(check(x), Some(Check::MemoryCounters), "Xid {x}");
+            assert_eq!(verdict(x, "").action, Reset, "Xid {x}");
+        }
+        for x in [
+            13, 31, 46, 62, 63, 74, 92, 94, 109, 119, 120, 136, 143, 154, 999,
+        ] {
+            assert_eq!(check(x), None, "Xid {x}");
+        }
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! `resetting` (its process gone: unusable until a reset runs again), never free and
 //! unprobed. A refusal changes nothing.
 
-use super::catalog::Action;
+use super::catalog::{Action, Check};
+use super::confirm::Confirmation;
 use super::{boot_id, escalate, HealthError};
 use crate::host::config::Config;
 use crate::host::inventory::{self, ProbeFailure, Scan};
@@ -61,17 +62,20 @@ pub enum Failure {
     Probe(#[from] ProbeFailure),
 }
 
-/// The reset and the probes: the host's ([`HostReset`]), or the unit tests' doubles.
+/// The reset and the probes, and the look at a GPU's own state that confirms an Xid: the
+/// host's ([`HostReset`]), or the unit tests' doubles.
 pub trait Recover {
     /// Resets the GPU as the config says, within [`DEADLINE`].
     fn reset(&self, cfg: &Config, pci: Pci) -> Result<(), ResetFailure>;
     /// Every probe, the first that fails.
     fn probe(&self, cfg: &Config, pci: Pci) -> Result<(), ProbeFailure>;
+    /// What the GPU's own state says of an Xid's class ([`super::confirm`]).
+    fn confirm(&self, cfg: &Config, pci: Pci, check: Check) -> Confirmation;
 }
 
 /// This host: the configured `reset_command`, as gpuhook runs every child
 /// ([`crate::enter::sandbox::run_program`]), or the sysfs function-level reset in a child
-/// of its own; then [`inventory::probe`].
+/// of its own; then [`inventory::probe`]; [`super::confirm::on_host`] for an Xid.
 pub struct HostReset;
 
 impl Recover for HostReset {
@@ -80,6 +84,9 @@ impl Recover for HostReset {
     }
     fn probe(&self, cfg: &Config, pci: Pci) -> Result<(), ProbeFailure> {
         inventory::probe(cfg, pci)
+    }
+    fn confirm(&self, cfg: &Config, pci: Pci, check: Check) -> Confirmation {
+        super::confirm::on_host(cfg, pci, check)
     }
 }
 

@@ -136,6 +136,10 @@ struct Fake {
     /// free then.
     during: RefCell<Option<(State, bool)>>,
     state_file: Option<std::path::PathBuf>,
+    /// What the GPU's own state says of every Xid class it can confirm (default: confirmed),
+    /// and whether the state lock was free when it was asked.
+    says: Option<Confirmation>,
+    confirmed: RefCell<Vec<(String, Check, bool)>>,
 }
 
 impl Recover for Fake {
@@ -159,6 +163,23 @@ impl Recover for Fake {
     fn probe(&self, _: &Config, pci: Pci) -> Result<(), ProbeFailure> {
         self.calls.borrow_mut().push(format!("probe {pci}"));
         self.probe_fails.clone().map_or(Ok(()), Err)
+    }
+    fn confirm(&self, cfg: &Config, pci: Pci, check: Check) -> Confirmation {
+        let p = &cfg.state_file;
+        let lock = p.with_file_name(format!("{}.lock", p.file_name().unwrap().to_string_lossy()));
+        let free = !lock.exists() || lock_is_free(p);
+        self.confirmed
+            .borrow_mut()
+            .push((pci.to_string(), check, free));
+        self.says
+            .clone()
+            .unwrap_or(Confirmation::Confirmed(match check {
+                Check::ConfigSpace => GpuState::ConfigAllOnes,
+                Check::MemoryCounters => GpuState::Counters(confirm::MemoryCounters {
+                    uncorrected_volatile: Some(1),
+                    ..Default::default()
+                }),
+            }))
     }
 }
 
@@ -903,3 +924,6 @@ fn the_reset_runs_as_every_child() {
         "{e}"
     );
 }
+
+#[path = "transitions/forged.rs"]
+mod forged;
