@@ -885,7 +885,6 @@ fn host_driver_of(v: &str) -> crate::reserve::driver::Discovered {
             ],
             lib_dirs: vec!["/usr/lib/x86_64-linux-gnu".into()],
             searched: vec![],
-            notes: vec![],
         },
         sonames: [(lib, "libcuda.so.1".to_string())].into_iter().collect(),
     }
