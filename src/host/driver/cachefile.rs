@@ -1,10 +1,10 @@
 //! The host's linker cache, `<root>/etc/ld.so.cache`, read as a driver file is trusted: it
 //! decides which directories libraries are taken from, so one that an unprivileged account
-//! may write (or swap, through a directory it may write) is not read. Below the root (whose
-//! own directories the caller checks) `etc` and the cache are each opened once, without
-//! following a link, checked on that descriptor (root's, not writable by group or others; the
-//! cache a regular file of at most [`ldcache::MAX_SIZE`] bytes) and read from it, no more
-//! than that bound.
+//! may write (or swap, through a directory it may write) is not used. Below the root `etc`
+//! and the cache are each opened once, without following a link, checked on that descriptor
+//! (root's, not writable by group or others; the cache a regular file of at most
+//! [`ldcache::MAX_SIZE`] bytes) and read from it, no more than that bound; the caller checks
+//! the root and the directories above it before it uses the bytes.
 
 use super::ldcache::{self, LdCacheError};
 use nix::errno::Errno;

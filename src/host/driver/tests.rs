@@ -565,7 +565,14 @@ fn a_cache_others_may_write_or_swap_is_not_read() {
         refusal(&r),
         "16777217 bytes: more than the 16 MiB a linker cache is read up to; refusing to read it"
     );
-    // Back to a good one: read again.
+    // Back to a good one: read again; but not under a root others may write.
     r.cache(&[(0x0303, "libcuda.so.1", &format!("{LIB}/libcuda.so.1"))]);
     assert!(discover(r.root(), V).is_ok());
+    mode(r.root(), 0o777);
+    let e = discover(r.root(), V).unwrap_err().to_string();
+    mode(r.root(), 0o755);
+    assert!(
+        e.contains("has mode 0777: group or others may write it"),
+        "{e}"
+    );
 }

@@ -419,17 +419,20 @@ impl FakeHost {
             }
         };
         let fk = fake.clone();
-        let cgroup = move |_: &Container| -> Result<Box<dyn DeviceCgroup>, CgroupError> {
-            if fk.no_cgroup {
-                return Err(CgroupError::new(
-                    Path::new("/fake"),
-                    "no devices cgroup for pid 4242",
-                ));
-            }
-            Ok(Box::new(Cg(fk.clone())))
-        };
+        let cgroup =
+            move |_: &Config, _: &Container| -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+                if fk.no_cgroup {
+                    return Err(CgroupError::new(
+                        Path::new("/fake"),
+                        "no devices cgroup for pid 4242",
+                    ));
+                }
+                Ok(Box::new(Cg(fk.clone())))
+            };
         let fk = fake.clone();
-        let manager = move |_: &Container| -> Result<
+        let manager = move |_: &Config,
+                            _: &Container|
+              -> Result<
             Option<Box<dyn crate::cgroup::ManagedPolicy>>,
             CgroupError,
         > {
