@@ -102,7 +102,10 @@ pub fn sweep_dead(cfg: &Config, m: &dyn Mps, proc: Proc, st: &mut State) -> Vec<
             "MPS daemon of GPU {pci} ({}): its start by pid {} did not finish (the process is gone)",
             d.uuid, d.proc.pid
         );
-        if swept.left.is_empty() {
+        if swept.left.is_empty() && swept.killed.is_empty() {
+            st.mps.remove(&pci);
+            notes.push(format!("{head}; nothing it left runs any more: forgotten"));
+        } else if swept.left.is_empty() {
             st.mps.remove(&pci);
             notes.push(format!("{head}; stopped what it left: {:?}", swept.killed));
         } else {
