@@ -26,6 +26,15 @@ fn unified_root() -> PathBuf {
     panic!("no cgroup2 hierarchy mounted: mount -t cgroup2 none {UNIFIED}");
 }
 
+/// A state directory of the test's own (root's, 0700): gpuhook's cgroup locks go there
+/// (`cgroup-locks`), beside the state as for any pool, never in the host's `/run/gpuhook`.
+fn state_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gpuhook-cgv2-state-")
+        .tempdir()
+        .unwrap()
+}
+
 struct Cg(PathBuf);
 impl Drop for Cg {
     fn drop(&mut self) {
@@ -274,6 +283,7 @@ fn runtime_program_replaced_with_multi_and_without() {
     use gpuhook::cgroup::interp::{runc_like, DeviceRule as Rule};
     use gpuhook::cgroup::runtime_program::RuntimeProgram as Replace;
     common::require_root();
+    let st = state_dir();
     let (_dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");
     let rule = |allow, kind, major, minor, access| Rule {
@@ -310,7 +320,10 @@ fn runtime_program_replaced_with_multi_and_without() {
             ]
         );
 
-        let mut r = Replace::open(&cg.0).unwrap();
+        let mut r = Replace::open(&cg.0, st.path()).unwrap();
+        // Its lock is a file in the state directory's `cgroup-locks`: the pool's own.
+        let locks = std::fs::read_dir(st.path().join("cgroup-locks")).unwrap();
+        assert_eq!(locks.count(), 1);
         let n1 = node("/dev/nvidia1", 195, 1);
         let nctl = node("/dev/nvidiactl", 195, 255);
         assert!(!r.is_allowed(&n1).unwrap());
@@ -334,7 +347,7 @@ fn runtime_program_replaced_with_multi_and_without() {
 
         // Read back from the kernel: gpuhook's entries are known, a revoke of another run's
         // grant takes nothing, a deny of the runtime's own GPU takes it.
-        let mut r = Replace::open(&cg.0).unwrap();
+        let mut r = Replace::open(&cg.0, st.path()).unwrap();
         assert!(r.grants_exactly(&n1).unwrap());
         assert!(!r.grants_exactly(&node("/dev/nvidia0", 195, 0)).unwrap());
         revoke_all(&mut r, std::slice::from_ref(&n1));
@@ -353,7 +366,7 @@ fn runtime_program_replaced_with_multi_and_without() {
         assert_eq!(progs().len(), 1);
         drop(r);
         // Taken back by this run: only what it added.
-        let mut r = Replace::open(&cg.0).unwrap();
+        let mut r = Replace::open(&cg.0, st.path()).unwrap();
         let again = grant_all(&mut r, &[n1.clone(), nctl.clone()]).unwrap();
         assert_eq!(
             again,
@@ -384,7 +397,7 @@ fn runtime_program_replaced_with_multi_and_without() {
         )
         .unwrap();
         let t = std::time::Instant::now();
-        let mut r = Replace::open(&cg.0).unwrap();
+        let mut r = Replace::open(&cg.0, st.path()).unwrap();
         r.allow(&n1).unwrap();
         assert!(t.elapsed() < std::time::Duration::from_secs(2));
         drop(held);
@@ -397,7 +410,9 @@ fn runtime_program_replaced_with_multi_and_without() {
     let cgfd = dir_fd(&cg.0);
     let prog = bpf::prog_load(bpf::BPF_PROG_TYPE_CGROUP_DEVICE, &runc_like(&rules), "GPL").unwrap();
     bpf::prog_attach(cgfd.as_fd(), prog.as_fd(), bpf::BPF_CGROUP_DEVICE, 0).unwrap();
-    let e = Replace::open(&cg.0).err().expect("flags 0 are refused");
+    let e = Replace::open(&cg.0, st.path())
+        .err()
+        .expect("flags 0 are refused");
     assert!(e.to_string().contains("not BPF_F_ALLOW_MULTI"), "{e}");
     assert_eq!(opens(&cg.0, &[&nv1]), vec![Err(Errno::EPERM)]);
 
@@ -435,7 +450,7 @@ fn runtime_program_replaced_with_multi_and_without() {
         Ok(()),
     ];
     assert_eq!(opens(&cg.0, &[&nv0, &nv1, &ctl, null]), both);
-    let mut r = Replace::open(&cg.0).unwrap();
+    let mut r = Replace::open(&cg.0, st.path()).unwrap();
     assert!(!r.is_allowed(&node("/dev/nvidia0", 195, 0)).unwrap());
     assert!(!r.is_allowed(&node("/dev/nvidia1", 195, 1)).unwrap());
     assert!(r.is_allowed(&node("/dev/nvidiactl", 195, 255)).unwrap());
@@ -454,7 +469,7 @@ fn runtime_program_replaced_with_multi_and_without() {
     let cgfd = dir_fd(&cg.0);
     let (_p, _m) = bpfprog::attach_libvirt_program(cgfd.as_fd()).unwrap();
     // libvirt's (flags 0, a map)
-    let e = Replace::open(&cg.0)
+    let e = Replace::open(&cg.0, st.path())
         .err()
         .expect("libvirt's program is refused");
     assert!(e.to_string().contains("not BPF_F_ALLOW_MULTI"), "{e}");
@@ -476,7 +491,7 @@ fn runtime_program_replaced_with_multi_and_without() {
         bpf::BPF_F_ALLOW_MULTI,
     )
     .unwrap();
-    let e = Replace::open(&cg.0)
+    let e = Replace::open(&cg.0, st.path())
         .err()
         .expect("a map program is refused");
     assert!(
@@ -498,7 +513,7 @@ fn runtime_program_replaced_with_multi_and_without() {
         )
         .unwrap();
     }
-    let e = Replace::open(&cg.0)
+    let e = Replace::open(&cg.0, st.path())
         .err()
         .expect("two programs are refused");
     assert!(
@@ -547,6 +562,7 @@ fn systemds_program_and_those_above_rule_too() {
     use gpuhook::cgroup::interp::{runc_like, DeviceRule as Rule};
     use gpuhook::cgroup::runtime_program::RuntimeProgram as Replace;
     common::require_root();
+    let st = state_dir();
     let (_dir, [nv0, nv1, ctl]) = fake_nodes();
     let null = Path::new("/dev/null");
     let rule = |allow, kind, major, minor, access| Rule {
@@ -582,7 +598,8 @@ fn systemds_program_and_those_above_rule_too() {
     let sd = systemd_like(cgfd.as_fd(), &runtime);
     let n0 = node("/dev/nvidia0", 195, 0);
     let n1 = node("/dev/nvidia1", 195, 1);
-    let mut r = Replace::open(&cg.0).expect("systemd's program is not a second runtime program");
+    let mut r =
+        Replace::open(&cg.0, st.path()).expect("systemd's program is not a second runtime program");
     assert!(r.confines());
     let n1s = std::slice::from_ref(&n1);
     assert_eq!(grant_all(&mut r, n1s).unwrap(), n1s);
@@ -603,7 +620,7 @@ fn systemds_program_and_those_above_rule_too() {
     let sd2 = systemd_like(cgfd.as_fd(), &listed);
     let old = bpf::prog_get_fd_by_id(sd).unwrap();
     bpf::prog_detach(cgfd.as_fd(), old.as_fd(), bpf::BPF_CGROUP_DEVICE).unwrap();
-    let mut r = Replace::open(&cg.0).unwrap();
+    let mut r = Replace::open(&cg.0, st.path()).unwrap();
     assert!(r.effective(&n1).unwrap());
     assert_eq!(opens(&cg.0, &[&nv1]), vec![Err(Errno::ENXIO)]);
     // A detach then denies it in the runtime's program; systemd's stays as it is.
@@ -631,7 +648,7 @@ fn systemds_program_and_those_above_rule_too() {
         bpf::BPF_F_ALLOW_MULTI,
     )
     .unwrap();
-    let mut r = Replace::open(&child.0).unwrap();
+    let mut r = Replace::open(&child.0, st.path()).unwrap();
     let nctl = node("/dev/nvidiactl", 195, 255);
     grant_all(&mut r, std::slice::from_ref(&nctl)).unwrap();
     assert!(r.is_allowed(&nctl).unwrap());
@@ -644,7 +661,7 @@ fn systemds_program_and_those_above_rule_too() {
     let bare = Cg(unified_root().join(format!("gpuhook-test-v2none-{}", std::process::id())));
     std::fs::create_dir(&bare.0).unwrap();
     let bfd = dir_fd(&bare.0);
-    let mut r = Replace::open(&bare.0).expect("a cgroup without a program");
+    let mut r = Replace::open(&bare.0, st.path()).expect("a cgroup without a program");
     assert!(!r.confines());
     assert!(r.is_allowed(&n1).unwrap() && r.effective(&n1).unwrap());
     assert!(grant_all(&mut r, std::slice::from_ref(&n1))
@@ -659,7 +676,7 @@ fn systemds_program_and_those_above_rule_too() {
         vec![Err(Errno::ENXIO), Err(Errno::EPERM), Ok(())]
     );
     drop(r);
-    let r = Replace::open(&bare.0).unwrap();
+    let r = Replace::open(&bare.0, st.path()).unwrap();
     assert!(
         !r.confines(),
         "gpuhook's own program over nothing confines nothing else"

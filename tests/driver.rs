@@ -547,3 +547,84 @@ fn amd_and_intel_gpus_get_their_nodes_as_with_none() {
         "no NVIDIA kernel module is loaded",
     );
 }
+
+/// The security review's crafted linker cache: `size` bytes in glibc's new format, half of
+/// them entries whose name and path all point at one long string, the other half that string.
+/// A reader that copies each entry's strings makes `size²/48` bytes of them (320 KB: 2 GB);
+/// `gpuhook driver` runs with its address space limited to 1 GiB.
+fn crafted_cache(size: usize) -> Vec<u8> {
+    let n = size / 48;
+    let at = 48 + n * 24;
+    let long = size - at - 1;
+    let mut b = b"glibc-ld.so.cache1.1".to_vec();
+    b.extend((n as u32).to_le_bytes());
+    b.extend(((long + 1) as u32).to_le_bytes());
+    b.extend([2, 0, 0, 0]);
+    b.extend([0u8; 16]);
+    for _ in 0..n {
+        b.extend(0x0303i32.to_le_bytes());
+        b.extend((at as u32).to_le_bytes());
+        b.extend((at as u32).to_le_bytes());
+        b.extend([0u8; 12]);
+    }
+    b.push(b'/');
+    b.resize(size - 1, b'a');
+    b.push(0);
+    b
+}
+
+#[test]
+fn a_crafted_or_untrusted_linker_cache_is_refused_in_one_line_in_bounded_memory_and_time() {
+    let h = Host::new(FakeHost::blueprint());
+    let d = h.with_host_driver(HOST_V);
+    let cache = d.root.join("etc/ld.so.cache");
+    let real = std::fs::read(&cache).unwrap();
+    let xml = domain("dc", 1, &gpus(r#"driver="host""#));
+    for size in [320 << 10, 1 << 20] {
+        std::fs::write(&cache, crafted_cache(size)).unwrap();
+        let t = std::time::Instant::now();
+        let o = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 1048576; exec \"$0\" driver")
+            .arg(bin())
+            .env("GPUHOOK_CONFIG", &h.config)
+            .output()
+            .expect("sh");
+        let took = t.elapsed();
+        assert_one_line(
+            &o,
+            &format!(
+                "driver \"host\": linker cache {}: entry 0: its name at offset {} is longer than 4095 bytes (PATH_MAX); refusing to read it",
+                cache.display(),
+                48 + size / 48 * 24
+            ),
+        );
+        assert!(took.as_secs() < 3, "{size} bytes: {took:?}");
+        assert_fails(
+            &h.hook("dc", "prepare", &xml),
+            "dc",
+            &format!("linker cache {}: entry 0", cache.display()),
+        );
+        assert!(h.holders().is_empty());
+    }
+    // The real cache, but others may write it: refused too.
+    std::fs::write(&cache, &real).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_fails(
+        &h.hook("dc", "prepare", &xml),
+        "dc",
+        &format!(
+            "driver \"host\": linker cache {}: has mode 0666: group or others may write it; refusing to read it",
+            cache.display()
+        ),
+    );
+    assert!(h.holders().is_empty());
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_ok(&h.hook("dc", "prepare", &xml));
+    let o = gh(&h, &["driver", "--json"]);
+    assert!(json_of(&o)["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["found_by"] == "ld.so.cache"));
+}

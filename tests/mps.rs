@@ -309,3 +309,103 @@ fn a_killed_start_leaves_no_unrecorded_daemon() {
         assert!(started_for(&d.join("pipe")).is_empty(), "{at}");
     }
 }
+
+/// A stand-in whose daemons are slow to die: its `-d` starts the stand-in's daemon, then
+/// `hold-at-exit` (testbed/scripts) holds that daemon `secs` seconds at its exit, touching
+/// `dying` when it begins (a SIGKILL'd MPS daemon stuck in the driver, as on a hung GPU).
+fn dying_standin(dir: &Path, secs: u32) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dying = dir.join("dying");
+    let attached = dir.join("attached");
+    let script = dir.join("dying-mps-control");
+    let hold = common::mps_standin().with_file_name("hold-at-exit");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -d ]; then\n  {standin} -d || exit $?\n  pid=$(/bin/cat \"$CUDA_MPS_PIPE_DIRECTORY/{pid_file}\")\n  /usr/bin/env -i {hold} \"$pid\" {secs} {dying} {attached} </dev/null >/dev/null 2>&1 &\n  n=0\n  while [ ! -e {attached} ] && [ $n -lt 500 ]; do /bin/sleep 0.01; n=$((n+1)); done\n  [ -e {attached} ]; exit $?\nfi\nexec {standin} \"$@\"\n",
+            standin = common::mps_standin().display(),
+            pid_file = "nvidia-cuda-mps-control.pid",
+            hold = hold.display(),
+            dying = dying.display(),
+            attached = attached.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script, dying)
+}
+
+/// `gpuhook hook NAME prepare` for `xml`, SIGKILLed (strace's fault injection) at the entry
+/// of the `when`-th `call`.
+fn hook_killed_at(h: &Host, name: &str, xml: &str, call: &str, when: u32) {
+    let o = std::process::Command::new("strace")
+        .args(["-e", &format!("trace={call}"), "-e"])
+        .arg(format!("inject={call}:signal=SIGKILL:when={when}"))
+        .arg(common::bin())
+        .args(["hook", name, "prepare", "begin", "-"])
+        .env("GPUHOOK_CONFIG", &h.config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(xml.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("strace");
+    let err = common::stderr(&o);
+    assert!(err.contains("killed by SIGKILL"), "not killed: {err}");
+}
+
+/// Issue 39: the sweep of a killed start whose daemon takes 3 s to die holds the state lock
+/// for one bounded pass, not until it is gone: another domain's `prepare` (another GPU)
+/// does not wait for it; the sharer that needs the GPU waits outside the lock, then starts
+/// one daemon once the old one is gone (never one beside it).
+#[test]
+fn a_sweep_of_a_daemon_slow_to_die_holds_no_other_prepare() {
+    let t = tempfile::tempdir().unwrap();
+    let (standin, dying) = dying_standin(t.path(), 3);
+    let h = slow_host(&standin);
+    let share = gpus(r#"share="yes""#);
+    let t0 = std::time::Instant::now();
+    assert_ok(&h.hook("base", "prepare", &domain("base", 14, &gpus(""))));
+    eprintln!("a prepare alone: {:?}", t0.elapsed());
+    // s1's hook killed once its daemon runs, before it is recorded (its third `flock`).
+    hook_killed_at(&h, "s1", &domain("s1", 11, &share), "flock", 3);
+    let mark = state(&h)["mps"][GPU].clone();
+    assert_eq!(mark["starting"], true, "{mark}");
+    let dir = PathBuf::from(mark["dir"].as_str().unwrap());
+    let old = started_for(&dir.join("pipe"));
+    assert_eq!(old.len(), 1, "{old:?}");
+    std::thread::scope(|s| {
+        let second = s.spawn(|| h.hook("s2", "prepare", &domain("s2", 12, &share)));
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !dying.exists() {
+            assert!(
+                std::time::Instant::now() < end,
+                "the old daemon was never killed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let t0 = std::time::Instant::now();
+        assert_ok(&h.hook("other", "prepare", &domain("other", 13, &gpus(""))));
+        let took = t0.elapsed();
+        eprintln!("another domain's prepare beside the sweep: {took:?}");
+        assert!(
+            took < std::time::Duration::from_secs(1),
+            "another domain's prepare waited {took:?} behind the sweep of a daemon slow to die"
+        );
+        assert!(alive(old[0]), "the old daemon is still dying");
+        assert_ok(&second.join().unwrap());
+    });
+    let (pid, d) = daemon(&h).expect("a daemon recorded");
+    assert_eq!(d, dir);
+    assert!(!alive(old[0]) && alive(pid) && pid != old[0]);
+    assert_eq!(started_for(&dir.join("pipe")), [pid]);
+    assert_eq!(starts(&dir), 2);
+    for (n, id) in [(12, "s2"), (11, "s1")] {
+        assert_ok(&h.hook(id, "stopped", &domain(id, n, &share)));
+    }
+    wait_gone(pid);
+}

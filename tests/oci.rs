@@ -2122,6 +2122,13 @@ fn attach_and_detach_on_cgroup_v2(runtime: &str) {
     let j = gh_json(&o, &["attach", &id, "--json"]);
     assert_eq!(j["attached"], json!(["0000:08:00.0"]), "{j}");
     assert_eq!(o.host.holders()[&id], ["0000:07:00.0", "0000:08:00.0"]);
+    // The lock of the cgroup whose program was replaced is the pool's own, beside its state
+    // (issue 39: it was in the host's /run/gpuhook, which every pool shared).
+    let locks = o.host.state.parent().unwrap().join("cgroup-locks");
+    let n = std::fs::read_dir(&locks)
+        .unwrap_or_else(|e| panic!("{}: {e}", locks.display()))
+        .count();
+    assert_eq!(n, 1, "{}", locks.display());
     let ls = podman_exec_in(Cgroup::V2, &id, "ls /dev");
     assert!(out(&ls).lines().any(|l| l == "nvidia1"), "{}", out(&ls));
     let replaced = device_programs(&id);

@@ -164,8 +164,12 @@ pub enum Fault {
         errno: SysErr,
     },
     // ---- v2, an OCI runtime's program ----
-    #[error("gpuhook's lock of this cgroup (/run/gpuhook/cgroup-locks): {0}")]
-    Lock(#[source] SysErr),
+    #[error("gpuhook's lock of this cgroup ({}): {errno}", .dir.display())]
+    Lock {
+        dir: PathBuf,
+        #[source]
+        errno: SysErr,
+    },
     #[error("its device program is attached with flags {flags:#x}, not BPF_F_ALLOW_MULTI as runc and crun attach theirs; refusing to replace it")]
     NotMulti { flags: u32 },
     #[error("{entries} device entries of gpuhook's in one program; at most {max}")]

@@ -32,15 +32,19 @@ use crate::host::procfs;
 use std::path::{Path, PathBuf};
 
 /// The managed device policy of a process's device cgroup (an OCI container's init; a libvirt
-/// domain's): systemd's scope of it, where systemd keeps a device policy for it.
-pub fn managed_policy(pid: i32) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError> {
+/// domain's): systemd's scope of it, where systemd keeps a device policy for it (locked by a
+/// file in the state directory `state_dir`).
+pub fn managed_policy(
+    pid: i32,
+    state_dir: &Path,
+) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError> {
     let (v1, v2) = cgroup_paths(pid)?;
     // Its v1 devices cgroup where it has one; in the root one (a cgroup v2 host, whose kernel
     // still lists the v1 hierarchies), its unified cgroup.
     let Some(path) = v1.filter(|p| p != "/").or(v2) else {
         return Ok(None);
     };
-    Ok(systemd::Scope::find(&path)?.map(|s| Box::new(s) as Box<dyn ManagedPolicy>))
+    Ok(systemd::Scope::find(&path, state_dir)?.map(|s| Box::new(s) as Box<dyn ManagedPolicy>))
 }
 
 /// Joins a mount point and a cgroup path (relative to the mount's root).
@@ -239,8 +243,13 @@ pub fn v1_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgroup>,
 /// (`None`: not known, refused). The init must be there or below, and no program but
 /// systemd's on the way from there to the init's: a program at `made` rules every process
 /// below it. Never one above: a cgroup above rules other processes too (a program there is
-/// one an attach checks lets the GPU through, [`DeviceCgroup::effective`]).
-pub fn program_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+/// one an attach checks lets the GPU through, [`DeviceCgroup::effective`]). Locked against
+/// another gpuhook of the pool whose state directory is `state_dir`.
+pub fn program_for_pid(
+    pid: i32,
+    made: Option<&str>,
+    state_dir: &Path,
+) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     let what = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let (_, v2) = cgroup_paths(pid)?;
     let p = match v2 {
@@ -292,7 +301,9 @@ pub fn program_for_pid(pid: i32, made: Option<&str>) -> Result<Box<dyn DeviceCgr
             ));
         }
     }
-    Ok(Box::new(runtime_program::RuntimeProgram::open(&top)?))
+    Ok(Box::new(runtime_program::RuntimeProgram::open(
+        &top, state_dir,
+    )?))
 }
 
 /// The cgroup libvirt made for a container, given its controller's and its init's cgroup

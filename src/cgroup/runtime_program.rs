@@ -128,10 +128,12 @@ impl Prologue {
 
 // ---- the backend ----
 
-/// Where gpuhook's locks of cgroups whose program it replaces are: root's alone (a lock on
-/// the cgroup directory itself could be taken by anyone who can open it, the container
-/// included, through its cgroup namespace).
-const LOCK_DIR: [&str; 3] = ["/run", "gpuhook", "cgroup-locks"];
+/// Where gpuhook's locks of cgroups whose program it replaces (and of systemd scopes whose
+/// policy it changes) are, in the state file's directory: root's alone (a lock on the cgroup
+/// directory itself could be taken by anyone who can open it, the container included,
+/// through its cgroup namespace), and the pool's own (never a fixed path another pool, or a
+/// package's removal, shares).
+pub const LOCK_DIR: &str = "cgroup-locks";
 
 /// What stands for the runtime's code in a cgroup where no runtime attached a program: every
 /// device passes.
@@ -222,32 +224,56 @@ fn root_dir(parent: &OwnedFd, name: &str) -> Result<OwnedFd, nix::errno::Errno> 
 }
 
 /// gpuhook's lock of the cgroup whose directory is `cg`: a file named by the cgroup's
-/// device and inode in [`LOCK_DIR`], taken within [`LOCK_WAIT`].
-fn lock(cg: &OwnedFd) -> Result<Flock<std::fs::File>, Fault> {
-    let st = nix::sys::stat::fstat(cg).map_err(|x| Fault::Lock(x.into()))?;
-    lock_named(&format!("{:x}-{:x}", st.st_dev, st.st_ino))
+/// device and inode in [`LOCK_DIR`] of `state_dir`, taken within [`LOCK_WAIT`].
+fn lock(cg: &OwnedFd, state_dir: &Path) -> Result<Flock<std::fs::File>, Fault> {
+    let st = nix::sys::stat::fstat(cg).map_err(|x| Fault::Lock {
+        dir: state_dir.join(LOCK_DIR),
+        errno: x.into(),
+    })?;
+    lock_named(state_dir, &format!("{:x}-{:x}", st.st_dev, st.st_ino))
 }
 
-/// gpuhook's lock named `name` (a file name) in [`LOCK_DIR`], taken within [`LOCK_WAIT`].
-pub(super) fn lock_named(name: &str) -> Result<Flock<std::fs::File>, Fault> {
+/// The state directory, opened without following a link, made (0700) when missing, root's
+/// and closed to others.
+fn state_dir_fd(dir: &Path) -> Result<OwnedFd, nix::errno::Errno> {
     use nix::errno::Errno;
-    let mut dir = nix::fcntl::open(
-        "/",
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|x| Fault::Lock(x.into()))?;
-    for name in &LOCK_DIR[..] {
-        let name = name.trim_start_matches('/');
-        dir = root_dir(&dir, name).map_err(|x| Fault::Lock(x.into()))?;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = match nix::fcntl::open(dir, flags, Mode::empty()) {
+        Err(Errno::ENOENT) => {
+            match nix::unistd::mkdir(dir, Mode::from_bits_truncate(0o700)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(x) => return Err(x),
+            }
+            nix::fcntl::open(dir, flags, Mode::empty())?
+        }
+        r => r?,
+    };
+    let st = nix::sys::stat::fstat(&fd)?;
+    if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
+        return Err(Errno::EPERM);
     }
+    Ok(fd)
+}
+
+/// gpuhook's lock named `name` (a file name) in [`LOCK_DIR`] of `state_dir`, taken within
+/// [`LOCK_WAIT`].
+pub(super) fn lock_named(state_dir: &Path, name: &str) -> Result<Flock<std::fs::File>, Fault> {
+    use nix::errno::Errno;
+    let locks = state_dir.join(LOCK_DIR);
+    let fault = |x: Errno| Fault::Lock {
+        dir: locks.clone(),
+        errno: x.into(),
+    };
+    let dir = state_dir_fd(state_dir)
+        .and_then(|d| root_dir(&d, LOCK_DIR))
+        .map_err(fault)?;
     let fd = nix::fcntl::openat(
         &dir,
         name,
         OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(0o600),
     )
-    .map_err(|x| Fault::Lock(x.into()))?;
+    .map_err(fault)?;
     let mut file = std::fs::File::from(fd);
     let until = std::time::Instant::now() + LOCK_WAIT;
     loop {
@@ -257,7 +283,7 @@ pub(super) fn lock_named(name: &str) -> Result<Flock<std::fs::File>, Fault> {
                 file = f;
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            Err((_, x)) => return Err(Fault::Lock(x.into())),
+            Err((_, x)) => return Err(fault(x)),
         }
     }
 }
@@ -270,10 +296,10 @@ impl RuntimeProgram {
     /// beside the runtime's at each `systemctl daemon-reload`) are systemd's: left in place,
     /// never replaced. They rule too (an access needs every program to allow it), which
     /// [`DeviceCgroup::effective`] reads.
-    pub fn open(dir: &Path) -> Result<RuntimeProgram, CgroupError> {
+    pub fn open(dir: &Path, state_dir: &Path) -> Result<RuntimeProgram, CgroupError> {
         let e = |f: Fault| CgroupError::new(dir, f);
         let cg = open_dir(dir)?;
-        let lock = lock(&cg).map_err(e)?;
+        let lock = lock(&cg, state_dir).map_err(e)?;
         let (all, flags) = bpf::prog_query_flags(cg.as_fd(), bpf::BPF_CGROUP_DEVICE, 0)
             .map_err(|x| e(Fault::ProgQuery(x.into())))?;
         // Without BPF_F_ALLOW_MULTI an attach replaces whatever program is there at that

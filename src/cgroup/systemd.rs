@@ -178,7 +178,7 @@ impl Scope {
     /// `/proc/PID/cgroup` says it), when systemd runs this host, has that very scope for that
     /// cgroup, and keeps a device policy for it (`DevicePolicy=` other than `auto`, or
     /// `DeviceAllow=` entries); `None` otherwise.
-    pub fn find(cgroup: &str) -> Result<Option<Scope>, CgroupError> {
+    pub fn find(cgroup: &str, state_dir: &Path) -> Result<Option<Scope>, CgroupError> {
         let Some((unit, at)) = scope_of(cgroup) else {
             return Ok(None);
         };
@@ -186,7 +186,7 @@ impl Scope {
             return Ok(None);
         }
         let path = PathBuf::from(&at);
-        let lock = super::runtime_program::lock_named(&format!("systemd-{unit}"))
+        let lock = super::runtime_program::lock_named(state_dir, &format!("systemd-{unit}"))
             .map_err(|f| CgroupError::new(&path, f))?;
         Scope::open(unit, &at, Box::new(Installed), Some(lock))
     }

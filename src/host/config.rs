@@ -454,6 +454,13 @@ fn parse_pci_id(s: &str) -> Option<(u16, u16)> {
 }
 
 impl Config {
+    /// The state file's directory: everything of this pool lies there (the state and its
+    /// lock, the driver cache, the MPS daemons' directories, private nodes, the cgroup
+    /// locks), so a second pool (another config's) shares nothing with it.
+    pub fn state_dir(&self) -> &Path {
+        self.state_file.parent().unwrap_or(Path::new("/"))
+    }
+
     /// Parses config text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let e = |problem: ConfigProblem| ConfigError {

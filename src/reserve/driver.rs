@@ -177,9 +177,6 @@ fn sockets_dir(cfg: &Config) -> Result<OwnedFd, Errno> {
 /// Looks for the driver's files now (no cache read or written) and reads their SONAMEs.
 pub fn discover(cfg: &Config, version: &str) -> Result<Discovered, DriverError> {
     let found = driver::discover(&cfg.root, version)?;
-    for n in &found.notes {
-        crate::log::warn(&format!("driver \"host\": {n}"));
-    }
     let sonames = found
         .of(DriverFileKind::Library)
         .filter(|f| {

@@ -96,12 +96,13 @@ impl Enter for Host {
 /// Reads the host's GPUs (the real one: [`inventory::scan_with`]).
 pub type ScanFn<'a> = &'a dyn Fn(&Config, Scan) -> Result<Inventory, InventoryError>;
 /// The device cgroup of a running container (the real one: [`cgroup::for_container`]).
-pub type CgroupFn<'a> = &'a dyn Fn(&Container) -> Result<Box<dyn DeviceCgroup>, CgroupError>;
+pub type CgroupFn<'a> =
+    &'a dyn Fn(&Config, &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError>;
 
 /// The device rules a service manager keeps for a running container's cgroup, where it keeps
 /// any (the real one: [`cgroup::managed_policy`], systemd's scope of its init's cgroup).
 pub type ManagerFn<'a> =
-    &'a dyn Fn(&Container) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError>;
+    &'a dyn Fn(&Config, &Container) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError>;
 
 /// Reads the CDI specs of these kinds from these directories (the real one: [`cdi::load`]).
 pub type CdiSpecsFn<'a> =
@@ -145,12 +146,15 @@ pub struct Facts<'a> {
     pub uid: u32,
 }
 
-fn real_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+fn real_cgroup(_: &Config, ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     cgroup::for_container(ct.controller, ct.init.pid)
 }
 
-fn real_manager(ct: &Container) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError> {
-    cgroup::managed_policy(ct.init.pid)
+fn real_manager(
+    cfg: &Config,
+    ct: &Container,
+) -> Result<Option<Box<dyn ManagedPolicy>>, CgroupError> {
+    cgroup::managed_policy(ct.init.pid, cfg.state_dir())
 }
 
 impl<'a> Facts<'a> {

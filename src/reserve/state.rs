@@ -47,6 +47,8 @@ pub enum StateError {
         op: &'static str,
         errno: Errno,
     },
+    #[error("state directory {path} was removed or replaced while a change was written to it: the change is not kept")]
+    Replaced { path: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -559,16 +561,76 @@ impl Store {
         }
     }
 
+    /// Whether the directory `dir` (opened by path) is still the one at that path: not
+    /// removed, nor renamed away with another made in its place.
+    fn still_at_path(&self, dir: &OwnedFd) -> Result<bool, StateError> {
+        let open = fstat(dir).map_err(io(&self.dir, "fstat state directory"))?;
+        Ok(nix::sys::stat::lstat(&self.dir)
+            .is_ok_and(|now| (now.st_dev, now.st_ino) == (open.st_dev, open.st_ino)))
+    }
+
+    /// The state directory, opened and locked: taken again (a few times) when it was removed
+    /// or replaced between its opening and the lock (a lock in a directory no longer at the
+    /// path excludes no one who opens it now).
+    fn open_locked(&self) -> Result<(OwnedFd, OwnedFd), StateError> {
+        let mut tries = 0;
+        loop {
+            let dir = self.open_dir(true)?.expect("created");
+            match self.lock_in(&dir) {
+                Ok(lock) if self.still_at_path(&dir)? => return Ok((dir, lock)),
+                // Removed before its lock was made in it.
+                Err(StateError::Io {
+                    errno: Errno::ENOENT,
+                    ..
+                })
+                | Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+            tries += 1;
+            if tries == 3 {
+                return Err(StateError::Replaced {
+                    path: self.dir.display().to_string(),
+                });
+            }
+        }
+    }
+
     /// Runs `f` on the state under the exclusive lock and writes the result back if it
-    /// changed. The lock dies with the process, so a crash never leaves it held.
+    /// changed. The lock dies with the process, so a crash never leaves it held. A change
+    /// whose directory was removed or replaced before it was written in full (a package's
+    /// purge, an operator's `rm -rf`) is an error, never a success whose state is gone.
     pub fn update<T, E: From<StateError>>(
         &self,
         f: impl FnOnce(&mut State) -> Result<T, E>,
     ) -> Result<T, E> {
-        let dir = self.open_dir(true)?.expect("created");
+        let (dir, lock) = self.open_locked()?;
+        let (mut state, before) = self.read_raw_at(&dir)?;
+        let out = f(&mut state)?;
+        // Written only when it changed (no file and nothing reserved: nothing to write).
+        let bytes = state.to_bytes();
+        let changed = match &before {
+            None => state != State::default(),
+            Some(old) => *old != bytes,
+        };
+        if changed {
+            let written = self.write_at(&dir, &bytes);
+            if !self.still_at_path(&dir)? {
+                return Err(StateError::Replaced {
+                    path: self.dir.display().to_string(),
+                }
+                .into());
+            }
+            written?;
+        }
+        drop(lock);
+        Ok(out)
+    }
+
+    /// The lock file in `dir`, opened (made if missing) and locked exclusively.
+    fn lock_in(&self, dir: &OwnedFd) -> Result<OwnedFd, StateError> {
         let lock_path = self.dir.join(self.lock_name());
         let lock = openat(
-            &dir,
+            dir,
             self.lock_name().as_str(),
             OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o600),
@@ -579,26 +641,14 @@ impl Store {
         })?;
         self.check_owner(&lock, &lock_path, false)?;
         loop {
-            // flock(2) on a descriptor this function owns and keeps open for the whole update.
+            // flock(2) on a descriptor the update keeps open until it is done.
             match crate::host::sys::flock(lock.as_fd(), libc::LOCK_EX) {
                 Ok(_) => break,
                 Err(Errno::EINTR) => continue,
-                Err(e) => return Err(io(&lock_path, "flock")(e).into()),
+                Err(e) => return Err(io(&lock_path, "flock")(e)),
             }
         }
-        let (mut state, before) = self.read_raw_at(&dir)?;
-        let out = f(&mut state)?;
-        // Written only when it changed (no file and nothing reserved: nothing to write).
-        let bytes = state.to_bytes();
-        let changed = match &before {
-            None => state != State::default(),
-            Some(old) => *old != bytes,
-        };
-        if changed {
-            self.write_at(&dir, &bytes)?;
-        }
-        drop(lock);
-        Ok(out)
+        Ok(lock)
     }
 
     fn write_at(&self, dir: &OwnedFd, bytes: &[u8]) -> Result<(), StateError> {
@@ -995,6 +1045,65 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("symlink or not a directory"), "{e}");
+    }
+
+    /// A change whose directory is removed, or renamed away with another made in its place
+    /// (a package's purge and install, an operator), while it is made is an error: never a
+    /// success whose state is not at the path the next step reads.
+    #[test]
+    fn a_state_directory_removed_or_replaced_during_a_change_is_an_error() {
+        let t = tempfile::tempdir().unwrap();
+        let run = t.path().join("run");
+        let store = Store::new(&run.join("state.json"));
+        store
+            .update(|st| -> Result<(), StateError> {
+                st.reservations
+                    .insert(U1.into(), res(U1, &["0000:01:00.0"]));
+                Ok(())
+            })
+            .unwrap();
+        type Swap = fn(&Path);
+        let swaps: [(&str, Swap); 2] = [
+            ("replaced", |d| {
+                std::fs::rename(d, d.with_extension("old")).unwrap();
+                std::fs::create_dir(d).unwrap();
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+            }),
+            ("removed", |d| std::fs::remove_dir_all(d).unwrap()),
+        ];
+        for (how, swap) in swaps {
+            let e = store
+                .update(|st| -> Result<(), StateError> {
+                    st.reservations
+                        .insert(U2.into(), res(U2, &["0000:02:00.0"]));
+                    swap(&run);
+                    Ok(())
+                })
+                .unwrap_err();
+            assert!(matches!(e, StateError::Replaced { .. }), "{how}: {e}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "state directory {} was removed or replaced while a change was written to it: the change is not kept",
+                    run.display()
+                )
+            );
+            // What the path holds now is what the next step reads: the change is not there.
+            assert!(
+                !store.read().unwrap().reservations.contains_key(U2),
+                "{how}"
+            );
+            let _ = std::fs::remove_dir_all(run.with_extension("old"));
+        }
+        // The directory made anew is used as any.
+        store
+            .update(|st| -> Result<(), StateError> {
+                st.reservations
+                    .insert(U2.into(), res(U2, &["0000:02:00.0"]));
+                Ok(())
+            })
+            .unwrap();
+        assert!(store.read().unwrap().reservations.contains_key(U2));
     }
 
     #[test]

@@ -6,6 +6,13 @@
 //! `/etc/libvirt/hooks`. The host's libvirtd, domains and gpuhook config are untouched;
 //! clients reach this daemon through `lxc:///system?socket=…`.
 //!
+//! A bind mount in the daemon's namespace stands on the host's directory it covers: when
+//! something on the host removes that directory (a package's purge runs `rm -rf
+//! /etc/gpuhook`), the kernel detaches the mount from the daemon's namespace, and the
+//! daemon's hook then reads the host's `/etc/gpuhook` (none: gpuhook's built-in defaults, the
+//! host's state file), not the test bed's. [`Daemon::check_mounts`] says so, by name, and
+//! [`Daemon::start`] makes the mount points again.
+//!
 //! On a hybrid cgroup host the unified mount is hidden from the daemon (libvirt_lxc fails
 //! with `Unable to create directory /sys/fs/cgroup/unified` otherwise), giving it a pure
 //! cgroup-v1 host, as `shared/LIBVIRT-NOTES.md` measured.
@@ -34,6 +41,28 @@ pub struct Daemon {
 
 fn run(cmd: &mut Command) -> Result<Output, String> {
     cmd.output().map_err(|e| format!("{cmd:?}: {e}"))
+}
+
+/// Whether process `pid` (in a mount namespace of its own) still sees each `(ours, at)`: its
+/// `at` is the directory `ours` bind-mounted there. An error naming each that is not (its
+/// mount detached when the host removed `at`).
+pub fn detached_mounts(pid: i32, mounts: &[(PathBuf, &str)]) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let gone: Vec<&str> = mounts
+        .iter()
+        .filter(|(ours, at)| {
+            id(&PathBuf::from(format!("/proc/{pid}/root{at}"))) != id(ours) || id(ours).is_none()
+        })
+        .map(|(_, at)| *at)
+        .collect();
+    if gone.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the test bed's bind mount over {} is gone from libvirtd's namespace (pid {pid}): something on this host removed that directory (a package's purge removes /etc/gpuhook), and the hook now reads the host's config, state and hooks",
+        gone.join(", ")
+    ))
 }
 
 /// Creates the accounts libvirt's QEMU driver (a hard dependency of libvirtd) insists on.
@@ -89,15 +118,6 @@ impl Daemon {
             fs::create_dir_all(dir.join(d))
                 .map_err(|e| format!("{}: {e}", dir.join(d).display()))?;
         }
-        // Mount points on the host (empty directories; libvirt's packages create most).
-        for d in [
-            "/run/libvirt",
-            "/etc/libvirt/lxc",
-            "/etc/gpuhook",
-            "/etc/libvirt/hooks",
-        ] {
-            fs::create_dir_all(d).map_err(|e| format!("{d}: {e}"))?;
-        }
         if let Hook::Binary(bin) = &hook {
             let dst = dir.join("hooks/lxc");
             fs::copy(bin, &dst)
@@ -138,7 +158,35 @@ impl Daemon {
         self.dir.join("libvirtd.pid")
     }
 
+    /// The host paths the daemon's namespace covers with the test bed's directories.
+    fn covered(&self) -> Vec<(PathBuf, &'static str)> {
+        let mut v = vec![
+            (self.dir.join("run-libvirt"), "/run/libvirt"),
+            (self.dir.join("etc-libvirt-lxc"), "/etc/libvirt/lxc"),
+            (self.dir.join("etc-gpuhook"), "/etc/gpuhook"),
+        ];
+        if matches!(self.hook, Hook::Binary(_)) {
+            v.push((self.dir.join("hooks"), "/etc/libvirt/hooks"));
+        }
+        v
+    }
+
+    /// Whether each of the daemon's bind mounts is still in its namespace (the host path, seen
+    /// through the daemon's `/proc/PID/root`, is the test bed's directory): an error naming
+    /// those whose host directory was removed behind the test bed's back.
+    pub fn check_mounts(&self) -> Result<(), String> {
+        match self.pid() {
+            Some(pid) => detached_mounts(pid, &self.covered()),
+            None => Ok(()),
+        }
+    }
+
     pub fn start(&mut self) -> Result<(), String> {
+        // Mount points on the host (empty directories; libvirt's packages create most), made
+        // again at each start: something on the host may have removed one.
+        for (_, d) in self.covered() {
+            fs::create_dir_all(d).map_err(|e| format!("{d}: {e}"))?;
+        }
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -381,5 +429,59 @@ impl DomainSpec {
             self.metadata,
             esc(&self.init)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What made a libvirt test fail once: a directory bind-mounted over a host path in a
+    /// private mount namespace is detached from it when the host removes that path (Linux
+    /// 3.18 and later), as a package's purge removes `/etc/gpuhook`; the check names it.
+    #[test]
+    fn a_mount_point_removed_on_the_host_is_named() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("needs root (a mount namespace)");
+            return;
+        }
+        let t = std::env::temp_dir().join(format!("gpuhook-testbed-mounts-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&t);
+        fs::create_dir(&t).unwrap();
+        let (ours, at) = (t.join("ours"), t.join("at"));
+        fs::create_dir(&ours).unwrap();
+        fs::create_dir(&at).unwrap();
+        fs::write(ours.join("config.json"), "{}").unwrap();
+        let ready = t.join("ready");
+        let mut ns = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg("mount --bind \"$1\" \"$2\" && : > \"$3\" && exec sleep 30")
+            .args(["sh", ours.to_str().unwrap(), at.to_str().unwrap()])
+            .arg(&ready)
+            .spawn()
+            .unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            assert!(Instant::now() < end, "the namespace never mounted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let pid = ns.id() as i32;
+        let at_s = at.to_str().unwrap();
+        let pair = [(ours.clone(), at_s)];
+        let seen = detached_mounts(pid, &pair);
+        // The host removes its (empty) directory: allowed, and the mount is gone there.
+        fs::remove_dir(&at).unwrap();
+        let after = detached_mounts(pid, &pair);
+        let inside = Path::new(&format!("/proc/{pid}/root{at_s}/config.json")).exists();
+        let _ = ns.kill();
+        let _ = ns.wait();
+        let _ = fs::remove_dir_all(&t);
+        assert_eq!(seen, Ok(()));
+        let e = after.unwrap_err();
+        assert!(
+            e.contains(&format!("bind mount over {at_s} is gone")),
+            "{e}"
+        );
+        assert!(!inside, "the namespace still sees the bed's config");
     }
 }

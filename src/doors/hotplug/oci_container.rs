@@ -307,13 +307,13 @@ fn is_sandbox(p: &Path) -> Result<bool, CliError> {
 /// read from its `/proc/PID/cgroup` and taken only while that very init (PID and start time)
 /// still runs: a PID reused after the init exited (by a process of another container) gets
 /// nothing.
-fn init_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+fn init_cgroup(cfg: &Config, ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
     let made = &ct.made;
     let cg = match cgroup::v1_for_pid(ct.init.pid, made.devices.as_deref()) {
         Err(CgroupError {
             fault: Fault::NoV1Devices,
             ..
-        }) => cgroup::program_for_pid(ct.init.pid, made.unified.as_deref())?,
+        }) => cgroup::program_for_pid(ct.init.pid, made.unified.as_deref(), cfg.state_dir())?,
         r => r?,
     };
     if !ct.init.alive() {

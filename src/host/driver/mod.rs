@@ -21,6 +21,7 @@
 //! [`check_trust`] (every start, cached or not) refuses a file that is not root's or that
 //! group or others may write, or whose directory is; a socket as [`socket::open`] says.
 
+pub mod cachefile;
 pub mod ldcache;
 pub mod socket;
 
@@ -172,9 +173,6 @@ pub struct DriverFound {
     pub lib_dirs: Vec<String>,
     /// `ld.so.cache` and every directory looked in, with their identity then.
     pub searched: Vec<Searched>,
-    /// What could not be used, for the log (an unreadable linker cache).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub notes: Vec<String>,
 }
 
 impl DriverFound {
@@ -259,6 +257,11 @@ pub enum DriverError {
         dir: PathBuf,
         owner: socket::Account,
         source: std::io::Error,
+    },
+    #[error("driver \"host\": linker cache {}: {fault}; refusing to read it", .path.display())]
+    LdCache {
+        path: PathBuf,
+        fault: cachefile::CacheFault,
     },
 }
 
@@ -491,28 +494,48 @@ fn cache_dirs(entries: &[ldcache::CacheEntry]) -> Vec<String> {
     dirs
 }
 
-/// The linker cache's entries (none when it is missing or unreadable: a note says so).
-fn cache_entries(s: &mut Search) -> Vec<ldcache::CacheEntry> {
-    s.looked("/etc/ld.so.cache");
-    let cache = s.under("/etc/ld.so.cache");
-    match std::fs::read(&cache) {
-        Ok(b) => match ldcache::parse(&b) {
-            Ok((_, e)) => e,
-            Err(e) => {
-                s.found
-                    .notes
-                    .push(format!("{}: {e}; not used", cache.display()));
-                Vec::new()
-            }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => {
-            s.found
-                .notes
-                .push(format!("{}: {e}; not used", cache.display()));
-            Vec::new()
+/// The directories of the driver's libraries that the linker cache names (none when there is
+/// no cache). A cache that may not be trusted, or cannot be read, is refused in one line
+/// naming it: the search does not go on without it, since the directories it would have
+/// named first might then give another copy of the driver than the host's loader uses.
+fn ldcache_dirs(s: &mut Search) -> Result<Vec<String>, DriverError> {
+    let path = s.under("/etc/ld.so.cache");
+    let refused = |fault: cachefile::CacheFault| DriverError::LdCache {
+        path: path.clone(),
+        fault,
+    };
+    // A root that is not there has no cache (and no driver: `NoLibcuda` says where it looked).
+    let read = match std::fs::canonicalize(s.root) {
+        Ok(real) => cachefile::read(&real).map_err(refused)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => {
+            return Err(DriverError::Gone {
+                path: s.root.to_path_buf(),
+                source,
+            })
         }
+    };
+    // The root and each directory above it are trusted before the bytes are used.
+    if read.is_some() {
+        check_root(s.root)?;
     }
+    s.found.searched.push(Searched {
+        path: path.clone(),
+        ident: read.as_ref().map(|r| Ident {
+            dev: r.stat.st_dev,
+            ino: r.stat.st_ino,
+            size: r.stat.st_size as u64,
+            mtime: r.stat.st_mtime,
+            mtime_nsec: r.stat.st_mtime_nsec,
+        }),
+        // The cache is opened without following a link: a link put in its place is a change.
+        link_itself: true,
+    });
+    let Some(r) = read else {
+        return Ok(Vec::new());
+    };
+    let (_, entries) = ldcache::parse(&r.bytes).map_err(|e| refused(e.into()))?;
+    Ok(cache_dirs(&entries))
 }
 
 /// The driver's files at fixed places: firmware of this version, programs (the first of
@@ -570,14 +593,12 @@ pub fn discover(root: &Path, version: &str) -> Result<DriverFound, DriverError> 
             files: Vec::new(),
             lib_dirs: Vec::new(),
             searched: Vec::new(),
-            notes: Vec::new(),
         },
         seen: BTreeSet::new(),
     };
     // The libraries: the linker cache's directories, then the fixed ones.
-    let entries = cache_entries(&mut s);
     let suffix = format!(".so.{version}");
-    let mut dirs: Vec<(String, FoundBy)> = cache_dirs(&entries)
+    let mut dirs: Vec<(String, FoundBy)> = ldcache_dirs(&mut s)?
         .into_iter()
         .map(|d| (d, FoundBy::LdCache))
         .collect();

@@ -467,22 +467,119 @@ fn links_going_round_resolve_to_nothing() {
     assert_eq!(resolve(r.root(), "/../../usr/x").as_deref(), Some("/usr/x"));
 }
 
+/// The one-line refusal of the cache under `r`, as `discover` gives it.
+fn refusal(r: &Root) -> String {
+    let e = discover(r.root(), V).unwrap_err();
+    assert!(matches!(e, DriverError::LdCache { .. }), "{e}");
+    let text = e.to_string();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let head = format!(
+        "driver \"host\": linker cache {}: ",
+        r.p("/etc/ld.so.cache").display()
+    );
+    assert!(text.starts_with(&head), "{text}");
+    assert!(text.ends_with("; refusing to read it"), "{text}");
+    text[head.len()..].to_string()
+}
+
 #[test]
-fn an_unreadable_cache_is_noted_and_the_fixed_directories_still_searched() {
+fn an_unreadable_cache_refuses_the_request_in_one_line_naming_it() {
     let r = Root::new();
     r.driver(LIB, V);
     std::fs::create_dir_all(r.p("/etc")).unwrap();
     std::fs::write(r.p("/etc/ld.so.cache"), b"not a cache").unwrap();
-    let f = discover(r.root(), V).unwrap();
-    assert_eq!(f.notes.len(), 1, "{:?}", f.notes);
-    assert!(
-        f.notes[0].contains("not a glibc linker cache"),
-        "{:?}",
-        f.notes
+    assert!(refusal(&r).starts_with("not a glibc linker cache"));
+    // A cache that cuts off inside its strings.
+    let good = ldcache::new_cache(&[(0x0303, "libcuda.so.1", &format!("{LIB}/libcuda.so.1"))]);
+    std::fs::write(r.p("/etc/ld.so.cache"), &good[..good.len() - 3]).unwrap();
+    assert_eq!(
+        refusal(&r),
+        "entry 0: its path at offset 85 has no NUL before the cache ends; refusing to read it"
     );
+    // No cache at all: the fixed directories.
+    std::fs::remove_file(r.p("/etc/ld.so.cache")).unwrap();
+    let f = discover(r.root(), V).unwrap();
     assert!(f
         .of(DriverFileKind::Library)
         .all(|x| x.found_by == FoundBy::Directory));
+    assert!(f
+        .searched
+        .iter()
+        .any(|x| x.path == r.p("/etc/ld.so.cache") && x.ident.is_none()));
+}
+
+#[test]
+fn a_cache_others_may_write_or_swap_is_not_read() {
+    let r = Root::new();
+    r.driver(LIB, V);
+    r.cache(&[(0x0303, "libcuda.so.1", &format!("{LIB}/libcuda.so.1"))]);
+    let cache = r.p("/etc/ld.so.cache");
+    let mode =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    let f = discover(r.root(), V).unwrap();
+    assert!(f.files.iter().any(|x| x.found_by == FoundBy::LdCache));
+    mode(&cache, 0o664);
+    assert_eq!(
+        refusal(&r),
+        "has mode 0664: group or others may write it; refusing to read it"
+    );
+    mode(&cache, 0o644);
+    std::os::unix::fs::chown(&cache, Some(1000), None).unwrap();
+    assert_eq!(
+        refusal(&r),
+        "owned by uid 1000, not root; refusing to read it"
+    );
+    std::os::unix::fs::chown(&cache, Some(0), None).unwrap();
+    mode(&r.p("/etc"), 0o777);
+    assert_eq!(
+        refusal(&r),
+        format!(
+            "a directory on the way to it ({}) has mode 0777: group or others may write it; refusing to read it",
+            std::fs::canonicalize(r.p("/etc")).unwrap().display()
+        )
+    );
+    mode(&r.p("/etc"), 0o755);
+    std::os::unix::fs::chown(r.p("/etc"), Some(1000), None).unwrap();
+    assert!(refusal(&r).contains("is owned by uid 1000, not root"));
+    std::os::unix::fs::chown(r.p("/etc"), Some(0), None).unwrap();
+    // A link in place of the cache, or of `etc`, is not followed.
+    std::fs::rename(&cache, r.p("/real.cache")).unwrap();
+    symlink("/real.cache", &cache).unwrap();
+    assert_eq!(
+        refusal(&r),
+        "a symbolic link (not followed); refusing to read it"
+    );
+    std::fs::remove_file(&cache).unwrap();
+    std::fs::rename(r.p("/etc"), r.p("/etc2")).unwrap();
+    std::fs::rename(r.p("/real.cache"), r.p("/etc2/ld.so.cache")).unwrap();
+    symlink("etc2", r.p("/etc")).unwrap();
+    assert!(refusal(&r).contains("is a symbolic link or not a directory"));
+    std::fs::remove_file(r.p("/etc")).unwrap();
+    std::fs::rename(r.p("/etc2"), r.p("/etc")).unwrap();
+    // A FIFO is not waited on.
+    std::fs::remove_file(&cache).unwrap();
+    nix::unistd::mkfifo(&cache, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    assert_eq!(refusal(&r), "not a regular file; refusing to read it");
+    std::fs::remove_file(&cache).unwrap();
+    // Larger than any real cache: refused by its size, before it is read.
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(ldcache::MAX_SIZE as u64 + 1)
+        .unwrap();
+    assert_eq!(
+        refusal(&r),
+        "16777217 bytes: more than the 16 MiB a linker cache is read up to; refusing to read it"
+    );
+    // Back to a good one: read again; but not under a root others may write.
+    r.cache(&[(0x0303, "libcuda.so.1", &format!("{LIB}/libcuda.so.1"))]);
+    assert!(discover(r.root(), V).is_ok());
+    mode(r.root(), 0o777);
+    let e = discover(r.root(), V).unwrap_err().to_string();
+    mode(r.root(), 0o755);
+    assert!(
+        e.contains("has mode 0777: group or others may write it"),
+        "{e}"
+    );
 }
 
 // ---- sockets ----

@@ -31,7 +31,7 @@ pub(super) struct Applied {
 /// Grants the nodes in the container's device cgroup, then creates them in its `/dev`.
 /// On failure nothing of this call is left behind.
 pub(super) fn apply(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
-    let mut cg = (f.cgroup)(ct)?;
+    let mut cg = (f.cgroup)(f.cfg, ct)?;
     let granted = cgroup::grant_all(&mut *cg, &as_nodes(specs))?;
     match f.enter.create_nodes(ct, specs) {
         Ok(made) => {

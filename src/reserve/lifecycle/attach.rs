@@ -118,7 +118,7 @@ pub fn attach(
     find: impl FnOnce() -> Result<Container, ContainerError>,
 ) -> Result<Attached, Error> {
     let ct = find()?;
-    let cg = (f.cgroup)(&ct)?;
+    let cg = (f.cgroup)(f.cfg, &ct)?;
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let (mut got, mut notes) =
         match store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg)) {
@@ -266,7 +266,7 @@ fn tell_manager(
     if nodes.is_empty() {
         return Ok(None);
     }
-    let mut policy = (f.manager)(ct)?;
+    let mut policy = (f.manager)(f.cfg, ct)?;
     if let Some(p) = &mut policy {
         for n in nodes {
             char_link(f, n)?;

@@ -98,7 +98,7 @@ pub fn detach(
     // reload gives back a GPU once it is free; those the locked step keeps go back after it.
     let planned: Vec<Node> = plan(&inv, r, &units).into_iter().map(|(n, _)| n).collect();
     let mut policy = untold(f, &ct, &planned)?;
-    let mut cg = match (f.cgroup)(&ct) {
+    let mut cg = match (f.cgroup)(f.cfg, &ct) {
         Ok(c) => c,
         Err(e) => return Err(retold(&mut policy, &planned, e.into())),
     };
@@ -186,7 +186,7 @@ fn untold(
     if nodes.is_empty() {
         return Ok(None);
     }
-    let mut policy = (f.manager)(ct)?;
+    let mut policy = (f.manager)(f.cfg, ct)?;
     if let Some(p) = &mut policy {
         if let Err(e) = p.remove(nodes) {
             return Err(retold(&mut policy, nodes, e.into()));

@@ -89,7 +89,7 @@ pub fn readopt(
     };
     // What the container's device cgroup grants, read now, before the lock: adoption decides
     // from it under the lock without touching the container (whose /dev could stall us).
-    let (mut cg, granted) = match (f.cgroup)(&ct) {
+    let (mut cg, granted) = match (f.cgroup)(f.cfg, &ct) {
         Ok(c) => {
             let g = granted_gpus(&*c, &inv);
             (Some(c), g)

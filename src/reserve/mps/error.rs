@@ -30,6 +30,15 @@ pub enum MpsError {
         starter: i32,
         waited: Duration,
     },
+    #[error(
+        "MPS daemon of GPU {pci} ({uuid}): what its start by pid {starter} left (the process is gone) still runs {waited:?} after it was killed; no daemon is started beside it"
+    )]
+    Unswept {
+        pci: Pci,
+        uuid: String,
+        starter: i32,
+        waited: Duration,
+    },
     #[error("MPS daemon of GPU {pci}: the start time of this process (pid {pid}) is unknown")]
     OwnStartTime { pci: Pci, pid: i32 },
     #[error(transparent)]

@@ -34,4 +34,4 @@ pub use error::MpsError;
 pub use nvidia::NvidiaMps;
 pub use plan::{daemon_for, mps_gpus, plan, stop_unused, DaemonPlan};
 pub use start::{bring_up, claim, Up};
-pub use work::Mps;
+pub use work::{Mps, Swept};

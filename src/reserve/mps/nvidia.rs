@@ -4,7 +4,7 @@
 
 use super::daemon::{dir_for, limit_commands, Daemon, DEADLINE, PID_FILE};
 use super::error::MpsError;
-use super::work::Mps;
+use super::work::{Mps, Swept};
 use crate::host::config::{Config, Sharing};
 use crate::ids::Pci;
 use std::io::{Read, Write};
@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 /// How often a wait for the daemon (its PID file, its exit, a client's) looks again.
 const POLL: Duration = Duration::from_millis(2);
+/// How long one pass of a sweep (under the state lock) waits for what it killed to be gone.
+pub const SWEEP_GRACE: Duration = Duration::from_millis(20);
 
 /// The real daemons.
 pub struct NvidiaMps;
@@ -344,40 +346,48 @@ impl Mps for NvidiaMps {
     }
 
     /// Kills (SIGKILL) every process [`started_for`] the daemon's pipe directory, looking
-    /// again until two looks in a row find none (one may fork while it is killed).
-    fn sweep(&self, _: &Config, _: Pci, d: &Daemon) -> Vec<i32> {
-        let mut killed = Vec::new();
-        let mut quiet = 0;
-        for _ in 0..500 {
-            let found = started_for(&d.pipe());
+    /// again until two looks in a row find none (one may fork while it is killed), for
+    /// [`SWEEP_GRACE`] at most: this runs under the state lock, and a process that takes
+    /// longer to die (stuck in the driver) is left to the next pass.
+    fn sweep(&self, _: &Config, _: Pci, d: &Daemon) -> Swept {
+        let pipe = d.pipe();
+        let end = Instant::now() + SWEEP_GRACE;
+        let mut swept = Swept::default();
+        let mut quiet = false;
+        loop {
+            let found = started_for(&pipe);
             if found.is_empty() {
-                quiet += 1;
-                if quiet == 2 {
+                if quiet {
                     break;
                 }
-            } else {
-                quiet = 0;
+                quiet = true;
+                continue;
             }
-            for pid in found {
+            quiet = false;
+            for &pid in &found {
                 // By a descriptor of the process, looked at again through it: a PID reused
                 // since the look is not signalled.
                 let Ok(fd) = crate::host::sys::pidfd_open(pid) else {
                     continue;
                 };
-                if !is_started_for(pid, &d.pipe()) {
+                if !is_started_for(pid, &pipe) {
                     continue;
                 }
                 let _ = crate::host::sys::pidfd_kill(
                     std::os::fd::AsFd::as_fd(&fd),
                     nix::sys::signal::SIGKILL,
                 );
-                if !killed.contains(&pid) {
-                    killed.push(pid);
+                if !swept.killed.contains(&pid) {
+                    swept.killed.push(pid);
                 }
             }
-            std::thread::sleep(Duration::from_millis(10));
+            if Instant::now() >= end {
+                swept.left = found;
+                return swept;
+            }
+            std::thread::sleep(POLL);
         }
-        let _ = std::fs::remove_file(d.pipe().join(PID_FILE));
-        killed
+        let _ = std::fs::remove_file(pipe.join(PID_FILE));
+        swept
     }
 }

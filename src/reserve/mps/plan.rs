@@ -20,7 +20,8 @@ pub fn daemon_for<'s>(st: &'s State, units: &[Unit]) -> Option<(Pci, &'s Daemon)
 }
 
 /// What to do: daemons to start (a GPU shared with MPS, a slot of it held, no live daemon
-/// recorded and no live start of one) and to stop (a recorded daemon whose GPU no
+/// recorded and no start of one: a live one is waited for, a dead one's leftovers are
+/// swept first) and to stop (a recorded daemon whose GPU no
 /// reservation holds a slot of).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct DaemonPlan {
@@ -42,7 +43,7 @@ pub fn plan(st: &State, mps: &BTreeSet<Pci>, alive: &dyn Fn(&ProcRef) -> bool) -
         start: used
             .iter()
             .filter(|p| mps.contains(p))
-            .filter(|p| !st.mps.get(p).is_some_and(|d| alive(&d.proc)))
+            .filter(|p| !st.mps.get(p).is_some_and(|d| d.starting || alive(&d.proc)))
             .copied()
             .collect(),
         stop: st
@@ -82,7 +83,11 @@ pub fn own_ref(proc: Proc) -> Option<ProcRef> {
 }
 
 /// Under the state lock: a start recorded `starting` whose starter is gone (killed between
-/// its two locked steps) is swept: what it left running is stopped, the record forgotten.
+/// its two locked steps) is swept, one bounded pass ([`Mps::sweep`]): what it left running
+/// is killed, and the record forgotten once nothing of it is left. Until then the record
+/// stays, so no daemon is started for that GPU beside the leftovers; the next locked step
+/// (a waiting sharer's, or any door's) passes again. No door waits on the lock for a
+/// process that is slow to die.
 pub fn sweep_dead(cfg: &Config, m: &dyn Mps, proc: Proc, st: &mut State) -> Vec<String> {
     let dead: Vec<(Pci, Daemon)> = st
         .mps
@@ -92,12 +97,23 @@ pub fn sweep_dead(cfg: &Config, m: &dyn Mps, proc: Proc, st: &mut State) -> Vec<
         .collect();
     let mut notes = Vec::new();
     for (pci, d) in dead {
-        let pids = m.sweep(cfg, pci, &d);
-        st.mps.remove(&pci);
-        notes.push(format!(
-            "MPS daemon of GPU {pci} ({}): its start by pid {} did not finish (the process is gone); stopped what it left: {pids:?}",
+        let swept = m.sweep(cfg, pci, &d);
+        let head = format!(
+            "MPS daemon of GPU {pci} ({}): its start by pid {} did not finish (the process is gone)",
             d.uuid, d.proc.pid
-        ));
+        );
+        if swept.left.is_empty() && swept.killed.is_empty() {
+            st.mps.remove(&pci);
+            notes.push(format!("{head}; nothing it left runs any more: forgotten"));
+        } else if swept.left.is_empty() {
+            st.mps.remove(&pci);
+            notes.push(format!("{head}; stopped what it left: {:?}", swept.killed));
+        } else {
+            notes.push(format!(
+                "{head}; killed what it left, not gone yet: {:?} (no daemon is started for the GPU until they are)",
+                swept.left
+            ));
+        }
     }
     notes
 }

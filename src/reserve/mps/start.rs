@@ -3,7 +3,8 @@
 //! recorded); after the lock is dropped, [`bring_up`] starts it and a second locked step
 //! records it, or forgets the mark (and undoes the caller's step) when it failed. A second
 //! sharer that finds the mark waits for it, outside the lock; a mark whose starter is gone
-//! is swept by the next locked step ([`super::plan::sweep_dead`]).
+//! is swept by the next locked step ([`super::plan::sweep_dead`], one bounded pass: a sharer
+//! that finds what it left still dying waits for it, outside the lock, as for a start).
 
 use super::daemon::Daemon;
 use super::error::MpsError;
@@ -22,6 +23,9 @@ use std::time::{Duration, Instant};
 pub const WAIT: Duration = Duration::from_secs(35);
 /// How often it looks again.
 const WAIT_POLL: Duration = Duration::from_millis(20);
+/// How often it looks again when the start's process is gone and what it left is dying:
+/// each look is a locked step with a pass of the sweep, so other doors get the lock between.
+const SWEEP_POLL: Duration = Duration::from_millis(100);
 
 /// What [`bring_up`] did: lines for the log, and the daemons of the holder's GPUs.
 #[derive(Debug, Default)]
@@ -133,7 +137,12 @@ pub fn bring_up(
         // Locked: sweep, mark again what a failed start of another process left unstarted.
         let l = store
             .update(|st| -> Result<StartLook, MpsError> {
-                up.notes.extend(claim(cfg, m, proc, st, inv, units)?);
+                for n in claim(cfg, m, proc, st, inv, units)? {
+                    // A sweep that waits for what it killed says so once.
+                    if !up.notes.contains(&n) {
+                        up.notes.push(n);
+                    }
+                }
                 Ok(look(st, &gpus, me))
             })
             .map_err(fail)?;
@@ -146,14 +155,29 @@ pub fn bring_up(
             return Ok(up);
         };
         if Instant::now() >= end {
-            return Err(fail(MpsError::StillStarting {
-                pci,
-                uuid: d.uuid,
-                starter: d.proc.pid,
-                waited: WAIT,
+            // A mark whose starter is gone is one whose leftovers do not die.
+            let (uuid, starter) = (d.uuid, d.proc.pid);
+            return Err(fail(if proc.alive(&d.proc) {
+                MpsError::StillStarting {
+                    pci,
+                    uuid,
+                    starter,
+                    waited: WAIT,
+                }
+            } else {
+                MpsError::Unswept {
+                    pci,
+                    uuid,
+                    starter,
+                    waited: WAIT,
+                }
             }));
         }
-        std::thread::sleep(WAIT_POLL);
+        std::thread::sleep(if proc.alive(&d.proc) {
+            WAIT_POLL
+        } else {
+            SWEEP_POLL
+        });
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::daemon::{dir_for, limit_commands, Daemon, PID_FILE};
 use super::error::MpsError;
-use super::nvidia::{in_namespace, read_pid};
+use super::nvidia::{in_namespace, read_pid, NvidiaMps};
 use super::plan::{plan, stop_unused, DaemonPlan};
 use super::start::{bring_up, claim};
 use super::work::Mps;
@@ -12,7 +12,7 @@ use crate::host::procfs::ProcRef;
 use crate::ids::Pci;
 use crate::reserve::state::{HolderKind, Reservation, State, Store};
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn pci(s: &str) -> Pci {
     s.parse().expect("a PCI address")
@@ -157,11 +157,11 @@ impl Mps for Fake {
             })
         }
     }
-    fn sweep(&self, _: &Config, pci: Pci, d: &Daemon) -> Vec<i32> {
+    fn sweep(&self, _: &Config, pci: Pci, d: &Daemon) -> super::Swept {
         self.0
             .borrow_mut()
             .push(format!("sweep {pci} {}", d.proc.pid));
-        vec![]
+        super::Swept::default()
     }
 }
 
@@ -339,6 +339,65 @@ fn a_dead_starters_mark_is_swept() {
     assert!(st.mps[&pci(A)].starting);
 }
 
+/// Leftovers of a dead start that are slow to die (each pass kills them, they are still
+/// there at its end) keep the mark: nothing is started beside them, and the mark is
+/// forgotten (and the start marked anew) by the first pass that finds none.
+struct Dying(std::cell::Cell<u32>, std::cell::RefCell<Vec<String>>);
+impl Mps for Dying {
+    fn dirs(&self, cfg: &Config, pci: Pci, uuid: &str) -> Result<PathBuf, MpsError> {
+        self.1.borrow_mut().push(format!("dirs {pci}"));
+        Ok(dir_for(cfg, uuid))
+    }
+    fn start(&self, _: &Config, _: Pci, _: &str, _: &Sharing) -> Result<Daemon, MpsError> {
+        unreachable!("claim starts nothing")
+    }
+    fn quit(&self, _: &Config, _: Pci, _: &Daemon) -> Result<(), MpsError> {
+        unreachable!("nothing to quit")
+    }
+    fn sweep(&self, _: &Config, pci: Pci, _: &Daemon) -> super::Swept {
+        self.1.borrow_mut().push(format!("sweep {pci}"));
+        let left = self.0.get();
+        self.0.set(left.saturating_sub(1));
+        super::Swept {
+            killed: vec![4242],
+            left: if left > 0 { vec![4242] } else { vec![] },
+        }
+    }
+}
+
+#[test]
+fn a_dead_starts_leftovers_slow_to_die_keep_the_mark_and_start_nothing() {
+    let cfg = Config::default();
+    let inv = mps_inv(false);
+    let proc = crate::host::procfs::HOST;
+    let mut st = state(&[("c1", "0000:04:00.0/slot0")]);
+    let dead = Daemon {
+        starting: true,
+        ..daemon(i32::MAX)
+    };
+    st.mps.insert(pci(A), dead.clone());
+    // A plan never starts over a mark, dead or alive.
+    let gpus = [pci(A)].into_iter().collect();
+    assert!(plan(&st, &gpus, &|_| false).start.is_empty());
+    let m = Dying(std::cell::Cell::new(2), Default::default());
+    let us = units(&["0000:04:00.0/slot0"]);
+    for _ in 0..2 {
+        let notes = claim(&cfg, &m, proc, &mut st, &inv, &us).unwrap();
+        assert_eq!(st.mps[&pci(A)], dead, "{notes:?}");
+        assert!(notes[0].contains("not gone yet: [4242]"), "{notes:?}");
+    }
+    assert_eq!(*m.1.borrow(), ["sweep 0000:04:00.0", "sweep 0000:04:00.0"]);
+    let notes = claim(&cfg, &m, proc, &mut st, &inv, &us).unwrap();
+    assert!(
+        notes[0].ends_with("stopped what it left: [4242]"),
+        "{notes:?}"
+    );
+    let d = &st.mps[&pci(A)];
+    assert!(d.starting);
+    assert_eq!(d.proc.pid, std::process::id() as i32);
+    assert_eq!(m.1.borrow().last().unwrap(), "dirs 0000:04:00.0");
+}
+
 /// The state file: `starting` is written only while true (a record without it loads).
 #[test]
 fn starting_is_an_optional_field() {
@@ -421,4 +480,65 @@ fn the_sweep_passes_over_a_host_process_with_the_daemons_environment() {
     );
     assert!(own_seen, "a process in a mount namespace of its own");
     assert_eq!(found, vec![own.id() as i32]);
+}
+
+/// One pass of the real sweep is bounded (it runs under the state lock): a process of the
+/// daemon's that is slow to die (held at its exit by the test bed's `hold-at-exit`, as a
+/// daemon stuck in the driver is) is killed and reported left within a fraction of a
+/// second; a pass once it is gone finds nothing left.
+#[test]
+fn a_sweep_pass_is_bounded_when_what_it_kills_is_slow_to_die() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("needs root (a mount namespace of its own, ptrace)");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let pipe = t.path().join("pipe");
+    std::fs::create_dir(&pipe).unwrap();
+    let mut own = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sleep", "30"])
+        .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+        .spawn()
+        .unwrap();
+    let pid = own.id() as i32;
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !super::nvidia::is_started_for(pid, &pipe) {
+        assert!(std::time::Instant::now() < end, "never in its namespace");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let (dying, attached) = (t.path().join("dying"), t.path().join("attached"));
+    let hold = Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/scripts/hold-at-exit");
+    let mut holder = std::process::Command::new(hold)
+        .arg(pid.to_string())
+        .arg("1.5")
+        .args([&dying, &attached])
+        .env_clear()
+        .spawn()
+        .unwrap();
+    while !attached.exists() {
+        assert!(
+            std::time::Instant::now() < end,
+            "hold-at-exit never attached"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let d = Daemon {
+        dir: t.path().into(),
+        starting: true,
+        ..daemon(i32::MAX)
+    };
+    let cfg = Config::default();
+    let t0 = std::time::Instant::now();
+    let swept = NvidiaMps.sweep(&cfg, pci(A), &d);
+    let took = t0.elapsed();
+    assert!(dying.exists(), "not killed");
+    assert_eq!(
+        (swept.killed.clone(), swept.left.clone()),
+        (vec![pid], vec![pid])
+    );
+    assert!(took < std::time::Duration::from_millis(500), "{took:?}");
+    let _ = own.wait();
+    let _ = holder.wait();
+    let again = NvidiaMps.sweep(&cfg, pci(A), &d);
+    assert_eq!(again, super::Swept::default());
 }

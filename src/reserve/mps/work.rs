@@ -6,6 +6,14 @@ use crate::host::config::{Config, Sharing};
 use crate::ids::Pci;
 use std::path::PathBuf;
 
+/// What one pass of a sweep did: the PIDs it killed, and those still running at its end
+/// (killed, not gone yet); none left: nothing of the start runs any more.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Swept {
+    pub killed: Vec<i32>,
+    pub left: Vec<i32>,
+}
+
 /// The host work: a daemon's directories (made under the state lock, before its start is
 /// recorded), starting a daemon (and setting its limits: outside the lock), telling one to
 /// quit, and stopping what a killed start left.
@@ -32,11 +40,13 @@ pub trait Mps {
         sharing: &Sharing,
     ) -> Result<Daemon, MpsError>;
     fn quit(&self, cfg: &Config, pci: Pci, d: &Daemon) -> Result<(), MpsError>;
-    /// Stops every process a start of `d` (recorded `starting`, its starter gone) left
-    /// running; their PIDs.
-    /// By default none (a start that runs nothing outside the process).
-    fn sweep(&self, cfg: &Config, pci: Pci, d: &Daemon) -> Vec<i32> {
+    /// One pass, under the state lock and so bounded well under a second, that kills every
+    /// process a start of `d` (recorded `starting`, its starter gone) left running and
+    /// looks whether any is still there; the record is forgotten only once none is (a later
+    /// locked step passes again). By default nothing (a start that runs nothing outside the
+    /// process).
+    fn sweep(&self, cfg: &Config, pci: Pci, d: &Daemon) -> Swept {
         let _ = (cfg, pci, d);
-        Vec::new()
+        Swept::default()
     }
 }

@@ -457,17 +457,20 @@ impl FakeHost {
             }
         };
         let fk = fake.clone();
-        let cgroup = move |_: &Container| -> Result<Box<dyn DeviceCgroup>, CgroupError> {
-            if fk.no_cgroup {
-                return Err(CgroupError::new(
-                    Path::new("/fake"),
-                    "no devices cgroup for pid 4242",
-                ));
-            }
-            Ok(Box::new(Cg(fk.clone())))
-        };
+        let cgroup =
+            move |_: &Config, _: &Container| -> Result<Box<dyn DeviceCgroup>, CgroupError> {
+                if fk.no_cgroup {
+                    return Err(CgroupError::new(
+                        Path::new("/fake"),
+                        "no devices cgroup for pid 4242",
+                    ));
+                }
+                Ok(Box::new(Cg(fk.clone())))
+            };
         let fk = fake.clone();
-        let manager = move |_: &Container| -> Result<
+        let manager = move |_: &Config,
+                            _: &Container|
+              -> Result<
             Option<Box<dyn crate::cgroup::ManagedPolicy>>,
             CgroupError,
         > {
@@ -926,7 +929,6 @@ fn host_driver_of(v: &str) -> crate::reserve::driver::Discovered {
             ],
             lib_dirs: vec!["/usr/lib/x86_64-linux-gnu".into()],
             searched: vec![],
-            notes: vec![],
         },
         sonames: [(lib, "libcuda.so.1".to_string())].into_iter().collect(),
         pinned: vec![],
