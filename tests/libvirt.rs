@@ -1389,7 +1389,7 @@ fn request_through_libvirt(b: &mut Bed) {
 
 fn reconcile_frees_only_the_gone(b: &mut Bed) {
     use gpuhook::host::procfs::ProcRef;
-    use gpuhook::reserve::state::{rfc3339, Phase, Reservation, Store};
+    use gpuhook::reserve::state::{rfc3339, HolderId, Phase, Reservation, Store};
     b.use_host(FakeHost::dgx8());
     b.define_start(&spec("gh-live", ""));
     let now = std::time::SystemTime::now()
@@ -1400,9 +1400,10 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
     let fake =
         |n: u32, name: &str, gpu: &str, phase: Phase, prepared_by: Option<ProcRef>, age: i64| {
             Reservation {
-                kind: Default::default(),
-                domain: name.into(),
-                uuid: common::uuid(n),
+                holder: HolderId::Libvirt {
+                    name: name.into(),
+                    uuid: common::uuid(n),
+                },
                 gpus: vec![gpu.parse().unwrap()],
                 phase,
                 request: "1 GPU".into(),
@@ -1446,7 +1447,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                     3600,
                 ),
             ] {
-                st.reservations.insert(r.uuid.clone(), r);
+                st.reservations.insert(r.key(), r);
             }
             Ok::<_, gpuhook::Error>(())
         })

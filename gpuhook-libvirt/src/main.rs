@@ -94,10 +94,9 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
     let verb = if dry_run { "would free" } else { "freed" };
     for (r, why) in &freed {
         let line = format!(
-            "{verb} {} of {} ({}): {why}",
+            "{verb} {} of {}: {why}",
             gpuhook::ids::Unit::join(&r.gpus, ","),
-            r.who(),
-            r.uuid
+            r.holder.who_exactly()
         );
         println!("{line}");
         if !dry_run {

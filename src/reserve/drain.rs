@@ -789,8 +789,11 @@ int main(int argc, char **argv) {
         // ci1 of the same GPU instance is still held: its capability of the GPU instance is
         // not this unit's own.
         let mut keep = reservation(&["0000:10:00.0/gi1/ci1"]);
-        keep.uuid = "22222222-2222-2222-2222-222222222222".into();
-        st.reservations.insert(keep.uuid.clone(), keep);
+        keep.holder = crate::reserve::state::HolderId::Libvirt {
+            name: keep.holder.name().into(),
+            uuid: "22222222-2222-2222-2222-222222222222".into(),
+        };
+        st.insert(keep);
         let fresh = freed_units(&inv, &st, &[reservation(&["0000:10:00.0/gi1/ci0"])]);
         assert_eq!(
             fresh[0].nodes,

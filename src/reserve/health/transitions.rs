@@ -106,7 +106,7 @@ impl Bed {
         self.store()
             .update(|st| {
                 let r = Reservation::for_test(HolderKind::Libvirt, name, name, units);
-                st.reservations.insert(name.into(), r);
+                st.insert(r);
                 Ok::<_, Error>(())
             })
             .unwrap();
@@ -700,7 +700,7 @@ fn reset_on_release_scrubs_before_anyone_else() {
     let marked = b
         .store()
         .update(|st| {
-            st.reservations.insert("c".into(), r2.clone());
+            st.insert(r2.clone());
             let mut inv = b.inv.clone();
             let m = scrub_freed(&b.cfg, st, Some(&mut inv), std::slice::from_ref(&r1));
             assert!(!inv.by_pci(G0).unwrap().usable());

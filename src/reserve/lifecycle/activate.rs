@@ -5,7 +5,7 @@ use super::error::LifecycleError;
 use super::holder::Holder;
 use super::nodes::{as_nodes, node_specs, root_owner};
 use super::plan::{cdi_plan, driver_record, scan_for};
-use super::store::{reservation, store};
+use super::store::reservation;
 use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
@@ -16,7 +16,8 @@ use crate::request::Request;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::mps;
-use crate::reserve::state::{now_rfc3339, Node};
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, Node, Started, Transition};
 
 /// What one `apply` changed, so it can be undone.
 pub(super) struct Applied {
@@ -93,9 +94,12 @@ pub fn activate(
     req: &Request,
     find: impl FnOnce() -> Result<Container, ContainerError>,
 ) -> Result<(), Error> {
-    let st = store(f.cfg);
+    let st = Store::new(&f.cfg.state_file);
     let snap = st.read()?;
     let r = reservation(&snap, h)?;
+    Transition::Start
+        .from(Some(r.found(|p| f.proc.alive(p), None)))
+        .map_err(|_| LifecycleError::NoReservation)?;
     // A sharer of a GPU shared with MPS: its daemon's directories (SPEC "Sharing", MPS).
     let mps = mps::daemon_for(&snap, &r.gpus).map(|(pci, d)| (pci, d.clone()));
     drop(snap);
@@ -130,12 +134,19 @@ pub fn activate(
     let recorded = st.update(|s| -> Result<(), Error> {
         let cur = s
             .reservations
-            .get_mut(h.id)
+            .get_mut(&h.key)
             .ok_or(LifecycleError::ReleasedWhileStarting)?;
         if cur.gpus != r.gpus {
             return Err(LifecycleError::ChangedWhileStarting.into());
         }
-        cur.set_running(ct.controller, ct.init, as_nodes(&specs), &now);
+        let started = Started {
+            controller: Some(ct.controller),
+            init: ct.init,
+            nodes: as_nodes(&specs),
+            cgroup: None,
+            namespaces: None,
+        };
+        cur.set_running(started, &now);
         cur.mounts = done.as_ref().map(|d| d.mounted.clone()).unwrap_or_default();
         cur.rootfs = Default::default();
         if let (Some(d), Some(p)) = (&done, &plan) {
@@ -214,13 +225,14 @@ pub(super) fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::roo
             .filter(|m| !mps::is_target(&m.target))
             .count()
     };
-    let (hooks, env) = match h.kind {
+    let (hooks, env) = match h.kind() {
         crate::reserve::state::HolderKind::Libvirt => {
             ("a libvirt container", "a running libvirt container")
         }
         crate::reserve::state::HolderKind::Oci => {
             ("a running OCI container", "a running OCI container")
         }
+        crate::reserve::state::HolderKind::Vm => ("a virtual machine", "a virtual machine"),
     };
     let from = match &p.host_driver {
         Some(d) => d.clone(),

@@ -25,8 +25,7 @@ use super::holder::{new_reservation, Holder};
 use super::mounts::planned;
 use super::nodes::{as_nodes, node_specs, owned, root_owner};
 use super::plan::{driver_record, plan_for, scan_for, wants_driver};
-use super::prepare::{choose, same_kind};
-use super::store::store;
+use super::prepare::choose;
 use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup, Fault, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
@@ -43,7 +42,8 @@ use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::mps;
 use crate::reserve::state::HolderKind;
-use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, Node, Reservation, Started, State, Transition};
 
 /// What one attach gave the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,14 +117,15 @@ pub fn attach(
     let ct = find()?;
     let cg = (f.cgroup)(&ct)?;
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
-    let (mut got, mut notes) =
-        match store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg)) {
-            Ok(g) => g,
-            Err(e) => {
-                super::prepare::keep_reclaimed(f, &mut inv);
-                return Err(e);
-            }
-        };
+    let (mut got, mut notes) = match Store::new(&f.cfg.state_file)
+        .update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg))
+    {
+        Ok(g) => g,
+        Err(e) => {
+            super::prepare::keep_reclaimed(f, &mut inv);
+            return Err(e);
+        }
+    };
     drop(cg);
     // The daemons marked `starting` above start now, outside the state lock.
     if let Err(e) = bring_up_mps(f, &inv, &mut got, &mut notes) {
@@ -223,9 +224,8 @@ fn log_attached(
         log_mps(h, *pci, d);
     }
     log::info(&format!(
-        "{} ({}): attached {} for {req} (asked by uid {}); granted {} and created {} node(s) in container (init {})",
-        h.who(),
-        h.id,
+        "{}: attached {} for {req} (asked by uid {}); granted {} and created {} node(s) in container (init {})",
+        h.id.who_exactly(),
         Unit::join(&got.units, ","),
         f.uid,
         applied.granted.len(),
@@ -331,12 +331,11 @@ fn in_force(
     }
 }
 
-/// The holder's reservation may take more: of its kind, running, with this init.
-fn may_take_more(r: &Reservation, h: &Holder, ct: &Container) -> Result<(), Error> {
-    same_kind(r, h)?;
-    if r.phase == Phase::Prepared {
-        return Err(LifecycleError::AttachPrepared.into());
-    }
+/// The holder's reservation may take more: running (the transition table), with this init.
+fn may_take_more(f: &Facts, r: &Reservation, ct: &Container) -> Result<(), Error> {
+    Transition::Attach
+        .from(Some(r.found(|p| f.proc.alive(p), None)))
+        .map_err(|_| LifecycleError::AttachPrepared)?;
     if r.init != Some(ct.init) {
         return Err(LifecycleError::AttachOtherInit {
             recorded: r.init.map(|i| i.pid),
@@ -363,13 +362,13 @@ fn reserve_more(
     let now = &now_rfc3339();
     // A quarantined GPU is given to no one.
     crate::reserve::health::apply(inv, st);
-    if let Some(r) = st.reservations.get(h.id) {
-        may_take_more(r, h, ct)?;
+    if let Some(r) = st.reservations.get(&h.key) {
+        may_take_more(f, r, ct)?;
     }
     // One slot of a shared GPU per holder: not one of those it has.
     let sharing: Vec<crate::ids::Pci> = st
         .reservations
-        .get(h.id)
+        .get(&h.key)
         .map(|r| {
             r.gpus
                 .iter()
@@ -382,11 +381,11 @@ fn reserve_more(
     // or an earlier attach): a container has one `/tmp/nvidia-mps`.
     let has_mps = st
         .reservations
-        .get(h.id)
+        .get(&h.key)
         .is_some_and(|r| r.mounts.iter().any(|m| mps::is_target(&m.target)));
     let (units, mut notes) = choose(f, st, inv, req, &sharing)?;
     let mut specs = node_specs(h, req, inv, &units)?;
-    let r = st.reservations.get(h.id);
+    let r = st.reservations.get(&h.key);
     let mut plan = match wants_driver(f.cfg, req) {
         Some(d) => new_edits(f, h, req, inv, &units, r, &mut specs, d)?,
         None => None,
@@ -399,15 +398,19 @@ fn reserve_more(
     let specs = not_yet_allowed(h, cg, r.map_or(&[], |r| &r.nodes[..]), specs, &mut notes)?;
     let (created, was_hotplugged) = (r.is_none(), r.is_some_and(|r| r.hotplugged));
     let was_driver = r.map_or((None, None), |r| (r.driver, r.driver_version.clone()));
-    let r = st
-        .reservations
-        .entry(h.id.to_string())
-        .or_insert_with(|| Reservation {
+    let r = st.reservations.entry(h.key.clone()).or_insert_with(|| {
+        let mut r = new_reservation(h, req, &[], now);
+        let started = Started {
             // An OCI container has no controller (its `Container` names its init there).
-            controller: (h.kind == HolderKind::Libvirt).then_some(ct.controller),
-            init: Some(ct.init),
-            ..new_reservation(h, req, &[], Phase::Running, now)
-        });
+            controller: (h.kind() == HolderKind::Libvirt).then_some(ct.controller),
+            init: ct.init,
+            nodes: Vec::new(),
+            cgroup: None,
+            namespaces: None,
+        };
+        r.set_running(started, now);
+        r
+    });
     r.gpus.extend(&units);
     // Recorded before they are granted: a detach of a killed attach's units takes back
     // their grants before it frees them.
@@ -425,7 +428,7 @@ fn reserve_more(
     // planned and recorded as the CDI mounts are.
     let daemon = match has_mps {
         true => None,
-        false => super::mounts::record_mps_mounts(st, h.id, &units)?,
+        false => super::mounts::record_mps_mounts(st, &h.key, &units)?,
     };
     if let Some((_, d, made)) = &daemon {
         mounts.extend(made.iter().cloned());
@@ -497,7 +500,7 @@ fn new_edits(
         // An OCI container made with the host's driver has its files from its create (its
         // runtime's mounts, not recorded here): the same files serve every NVIDIA GPU.
         if driver == crate::request::Driver::Host
-            && r.kind == HolderKind::Oci
+            && r.kind() == HolderKind::Oci
             && r.driver == Some(driver)
             && !has_driver_files(r)
         {
@@ -577,10 +580,10 @@ fn record(
     done: Option<&Done>,
     bound: &[Bound],
 ) -> Result<(), Error> {
-    store(f.cfg).update(|st| -> Result<(), Error> {
+    Store::new(&f.cfg.state_file).update(|st| -> Result<(), Error> {
         let r = st
             .reservations
-            .get_mut(h.id)
+            .get_mut(&h.key)
             .filter(|r| got.units.iter().all(|u| r.gpus.contains(u)))
             .ok_or_else(|| LifecycleError::ChangedWhileAttaching {
                 units: got.units.clone(),
@@ -638,8 +641,8 @@ fn take_back(
 /// holder's reservation (draining if a process opened one meanwhile), the reservation deleted
 /// when this attach made it and nothing else came into it.
 fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> Result<(), Error> {
-    store(f.cfg).update(|st| -> Result<(), Error> {
-        let Some(r) = st.reservations.get_mut(h.id) else {
+    Store::new(&f.cfg.state_file).update(|st| -> Result<(), Error> {
+        let Some(r) = st.reservations.get_mut(&h.key) else {
             return Ok(());
         };
         r.gpus.retain(|u| !got.units.contains(u));
@@ -653,7 +656,7 @@ fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> 
             ..r.clone()
         };
         if got.created && r.gpus.is_empty() {
-            st.reservations.remove(h.id);
+            st.reservations.remove(&h.key);
         }
         drain::after_free_in(inv, f.cfg, st, &[out], f.proc);
         // A daemon this attach started for a slot it gave back has no sharer now.

@@ -22,7 +22,6 @@ use super::error::LifecycleError;
 use super::free::drain_freed;
 use super::holder::Holder;
 use super::nodes::root_owner;
-use super::store::store;
 use crate::cgroup::{DeviceCgroup, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::devdir::Bound;
@@ -38,7 +37,8 @@ use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
-use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, Blocked, Node, Phase, Reservation, State, Transition};
 use std::collections::BTreeSet;
 
 /// Which of its units a container gives back.
@@ -84,8 +84,8 @@ pub fn detach(
     find: impl FnOnce() -> Result<Container, ContainerError>,
 ) -> Result<Detached, Error> {
     let ct = find()?;
-    let st = store(f.cfg).read()?;
-    let r = running(st.reservations.get(h.id), &ct)?;
+    let st = Store::new(&f.cfg.state_file).read()?;
+    let r = running(st.reservations.get(&h.key), &ct)?;
     let mut inv = (f.scan)(f.cfg, scan_for(which))?;
     inv.settle(f.cfg, &r.gpus);
     let units = resolve(&inv, r, which)?;
@@ -101,8 +101,8 @@ pub fn detach(
         Err(e) => return Err(retold(&mut policy, &planned, e.into())),
     };
     let now = now_rfc3339();
-    let locked = store(f.cfg).update(|st| -> Result<_, Error> {
-        let r = st.reservations.get_mut(h.id);
+    let locked = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
+        let r = st.reservations.get_mut(&h.key);
         running(r.as_deref(), &ct)?;
         let r = r.ok_or(LifecycleError::ChangedWhileDetaching)?;
         if !units.iter().all(|u| r.gpus.contains(u)) {
@@ -246,12 +246,18 @@ fn take_bound(r: &mut Reservation, denied: &[Node]) -> Vec<Bound> {
 
 /// The holder's reservation, when it is running with this container's init.
 fn running<'r>(r: Option<&'r Reservation>, ct: &Container) -> Result<&'r Reservation, Error> {
-    let r = r
-        .filter(|r| !r.gpus.is_empty())
-        .ok_or(LifecycleError::NothingToDetach)?;
-    if r.phase != Phase::Running {
-        return Err(LifecycleError::NotRunning { phase: r.phase }.into());
+    let r = r.filter(|r| !r.gpus.is_empty());
+    // Whether its init lives does not matter here: it must be this container's.
+    let found = r.map(|r| r.found(|_| true, None));
+    match Transition::Detach.from(found) {
+        Err(Blocked::NotRunning) => {
+            let phase = found.map_or(Phase::Prepared, |f| f.phase);
+            return Err(LifecycleError::NotRunning { phase }.into());
+        }
+        Err(_) => return Err(LifecycleError::NothingToDetach.into()),
+        Ok(_) => {}
     }
+    let r = r.ok_or(LifecycleError::NothingToDetach)?;
     if r.init != Some(ct.init) {
         return Err(LifecycleError::NotThisInit { init: ct.init.pid }.into());
     }
@@ -336,7 +342,7 @@ fn open_in_container(
     // Own nodes as a free sees them: with the state as this detach leaves it (a GPU
     // instance another of its instances still uses is not this unit's alone).
     let mut after = st.clone();
-    let Some(r) = after.reservations.get_mut(h.id) else {
+    let Some(r) = after.reservations.get_mut(&h.key) else {
         return Ok(Vec::new());
     };
     r.gpus.retain(|u| !units.contains(u));
@@ -510,9 +516,8 @@ fn log_detached(f: &Facts, h: &Holder, d: &Detached) {
         return;
     }
     log::info(&format!(
-        "{} ({}): detached {} (asked by uid {})",
-        h.who(),
-        h.id,
+        "{}: detached {} (asked by uid {})",
+        h.id.who_exactly(),
         Unit::join(&d.units, ","),
         f.uid
     ));

@@ -164,7 +164,6 @@ mod tests {
     use super::*;
     use crate::enter::rootfs::{Files, Mounted};
     use crate::host::procfs::ProcRef;
-    use crate::reserve::state::Phase;
 
     fn mounted(t: &str) -> Mounted {
         Mounted {
@@ -182,7 +181,7 @@ mod tests {
         let idmap = crate::request::IdMap::default();
         let h = Holder::libvirt("web1", "11111111-1111-1111-1111-111111111111", &idmap);
         let req = crate::reserve::alloc::tests::req(1);
-        let mut r = super::super::holder::new_reservation(&h, &req, &[], Phase::Running, "now");
+        let mut r = super::super::holder::new_reservation(&h, &req, &[], "now");
         r.mounts = vec![mounted("/usr/lib/a/libx.so.1"), mounted("/opt/y/bin/tool")];
         r.rootfs = Files {
             created: vec![

@@ -4,7 +4,6 @@ use super::error::LifecycleError;
 use super::holder::{new_reservation, Holder};
 use super::nodes::{as_nodes, node_specs};
 use super::plan::{cdi_plan, driver_record, scan_for, wants_driver};
-use super::store::store;
 use crate::cdi;
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
@@ -18,8 +17,10 @@ use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::reconcile::{reclaim_stale, stale_on};
-use crate::reserve::state::HolderKind;
-use crate::reserve::state::{now_rfc3339, Phase, Reservation, State};
+use crate::reserve::state::Store;
+use crate::reserve::state::{
+    now_rfc3339, Blocked, Found, HolderKind, Phase, Reservation, State, Transition,
+};
 
 /// The nodes an OCI container gets, and its CDI edits.
 pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
@@ -147,7 +148,7 @@ pub fn prepare(
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let now = now_rfc3339();
     let mut fresh = false;
-    let chosen = store(f.cfg).update(|st| -> Result<_, Error> {
+    let chosen = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
         // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
         crate::reserve::health::apply(&mut inv, st);
         refuse_takeover(f, st, h, by)?;
@@ -164,13 +165,13 @@ pub fn prepare(
         let specs = prepared_edits(f, h, req, &inv, &gpus)?;
         let (driver, driver_version) = driver_record(f.cfg, req, specs.1.as_ref());
         st.reservations.insert(
-            h.id.to_string(),
+            h.key.clone(),
             Reservation {
                 prepared_by: by,
                 nodes: as_nodes(&specs.0),
                 driver,
                 driver_version,
-                ..new_reservation(h, req, &gpus, Phase::Prepared, &now)
+                ..new_reservation(h, req, &gpus, &now)
             },
         );
         let mut notes = notes;
@@ -195,10 +196,10 @@ pub fn prepare(
     let undo = |st: &mut State| {
         let mine = st
             .reservations
-            .get(h.id)
+            .get(&h.key)
             .is_some_and(|r| r.phase == Phase::Prepared && r.prepared_by == by);
         if fresh && mine {
-            st.reservations.remove(h.id);
+            st.reservations.remove(&h.key);
         }
     };
     let up = crate::reserve::mps::bring_up(f.cfg, f.mps, f.proc, &inv, &gpus, &undo)?;
@@ -207,9 +208,8 @@ pub fn prepare(
         log::info(&n);
     }
     log::info(&format!(
-        "{} ({}): reserved {} for {req}",
-        h.who(),
-        h.id,
+        "{}: reserved {} for {req}",
+        h.id.who_exactly(),
         Unit::join(&gpus, ",")
     ));
     Ok(specs)
@@ -220,60 +220,46 @@ pub fn prepare(
 /// records its mounts: a `detach` of the slot takes them back, and an `attach` of another
 /// slot mounts no second set.
 fn record_oci_mps(st: &mut State, h: &Holder) -> Result<(), Error> {
-    if h.kind != HolderKind::Oci {
+    if h.kind() != HolderKind::Oci {
         return Ok(());
     }
     let units = st
         .reservations
-        .get(h.id)
+        .get(&h.key)
         .map(|r| r.gpus.clone())
         .unwrap_or_default();
-    super::mounts::record_mps_mounts(st, h.id, &units).map(drop)
+    super::mounts::record_mps_mounts(st, &h.key, &units).map(drop)
 }
 
-/// The holder's id is another kind's key, or (OCI) a container of that ID runs or is being
-/// created by another `create`: refused.
+/// The transition table's `Prepare` row: an OCI `create` of an ID whose container runs, or
+/// is being created by another `create` that lives, is refused (an engine's retry, another
+/// runtime root, a race: neither takes over nor moves that reservation; a stale one is taken
+/// over). libvirt runs one step of a domain at a time: its `prepare` meets no live holder of
+/// its own.
 fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Result<(), Error> {
-    let Some(r) = st.reservations.get(h.id) else {
+    let Some(r) = st.reservations.get(&h.key) else {
         return Ok(());
     };
-    same_kind(r, h)?;
-    // A second `create` of a container ID that holds GPUs (an engine's retry, another
-    // runtime root, a race) must neither take over nor move a reservation whose
-    // container runs or is being created: refused while that init, or that `create`,
-    // lives. A stale one is taken over.
-    if r.kind == HolderKind::Oci {
-        match (r.phase, r.init, r.prepared_by) {
-            (Phase::Running, Some(i), _) if f.proc.alive(&i) => {
-                return Err(LifecycleError::AlreadyRuns {
-                    gpus: r.gpus.clone(),
-                    init: i.pid,
-                }
-                .into())
-            }
-            (Phase::Prepared, _, Some(p)) if Some(p) != by && f.proc.alive(&p) => {
-                return Err(LifecycleError::AnotherCreate {
-                    gpus: r.gpus.clone(),
-                    pid: p.pid,
-                }
-                .into())
-            }
-            _ => {}
+    let found = match h.kind() {
+        HolderKind::Oci => r.found(|p| f.proc.alive(p), by),
+        _ => Found {
+            phase: r.phase,
+            live: false,
+        },
+    };
+    match Transition::Prepare.from(Some(found)) {
+        Err(Blocked::Runs) => Err(LifecycleError::AlreadyRuns {
+            gpus: r.gpus.clone(),
+            init: r.init.map_or(0, |i| i.pid),
         }
-    }
-    Ok(())
-}
-
-/// The holder's id is the key of another kind's reservation: refused.
-pub(super) fn same_kind(r: &Reservation, h: &Holder) -> Result<(), Error> {
-    if r.kind != h.kind {
-        return Err(LifecycleError::KeyOfAnother {
-            id: h.id.to_string(),
-            holder: r.who(),
+        .into()),
+        Err(_) => Err(LifecycleError::AnotherCreate {
+            gpus: r.gpus.clone(),
+            pid: r.prepared_by.map_or(0, |p| p.pid),
         }
-        .into());
+        .into()),
+        Ok(_) => Ok(()),
     }
-    Ok(())
 }
 
 type Chosen = (Vec<Unit>, Vec<String>, Prepared);
@@ -289,17 +275,17 @@ fn keep_or_free(
     by: Option<ProcRef>,
     now: &str,
 ) -> Result<Option<Chosen>, Error> {
-    let Some(r) = st.reservations.get_mut(h.id) else {
+    let Some(r) = st.reservations.get_mut(&h.key) else {
         return Ok(None);
     };
     inv.settle(f.cfg, &r.gpus);
     if satisfies(inv, &r.gpus, req) {
         r.set_prepared(by, now);
-        r.domain = h.name.to_string();
+        r.holder = h.id.clone();
         r.request = req.to_string();
         let gpus = r.gpus.clone();
         let specs = prepared_edits(f, h, req, inv, &gpus)?;
-        if let Some(r) = st.reservations.get_mut(h.id) {
+        if let Some(r) = st.reservations.get_mut(&h.key) {
             r.nodes = as_nodes(&specs.0);
             r.mounts.clear();
             r.rootfs = Default::default();
@@ -307,7 +293,7 @@ fn keep_or_free(
         }
         return Ok(Some((gpus, Vec::new(), specs)));
     }
-    if let Some(old) = st.reservations.remove(h.id) {
+    if let Some(old) = st.reservations.remove(&h.key) {
         drain::after_free_in(inv, f.cfg, st, std::slice::from_ref(&old), f.proc);
     }
     Ok(None)
@@ -321,7 +307,7 @@ pub(super) fn keep_reclaimed(f: &Facts, inv: &mut Inventory) {
     if !f.cfg.reset_on_release {
         return;
     }
-    let r = store(f.cfg).update(|st| -> Result<Vec<String>, Error> {
+    let r = Store::new(&f.cfg.state_file).update(|st| -> Result<Vec<String>, Error> {
         let any = st
             .reservations
             .values()
@@ -404,12 +390,12 @@ fn prepared_edits(
     gpus: &[Unit],
 ) -> Result<Prepared, Error> {
     let driver = wants_driver(f.cfg, req).is_some();
-    if h.kind == HolderKind::Libvirt && !driver {
+    if h.kind() == HolderKind::Libvirt && !driver {
         return Ok((Vec::new(), None));
     }
     let mut specs = node_specs(h, req, inv, gpus)?;
     let plan = cdi_plan(f, h, req, inv, gpus, &specs)?;
-    if h.kind == HolderKind::Libvirt {
+    if h.kind() == HolderKind::Libvirt {
         return Ok((Vec::new(), plan.map(|p| p.0)));
     }
     let plan = plan.map(|(p, extra)| {

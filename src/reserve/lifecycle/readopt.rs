@@ -6,7 +6,6 @@ use super::error::LifecycleError;
 use super::holder::{new_reservation, Holder};
 use super::nodes::{as_nodes, node_specs, owned};
 use super::plan::cdi_plan;
-use super::store::store;
 use crate::cgroup::{CgroupError, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::rootfs::Mounted;
@@ -20,7 +19,8 @@ use crate::reserve::drain;
 use crate::reserve::error::Error;
 use crate::reserve::facts::Facts;
 use crate::reserve::reconcile::reclaim_stale;
-use crate::reserve::state::{now_rfc3339, Node, Phase, State};
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, Node, Started, State};
 
 /// How [`readopt`] ended; the front door decides what it means for the container (libvirt
 /// kills it when it is inconsistent).
@@ -98,25 +98,26 @@ pub fn readopt(
     };
     let now = now_rfc3339();
     let mut adopted = None;
-    let decided = store(f.cfg).update(|st| -> Result<Result<Decided, Error>, Error> {
-        let (notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
-        for n in notes {
-            log::info(&n);
-        }
-        drain::after_free_in(&mut inv, f.cfg, st, &freed, f.proc);
-        Ok(decide(
-            f,
-            st,
-            h,
-            req,
-            &inv,
-            granted,
-            &mut cg,
-            &ct,
-            &now,
-            &mut adopted,
-        ))
-    });
+    let decided =
+        Store::new(&f.cfg.state_file).update(|st| -> Result<Result<Decided, Error>, Error> {
+            let (notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
+            for n in notes {
+                log::info(&n);
+            }
+            drain::after_free_in(&mut inv, f.cfg, st, &freed, f.proc);
+            Ok(decide(
+                f,
+                st,
+                h,
+                req,
+                &inv,
+                granted,
+                &mut cg,
+                &ct,
+                &now,
+                &mut adopted,
+            ))
+        });
     let (gpus, specs, mounts) = match decided {
         Err(e) => return soft(h, "cannot update the state", &e),
         Ok(Err(e)) => return fatal(h, e),
@@ -181,10 +182,10 @@ fn decide(
 ) -> Result<Decided, Error> {
     // A reservation changed in the running container (attach, detach) holds what it holds,
     // whatever the request says: its units, and the nodes recorded for them.
-    let (gpus, recorded) = match st.reservations.get(h.id) {
+    let (gpus, recorded) = match st.reservations.get(&h.key) {
         Some(r) => (r.gpus.clone(), r.hotplugged.then(|| r.nodes.clone())),
         None => {
-            let held = st.held(Some(h.id));
+            let held = st.held(Some(&h.key));
             // A top-up never takes a quarantined GPU.
             let mut healthy = inv.clone();
             crate::reserve::health::apply(&mut healthy, st);
@@ -221,9 +222,17 @@ fn decide(
     }
     let r = st
         .reservations
-        .entry(h.id.to_string())
-        .or_insert_with(|| new_reservation(h, req, &gpus, Phase::Running, now));
-    r.set_running(ct.controller, ct.init, as_nodes(&specs), now);
+        .entry(h.key.clone())
+        .or_insert_with(|| new_reservation(h, req, &gpus, now));
+    // A reconnect runs it whatever it was (the table's `Reconnect` row refuses nothing).
+    let started = Started {
+        controller: Some(ct.controller),
+        init: ct.init,
+        nodes: as_nodes(&specs),
+        cgroup: None,
+        namespaces: None,
+    };
+    r.set_running(started, now);
     Ok((gpus, specs, r.mounts.clone()))
 }
 

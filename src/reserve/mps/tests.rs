@@ -30,10 +30,7 @@ fn daemon(pid: i32) -> Daemon {
 fn state(slots: &[(&str, &str)]) -> State {
     let mut st = State::default();
     for (id, unit) in slots {
-        st.reservations.insert(
-            id.to_string(),
-            Reservation::for_test(HolderKind::Oci, id, id, &[unit]),
-        );
+        st.insert(Reservation::for_test(HolderKind::Oci, id, id, &[unit]));
     }
     st
 }
@@ -47,10 +44,12 @@ fn first_slot_starts_later_ones_do_not() {
     let mut st = state(&[("c1", "0000:04:00.0/slot0")]);
     assert_eq!(plan(&st, &mps, &|_| true).start, vec![pci(A)]);
     st.mps.insert(pci(A), daemon(10));
-    st.reservations.insert(
-        "c2".into(),
-        Reservation::for_test(HolderKind::Oci, "c2", "c2", &["0000:04:00.0/slot1"]),
-    );
+    st.insert(Reservation::for_test(
+        HolderKind::Oci,
+        "c2",
+        "c2",
+        &["0000:04:00.0/slot1"],
+    ));
     assert_eq!(plan(&st, &mps, &|_| true), DaemonPlan::default());
 }
 

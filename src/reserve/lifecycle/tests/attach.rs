@@ -50,7 +50,7 @@ fn attach_to_a_container_without_a_reservation_makes_a_running_one() {
     );
     let r = h.state().reservations[ID].clone();
     assert_eq!(
-        (r.kind, r.phase, r.init, r.controller, r.hotplugged),
+        (r.kind(), r.phase, r.init, r.controller, r.hotplugged),
         (
             HolderKind::Libvirt,
             Phase::Running,
@@ -126,18 +126,20 @@ fn attach_refused_to_a_prepared_or_other_reservation() {
         })
         .unwrap_err();
     assert_eq!(e.to_string(), "domain is not running");
-    // An OCI container's key.
-    let e = h
-        .with(&fake, |f| {
-            let oci = Holder::oci(ID, &idmap);
-            super::attach(f, &oci, &req(1), found)
-        })
-        .unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        format!("its id {ID} is already the key of domain 'web1''s reservation")
-    );
     assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    // An OCI container whose ID is the domain's UUID: a holder of its own, with a
+    // reservation of its own; the domain's is neither reached nor changed.
+    let domains = h.state().reservations[ID].clone();
+    let oci = Holder::oci(ID, &idmap);
+    let got = h
+        .with(&fake, |f| super::attach(f, &oci, &req(1), found))
+        .unwrap();
+    let st = h.state();
+    assert_eq!(st.reservations[ID], domains);
+    let key = format!("oci:{ID}");
+    let theirs = &st.reservations[key.as_str()];
+    assert_eq!((theirs.kind(), &theirs.gpus), (HolderKind::Oci, &got.units));
+    assert!(!got.units.contains(&pci(0)));
 }
 
 #[test]
