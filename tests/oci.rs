@@ -4,7 +4,7 @@
 //! denied gets EPERM). cgroup v1 is this machine's layout; cgroup v2 runs in a private mount
 //! namespace whose `/sys/fs/cgroup` is a cgroup2 mount (crun refuses the hybrid layout).
 //!
-//! Facts of this VM the harness works round (shared/GPU-NOTES.md): `podman run` needs lower
+//! World of this VM the harness works round (shared/GPU-NOTES.md): `podman run` needs lower
 //! rlimits (no CAP_SYS_RESOURCE), and crun cannot raise RLIMIT_MEMLOCK, so crun runs with a
 //! tiny LD_PRELOAD shim (built here with `cc`) that ignores that one EPERM.
 

@@ -8,9 +8,9 @@ use crate::doors::hook;
 use crate::host::config::Config;
 use crate::log;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::lifecycle::{self, Pick};
 use crate::reserve::state::Store;
+use crate::reserve::world::World;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -66,9 +66,13 @@ pub enum Command {
     Attach(crate::doors::hotplug::AttachArgs),
     /// Take GPUs back from a running container: revoked, removed from its /dev, freed
     Detach(crate::doors::hotplug::DetachArgs),
-    /// Free the GPU reservation of a domain, VM or OCI container that no longer runs (a
-    /// running one is refused: stop it, or take its GPUs back with `gpuhook detach NAME
-    /// --all` first)
+    /// Free the GPU reservation of a domain, VM or OCI container that no longer runs
+    ///
+    /// One holder only: a NAME that more than one holder answers to (an LXC domain, a VM
+    /// and an OCI container may share a name) is refused naming each, and --domain,
+    /// --container or --vm says which; a NAME no holder answers to exits 1. A holder whose
+    /// container still runs is refused (its device access would outlive the reservation):
+    /// stop it, or take its GPUs back with 'gpuhook detach NAME --all' first.
     Release {
         /// Domain or VM name or UUID, or container ID
         name: String,
@@ -369,7 +373,7 @@ fn release(name: &str, pick: Pick) -> Result<i32, CliError> {
             kinds: pick.words(),
         });
     };
-    let lifecycle::Released { freed, drained } = lifecycle::release(&Facts::host(&cfg), &id.key())?;
+    let lifecycle::Released { freed, drained } = lifecycle::release(&World::real(&cfg), &id.key())?;
     if freed.is_empty() {
         // Freed meanwhile, by its stop or another release.
         println!("{} holds no GPUs any more; nothing to release", id.who());

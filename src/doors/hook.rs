@@ -21,9 +21,9 @@ use crate::log;
 use crate::request::metadata::{self, Domain};
 use crate::request::Request;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::lifecycle::{self, Holder, Readopted};
 use crate::reserve::state::{HolderId, Store};
+use crate::reserve::world::World;
 use std::ffi::OsStr;
 use std::io::Read;
 use std::path::Path;
@@ -93,7 +93,7 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
         // be made consistent.
         "reconnect" => {
             let readopted = match Config::load() {
-                Ok(cfg) => lifecycle::readopt(&Facts::host(&cfg), &h, &req, find),
+                Ok(cfg) => lifecycle::readopt(&World::real(&cfg), &h, &req, find),
                 Err(e) => lifecycle::config_unreadable(&h, &e),
             };
             return match readopted {
@@ -127,7 +127,7 @@ fn step(
     find: impl FnOnce() -> Result<container::Container, container::ContainerError>,
 ) -> Result<(), Error> {
     let cfg = Config::load()?;
-    let f = Facts::host(&cfg);
+    let f = World::real(&cfg);
     match op {
         "prepare" => lifecycle::prepare(&f, h, req, procfs::parent()).map(drop),
         "start" => lifecycle::confirm(&f, h, req),
@@ -168,7 +168,7 @@ fn reconnect_attached(name: &str, xml: &[u8]) -> i32 {
     };
     let h = holder(&dom);
     let find = || container::find(&dom.name, dom.id);
-    match lifecycle::readopt(&Facts::host(&cfg), &h, &req, find) {
+    match lifecycle::readopt(&World::real(&cfg), &h, &req, find) {
         Readopted::Inconsistent => 1,
         Readopted::Consistent | Readopted::LeftAlone => 0,
     }
@@ -205,7 +205,7 @@ fn stop(name: &str, op: &str, xml: &[u8]) {
     if !asks && !Store::new(&cfg.state_file).mentions(&id) {
         return;
     }
-    match lifecycle::free_key(&Facts::host(&cfg), &id.key()) {
+    match lifecycle::free_key(&World::real(&cfg), &id.key()) {
         Ok(Some(r)) => log::info(&format!(
             "{}: {op}: freed {}{}",
             id.who_exactly(),

@@ -17,9 +17,9 @@ use crate::ids::{normalize_uuid, Unit};
 use crate::request::metadata::{self, Domain};
 use crate::request::oci::{self, Pairs};
 use crate::request::{DeviceSel, Request};
-use crate::reserve::facts::Facts;
 use crate::reserve::lifecycle::{self, Attached, Detached, Holder, Pick, Which};
 use crate::reserve::state::{HolderId, HolderKind, State, Store};
+use crate::reserve::world::World;
 use std::io::Read;
 use std::path::Path;
 
@@ -124,9 +124,9 @@ impl HotplugTarget {
 
     /// The host's facts for its lifecycle steps (an OCI container's device cgroup is its
     /// init's).
-    fn facts<'a>(&self, cfg: &'a Config) -> Facts<'a> {
+    fn facts<'a>(&self, cfg: &'a Config) -> World<'a> {
         match self {
-            HotplugTarget::Libvirt(_) => Facts::host(cfg),
+            HotplugTarget::Libvirt(_) => World::real(cfg),
             HotplugTarget::Oci(_) => oci_container::facts(cfg),
         }
     }

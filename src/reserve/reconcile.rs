@@ -23,7 +23,7 @@ pub struct Liveness<'a> {
 }
 
 /// What reconcile knows of the world; the functions are injected so the decision is testable.
-pub struct World<'a> {
+pub struct LibvirtView<'a> {
     /// UUIDs of the domains libvirt runs.
     pub active: &'a HashSet<String>,
     pub now: i64,
@@ -69,7 +69,7 @@ pub fn stale(r: &Reservation, seen: &Liveness) -> Option<String> {
 /// Why a reservation is stale (its holder is gone), if it is: [`stale`]
 /// on this host's processes.
 pub fn stale_reason(r: &Reservation) -> Option<String> {
-    stale_on(r, procfs::HOST, &controller_running)
+    stale_on(r, procfs::REAL, &controller_running)
 }
 
 /// [`stale_reason`] on these facts: `proc` for liveness, `controller` for libvirt's
@@ -130,7 +130,7 @@ pub enum Verdict {
 /// Why a reservation is kept, or why it should be freed: the staleness rule, and what
 /// libvirt says runs. An OCI container is never libvirt's to judge, nor (by the LXC
 /// driver's list of what runs) a QEMU domain.
-pub fn verdict(r: &Reservation, w: &World) -> Verdict {
+pub fn verdict(r: &Reservation, w: &LibvirtView) -> Verdict {
     let uuid = match &r.holder {
         HolderId::Libvirt { uuid, .. } => uuid,
         HolderId::Oci { .. } => {
@@ -167,7 +167,7 @@ pub fn verdict(r: &Reservation, w: &World) -> Verdict {
 }
 
 /// The reservations to free (by key), with reasons.
-pub fn plan(st: &State, w: &World) -> Vec<(HolderKey, String)> {
+pub fn plan(st: &State, w: &LibvirtView) -> Vec<(HolderKey, String)> {
     st.reservations
         .iter()
         .filter_map(|(k, r)| match verdict(r, w) {
@@ -220,7 +220,7 @@ mod tests {
         }
         let active: HashSet<String> = ["01".to_string()].into();
         let alive = |p: &ProcRef| [10, 11, 20].contains(&p.pid);
-        let w = World {
+        let w = LibvirtView {
             active: &active,
             now,
             seen: Liveness {
@@ -296,7 +296,7 @@ mod tests {
         }
         let active: HashSet<String> = ["12".to_string()].into();
         let alive = |p: &ProcRef| [10, 20].contains(&p.pid);
-        let w = World {
+        let w = LibvirtView {
             active: &active,
             now,
             seen: Liveness {

@@ -6,7 +6,7 @@ use crate::doors::hook;
 use crate::request::metadata;
 use crate::reserve::alloc;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
+use crate::reserve::world::World;
 
 pub(super) fn check(file: &str) -> Result<i32, CliError> {
     let xml = if file == "-" {
@@ -63,7 +63,7 @@ pub(super) fn check(file: &str) -> Result<i32, CliError> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    match crate::reserve::lifecycle::cdi_preview(&Facts::host(&cfg), &h, req, &inv, &gpus) {
+    match crate::reserve::lifecycle::cdi_preview(&World::real(&cfg), &h, req, &inv, &gpus) {
         Ok(None) => {}
         Ok(Some(p)) => print_cdi(&p),
         // The host's driver says "driver \"host\": …" itself.

@@ -11,8 +11,8 @@ use crate::enter::container::Container;
 use crate::host::config::Config;
 use crate::host::procfs::{self, ProcRef};
 use crate::request::{IdMap, IdRange};
-use crate::reserve::facts::Facts;
 use crate::reserve::state::{HolderId, State};
+use crate::reserve::world::World;
 use serde::Deserialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -178,14 +178,14 @@ fn running(id: &str, of: InitOf) -> Result<ProcRef, CliError> {
             pid: of.pid,
         });
     };
-    let p = procfs::HOST
+    let p = procfs::REAL
         .proc_ref(of.pid)
         .filter(|p| p.start_time == start_time && p.alive())
         .ok_or_else(|| CliError::OciNotRunning {
             id: id.to_string(),
             pid: of.pid,
         })?;
-    let ns = procfs::HOST.nspid(p.pid);
+    let ns = procfs::REAL.nspid(p.pid);
     if ns.len() < 2 || ns.last() != Some(&1) {
         return Err(CliError::OciNotInit {
             id: id.to_string(),
@@ -206,7 +206,7 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
     // An init that left the namespaces its runtime made (unshared its own) is refused: gpuhook
     // would make nodes and mounts in namespaces the container chose.
     if let Some((i, _, Some(then))) = &recorded {
-        let now = procfs::HOST.namespaces(i.pid);
+        let now = procfs::REAL.namespaces(i.pid);
         for (which, was, is) in [
             ("user", then.user, now.map(|n| n.user)),
             ("mount", then.mnt, now.map(|n| n.mnt)),
@@ -338,10 +338,10 @@ fn init_cgroup(ct: &Container) -> Result<Box<dyn DeviceCgroup>, CgroupError> {
 }
 
 /// This host's facts, with an OCI container's device cgroup.
-pub fn facts(cfg: &Config) -> Facts<'_> {
-    Facts {
+pub fn facts(cfg: &Config) -> World<'_> {
+    World {
         cgroup: &init_cgroup,
-        ..Facts::host(cfg)
+        ..World::real(cfg)
     }
 }
 
@@ -538,7 +538,7 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let init = procfs::HOST
+        let init = procfs::REAL
             .proc_ref(init.expect("the namespace's init"))
             .unwrap();
         let of = |pid, start_time| InitOf {
@@ -561,7 +561,7 @@ mod tests {
             )
         );
         // A process that is no namespace's init (this test) is no container's.
-        let me = procfs::HOST.proc_ref(std::process::id() as i32).unwrap();
+        let me = procfs::REAL.proc_ref(std::process::id() as i32).unwrap();
         let e = running("c1", of(me.pid, Some(me.start_time)))
             .unwrap_err()
             .to_string();

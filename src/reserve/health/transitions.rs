@@ -71,13 +71,13 @@ impl Bed {
         std::fs::write(self.cfg.dev.join("kmsg"), text).unwrap();
     }
 
-    fn with<T>(&self, step: impl FnOnce(&Facts) -> T) -> T {
+    fn with<T>(&self, step: impl FnOnce(&World) -> T) -> T {
         let inv = self.inv.clone();
         let scan =
             move |_: &Config, _: Scan| -> Result<Inventory, InventoryError> { Ok(inv.clone()) };
-        let f = Facts {
+        let f = World {
             scan: &scan,
-            ..Facts::host(&self.cfg)
+            ..World::real(&self.cfg)
         };
         step(&f)
     }

@@ -39,11 +39,11 @@ use crate::node::NodeSpec;
 use crate::request::Request;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::mps;
 use crate::reserve::state::HolderKind;
 use crate::reserve::state::Store;
 use crate::reserve::state::{now_rfc3339, Node, Reservation, Started, State, Transition};
+use crate::reserve::world::World;
 
 /// What one attach gave the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,7 +88,7 @@ impl MoreReserved {
 /// Starts the MPS daemons [`reserve_more`] marked `starting` (outside the state lock): their
 /// notes join `notes`, the container's daemon in `got` becomes the one started.
 fn bring_up_mps(
-    f: &Facts,
+    f: &World,
     inv: &Inventory,
     got: &mut MoreReserved,
     notes: &mut Vec<String>,
@@ -109,7 +109,7 @@ fn bring_up_mps(
 /// reservation is only prepared or records another init, or the units are not there. The
 /// door passes the facts of its kind of container (an OCI one's device cgroup is its init's).
 pub fn attach(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     find: impl FnOnce() -> Result<Container, ContainerError>,
@@ -209,7 +209,7 @@ pub fn attach(
 
 /// What an attach did, for the log: the driver's files, the MPS daemon, the units.
 fn log_attached(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     got: &MoreReserved,
@@ -260,7 +260,7 @@ const IN_FORCE_WAIT: std::time::Duration = if cfg!(test) {
 /// The service manager's device policy of the container's cgroup (systemd's scope), where it
 /// keeps one, told to list `nodes`.
 fn tell_manager(
-    f: &Facts,
+    f: &World,
     ct: &Container,
     nodes: &[Node],
 ) -> Result<Option<Box<dyn ManagedPolicy>>, Error> {
@@ -282,7 +282,7 @@ fn tell_manager(
 /// entry (older than the ones that read its numbers from the name) would drop the node at its
 /// next reload. A node with no host node of that number is left without one; an entry that
 /// leads elsewhere refuses the attach (systemd would allow that other device).
-fn char_link(f: &Facts, n: &Node) -> Result<(), Error> {
+fn char_link(f: &World, n: &Node) -> Result<(), Error> {
     crate::host::charlink::ensure_logged(&f.cfg.dev, &n.path, n.major, n.minor)
         .map_err(|source| LifecycleError::CharLink { source }.into())
 }
@@ -332,7 +332,7 @@ fn in_force(
 }
 
 /// The holder's reservation may take more: running (the transition table), with this init.
-fn may_take_more(f: &Facts, r: &Reservation, ct: &Container) -> Result<(), Error> {
+fn may_take_more(f: &World, r: &Reservation, ct: &Container) -> Result<(), Error> {
     Transition::Attach
         .from(Some(r.found(|p| f.proc.alive(p), None)))
         .map_err(|_| LifecycleError::AttachPrepared)?;
@@ -351,7 +351,7 @@ fn may_take_more(f: &Facts, r: &Reservation, ct: &Container) -> Result<(), Error
 /// count as held) and added to it, with the nodes about to be granted (not those `cg`
 /// allows already: the container's own).
 fn reserve_more(
-    f: &Facts,
+    f: &World,
     st: &mut State,
     inv: &mut Inventory,
     h: &Holder,
@@ -457,7 +457,7 @@ fn reserve_more(
 /// another NVIDIA driver version than these (a driver upgraded since it started).
 #[allow(clippy::too_many_arguments)]
 fn new_edits(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     inv: &Inventory,
@@ -574,7 +574,7 @@ fn split(e: Error) -> (Error, Leftovers) {
 /// when it still holds them (a stop or a detach may have come in between); their nodes, which
 /// the reserve recorded, again if something in between left them out.
 fn record(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     got: &MoreReserved,
     done: Option<&Done>,
@@ -614,7 +614,7 @@ fn record(
 /// deleted). While a grant of them may be left, they stay reserved, and the error says so. A
 /// container whose init is gone took its cgroup and `/dev` with it: nothing is left there.
 fn take_back(
-    f: &Facts,
+    f: &World,
     inv: &mut Inventory,
     h: &Holder,
     ct: &Container,
@@ -640,7 +640,7 @@ fn take_back(
 /// Under the state lock: the units and the nodes the reserve recorded for them out of the
 /// holder's reservation (draining if a process opened one meanwhile), the reservation deleted
 /// when this attach made it and nothing else came into it.
-fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> Result<(), Error> {
+fn unreserve(f: &World, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> Result<(), Error> {
     Store::new(&f.cfg.state_file).update(|st| -> Result<(), Error> {
         let Some(r) = st.reservations.get_mut(&h.key) else {
             return Ok(());

@@ -36,9 +36,9 @@ use crate::request::{Capabilities, DeviceSel};
 use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::state::Store;
 use crate::reserve::state::{now_rfc3339, Blocked, Node, Phase, Reservation, State, Transition};
+use crate::reserve::world::World;
 use std::collections::BTreeSet;
 
 /// Which of its units a container gives back.
@@ -77,7 +77,7 @@ const EVERY: Capabilities = Capabilities {
 /// unit it holds, or (without `force`) a process of the container has one of their own
 /// nodes open or might have; then grants taken back, units freed, nodes removed.
 pub fn detach(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     which: &Which,
     force: bool,
@@ -175,7 +175,7 @@ pub fn detach(
 /// The service manager's device policy of the container's cgroup (systemd's scope), where it
 /// keeps one, without entries for `nodes`.
 fn untold(
-    f: &Facts,
+    f: &World,
     ct: &Container,
     nodes: &[Node],
 ) -> Result<Option<Box<dyn ManagedPolicy>>, Error> {
@@ -331,7 +331,7 @@ fn number(n: &Node) -> u64 {
 /// namespace) has open, with those processes. Without `force`, any such process refuses
 /// the detach (naming it), and so does a look that could not read every process in time.
 fn open_in_container(
-    f: &Facts,
+    f: &World,
     inv: &Inventory,
     st: &State,
     h: &Holder,
@@ -511,7 +511,7 @@ fn gone(cg: &dyn DeviceCgroup, n: &Node) -> Result<(), Error> {
 
 /// Logs the detach: holder, id, units, the uid that asked, the processes that keep a
 /// detached unit open.
-fn log_detached(f: &Facts, h: &Holder, d: &Detached) {
+fn log_detached(f: &World, h: &Holder, d: &Detached) {
     if d.units.is_empty() {
         return;
     }
@@ -537,7 +537,7 @@ fn log_detached(f: &Facts, h: &Holder, d: &Detached) {
 /// `/dev`; a grant that could not be taken back, or a node that could not be removed, is
 /// the error (said after what was detached).
 fn finish(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     ct: &Container,
     out: Detached,

@@ -9,9 +9,9 @@ use crate::enter::rootfs::Done;
 use crate::host::inventory::Inventory;
 use crate::ids::Unit;
 use crate::log;
-use crate::reserve::facts::Facts;
 use crate::reserve::mps;
 use crate::reserve::state::{Reservation, State};
+use crate::reserve::world::World;
 use std::collections::BTreeSet;
 
 /// What of the CDI driver files recorded for `r` the units it keeps (all but `units`) need.
@@ -26,7 +26,7 @@ pub(super) struct Needed {
 /// none was recorded); everything recorded when the specs cannot say it now (said in the
 /// log: files of the driver stay rather than a GPU it keeps losing them).
 pub(super) fn driver_needed(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     inv: &Inventory,
     st: &State,

@@ -7,10 +7,10 @@ use crate::host::inventory::Scan;
 use crate::log;
 use crate::reserve::drain::{self, Settled};
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::state::{
     Blocked, HolderKey, HolderKind, Reservation, State, Store, Transition,
 };
+use crate::reserve::world::World;
 
 /// What one free took out of the state, each with what the chooser said of it (`why`: a
 /// reason for `reconcile`, nothing for the others), and which of its units now drain.
@@ -26,7 +26,7 @@ pub struct Released<W = ()> {
 /// state (a door's own bookkeeping, in the same locked step). A key that is not in the state
 /// frees nothing.
 pub fn free<W>(
-    f: &Facts,
+    f: &World,
     choose: impl FnOnce(&State) -> Vec<(HolderKey, W)>,
     then: impl FnOnce(&mut State),
 ) -> Result<Released<W>, Error> {
@@ -49,7 +49,7 @@ pub fn free<W>(
 /// After `freed` left the state: their units that a process still has open become draining.
 /// The nodes' numbers come from the host's inventory, read here (lazily: the driver's details
 /// of the freed GPUs only); when it cannot be read that is said, and the units are free.
-pub(super) fn drain_freed<W>(f: &Facts, st: &mut State, freed: &[(Reservation, W)]) -> Settled {
+pub(super) fn drain_freed<W>(f: &World, st: &mut State, freed: &[(Reservation, W)]) -> Settled {
     if freed.iter().all(|(r, _)| r.gpus.is_empty()) {
         return Settled::default();
     }
@@ -75,7 +75,7 @@ pub(super) fn drain_freed<W>(f: &Facts, st: &mut State, freed: &[(Reservation, W
 /// `stopped`/`release`/`delete`: frees the reservation the state holds under `key` (a
 /// holder's: its kind is in its key), whatever the holder's request says now; returns it, if
 /// there was one.
-pub fn free_key(f: &Facts, key: &HolderKey) -> Result<Option<Reservation>, Error> {
+pub fn free_key(f: &World, key: &HolderKey) -> Result<Option<Reservation>, Error> {
     let mine = |st: &State| match st.reservations.contains_key(key) {
         true => vec![(key.clone(), ())],
         false => Vec::new(),
@@ -90,7 +90,7 @@ pub fn free_key(f: &Facts, key: &HolderKey) -> Result<Option<Reservation>, Error
 /// gpuhook's grant, and the GPU must not be free while it has it), saying how to stop it or
 /// take its GPUs back first. A prepared one, or one whose holder is gone, is freed. Refused
 /// at a look without the lock (nothing written), and decided again under it.
-pub fn release(f: &Facts, key: &HolderKey) -> Result<Released, Error> {
+pub fn release(f: &World, key: &HolderKey) -> Result<Released, Error> {
     if let Some(r) = Store::new(&f.cfg.state_file).read()?.reservations.get(key) {
         may_release(f, r)?;
     }
@@ -111,7 +111,7 @@ pub fn release(f: &Facts, key: &HolderKey) -> Result<Released, Error> {
 }
 
 /// The `Release` row for `r`: a reservation that holds no GPU gives no access, whoever runs.
-fn may_release(f: &Facts, r: &Reservation) -> Result<(), LifecycleError> {
+fn may_release(f: &World, r: &Reservation) -> Result<(), LifecycleError> {
     let mut found = r.found(|p| f.proc.alive(p), None);
     found.live &= !r.gpus.is_empty();
     match Transition::Release.from(Some(found)) {

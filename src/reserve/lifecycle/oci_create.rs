@@ -8,6 +8,7 @@
 
 use super::free::free;
 use super::holder::Holder;
+use super::plan::Given;
 use super::prepare::prepare;
 use super::store::mps_dir;
 use crate::cdi;
@@ -19,8 +20,8 @@ use crate::log;
 use crate::node::NodeSpec;
 use crate::request::Request;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::state::{HolderId, Reservation, State, StateError, Store};
+use crate::reserve::world::World;
 use std::path::{Path, PathBuf};
 
 /// Why the host side of a create could not be made ready.
@@ -42,7 +43,7 @@ pub enum OciCreateError {
 /// create's: the ID may be another live container's by then), unless [`OciCreate::roll_back`]
 /// freed it already.
 pub struct OciCreate<'a> {
-    f: Facts<'a>,
+    f: World<'a>,
     /// The container, as the state names it.
     holder: HolderId,
     pub by: ProcRef,
@@ -55,12 +56,12 @@ pub struct OciCreate<'a> {
 /// (the door's own process); the guard returned frees it on the way out of anything but an
 /// `exec` of the runtime.
 pub fn oci_create<'a>(
-    f: &Facts<'a>,
+    f: &World<'a>,
     h: &Holder,
     req: &Request,
     by: ProcRef,
 ) -> Result<OciCreate<'a>, Error> {
-    let (nodes, plan) = prepare(f, h, req, Some(by))?;
+    let Given { nodes, plan } = prepare(f, h, req, Some(by))?;
     Ok(OciCreate {
         f: *f,
         holder: h.id.clone(),
@@ -173,7 +174,7 @@ fn sweep(cfg: &Config, st: &State) {
 /// Frees the container's reservation when `cond` holds for it, and removes node directories
 /// nobody holds any more, in one locked step.
 pub fn free_oci(
-    f: &Facts,
+    f: &World,
     ctr: &HolderId,
     cond: impl FnOnce(&Reservation) -> bool,
 ) -> Result<Option<Reservation>, Error> {
@@ -188,7 +189,7 @@ pub fn free_oci(
 
 /// `delete`, `poststop`: frees the container's reservation when `cond` holds for it (decided
 /// under the lock). Errors are logged: the caller's status stands.
-pub fn release_oci(f: &Facts, id: &str, stage: &str, cond: impl FnOnce(&Reservation) -> bool) {
+pub fn release_oci(f: &World, id: &str, stage: &str, cond: impl FnOnce(&Reservation) -> bool) {
     let ctr = HolderId::Oci { id: id.into() };
     // Nothing held and no nodes left (an operator's `gpuhook release` frees the reservation
     // but cannot remove a running container's nodes): nothing to do.

@@ -2,28 +2,23 @@
 
 use super::error::LifecycleError;
 use super::holder::{new_reservation, Holder};
-use super::nodes::{as_nodes, node_specs};
-use super::plan::{cdi_plan, driver_record, scan_for, wants_driver};
-use crate::cdi;
+use super::nodes::as_nodes;
+use super::plan::{driver_record, given, scan_for, wants_driver, Given};
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::ProcRef;
 use crate::ids::{Pci, Unit};
 use crate::log;
-use crate::node::NodeSpec;
 use crate::request::Request;
 use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::reconcile::{reclaim_stale, stale_on};
 use crate::reserve::state::Store;
 use crate::reserve::state::{
     now_rfc3339, Blocked, Found, HolderKind, Phase, Reservation, State, Transition,
 };
-
-/// The nodes an OCI container gets, and its CDI edits.
-pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
+use crate::reserve::world::World;
 
 /// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
 /// mode, or a MIG instance that exists on a usable GPU.
@@ -70,7 +65,7 @@ pub(super) fn satisfies(inv: &Inventory, gpus: &[Unit], req: &Request) -> bool {
 /// has open become draining) and looks again at the draining GPUs (one pass over `/proc` for
 /// both). Returns what was done, for the log, and whether the state changed (the choice is
 /// then made again, and a refusal says what holds the GPUs now).
-fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
+fn reclaim_for(f: &World, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
     let (mut notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
     let units: Vec<Unit> = freed.iter().flat_map(|r| r.gpus.iter().copied()).collect();
     inv.settle(f.cfg, &units);
@@ -139,12 +134,7 @@ fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &
 /// reservation is stale; it is the token the container's hooks carry). Returns the nodes an
 /// OCI container gets, owned by the request's container-side uid and gid (the runtime makes
 /// them), and its CDI edits. Nothing is reserved on error.
-pub fn prepare(
-    f: &Facts,
-    h: &Holder,
-    req: &Request,
-    by: Option<ProcRef>,
-) -> Result<Prepared, Error> {
+pub fn prepare(f: &World, h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Given, Error> {
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let now = now_rfc3339();
     let mut fresh = false;
@@ -154,21 +144,26 @@ pub fn prepare(
         refuse_takeover(f, st, h, by)?;
         if let Some(mut kept) = keep_or_free(f, st, &mut inv, h, req, by, &now)? {
             // A daemon that died since is started again.
-            kept.1.extend(crate::reserve::mps::claim(
-                f.cfg, f.mps, f.proc, st, &inv, &kept.0,
+            kept.notes.extend(crate::reserve::mps::claim(
+                f.cfg,
+                f.mps,
+                f.proc,
+                st,
+                &inv,
+                &kept.units,
             )?);
             // A create again of a kept container: its MPS directories come again.
             record_oci_mps(st, h)?;
             return Ok(kept);
         }
         let (gpus, notes) = choose(f, st, &mut inv, req, &[])?;
-        let specs = prepared_edits(f, h, req, &inv, &gpus)?;
-        let (driver, driver_version) = driver_record(f.cfg, req, specs.1.as_ref());
+        let edits = prepared_edits(f, h, req, &inv, &gpus)?;
+        let (driver, driver_version) = driver_record(f.cfg, req, edits.plan.as_ref());
         st.reservations.insert(
             h.key.clone(),
             Reservation {
                 prepared_by: by,
-                nodes: as_nodes(&specs.0),
+                nodes: as_nodes(&edits.nodes),
                 driver,
                 driver_version,
                 ..new_reservation(h, req, &gpus, &now)
@@ -182,9 +177,17 @@ pub fn prepare(
         )?);
         record_oci_mps(st, h)?;
         fresh = true;
-        Ok((gpus, notes, specs))
+        Ok(Chosen {
+            units: gpus,
+            notes,
+            edits,
+        })
     });
-    let (gpus, mut notes, specs) = match chosen {
+    let Chosen {
+        units: gpus,
+        mut notes,
+        edits,
+    } = match chosen {
         Ok(c) => c,
         Err(e) => {
             keep_reclaimed(f, &mut inv);
@@ -212,7 +215,7 @@ pub fn prepare(
         h.id.who_exactly(),
         Unit::join(&gpus, ",")
     ));
-    Ok(specs)
+    Ok(edits)
 }
 
 /// An OCI container's MPS directories, which its runtime mounts from `config.json`, recorded
@@ -236,7 +239,7 @@ fn record_oci_mps(st: &mut State, h: &Holder) -> Result<(), Error> {
 /// runtime root, a race: neither takes over nor moves that reservation; a stale one is taken
 /// over). libvirt runs one step of a domain at a time: its `prepare` meets no live holder of
 /// its own.
-fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Result<(), Error> {
+fn refuse_takeover(f: &World, st: &State, h: &Holder, by: Option<ProcRef>) -> Result<(), Error> {
     let Some(r) = st.reservations.get(&h.key) else {
         return Ok(());
     };
@@ -262,12 +265,18 @@ fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Re
     }
 }
 
-type Chosen = (Vec<Unit>, Vec<String>, Prepared);
+/// What the locked step of `prepare` settled on: the units, what was done for them (for the
+/// log), and what the container gets.
+struct Chosen {
+    units: Vec<Unit>,
+    notes: Vec<String>,
+    edits: Given,
+}
 
 /// The holder's reservation, kept (prepared again) when it still fits the request; else
 /// removed, its GPUs freed for the new choice (one a process still has open drains).
 fn keep_or_free(
-    f: &Facts,
+    f: &World,
     st: &mut State,
     inv: &mut Inventory,
     h: &Holder,
@@ -284,14 +293,18 @@ fn keep_or_free(
         r.holder = h.id.clone();
         r.request = req.to_string();
         let gpus = r.gpus.clone();
-        let specs = prepared_edits(f, h, req, inv, &gpus)?;
+        let edits = prepared_edits(f, h, req, inv, &gpus)?;
         if let Some(r) = st.reservations.get_mut(&h.key) {
-            r.nodes = as_nodes(&specs.0);
+            r.nodes = as_nodes(&edits.nodes);
             r.mounts.clear();
             r.rootfs = Default::default();
-            (r.driver, r.driver_version) = driver_record(f.cfg, req, specs.1.as_ref());
+            (r.driver, r.driver_version) = driver_record(f.cfg, req, edits.plan.as_ref());
         }
-        return Ok(Some((gpus, Vec::new(), specs)));
+        return Ok(Some(Chosen {
+            units: gpus,
+            notes: Vec::new(),
+            edits,
+        }));
     }
     if let Some(old) = st.reservations.remove(&h.key) {
         drain::after_free_in(inv, f.cfg, st, std::slice::from_ref(&old), f.proc);
@@ -303,7 +316,7 @@ fn keep_or_free(
 /// lets go of them, in a locked step of its own: their GPUs are scrub pending, and the next
 /// `health scan` resets them. (Else a stale reservation would be reclaimed and rolled back
 /// with each refused request, its GPUs never scrubbed, never free.)
-pub(super) fn keep_reclaimed(f: &Facts, inv: &mut Inventory) {
+pub(super) fn keep_reclaimed(f: &World, inv: &mut Inventory) {
     if !f.cfg.reset_on_release {
         return;
     }
@@ -326,7 +339,7 @@ pub(super) fn keep_reclaimed(f: &Facts, inv: &mut Inventory) {
 
 /// The choice: GPUs for the request, and what reclaiming for it did (for the log).
 pub(super) fn choose(
-    f: &Facts,
+    f: &World,
     st: &mut State,
     inv: &mut Inventory,
     req: &Request,
@@ -383,33 +396,31 @@ pub(super) fn choose(
 /// its driver files (CDI specs, or the host's driver) are looked for at `prepare` too, so
 /// that a request that cannot get them reserves nothing.
 fn prepared_edits(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     inv: &Inventory,
     gpus: &[Unit],
-) -> Result<Prepared, Error> {
+) -> Result<Given, Error> {
     let driver = wants_driver(f.cfg, req).is_some();
     if h.kind() == HolderKind::Libvirt && !driver {
-        return Ok((Vec::new(), None));
+        return Ok(Given::default());
     }
-    let mut specs = node_specs(h, req, inv, gpus)?;
-    let plan = cdi_plan(f, h, req, inv, gpus, &specs)?;
+    let e = given(f, h, req, inv, gpus)?;
     if h.kind() == HolderKind::Libvirt {
-        return Ok((Vec::new(), plan.map(|p| p.0)));
+        return Ok(Given {
+            nodes: Vec::new(),
+            plan: e.plan,
+        });
     }
-    let plan = plan.map(|(p, extra)| {
-        specs.extend(extra);
-        p
-    });
-    Ok((specs, plan))
+    Ok(e)
 }
 
 /// The refusal for a request that does not fit. A lazy scan left out the functions that can
 /// be no usable GPU: their reasons belong in the refusal, so the host is looked at whole
 /// (only on this path) and the choice made again for its words.
 fn refusal(
-    f: &Facts,
+    f: &World,
     req: &Request,
     st: &State,
     e: alloc::AllocError,

@@ -6,9 +6,9 @@ use crate::host::procfs::ProcRef;
 use crate::ids::Unit;
 use crate::log;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::state::Store;
 use crate::reserve::state::{now_rfc3339, Started, Transition};
+use crate::reserve::world::World;
 
 /// An OCI container's init exists (its `createRuntime` hook): the reservation is running and
 /// stale once that init is gone. `by` is the process that reserved it (the hook's token): a
@@ -16,7 +16,7 @@ use crate::reserve::state::{now_rfc3339, Started, Transition};
 /// container holds no such reservation. `cgroup`, `namespaces`: where the runtime put the
 /// init.
 pub fn record_init(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     by: ProcRef,
     init: ProcRef,

@@ -255,7 +255,7 @@ fn detach_refuses_a_container_not_running_as_recorded() {
     h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
     let idmap = IdMap::default();
     let fake = h.fake(Fake::default());
-    let run = |f: &Facts| detach(f, &holder(&idmap), &Which::All, false, found);
+    let run = |f: &World| detach(f, &holder(&idmap), &Which::All, false, found);
     let e = h.with(&fake, run).unwrap_err();
     assert_eq!(
         e.to_string(),

@@ -20,11 +20,11 @@ use crate::request::DeviceSel;
 use crate::request::{Driver, IdMap, Request};
 use crate::reserve::alloc::tests::{dgx, req};
 use crate::reserve::error::Error;
-use crate::reserve::facts::Enter;
-use crate::reserve::facts::Facts;
 use crate::reserve::reconcile::stale_on;
 use crate::reserve::state::Store;
 use crate::reserve::state::{now_rfc3339, HolderKey, Node, Phase, Reservation, State};
+use crate::reserve::world::Enter;
+use crate::reserve::world::World;
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -408,7 +408,7 @@ impl FakeHost {
     }
 
     /// Runs `step` on the facts of this host and `fake`.
-    fn with<T>(&self, fake: &Rc<Fake>, step: impl FnOnce(&Facts) -> T) -> T {
+    fn with<T>(&self, fake: &Rc<Fake>, step: impl FnOnce(&World) -> T) -> T {
         let inv = self.inv.clone();
         let no_inventory = fake.no_inventory;
         let scan = move |_: &Config, _: Scan| {
@@ -453,7 +453,7 @@ impl FakeHost {
                 path: "/proc/driver/nvidia/version".into(),
             }),
         };
-        let f = Facts {
+        let f = World {
             cfg: &self.cfg,
             proc: Proc { root: &self.proc },
             scan: &scan,
@@ -550,13 +550,13 @@ fn holder(idmap: &IdMap) -> Holder<'_> {
 }
 
 /// `prepare` as the libvirt door calls it: reserved by the process that ran this one.
-fn prepare_by_parent(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
+fn prepare_by_parent(f: &World, h: &Holder, req: &Request) -> Result<(), Error> {
     let parent = f.proc.proc_ref(std::os::unix::process::parent_id() as i32);
     prepare(f, h, req, parent).map(drop)
 }
 
 /// `prepare` as the OCI door calls it: reserved by this process, the token its hooks carry.
-fn prepare_oci(f: &Facts, h: &Holder, req: &Request) -> Result<(Prepared, ProcRef), Error> {
+fn prepare_oci(f: &World, h: &Holder, req: &Request) -> Result<(Given, ProcRef), Error> {
     let me = f
         .proc
         .proc_ref(std::process::id() as i32)
@@ -567,7 +567,7 @@ fn prepare_oci(f: &Facts, h: &Holder, req: &Request) -> Result<(Prepared, ProcRe
 /// Frees what the state holds for a holder of this kind with this UUID or ID, on this host.
 fn free_held(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
     let key = crate::reserve::state::HolderId::for_test(kind, id, id).key();
-    free_key(&Facts::host(cfg), &key)
+    free_key(&World::real(cfg), &key)
 }
 
 fn container() -> Container {

@@ -51,7 +51,8 @@ fn oci_reserve_is_held_by_the_create_that_made_it() {
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let who = oci_holder(&idmap);
-    let ((specs, _), by) = h.with(&fake, |f| prepare_oci(f, &who, &req(1))).unwrap();
+    let (Given { nodes: specs, .. }, by) =
+        h.with(&fake, |f| prepare_oci(f, &who, &req(1))).unwrap();
     // The token its hooks carry is this process, as the fake /proc knows it.
     assert_eq!(by, me);
     let r = h.state().reservations["ctr1"].clone();
