@@ -25,7 +25,7 @@ use super::holder::{new_reservation, Holder};
 use super::mounts::planned;
 use super::nodes::{as_nodes, node_specs, owned, root_owner};
 use super::plan::{driver_record, plan_for, scan_for, wants_driver};
-use super::prepare::choose;
+use super::prepare::{choose, no_twin};
 use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup, Fault, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
@@ -362,6 +362,7 @@ fn reserve_more(
     let now = &now_rfc3339();
     // A quarantined GPU is given to no one.
     crate::reserve::health::apply(inv, st);
+    no_twin(st, h)?;
     if let Some(r) = st.reservations.get(&h.key) {
         may_take_more(f, r, ct)?;
     }

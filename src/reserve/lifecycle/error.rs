@@ -45,6 +45,8 @@ pub enum LifecycleError {
         gpus: Vec<Unit>,
         detach: Option<String>,
     },
+    #[error("its id {id} is already the key of {holder}'s reservation")]
+    KeyOfAnother { id: String, holder: String },
     #[error(
         "a container with this ID already runs with GPUs {} (init {init})",
         Unit::join(gpus, ",")

@@ -240,6 +240,7 @@ fn record_oci_mps(st: &mut State, h: &Holder) -> Result<(), Error> {
 /// over). libvirt runs one step of a domain at a time: its `prepare` meets no live holder of
 /// its own.
 fn refuse_takeover(f: &World, st: &State, h: &Holder, by: Option<ProcRef>) -> Result<(), Error> {
+    no_twin(st, h)?;
     let Some(r) = st.reservations.get(&h.key) else {
         return Ok(());
     };
@@ -263,6 +264,21 @@ fn refuse_takeover(f: &World, st: &State, h: &Holder, by: Option<ProcRef>) -> Re
         .into()),
         Ok(_) => Ok(()),
     }
+}
+
+/// A container whose ID is a domain's UUID holding GPUs, or the reverse: refused, as before
+/// holders had keys of their own kinds (the one name would be two holders').
+pub(super) fn no_twin(st: &State, h: &Holder) -> Result<(), Error> {
+    for key in h.id.twins() {
+        if let Some(r) = st.reservations.get(&key) {
+            return Err(LifecycleError::KeyOfAnother {
+                id: h.id.domain_and_uuid().1.to_string(),
+                holder: r.who(),
+            }
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// What the locked step of `prepare` settled on: the units, what was done for them (for the
@@ -402,12 +418,14 @@ fn prepared_edits(
     inv: &Inventory,
     gpus: &[Unit],
 ) -> Result<Given, Error> {
+    // A libvirt domain's nodes are made at `started`; a VM gets none.
+    let libvirt = matches!(h.kind(), HolderKind::Libvirt | HolderKind::Vm);
     let driver = wants_driver(f.cfg, req).is_some();
-    if h.kind() == HolderKind::Libvirt && !driver {
+    if libvirt && !driver {
         return Ok(Given::default());
     }
     let e = given(f, h, req, inv, gpus)?;
-    if h.kind() == HolderKind::Libvirt {
+    if libvirt {
         return Ok(Given {
             nodes: Vec::new(),
             plan: e.plan,

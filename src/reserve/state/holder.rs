@@ -183,6 +183,22 @@ impl HolderId {
         })
     }
 
+    /// The keys of the holders of the other kind that was there first with this holder's ID
+    /// (a container whose ID is this domain's UUID, a domain whose UUID is this container's
+    /// ID): such a holder is not given a reservation beside theirs (as before keys had
+    /// kinds; a VM and an LXC domain may share a UUID).
+    pub fn twins(&self) -> Vec<HolderKey> {
+        match self {
+            HolderId::Libvirt { uuid, .. } => vec![HolderId::Oci { id: uuid.clone() }.key()],
+            HolderId::Oci { id } => vec![HolderId::Libvirt {
+                name: String::new(),
+                uuid: id.clone(),
+            }
+            .key()],
+            HolderId::Vm { .. } => Vec::new(),
+        }
+    }
+
     /// The key a file written before holders had keys of their own filed a holder of the
     /// kinds there were then under: its `uuid` field (a domain's UUID, a container's ID).
     pub(super) fn legacy_key(&self) -> Option<&str> {

@@ -86,17 +86,38 @@ fn oci_reserve_is_held_by_the_create_that_made_it() {
             r.gpus[0]
         )
     );
-    // A libvirt domain whose UUID (written by hand: libvirt's are UUIDs) is the container's
-    // ID has a key of its own: it neither takes nor moves the container's reservation.
-    h.with(&fake, |f| {
-        prepare_by_parent(f, &holder_with_id(&idmap, "ctr1"), &req(1))
-    })
-    .unwrap();
+    // A libvirt domain may not take the OCI container's key.
+    let e = h
+        .with(&fake, |f| {
+            prepare_by_parent(f, &holder_with_id(&idmap, "ctr1"), &req(1))
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("ctr1"), "{e}");
+}
+
+/// A VM defined with an LXC domain's UUID is a holder of its own: a reservation under its own
+/// key (`vm:UUID`), beside the domain's, which it neither reaches nor changes.
+#[test]
+fn a_vm_with_a_domains_uuid_has_its_own_reservation() {
+    let h = host();
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    h.with(&fake, |f| prepare_by_parent(f, &holder(&idmap), &req(1)))
+        .unwrap();
+    let domains = h.state().reservations[ID].clone();
+    let vm = Holder::vm("web1", ID);
+    h.with(&fake, |f| prepare_by_parent(f, &vm, &req(1)))
+        .unwrap();
     let st = h.state();
-    assert_eq!(st.reservations["ctr1"].gpus, r.gpus);
-    assert_eq!(st.reservations["ctr1"].kind(), HolderKind::Oci);
-    assert_eq!(st.reservations["libvirt:ctr1"].kind(), HolderKind::Libvirt);
-    assert_ne!(st.reservations["libvirt:ctr1"].gpus, r.gpus);
+    assert_eq!(st.reservations[ID], domains);
+    let key = format!("vm:{ID}");
+    let theirs = &st.reservations[key.as_str()];
+    assert_eq!((theirs.kind(), theirs.nodes.len()), (HolderKind::Vm, 0));
+    assert_ne!(theirs.gpus, domains.gpus);
+    // Each one's free frees its own.
+    h.with(&fake, |f| free_key(f, &vm.key)).unwrap();
+    assert_eq!(h.state().reservations.keys().count(), 1);
+    assert_eq!(h.state().reservations[ID], domains);
 }
 
 #[test]
