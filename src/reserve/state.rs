@@ -139,7 +139,7 @@ impl Reservation {
         self.updated = now.to_string();
     }
 
-    /// As a step finds it, for the transition table ([`Step::from`]): its phase, and whether
+    /// As a step finds it, for the transition table ([`Transition::from`]): its phase, and whether
     /// its holder lives (`alive`): a running one's init; a prepared one's reserving process,
     /// unless it is `me` (the step's own).
     pub fn found(&self, alive: impl Fn(&ProcRef) -> bool, me: Option<ProcRef>) -> Found {
