@@ -1391,7 +1391,7 @@ fn request_through_libvirt(b: &mut Bed) {
 
 fn reconcile_frees_only_the_gone(b: &mut Bed) {
     use gpuhook::host::procfs::ProcRef;
-    use gpuhook::reserve::state::{rfc3339, Phase, Reservation, Store};
+    use gpuhook::reserve::state::{rfc3339, HolderId, Phase, Reservation, Store};
     b.use_host(FakeHost::dgx8());
     b.define_start(&spec("gh-live", ""));
     let now = std::time::SystemTime::now()
@@ -1402,9 +1402,10 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
     let fake =
         |n: u32, name: &str, gpu: &str, phase: Phase, prepared_by: Option<ProcRef>, age: i64| {
             Reservation {
-                kind: Default::default(),
-                domain: name.into(),
-                uuid: common::uuid(n),
+                holder: HolderId::Libvirt {
+                    name: name.into(),
+                    uuid: common::uuid(n),
+                },
                 gpus: vec![gpu.parse().unwrap()],
                 phase,
                 request: "1 GPU".into(),
@@ -1448,7 +1449,7 @@ fn reconcile_frees_only_the_gone(b: &mut Bed) {
                     3600,
                 ),
             ] {
-                st.reservations.insert(r.uuid.clone(), r);
+                st.reservations.insert(r.key(), r);
             }
             Ok::<_, gpuhook::Error>(())
         })
@@ -1556,9 +1557,10 @@ fn hostile_dev_overmount(b: &mut Bed) {
     assert_eq!(b.nodes(&ct)["/dev/nvidia0"], (195, 0));
 }
 
-/// The state lost a running container's reservation (an operator's `gpuhook release`) and
-/// libvirtd restarts: `reconnect` adopts what the container's device cgroup grants by exact
-/// rule, never a GPU whose node the container has in its `/dev`, never more than it asks for.
+/// The state lost a running container's reservation (a wiped `/run`, a state file replaced
+/// by hand; `gpuhook release` of a running domain is refused) and libvirtd restarts:
+/// `reconnect` adopts what the container's device cgroup grants by exact rule, never a GPU
+/// whose node the container has in its `/dev`, never more than it asks for.
 fn reconnect_adopts_only_granted(b: &mut Bed) {
     b.use_host(FakeHost::blueprint());
     b.define_start(&spec("gh-adopt", r#"count="1""#));
@@ -1567,8 +1569,7 @@ fn reconnect_adopts_only_granted(b: &mut Bed) {
     // A node of the other GPU in its /dev (a container controls what its /dev holds).
     let o = b.sh_in(&ct, "mknod /dev/nvidia1 c 195 1");
     assert!(o.status.success(), "{}", common::stderr(&o));
-    let o = b.gh(&["release", "gh-adopt"]);
-    assert!(o.status.success(), "{}", common::stderr(&o));
+    lose_reservation(b, "gh-adopt");
     assert!(b.holders().is_empty());
     b.d.restart().unwrap();
     assert_eq!(b.state_of("gh-adopt"), "running");
@@ -1585,8 +1586,7 @@ fn reconnect_adopts_only_granted(b: &mut Bed) {
     // Its cgroup grants both GPUs (an operator's hand), it asks for one: it keeps one, and
     // loses access to the other (free in the state, so another domain may get it).
     std::fs::write(b.cgroup_dir(&ct).join("devices.allow"), "c 195:1 rw").unwrap();
-    let o = b.gh(&["release", "gh-adopt"]);
-    assert!(o.status.success(), "{}", common::stderr(&o));
+    lose_reservation(b, "gh-adopt");
     // (Run as libvirt would at its restart: libvirtd logs a hook's stderr only on failure.)
     let o = b.hook_direct("gh-adopt", "reconnect");
     common::assert_ok(&o);
@@ -1620,8 +1620,7 @@ fn reconnect_adopts_only_granted(b: &mut Bed) {
     std::fs::create_dir(&jail).unwrap();
     std::fs::write(jail.join("devices.deny"), "c 195:1 rw").unwrap();
     std::fs::write(jail.join("cgroup.procs"), ct.init.pid.to_string()).unwrap();
-    let o = b.gh(&["release", "gh-adopt-b"]);
-    assert!(o.status.success(), "{}", common::stderr(&o));
+    lose_reservation(b, "gh-adopt-b");
     common::assert_ok(&b.hook_direct("gh-adopt-b", "reconnect"));
     assert_eq!(
         b.holders()["gh-adopt-b"],
@@ -1630,6 +1629,59 @@ fn reconnect_adopts_only_granted(b: &mut Bed) {
     );
     b.d.virsh_ok(&["destroy", "gh-adopt-b"]).unwrap();
     let _ = std::fs::remove_dir(&jail);
+}
+
+/// The state loses domain `name`'s reservation, as a wiped `/run` or a state file replaced by
+/// hand does (`gpuhook release` of a running domain is refused).
+fn lose_reservation(b: &Bed, name: &str) {
+    gpuhook::reserve::state::Store::new(&b.state())
+        .update(|st| {
+            st.reservations.retain(|_, r| r.holder.name() != name);
+            Ok::<_, gpuhook::Error>(())
+        })
+        .unwrap();
+}
+
+/// `gpuhook release` of a running domain is refused, in one line naming `detach --all`: its
+/// container keeps its GPU (it opens) and no one else gets it; `detach --all` takes the GPU
+/// back (the container can no longer open it) and `release` then lets the reservation go;
+/// the GPU is another's to have. Once stopped, a domain's reservation is gone with it.
+fn release_of_a_running_domain(b: &mut Bed) {
+    b.use_host(FakeHost::blueprint());
+    b.define_start(&spec("gh-rel", r#"count="1""#));
+    let ct = b.ct("gh-rel");
+    assert_eq!(b.holders()["gh-rel"], ["0000:07:00.0"]);
+    assert_eq!(b.open_in(&ct, &["/dev/nvidia0"]), vec![Err(Errno::ENXIO)]);
+    let o = b.gh(&["release", "gh-rel"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = common::stderr(&o);
+    assert_eq!(
+        e.trim_end(),
+        format!("gpuhook: domain 'gh-rel' still runs (init {}) with GPUs 0000:07:00.0: release frees only what no running container holds; stop it, or take its GPUs back with 'gpuhook detach gh-rel --domain --all'", ct.init.pid)
+    );
+    assert_eq!(b.holders()["gh-rel"], ["0000:07:00.0"], "nothing freed");
+    assert_eq!(b.open_in(&ct, &["/dev/nvidia0"]), vec![Err(Errno::ENXIO)]);
+    b.define(&spec("gh-rel2", r#"count="2""#));
+    let e = b.start("gh-rel2").unwrap_err();
+    assert!(e.contains("held by domain 'gh-rel'"), "{e}");
+    b.gh_host_ok(&["detach", "gh-rel", "--all"]);
+    assert_eq!(b.open_in(&ct, &["/dev/nvidia0"]), vec![Err(Errno::ENOENT)]);
+    assert!(!b.devices_list(&ct).contains(&"c 195:0 rw".to_string()));
+    let o = b.gh(&["release", "gh-rel"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let u = b.xml("gh-rel");
+    let u = u
+        .split("<uuid>")
+        .nth(1)
+        .and_then(|u| u.split("</uuid>").next())
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("released domain 'gh-rel' ({u}) (it held no GPU)\n")
+    );
+    // Nothing of it is left: the other domain gets both GPUs.
+    b.start("gh-rel2").expect("both GPUs are free");
+    assert_eq!(b.holders()["gh-rel2"], ["0000:07:00.0", "0000:08:00.0"]);
 }
 
 /// `gpuhook-libvirt request --clear --live` drops the request from a running domain's live
@@ -2198,6 +2250,7 @@ const CASES: &[(&str, Case)] = &[
         "reconnect_adopts_only_granted",
         reconnect_adopts_only_granted,
     ),
+    ("release_of_a_running_domain", release_of_a_running_domain),
     ("stop_frees_after_live_clear", stop_frees_after_live_clear),
     ("grants_reach_sub_cgroups", grants_reach_sub_cgroups),
     ("full_container_dev", full_container_dev),

@@ -4,7 +4,7 @@
 //! denied gets EPERM). cgroup v1 is this machine's layout; cgroup v2 runs in a private mount
 //! namespace whose `/sys/fs/cgroup` is a cgroup2 mount (crun refuses the hybrid layout).
 //!
-//! Facts of this VM the harness works round (shared/GPU-NOTES.md): `podman run` needs lower
+//! World of this VM the harness works round (shared/GPU-NOTES.md): `podman run` needs lower
 //! rlimits (no CAP_SYS_RESOURCE), and crun cannot raise RLIMIT_MEMLOCK, so crun runs with a
 //! tiny LD_PRELOAD shim (built here with `cc`) that ignores that one EPERM.
 
@@ -512,8 +512,8 @@ fn user_namespaced_podman_container_owns_its_nodes() {
     let nodes = o.host.state.parent().unwrap().join("nodes");
     let left: Vec<_> = std::fs::read_dir(&nodes).unwrap().flatten().collect();
     assert!(left.is_empty(), "nodes left: {left:?}");
-    // An operator's `gpuhook release` of a running one frees the reservation; its nodes go at
-    // the container's removal (swept: the state no longer names it).
+    // An operator's `gpuhook release` of a running one is refused (its access would outlive
+    // the reservation), in one line; its removal frees the reservation and its nodes.
     podman_rm("gh-oci-userns");
     let r = o
         .podman(
@@ -536,8 +536,20 @@ fn user_namespaced_podman_container_owns_its_nodes() {
     assert_ok(&r);
     let id = out(&r).trim().to_string();
     assert!(nodes.join(&id).is_dir());
-    assert_ok(&o.host.cmd().args(["release", &id]).output().unwrap());
+    let r = o.host.cmd().args(["release", &id]).output().unwrap();
+    assert_eq!(r.status.code(), Some(1), "{}", stderr(&r));
+    let e = stderr(&r);
+    assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+    assert!(
+        e.starts_with(&format!("gpuhook: container '{id}' still runs (init "))
+            && e.ends_with(&format!(
+                "or take its GPUs back with 'gpuhook detach {id} --container --all'\n"
+            )),
+        "{e}"
+    );
+    assert_eq!(o.reservations().len(), 1, "{:?}", o.reservations());
     podman_rm(&id);
+    assert!(o.reservations().is_empty(), "{:?}", o.reservations());
     let left: Vec<_> = std::fs::read_dir(&nodes).unwrap().flatten().collect();
     assert!(
         left.is_empty(),

@@ -48,7 +48,7 @@ fn check_state(h: &Host) -> BTreeMap<String, Vec<String>> {
             assert!(seen.insert(*g), "GPU {g} is in two reservations");
         }
         out.insert(
-            r.domain.clone(),
+            r.holder.name().to_string(),
             r.gpus.iter().map(|g| g.to_string()).collect(),
         );
     }

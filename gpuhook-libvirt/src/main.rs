@@ -62,7 +62,7 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    let world = reconcile::World {
+    let world = reconcile::LibvirtView {
         active: &active,
         now,
         seen: reconcile::Liveness {
@@ -84,7 +84,7 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
             gpuhook::reserve::drain::log_settled(&gpuhook::reserve::drain::recheck(st))
         };
         gpuhook::reserve::lifecycle::free(
-            &gpuhook::reserve::facts::Facts::host(&cfg),
+            &gpuhook::reserve::world::World::real(&cfg),
             |st| reconcile::plan(st, &world),
             recheck,
         )
@@ -94,10 +94,9 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
     let verb = if dry_run { "would free" } else { "freed" };
     for (r, why) in &freed {
         let line = format!(
-            "{verb} {} of {} ({}): {why}",
+            "{verb} {} of {}: {why}",
             gpuhook::ids::Unit::join(&r.gpus, ","),
-            r.who(),
-            r.uuid
+            r.holder.who_exactly()
         );
         println!("{line}");
         if !dry_run {

@@ -6,12 +6,11 @@
 use crate::doors::error::CliError;
 use crate::doors::hook;
 use crate::host::config::Config;
-use crate::host::inventory;
 use crate::log;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
-use crate::reserve::lifecycle;
-use crate::reserve::state::{Reservation, State, Store};
+use crate::reserve::lifecycle::{self, Pick};
+use crate::reserve::state::Store;
+use crate::reserve::world::World;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -67,10 +66,25 @@ pub enum Command {
     Attach(crate::doors::hotplug::AttachArgs),
     /// Take GPUs back from a running container: revoked, removed from its /dev, freed
     Detach(crate::doors::hotplug::DetachArgs),
-    /// Free a domain's or an OCI container's GPU reservation
+    /// Free the GPU reservation of a domain, VM or OCI container that no longer runs
+    ///
+    /// One holder only: a NAME that more than one holder answers to (an LXC domain, a VM
+    /// and an OCI container may share a name) is refused naming each, and --domain,
+    /// --container or --vm says which; a NAME no holder answers to exits 1. A holder whose
+    /// container still runs is refused (its device access would outlive the reservation):
+    /// stop it, or take its GPUs back with 'gpuhook detach NAME --all' first.
     Release {
-        /// Domain name or UUID, or container ID
-        domain: String,
+        /// Domain or VM name or UUID, or container ID
+        name: String,
+        /// NAME is a libvirt LXC domain (its name or UUID)
+        #[arg(long, conflicts_with_all = ["container", "vm"])]
+        domain: bool,
+        /// NAME is an OCI container's ID
+        #[arg(long, conflicts_with = "vm")]
+        container: bool,
+        /// NAME is a virtual machine (a libvirt QEMU domain: its name or UUID)
+        #[arg(long)]
+        vm: bool,
     },
     /// Run the libvirt hook explicitly (domain XML on standard input)
     Hook {
@@ -263,7 +277,12 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::Check { file } => report(check(&file)),
         Command::Attach(a) => report(crate::doors::hotplug::attach(&a)),
         Command::Detach(d) => report(crate::doors::hotplug::detach(&d)),
-        Command::Release { domain } => report(release(&domain)),
+        Command::Release {
+            name,
+            domain,
+            container,
+            vm,
+        } => report(release(&name, Pick::of(domain, container, vm))),
         Command::Metrics { output } => report(metrics(output.as_deref())),
         Command::Placement { output } => report(placement(output.as_deref())),
         Command::Health { action } => report(health(action)),
@@ -306,25 +325,19 @@ fn metrics(output: Option<&std::path::Path>) -> Result<i32, CliError> {
 }
 
 fn placement(output: Option<&std::path::Path>) -> Result<i32, CliError> {
-    let cfg = Config::load()?;
-    let mut inv = inventory::scan(&cfg)?;
+    // The state as every command reads it: one that cannot be read fails the command, and no
+    // inventory is published (quarantined, draining and held GPUs would be offered as free).
+    let (_, mut inv, st) = load()?;
     // Quarantined and draining GPUs count as reserved, as unusable ones do.
-    match Store::new(&cfg.state_file).read() {
-        Ok(mut st) => {
-            crate::reserve::health::apply(&mut inv, &st);
-            crate::reserve::drain::recheck(&mut st);
-            crate::reserve::drain::apply(&mut inv, &st);
-            // Slots held of a GPU the config no longer shares: not free for a whole flavor.
-            let held = st.held(None);
-            for g in inv.gpus.iter_mut().filter(|g| g.sharing.is_none()) {
-                if let Some((_, h)) = crate::reserve::alloc::slots_of(&held, g.pci).next() {
-                    g.problem.get_or_insert_with(|| {
-                        format!("held as a shared slot by {h}, not shared by the config now")
-                    });
-                }
-            }
+    crate::reserve::drain::apply(&mut inv, &st);
+    // Slots held of a GPU the config no longer shares: not free for a whole flavor.
+    let held = st.held(None);
+    for g in inv.gpus.iter_mut().filter(|g| g.sharing.is_none()) {
+        if let Some((_, h)) = crate::reserve::alloc::slots_of(&held, g.pci).next() {
+            g.problem.get_or_insert_with(|| {
+                format!("held as a shared slot by {h}, not shared by the config now")
+            });
         }
-        Err(e) => log::warn(&format!("quarantined GPUs not known: {e}")),
     }
     for g in inv.gpus.iter().filter(|g| g.arch.is_none()) {
         log::warn(&format!(
@@ -345,37 +358,37 @@ fn report(r: Result<i32, impl std::fmt::Display>) -> i32 {
     }
 }
 
-fn release(domain: &str) -> Result<i32, Error> {
-    let cfg = Config::load()?;
-    let key = domain.to_ascii_lowercase();
-    let theirs = |st: &State| {
-        st.reservations
-            .iter()
-            .filter(|(u, r)| **u == key || r.domain == domain)
-            .map(|(u, _)| (u.clone(), ()))
-            .collect()
+/// `gpuhook release NAME`: frees the reservation of the one holder NAME names
+/// ([`lifecycle::resolve`] among the state's reservations; `pick` from `--domain`,
+/// `--container`, `--vm`), unless its container still runs ([`lifecycle::release`]). A name
+/// that no holder, or more than one, answers to is refused in one line; so is a state that
+/// cannot be read.
+fn release(name: &str, pick: Pick) -> Result<i32, CliError> {
+    let cfg = Config::load().map_err(Error::from)?;
+    let st = Store::new(&cfg.state_file).read().map_err(Error::from)?;
+    let holders = st.reservations.values().map(|r| r.holder.clone());
+    let Some(id) = lifecycle::resolve(name, pick, holders)? else {
+        return Err(CliError::NothingToRelease {
+            name: name.to_string(),
+            kinds: pick.words(),
+        });
     };
-    let lifecycle::Released { freed, drained } =
-        lifecycle::free(&Facts::host(&cfg), theirs, |_| {})?;
-    let freed: Vec<Reservation> = freed.into_iter().map(|(r, ())| r).collect();
+    let lifecycle::Released { freed, drained } = lifecycle::release(&World::real(&cfg), &id.key())?;
     if freed.is_empty() {
-        println!("'{domain}' holds no GPUs; nothing to release");
+        // Freed meanwhile, by its stop or another release.
+        println!("{} holds no GPUs any more; nothing to release", id.who());
     }
-    for r in freed {
-        let line = format!(
-            "released {} of {} ({})",
-            crate::ids::Unit::join(&r.gpus, ","),
-            r.who(),
-            r.uuid
-        );
+    for (r, ()) in freed {
+        let line = match r.gpus.is_empty() {
+            true => format!("released {} (it held no GPU)", r.holder.who_exactly()),
+            false => format!(
+                "released {} of {}",
+                crate::ids::Unit::join(&r.gpus, ","),
+                r.holder.who_exactly()
+            ),
+        };
         println!("{line}");
         log::info(&format!("operator {line}"));
-        if r.init.is_some_and(|i| i.alive()) {
-            log::warn(&format!(
-                "{} still runs and keeps its device access until it stops",
-                r.who()
-            ));
-        }
     }
     for (unit, d) in &drained.draining {
         if d.holders.is_empty() {

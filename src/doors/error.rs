@@ -53,14 +53,19 @@ pub enum CliError {
     /// `attach`/`detach --container`: no running OCI container of that ID.
     #[error("no running OCI container named '{name}'")]
     NoOciContainer { name: String },
-    /// `attach`/`detach NAME` where NAME is a running libvirt domain (`domain`, `uuid`) and an
-    /// OCI container's ID: the operator says which.
-    #[error("'{name}' names both libvirt domain '{domain}' ({uuid}) and OCI container '{name}': say which with --domain or --container")]
-    Ambiguous {
-        name: String,
-        domain: String,
-        uuid: String,
-    },
+    /// `attach`/`detach --vm`: no VM of that name or UUID holds GPUs.
+    #[error("no vm named '{name}' holds GPUs")]
+    NoVm { name: String },
+    /// `attach`/`detach` of a VM: its GPUs are its `<hostdev>`s, not nodes in a container.
+    #[error("{who} is a virtual machine: attach and detach change running containers (a VM's GPUs are its <hostdev>s)")]
+    HotplugVm { who: String },
+    /// `release`: no holder of that name (or UUID, or container ID) of the kinds said.
+    #[error("no {kinds} named '{name}' holds GPUs: nothing to release")]
+    NothingToRelease { name: String, kinds: String },
+    /// `release`/`attach`/`detach NAME` where more than one holder answers to NAME (an LXC
+    /// domain, a VM, an OCI container): the operator says which.
+    #[error(transparent)]
+    Ambiguous(#[from] crate::reserve::lifecycle::Ambiguous),
     /// `attach`/`detach` of a Kubernetes pod's sandbox ("pause") container.
     #[error("container '{id}' is a Kubernetes pod's sandbox (pause) container: it gets no GPUs")]
     OciSandbox { id: String },

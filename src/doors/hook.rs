@@ -21,8 +21,9 @@ use crate::log;
 use crate::request::metadata::{self, Domain};
 use crate::request::Request;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
-use crate::reserve::lifecycle::{self, Holder, HolderKind, Readopted};
+use crate::reserve::lifecycle::{self, Holder, Readopted};
+use crate::reserve::state::{HolderId, Store};
+use crate::reserve::world::World;
 use std::ffi::OsStr;
 use std::io::Read;
 use std::path::Path;
@@ -54,7 +55,7 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
         // A domain that asked for nothing may hold GPUs `gpuhook attach` gave it: a
         // reconnect re-adopts those (and only then is the state looked at).
         if op == "reconnect" {
-            return reconnect_attached(xml);
+            return reconnect_attached(name, xml);
         }
         return 0;
     }
@@ -92,7 +93,7 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
         // be made consistent.
         "reconnect" => {
             let readopted = match Config::load() {
-                Ok(cfg) => lifecycle::readopt(&Facts::host(&cfg), &h, &req, find),
+                Ok(cfg) => lifecycle::readopt(&World::real(&cfg), &h, &req, find),
                 Err(e) => lifecycle::config_unreadable(&h, &e),
             };
             return match readopted {
@@ -126,7 +127,7 @@ fn step(
     find: impl FnOnce() -> Result<container::Container, container::ContainerError>,
 ) -> Result<(), Error> {
     let cfg = Config::load()?;
-    let f = Facts::host(&cfg);
+    let f = World::real(&cfg);
     match op {
         "prepare" => lifecycle::prepare(&f, h, req, procfs::parent()).map(drop),
         "start" => lifecycle::confirm(&f, h, req),
@@ -138,22 +139,23 @@ fn step(
 /// under its UUID (GPUs attached while it ran), it is re-adopted as a request-less domain's
 /// (the reservation's units, nodes owned by the container's root). Anything unreadable here
 /// (config, state, XML) leaves the domain alone: it asked gpuhook for nothing.
-fn reconnect_attached(xml: &[u8]) -> i32 {
+fn reconnect_attached(name: &str, xml: &[u8]) -> i32 {
     let Some(uuid) = metadata::domain_uuid(xml) else {
         return 0;
     };
     let Ok(cfg) = Config::load() else { return 0 };
-    if !lifecycle::may_hold(&cfg, &uuid) {
+    let store = Store::new(&cfg.state_file);
+    let id = HolderId::Libvirt {
+        name: name.to_string(),
+        uuid,
+    };
+    if !store.mentions(&id) {
         return 0;
     }
     // Only a libvirt reservation under exactly this UUID is re-adopted (the bytes matched
     // anywhere); never one allocated afresh for a domain that asked for nothing.
-    let held = lifecycle::with_state(&cfg, |st| {
-        Ok::<_, crate::reserve::error::Error>(
-            st.reservations
-                .get(&uuid)
-                .is_some_and(|r| r.kind == HolderKind::Libvirt),
-        )
+    let held = store.update(|st| {
+        Ok::<_, crate::reserve::state::StateError>(st.reservations.contains_key(&id.key()))
     });
     if !matches!(held, Ok(true)) {
         return 0;
@@ -166,7 +168,7 @@ fn reconnect_attached(xml: &[u8]) -> i32 {
     };
     let h = holder(&dom);
     let find = || container::find(&dom.name, dom.id);
-    match lifecycle::readopt(&Facts::host(&cfg), &h, &req, find) {
+    match lifecycle::readopt(&World::real(&cfg), &h, &req, find) {
         Readopted::Inconsistent => 1,
         Readopted::Consistent | Readopted::LeftAlone => 0,
     }
@@ -196,12 +198,17 @@ fn stop(name: &str, op: &str, xml: &[u8]) {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
-    if !asks && !lifecycle::may_hold(&cfg, &uuid) {
+    let id = HolderId::Libvirt {
+        name: name.to_string(),
+        uuid,
+    };
+    if !asks && !Store::new(&cfg.state_file).mentions(&id) {
         return;
     }
-    match lifecycle::free_key(&Facts::host(&cfg), HolderKind::Libvirt, &uuid) {
+    match lifecycle::free_key(&World::real(&cfg), &id.key()) {
         Ok(Some(r)) => log::info(&format!(
-            "domain '{name}' ({uuid}): {op}: freed {}{}",
+            "{}: {op}: freed {}{}",
+            id.who_exactly(),
             crate::ids::Unit::join(&r.gpus, ","),
             if asks {
                 ""

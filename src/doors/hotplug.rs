@@ -17,9 +17,9 @@ use crate::ids::{normalize_uuid, Unit};
 use crate::request::metadata::{self, Domain};
 use crate::request::oci::{self, Pairs};
 use crate::request::{DeviceSel, Request};
-use crate::reserve::facts::Facts;
-use crate::reserve::lifecycle::{self, Attached, Detached, Holder, Which};
-use crate::reserve::state::{State, Store};
+use crate::reserve::lifecycle::{self, Attached, Detached, Holder, Pick, Which};
+use crate::reserve::state::{HolderId, HolderKind, State, Store};
+use crate::reserve::world::World;
 use std::io::Read;
 use std::path::Path;
 
@@ -61,12 +61,16 @@ pub struct AttachArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
-    /// NAME is a libvirt domain (its name or UUID)
-    #[arg(long, conflicts_with = "container")]
+    /// NAME is a libvirt LXC domain (its name or UUID)
+    #[arg(long, conflicts_with_all = ["container", "vm"])]
     pub domain: bool,
     /// NAME is an OCI container's ID
-    #[arg(long)]
+    #[arg(long, conflicts_with = "vm")]
     pub container: bool,
+    /// NAME is a virtual machine (a libvirt QEMU domain: refused, its GPUs are its
+    /// <hostdev>s)
+    #[arg(long)]
+    pub vm: bool,
 }
 
 /// What `gpuhook detach` takes back.
@@ -92,30 +96,16 @@ pub struct DetachArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
-    /// NAME is a libvirt domain (its name or UUID)
-    #[arg(long, conflicts_with = "container")]
+    /// NAME is a libvirt LXC domain (its name or UUID)
+    #[arg(long, conflicts_with_all = ["container", "vm"])]
     pub domain: bool,
     /// NAME is an OCI container's ID
-    #[arg(long)]
+    #[arg(long, conflicts_with = "vm")]
     pub container: bool,
-}
-
-/// Which kind of container NAME is said to be (`--domain`, `--container`), or either.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TargetKind {
-    Either,
-    Domain,
-    Container,
-}
-
-impl TargetKind {
-    fn of(domain: bool, container: bool) -> TargetKind {
-        match (domain, container) {
-            (true, _) => TargetKind::Domain,
-            (_, true) => TargetKind::Container,
-            _ => TargetKind::Either,
-        }
-    }
+    /// NAME is a virtual machine (a libvirt QEMU domain: refused, its GPUs are its
+    /// <hostdev>s)
+    #[arg(long)]
+    pub vm: bool,
 }
 
 /// A running container the command names.
@@ -134,9 +124,9 @@ impl HotplugTarget {
 
     /// The host's facts for its lifecycle steps (an OCI container's device cgroup is its
     /// init's).
-    fn facts<'a>(&self, cfg: &'a Config) -> Facts<'a> {
+    fn facts<'a>(&self, cfg: &'a Config) -> World<'a> {
         match self {
-            HotplugTarget::Libvirt(_) => Facts::host(cfg),
+            HotplugTarget::Libvirt(_) => World::real(cfg),
             HotplugTarget::Oci(_) => oci_container::facts(cfg),
         }
     }
@@ -155,42 +145,59 @@ impl HotplugTarget {
     }
 }
 
-/// The container `name` names: a running libvirt domain (by name or UUID), or a running OCI
-/// container of that ID; a name that is both is refused unless `kind` says which.
-fn target(cfg: &Config, name: &str, kind: TargetKind) -> Result<HotplugTarget, CliError> {
-    let dom = match kind {
-        TargetKind::Container => None,
-        _ => running_domain(container::LXC_STATE_DIRS.iter().map(Path::new), name)?,
+/// The container `name` names ([`lifecycle::resolve`]): among a running libvirt domain (by
+/// name or UUID), an OCI container of that ID that gpuhook or its runtime knows, and a VM
+/// whose reservation the state holds, the one `pick` allows; a name that more than one
+/// answers to is refused, naming each, and so is a VM (its GPUs are its `<hostdev>`s). The
+/// state is read as every command reads it: one that cannot be read fails the command.
+fn target(cfg: &Config, name: &str, pick: Pick) -> Result<HotplugTarget, CliError> {
+    let st: State = Store::new(&cfg.state_file)
+        .read()
+        .map_err(crate::reserve::error::Error::from)?;
+    let dom = match pick.allows(HolderKind::Libvirt) {
+        true => running_domain(container::LXC_STATE_DIRS.iter().map(Path::new), name)?,
+        false => None,
     };
-    if let Some(d) = dom {
-        // Whoever may define a domain must not catch, by its name, what is meant for a
-        // container (nor make a container lose its GPUs to a `detach` meant for it).
-        if kind == TargetKind::Either && bundle::valid_id(name) {
-            let st = Store::new(&cfg.state_file).read().ok();
-            if oci_container::known(cfg, st.as_ref(), name) {
-                return Err(CliError::Ambiguous {
-                    name: name.to_string(),
-                    domain: d.name,
-                    uuid: d.uuid,
-                });
-            }
-        }
-        return Ok(HotplugTarget::Libvirt(d));
+    let mut found: Vec<HolderId> = Vec::new();
+    if let Some(d) = &dom {
+        found.push(HolderId::Libvirt {
+            name: d.name.clone(),
+            uuid: d.uuid.clone(),
+        });
     }
-    if kind != TargetKind::Domain && bundle::valid_id(name) {
-        let st: State = Store::new(&cfg.state_file)
-            .read()
-            .map_err(crate::reserve::error::Error::from)?;
-        if let Some(o) = oci_container::find(cfg, &st, name)? {
-            return Ok(HotplugTarget::Oci(o));
-        }
+    // Whoever may define a domain must not catch, by its name, what is meant for a container
+    // (nor make a container lose its GPUs to a `detach` meant for it).
+    if pick.allows(HolderKind::Oci)
+        && bundle::valid_id(name)
+        && oci_container::known(cfg, &st, name)
+    {
+        found.push(oci_container::container(name));
     }
-    let name = name.to_string();
-    Err(match kind {
-        TargetKind::Either => CliError::NoContainer { name },
-        TargetKind::Domain => CliError::NoDomain { name },
-        TargetKind::Container => CliError::NoOciContainer { name },
-    })
+    found.extend(
+        st.reservations
+            .values()
+            .filter(|r| r.kind() == HolderKind::Vm)
+            .filter(|r| crate::reserve::reconcile::stale_reason(r).is_none())
+            .map(|r| r.holder.clone()),
+    );
+    let nobody = || {
+        let name = name.to_string();
+        match pick {
+            Pick::Any => CliError::NoContainer { name },
+            Pick::Only(HolderKind::Libvirt) => CliError::NoDomain { name },
+            Pick::Only(HolderKind::Oci) => CliError::NoOciContainer { name },
+            Pick::Only(HolderKind::Vm) => CliError::NoVm { name },
+        }
+    };
+    match lifecycle::resolve(name, pick, found)? {
+        Some(HolderId::Libvirt { .. }) => dom.map(HotplugTarget::Libvirt).ok_or_else(nobody),
+        Some(HolderId::Oci { id }) => match oci_container::find(cfg, &st, &id)? {
+            Some(o) => Ok(HotplugTarget::Oci(o)),
+            None => Err(nobody()),
+        },
+        Some(vm @ HolderId::Vm { .. }) => Err(CliError::HotplugVm { who: vm.who() }),
+        None => Err(nobody()),
+    }
 }
 
 /// The live `<domain>` of a running libvirt LXC domain named `name` (or of UUID `name`), from
@@ -336,7 +343,7 @@ fn which(d: &DetachArgs) -> Result<Which, CliError> {
 pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
     let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
     let req = attach_request(a)?;
-    let t = target(&cfg, &a.name, TargetKind::of(a.domain, a.container))?;
+    let t = target(&cfg, &a.name, Pick::of(a.domain, a.container, a.vm))?;
     let h = t.holder();
     let got = lifecycle::attach(&t.facts(&cfg), &h, &req, || t.find()).map_err(|e| named(&h, e))?;
     if a.json {
@@ -357,7 +364,7 @@ pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
 pub fn detach(d: &DetachArgs) -> Result<i32, CliError> {
     let cfg = Config::load().map_err(crate::reserve::error::Error::from)?;
     let which = which(d)?;
-    let t = target(&cfg, &d.name, TargetKind::of(d.domain, d.container))?;
+    let t = target(&cfg, &d.name, Pick::of(d.domain, d.container, d.vm))?;
     let h = t.holder();
     let got = lifecycle::detach(&t.facts(&cfg), &h, &which, d.force, || t.find())
         .map_err(|e| named(&h, e))?;
@@ -395,7 +402,7 @@ fn named(h: &Holder, e: crate::reserve::error::Error) -> CliError {
         crate::reserve::error::Error::Container(ContainerError::Refused(
             Refusal::LeftNamespace { pid, kind },
         )) => CliError::OciLeftNamespace {
-            id: h.name.to_string(),
+            id: h.name().to_string(),
             pid,
             which: kind.word(),
         },
@@ -404,7 +411,8 @@ fn named(h: &Holder, e: crate::reserve::error::Error) -> CliError {
 }
 
 fn holder_json(h: &Holder) -> serde_json::Value {
-    serde_json::json!({"kind": h.kind, "name": h.name, "uuid": h.id})
+    let (_, uuid) = h.id.domain_and_uuid();
+    serde_json::json!({"kind": h.kind(), "name": h.name(), "uuid": uuid})
 }
 
 fn attached_json(h: &Holder, a: &Attached) -> serde_json::Value {

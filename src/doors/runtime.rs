@@ -20,8 +20,8 @@ use crate::host::config::Config;
 use crate::host::procfs::ProcRef;
 use crate::log;
 use crate::request::IdMap;
-use crate::reserve::facts::Facts;
 use crate::reserve::lifecycle::{self, Holder, HolderKind, LifecycleError, OciCreate};
+use crate::reserve::world::World;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
@@ -63,7 +63,7 @@ pub fn main(args: &[OsString]) -> i32 {
     };
     match inv.command.as_deref() {
         Some("create") | Some("run") => {
-            let f = Facts::host(&cfg);
+            let f = World::real(&cfg);
             let _reserved = match prepare_bundle(&inv, &f) {
                 Ok(r) => r,
                 Err(e) => {
@@ -131,7 +131,7 @@ fn exec(runtime: &Path, args: &[OsString]) -> i32 {
 /// is `exec`ed) when it did. Nothing is left reserved or written on error.
 fn prepare_bundle<'a>(
     inv: &Invocation,
-    f: &Facts<'a>,
+    f: &World<'a>,
 ) -> Result<Option<OciCreate<'a>>, RuntimeError> {
     let path = inv.config_path();
     let policy = Policy {
@@ -216,7 +216,7 @@ fn delete(cfg: &Config, runtime: &Path, args: &[OsString], inv: &Invocation) -> 
         }
     };
     if let Some(id) = inv.id.as_deref().filter(|i| valid_id(i)) {
-        lifecycle::release_oci(&Facts::host(cfg), id, "delete", |r| {
+        lifecycle::release_oci(&World::real(cfg), id, "delete", |r| {
             crate::reserve::reconcile::stale_reason(r).is_some()
         });
     }

@@ -235,7 +235,7 @@ pub fn find(name: &str, id: Option<i32>) -> Result<Container, ContainerError> {
         Some(pid) if pid > 0 => pid,
         _ => pidfile_controller(name)?,
     };
-    let proc = &procfs::HOST;
+    let proc = &procfs::REAL;
     if proc.start_time(controller).is_none() {
         return Err(Failure::NoController { controller }.into());
     }
@@ -937,7 +937,7 @@ mod tests {
             .spawn()
             .unwrap();
         assert_eq!(
-            init_child(&procfs::HOST, me, plain.id() as i32),
+            init_child(&procfs::REAL, me, plain.id() as i32),
             None,
             "not a PID-namespace init"
         );
@@ -948,18 +948,18 @@ mod tests {
         let unshare = ns.id() as i32;
         let mut init = None;
         for _ in 0..100 {
-            if let Some(c) = procfs::HOST.children(unshare).first() {
+            if let Some(c) = procfs::REAL.children(unshare).first() {
                 init = Some(*c);
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         let init = init.expect("unshare's child");
-        let got = init_child(&procfs::HOST, unshare, init)
+        let got = init_child(&procfs::REAL, unshare, init)
             .expect("PID 1 of its namespace, child of unshare");
         assert_eq!(got.pid, init);
         assert_eq!(
-            init_child(&procfs::HOST, me, init),
+            init_child(&procfs::REAL, me, init),
             None,
             "not our child: parentage is checked"
         );

@@ -283,7 +283,7 @@ mod tests {
                     use std::io::Write;
                     w.write_all(b"move\n").unwrap();
                     let t = std::time::Instant::now();
-                    while crate::host::procfs::HOST.ns(self.pid, "mnt") == Some(self.moved_from) {
+                    while crate::host::procfs::REAL.ns(self.pid, "mnt") == Some(self.moved_from) {
                         assert!(t.elapsed().as_secs() < 10, "the process never moved");
                         std::thread::sleep(std::time::Duration::from_millis(5));
                     }
@@ -309,7 +309,7 @@ mod tests {
             .spawn()
             .expect("unshare (util-linux), as root");
         let pid = p.id() as i32;
-        let host = crate::host::procfs::HOST;
+        let host = crate::host::procfs::REAL;
         let me = std::process::id() as i32;
         let own = host.namespaces(me).unwrap();
         let t = std::time::Instant::now();

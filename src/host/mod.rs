@@ -1,4 +1,4 @@
-//! Facts of the host, read through the config's roots: the config itself, the GPU
+//! World of the host, read through the config's roots: the config itself, the GPU
 //! inventory (sysfs, procfs, `/dev`), the running driver's user space ([`driver`]), the
 //! architecture table, process facts (`/proc`),
 //! OS errors as values ([`syserr`]), the one atomic file writer ([`atomic`]), and the host's

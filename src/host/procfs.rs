@@ -1,8 +1,8 @@
-//! Process facts from a `/proc` ([`Proc`]; [`HOST`] is the real one, never the config's
+//! Process facts from a `/proc` ([`Proc`]; [`REAL`] is the real one, never the config's
 //! `proc` root, which describes GPU drivers): identity (PID + start time, so a reused PID is
 //! not mistaken for the old process), children, PID-namespace ids, mounts. The root is passed
 //! in, so that the decisions made from these facts (which child is a container's init, whether
-//! a holder is gone) are tested on written-out `/proc` trees. The free functions read [`HOST`].
+//! a holder is gone) are tested on written-out `/proc` trees. The free functions read [`REAL`].
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,7 +31,7 @@ pub struct Proc<'a> {
 }
 
 /// The host's `/proc`.
-pub const HOST: Proc<'static> = Proc { root: "/proc" };
+pub const REAL: Proc<'static> = Proc { root: "/proc" };
 
 mod fds;
 mod mountinfo;
@@ -42,7 +42,7 @@ use raw::read_raw;
 
 /// The mounts of a process's mount namespace (`/proc/PID/mountinfo`, or our own for `None`).
 pub fn mounts(pid: Option<i32>) -> Option<Vec<Mount>> {
-    HOST.mounts(pid)
+    REAL.mounts(pid)
 }
 
 impl Proc<'_> {
@@ -511,7 +511,7 @@ impl Proc<'_> {
 
 impl ProcRef {
     pub fn of(pid: i32) -> Option<ProcRef> {
-        HOST.proc_ref(pid)
+        REAL.proc_ref(pid)
     }
     /// Whether this very process still exists and is not on its way out: one of its threads
     /// runs, not a zombie and not exiting (`PF_EXITING`, set before the kernel takes a task
@@ -520,7 +520,7 @@ impl ProcRef {
     /// and go on in another thread (the leader then shows as a zombie), and such a container
     /// must not look gone.
     pub fn alive(&self) -> bool {
-        HOST.alive(self)
+        REAL.alive(self)
     }
 }
 
@@ -579,7 +579,7 @@ fn stat_fields(path: &str) -> TaskStat {
 }
 
 pub fn comm(pid: i32) -> Option<String> {
-    HOST.comm(pid)
+    REAL.comm(pid)
 }
 
 /// The process that ran us (libvirtd when we are its hook).
@@ -636,7 +636,7 @@ mod tests {
         assert_eq!(p.pid_ns(7), None);
         assert_eq!(p.namespaces(8), None);
         // This process's own, as the kernel shows them.
-        let me = HOST.namespaces(std::process::id() as i32).unwrap();
+        let me = REAL.namespaces(std::process::id() as i32).unwrap();
         let ino = |k: &str| {
             use std::os::unix::fs::MetadataExt;
             std::fs::metadata(format!("/proc/self/ns/{k}"))
@@ -672,7 +672,7 @@ mod tests {
         // Wait until the main thread is gone (the leader shows as a zombie).
         let mut leader_gone = false;
         for _ in 0..200 {
-            if HOST
+            if REAL
                 .pid_stat(pid)
                 .and_then(|f| f.first().cloned())
                 .as_deref()
@@ -713,9 +713,9 @@ mod tests {
         assert!(renamed, "the child did not rename itself");
         let r = ProcRef::of(pid).expect("identity read");
         assert!(r.alive(), "a running process with a strange name is alive");
-        assert_eq!(HOST.ppid(pid), Some(std::process::id() as i32));
-        assert_eq!(HOST.nspid(pid), vec![pid]);
-        assert!(HOST.comm(pid).is_some());
+        assert_eq!(REAL.ppid(pid), Some(std::process::id() as i32));
+        assert_eq!(REAL.nspid(pid), vec![pid]);
+        assert!(REAL.comm(pid).is_some());
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!r.alive());
@@ -827,13 +827,13 @@ mod tests {
             .arg("5")
             .spawn()
             .unwrap();
-        let kids = HOST.children(std::process::id() as i32);
+        let kids = REAL.children(std::process::id() as i32);
         assert!(kids.contains(&(child.id() as i32)), "{kids:?}");
         let c = ProcRef::of(child.id() as i32).unwrap();
-        assert_eq!(HOST.nspid(child.id() as i32), vec![child.id() as i32]);
+        assert_eq!(REAL.nspid(child.id() as i32), vec![child.id() as i32]);
         assert_eq!(comm(child.id() as i32).as_deref(), Some("sleep"));
         assert_eq!(
-            HOST.ppid(child.id() as i32),
+            REAL.ppid(child.id() as i32),
             Some(std::process::id() as i32)
         );
         child.kill().unwrap();

@@ -83,17 +83,17 @@ fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State) {
     family(
         out,
         "gpuhook_gpu_reserved",
-        "Whether the GPU is reserved (1) and by which holder (kind libvirt or oci, or shared: its sharers, comma-separated; empty when free).",
+        "Whether the GPU is reserved (1) and by which holder (kind libvirt, oci or vm, or shared: its sharers, comma-separated; empty when free).",
     );
     for g in &inv.gpus {
         let names: Vec<&str> = st
             .slots_of(g.pci)
             .into_iter()
-            .map(|(_, r)| r.domain.as_str())
+            .map(|(_, r)| r.holder.name())
             .collect();
         let joined = names.join(",");
         let (kind, holder, v) = match st.holder_of(&Unit::Gpu(g.pci)) {
-            Some(r) => (r.kind.as_str(), r.domain.as_str(), 1),
+            Some(r) => (r.kind().as_str(), r.holder.name(), 1),
             None if !names.is_empty() => ("shared", joined.as_str(), 1),
             None => ("", "", 0),
         };
@@ -247,7 +247,7 @@ fn mig_reserved(out: &mut String, inv: &Inventory, st: &State) {
         for m in &g.migs {
             let id = m.id(g.pci);
             let (kind, holder, v) = match st.holder_of(&id) {
-                Some(r) => (r.kind.as_str(), r.domain.as_str(), 1),
+                Some(r) => (r.kind().as_str(), r.holder.name(), 1),
                 None => ("", "", 0),
             };
             sample(
@@ -345,12 +345,12 @@ fn reservations(out: &mut String, st: &State) {
         "gpuhook_reservations",
         "Reservations in the state, by holder kind and phase.",
     );
-    for kind in [HolderKind::Libvirt, HolderKind::Oci] {
+    for kind in HolderKind::ALL {
         for (phase, name) in [(Phase::Prepared, "prepared"), (Phase::Running, "running")] {
             let n = st
                 .reservations
                 .values()
-                .filter(|r| r.kind == kind && r.phase == phase)
+                .filter(|r| r.kind() == kind && r.phase == phase)
                 .count();
             sample(
                 out,
@@ -380,13 +380,14 @@ pub fn render_driver(st: &State, host: Option<&str>, specs: &[(String, bool)]) -
             continue;
         };
         let outdated = host.is_some_and(|h| h != v);
+        let (domain, uuid) = r.holder.domain_and_uuid();
         sample(
             &mut out,
             "gpuhook_container_driver_outdated",
             &[
-                ("kind", r.kind.as_str()),
-                ("domain", &r.domain),
-                ("uuid", &r.uuid),
+                ("kind", r.kind().as_str()),
+                ("domain", domain),
+                ("uuid", uuid),
             ],
             u64::from(outdated),
         );
@@ -426,7 +427,7 @@ mod tests {
                 }))
                 .unwrap();
             r.driver_version = v.map(str::to_owned);
-            st.reservations.insert(id.into(), r);
+            st.insert(r);
         }
         let t = render_driver(
             &st,
@@ -479,10 +480,13 @@ mod tests {
             "request": "1 shared GPU slot", "created": "x", "updated": "x"
         }))
         .unwrap();
-        st.reservations.insert(r.uuid.clone(), r.clone());
-        r.uuid = "u-b".into();
+        st.insert(r.clone());
+        r.holder = crate::reserve::state::HolderId::Libvirt {
+            name: "a".into(),
+            uuid: "u-b".into(),
+        };
         r.gpus = vec![unit("0000:11:00.0/slot1")];
-        st.reservations.insert(r.uuid.clone(), r);
+        st.insert(r);
         let t = render(&inv, &st);
         assert!(
             t.contains("gpuhook_gpu_shared_slots{pci=\"0000:11:00.0\",mode=\"timeslice\"} 3\n"),

@@ -272,7 +272,7 @@ pub fn recheck(st: &mut State) -> Settled {
         st,
         Vec::new(),
         true,
-        crate::host::procfs::HOST,
+        crate::host::procfs::REAL,
         &crate::reserve::state::now_rfc3339(),
         BUDGET,
     )
@@ -362,7 +362,7 @@ mod tests {
         let g = FULL.lock().unwrap_or_else(|e| e.into_inner());
         let (ma, mi) = full();
         let scan = || {
-            crate::host::procfs::HOST.openers(
+            crate::host::procfs::REAL.openers(
                 &[libc::makedev(ma, mi)].into(),
                 |p| p != std::process::id() as i32,
                 &crate::host::procfs::Budget::new(BUDGET),
@@ -426,16 +426,16 @@ mod tests {
         let pid = child.id() as i32;
         let wanted: BTreeSet<u64> = [libc::makedev(ma, mi)].into();
         let me = std::process::id() as i32;
-        let found = crate::host::procfs::HOST.openers(&wanted, |p| p != me, &budget());
+        let found = crate::host::procfs::REAL.openers(&wanted, |p| p != me, &budget());
         assert!(found.complete());
         let procs = &found.openers[&libc::makedev(ma, mi)];
         assert_eq!(procs.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![pid]);
         assert_eq!(
-            crate::host::procfs::HOST.holds_any(pid, &wanted, &budget()),
+            crate::host::procfs::REAL.holds_any(pid, &wanted, &budget()),
             Some(true)
         );
         assert_eq!(
-            crate::host::procfs::HOST.holds_any(me, &[libc::makedev(195, 212)].into(), &budget()),
+            crate::host::procfs::REAL.holds_any(me, &[libc::makedev(195, 212)].into(), &budget()),
             Some(false)
         );
         // Through `settle`: the freed GPU is draining, held by `sleep`.
@@ -450,7 +450,7 @@ mod tests {
             &mut st,
             fresh,
             false,
-            crate::host::procfs::HOST,
+            crate::host::procfs::REAL,
             "now",
             BUDGET,
         );
@@ -485,14 +485,14 @@ mod tests {
             })
             .collect();
         assert!(fds.contains(&libc::makedev(195, 216)), "{fds:?}");
-        let found = crate::host::procfs::HOST.openers(
+        let found = crate::host::procfs::REAL.openers(
             &wanted,
             |p| p != std::process::id() as i32,
             &budget(),
         );
         assert!(found.openers.is_empty(), "{found:?}");
         assert_eq!(
-            crate::host::procfs::HOST.holds_any(pid, &wanted, &budget()),
+            crate::host::procfs::REAL.holds_any(pid, &wanted, &budget()),
             Some(false)
         );
         let mut st = State::default();
@@ -501,7 +501,7 @@ mod tests {
             &mut st,
             fresh,
             false,
-            crate::host::procfs::HOST,
+            crate::host::procfs::REAL,
             "now",
             BUDGET,
         );
@@ -599,7 +599,7 @@ int main(int argc, char **argv) {
                 })
                 .collect();
             assert!(!own.contains(&libc::makedev(ma, mi)), "{mode}: {own:?}");
-            let found = crate::host::procfs::HOST.openers(
+            let found = crate::host::procfs::REAL.openers(
                 &wanted,
                 |p| p != std::process::id() as i32,
                 &budget(),
@@ -613,7 +613,7 @@ int main(int argc, char **argv) {
                 "{mode}"
             );
             assert_eq!(
-                crate::host::procfs::HOST.holds_any(pid, &wanted, &budget()),
+                crate::host::procfs::REAL.holds_any(pid, &wanted, &budget()),
                 Some(true),
                 "{mode}"
             );
@@ -642,7 +642,7 @@ int main(int argc, char **argv) {
             &mut st,
             fresh,
             false,
-            crate::host::procfs::HOST,
+            crate::host::procfs::REAL,
             "now",
             BUDGET,
         );
@@ -677,7 +677,7 @@ int main(int argc, char **argv) {
             &mut st,
             vec![],
             true,
-            crate::host::procfs::HOST,
+            crate::host::procfs::REAL,
             "now",
             BUDGET,
         );
@@ -688,7 +688,7 @@ int main(int argc, char **argv) {
             &mut st,
             vec![],
             true,
-            crate::host::procfs::HOST,
+            crate::host::procfs::REAL,
             "now",
             BUDGET,
         );
@@ -789,8 +789,11 @@ int main(int argc, char **argv) {
         // ci1 of the same GPU instance is still held: its capability of the GPU instance is
         // not this unit's own.
         let mut keep = reservation(&["0000:10:00.0/gi1/ci1"]);
-        keep.uuid = "22222222-2222-2222-2222-222222222222".into();
-        st.reservations.insert(keep.uuid.clone(), keep);
+        keep.holder = crate::reserve::state::HolderId::Libvirt {
+            name: keep.holder.name().into(),
+            uuid: "22222222-2222-2222-2222-222222222222".into(),
+        };
+        st.insert(keep);
         let fresh = freed_units(&inv, &st, &[reservation(&["0000:10:00.0/gi1/ci0"])]);
         assert_eq!(
             fresh[0].nodes,
@@ -848,7 +851,7 @@ int main(int argc, char **argv) {
     /// `statx` of each entry, no `fdinfo`, no bound), for [`scan_cost`]'s comparison.
     fn legacy_pass(wanted: &BTreeSet<u64>, skip: i32) -> usize {
         use std::os::fd::AsRawFd;
-        let p = crate::host::procfs::HOST;
+        let p = crate::host::procfs::REAL;
         let mut kernel = BTreeSet::new();
         if p.comm(2).as_deref() == Some("kthreadd") {
             kernel.insert(2);
@@ -893,7 +896,7 @@ int main(int argc, char **argv) {
         let wanted: BTreeSet<u64> = [libc::makedev(195, 250)].into();
         let me = std::process::id() as i32;
         let pass = |label: &str| {
-            let (pids, mut fds) = (crate::host::procfs::HOST.pids(), 0usize);
+            let (pids, mut fds) = (crate::host::procfs::REAL.pids(), 0usize);
             for p in &pids {
                 fds += std::fs::read_dir(format!("/proc/{p}/fd")).map_or(0, |d| d.count());
             }
@@ -902,7 +905,7 @@ int main(int argc, char **argv) {
             let (mut t, mut old): (Vec<u128>, Vec<u128>) = (0..31)
                 .map(|_| {
                     let t0 = std::time::Instant::now();
-                    let f = crate::host::procfs::HOST.openers(&wanted, |p| p != me, &budget());
+                    let f = crate::host::procfs::REAL.openers(&wanted, |p| p != me, &budget());
                     assert!(f.openers.is_empty() && f.complete());
                     let new = t0.elapsed().as_micros();
                     let t0 = std::time::Instant::now();
@@ -989,10 +992,10 @@ int main(int argc, char **argv) {
         let big: BTreeSet<i32> = huge.iter().map(|h| h.id() as i32).collect();
         for _ in 0..3 {
             let t0 = std::time::Instant::now();
-            let f = crate::host::procfs::HOST.openers(wanted, |p| p != me, &budget());
+            let f = crate::host::procfs::REAL.openers(wanted, |p| p != me, &budget());
             let bounded = t0.elapsed().as_millis();
             let t0 = std::time::Instant::now();
-            let all = crate::host::procfs::HOST.openers(
+            let all = crate::host::procfs::REAL.openers(
                 wanted,
                 |p| p != me,
                 &crate::host::procfs::Budget::new(std::time::Duration::from_secs(120)),

@@ -32,10 +32,10 @@ use crate::host::inventory::{Inventory, Scan};
 use crate::ids::{normalize_pci, Pci};
 use crate::log::one_line;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::state::{
     now_rfc3339, parse_rfc3339, KmsgMark, Quarantine, State, Store, XidCount,
 };
+use crate::reserve::world::World;
 use catalog::{Action, Check, XidVerdict};
 use confirm::{Confirmation, GpuState, Unreadable};
 use error::HealthError;
@@ -301,7 +301,7 @@ fn count_xid(st: &mut State, key: &str, xid: u32, action: Action) {
 /// Reads the kernel log (`<dev>/kmsg`) from where the last scan stopped and acts on its Xid
 /// errors; then resets what it should (`auto_reset`, scrub pending GPUs) with `r`
 /// ([`reset::HostReset`] on this host).
-pub fn scan(f: &Facts, r: &dyn reset::Recover) -> Result<ScanReport, Error> {
+pub fn scan(f: &World, r: &dyn reset::Recover) -> Result<ScanReport, Error> {
     let cfg = f.cfg;
     let store = Store::new(&cfg.state_file);
     let boot = boot_id(cfg);
@@ -559,7 +559,7 @@ pub fn reset_candidates(cfg: &Config, st: &State) -> Vec<(Pci, reset::Why)> {
 
 /// Lifts any quarantine of the GPU at `pci` (an escalated one too), starts its 24-hour
 /// count again, and drops a reset mark whose process is gone.
-pub fn clear(f: &Facts, pci: &str) -> Result<Quarantine, Error> {
+pub fn clear(f: &World, pci: &str) -> Result<Quarantine, Error> {
     let p = normalize_pci(pci).ok_or_else(|| HealthError::NotPci {
         pci: pci.to_string(),
     })?;

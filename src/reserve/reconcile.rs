@@ -5,7 +5,9 @@
 
 use crate::host::procfs::{self, Proc, ProcRef};
 use crate::ids::Unit;
-use crate::reserve::state::{parse_rfc3339, HolderKind, Phase, Reservation, State};
+use crate::reserve::state::{
+    parse_rfc3339, HolderId, HolderKey, HolderKind, Phase, Reservation, State,
+};
 use std::collections::HashSet;
 
 /// A `prepare` older than this whose domain never became active was abandoned (libvirt
@@ -21,7 +23,7 @@ pub struct Liveness<'a> {
 }
 
 /// What reconcile knows of the world; the functions are injected so the decision is testable.
-pub struct World<'a> {
+pub struct LibvirtView<'a> {
     /// UUIDs of the domains libvirt runs.
     pub active: &'a HashSet<String>,
     pub now: i64,
@@ -33,7 +35,7 @@ pub struct World<'a> {
 /// is gone (libvirtd for a domain, and no controller of the domain runs; the runtime the
 /// wrapper became for an OCI container, which recorded no init).
 pub fn stale(r: &Reservation, seen: &Liveness) -> Option<String> {
-    match (r.phase, r.kind) {
+    match (r.phase, r.kind()) {
         (Phase::Running, _) => match r.init {
             Some(i) if !(seen.alive)(&i) => {
                 Some(format!("its container init (pid {}) is gone", i.pid))
@@ -41,7 +43,7 @@ pub fn stale(r: &Reservation, seen: &Liveness) -> Option<String> {
             _ => None,
         },
         (Phase::Prepared, HolderKind::Libvirt) => match r.prepared_by {
-            Some(p) if !(seen.alive)(&p) && !(seen.controller)(&r.domain) => Some(format!(
+            Some(p) if !(seen.alive)(&p) && !(seen.controller)(r.holder.name()) => Some(format!(
                 "it was prepared by pid {} which is gone, and no container of it runs",
                 p.pid
             )),
@@ -54,13 +56,20 @@ pub fn stale(r: &Reservation, seen: &Liveness) -> Option<String> {
             )),
             _ => None,
         },
+        (Phase::Prepared, HolderKind::Vm) => match r.prepared_by {
+            Some(p) if !(seen.alive)(&p) => Some(format!(
+                "it was prepared by pid {} which is gone, and recorded no QEMU process",
+                p.pid
+            )),
+            _ => None,
+        },
     }
 }
 
 /// Why a reservation is stale (its holder is gone), if it is: [`stale`]
 /// on this host's processes.
 pub fn stale_reason(r: &Reservation) -> Option<String> {
-    stale_on(r, procfs::HOST, &controller_running)
+    stale_on(r, procfs::REAL, &controller_running)
 }
 
 /// [`stale_reason`] on these facts: `proc` for liveness, `controller` for libvirt's
@@ -89,20 +98,20 @@ pub fn reclaim_stale(
     controller: &dyn Fn(&str) -> bool,
     st: &mut State,
 ) -> (Vec<String>, Vec<Reservation>) {
-    let stale: Vec<(String, String)> = st
+    let stale: Vec<(HolderKey, String)> = st
         .reservations
         .iter()
-        .filter_map(|(u, r)| stale_on(r, proc, controller).map(|why| (u.clone(), why)))
+        .filter_map(|(k, r)| stale_on(r, proc, controller).map(|why| (k.clone(), why)))
         .collect();
     stale
         .into_iter()
-        .filter_map(|(u, why)| {
-            st.reservations.remove(&u).map(|r| {
+        .filter_map(|(k, why)| {
+            st.reservations.remove(&k).map(|r| {
                 (
                     format!(
-                        "reclaimed GPUs {} of {} ({u}): {why}",
+                        "reclaimed GPUs {} of {}: {why}",
                         Unit::join(&r.gpus, ","),
-                        r.who()
+                        r.holder.who_exactly()
                     ),
                     r,
                 )
@@ -119,15 +128,25 @@ pub enum Verdict {
 }
 
 /// Why a reservation is kept, or why it should be freed: the staleness rule, and what
-/// libvirt says runs. An OCI container is never libvirt's to judge.
-pub fn verdict(r: &Reservation, w: &World) -> Verdict {
-    if r.kind == HolderKind::Oci {
-        return match stale(r, &w.seen) {
-            None => Verdict::Keep("its OCI container (or the runtime creating it) is alive"),
-            Some(why) => Verdict::Free(why),
-        };
-    }
-    if w.active.contains(&r.uuid) {
+/// libvirt says runs. An OCI container is never libvirt's to judge, nor (by the LXC
+/// driver's list of what runs) a QEMU domain.
+pub fn verdict(r: &Reservation, w: &LibvirtView) -> Verdict {
+    let uuid = match &r.holder {
+        HolderId::Libvirt { uuid, .. } => uuid,
+        HolderId::Oci { .. } => {
+            return match stale(r, &w.seen) {
+                None => Verdict::Keep("its OCI container (or the runtime creating it) is alive"),
+                Some(why) => Verdict::Free(why),
+            }
+        }
+        HolderId::Vm { .. } => {
+            return match stale(r, &w.seen) {
+                None => Verdict::Keep("its VM (or the libvirtd preparing it) is alive"),
+                Some(why) => Verdict::Free(why),
+            }
+        }
+    };
+    if w.active.contains(uuid) {
         return Verdict::Keep("domain is running");
     }
     if let Some(why) = stale(r, &w.seen) {
@@ -147,13 +166,13 @@ pub fn verdict(r: &Reservation, w: &World) -> Verdict {
     Verdict::Free("libvirt does not run the domain and its container is gone".into())
 }
 
-/// UUIDs to free, with reasons.
-pub fn plan(st: &State, w: &World) -> Vec<(String, String)> {
+/// The reservations to free (by key), with reasons.
+pub fn plan(st: &State, w: &LibvirtView) -> Vec<(HolderKey, String)> {
     st.reservations
-        .values()
-        .filter_map(|r| match verdict(r, w) {
+        .iter()
+        .filter_map(|(k, r)| match verdict(r, w) {
             Verdict::Keep(_) => None,
-            Verdict::Free(why) => Some((r.uuid.clone(), why)),
+            Verdict::Free(why) => Some((k.clone(), why)),
         })
         .collect()
 }
@@ -197,11 +216,11 @@ mod tests {
             res("05", Phase::Prepared, None, Some(20), now - 3600), // abandoned, libvirtd alive
             res("06", Phase::Prepared, None, Some(21), now - 5), // preparer gone
         ] {
-            st.reservations.insert(r.uuid.clone(), r);
+            st.insert(r);
         }
         let active: HashSet<String> = ["01".to_string()].into();
         let alive = |p: &ProcRef| [10, 11, 20].contains(&p.pid);
-        let w = World {
+        let w = LibvirtView {
             active: &active,
             now,
             seen: Liveness {
@@ -209,14 +228,17 @@ mod tests {
                 controller: &|_| false,
             },
         };
-        let freed: Vec<String> = plan(&st, &w).into_iter().map(|(u, _)| u).collect();
+        let freed: Vec<&str> = plan(&st, &w)
+            .into_iter()
+            .map(|(k, _)| st.reservations[&k].holder.domain_and_uuid().1)
+            .collect();
         assert_eq!(freed, ["03", "05", "06"]);
         assert_eq!(
-            verdict(&st.reservations["04"], &w),
+            verdict(&st.reservations["libvirt:04"], &w),
             Verdict::Keep("domain is between prepare and started")
         );
         assert_eq!(
-            verdict(&st.reservations["02"], &w),
+            verdict(&st.reservations["libvirt:02"], &w),
             Verdict::Keep("its container init is still alive")
         );
     }
@@ -234,9 +256,11 @@ mod tests {
         };
         let lv = |uuid: &str, phase, init, prep| res(uuid, phase, init, prep, now);
         let oci = |uuid: &str, phase, init, prep| {
-            let mut r = res(uuid, phase, init, prep, now);
-            r.kind = HolderKind::Oci;
-            r
+            let r = res(uuid, phase, init, prep, now);
+            Reservation {
+                holder: HolderId::Oci { id: uuid.into() },
+                ..r
+            }
         };
         let cases = [
             (lv("20", Phase::Running, Some(10), None), false),
@@ -265,13 +289,14 @@ mod tests {
             res("13", Phase::Prepared, None, Some(20), now - 86_400),    // runtime creating
             res("14", Phase::Prepared, None, Some(21), now),             // runtime gone
         ] {
-            let mut r = r;
-            r.kind = HolderKind::Oci;
-            st.reservations.insert(r.uuid.clone(), r);
+            let holder = HolderId::Oci {
+                id: r.holder.domain_and_uuid().1.into(),
+            };
+            st.insert(Reservation { holder, ..r });
         }
         let active: HashSet<String> = ["12".to_string()].into();
         let alive = |p: &ProcRef| [10, 20].contains(&p.pid);
-        let w = World {
+        let w = LibvirtView {
             active: &active,
             now,
             seen: Liveness {
@@ -279,7 +304,10 @@ mod tests {
                 controller: &|_| false,
             },
         };
-        let freed: Vec<(String, String)> = plan(&st, &w);
+        let freed: Vec<(String, String)> = plan(&st, &w)
+            .into_iter()
+            .map(|(k, why)| (k.to_string(), why))
+            .collect();
         assert_eq!(
             freed,
             [

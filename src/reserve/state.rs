@@ -25,10 +25,14 @@ use std::path::{Path, PathBuf};
 mod draining;
 mod error;
 mod health;
+mod holder;
+mod phase;
 mod time;
 pub use draining::{Draining, Opener};
 pub use error::{Corruption, Unsafety};
 pub use health::{GpuHealth, KmsgMark, Quarantine, Resetting, XidCount};
+pub use holder::{By, HolderId, HolderKey, HolderKind};
+pub use phase::{Blocked, Found, Phase, Started, Transition};
 pub use time::{now_rfc3339, parse_rfc3339, rfc3339};
 
 pub const VERSION: u32 = 1;
@@ -51,57 +55,16 @@ pub enum StateError {
     Replaced { path: String },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    /// Reserved at `prepare`; no container yet.
-    Prepared,
-    /// The container runs with its GPUs (`started` or `reconnect` done).
-    Running,
-}
-
-/// Which front door a holder came through: a libvirt LXC domain (keyed by its UUID) or an
-/// OCI container (keyed by its container ID). State files written before OCI support have no
-/// `kind`: their reservations are libvirt's, and libvirt's are still written without it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HolderKind {
-    #[default]
-    Libvirt,
-    Oci,
-}
-
-impl HolderKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HolderKind::Libvirt => "libvirt",
-            HolderKind::Oci => "oci",
-        }
-    }
-    fn is_libvirt(&self) -> bool {
-        *self == HolderKind::Libvirt
-    }
-    /// How messages name a holder of this kind: `domain 'web1'`, `container 'ID'`.
-    pub fn who(self, name: &str) -> String {
-        match self {
-            HolderKind::Libvirt => format!("domain '{name}'"),
-            HolderKind::Oci => format!("container '{name}'"),
-        }
-    }
-}
-
 /// A node granted and created for a container: the one node type.
 pub use crate::node::Node;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Reservation {
-    /// libvirt (absent in the file) or OCI.
-    #[serde(default, skip_serializing_if = "HolderKind::is_libvirt")]
-    pub kind: HolderKind,
-    /// The domain name, or for an OCI container its ID.
-    pub domain: String,
-    pub uuid: String,
+    /// Who holds it, each kind with its own identity; in the file `kind` (absent for a
+    /// libvirt LXC domain), `domain` and `uuid` (an OCI container's ID in both), as before.
+    #[serde(flatten)]
+    pub holder: HolderId,
     /// Its units (whole GPUs, or MIG instances), in index order.
     pub gpus: Vec<Unit>,
     pub phase: Phase,
@@ -166,39 +129,37 @@ impl Reservation {
         self.updated = now.to_string();
     }
 
-    /// Running in a libvirt container (`started`, `reconnect`): its controller and init, and
-    /// the nodes it now has, as of `now`.
-    pub fn set_running(&mut self, controller: i32, init: ProcRef, nodes: Vec<Node>, now: &str) {
+    /// Running (`started`, `reconnect`, an OCI `createRuntime`, a first `attach`): what it
+    /// records of its container, as of `now`. The one way into [`Phase::Running`].
+    pub fn set_running(&mut self, s: Started, now: &str) {
         self.phase = Phase::Running;
-        self.controller = Some(controller);
-        self.init = Some(init);
-        self.nodes = nodes;
+        self.controller = s.controller;
+        self.init = Some(s.init);
+        self.nodes = s.nodes;
+        self.cgroup = s.cgroup;
+        self.namespaces = s.namespaces;
         self.updated = now.to_string();
     }
 
-    /// Running in an OCI container whose init exists (its `createRuntime` hook): the init,
-    /// and where the runtime put it, as of `now`.
-    pub fn set_init(
-        &mut self,
-        init: ProcRef,
-        cgroup: Option<crate::cgroup::Made>,
-        namespaces: Option<crate::host::procfs::Namespaces>,
-        now: &str,
-    ) {
-        self.phase = Phase::Running;
-        self.init = Some(init);
-        self.cgroup = cgroup;
-        self.namespaces = namespaces;
-        self.updated = now.to_string();
+    /// As a step finds it, for the transition table ([`Transition::from`]): its phase, and whether
+    /// its holder lives (`alive`): a running one's init; a prepared one's reserving process,
+    /// unless it is `me` (the step's own).
+    pub fn found(&self, alive: impl Fn(&ProcRef) -> bool, me: Option<ProcRef>) -> Found {
+        let live = match self.phase {
+            Phase::Running => self.init.is_some_and(|i| alive(&i)),
+            Phase::Prepared => self.prepared_by.is_some_and(|p| Some(p) != me && alive(&p)),
+        };
+        Found {
+            phase: self.phase,
+            live,
+        }
     }
 
     /// A running reservation of `units` for tests: nothing recorded but its holder.
     #[cfg(test)]
     pub(crate) fn for_test(kind: HolderKind, domain: &str, uuid: &str, units: &[&str]) -> Self {
         Reservation {
-            kind,
-            domain: domain.into(),
-            uuid: uuid.into(),
+            holder: HolderId::for_test(kind, domain, uuid),
             gpus: units
                 .iter()
                 .map(|s| s.parse().expect("a unit name"))
@@ -222,37 +183,61 @@ impl Reservation {
         }
     }
 
-    /// How messages name its holder: `domain 'web1'`, `container 'ID'`.
+    /// How messages name its holder: `domain 'web1'`, `container 'ID'`, `vm 'vm1'`.
     pub fn who(&self) -> String {
-        self.kind.who(&self.domain)
+        self.holder.who()
+    }
+
+    /// Its holder's kind.
+    pub fn kind(&self) -> HolderKind {
+        self.holder.kind()
+    }
+
+    /// The key the state files it under.
+    pub fn key(&self) -> HolderKey {
+        self.holder.key()
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct State {
     pub version: u32,
-    /// Keyed by domain UUID.
-    pub reservations: BTreeMap<String, Reservation>,
+    /// Keyed by their holders' keys ([`HolderId::key`]: a libvirt domain's UUID, a
+    /// container's ID, `vm:UUID`, …).
+    pub reservations: BTreeMap<HolderKey, Reservation>,
     /// GPUs out of service after an Xid error (`gpuhook health scan`), by PCI address.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub quarantine: BTreeMap<String, Quarantine>,
     /// Where `gpuhook health scan` stopped reading the kernel log.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kmsg: Option<KmsgMark>,
     /// GPUs and MIG instances freed while a process still had one of their own nodes open,
     /// by unit id (PCI address, `PCI/giG/ciC`): given to no one until none has (files
     /// written before have none).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub draining: BTreeMap<Unit, Draining>,
     /// The MPS control daemons gpuhook started, by their GPU's PCI address (files written
     /// before have none).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mps: BTreeMap<crate::ids::Pci, crate::reserve::mps::daemon::Daemon>,
     /// GPUs' health records beyond quarantine, by PCI address (files written before have
     /// none).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub health: BTreeMap<String, GpuHealth>,
+}
+
+/// The state as its file has it: what [`State::parse`] reads before it checks the keys.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileState {
+    version: u32,
+    /// Under the keys the file names them by (checked against their holders).
+    reservations: BTreeMap<String, Reservation>,
+    #[serde(default)]
+    quarantine: BTreeMap<String, Quarantine>,
+    #[serde(default)]
+    kmsg: Option<KmsgMark>,
+    #[serde(default)]
+    draining: BTreeMap<Unit, Draining>,
+    #[serde(default)]
+    mps: BTreeMap<crate::ids::Pci, crate::reserve::mps::daemon::Daemon>,
+    #[serde(default)]
+    health: BTreeMap<String, GpuHealth>,
 }
 
 impl Default for State {
@@ -271,15 +256,15 @@ impl Default for State {
 
 impl State {
     /// Unit → its holder as messages name it (`domain 'web1'`), leaving out the
-    /// reservation of `except` (a UUID or container ID). A draining unit is held by the
-    /// processes that keep it open.
-    pub fn held(&self, except: Option<&str>) -> crate::reserve::alloc::Held {
+    /// reservation of `except` (a holder's key). A draining unit is held by the processes
+    /// that keep it open.
+    pub fn held(&self, except: Option<&HolderKey>) -> crate::reserve::alloc::Held {
         let mut h = crate::reserve::alloc::Held::new();
         for (unit, d) in &self.draining {
             h.insert(*unit, d.holder(unit));
         }
-        for (uuid, r) in &self.reservations {
-            if Some(uuid.as_str()) == except {
+        for (key, r) in &self.reservations {
+            if Some(key) == except {
                 continue;
             }
             for g in &r.gpus {
@@ -287,6 +272,11 @@ impl State {
             }
         }
         h
+    }
+
+    /// Files `r` under its holder's key ([`HolderId::key`]); returns the one it replaces.
+    pub fn insert(&mut self, r: Reservation) -> Option<Reservation> {
+        self.reservations.insert(r.key(), r)
     }
 
     pub fn holder_of(&self, unit: &Unit) -> Option<&Reservation> {
@@ -306,60 +296,76 @@ impl State {
         v
     }
 
-    /// Parses state text; `path` names the file in errors.
+    /// Parses state text; `path` names the file in errors. Each reservation must be under
+    /// its holder's key ([`HolderId::key`]), or, as files written before holders had keys of
+    /// their own, under its `uuid` (a container ID shaped like a UUID); it is kept under its
+    /// holder's key.
     pub fn parse(text: &[u8], path: &str) -> Result<State, StateError> {
-        match serde_json::from_slice::<State>(text) {
-            Ok(s) if s.version == VERSION => {
-                for (k, r) in &s.reservations {
-                    if *k != r.uuid {
-                        return Err(StateError::Corrupt {
-                            path: path.into(),
-                            why: Corruption::KeyNotUuid {
-                                key: k.clone(),
-                                uuid: r.uuid.clone(),
-                            },
-                        });
-                    }
-                }
-                // One holder per unit (a slot is a unit of its own).
-                let mut seen: BTreeMap<&Unit, &str> = BTreeMap::new();
-                for (k, r) in &s.reservations {
-                    for u in &r.gpus {
-                        if let Some(other) = seen.insert(u, k) {
-                            return Err(StateError::Corrupt {
-                                path: path.into(),
-                                why: Corruption::TwiceReserved {
-                                    unit: *u,
-                                    first: other.to_string(),
-                                    second: k.clone(),
-                                },
-                            });
-                        }
-                    }
-                }
-                Ok(s)
+        let corrupt = |why| StateError::Corrupt {
+            path: path.into(),
+            why,
+        };
+        let file = match serde_json::from_slice::<FileState>(text) {
+            Ok(f) if f.version == VERSION => f,
+            Ok(f) => {
+                return Err(StateError::Version {
+                    path: path.into(),
+                    found: f.version.to_string(),
+                })
             }
-            Ok(s) => Err(StateError::Version {
-                path: path.into(),
-                found: s.version.to_string(),
-            }),
             Err(e) => {
                 #[derive(Deserialize)]
                 struct V {
                     version: serde_json::Value,
                 }
-                match serde_json::from_slice::<V>(text) {
-                    Ok(v) if v.version != serde_json::json!(VERSION) => Err(StateError::Version {
+                return Err(match serde_json::from_slice::<V>(text) {
+                    Ok(v) if v.version != serde_json::json!(VERSION) => StateError::Version {
                         path: path.into(),
                         found: v.version.to_string(),
-                    }),
-                    _ => Err(StateError::Corrupt {
-                        path: path.into(),
-                        why: Corruption::Json(e),
-                    }),
+                    },
+                    _ => corrupt(Corruption::Json(e)),
+                });
+            }
+        };
+        let mut reservations = BTreeMap::new();
+        for (k, r) in file.reservations {
+            let key = r.key();
+            if k != key.as_str() && Some(k.as_str()) != r.holder.legacy_key() {
+                return Err(corrupt(Corruption::NotItsKey {
+                    key: k,
+                    holder: r.who(),
+                    its: key,
+                }));
+            }
+            if let Some(first) = reservations.insert(key.clone(), r) {
+                return Err(corrupt(Corruption::TwiceKeyed {
+                    key,
+                    holder: first.who(),
+                }));
+            }
+        }
+        // One holder per unit (a slot is a unit of its own).
+        let mut seen: BTreeMap<&Unit, &Reservation> = BTreeMap::new();
+        for r in reservations.values() {
+            for u in &r.gpus {
+                if let Some(other) = seen.insert(u, r) {
+                    return Err(corrupt(Corruption::TwiceReserved {
+                        unit: *u,
+                        first: other.who(),
+                        second: r.who(),
+                    }));
                 }
             }
         }
+        Ok(State {
+            version: file.version,
+            reservations,
+            quarantine: file.quarantine,
+            kmsg: file.kmsg,
+            draining: file.draining,
+            mps: file.mps,
+            health: file.health,
+        })
     }
 
     /// Compact JSON with one reservation per line: small and fast to write and parse (it is
@@ -418,6 +424,9 @@ fn io<'a>(path: &'a Path, op: &'static str) -> impl Fn(Errno) -> StateError + 'a
 }
 
 impl Store {
+    /// The state file at `path` (a door's and step's: the config's `state_file`) and its
+    /// lock: the one way to read the state ([`Store::read`]) or change it under its lock
+    /// ([`Store::update`]).
     pub fn new(path: &Path) -> Store {
         let dir = path
             .parent()
@@ -532,10 +541,12 @@ impl Store {
         Ok((st, Some(buf)))
     }
 
-    /// Whether the state file's bytes contain `"key"`: a look without the lock, parse or
-    /// checks, for a hook call that has nothing to do unless the state names it. Any trouble
-    /// reading is `false`: the caller then has nothing of its own to free.
-    pub fn mentions(&self, key: &str) -> bool {
+    /// Whether the state file's bytes may hold a reservation of `holder`: whether they
+    /// contain its `uuid` field's value in quotes (a domain's UUID, a container's ID: in the
+    /// file whatever its key), a look without the lock, parse or checks, for a hook call that
+    /// has nothing to do unless the state names it. Any trouble reading is `false`: the
+    /// caller then has nothing of its own to free.
+    pub fn mentions(&self, holder: &HolderId) -> bool {
         use std::os::unix::fs::OpenOptionsExt;
         let Ok(mut f) = std::fs::OpenOptions::new()
             .read(true)
@@ -548,7 +559,7 @@ impl Store {
         if f.read_to_end(&mut buf).is_err() {
             return false;
         }
-        let needle = format!("\"{key}\"");
+        let needle = format!("\"{}\"", holder.domain_and_uuid().1);
         buf.windows(needle.len()).any(|w| w == needle.as_bytes())
     }
 
@@ -720,7 +731,7 @@ mod tests {
         );
         store
             .update(|s| {
-                s.reservations.insert(U1.into(), res(U1, &["0000:07:00.0"]));
+                s.insert(res(U1, &["0000:07:00.0"]));
                 Ok::<_, StateError>(())
             })
             .unwrap();
@@ -737,7 +748,7 @@ mod tests {
                 .map(String::as_str),
             Some("domain 'd-1111'")
         );
-        assert!(s.held(Some(U1)).is_empty());
+        assert!(s.held(Some(&s.reservations[U1].key())).is_empty());
         let file_mode = std::fs::metadata(store.path())
             .unwrap()
             .permissions()
@@ -761,8 +772,7 @@ mod tests {
     #[test]
     fn hotplugged_is_written_only_when_set() {
         let mut st = State::default();
-        st.reservations
-            .insert(U1.into(), res(U1, &["0000:3b:00.0"]));
+        st.insert(res(U1, &["0000:3b:00.0"]));
         let plain = String::from_utf8(st.to_bytes()).unwrap();
         assert!(!plain.contains("hotplugged"), "{plain}");
         st.reservations.get_mut(U1).unwrap().hotplugged = true;
@@ -856,7 +866,7 @@ mod tests {
         );
         assert_eq!(
             st.holder_of(&"0000:1a:00.0/gi2/ci1".parse().unwrap())
-                .map(|r| r.domain.as_str()),
+                .map(|r| r.holder.name()),
             Some("ctr-a")
         );
         // A unit of any other shape is a corrupt file, as a wrong type is.
@@ -869,6 +879,138 @@ mod tests {
             let text = old.replace("0000:3b:00.0", bad);
             let e = State::parse(text.as_bytes(), "x").unwrap_err().to_string();
             assert!(e.contains("is corrupt") && e.contains(bad), "{e}");
+        }
+    }
+
+    /// A file written by the gpuhook before holders had kinds and keys of their own (a
+    /// package upgrade while containers run): a libvirt domain (no `kind`), OCI containers
+    /// (`domain` and `uuid` both their ID), one of them with an ID shaped like a UUID, under
+    /// that ID. It loads with the same meaning; written back, only the UUID-shaped container
+    /// moves to a key of its own kind (`oci:ID`), and that loads again as the same.
+    #[test]
+    fn holders_written_before_keep_their_meaning() {
+        const C: &str = "33333333-3333-3333-3333-333333333333";
+        let line = |key: &str, body: &str| format!("\"{key}\":{body}");
+        let web1 = format!("{{\"domain\":\"web1\",\"uuid\":\"{U1}\",\"gpus\":[\"0000:07:00.0\"],\"phase\":\"running\",\"request\":\"1 GPU\",\"created\":\"x\",\"updated\":\"x\",\"init\":{{\"pid\":1201,\"start_time\":99}}}}");
+        let ctr = "{\"kind\":\"oci\",\"domain\":\"ctr-a\",\"uuid\":\"ctr-a\",\"gpus\":[\"0000:08:00.0\"],\"phase\":\"running\",\"request\":\"1 GPU\",\"created\":\"x\",\"updated\":\"x\"}".to_string();
+        let uuidish = format!("{{\"kind\":\"oci\",\"domain\":\"{C}\",\"uuid\":\"{C}\",\"gpus\":[\"0000:09:00.0\"],\"phase\":\"prepared\",\"request\":\"1 GPU\",\"created\":\"x\",\"updated\":\"x\"}}");
+        let old = format!(
+            "{{\"version\":1,\"reservations\":{{\n{},\n{},\n{}\n}}}}\n",
+            line(U1, &web1),
+            line(C, &uuidish),
+            line("ctr-a", &ctr)
+        );
+        let st = State::parse(old.as_bytes(), "x").unwrap();
+        let holders: Vec<(&str, HolderId)> = st
+            .reservations
+            .iter()
+            .map(|(k, r)| (k.as_str(), r.holder.clone()))
+            .collect();
+        let c_key = format!("oci:{C}");
+        assert_eq!(
+            holders,
+            [
+                (U1, HolderId::for_test(HolderKind::Libvirt, "web1", U1)),
+                ("ctr-a", HolderId::Oci { id: "ctr-a".into() }),
+                (c_key.as_str(), HolderId::Oci { id: C.into() }),
+            ]
+        );
+        let held = st.held(None);
+        let who = |u: &str| held[&u.parse::<Unit>().unwrap()].clone();
+        assert_eq!(who("0000:07:00.0"), "domain 'web1'");
+        assert_eq!(who("0000:08:00.0"), "container 'ctr-a'");
+        assert_eq!(who("0000:09:00.0"), format!("container '{C}'"));
+        let new = String::from_utf8(st.to_bytes()).unwrap();
+        assert_eq!(
+            new,
+            format!(
+                "{{\"version\":1,\"reservations\":{{\n{},\n{},\n{}\n}}}}\n",
+                line(U1, &web1),
+                line("ctr-a", &ctr),
+                line(&c_key, &uuidish)
+            )
+        );
+        assert_eq!(State::parse(new.as_bytes(), "x").unwrap(), st);
+    }
+
+    /// Holders of different kinds with the same name, UUID or ID (a VM defined with an LXC
+    /// domain's UUID, a container named like it): each under a key of its own kind, none
+    /// reached through another's.
+    #[test]
+    fn kinds_never_share_a_key() {
+        let mut st = State::default();
+        for (kind, name, id, unit) in [
+            (HolderKind::Libvirt, "x", U1, "0000:07:00.0"),
+            (HolderKind::Vm, "x", U1, "0000:08:00.0"),
+            (HolderKind::Oci, U1, U1, "0000:09:00.0"),
+            (HolderKind::Oci, "x", "x", "0000:0a:00.0"),
+        ] {
+            assert!(st
+                .insert(Reservation::for_test(kind, name, id, &[unit]))
+                .is_none());
+        }
+        let text = String::from_utf8(st.to_bytes()).unwrap();
+        for key in [
+            U1.to_string(),
+            format!("vm:{U1}"),
+            format!("oci:{U1}"),
+            "x".into(),
+        ] {
+            assert!(text.contains(&format!("\n\"{key}\":{{")), "{key}: {text}");
+        }
+        assert!(text.contains("\"kind\":\"vm\",\"domain\":\"x\""), "{text}");
+        let back = State::parse(text.as_bytes(), "x").unwrap();
+        assert_eq!(back, st);
+        let who: Vec<String> = back.reservations.values().map(Reservation::who).collect();
+        // In the order of their keys' text, as files list them.
+        let c = format!("container '{U1}'");
+        assert_eq!(who, ["domain 'x'", c.as_str(), "vm 'x'", "container 'x'"]);
+    }
+
+    /// What a file may not say of its holders: a key that is not its holder's, one holder
+    /// twice (under its old key and its new one), a container named twice, a field no
+    /// gpuhook wrote.
+    #[test]
+    fn holders_a_file_may_not_have() {
+        const C: &str = "33333333-3333-3333-3333-333333333333";
+        let r = |kind: &str, domain: &str, uuid: &str, extra: &str| {
+            format!("{{\"kind\":\"{kind}\",\"domain\":\"{domain}\",\"uuid\":\"{uuid}\",\"gpus\":[],\"phase\":\"running\",\"request\":\"1\",\"created\":\"x\",\"updated\":\"x\"{extra}}}")
+        };
+        for (reservations, needle) in [
+            (
+                format!("\"{U1}\":{}", r("vm", "v", U1, "")),
+                format!("reservation key {U1} is not its holder's (vm 'v': vm:{U1})"),
+            ),
+            (
+                format!(
+                    "\"{C}\":{},\"oci:{C}\":{}",
+                    r("oci", C, C, ""),
+                    r("oci", C, C, "")
+                ),
+                format!("two reservations are container '{C}''s (key oci:{C})"),
+            ),
+            (
+                format!("\"c1\":{}", r("oci", "c1", "c2", "")),
+                "names its container 'c1' in `domain` but 'c2' in `uuid`".to_string(),
+            ),
+            (
+                format!("\"c1\":{}", r("oci", "c1", "c1", ",\"pod\":\"p\"")),
+                "unknown field `pod`".to_string(),
+            ),
+            (
+                format!("\"c1\":{}", r("pod", "c1", "c1", "")),
+                "unknown variant `pod`".to_string(),
+            ),
+        ] {
+            let text = format!("{{\"version\":1,\"reservations\":{{{reservations}}}}}");
+            let e = State::parse(text.as_bytes(), "/run/gpuhook/state.json")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&needle), "{e}");
+            assert!(
+                e.starts_with("state file /run/gpuhook/state.json is corrupt"),
+                "{e}"
+            );
         }
     }
 
@@ -966,7 +1108,7 @@ mod tests {
                 br#"{"version": 1, "reservations": {
                     "a": {"domain": "a", "uuid": "a", "gpus": ["0000:04:00.0/slot1"], "phase": "running", "request": "1", "created": "x", "updated": "x"},
                     "b": {"domain": "b", "uuid": "b", "gpus": ["0000:04:00.0/slot1"], "phase": "running", "request": "1", "created": "x", "updated": "x"}}}"#,
-                "0000:04:00.0/slot1 is in two reservations, a and b",
+                "0000:04:00.0/slot1 is in two reservations, domain 'a' and domain 'b'",
             ),
         ] {
             std::fs::write(&p, text).unwrap();
@@ -985,13 +1127,21 @@ mod tests {
             assert_eq!(std::fs::read(&p).unwrap(), text, "file must be left alone");
         }
         let mut good = State::default();
-        good.reservations.insert(U2.into(), res(U1, &[]));
-        std::fs::write(&p, good.to_bytes()).unwrap();
-        assert!(store
-            .read()
-            .unwrap_err()
-            .to_string()
-            .contains("differs from its uuid"));
+        good.insert(res(U1, &[]));
+        std::fs::write(
+            &p,
+            String::from_utf8(good.to_bytes())
+                .unwrap()
+                .replacen(U1, U2, 1),
+        )
+        .unwrap();
+        let e = store.read().unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "reservation key {U2} is not its holder's (domain 'd-1111': {U1})"
+            )),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1057,8 +1207,7 @@ mod tests {
         let store = Store::new(&run.join("state.json"));
         store
             .update(|st| -> Result<(), StateError> {
-                st.reservations
-                    .insert(U1.into(), res(U1, &["0000:01:00.0"]));
+                st.insert(res(U1, &["0000:01:00.0"]));
                 Ok(())
             })
             .unwrap();
@@ -1074,8 +1223,7 @@ mod tests {
         for (how, swap) in swaps {
             let e = store
                 .update(|st| -> Result<(), StateError> {
-                    st.reservations
-                        .insert(U2.into(), res(U2, &["0000:02:00.0"]));
+                    st.insert(res(U2, &["0000:02:00.0"]));
                     swap(&run);
                     Ok(())
                 })
@@ -1098,8 +1246,7 @@ mod tests {
         // The directory made anew is used as any.
         store
             .update(|st| -> Result<(), StateError> {
-                st.reservations
-                    .insert(U2.into(), res(U2, &["0000:02:00.0"]));
+                st.insert(res(U2, &["0000:02:00.0"]));
                 Ok(())
             })
             .unwrap();
@@ -1119,9 +1266,7 @@ mod tests {
                         store
                             .update(|s| {
                                 let u = format!("{i:08}-0000-0000-0000-{j:012}");
-                                let mut r = res(&u, &[]);
-                                r.uuid = u.clone();
-                                s.reservations.insert(u, r);
+                                s.insert(res(&u, &[]));
                                 Ok::<_, StateError>(())
                             })
                             .unwrap();

@@ -801,18 +801,19 @@ pub fn node(path: &Path, major: u32, minor: u32, mode: u32, gid: u32) -> io::Res
 /// large (for stress tests and benchmarks).
 pub fn fill_state(state: &Path, n: u32) -> Result<(), String> {
     use gpuhook::host::procfs::ProcRef;
-    use gpuhook::reserve::state::{now_rfc3339, Phase, Reservation, Store};
+    use gpuhook::reserve::state::{now_rfc3339, HolderId, Phase, Reservation, Store};
     let me = ProcRef::of(std::process::id() as i32).ok_or("no /proc entry for this process")?;
     Store::new(state)
         .update(|st| {
             for i in 0..n {
-                let uuid = format!("{:08x}-1111-4000-8000-{i:012x}", 0xb0b0_0000u32 + i);
+                let holder = HolderId::Libvirt {
+                    name: format!("bulk{i}"),
+                    uuid: format!("{:08x}-1111-4000-8000-{i:012x}", 0xb0b0_0000u32 + i),
+                };
                 st.reservations.insert(
-                    uuid.clone(),
+                    holder.key(),
                     Reservation {
-                        kind: Default::default(),
-                        domain: format!("bulk{i}"),
-                        uuid,
+                        holder,
                         gpus: vec![format!("0001:{:02x}:{:02x}.0", i / 32, i % 32)
                             .parse()
                             .expect("a PCI address (n < 8192)")],

@@ -6,7 +6,7 @@ use crate::doors::hook;
 use crate::request::metadata;
 use crate::reserve::alloc;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
+use crate::reserve::world::World;
 
 pub(super) fn check(file: &str) -> Result<i32, CliError> {
     let xml = if file == "-" {
@@ -30,7 +30,8 @@ pub(super) fn check(file: &str) -> Result<i32, CliError> {
     };
     let (cfg, inv, st) = load()?;
     println!("domain '{}' asks for {req} ({})", dom.name, dom.source);
-    let (gpus, verb) = match st.reservations.get(&dom.uuid) {
+    let h = crate::reserve::lifecycle::Holder::libvirt(&dom.name, &dom.uuid, &dom.idmap);
+    let (gpus, verb) = match st.reservations.get(&h.key) {
         Some(r) => (r.gpus.clone(), "holds"),
         None => match alloc::allocate(&inv.gpus, &st.held(None), req) {
             Ok(g) => (g, "would get"),
@@ -62,8 +63,7 @@ pub(super) fn check(file: &str) -> Result<i32, CliError> {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let h = crate::reserve::lifecycle::Holder::libvirt(&dom.name, &dom.uuid, &dom.idmap);
-    match crate::reserve::lifecycle::cdi_preview(&Facts::host(&cfg), &h, req, &inv, &gpus) {
+    match crate::reserve::lifecycle::cdi_preview(&World::real(&cfg), &h, req, &inv, &gpus) {
         Ok(None) => {}
         Ok(Some(p)) => print_cdi(&p),
         // The host's driver says "driver \"host\": …" itself.

@@ -7,8 +7,11 @@ use crate::host::inventory::{self, Inventory};
 use crate::reserve::error::Error;
 use crate::reserve::state::{State, Store};
 
-/// The config, the inventory (quarantined GPUs marked) and the state as the commands read
-/// them; nothing is written.
+/// The config, the inventory (quarantined GPUs marked) and the state, as every command that
+/// reports on the pool reads them (`list`, `check`, `metrics`, `placement`): a state file
+/// that cannot be read (corrupt, of another version, unsafe) fails the command here, in one
+/// line naming the file, before anything is printed or written (no GPU is ever reported free,
+/// nor an inventory published, from a state that could not be read). Nothing is written.
 pub(crate) fn load() -> Result<(Config, Inventory, State), Error> {
     let cfg = Config::load()?;
     let mut inv = inventory::scan(&cfg)?;

@@ -4,7 +4,7 @@
 use crate::host::config::Config;
 use crate::log;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
+use crate::reserve::world::World;
 use clap::Subcommand;
 
 #[derive(Debug, Subcommand)]
@@ -42,7 +42,7 @@ pub enum HealthAction {
 pub(super) fn health(action: HealthAction) -> Result<i32, Error> {
     use crate::reserve::health::{self, reset};
     let cfg = Config::load()?;
-    let f = Facts::host(&cfg);
+    let f = World::real(&cfg);
     match action {
         HealthAction::Scan => health_scan(&f)?,
         HealthAction::Reset { pci } => {
@@ -75,7 +75,7 @@ pub(super) fn health(action: HealthAction) -> Result<i32, Error> {
 }
 
 /// `gpuhook health scan`: what the scan did, said.
-fn health_scan(f: &Facts) -> Result<(), Error> {
+fn health_scan(f: &World) -> Result<(), Error> {
     let r = crate::reserve::health::scan(f, &crate::reserve::health::reset::HostReset)?;
     for (pci, q) in &r.rebooted {
         log::info(&format!(

@@ -6,7 +6,7 @@ use super::common::load;
 use crate::host::inventory::{Gpu, Inventory};
 use crate::ids::Unit;
 use crate::reserve::error::Error;
-use crate::reserve::state::{HolderKind, Reservation, State};
+use crate::reserve::state::{HolderId, HolderKey, HolderKind, Reservation, State};
 use serde_json::json;
 use std::collections::HashMap;
 
@@ -14,7 +14,7 @@ use std::collections::HashMap;
 /// looked at once per listing.
 struct Holders<'a> {
     st: &'a State,
-    stale: HashMap<&'a str, Option<String>>,
+    stale: HashMap<&'a HolderKey, Option<String>>,
     /// The NVIDIA driver the host runs now (`None`: no module loaded), against which a
     /// container's recorded `driver_version` is out of date.
     host_driver: Option<String>,
@@ -22,11 +22,7 @@ struct Holders<'a> {
 
 impl<'a> Holders<'a> {
     fn new(st: &'a State, stale: &dyn Fn(&Reservation) -> Option<String>) -> Holders<'a> {
-        let stale = st
-            .reservations
-            .values()
-            .map(|r| (r.uuid.as_str(), stale(r)))
-            .collect();
+        let stale = st.reservations.iter().map(|(k, r)| (k, stale(r))).collect();
         Holders {
             st,
             stale,
@@ -50,7 +46,7 @@ impl<'a> Holders<'a> {
 
     /// Why `r`'s holder is gone, if it is.
     fn stale(&self, r: &Reservation) -> Option<&str> {
-        self.stale.get(r.uuid.as_str()).and_then(|w| w.as_deref())
+        self.stale.get(&r.key()).and_then(|w| w.as_deref())
     }
 
     /// Who holds `unit`, and why that holder is gone if it is.
@@ -61,10 +57,13 @@ impl<'a> Holders<'a> {
     /// `holder` in `list --json`: `null` when free.
     fn json(&self, unit: &Unit) -> serde_json::Value {
         match self.of(unit) {
-            Some((r, why)) => json!({
-                "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase,
-                "stale": why.is_some(),
-            }),
+            Some((r, why)) => {
+                let (domain, uuid) = r.holder.domain_and_uuid();
+                json!({
+                    "kind": r.kind(), "domain": domain, "uuid": uuid, "phase": r.phase,
+                    "stale": why.is_some(),
+                })
+            }
             None => serde_json::Value::Null,
         }
     }
@@ -92,8 +91,9 @@ impl<'a> Holders<'a> {
             .slots(g)
             .into_iter()
             .map(|(u, r, why)| {
+                let (domain, uuid) = r.holder.domain_and_uuid();
                 json!({
-                    "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase,
+                    "kind": r.kind(), "domain": domain, "uuid": uuid, "phase": r.phase,
                     "stale": why.is_some(), "slot": u,
                 })
             })
@@ -116,10 +116,7 @@ impl<'a> Holders<'a> {
         let names: Vec<String> = slots
             .iter()
             .map(|(_, r, why)| {
-                let name = match r.kind {
-                    HolderKind::Libvirt => r.domain.clone(),
-                    HolderKind::Oci => format!("container {}", r.domain),
-                };
+                let name = table_name(&r.holder);
                 match why {
                     Some(_) => format!("stale: {name}"),
                     None => name,
@@ -142,10 +139,7 @@ impl<'a> Holders<'a> {
     /// `stale: web1 (its container init (pid 4242) is gone)`.
     fn cell(&self, unit: &Unit) -> Option<String> {
         let (r, why) = self.of(unit)?;
-        let name = match r.kind {
-            HolderKind::Libvirt => r.domain.clone(),
-            HolderKind::Oci => format!("container {}", r.domain),
-        };
+        let name = table_name(&r.holder);
         let name = match self.outdated(r) {
             Some((had, now)) => format!("{name} [driver {had}, host now {now}]"),
             None => name,
@@ -160,6 +154,15 @@ impl<'a> Holders<'a> {
                     .unwrap_or_default()
             ),
         })
+    }
+}
+
+/// How the text table names a holder: a libvirt LXC domain by its name, the other kinds
+/// with their kind (`container ID`, `vm NAME`).
+fn table_name(h: &HolderId) -> String {
+    match h.kind() {
+        HolderKind::Libvirt => h.name().to_string(),
+        k => format!("{} {}", k.word(), h.name()),
     }
 }
 
@@ -223,8 +226,9 @@ fn json_with(inv: &Inventory, h: &Holders) -> serde_json::Value {
         .reservations
         .values()
         .map(|r| {
+            let (domain, uuid) = r.holder.domain_and_uuid();
             json!({
-                "kind": r.kind, "domain": r.domain, "uuid": r.uuid, "phase": r.phase, "gpus": r.gpus,
+                "kind": r.kind(), "domain": domain, "uuid": uuid, "phase": r.phase, "gpus": r.gpus,
                 "request": r.request, "created": r.created, "updated": r.updated,
                 "init_pid": r.init.map(|i| i.pid),
                 "stale": h.stale(r),
@@ -318,8 +322,8 @@ fn mig_cell(h: &Holders, g: &Gpu) -> String {
             let name = id.instance()?;
             h.of(&id)
                 .map(|(r, why)| match why {
-                    Some(_) => format!("{name} stale: {}", r.domain),
-                    None => format!("{name} {}", r.domain),
+                    Some(_) => format!("{name} stale: {}", r.holder.name()),
+                    None => format!("{name} {}", r.holder.name()),
                 })
                 .or_else(|| {
                     st.draining
@@ -403,14 +407,14 @@ mod tests {
                 &["0000:13:00.0/gi2/ci0"],
             ),
         ] {
-            st.reservations.insert(r.uuid.clone(), r);
+            st.insert(r);
         }
         (inv, st)
     }
 
     /// The holders of `c1` and `m2` are gone.
     fn gone(r: &Reservation) -> Option<String> {
-        matches!(r.uuid.as_str(), "c1" | "u-mig-gone")
+        matches!(r.holder.domain_and_uuid().1, "c1" | "u-mig-gone")
             .then(|| "its container init (pid 4242) is gone".to_owned())
     }
 
@@ -471,7 +475,7 @@ mod tests {
             reservation("a", "u-a", HolderKind::Libvirt, &["0000:12:00.0/slot0"]),
             reservation("c1", "c1", HolderKind::Oci, &["0000:12:00.0/slot2"]),
         ] {
-            st.reservations.insert(r.uuid.clone(), r);
+            st.insert(r);
         }
         let l = json_with(&inv, &Holders::new(&st, &gone));
         let g = &l["gpus"][2];

@@ -11,9 +11,8 @@ use crate::enter::container::Container;
 use crate::host::config::Config;
 use crate::host::procfs::{self, ProcRef};
 use crate::request::{IdMap, IdRange};
-use crate::reserve::facts::Facts;
-use crate::reserve::lifecycle::HolderKind;
-use crate::reserve::state::State;
+use crate::reserve::state::{HolderId, State};
+use crate::reserve::world::World;
 use serde::Deserialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -182,14 +181,14 @@ fn running(id: &str, of: InitOf) -> Result<ProcRef, CliError> {
             pid: of.pid,
         });
     };
-    let p = procfs::HOST
+    let p = procfs::REAL
         .proc_ref(of.pid)
         .filter(|p| p.start_time == start_time && p.alive())
         .ok_or_else(|| CliError::OciNotRunning {
             id: id.to_string(),
             pid: of.pid,
         })?;
-    let ns = procfs::HOST.nspid(p.pid);
+    let ns = procfs::REAL.nspid(p.pid);
     if ns.len() < 2 || ns.last() != Some(&1) {
         return Err(CliError::OciNotInit {
             id: id.to_string(),
@@ -204,8 +203,7 @@ fn running(id: &str, of: InitOf) -> Result<ProcRef, CliError> {
 pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError> {
     let recorded = st
         .reservations
-        .get(id)
-        .filter(|r| r.kind == HolderKind::Oci)
+        .get(&container(id).key())
         .and_then(|r| Some((r.init?, r.cgroup.clone(), r.namespaces)))
         .filter(|(i, _, _)| i.alive());
     // An init that left the namespaces its runtime made (unshared its own) is refused when the
@@ -249,19 +247,23 @@ pub fn find(cfg: &Config, st: &State, id: &str) -> Result<Option<Oci>, CliError>
     }))
 }
 
+/// The OCI container of ID `id`, as the state names its holder.
+pub fn container(id: &str) -> HolderId {
+    HolderId::Oci { id: id.to_string() }
+}
+
 /// Whether an OCI container of ID `id` is known here: gpuhook holds a reservation for it
 /// that is not stale, or a runtime keeps its state (running or not) under one of the
 /// `oci_state_roots`.
-pub fn known(cfg: &Config, st: Option<&State>, id: &str) -> bool {
-    st.is_some_and(|st| {
-        st.reservations.get(id).is_some_and(|r| {
-            r.kind == HolderKind::Oci && crate::reserve::reconcile::stale_reason(r).is_none()
+pub fn known(cfg: &Config, st: &State, id: &str) -> bool {
+    st.reservations
+        .get(&container(id).key())
+        .is_some_and(|r| crate::reserve::reconcile::stale_reason(r).is_none())
+        || cfg.oci_state_roots.iter().any(|root| {
+            StateFile::ALL
+                .iter()
+                .any(|f| root.join(id).join(f.name()).exists())
         })
-    }) || cfg.oci_state_roots.iter().any(|root| {
-        StateFile::ALL
-            .iter()
-            .any(|f| root.join(id).join(f.name()).exists())
-    })
 }
 
 /// Whether the runtime's state file at `p` is a Kubernetes pod's sandbox ("pause")
@@ -327,10 +329,10 @@ fn init_cgroup(cfg: &Config, ct: &Container) -> Result<Box<dyn DeviceCgroup>, Cg
 }
 
 /// This host's facts, with an OCI container's device cgroup.
-pub fn facts(cfg: &Config) -> Facts<'_> {
-    Facts {
+pub fn facts(cfg: &Config) -> World<'_> {
+    World {
         cgroup: &init_cgroup,
-        ..Facts::host(cfg)
+        ..World::real(cfg)
     }
 }
 
@@ -527,7 +529,7 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let init = procfs::HOST
+        let init = procfs::REAL
             .proc_ref(init.expect("the namespace's init"))
             .unwrap();
         let of = |pid, start_time| InitOf {
@@ -550,7 +552,7 @@ mod tests {
             )
         );
         // A process that is no namespace's init (this test) is no container's.
-        let me = procfs::HOST.proc_ref(std::process::id() as i32).unwrap();
+        let me = procfs::REAL.proc_ref(std::process::id() as i32).unwrap();
         let e = running("c1", of(me.pid, Some(me.start_time)))
             .unwrap_err()
             .to_string();
@@ -620,32 +622,34 @@ mod tests {
             oci_state_roots: vec![t.path().join("runc"), t.path().join("crun")],
             ..Config::default()
         };
-        assert!(known(&cfg, None, "c1"));
-        assert!(!known(&cfg, None, "c2"));
+        let empty = State::default();
+        assert!(known(&cfg, &empty, "c1"));
+        assert!(!known(&cfg, &empty, "c2"));
         let held = |kind: &str, init: Option<ProcRef>| -> State {
-            let mut st: State = serde_json::from_value(serde_json::json!({
+            let key = if kind == "vm" { "vm:c2" } else { "c2" };
+            let text = serde_json::json!({
                 "version": 1,
-                "reservations": {"c2": {"kind": kind, "domain": "c2", "uuid": "c2", "gpus": [],
+                "reservations": {key: {"kind": kind, "domain": "c2", "uuid": "c2", "gpus": [],
                     "phase": "running", "request": "", "created": "", "updated": ""}}
-            }))
-            .unwrap();
-            st.reservations.get_mut("c2").unwrap().init = init;
+            });
+            let mut st = State::parse(text.to_string().as_bytes(), "x").unwrap();
+            for r in st.reservations.values_mut() {
+                r.init = init;
+            }
             st
         };
         let me = ProcRef::of(std::process::id() as i32);
         assert!(me.is_some());
-        assert!(known(&cfg, Some(&held("oci", me)), "c2"));
+        assert!(known(&cfg, &held("oci", me), "c2"));
         // Stale (its init gone): no container any more.
         let gone = me.map(|p| ProcRef {
             start_time: p.start_time + 1,
             ..p
         });
-        assert!(!known(&cfg, Some(&held("oci", gone)), "c2"));
-        assert!(
-            !known(&cfg, Some(&held("libvirt", me)), "c2"),
-            "a domain's UUID"
-        );
-        assert!(!known(&cfg, Some(&State::default()), "c2"));
+        assert!(!known(&cfg, &held("oci", gone), "c2"));
+        // A libvirt domain whose UUID (in a file, any string) is the container's ID, or a VM.
+        assert!(!known(&cfg, &held("libvirt", me), "c2"), "a domain's UUID");
+        assert!(!known(&cfg, &held("vm", me), "c2"), "a VM's UUID");
     }
 
     #[test]

@@ -10,8 +10,8 @@ use crate::host::procfs::ProcRef;
 use crate::log;
 use crate::request::IdMap;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::lifecycle::{self, Holder, HolderKind};
+use crate::reserve::world::World;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -65,9 +65,9 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
                     let cgroup = crate::cgroup::Made::of_pid(init.pid)
                         .map_err(|e| log::warn(&format!("{who}: createRuntime: {e}")))
                         .ok();
-                    let ns = crate::host::procfs::HOST.namespaces(init.pid);
+                    let ns = crate::host::procfs::REAL.namespaces(init.pid);
                     let cfg = Config::load().map_err(Error::from)?;
-                    let f = Facts::host(&cfg);
+                    let f = World::real(&cfg);
                     Ok(lifecycle::record_init(&f, &h, by, init, cgroup, ns)?)
                 });
             match recorded {
@@ -93,7 +93,7 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
         POSTSTOP => {
             // The runtime runs it once the container stopped; only for this create's own.
             if let Ok(cfg) = Config::load() {
-                let f = Facts::host(&cfg);
+                let f = World::real(&cfg);
                 lifecycle::release_oci(&f, &state.id, "poststop", |r| r.prepared_by == Some(by));
             }
             0

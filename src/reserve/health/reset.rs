@@ -17,8 +17,8 @@ use crate::host::procfs::{Budget, ProcRef};
 use crate::ids::Pci;
 use crate::node::Node;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::state::{now_rfc3339, Quarantine, Resetting, State, Store};
+use crate::reserve::world::World;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -172,13 +172,13 @@ pub struct Reset {
 }
 
 /// Whether a reset mark is of a process that runs now, in this boot.
-pub fn live(f: &Facts, r: &Resetting, boot: Option<&str>) -> bool {
+pub fn live(f: &World, r: &Resetting, boot: Option<&str>) -> bool {
     r.boot_id.as_deref() == boot && f.proc.alive(&r.by)
 }
 
 /// The GPU's own nodes: what the inventory lists (its MIG instances' capabilities too) and
 /// what its driver names without a look at its config space.
-fn nodes_of(f: &Facts, pci: Pci) -> Result<Vec<Node>, Error> {
+fn nodes_of(f: &World, pci: Pci) -> Result<Vec<Node>, Error> {
     let mut inv = (f.scan)(
         f.cfg,
         Scan {
@@ -216,7 +216,7 @@ fn held(st: &State, pci: Pci) -> Option<String> {
 
 /// Resets the GPU `pci` (given as the user wrote it): refused while it is held, draining,
 /// open or being reset; else marked `resetting`, reset, probed, and the outcome recorded.
-pub fn reset(f: &Facts, r: &dyn Recover, pci: &str, why: Why) -> Result<Reset, Error> {
+pub fn reset(f: &World, r: &dyn Recover, pci: &str, why: Why) -> Result<Reset, Error> {
     let p = Pci::normalize(pci).ok_or_else(|| HealthError::NotPci {
         pci: pci.to_string(),
     })?;
@@ -224,7 +224,7 @@ pub fn reset(f: &Facts, r: &dyn Recover, pci: &str, why: Why) -> Result<Reset, E
 }
 
 /// [`reset`] of a PCI address.
-pub fn reset_pci(f: &Facts, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset, Error> {
+pub fn reset_pci(f: &World, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset, Error> {
     let cfg = f.cfg;
     let store = Store::new(&cfg.state_file);
     let nodes = nodes_of(f, pci)?;
@@ -306,7 +306,7 @@ pub fn reset_pci(f: &Facts, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
 
 /// Refused while a process other than this one (`me`) has one of the GPU's nodes open, or a
 /// process could not be read.
-fn none_open(f: &Facts, pci: Pci, nodes: &[Node], me: i32) -> Result<(), Error> {
+fn none_open(f: &World, pci: Pci, nodes: &[Node], me: i32) -> Result<(), Error> {
     let wanted: BTreeSet<u64> = nodes
         .iter()
         .map(|n| libc::makedev(n.major, n.minor))

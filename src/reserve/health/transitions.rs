@@ -71,13 +71,13 @@ impl Bed {
         std::fs::write(self.cfg.dev.join("kmsg"), text).unwrap();
     }
 
-    fn with<T>(&self, step: impl FnOnce(&Facts) -> T) -> T {
+    fn with<T>(&self, step: impl FnOnce(&World) -> T) -> T {
         let inv = self.inv.clone();
         let scan =
             move |_: &Config, _: Scan| -> Result<Inventory, InventoryError> { Ok(inv.clone()) };
-        let f = Facts {
+        let f = World {
             scan: &scan,
-            ..Facts::host(&self.cfg)
+            ..World::real(&self.cfg)
         };
         step(&f)
     }
@@ -106,7 +106,7 @@ impl Bed {
         self.store()
             .update(|st| {
                 let r = Reservation::for_test(HolderKind::Libvirt, name, name, units);
-                st.reservations.insert(name.into(), r);
+                st.insert(r);
                 Ok::<_, Error>(())
             })
             .unwrap();
@@ -721,7 +721,7 @@ fn reset_on_release_scrubs_before_anyone_else() {
     let marked = b
         .store()
         .update(|st| {
-            st.reservations.insert("c".into(), r2.clone());
+            st.insert(r2.clone());
             let mut inv = b.inv.clone();
             let m = scrub_freed(&b.cfg, st, Some(&mut inv), std::slice::from_ref(&r1));
             assert!(!inv.by_pci(G0).unwrap().usable());

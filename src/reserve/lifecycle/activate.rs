@@ -3,9 +3,9 @@
 
 use super::error::LifecycleError;
 use super::holder::Holder;
-use super::nodes::{as_nodes, node_specs, root_owner};
-use super::plan::{cdi_plan, driver_record, scan_for};
-use super::store::{reservation, store};
+use super::nodes::{as_nodes, root_owner};
+use super::plan::{driver_record, given, scan_for, Given};
+use super::store::reservation;
 use crate::cdi;
 use crate::cgroup::{self, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
@@ -14,9 +14,10 @@ use crate::log;
 use crate::node::{NodeSpec, Outcome};
 use crate::request::Request;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::mps;
-use crate::reserve::state::{now_rfc3339, Node};
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, Node, Started, Transition};
+use crate::reserve::world::World;
 
 /// What one `apply` changed, so it can be undone.
 pub(super) struct Applied {
@@ -30,7 +31,7 @@ pub(super) struct Applied {
 
 /// Grants the nodes in the container's device cgroup, then creates them in its `/dev`.
 /// On failure nothing of this call is left behind.
-pub(super) fn apply(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
+pub(super) fn apply(f: &World, ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
     let mut cg = (f.cgroup)(f.cfg, ct)?;
     let granted = cgroup::grant_all(&mut *cg, &as_nodes(specs))?;
     match f.enter.create_nodes(ct, specs) {
@@ -71,7 +72,7 @@ pub(super) fn with_rollback(e: Error, left: Leftovers) -> Error {
 /// Takes back what `apply` did; returns what could not be undone (empty when all was).
 /// A container whose init has exited lost its `/dev` with its mount namespace, and its
 /// cgroup goes with it: nothing there is left to undo, whatever failed.
-pub(super) fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Leftovers {
+pub(super) fn undo(f: &World, ct: &Container, mut a: Applied) -> Leftovers {
     let mut left = Leftovers::default();
     if let Err(e) = f.enter.remove_nodes(ct, &a.created, &a.dirs, &a.bound) {
         left.push(format_args!("nodes: {e}"));
@@ -88,25 +89,27 @@ pub(super) fn undo(f: &Facts, ct: &Container, mut a: Applied) -> Leftovers {
 /// them in its `/dev` (undone on failure), then records the container in the state. `find`
 /// is how the front door finds its container (libvirt: through the controller).
 pub fn activate(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     find: impl FnOnce() -> Result<Container, ContainerError>,
 ) -> Result<(), Error> {
-    let st = store(f.cfg);
+    let st = Store::new(&f.cfg.state_file);
     let snap = st.read()?;
     let r = reservation(&snap, h)?;
+    Transition::Start
+        .from(Some(r.found(|p| f.proc.alive(p), None)))
+        .map_err(|_| LifecycleError::NoReservation)?;
     // A sharer of a GPU shared with MPS: its daemon's directories (SPEC "Sharing", MPS).
     let mps = mps::daemon_for(&snap, &r.gpus).map(|(pci, d)| (pci, d.clone()));
     drop(snap);
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     inv.settle(f.cfg, &r.gpus);
     let ct = find()?;
-    let mut specs = node_specs(h, req, &inv, &r.gpus)?;
-    let mut plan = cdi_plan(f, h, req, &inv, &r.gpus, &specs)?.map(|(p, extra)| {
-        specs.extend(extra);
-        p
-    });
+    let Given {
+        nodes: specs,
+        mut plan,
+    } = given(f, h, req, &inv, &r.gpus)?;
     let (driver, driver_version) = driver_record(f.cfg, req, plan.as_ref());
     if let Some((_, d)) = &mps {
         plan.get_or_insert_with(Default::default)
@@ -130,12 +133,19 @@ pub fn activate(
     let recorded = st.update(|s| -> Result<(), Error> {
         let cur = s
             .reservations
-            .get_mut(h.id)
+            .get_mut(&h.key)
             .ok_or(LifecycleError::ReleasedWhileStarting)?;
         if cur.gpus != r.gpus {
             return Err(LifecycleError::ChangedWhileStarting.into());
         }
-        cur.set_running(ct.controller, ct.init, as_nodes(&specs), &now);
+        let started = Started {
+            controller: Some(ct.controller),
+            init: ct.init,
+            nodes: as_nodes(&specs),
+            cgroup: None,
+            namespaces: None,
+        };
+        cur.set_running(started, &now);
         cur.mounts = done.as_ref().map(|d| d.mounted.clone()).unwrap_or_default();
         cur.rootfs = Default::default();
         if let (Some(d), Some(p)) = (&done, &plan) {
@@ -177,7 +187,7 @@ pub fn activate(
 /// [`apply`] at `started`: a failure because the init exited meanwhile says so first (that
 /// is the cause an operator needs). The container helper says it as a value; a cgroup that
 /// vanished with the init is recognized by looking at the init.
-fn apply_in_started(f: &Facts, ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
+fn apply_in_started(f: &World, ct: &Container, specs: &[NodeSpec]) -> Result<Applied, Error> {
     let applied = apply(f, ct, specs).map_err(|e| match e {
         // The init is gone: so are its cgroup and /dev, and nothing is left to roll back.
         Error::RollbackIncomplete { error, .. }
@@ -214,13 +224,14 @@ pub(super) fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::roo
             .filter(|m| !mps::is_target(&m.target))
             .count()
     };
-    let (hooks, env) = match h.kind {
+    let (hooks, env) = match h.kind() {
         crate::reserve::state::HolderKind::Libvirt => {
             ("a libvirt container", "a running libvirt container")
         }
         crate::reserve::state::HolderKind::Oci => {
             ("a running OCI container", "a running OCI container")
         }
+        crate::reserve::state::HolderKind::Vm => ("a virtual machine", "a virtual machine"),
     };
     let from = match &p.host_driver {
         Some(d) => d.clone(),

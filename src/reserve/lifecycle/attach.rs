@@ -28,8 +28,7 @@ use super::holder::{new_reservation, Holder};
 use super::mounts::planned;
 use super::nodes::{as_nodes, node_specs, owned, root_owner};
 use super::plan::{driver_record, plan_for, scan_for, wants_driver};
-use super::prepare::{choose, same_kind};
-use super::store::store;
+use super::prepare::{choose, no_twin};
 use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup, Fault, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
@@ -43,10 +42,11 @@ use crate::node::NodeSpec;
 use crate::request::Request;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::mps;
 use crate::reserve::state::HolderKind;
-use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, Node, Reservation, Started, State, Transition};
+use crate::reserve::world::World;
 
 /// What one attach gave the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +91,7 @@ impl MoreReserved {
 /// Starts the MPS daemons [`reserve_more`] marked `starting` (outside the state lock): their
 /// notes join `notes`, the container's daemon in `got` becomes the one started.
 fn bring_up_mps(
-    f: &Facts,
+    f: &World,
     inv: &Inventory,
     got: &mut MoreReserved,
     notes: &mut Vec<String>,
@@ -112,7 +112,7 @@ fn bring_up_mps(
 /// reservation is only prepared or records another init, or the units are not there. The
 /// door passes the facts of its kind of container (an OCI one's device cgroup is its init's).
 pub fn attach(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     find: impl FnOnce() -> Result<Container, ContainerError>,
@@ -120,14 +120,15 @@ pub fn attach(
     let ct = find()?;
     let cg = (f.cgroup)(f.cfg, &ct)?;
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
-    let (mut got, mut notes) =
-        match store(f.cfg).update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg)) {
-            Ok(g) => g,
-            Err(e) => {
-                super::prepare::keep_reclaimed(f, &mut inv);
-                return Err(e);
-            }
-        };
+    let (mut got, mut notes) = match Store::new(&f.cfg.state_file)
+        .update(|st| reserve_more(f, st, &mut inv, h, req, &ct, &*cg))
+    {
+        Ok(g) => g,
+        Err(e) => {
+            super::prepare::keep_reclaimed(f, &mut inv);
+            return Err(e);
+        }
+    };
     drop(cg);
     // The daemons marked `starting` above start now, outside the state lock.
     if let Err(e) = bring_up_mps(f, &inv, &mut got, &mut notes) {
@@ -204,7 +205,7 @@ pub fn attach(
 
 /// What an attach did, for the log: the driver's files, the MPS daemon, the units.
 fn log_attached(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     got: &MoreReserved,
@@ -219,9 +220,8 @@ fn log_attached(
         log_mps(h, *pci, d);
     }
     log::info(&format!(
-        "{} ({}): attached {} for {req} (asked by uid {}); granted {} and created {} node(s) in container (init {})",
-        h.who(),
-        h.id,
+        "{}: attached {} for {req} (asked by uid {}); granted {} and created {} node(s) in container (init {})",
+        h.id.who_exactly(),
         Unit::join(&got.units, ","),
         f.uid,
         applied.granted.len(),
@@ -259,7 +259,7 @@ const IN_FORCE_WAIT: std::time::Duration = if cfg!(test) {
 /// back as it was before the units go back to the pool; what could not be put back comes
 /// with the error ([`split`] apart: the units then stay reserved, [`take_back`]).
 fn tell_manager(
-    f: &Facts,
+    f: &World,
     ct: &Container,
     nodes: &[Node],
 ) -> Result<Option<Box<dyn ManagedPolicy>>, Error> {
@@ -284,7 +284,7 @@ fn tell_manager(
 /// entry (older than the ones that read its numbers from the name) would drop the node at its
 /// next reload. A node with no host node of that number is left without one; an entry that
 /// leads elsewhere refuses the attach (systemd would allow that other device).
-fn char_link(f: &Facts, n: &Node) -> Result<(), Error> {
+fn char_link(f: &World, n: &Node) -> Result<(), Error> {
     crate::host::charlink::ensure_logged(&f.cfg.dev, &n.path, n.major, n.minor)
         .map_err(|source| LifecycleError::CharLink { source }.into())
 }
@@ -341,12 +341,11 @@ fn in_force(
     }
 }
 
-/// The holder's reservation may take more: of its kind, running, with this init.
-fn may_take_more(r: &Reservation, h: &Holder, ct: &Container) -> Result<(), Error> {
-    same_kind(r, h)?;
-    if r.phase == Phase::Prepared {
-        return Err(LifecycleError::AttachPrepared.into());
-    }
+/// The holder's reservation may take more: running (the transition table), with this init.
+fn may_take_more(f: &World, r: &Reservation, ct: &Container) -> Result<(), Error> {
+    Transition::Attach
+        .from(Some(r.found(|p| f.proc.alive(p), None)))
+        .map_err(|_| LifecycleError::AttachPrepared)?;
     if r.init != Some(ct.init) {
         return Err(LifecycleError::AttachOtherInit {
             recorded: r.init.map(|i| i.pid),
@@ -362,7 +361,7 @@ fn may_take_more(r: &Reservation, h: &Holder, ct: &Container) -> Result<(), Erro
 /// count as held) and added to it, with the nodes about to be granted (not those `cg`
 /// allows already: the container's own).
 fn reserve_more(
-    f: &Facts,
+    f: &World,
     st: &mut State,
     inv: &mut Inventory,
     h: &Holder,
@@ -373,13 +372,14 @@ fn reserve_more(
     let now = &now_rfc3339();
     // A quarantined GPU is given to no one.
     crate::reserve::health::apply(inv, st);
-    if let Some(r) = st.reservations.get(h.id) {
-        may_take_more(r, h, ct)?;
+    no_twin(st, h)?;
+    if let Some(r) = st.reservations.get(&h.key) {
+        may_take_more(f, r, ct)?;
     }
     // One slot of a shared GPU per holder: not one of those it has.
     let sharing: Vec<crate::ids::Pci> = st
         .reservations
-        .get(h.id)
+        .get(&h.key)
         .map(|r| {
             r.gpus
                 .iter()
@@ -392,11 +392,11 @@ fn reserve_more(
     // or an earlier attach): a container has one `/tmp/nvidia-mps`.
     let has_mps = st
         .reservations
-        .get(h.id)
+        .get(&h.key)
         .is_some_and(|r| r.mounts.iter().any(|m| mps::is_target(&m.target)));
     let (units, mut notes) = choose(f, st, inv, req, &sharing)?;
     let mut specs = node_specs(h, req, inv, &units)?;
-    let r = st.reservations.get(h.id);
+    let r = st.reservations.get(&h.key);
     let mut plan = match wants_driver(f.cfg, req) {
         Some(d) => new_edits(f, h, req, inv, &units, r, &mut specs, d)?,
         None => None,
@@ -409,15 +409,19 @@ fn reserve_more(
     let specs = not_yet_allowed(h, cg, r.map_or(&[], |r| &r.nodes[..]), specs, &mut notes)?;
     let (created, was_hotplugged) = (r.is_none(), r.is_some_and(|r| r.hotplugged));
     let was_driver = r.map_or((None, None), |r| (r.driver, r.driver_version.clone()));
-    let r = st
-        .reservations
-        .entry(h.id.to_string())
-        .or_insert_with(|| Reservation {
+    let r = st.reservations.entry(h.key.clone()).or_insert_with(|| {
+        let mut r = new_reservation(h, req, &[], now);
+        let started = Started {
             // An OCI container has no controller (its `Container` names its init there).
-            controller: (h.kind == HolderKind::Libvirt).then_some(ct.controller),
-            init: Some(ct.init),
-            ..new_reservation(h, req, &[], Phase::Running, now)
-        });
+            controller: (h.kind() == HolderKind::Libvirt).then_some(ct.controller),
+            init: ct.init,
+            nodes: Vec::new(),
+            cgroup: None,
+            namespaces: None,
+        };
+        r.set_running(started, now);
+        r
+    });
     r.gpus.extend(&units);
     // Recorded before they are granted: a detach of a killed attach's units takes back
     // their grants before it frees them.
@@ -435,7 +439,7 @@ fn reserve_more(
     // planned and recorded as the CDI mounts are.
     let daemon = match has_mps {
         true => None,
-        false => super::mounts::record_mps_mounts(st, h.id, &units)?,
+        false => super::mounts::record_mps_mounts(st, &h.key, &units)?,
     };
     if let Some((_, d, made)) = &daemon {
         mounts.extend(made.iter().cloned());
@@ -464,7 +468,7 @@ fn reserve_more(
 /// another NVIDIA driver version than these (a driver upgraded since it started).
 #[allow(clippy::too_many_arguments)]
 fn new_edits(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     inv: &Inventory,
@@ -507,7 +511,7 @@ fn new_edits(
         // An OCI container made with the host's driver has its files from its create (its
         // runtime's mounts, not recorded here): the same files serve every NVIDIA GPU.
         if driver == crate::request::Driver::Host
-            && r.kind == HolderKind::Oci
+            && r.kind() == HolderKind::Oci
             && r.driver == Some(driver)
             && !has_driver_files(r)
         {
@@ -581,16 +585,16 @@ fn split(e: Error) -> (Error, Leftovers) {
 /// when it still holds them (a stop or a detach may have come in between); their nodes, which
 /// the reserve recorded, again if something in between left them out.
 fn record(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     got: &MoreReserved,
     done: Option<&Done>,
     bound: &[Bound],
 ) -> Result<(), Error> {
-    store(f.cfg).update(|st| -> Result<(), Error> {
+    Store::new(&f.cfg.state_file).update(|st| -> Result<(), Error> {
         let r = st
             .reservations
-            .get_mut(h.id)
+            .get_mut(&h.key)
             .filter(|r| got.units.iter().all(|u| r.gpus.contains(u)))
             .ok_or_else(|| LifecycleError::ChangedWhileAttaching {
                 units: got.units.clone(),
@@ -621,7 +625,7 @@ fn record(
 /// deleted). While a grant of them may be left, they stay reserved, and the error says so. A
 /// container whose init is gone took its cgroup and `/dev` with it: nothing is left there.
 fn take_back(
-    f: &Facts,
+    f: &World,
     inv: &mut Inventory,
     h: &Holder,
     ct: &Container,
@@ -647,9 +651,9 @@ fn take_back(
 /// Under the state lock: the units and the nodes the reserve recorded for them out of the
 /// holder's reservation (draining if a process opened one meanwhile), the reservation deleted
 /// when this attach made it and nothing else came into it.
-fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> Result<(), Error> {
-    store(f.cfg).update(|st| -> Result<(), Error> {
-        let Some(r) = st.reservations.get_mut(h.id) else {
+fn unreserve(f: &World, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> Result<(), Error> {
+    Store::new(&f.cfg.state_file).update(|st| -> Result<(), Error> {
+        let Some(r) = st.reservations.get_mut(&h.key) else {
             return Ok(());
         };
         r.gpus.retain(|u| !got.units.contains(u));
@@ -663,7 +667,7 @@ fn unreserve(f: &Facts, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> 
             ..r.clone()
         };
         if got.created && r.gpus.is_empty() {
-            st.reservations.remove(h.id);
+            st.reservations.remove(&h.key);
         }
         drain::after_free_in(inv, f.cfg, st, &[out], f.proc);
         // A daemon this attach started for a slot it gave back has no sharer now.

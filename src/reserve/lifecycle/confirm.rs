@@ -3,14 +3,15 @@
 use super::error::LifecycleError;
 use super::holder::Holder;
 use super::plan::scan_for;
-use super::store::{reservation, store};
+use super::store::reservation;
 use crate::request::Request;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
+use crate::reserve::state::Store;
+use crate::reserve::world::World;
 
 /// `start`: checks that the holder's reservation still stands on this host.
-pub fn confirm(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
-    let st = store(f.cfg).read()?;
+pub fn confirm(f: &World, h: &Holder, req: &Request) -> Result<(), Error> {
+    let st = Store::new(&f.cfg.state_file).read()?;
     let r = reservation(&st, h)?;
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     crate::reserve::health::apply(&mut inv, &st);

@@ -24,7 +24,6 @@ use super::error::LifecycleError;
 use super::free::drain_freed;
 use super::holder::Holder;
 use super::nodes::root_owner;
-use super::store::store;
 use crate::cgroup::{DeviceCgroup, ManagedPolicy};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::devdir::Bound;
@@ -39,8 +38,9 @@ use crate::request::{Capabilities, DeviceSel};
 use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
-use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, Blocked, Node, Phase, Reservation, State, Transition};
+use crate::reserve::world::World;
 use std::collections::BTreeSet;
 
 /// Which of its units a container gives back.
@@ -79,15 +79,15 @@ const EVERY: Capabilities = Capabilities {
 /// unit it holds, or (without `force`) a process of the container has one of their own
 /// nodes open or might have; then grants taken back, units freed, nodes removed.
 pub fn detach(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     which: &Which,
     force: bool,
     find: impl FnOnce() -> Result<Container, ContainerError>,
 ) -> Result<Detached, Error> {
     let ct = find()?;
-    let st = store(f.cfg).read()?;
-    let r = running(st.reservations.get(h.id), &ct)?;
+    let st = Store::new(&f.cfg.state_file).read()?;
+    let r = running(st.reservations.get(&h.key), &ct)?;
     let mut inv = (f.scan)(f.cfg, scan_for(which))?;
     inv.settle(f.cfg, &r.gpus);
     let units = resolve(&inv, r, which)?;
@@ -103,8 +103,8 @@ pub fn detach(
         Err(e) => return Err(retold(&mut policy, &planned, e.into())),
     };
     let now = now_rfc3339();
-    let locked = store(f.cfg).update(|st| -> Result<_, Error> {
-        let r = st.reservations.get_mut(h.id);
+    let locked = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
+        let r = st.reservations.get_mut(&h.key);
         running(r.as_deref(), &ct)?;
         let r = r.ok_or(LifecycleError::ChangedWhileDetaching)?;
         if !units.iter().all(|u| r.gpus.contains(u)) {
@@ -179,7 +179,7 @@ pub fn detach(
 /// list may lack them while the container still holds them: on failure they are put back
 /// (what could not be is said with the error; nothing is freed).
 fn untold(
-    f: &Facts,
+    f: &World,
     ct: &Container,
     nodes: &[Node],
 ) -> Result<Option<Box<dyn ManagedPolicy>>, Error> {
@@ -255,12 +255,18 @@ fn take_bound(r: &mut Reservation, denied: &[Node]) -> Vec<Bound> {
 
 /// The holder's reservation, when it is running with this container's init.
 fn running<'r>(r: Option<&'r Reservation>, ct: &Container) -> Result<&'r Reservation, Error> {
-    let r = r
-        .filter(|r| !r.gpus.is_empty())
-        .ok_or(LifecycleError::NothingToDetach)?;
-    if r.phase != Phase::Running {
-        return Err(LifecycleError::NotRunning { phase: r.phase }.into());
+    let r = r.filter(|r| !r.gpus.is_empty());
+    // Whether its init lives does not matter here: it must be this container's.
+    let found = r.map(|r| r.found(|_| true, None));
+    match Transition::Detach.from(found) {
+        Err(Blocked::NotRunning) => {
+            let phase = found.map_or(Phase::Prepared, |f| f.phase);
+            return Err(LifecycleError::NotRunning { phase }.into());
+        }
+        Err(_) => return Err(LifecycleError::NothingToDetach.into()),
+        Ok(_) => {}
     }
+    let r = r.ok_or(LifecycleError::NothingToDetach)?;
     if r.init != Some(ct.init) {
         return Err(LifecycleError::NotThisInit { init: ct.init.pid }.into());
     }
@@ -334,7 +340,7 @@ fn number(n: &Node) -> u64 {
 /// namespace) has open, with those processes. Without `force`, any such process refuses
 /// the detach (naming it), and so does a look that could not read every process in time.
 fn open_in_container(
-    f: &Facts,
+    f: &World,
     inv: &Inventory,
     st: &State,
     h: &Holder,
@@ -345,7 +351,7 @@ fn open_in_container(
     // Own nodes as a free sees them: with the state as this detach leaves it (a GPU
     // instance another of its instances still uses is not this unit's alone).
     let mut after = st.clone();
-    let Some(r) = after.reservations.get_mut(h.id) else {
+    let Some(r) = after.reservations.get_mut(&h.key) else {
         return Ok(Vec::new());
     };
     r.gpus.retain(|u| !units.contains(u));
@@ -514,14 +520,13 @@ fn gone(cg: &dyn DeviceCgroup, n: &Node) -> Result<(), Error> {
 
 /// Logs the detach: holder, id, units, the uid that asked, the processes that keep a
 /// detached unit open.
-fn log_detached(f: &Facts, h: &Holder, d: &Detached) {
+fn log_detached(f: &World, h: &Holder, d: &Detached) {
     if d.units.is_empty() {
         return;
     }
     log::info(&format!(
-        "{} ({}): detached {} (asked by uid {})",
-        h.who(),
-        h.id,
+        "{}: detached {} (asked by uid {})",
+        h.id.who_exactly(),
         Unit::join(&d.units, ","),
         f.uid
     ));
@@ -541,7 +546,7 @@ fn log_detached(f: &Facts, h: &Holder, d: &Detached) {
 /// `/dev`; a grant that could not be taken back, or a node that could not be removed, is
 /// the error (said after what was detached).
 fn finish(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     ct: &Container,
     out: Detached,

@@ -9,9 +9,9 @@ use crate::enter::rootfs::Done;
 use crate::host::inventory::Inventory;
 use crate::ids::Unit;
 use crate::log;
-use crate::reserve::facts::Facts;
 use crate::reserve::mps;
 use crate::reserve::state::{Reservation, State};
+use crate::reserve::world::World;
 use std::collections::BTreeSet;
 
 /// What of the CDI driver files recorded for `r` the units it keeps (all but `units`) need.
@@ -26,7 +26,7 @@ pub(super) struct Needed {
 /// none was recorded); everything recorded when the specs cannot say it now (said in the
 /// log: files of the driver stay rather than a GPU it keeps losing them).
 pub(super) fn driver_needed(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     inv: &Inventory,
     st: &State,
@@ -164,7 +164,6 @@ mod tests {
     use super::*;
     use crate::enter::rootfs::{Files, Mounted};
     use crate::host::procfs::ProcRef;
-    use crate::reserve::state::Phase;
 
     fn mounted(t: &str) -> Mounted {
         Mounted {
@@ -182,7 +181,7 @@ mod tests {
         let idmap = crate::request::IdMap::default();
         let h = Holder::libvirt("web1", "11111111-1111-1111-1111-111111111111", &idmap);
         let req = crate::reserve::alloc::tests::req(1);
-        let mut r = super::super::holder::new_reservation(&h, &req, &[], Phase::Running, "now");
+        let mut r = super::super::holder::new_reservation(&h, &req, &[], "now");
         r.mounts = vec![mounted("/usr/lib/a/libx.so.1"), mounted("/opt/y/bin/tool")];
         r.rootfs = Files {
             created: vec![

@@ -32,6 +32,19 @@ pub enum LifecycleError {
     NoDeviceNode { unit: Unit, why: Option<String> },
     #[error("cannot read this process's own start time")]
     OwnStartTime,
+    /// `gpuhook release` of a holder whose container runs: its access would outlive the
+    /// reservation.
+    #[error(
+        "{who} still runs (init {init}) with GPUs {}: release frees only what no running container holds; stop it{}",
+        Unit::join(gpus, ","),
+        detach.as_ref().map_or(String::new(), |d| format!(", or take its GPUs back with '{d}'"))
+    )]
+    StillRuns {
+        who: String,
+        init: i32,
+        gpus: Vec<Unit>,
+        detach: Option<String>,
+    },
     #[error("its id {id} is already the key of {holder}'s reservation")]
     KeyOfAnother { id: String, holder: String },
     #[error(

@@ -24,12 +24,12 @@ pub(super) fn planned(m: &cdi::BindMount) -> Result<Mounted, Error> {
 }
 
 /// The MPS daemon serving a holder of `units` (if one does), whose directories' mounts are
-/// recorded in the holder `id`'s reservation before they are made (their targets and their
+/// recorded in the reservation under `key` before they are made (their targets and their
 /// sources' identity), as the CDI mounts an attach makes are: a detach, even after a
 /// SIGKILL, takes them back. Returns the daemon with those records.
 pub(super) fn record_mps_mounts(
     st: &mut State,
-    id: &str,
+    key: &crate::reserve::state::HolderKey,
     units: &[Unit],
 ) -> Result<
     Option<(
@@ -47,7 +47,7 @@ pub(super) fn record_mps_mounts(
         .iter()
         .map(planned)
         .collect::<Result<Vec<_>, _>>()?;
-    if let Some(r) = st.reservations.get_mut(id) {
+    if let Some(r) = st.reservations.get_mut(key) {
         r.mounts.extend(made.iter().cloned());
     }
     Ok(Some((pci, d, made)))

@@ -8,6 +8,7 @@
 
 use super::free::free;
 use super::holder::Holder;
+use super::plan::Given;
 use super::prepare::prepare;
 use super::store::mps_dir;
 use crate::cdi;
@@ -19,8 +20,8 @@ use crate::log;
 use crate::node::NodeSpec;
 use crate::request::Request;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
-use crate::reserve::state::{HolderKind, Reservation, State, StateError, Store};
+use crate::reserve::state::{HolderId, Reservation, State, StateError, Store};
+use crate::reserve::world::World;
 use std::path::{Path, PathBuf};
 
 /// Why the host side of a create could not be made ready.
@@ -42,8 +43,9 @@ pub enum OciCreateError {
 /// create's: the ID may be another live container's by then), unless [`OciCreate::roll_back`]
 /// freed it already.
 pub struct OciCreate<'a> {
-    f: Facts<'a>,
-    id: String,
+    f: World<'a>,
+    /// The container, as the state names it.
+    holder: HolderId,
     pub by: ProcRef,
     pub nodes: Vec<NodeSpec>,
     pub plan: Option<cdi::Plan>,
@@ -54,15 +56,15 @@ pub struct OciCreate<'a> {
 /// (the door's own process); the guard returned frees it on the way out of anything but an
 /// `exec` of the runtime.
 pub fn oci_create<'a>(
-    f: &Facts<'a>,
+    f: &World<'a>,
     h: &Holder,
     req: &Request,
     by: ProcRef,
 ) -> Result<OciCreate<'a>, Error> {
-    let (nodes, plan) = prepare(f, h, req, Some(by))?;
+    let Given { nodes, plan } = prepare(f, h, req, Some(by))?;
     Ok(OciCreate {
         f: *f,
-        id: h.id.to_string(),
+        holder: h.id.clone(),
         by,
         nodes,
         plan,
@@ -93,7 +95,7 @@ impl OciCreate<'_> {
         for n in &self.nodes {
             charlink::ensure_logged(&cfg.dev, &n.path, n.major, n.minor)?;
         }
-        let mps = mps_dir(cfg, &self.id);
+        let mps = mps_dir(cfg, &self.holder.key());
         let binds = if userns {
             Some(self.private_nodes()?)
         } else {
@@ -110,17 +112,20 @@ impl OciCreate<'_> {
     pub fn private_nodes(&self) -> Result<Vec<String>, OciCreateError> {
         let cfg = self.f.cfg;
         Store::new(&cfg.state_file).update(|st| {
-            if !st
+            if st
                 .reservations
-                .get(&self.id)
-                .is_some_and(|r| r.kind == HolderKind::Oci && r.prepared_by == Some(self.by))
+                .get(&self.holder.key())
+                .is_none_or(|r| r.prepared_by != Some(self.by))
             {
                 return Err(OciCreateError::Released);
             }
             let root = nodes_root(cfg);
             private_nodes::prepare_root(&root)?;
             sweep(cfg, st);
-            Ok(private_nodes::make(&root.join(&self.id), &self.nodes)?)
+            Ok(private_nodes::make(
+                &root.join(self.holder.name()),
+                &self.nodes,
+            )?)
         })
     }
 
@@ -136,7 +141,7 @@ impl OciCreate<'_> {
 
     fn free(&self) -> Result<Option<Reservation>, Error> {
         let by = self.by;
-        free_oci(&self.f, &self.id, |r| r.prepared_by == Some(by))
+        free_oci(&self.f, &self.holder, |r| r.prepared_by == Some(by))
     }
 }
 
@@ -161,21 +166,21 @@ fn nodes_root(cfg: &Config) -> PathBuf {
 /// by an operator, reclaimed as stale). Called under the state lock.
 fn sweep(cfg: &Config, st: &State) {
     private_nodes::sweep(&nodes_root(cfg), |name| {
-        st.reservations
-            .get(name)
-            .is_some_and(|r| r.kind == HolderKind::Oci)
+        let id = HolderId::Oci { id: name.into() };
+        st.reservations.contains_key(&id.key())
     });
 }
 
 /// Frees the container's reservation when `cond` holds for it, and removes node directories
 /// nobody holds any more, in one locked step.
 pub fn free_oci(
-    f: &Facts,
-    id: &str,
+    f: &World,
+    ctr: &HolderId,
     cond: impl FnOnce(&Reservation) -> bool,
 ) -> Result<Option<Reservation>, Error> {
-    let mine = |st: &State| match st.reservations.get(id) {
-        Some(r) if r.kind == HolderKind::Oci && cond(r) => vec![(id.to_string(), ())],
+    let key = ctr.key();
+    let mine = |st: &State| match st.reservations.get(&key) {
+        Some(r) if cond(r) => vec![(key.clone(), ())],
         _ => Vec::new(),
     };
     let freed = free(f, mine, |st| sweep(f.cfg, st))?;
@@ -184,14 +189,15 @@ pub fn free_oci(
 
 /// `delete`, `poststop`: frees the container's reservation when `cond` holds for it (decided
 /// under the lock). Errors are logged: the caller's status stands.
-pub fn release_oci(f: &Facts, id: &str, stage: &str, cond: impl FnOnce(&Reservation) -> bool) {
+pub fn release_oci(f: &World, id: &str, stage: &str, cond: impl FnOnce(&Reservation) -> bool) {
+    let ctr = HolderId::Oci { id: id.into() };
     // Nothing held and no nodes left (an operator's `gpuhook release` frees the reservation
     // but cannot remove a running container's nodes): nothing to do.
-    if !Store::new(&f.cfg.state_file).mentions(id) && !nodes_root(f.cfg).join(id).exists() {
+    if !Store::new(&f.cfg.state_file).mentions(&ctr) && !nodes_root(f.cfg).join(id).exists() {
         return;
     }
-    let who = HolderKind::Oci.who(id);
-    match free_oci(f, id, cond) {
+    let who = ctr.who();
+    match free_oci(f, &ctr, cond) {
         Ok(Some(r)) => log::info(&format!(
             "{who}: {stage}: freed {}",
             crate::ids::Unit::join(&r.gpus, ",")

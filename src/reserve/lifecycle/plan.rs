@@ -11,21 +11,60 @@ use crate::ids::Unit;
 use crate::node::NodeSpec;
 use crate::request::{Driver, Request};
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::state::Node;
+use crate::reserve::world::World;
+
+/// What a container gets for its units: the nodes it is granted and has made, and the plan of
+/// its driver's user space (`None`: its request asks for none).
+#[derive(Debug, Default)]
+pub struct Given {
+    pub nodes: Vec<NodeSpec>,
+    pub plan: Option<cdi::Plan>,
+}
+
+/// What a container gets for `gpus`, in the one order every step puts it together (`prepare`,
+/// `started`, `gpuhook check`; `reconnect` through [`with_plan`]): the units' node specs, then
+/// the plan of the driver's user space its request (or the host default) asks for
+/// ([`cdi_plan`]: the vendors' CDI specs, or the host's running driver), then that plan's
+/// extra nodes, owned as the units' are.
+pub(super) fn given(
+    f: &World,
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[Unit],
+) -> Result<Given, Error> {
+    with_plan(f, h, req, inv, gpus, node_specs(h, req, inv, gpus)?)
+}
+
+/// `nodes` (the units' node specs, and what else the step grants), then the driver's plan for
+/// the units, whose extra nodes join them.
+pub(super) fn with_plan(
+    f: &World,
+    h: &Holder,
+    req: &Request,
+    inv: &Inventory,
+    gpus: &[Unit],
+    mut nodes: Vec<NodeSpec>,
+) -> Result<Given, Error> {
+    let plan = cdi_plan(f, h, req, inv, gpus, &nodes)?.map(|(p, extra)| {
+        nodes.extend(extra);
+        p
+    });
+    Ok(Given { nodes, plan })
+}
 
 /// What a container would get of the driver's user space for these GPUs (`gpuhook check`):
 /// from the CDI specs (`driver="cdi"`) or the host (`"host"`); `None` when its request does
 /// not ask for it.
 pub fn cdi_preview(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     inv: &Inventory,
     gpus: &[Unit],
 ) -> Result<Option<cdi::Plan>, Error> {
-    let specs = node_specs(h, req, inv, gpus)?;
-    Ok(cdi_plan(f, h, req, inv, gpus, &specs)?.map(|(p, _)| p))
+    Ok(given(f, h, req, inv, gpus)?.plan)
 }
 
 /// What of the host a request reads: with the driver's user space from CDI, every node of
@@ -46,8 +85,8 @@ pub(super) fn scan_for(cfg: &Config, req: &Request) -> Scan {
 /// nodes come back as node specs owned as `specs` are. An error (no spec, a bad one, one for
 /// another driver; no module, no libcuda, a file that may not be given) is one line naming
 /// the file.
-pub(super) fn cdi_plan(
-    f: &Facts,
+fn cdi_plan(
+    f: &World,
     h: &Holder,
     req: &Request,
     inv: &Inventory,
@@ -66,7 +105,7 @@ pub(super) fn cdi_plan(
 }
 
 /// The driver user space a request (or the host default) asks for: `cdi` or `host`; `None`
-/// for nodes only.
+/// for nodes only. The one place the effective driver is decided.
 pub(super) fn wants_driver(cfg: &Config, req: &Request) -> Option<Driver> {
     match req.driver.unwrap_or(cfg.driver) {
         Driver::None => None,
@@ -81,7 +120,7 @@ pub(super) fn num(n: &Node) -> (u32, u32) {
 /// The driver files of `driver` for `gpus`: the CDI specs' edits ([`driver_plan`]), or the
 /// host's running NVIDIA driver ([`host_plan`]).
 pub(super) fn plan_for(
-    f: &Facts,
+    f: &World,
     driver: Driver,
     inv: &Inventory,
     gpus: &[Unit],
@@ -99,7 +138,7 @@ pub(super) fn plan_for(
 /// (found on the host, cached, checked for trust at each call); `None` for AMD and Intel
 /// GPUs alone (their nodes are what they get, as with `none`).
 pub(super) fn host_plan(
-    f: &Facts,
+    f: &World,
     inv: &Inventory,
     gpus: &[Unit],
 ) -> Result<Option<cdi::Plan>, Error> {
@@ -119,7 +158,7 @@ pub(super) fn is_nvidia(inv: &Inventory, u: &Unit) -> bool {
 /// The edits of the vendors' CDI specs for `gpus`; `holds`: other units the container holds
 /// (their nodes are its own, not another GPU's), `granted`: the nodes it is granted anyway.
 pub(super) fn driver_plan(
-    f: &Facts,
+    f: &World,
     inv: &Inventory,
     gpus: &[Unit],
     holds: &[Unit],

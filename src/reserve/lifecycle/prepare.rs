@@ -2,27 +2,23 @@
 
 use super::error::LifecycleError;
 use super::holder::{new_reservation, Holder};
-use super::nodes::{as_nodes, node_specs};
-use super::plan::{cdi_plan, driver_record, scan_for, wants_driver};
-use super::store::store;
-use crate::cdi;
+use super::nodes::as_nodes;
+use super::plan::{driver_record, given, scan_for, wants_driver, Given};
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
 use crate::host::procfs::ProcRef;
 use crate::ids::{Pci, Unit};
 use crate::log;
-use crate::node::NodeSpec;
 use crate::request::Request;
 use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::reconcile::{reclaim_stale, stale_on};
-use crate::reserve::state::HolderKind;
-use crate::reserve::state::{now_rfc3339, Phase, Reservation, State};
-
-/// The nodes an OCI container gets, and its CDI edits.
-pub type Prepared = (Vec<NodeSpec>, Option<cdi::Plan>);
+use crate::reserve::state::Store;
+use crate::reserve::state::{
+    now_rfc3339, Blocked, Found, HolderKind, Phase, Reservation, State, Transition,
+};
+use crate::reserve::world::World;
 
 /// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
 /// mode, or a MIG instance that exists on a usable GPU.
@@ -69,7 +65,7 @@ pub(super) fn satisfies(inv: &Inventory, gpus: &[Unit], req: &Request) -> bool {
 /// has open become draining) and looks again at the draining GPUs (one pass over `/proc` for
 /// both). Returns what was done, for the log, and whether the state changed (the choice is
 /// then made again, and a refusal says what holds the GPUs now).
-fn reclaim_for(f: &Facts, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
+fn reclaim_for(f: &World, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
     let (mut notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
     let units: Vec<Unit> = freed.iter().flat_map(|r| r.gpus.iter().copied()).collect();
     inv.settle(f.cfg, &units);
@@ -138,39 +134,39 @@ fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &
 /// reservation is stale; it is the token the container's hooks carry). Returns the nodes an
 /// OCI container gets, owned by the request's container-side uid and gid (the runtime makes
 /// them), and its CDI edits. Nothing is reserved on error.
-pub fn prepare(
-    f: &Facts,
-    h: &Holder,
-    req: &Request,
-    by: Option<ProcRef>,
-) -> Result<Prepared, Error> {
+pub fn prepare(f: &World, h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Given, Error> {
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let now = now_rfc3339();
     let mut fresh = false;
-    let chosen = store(f.cfg).update(|st| -> Result<_, Error> {
+    let chosen = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
         // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
         crate::reserve::health::apply(&mut inv, st);
         refuse_takeover(f, st, h, by)?;
         if let Some(mut kept) = keep_or_free(f, st, &mut inv, h, req, by, &now)? {
             // A daemon that died since is started again.
-            kept.1.extend(crate::reserve::mps::claim(
-                f.cfg, f.mps, f.proc, st, &inv, &kept.0,
+            kept.notes.extend(crate::reserve::mps::claim(
+                f.cfg,
+                f.mps,
+                f.proc,
+                st,
+                &inv,
+                &kept.units,
             )?);
             // A create again of a kept container: its MPS directories come again.
             record_oci_mps(st, h)?;
             return Ok(kept);
         }
         let (gpus, notes) = choose(f, st, &mut inv, req, &[])?;
-        let specs = prepared_edits(f, h, req, &inv, &gpus)?;
-        let (driver, driver_version) = driver_record(f.cfg, req, specs.1.as_ref());
+        let edits = prepared_edits(f, h, req, &inv, &gpus)?;
+        let (driver, driver_version) = driver_record(f.cfg, req, edits.plan.as_ref());
         st.reservations.insert(
-            h.id.to_string(),
+            h.key.clone(),
             Reservation {
                 prepared_by: by,
-                nodes: as_nodes(&specs.0),
+                nodes: as_nodes(&edits.nodes),
                 driver,
                 driver_version,
-                ..new_reservation(h, req, &gpus, Phase::Prepared, &now)
+                ..new_reservation(h, req, &gpus, &now)
             },
         );
         let mut notes = notes;
@@ -181,9 +177,17 @@ pub fn prepare(
         )?);
         record_oci_mps(st, h)?;
         fresh = true;
-        Ok((gpus, notes, specs))
+        Ok(Chosen {
+            units: gpus,
+            notes,
+            edits,
+        })
     });
-    let (gpus, mut notes, specs) = match chosen {
+    let Chosen {
+        units: gpus,
+        mut notes,
+        edits,
+    } = match chosen {
         Ok(c) => c,
         Err(e) => {
             keep_reclaimed(f, &mut inv);
@@ -195,10 +199,10 @@ pub fn prepare(
     let undo = |st: &mut State| {
         let mine = st
             .reservations
-            .get(h.id)
+            .get(&h.key)
             .is_some_and(|r| r.phase == Phase::Prepared && r.prepared_by == by);
         if fresh && mine {
-            st.reservations.remove(h.id);
+            st.reservations.remove(&h.key);
         }
     };
     let up = crate::reserve::mps::bring_up(f.cfg, f.mps, f.proc, &inv, &gpus, &undo)?;
@@ -207,12 +211,11 @@ pub fn prepare(
         log::info(&n);
     }
     log::info(&format!(
-        "{} ({}): reserved {} for {req}",
-        h.who(),
-        h.id,
+        "{}: reserved {} for {req}",
+        h.id.who_exactly(),
         Unit::join(&gpus, ",")
     ));
-    Ok(specs)
+    Ok(edits)
 }
 
 /// An OCI container's MPS directories, which its runtime mounts from `config.json`, recorded
@@ -220,68 +223,76 @@ pub fn prepare(
 /// records its mounts: a `detach` of the slot takes them back, and an `attach` of another
 /// slot mounts no second set.
 fn record_oci_mps(st: &mut State, h: &Holder) -> Result<(), Error> {
-    if h.kind != HolderKind::Oci {
+    if h.kind() != HolderKind::Oci {
         return Ok(());
     }
     let units = st
         .reservations
-        .get(h.id)
+        .get(&h.key)
         .map(|r| r.gpus.clone())
         .unwrap_or_default();
-    super::mounts::record_mps_mounts(st, h.id, &units).map(drop)
+    super::mounts::record_mps_mounts(st, &h.key, &units).map(drop)
 }
 
-/// The holder's id is another kind's key, or (OCI) a container of that ID runs or is being
-/// created by another `create`: refused.
-fn refuse_takeover(f: &Facts, st: &State, h: &Holder, by: Option<ProcRef>) -> Result<(), Error> {
-    let Some(r) = st.reservations.get(h.id) else {
+/// The transition table's `Prepare` row: an OCI `create` of an ID whose container runs, or
+/// is being created by another `create` that lives, is refused (an engine's retry, another
+/// runtime root, a race: neither takes over nor moves that reservation; a stale one is taken
+/// over). libvirt runs one step of a domain at a time: its `prepare` meets no live holder of
+/// its own.
+fn refuse_takeover(f: &World, st: &State, h: &Holder, by: Option<ProcRef>) -> Result<(), Error> {
+    no_twin(st, h)?;
+    let Some(r) = st.reservations.get(&h.key) else {
         return Ok(());
     };
-    same_kind(r, h)?;
-    // A second `create` of a container ID that holds GPUs (an engine's retry, another
-    // runtime root, a race) must neither take over nor move a reservation whose
-    // container runs or is being created: refused while that init, or that `create`,
-    // lives. A stale one is taken over.
-    if r.kind == HolderKind::Oci {
-        match (r.phase, r.init, r.prepared_by) {
-            (Phase::Running, Some(i), _) if f.proc.alive(&i) => {
-                return Err(LifecycleError::AlreadyRuns {
-                    gpus: r.gpus.clone(),
-                    init: i.pid,
-                }
-                .into())
+    let found = match h.kind() {
+        HolderKind::Oci => r.found(|p| f.proc.alive(p), by),
+        _ => Found {
+            phase: r.phase,
+            live: false,
+        },
+    };
+    match Transition::Prepare.from(Some(found)) {
+        Err(Blocked::Runs) => Err(LifecycleError::AlreadyRuns {
+            gpus: r.gpus.clone(),
+            init: r.init.map_or(0, |i| i.pid),
+        }
+        .into()),
+        Err(_) => Err(LifecycleError::AnotherCreate {
+            gpus: r.gpus.clone(),
+            pid: r.prepared_by.map_or(0, |p| p.pid),
+        }
+        .into()),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// A container whose ID is a domain's UUID holding GPUs, or the reverse: refused, as before
+/// holders had keys of their own kinds (the one name would be two holders').
+pub(super) fn no_twin(st: &State, h: &Holder) -> Result<(), Error> {
+    for key in h.id.twins() {
+        if let Some(r) = st.reservations.get(&key) {
+            return Err(LifecycleError::KeyOfAnother {
+                id: h.id.domain_and_uuid().1.to_string(),
+                holder: r.who(),
             }
-            (Phase::Prepared, _, Some(p)) if Some(p) != by && f.proc.alive(&p) => {
-                return Err(LifecycleError::AnotherCreate {
-                    gpus: r.gpus.clone(),
-                    pid: p.pid,
-                }
-                .into())
-            }
-            _ => {}
+            .into());
         }
     }
     Ok(())
 }
 
-/// The holder's id is the key of another kind's reservation: refused.
-pub(super) fn same_kind(r: &Reservation, h: &Holder) -> Result<(), Error> {
-    if r.kind != h.kind {
-        return Err(LifecycleError::KeyOfAnother {
-            id: h.id.to_string(),
-            holder: r.who(),
-        }
-        .into());
-    }
-    Ok(())
+/// What the locked step of `prepare` settled on: the units, what was done for them (for the
+/// log), and what the container gets.
+struct Chosen {
+    units: Vec<Unit>,
+    notes: Vec<String>,
+    edits: Given,
 }
-
-type Chosen = (Vec<Unit>, Vec<String>, Prepared);
 
 /// The holder's reservation, kept (prepared again) when it still fits the request; else
 /// removed, its GPUs freed for the new choice (one a process still has open drains).
 fn keep_or_free(
-    f: &Facts,
+    f: &World,
     st: &mut State,
     inv: &mut Inventory,
     h: &Holder,
@@ -289,25 +300,29 @@ fn keep_or_free(
     by: Option<ProcRef>,
     now: &str,
 ) -> Result<Option<Chosen>, Error> {
-    let Some(r) = st.reservations.get_mut(h.id) else {
+    let Some(r) = st.reservations.get_mut(&h.key) else {
         return Ok(None);
     };
     inv.settle(f.cfg, &r.gpus);
     if satisfies(inv, &r.gpus, req) {
         r.set_prepared(by, now);
-        r.domain = h.name.to_string();
+        r.holder = h.id.clone();
         r.request = req.to_string();
         let gpus = r.gpus.clone();
-        let specs = prepared_edits(f, h, req, inv, &gpus)?;
-        if let Some(r) = st.reservations.get_mut(h.id) {
-            r.nodes = as_nodes(&specs.0);
+        let edits = prepared_edits(f, h, req, inv, &gpus)?;
+        if let Some(r) = st.reservations.get_mut(&h.key) {
+            r.nodes = as_nodes(&edits.nodes);
             r.mounts.clear();
             r.rootfs = Default::default();
-            (r.driver, r.driver_version) = driver_record(f.cfg, req, specs.1.as_ref());
+            (r.driver, r.driver_version) = driver_record(f.cfg, req, edits.plan.as_ref());
         }
-        return Ok(Some((gpus, Vec::new(), specs)));
+        return Ok(Some(Chosen {
+            units: gpus,
+            notes: Vec::new(),
+            edits,
+        }));
     }
-    if let Some(old) = st.reservations.remove(h.id) {
+    if let Some(old) = st.reservations.remove(&h.key) {
         drain::after_free_in(inv, f.cfg, st, std::slice::from_ref(&old), f.proc);
     }
     Ok(None)
@@ -317,11 +332,11 @@ fn keep_or_free(
 /// lets go of them, in a locked step of its own: their GPUs are scrub pending, and the next
 /// `health scan` resets them. (Else a stale reservation would be reclaimed and rolled back
 /// with each refused request, its GPUs never scrubbed, never free.)
-pub(super) fn keep_reclaimed(f: &Facts, inv: &mut Inventory) {
+pub(super) fn keep_reclaimed(f: &World, inv: &mut Inventory) {
     if !f.cfg.reset_on_release {
         return;
     }
-    let r = store(f.cfg).update(|st| -> Result<Vec<String>, Error> {
+    let r = Store::new(&f.cfg.state_file).update(|st| -> Result<Vec<String>, Error> {
         let any = st
             .reservations
             .values()
@@ -340,7 +355,7 @@ pub(super) fn keep_reclaimed(f: &Facts, inv: &mut Inventory) {
 
 /// The choice: GPUs for the request, and what reclaiming for it did (for the log).
 pub(super) fn choose(
-    f: &Facts,
+    f: &World,
     st: &mut State,
     inv: &mut Inventory,
     req: &Request,
@@ -397,33 +412,33 @@ pub(super) fn choose(
 /// its driver files (CDI specs, or the host's driver) are looked for at `prepare` too, so
 /// that a request that cannot get them reserves nothing.
 fn prepared_edits(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     inv: &Inventory,
     gpus: &[Unit],
-) -> Result<Prepared, Error> {
+) -> Result<Given, Error> {
+    // A libvirt domain's nodes are made at `started`; a VM gets none.
+    let libvirt = matches!(h.kind(), HolderKind::Libvirt | HolderKind::Vm);
     let driver = wants_driver(f.cfg, req).is_some();
-    if h.kind == HolderKind::Libvirt && !driver {
-        return Ok((Vec::new(), None));
+    if libvirt && !driver {
+        return Ok(Given::default());
     }
-    let mut specs = node_specs(h, req, inv, gpus)?;
-    let plan = cdi_plan(f, h, req, inv, gpus, &specs)?;
-    if h.kind == HolderKind::Libvirt {
-        return Ok((Vec::new(), plan.map(|p| p.0)));
+    let e = given(f, h, req, inv, gpus)?;
+    if libvirt {
+        return Ok(Given {
+            nodes: Vec::new(),
+            plan: e.plan,
+        });
     }
-    let plan = plan.map(|(p, extra)| {
-        specs.extend(extra);
-        p
-    });
-    Ok((specs, plan))
+    Ok(e)
 }
 
 /// The refusal for a request that does not fit. A lazy scan left out the functions that can
 /// be no usable GPU: their reasons belong in the refusal, so the host is looked at whole
 /// (only on this path) and the choice made again for its words.
 fn refusal(
-    f: &Facts,
+    f: &World,
     req: &Request,
     st: &State,
     e: alloc::AllocError,

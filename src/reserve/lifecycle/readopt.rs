@@ -5,8 +5,7 @@ use super::activate::apply;
 use super::error::LifecycleError;
 use super::holder::{new_reservation, Holder};
 use super::nodes::{as_nodes, node_specs, owned};
-use super::plan::cdi_plan;
-use super::store::store;
+use super::plan::{wants_driver, with_plan};
 use crate::cgroup::{CgroupError, DeviceCgroup};
 use crate::enter::container::{Container, ContainerError};
 use crate::enter::rootfs::Mounted;
@@ -18,9 +17,10 @@ use crate::request::{DeviceSel, Request};
 use crate::reserve::alloc;
 use crate::reserve::drain;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
 use crate::reserve::reconcile::reclaim_stale;
-use crate::reserve::state::{now_rfc3339, Node, Phase, State};
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, Node, Started, State};
+use crate::reserve::world::World;
 
 /// How [`readopt`] ended; the front door decides what it means for the container (libvirt
 /// kills it when it is inconsistent).
@@ -64,12 +64,16 @@ pub fn config_unreadable(h: &Holder, e: &dyn std::fmt::Display) -> Readopted {
 type Cgroup = Option<Box<dyn DeviceCgroup>>;
 
 /// What the locked step decided: the GPUs, the nodes, the driver mounts recorded.
-type Decided = (Vec<Unit>, Vec<NodeSpec>, Vec<Mounted>);
+struct Decided {
+    gpus: Vec<Unit>,
+    specs: Vec<NodeSpec>,
+    mounts: Vec<Mounted>,
+}
 
 /// `reconnect`: re-adopts a running container's reservation (from its device cgroup when
 /// the state lost it), re-grants and re-makes what it lost.
 pub fn readopt(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     req: &Request,
     find: impl FnOnce() -> Result<Container, ContainerError>,
@@ -98,26 +102,31 @@ pub fn readopt(
     };
     let now = now_rfc3339();
     let mut adopted = None;
-    let decided = store(f.cfg).update(|st| -> Result<Result<Decided, Error>, Error> {
-        let (notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
-        for n in notes {
-            log::info(&n);
-        }
-        drain::after_free_in(&mut inv, f.cfg, st, &freed, f.proc);
-        Ok(decide(
-            f,
-            st,
-            h,
-            req,
-            &inv,
-            granted,
-            &mut cg,
-            &ct,
-            &now,
-            &mut adopted,
-        ))
-    });
-    let (gpus, specs, mounts) = match decided {
+    let decided =
+        Store::new(&f.cfg.state_file).update(|st| -> Result<Result<Decided, Error>, Error> {
+            let (notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
+            for n in notes {
+                log::info(&n);
+            }
+            drain::after_free_in(&mut inv, f.cfg, st, &freed, f.proc);
+            Ok(decide(
+                f,
+                st,
+                h,
+                req,
+                &inv,
+                granted,
+                &mut cg,
+                &ct,
+                &now,
+                &mut adopted,
+            ))
+        });
+    let Decided {
+        gpus,
+        specs,
+        mounts,
+    } = match decided {
         Err(e) => return soft(h, "cannot update the state", &e),
         Ok(Err(e)) => return fatal(h, e),
         Ok(Ok(d)) => d,
@@ -168,7 +177,7 @@ pub fn readopt(
 /// running with this container.
 #[allow(clippy::too_many_arguments)]
 fn decide(
-    f: &Facts,
+    f: &World,
     st: &mut State,
     h: &Holder,
     req: &Request,
@@ -181,10 +190,10 @@ fn decide(
 ) -> Result<Decided, Error> {
     // A reservation changed in the running container (attach, detach) holds what it holds,
     // whatever the request says: its units, and the nodes recorded for them.
-    let (gpus, recorded) = match st.reservations.get(h.id) {
+    let (gpus, recorded) = match st.reservations.get(&h.key) {
         Some(r) => (r.gpus.clone(), r.hotplugged.then(|| r.nodes.clone())),
         None => {
-            let held = st.held(Some(h.id));
+            let held = st.held(Some(&h.key));
             // A top-up never takes a quarantined GPU.
             let mut healthy = inv.clone();
             crate::reserve::health::apply(&mut healthy, st);
@@ -206,25 +215,33 @@ fn decide(
     }
     // The nodes a CDI spec gives come back too (a spec that went bad since is said,
     // and the container keeps what it has). The host's driver gives no nodes of its own.
-    let cdi = req.driver.unwrap_or(f.cfg.driver) == crate::request::Driver::Cdi;
-    match cdi
-        .then(|| cdi_plan(f, h, req, inv, &gpus, &specs))
-        .transpose()
-        .map(Option::flatten)
-    {
-        Ok(Some((_, extra))) => specs.extend(extra),
-        Ok(None) => {}
-        Err(e) => log::warn(&format!(
-            "{}: reconnect: its CDI spec's nodes are not re-made: {e}",
-            h.who()
-        )),
+    if wants_driver(f.cfg, req) == Some(crate::request::Driver::Cdi) {
+        match with_plan(f, h, req, inv, &gpus, specs.clone()) {
+            Ok(e) => specs = e.nodes,
+            Err(e) => log::warn(&format!(
+                "{}: reconnect: its CDI spec's nodes are not re-made: {e}",
+                h.who()
+            )),
+        }
     }
     let r = st
         .reservations
-        .entry(h.id.to_string())
-        .or_insert_with(|| new_reservation(h, req, &gpus, Phase::Running, now));
-    r.set_running(ct.controller, ct.init, as_nodes(&specs), now);
-    Ok((gpus, specs, r.mounts.clone()))
+        .entry(h.key.clone())
+        .or_insert_with(|| new_reservation(h, req, &gpus, now));
+    // A reconnect runs it whatever it was (the table's `Reconnect` row refuses nothing).
+    let started = Started {
+        controller: Some(ct.controller),
+        init: ct.init,
+        nodes: as_nodes(&specs),
+        cgroup: None,
+        namespaces: None,
+    };
+    r.set_running(started, now);
+    Ok(Decided {
+        gpus,
+        specs,
+        mounts: r.mounts.clone(),
+    })
 }
 
 /// The nodes recorded for a hotplugged reservation beyond those its request gives its units

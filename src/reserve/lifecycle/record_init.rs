@@ -2,13 +2,13 @@
 
 use super::error::LifecycleError;
 use super::holder::Holder;
-use super::store::store;
 use crate::host::procfs::ProcRef;
 use crate::ids::Unit;
 use crate::log;
 use crate::reserve::error::Error;
-use crate::reserve::facts::Facts;
-use crate::reserve::state::now_rfc3339;
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, Started, Transition};
+use crate::reserve::world::World;
 
 /// An OCI container's init exists (its `createRuntime` hook): the reservation is running and
 /// stale once that init is gone. `by` is the process that reserved it (the hook's token): a
@@ -16,7 +16,7 @@ use crate::reserve::state::now_rfc3339;
 /// container holds no such reservation. `cgroup`, `namespaces`: where the runtime put the
 /// init.
 pub fn record_init(
-    f: &Facts,
+    f: &World,
     h: &Holder,
     by: ProcRef,
     init: ProcRef,
@@ -24,13 +24,24 @@ pub fn record_init(
     namespaces: Option<crate::host::procfs::Namespaces>,
 ) -> Result<(), Error> {
     let now = now_rfc3339();
-    let gpus = store(f.cfg).update(|st| -> Result<_, Error> {
+    let gpus = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
         let r = st
             .reservations
-            .get_mut(h.id)
-            .filter(|r| r.kind == h.kind && r.prepared_by == Some(by))
+            .get_mut(&h.key)
+            .filter(|r| r.prepared_by == Some(by))
             .ok_or(LifecycleError::NotThisCreate)?;
-        r.set_init(init, cgroup, namespaces, &now);
+        // Its nodes were recorded at its create (the runtime made them from its config).
+        Transition::RecordInit
+            .from(Some(r.found(|p| f.proc.alive(p), Some(by))))
+            .map_err(|_| LifecycleError::NotThisCreate)?;
+        let started = Started {
+            controller: None,
+            init,
+            nodes: std::mem::take(&mut r.nodes),
+            cgroup,
+            namespaces,
+        };
+        r.set_running(started, &now);
         Ok(r.gpus.clone())
     })?;
     log::info(&format!(

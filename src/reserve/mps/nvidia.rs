@@ -272,7 +272,7 @@ impl NvidiaMps {
             }
             std::thread::sleep(POLL);
         };
-        let proc = crate::host::procfs::HOST.proc_ref(pid).ok_or_else(|| {
+        let proc = crate::host::procfs::REAL.proc_ref(pid).ok_or_else(|| {
             Self::failed(
                 pci,
                 uuid,
@@ -332,7 +332,7 @@ impl Mps for NvidiaMps {
     fn quit(&self, cfg: &Config, pci: Pci, d: &Daemon) -> Result<(), MpsError> {
         Self::client(cfg, pci, &d.uuid, &d.dir, &["quit".into()])?;
         let end = Instant::now() + DEADLINE;
-        while crate::host::procfs::HOST.alive(&d.proc) {
+        while crate::host::procfs::REAL.alive(&d.proc) {
             if Instant::now() >= end {
                 return Err(Self::failed(
                     pci,

@@ -79,7 +79,7 @@ pub fn mps_gpus_of(inv: &Inventory, units: &[Unit]) -> BTreeSet<Pci> {
 pub fn own_ref(proc: Proc) -> Option<ProcRef> {
     let pid = std::process::id() as i32;
     proc.proc_ref(pid)
-        .or_else(|| crate::host::procfs::HOST.proc_ref(pid))
+        .or_else(|| crate::host::procfs::REAL.proc_ref(pid))
 }
 
 /// Under the state lock: a start recorded `starting` whose starter is gone (killed between

@@ -30,10 +30,7 @@ fn daemon(pid: i32) -> Daemon {
 fn state(slots: &[(&str, &str)]) -> State {
     let mut st = State::default();
     for (id, unit) in slots {
-        st.reservations.insert(
-            id.to_string(),
-            Reservation::for_test(HolderKind::Oci, id, id, &[unit]),
-        );
+        st.insert(Reservation::for_test(HolderKind::Oci, id, id, &[unit]));
     }
     st
 }
@@ -47,10 +44,12 @@ fn first_slot_starts_later_ones_do_not() {
     let mut st = state(&[("c1", "0000:04:00.0/slot0")]);
     assert_eq!(plan(&st, &mps, &|_| true).start, vec![pci(A)]);
     st.mps.insert(pci(A), daemon(10));
-    st.reservations.insert(
-        "c2".into(),
-        Reservation::for_test(HolderKind::Oci, "c2", "c2", &["0000:04:00.0/slot1"]),
-    );
+    st.insert(Reservation::for_test(
+        HolderKind::Oci,
+        "c2",
+        "c2",
+        &["0000:04:00.0/slot1"],
+    ));
     assert_eq!(plan(&st, &mps, &|_| true), DaemonPlan::default());
 }
 
@@ -168,7 +167,7 @@ impl Mps for Fake {
 #[test]
 fn stop_unused_quits_and_forgets() {
     let cfg = Config::default();
-    let me = crate::host::procfs::HOST
+    let me = crate::host::procfs::REAL
         .proc_ref(std::process::id() as i32)
         .expect("own start time");
     for ok in [true, false] {
@@ -181,7 +180,7 @@ fn stop_unused_quits_and_forgets() {
             },
         );
         let f = Fake(Default::default(), ok);
-        let notes = stop_unused(&cfg, &f, crate::host::procfs::HOST, &mut st);
+        let notes = stop_unused(&cfg, &f, crate::host::procfs::REAL, &mut st);
         assert_eq!(*f.0.borrow(), vec![format!("quit {A}")]);
         assert_eq!(st.mps.is_empty(), ok, "{notes:?}");
     }
@@ -189,7 +188,7 @@ fn stop_unused_quits_and_forgets() {
     let mut st = State::default();
     st.mps.insert(pci(A), daemon(i32::MAX));
     let f = Fake(Default::default(), true);
-    stop_unused(&cfg, &f, crate::host::procfs::HOST, &mut st);
+    stop_unused(&cfg, &f, crate::host::procfs::REAL, &mut st);
     assert!(f.0.borrow().is_empty());
     assert!(st.mps.is_empty());
 }
@@ -229,7 +228,7 @@ fn a_gpu_without_uuid_fails_the_claim() {
     let mut st = state(&[("c1", "0000:04:00.0/slot0"), ("c2", "0000:05:00.0/slot0")]);
     let f = Fake(Default::default(), true);
     let us = units(&["0000:04:00.0/slot0", "0000:05:00.0/slot0"]);
-    let e = claim(&cfg, &f, crate::host::procfs::HOST, &mut st, &inv, &us).unwrap_err();
+    let e = claim(&cfg, &f, crate::host::procfs::REAL, &mut st, &inv, &us).unwrap_err();
     assert!(e.to_string().contains("has no UUID"), "{e}");
     assert!(!f.calls().iter().any(|c| c.starts_with("start")));
 }
@@ -258,7 +257,7 @@ fn stored(slots: &[(&str, &str)]) -> (tempfile::TempDir, Config) {
 fn a_start_is_marked_then_run_outside_the_lock_then_recorded() {
     let (_t, cfg) = stored(&[("c1", "0000:04:00.0/slot0")]);
     let inv = mps_inv(false);
-    let proc = crate::host::procfs::HOST;
+    let proc = crate::host::procfs::REAL;
     let f = Fake(Default::default(), true);
     let us = units(&["0000:04:00.0/slot0"]);
     let store = Store::new(&cfg.state_file);
@@ -292,7 +291,7 @@ fn a_start_is_marked_then_run_outside_the_lock_then_recorded() {
 fn a_failed_start_forgets_the_mark_and_undoes_the_step() {
     let (_t, cfg) = stored(&[("c1", "0000:04:00.0/slot0")]);
     let inv = mps_inv(false);
-    let proc = crate::host::procfs::HOST;
+    let proc = crate::host::procfs::REAL;
     let f = Fake(Default::default(), false);
     let us = units(&["0000:04:00.0/slot0"]);
     let store = Store::new(&cfg.state_file);
@@ -314,7 +313,7 @@ fn a_failed_start_forgets_the_mark_and_undoes_the_step() {
 fn a_dead_starters_mark_is_swept() {
     let cfg = Config::default();
     let inv = mps_inv(false);
-    let proc = crate::host::procfs::HOST;
+    let proc = crate::host::procfs::REAL;
     let mut st = state(&[("c1", "0000:04:00.0/slot0")]);
     st.mps.insert(
         pci(A),
@@ -369,7 +368,7 @@ impl Mps for Dying {
 fn a_dead_starts_leftovers_slow_to_die_keep_the_mark_and_start_nothing() {
     let cfg = Config::default();
     let inv = mps_inv(false);
-    let proc = crate::host::procfs::HOST;
+    let proc = crate::host::procfs::REAL;
     let mut st = state(&[("c1", "0000:04:00.0/slot0")]);
     let dead = Daemon {
         starting: true,

@@ -6,8 +6,17 @@ use crate::ids::Unit;
 /// What makes a state file corrupt.
 #[derive(Debug, thiserror::Error)]
 pub enum Corruption {
-    #[error("reservation key {key} differs from its uuid {uuid}")]
-    KeyNotUuid { key: String, uuid: String },
+    #[error("reservation key {key} is not its holder's ({holder}: {its})")]
+    NotItsKey {
+        key: String,
+        holder: String,
+        its: super::holder::HolderKey,
+    },
+    #[error("two reservations are {holder}'s (key {key})")]
+    TwiceKeyed {
+        key: super::holder::HolderKey,
+        holder: String,
+    },
     #[error("{unit} is in two reservations, {first} and {second}")]
     TwiceReserved {
         unit: Unit,

@@ -50,7 +50,7 @@ fn attach_to_a_container_without_a_reservation_makes_a_running_one() {
     );
     let r = h.state().reservations[ID].clone();
     assert_eq!(
-        (r.kind, r.phase, r.init, r.controller, r.hotplugged),
+        (r.kind(), r.phase, r.init, r.controller, r.hotplugged),
         (
             HolderKind::Libvirt,
             Phase::Running,

@@ -255,7 +255,7 @@ fn detach_refuses_a_container_not_running_as_recorded() {
     h.seed(ID, "web1", &[pci(0)], Phase::Prepared, None);
     let idmap = IdMap::default();
     let fake = h.fake(Fake::default());
-    let run = |f: &Facts| detach(f, &holder(&idmap), &Which::All, false, found);
+    let run = |f: &World| detach(f, &holder(&idmap), &Which::All, false, found);
     let e = h.with(&fake, run).unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -515,7 +515,7 @@ fn detach_refuses_nodes_it_did_not_take_out_of_the_scopes_list() {
         Fake {
             managed: RefCell::new(Some(vec![(1, 3), (195, 0), (195, 1), (195, 255), (510, 0)])),
             on_told: Some(Box::new(move || {
-                store(&cfg)
+                Store::new(&cfg.state_file)
                     .update(|st| -> Result<(), Error> {
                         let r = st.reservations.get_mut(ID).unwrap();
                         r.gpus.retain(|u| *u != pci(1));

@@ -49,18 +49,27 @@ fn free_without_an_inventory_frees_and_drains_nothing() {
 fn free_takes_only_what_is_chosen_and_runs_then_in_the_same_step() {
     let h = host();
     h.seed(ID, "web1", &[pci(0)], Phase::Running, Some(INIT));
-    h.seed("other-uuid", "web2", &[pci(1)], Phase::Running, None);
+    h.seed(OTHER, "web2", &[pci(1)], Phase::Running, None);
     let fake = h.fake(Fake::default());
     let seen = Cell::new(false);
     let out = h
         .with(&fake, |f| {
             free(
                 f,
-                |_| vec![(ID.to_string(), "why"), ("no-such-id".to_string(), "x")],
+                |st| {
+                    let key = |k: &str| st.reservations.keys().find(|x| x.as_str() == k).cloned();
+                    let no_such = crate::reserve::state::HolderId::for_test(
+                        HolderKind::Libvirt,
+                        "nobody",
+                        "no-such-id",
+                    )
+                    .key();
+                    vec![(key(ID).unwrap(), "why"), (no_such, "x")]
+                },
                 |st| {
                     // Under the same lock: the freed one is out, the other still in.
                     assert!(!st.reservations.contains_key(ID));
-                    assert!(st.reservations.contains_key("other-uuid"));
+                    assert!(st.reservations.contains_key(OTHER));
                     seen.set(true);
                 },
             )
@@ -70,8 +79,12 @@ fn free_takes_only_what_is_chosen_and_runs_then_in_the_same_step() {
     assert_eq!(out.freed.len(), 1);
     assert_eq!(out.freed[0].1, "why");
     assert_eq!(
-        h.state().reservations.keys().collect::<Vec<_>>(),
-        vec!["other-uuid"]
+        h.state()
+            .reservations
+            .keys()
+            .map(HolderKey::as_str)
+            .collect::<Vec<_>>(),
+        vec![OTHER]
     );
 }
 
@@ -115,7 +128,7 @@ fn reset_on_release_marks_what_every_free_path_frees() {
         start_time: 1,
     };
     let all: Vec<Unit> = (0..8).map(pci).collect();
-    h.seed("other-uuid", "web2", &all, Phase::Running, Some(gone));
+    h.seed(OTHER, "web2", &all, Phase::Running, Some(gone));
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let e = h
@@ -124,6 +137,6 @@ fn reset_on_release_marks_what_every_free_path_frees() {
         .to_string();
     assert!(e.contains("scrub pending"), "{e}");
     let st = h.state();
-    assert!(!st.reservations.contains_key("other-uuid"));
+    assert!(!st.reservations.contains_key(OTHER));
     assert_eq!(scrub_pending(&h).len(), 8);
 }

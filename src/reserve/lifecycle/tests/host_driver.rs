@@ -48,7 +48,7 @@ fn host_driver_for_an_oci_create_is_its_plan_and_recorded() {
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let who = oci_holder(&idmap);
-    let ((_, plan), _) = h
+    let (Given { plan, .. }, _) = h
         .with(&fake, |f| prepare_oci(f, &who, &host_req_of(&[0])))
         .unwrap();
     let plan = plan.expect("a plan");

@@ -4,7 +4,6 @@
 //! directory. Nothing here needs root, a libvirtd or a container: the tests run as any user.
 
 use super::nodes::as_nodes;
-use super::store::store;
 use super::*;
 use crate::cdi;
 use crate::cgroup::{CgroupError, DeviceCgroup};
@@ -21,10 +20,11 @@ use crate::request::DeviceSel;
 use crate::request::{Driver, IdMap, Request};
 use crate::reserve::alloc::tests::{dgx, req};
 use crate::reserve::error::Error;
-use crate::reserve::facts::Enter;
-use crate::reserve::facts::Facts;
 use crate::reserve::reconcile::stale_on;
-use crate::reserve::state::{now_rfc3339, Node, Phase, Reservation, State};
+use crate::reserve::state::Store;
+use crate::reserve::state::{now_rfc3339, HolderKey, Node, Phase, Reservation, State};
+use crate::reserve::world::Enter;
+use crate::reserve::world::World;
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -39,6 +39,9 @@ mod prepare;
 mod readopt;
 
 const ID: &str = "6f1c0a4e-1111-4222-8333-000000000001";
+
+/// Another domain's UUID (`web2`'s).
+const OTHER: &str = "6f1c0a4e-1111-4222-8333-000000000002";
 
 const CTRL: i32 = 4200;
 
@@ -443,7 +446,7 @@ impl FakeHost {
     }
 
     /// Runs `step` on the facts of this host and `fake`.
-    fn with<T>(&self, fake: &Rc<Fake>, step: impl FnOnce(&Facts) -> T) -> T {
+    fn with<T>(&self, fake: &Rc<Fake>, step: impl FnOnce(&World) -> T) -> T {
         let inv = self.inv.clone();
         let no_inventory = fake.no_inventory;
         let scan = move |_: &Config, _: Scan| {
@@ -493,7 +496,7 @@ impl FakeHost {
                 path: "/proc/driver/nvidia/version".into(),
             }),
         };
-        let f = Facts {
+        let f = World {
             cfg: &self.cfg,
             proc: Proc { root: &self.proc },
             scan: &scan,
@@ -511,7 +514,7 @@ impl FakeHost {
     }
 
     fn state(&self) -> State {
-        store(&self.cfg).read().unwrap()
+        Store::new(&self.cfg.state_file).read().unwrap()
     }
 
     /// Another domain, `web2` (`other-uuid`), running with these GPUs: its init lives.
@@ -521,38 +524,36 @@ impl FakeHost {
             start_time: 888,
         };
         self.process(other, 5100);
-        self.seed("other-uuid", "web2", gpus, Phase::Running, Some(other));
+        self.seed(OTHER, "web2", gpus, Phase::Running, Some(other));
     }
 
     /// Puts a reservation of these GPUs in the state, for `holder`.
     fn seed(&self, id: &str, name: &str, gpus: &[Unit], phase: Phase, init: Option<ProcRef>) {
-        store(&self.cfg)
+        Store::new(&self.cfg.state_file)
             .update(|st| {
-                st.reservations.insert(
-                    id.to_string(),
-                    Reservation {
-                        kind: HolderKind::Libvirt,
-                        domain: name.into(),
+                st.insert(Reservation {
+                    holder: crate::reserve::state::HolderId::Libvirt {
+                        name: name.into(),
                         uuid: id.into(),
-                        gpus: gpus.to_vec(),
-                        phase,
-                        request: "1 GPU".into(),
-                        created: now_rfc3339(),
-                        updated: now_rfc3339(),
-                        prepared_by: None,
-                        controller: init.map(|_| CTRL),
-                        init,
-                        cgroup: None,
-                        namespaces: None,
-                        nodes: vec![],
-                        mounts: vec![],
-                        rootfs: Default::default(),
-                        hotplugged: false,
-                        node_mounts: Vec::new(),
-                        driver: None,
-                        driver_version: None,
                     },
-                );
+                    gpus: gpus.to_vec(),
+                    phase,
+                    request: "1 GPU".into(),
+                    created: now_rfc3339(),
+                    updated: now_rfc3339(),
+                    prepared_by: None,
+                    controller: init.map(|_| CTRL),
+                    init,
+                    cgroup: None,
+                    namespaces: None,
+                    nodes: vec![],
+                    mounts: vec![],
+                    rootfs: Default::default(),
+                    hotplugged: false,
+                    node_mounts: Vec::new(),
+                    driver: None,
+                    driver_version: None,
+                });
                 Ok::<_, Error>(())
             })
             .unwrap();
@@ -592,13 +593,13 @@ fn holder(idmap: &IdMap) -> Holder<'_> {
 }
 
 /// `prepare` as the libvirt door calls it: reserved by the process that ran this one.
-fn prepare_by_parent(f: &Facts, h: &Holder, req: &Request) -> Result<(), Error> {
+fn prepare_by_parent(f: &World, h: &Holder, req: &Request) -> Result<(), Error> {
     let parent = f.proc.proc_ref(std::os::unix::process::parent_id() as i32);
     prepare(f, h, req, parent).map(drop)
 }
 
 /// `prepare` as the OCI door calls it: reserved by this process, the token its hooks carry.
-fn prepare_oci(f: &Facts, h: &Holder, req: &Request) -> Result<(Prepared, ProcRef), Error> {
+fn prepare_oci(f: &World, h: &Holder, req: &Request) -> Result<(Given, ProcRef), Error> {
     let me = f
         .proc
         .proc_ref(std::process::id() as i32)
@@ -606,9 +607,10 @@ fn prepare_oci(f: &Facts, h: &Holder, req: &Request) -> Result<(Prepared, ProcRe
     prepare(f, h, req, Some(me)).map(|n| (n, me))
 }
 
-/// Frees what the state holds under `id` for a holder of this kind, on this host.
+/// Frees what the state holds for a holder of this kind with this UUID or ID, on this host.
 fn free_held(cfg: &Config, kind: HolderKind, id: &str) -> Result<Option<Reservation>, Error> {
-    free_key(&Facts::host(cfg), kind, id)
+    let key = crate::reserve::state::HolderId::for_test(kind, id, id).key();
+    free_key(&World::real(cfg), &key)
 }
 
 fn container() -> Container {
@@ -664,11 +666,11 @@ impl FakeHost {
     }
 }
 
-fn all_of(id: &'static str) -> impl FnOnce(&State) -> Vec<(String, ())> {
+fn all_of(id: &'static str) -> impl FnOnce(&State) -> Vec<(HolderKey, ())> {
     move |st| {
         st.reservations
             .keys()
-            .filter(|k| *k == id)
+            .filter(|k| k.as_str() == id)
             .map(|k| (k.clone(), ()))
             .collect()
     }

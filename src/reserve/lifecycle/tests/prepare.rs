@@ -34,13 +34,13 @@ fn reserve_reclaims_a_stale_reservation_only_when_needed() {
         start_time: 1,
     };
     let all: Vec<Unit> = (0..8).map(pci).collect();
-    h.seed("other-uuid", "web2", &all, Phase::Running, Some(gone));
+    h.seed(OTHER, "web2", &all, Phase::Running, Some(gone));
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     h.with(&fake, |f| prepare_by_parent(f, &holder(&idmap), &req(1)))
         .unwrap();
     let st = h.state();
-    assert!(!st.reservations.contains_key("other-uuid"));
+    assert!(!st.reservations.contains_key(OTHER));
     assert_eq!(st.reservations[ID].gpus.len(), 1);
 }
 
@@ -51,12 +51,13 @@ fn oci_reserve_is_held_by_the_create_that_made_it() {
     let fake = h.fake(Fake::default());
     let idmap = IdMap::default();
     let who = oci_holder(&idmap);
-    let ((specs, _), by) = h.with(&fake, |f| prepare_oci(f, &who, &req(1))).unwrap();
+    let (Given { nodes: specs, .. }, by) =
+        h.with(&fake, |f| prepare_oci(f, &who, &req(1))).unwrap();
     // The token its hooks carry is this process, as the fake /proc knows it.
     assert_eq!(by, me);
     let r = h.state().reservations["ctr1"].clone();
     assert_eq!(
-        (r.kind, r.phase, r.prepared_by),
+        (r.kind(), r.phase, r.prepared_by),
         (HolderKind::Oci, Phase::Prepared, Some(me))
     );
     assert_eq!(r.nodes, as_nodes(&specs));
@@ -69,7 +70,7 @@ fn oci_reserve_is_held_by_the_create_that_made_it() {
         start_time: 900,
     };
     h.process(other, 1);
-    store(&h.cfg)
+    Store::new(&h.cfg.state_file)
         .update(|st| {
             st.reservations.get_mut("ctr1").unwrap().prepared_by = Some(other);
             Ok::<_, Error>(())
@@ -92,6 +93,31 @@ fn oci_reserve_is_held_by_the_create_that_made_it() {
         })
         .unwrap_err();
     assert!(e.to_string().contains("ctr1"), "{e}");
+}
+
+/// A VM defined with an LXC domain's UUID is a holder of its own: a reservation under its own
+/// key (`vm:UUID`), beside the domain's, which it neither reaches nor changes.
+#[test]
+fn a_vm_with_a_domains_uuid_has_its_own_reservation() {
+    let h = host();
+    let fake = h.fake(Fake::default());
+    let idmap = IdMap::default();
+    h.with(&fake, |f| prepare_by_parent(f, &holder(&idmap), &req(1)))
+        .unwrap();
+    let domains = h.state().reservations[ID].clone();
+    let vm = Holder::vm("web1", ID);
+    h.with(&fake, |f| prepare_by_parent(f, &vm, &req(1)))
+        .unwrap();
+    let st = h.state();
+    assert_eq!(st.reservations[ID], domains);
+    let key = format!("vm:{ID}");
+    let theirs = &st.reservations[key.as_str()];
+    assert_eq!((theirs.kind(), theirs.nodes.len()), (HolderKind::Vm, 0));
+    assert_ne!(theirs.gpus, domains.gpus);
+    // Each one's free frees its own.
+    h.with(&fake, |f| free_key(f, &vm.key)).unwrap();
+    assert_eq!(h.state().reservations.keys().count(), 1);
+    assert_eq!(h.state().reservations[ID], domains);
 }
 
 #[test]

@@ -78,7 +78,7 @@ fn readopt_inconsistent_when_its_gpu_is_anothers() {
     assert!(fake.calls().is_empty(), "{:?}", fake.calls());
     let st = h.state();
     assert!(!st.reservations.contains_key(ID));
-    assert_eq!(st.reservations["other-uuid"].gpus, [pci(3)]);
+    assert_eq!(st.reservations[OTHER].gpus, [pci(3)]);
 }
 
 #[test]
@@ -89,7 +89,7 @@ fn readopt_reclaims_a_stale_holder_of_its_gpu() {
         pid: 6161,
         start_time: 1,
     };
-    h.seed("other-uuid", "web2", &[pci(3)], Phase::Running, Some(gone));
+    h.seed(OTHER, "web2", &[pci(3)], Phase::Running, Some(gone));
     let fake = h.fake(Fake {
         allowed: RefCell::new(vec![(195, 3)]),
         ..Default::default()
@@ -98,7 +98,7 @@ fn readopt_reclaims_a_stale_holder_of_its_gpu() {
     let r = h.with(&fake, |f| readopt(f, &holder(&idmap), &req(1), found));
     assert_eq!(r, Readopted::Consistent);
     let st = h.state();
-    assert!(!st.reservations.contains_key("other-uuid"));
+    assert!(!st.reservations.contains_key(OTHER));
     assert_eq!(st.reservations[ID].gpus, [pci(3)]);
 }
 

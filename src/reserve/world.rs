@@ -1,8 +1,10 @@
-//! What the lifecycle steps read of the host and do to a container, passed in (as youki's
-//! `syscall` trait is): the config, the `/proc` to read processes from, the GPU inventory,
-//! the container's device cgroup, the work inside the container, the CDI specs, the running
-//! driver's files (`driver="host"`), and whether a libvirt controller runs. [`Facts::host`] is the real host; the unit tests pass doubles that
-//! record what they were asked.
+//! The world a lifecycle step works in, passed in (as youki's `syscall` trait is) so that each
+//! step is unit-tested over doubles that record what they were asked: what it reads (the
+//! config, the `/proc` to read processes from, the GPU inventory, the CDI specs, the running
+//! driver's files for `driver="host"`, whether a libvirt controller runs) and the actors that
+//! change things for it (the container's device cgroup and its service manager's device
+//! policy, the work inside the container, the MPS daemons). [`World::real`] is this host,
+//! [`RealEnter`] its real work inside containers.
 
 use crate::cdi;
 use crate::cgroup::{self, CgroupError, DeviceCgroup, ManagedPolicy};
@@ -52,10 +54,10 @@ pub trait Enter {
     ) -> Result<Vec<String>, ContainerError>;
 }
 
-/// The real container work: [`crate::enter::container`].
-pub struct Host;
+/// The real work inside containers: [`crate::enter::container`].
+pub struct RealEnter;
 
-impl Enter for Host {
+impl Enter for RealEnter {
     fn create_nodes(&self, ct: &Container, nodes: &[NodeSpec]) -> Result<Made, ContainerError> {
         container::create_nodes(ct, nodes)
     }
@@ -121,24 +123,30 @@ fn real_host_driver(
     crate::reserve::driver::host_driver(cfg).map(|(d, _)| d)
 }
 
-/// Everything a lifecycle step reads or changes outside the state file.
+/// Everything a lifecycle step reads or changes outside the state file: what it reads, and
+/// the actors that change things (`cgroup`, `manager`, `enter`, `mps`).
 #[derive(Clone, Copy)]
-pub struct Facts<'a> {
+pub struct World<'a> {
     /// The config, loaded once by the front door (never inside a step).
     pub cfg: &'a Config,
     /// Where processes are read (liveness of inits, reservers, openers of GPUs).
     pub proc: Proc<'a>,
+    /// Reads the host's GPUs.
     pub scan: ScanFn<'a>,
+    /// Actor: opens the container's device cgroup, which grants and revokes.
     pub cgroup: CgroupFn<'a>,
-    /// systemd's device policy of the container's scope (attach and detach change it too).
+    /// Actor: opens systemd's device policy of the container's scope (attach and detach
+    /// change it too).
     pub manager: ManagerFn<'a>,
+    /// Actor: the work inside the container (nodes, driver files).
     pub enter: &'a dyn Enter,
+    /// Reads the CDI specs.
     pub cdi_specs: CdiSpecsFn<'a>,
     /// Whether libvirt's controller for a domain (by name) runs.
     pub controller_running: &'a dyn Fn(&str) -> bool,
-    /// MPS control daemons of GPUs shared with MPS.
+    /// Actor: starts and stops the MPS control daemons of GPUs shared with MPS.
     pub mps: &'a dyn crate::reserve::mps::Mps,
-    /// The running driver's files on the host (`driver="host"`).
+    /// Reads the running driver's files on the host (`driver="host"`).
     pub host_driver: HostDriverFn<'a>,
     /// The door's own process (left out where a step looks for processes holding a GPU).
     pub me: i32,
@@ -157,16 +165,16 @@ fn real_manager(
     cgroup::managed_policy(ct.init.pid, cfg.state_dir())
 }
 
-impl<'a> Facts<'a> {
+impl<'a> World<'a> {
     /// This host: its `/proc`, sysfs, cgroups and containers.
-    pub fn host(cfg: &'a Config) -> Facts<'a> {
-        Facts {
+    pub fn real(cfg: &'a Config) -> World<'a> {
+        World {
             cfg,
-            proc: procfs::HOST,
+            proc: procfs::REAL,
             scan: &inventory::scan_with,
             cgroup: &real_cgroup,
             manager: &real_manager,
-            enter: &Host,
+            enter: &RealEnter,
             cdi_specs: &cdi::load,
             controller_running: &crate::reserve::reconcile::controller_running,
             mps: &crate::reserve::mps::NvidiaMps,
