@@ -409,3 +409,65 @@ fn a_sweep_of_a_daemon_slow_to_die_holds_no_other_prepare() {
     }
     wait_gone(pid);
 }
+
+/// Issue 39's hostile review: the last sharer's free marks its daemon `stopping` under the
+/// state lock and tells it to quit after the lock; here the daemon takes 12 s to exit (held
+/// at its exit, longer than the 10 s a quit is waited for), so the free kills it and leaves
+/// it marked. Meanwhile another domain's `prepare` (another GPU) is not held (the base
+/// binary waited the whole quit under the lock: 10 s); a new sharer of the GPU waits,
+/// outside the lock, for the old daemon to be gone, then starts one daemon, never one
+/// beside it.
+#[test]
+fn a_slow_quit_holds_no_other_prepare() {
+    let t = tempfile::tempdir().unwrap();
+    let (standin, dying) = dying_standin(t.path(), 12);
+    let h = slow_host(&standin);
+    let share = gpus(r#"share="yes""#);
+    assert_ok(&h.hook("s1", "prepare", &domain("s1", 11, &share)));
+    let (old, dir) = daemon(&h).expect("a daemon recorded");
+    std::thread::scope(|s| {
+        let stopped = s.spawn(|| {
+            let t0 = std::time::Instant::now();
+            let o = h.hook("s1", "stopped", &domain("s1", 11, &share));
+            (o, t0.elapsed())
+        });
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !dying.exists() {
+            assert!(
+                std::time::Instant::now() < end,
+                "the daemon was never told to quit"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let t0 = std::time::Instant::now();
+        assert_ok(&h.hook("other", "prepare", &domain("other", 13, &gpus(""))));
+        let took = t0.elapsed();
+        eprintln!("another domain's prepare beside a slow quit: {took:?}");
+        assert!(
+            took < std::time::Duration::from_secs(1),
+            "another domain's prepare waited {took:?} behind the quit of a daemon slow to exit"
+        );
+        // Marked while it dies.
+        let mark = state(&h)["mps"][GPU].clone();
+        assert_eq!(mark["proc"]["pid"], old, "{mark}");
+        assert!(mark["stopping"].is_object(), "{mark}");
+        assert!(alive(old), "the old daemon is still dying");
+        // A new sharer waits for it to be gone (outside the lock), then starts one.
+        let t0 = std::time::Instant::now();
+        assert_ok(&h.hook("s2", "prepare", &domain("s2", 12, &share)));
+        eprintln!("a new sharer's prepare beside it: {:?}", t0.elapsed());
+        assert!(!alive(old));
+        let (o, took) = stopped.join().unwrap();
+        assert_ok(&o);
+        eprintln!("the last sharer's stopped: {took:?}");
+    });
+    let (pid, d) = daemon(&h).expect("a daemon recorded");
+    assert_eq!(d, dir);
+    assert!(pid != old && alive(pid));
+    assert_eq!(started_for(&dir.join("pipe")), [pid]);
+    assert!(!state(&h)["mps"][GPU]
+        .as_object()
+        .unwrap()
+        .contains_key("stopping"));
+    assert_ok(&h.hook("s2", "stopped", &domain("s2", 12, &share)));
+}

@@ -799,6 +799,7 @@ mod tests {
                 uuid: "GPU-1".into(),
                 dir: "/run/gpuhook/mps/GPU-1".into(),
                 starting: false,
+                stopping: None,
             },
         );
         let text = String::from_utf8(st.to_bytes()).unwrap();

@@ -652,6 +652,7 @@ fn take_back(
 /// holder's reservation (draining if a process opened one meanwhile), the reservation deleted
 /// when this attach made it and nothing else came into it.
 fn unreserve(f: &World, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> Result<(), Error> {
+    let mut stops = Vec::new();
     Store::new(&f.cfg.state_file).update(|st| -> Result<(), Error> {
         let Some(r) = st.reservations.get_mut(&h.key) else {
             return Ok(());
@@ -670,10 +671,15 @@ fn unreserve(f: &World, inv: &mut Inventory, h: &Holder, got: &MoreReserved) -> 
             st.reservations.remove(&h.key);
         }
         drain::after_free_in(inv, f.cfg, st, &[out], f.proc);
-        // A daemon this attach started for a slot it gave back has no sharer now.
-        for n in mps::stop_unused(f.cfg, f.mps, f.proc, st) {
-            log::info(&n);
-        }
+        // A daemon this attach started for a slot it gave back has no sharer now: marked to
+        // stop (told to quit after the lock).
+        let s = mps::stop_unused(f.cfg, f.mps, f.proc, st);
+        s.notes.iter().for_each(|n| log::info(n));
+        stops = s.marked;
         Ok(())
-    })
+    })?;
+    for n in mps::finish_stops(f.cfg, f.mps, f.proc, stops) {
+        log::info(&n);
+    }
+    Ok(())
 }

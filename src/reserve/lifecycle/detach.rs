@@ -103,6 +103,7 @@ pub fn detach(
         Err(e) => return Err(retold(&mut policy, &planned, e.into())),
     };
     let now = now_rfc3339();
+    let mut stops = Vec::new();
     let locked = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
         let r = st.reservations.get_mut(&h.key);
         running(r.as_deref(), &ct)?;
@@ -141,10 +142,11 @@ pub fn detach(
             ..r.clone()
         };
         let settled = drain_freed(f, st, &[(gone, ())]);
-        // A daemon left without sharers by this detach is told to quit.
-        for n in crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st) {
-            crate::log::info(&n);
-        }
+        // A daemon left without sharers by this detach is marked to stop (told to quit
+        // after the lock).
+        let s = crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st);
+        s.notes.iter().for_each(|n| crate::log::info(n));
+        stops = s.marked;
         let draining = settled.draining.into_iter().map(|(u, _)| u).collect();
         Ok((freed, revoked, draining, files, bound))
     });
@@ -153,6 +155,9 @@ pub fn detach(
         Ok(x) => x,
         Err(e) => return Err(retold(&mut policy, &planned, e)),
     };
+    for n in crate::reserve::mps::finish_stops(f.cfg, f.mps, f.proc, stops) {
+        crate::log::info(&n);
+    }
     let policy_left = policy_after(&mut policy, &planned, &revoked.denied);
     let out = Detached {
         kept_open: open

@@ -236,6 +236,7 @@ mod tests {
                 uuid: name.into(),
                 dir,
                 starting: false,
+                stopping: None,
             }
         };
         let (a, b): (crate::ids::Pci, crate::ids::Pci) = (

@@ -30,7 +30,8 @@ pub fn free<W>(
     choose: impl FnOnce(&State) -> Vec<(HolderKey, W)>,
     then: impl FnOnce(&mut State),
 ) -> Result<Released<W>, Error> {
-    Store::new(&f.cfg.state_file).update(|st| {
+    let mut stops = Vec::new();
+    let released = Store::new(&f.cfg.state_file).update(|st| {
         let freed: Vec<(Reservation, W)> = choose(st)
             .into_iter()
             .filter_map(|(k, why)| st.reservations.remove(&k).map(|r| (r, why)))
@@ -38,12 +39,16 @@ pub fn free<W>(
         let drained = drain_freed(f, st, &freed);
         then(st);
         // A daemon left without sharers (by this free, or one before that could not stop
-        // it) is told to quit.
-        for n in crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st) {
-            log::info(&n);
-        }
+        // it) is marked to stop: told to quit below, after the lock.
+        let s = crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st);
+        s.notes.iter().for_each(|n| log::info(n));
+        stops = s.marked;
         Ok::<_, Error>(Released { freed, drained })
-    })
+    })?;
+    for n in crate::reserve::mps::finish_stops(f.cfg, f.mps, f.proc, stops) {
+        log::info(&n);
+    }
+    Ok(released)
 }
 
 /// After `freed` left the state: their units that a process still has open become draining.

@@ -138,6 +138,7 @@ pub fn prepare(f: &World, h: &Holder, req: &Request, by: Option<ProcRef>) -> Res
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let now = now_rfc3339();
     let mut fresh = false;
+    let mut stops = Vec::new();
     let chosen = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
         // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
         crate::reserve::health::apply(&mut inv, st);
@@ -170,8 +171,11 @@ pub fn prepare(f: &World, h: &Holder, req: &Request, by: Option<ProcRef>) -> Res
             },
         );
         let mut notes = notes;
-        // Stale sharers reclaimed for this choice may have left a daemon without sharers.
-        notes.extend(crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st));
+        // Stale sharers reclaimed for this choice may have left a daemon without sharers:
+        // marked to stop (told to quit after the lock).
+        let s = crate::reserve::mps::stop_unused(f.cfg, f.mps, f.proc, st);
+        notes.extend(s.notes);
+        stops = s.marked;
         notes.extend(crate::reserve::mps::claim(
             f.cfg, f.mps, f.proc, st, &inv, &gpus,
         )?);
@@ -194,6 +198,9 @@ pub fn prepare(f: &World, h: &Holder, req: &Request, by: Option<ProcRef>) -> Res
             return Err(e);
         }
     };
+    notes.extend(crate::reserve::mps::finish_stops(
+        f.cfg, f.mps, f.proc, stops,
+    ));
     // The daemons marked `starting` above start now, outside the state lock; when one
     // fails, the reservation this call made is taken back with its mark.
     let undo = |st: &mut State| {

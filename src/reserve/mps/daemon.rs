@@ -23,6 +23,11 @@ pub const DEADLINE: Duration = Duration::from_secs(10);
 /// one for that GPU while that process lives; once it is gone with the record still
 /// `starting`, the next locked step stops whatever it left (found by its pipe directory)
 /// and forgets the record.
+///
+/// While `stopping`, the daemon (no sharer left) is being told to quit, outside the state
+/// lock, by the gpuhook process recorded there (killed when it does not go); no daemon is
+/// started for that GPU beside it. A later locked step forgets the record once the daemon
+/// is gone; one whose stopper is gone with the daemon still running is taken over.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Daemon {
@@ -31,6 +36,8 @@ pub struct Daemon {
     pub dir: PathBuf,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub starting: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<ProcRef>,
 }
 
 impl Daemon {

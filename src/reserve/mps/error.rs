@@ -39,6 +39,15 @@ pub enum MpsError {
         starter: i32,
         waited: Duration,
     },
+    #[error(
+        "MPS daemon of GPU {pci} ({uuid}): pid {pid} is being stopped and still runs {waited:?} later; no daemon is started beside it"
+    )]
+    StillStopping {
+        pci: Pci,
+        uuid: String,
+        pid: i32,
+        waited: Duration,
+    },
     #[error("MPS daemon of GPU {pci}: the start time of this process (pid {pid}) is unknown")]
     OwnStartTime { pci: Pci, pid: i32 },
     #[error(transparent)]

@@ -32,6 +32,6 @@ pub use daemon::{
 };
 pub use error::MpsError;
 pub use nvidia::NvidiaMps;
-pub use plan::{daemon_for, mps_gpus, plan, stop_unused, DaemonPlan};
+pub use plan::{daemon_for, finish_stops, mps_gpus, plan, stop_unused, DaemonPlan, Stop, Stops};
 pub use start::{bring_up, claim, Up};
 pub use work::{Mps, Swept};

@@ -296,6 +296,7 @@ impl NvidiaMps {
             uuid: uuid.into(),
             dir: dir.to_path_buf(),
             starting: false,
+            stopping: None,
         })
     }
 }
@@ -345,13 +346,18 @@ impl Mps for NvidiaMps {
         Ok(())
     }
 
-    /// Kills (SIGKILL) every process [`started_for`] the daemon's pipe directory, looking
-    /// again until two looks in a row find none (one may fork while it is killed), for
-    /// [`SWEEP_GRACE`] at most: this runs under the state lock, and a process that takes
-    /// longer to die (stuck in the driver) is left to the next pass.
-    fn sweep(&self, _: &Config, _: Pci, d: &Daemon) -> Swept {
+    /// [`Mps::kill`] for [`SWEEP_GRACE`] at most: this runs under the state lock, and a
+    /// process that takes longer to die (stuck in the driver) is left to the next pass.
+    fn sweep(&self, cfg: &Config, pci: Pci, d: &Daemon) -> Swept {
+        self.kill(cfg, pci, d, SWEEP_GRACE)
+    }
+
+    /// Kills (SIGKILL, through a descriptor of each process, looked at again through it)
+    /// every process [`started_for`] the daemon's pipe directory, looking again until two
+    /// looks in a row find none (one may fork while it is killed), for `grace` at most.
+    fn kill(&self, _: &Config, _: Pci, d: &Daemon, grace: Duration) -> Swept {
         let pipe = d.pipe();
-        let end = Instant::now() + SWEEP_GRACE;
+        let end = Instant::now() + grace;
         let mut swept = Swept::default();
         let mut quiet = false;
         loop {

@@ -4,11 +4,14 @@
 //! records it, or forgets the mark (and undoes the caller's step) when it failed. A second
 //! sharer that finds the mark waits for it, outside the lock; a mark whose starter is gone
 //! is swept by the next locked step ([`super::plan::sweep_dead`], one bounded pass: a sharer
-//! that finds what it left still dying waits for it, outside the lock, as for a start).
+//! that finds what it left still dying waits for it, outside the lock, as for a start). A
+//! sharer that finds the GPU's daemon being stopped (`stopping`: its last sharer left) waits
+//! for it to be gone the same way (taking the stop over when its stopper is gone), then
+//! starts a new one; never one beside it.
 
 use super::daemon::Daemon;
 use super::error::MpsError;
-use super::plan::{mps_gpus_of, own_ref, plan, sweep_dead};
+use super::plan::{finish_stops, mps_gpus_of, own_ref, plan, sweep_dead, take_over};
 use super::work::Mps;
 use crate::host::config::Config;
 use crate::host::inventory::Inventory;
@@ -23,8 +26,9 @@ use std::time::{Duration, Instant};
 pub const WAIT: Duration = Duration::from_secs(35);
 /// How often it looks again.
 const WAIT_POLL: Duration = Duration::from_millis(20);
-/// How often it looks again when the start's process is gone and what it left is dying:
-/// each look is a locked step with a pass of the sweep, so other doors get the lock between.
+/// How often it looks again when the start's process is gone and what it left is dying, or
+/// when the daemon is being stopped: each look is a locked step (with a pass of the sweep),
+/// so other doors get the lock between.
 const SWEEP_POLL: Duration = Duration::from_millis(100);
 
 /// What [`bring_up`] did: lines for the log, and the daemons of the holder's GPUs.
@@ -68,6 +72,7 @@ pub fn claim(
                 uuid,
                 dir,
                 starting: true,
+                stopping: None,
             },
         );
     }
@@ -81,6 +86,8 @@ struct StartLook {
     mine: Vec<(Pci, String)>,
     /// Marked by another live process: to wait for.
     theirs: Vec<(Pci, Daemon)>,
+    /// Being stopped: to wait for, until it is gone.
+    stopping: Vec<(Pci, Daemon)>,
     /// Recorded.
     done: Vec<(Pci, Daemon)>,
 }
@@ -89,6 +96,7 @@ fn look(st: &State, gpus: &[Pci], me: Option<ProcRef>) -> StartLook {
     let mut l = StartLook::default();
     for pci in gpus {
         match st.mps.get(pci) {
+            Some(d) if d.stopping.is_some() => l.stopping.push((*pci, d.clone())),
             Some(d) if d.starting && Some(d.proc) == me => l.mine.push((*pci, d.uuid.clone())),
             Some(d) if d.starting => l.theirs.push((*pci, d.clone())),
             Some(d) => l.done.push((*pci, d.clone())),
@@ -134,23 +142,43 @@ pub fn bring_up(
     };
     let end = Instant::now() + WAIT;
     loop {
-        // Locked: sweep, mark again what a failed start of another process left unstarted.
-        let l = store
-            .update(|st| -> Result<StartLook, MpsError> {
-                for n in claim(cfg, m, proc, st, inv, units)? {
+        // Locked: sweep, mark again what a failed start of another process left unstarted,
+        // take over a stop of these GPUs whose stopper is gone.
+        let (l, stops) = store
+            .update(|st| -> Result<(StartLook, Vec<_>), MpsError> {
+                let taken = take_over(proc, st, Some(&gpus));
+                for n in taken
+                    .notes
+                    .into_iter()
+                    .chain(claim(cfg, m, proc, st, inv, units)?)
+                {
                     // A sweep that waits for what it killed says so once.
                     if !up.notes.contains(&n) {
                         up.notes.push(n);
                     }
                 }
-                Ok(look(st, &gpus, me))
+                Ok((look(st, &gpus, me), taken.marked))
             })
             .map_err(fail)?;
+        up.notes.extend(finish_stops(cfg, m, proc, stops));
         if !l.mine.is_empty() {
             let started = start_mine(cfg, m, inv, &l.mine).map_err(fail)?;
             record(cfg, m, &store, me, started, &mut up).map_err(fail)?;
         }
         up.daemons.extend(l.done);
+        if let Some((pci, d)) = l.stopping.into_iter().next() {
+            if Instant::now() >= end {
+                return Err(fail(MpsError::StillStopping {
+                    pci,
+                    uuid: d.uuid,
+                    pid: d.proc.pid,
+                    waited: WAIT,
+                }));
+            }
+            // Each look is a locked step that forgets it once it is gone.
+            std::thread::sleep(SWEEP_POLL);
+            continue;
+        }
         let Some((pci, d)) = l.theirs.into_iter().next() else {
             return Ok(up);
         };

@@ -3,7 +3,7 @@
 use super::daemon::{dir_for, limit_commands, Daemon, PID_FILE};
 use super::error::MpsError;
 use super::nvidia::{in_namespace, read_pid, NvidiaMps};
-use super::plan::{plan, stop_unused, DaemonPlan};
+use super::plan::{finish_stops, plan, stop_unused, DaemonPlan};
 use super::start::{bring_up, claim};
 use super::work::Mps;
 use crate::host::config::{Config, ShareMode, Sharing};
@@ -24,6 +24,7 @@ fn daemon(pid: i32) -> Daemon {
         uuid: "GPU-1".into(),
         dir: "/run/gpuhook/mps/GPU-1".into(),
         starting: false,
+        stopping: None,
     }
 }
 
@@ -164,33 +165,187 @@ impl Mps for Fake {
     }
 }
 
-#[test]
-fn stop_unused_quits_and_forgets() {
-    let cfg = Config::default();
-    let me = crate::host::procfs::REAL
-        .proc_ref(std::process::id() as i32)
-        .expect("own start time");
-    for ok in [true, false] {
-        let mut st = State::default();
-        st.mps.insert(
-            pci(A),
-            Daemon {
-                proc: me,
-                ..daemon(1)
-            },
-        );
-        let f = Fake(Default::default(), ok);
-        let notes = stop_unused(&cfg, &f, crate::host::procfs::REAL, &mut st);
-        assert_eq!(*f.0.borrow(), vec![format!("quit {A}")]);
-        assert_eq!(st.mps.is_empty(), ok, "{notes:?}");
+/// A daemon process for the stop tests: a live child (`sleep`), as `/proc` sees it.
+fn live_daemon() -> (std::process::Child, Daemon) {
+    let ch = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let proc = crate::host::procfs::REAL
+        .proc_ref(ch.id() as i32)
+        .expect("its start time");
+    (ch, Daemon { proc, ..daemon(1) })
+}
+
+/// Stops as the real host's do, on a live child: `quit` ends it (or, told to fail, leaves it
+/// running), `kill` ends it (or, `stuck`, leaves it); each checks that the stop was marked in
+/// the state file before it (written: the lock is not held while they run).
+struct Stopper {
+    cfg: Config,
+    child: std::cell::RefCell<std::process::Child>,
+    quits: bool,
+    stuck: bool,
+    calls: std::cell::RefCell<Vec<String>>,
+}
+impl Stopper {
+    fn marked(&self, pci: Pci) -> bool {
+        let st = Store::new(&self.cfg.state_file).read().unwrap();
+        st.mps.get(&pci).is_some_and(|d| d.stopping.is_some())
     }
-    // A dead one is forgotten without a quit.
+    fn end(&self) {
+        let mut ch = self.child.borrow_mut();
+        let _ = ch.kill();
+        let _ = ch.wait();
+    }
+}
+impl Mps for Stopper {
+    fn start(&self, _: &Config, _: Pci, _: &str, _: &Sharing) -> Result<Daemon, MpsError> {
+        unreachable!("no start")
+    }
+    fn quit(&self, _: &Config, pci: Pci, _: &Daemon) -> Result<(), MpsError> {
+        self.calls
+            .borrow_mut()
+            .push(format!("quit {}", self.marked(pci)));
+        if !self.quits {
+            return Err(MpsError::Failed {
+                pci,
+                uuid: "GPU-1".into(),
+                what: "pid 1 still runs 10s after quit".into(),
+            });
+        }
+        self.end();
+        Ok(())
+    }
+    fn kill(&self, _: &Config, pci: Pci, d: &Daemon, _: std::time::Duration) -> super::Swept {
+        self.calls
+            .borrow_mut()
+            .push(format!("kill {}", self.marked(pci)));
+        if !self.stuck {
+            self.end();
+        }
+        super::Swept {
+            killed: vec![d.proc.pid],
+            left: if self.stuck { vec![d.proc.pid] } else { vec![] },
+        }
+    }
+}
+
+/// Issue 39's hostile review: a daemon without sharers is only *marked* `stopping` in the
+/// locked step (nothing is told to quit under the lock); after it, it is told to quit (or,
+/// when it does not go, killed), and a second locked step forgets it once it is gone. While
+/// marked, no daemon is planned beside it, though a sharer came. One that does not die
+/// stays marked, and a later locked step forgets it once it is gone.
+#[test]
+fn a_stop_is_marked_under_the_lock_and_told_after_it() {
+    let proc = crate::host::procfs::REAL;
+    let me = super::plan::own_ref(proc).unwrap();
+    for (quits, stuck) in [(true, false), (false, false), (false, true)] {
+        let (_t, cfg) = stored(&[]);
+        let (ch, d) = live_daemon();
+        let store = Store::new(&cfg.state_file);
+        store
+            .update(|st| -> Result<(), crate::reserve::state::StateError> {
+                st.mps.insert(pci(A), d.clone());
+                Ok(())
+            })
+            .unwrap();
+        let m = Stopper {
+            cfg: cfg.clone(),
+            child: ch.into(),
+            quits,
+            stuck,
+            calls: Default::default(),
+        };
+        let stops = store
+            .update(|st| -> Result<_, crate::reserve::state::StateError> {
+                Ok(stop_unused(&cfg, &m, proc, st))
+            })
+            .unwrap();
+        assert!(m.calls.borrow().is_empty(), "nothing told under the lock");
+        assert_eq!(stops.marked.len(), 1);
+        let st = store.read().unwrap();
+        assert_eq!(st.mps[&pci(A)].stopping, Some(me));
+        // A sharer now: no daemon beside the one being stopped.
+        let mut with = st.clone();
+        with.reservations = state(&[("c1", "0000:04:00.0/slot0")]).reservations;
+        let mps: BTreeSet<Pci> = [pci(A)].into();
+        assert!(plan(&with, &mps, &|_| true).start.is_empty());
+        assert!(plan(&with, &mps, &|_| false).start.is_empty());
+        let notes = finish_stops(&cfg, &m, proc, stops.marked);
+        let want: Vec<&str> = match (quits, stuck) {
+            (true, _) => vec!["quit true"],
+            _ => vec!["quit true", "kill true"],
+        };
+        assert_eq!(*m.calls.borrow(), want, "{notes:?}");
+        let st = store.read().unwrap();
+        assert_eq!(st.mps.contains_key(&pci(A)), stuck, "{notes:?}");
+        if stuck {
+            assert!(notes[0].contains("killed, not gone yet"), "{notes:?}");
+            // Gone later: the next locked step forgets it.
+            m.end();
+            let mut st = store.read().unwrap();
+            let notes = super::plan::sweep_dead(&cfg, &m, proc, &mut st);
+            assert!(st.mps.is_empty(), "{notes:?}");
+        } else if !quits {
+            assert!(notes[0].ends_with(&format!("after quit; killed: [{}]", d.proc.pid)));
+        } else {
+            assert!(notes[0].starts_with("stopped MPS daemon pid"), "{notes:?}");
+        }
+    }
+    // A dead one is forgotten without a stop.
+    let cfg = Config::default();
     let mut st = State::default();
     st.mps.insert(pci(A), daemon(i32::MAX));
     let f = Fake(Default::default(), true);
-    stop_unused(&cfg, &f, crate::host::procfs::REAL, &mut st);
-    assert!(f.0.borrow().is_empty());
+    let stops = stop_unused(&cfg, &f, proc, &mut st);
+    assert!(f.0.borrow().is_empty() && stops.marked.is_empty());
     assert!(st.mps.is_empty());
+}
+
+/// A stop whose stopper is gone (killed between its steps) with the daemon still running is
+/// taken over by the next locked step: killed (it may have been told to quit already), not
+/// told to quit again; a stop in progress by a live process is left to it.
+#[test]
+fn a_stop_whose_stopper_is_gone_is_taken_over() {
+    let proc = crate::host::procfs::REAL;
+    let me = super::plan::own_ref(proc).unwrap();
+    let (_t, cfg) = stored(&[("c1", "0000:04:00.0/slot0")]);
+    let (ch, d) = live_daemon();
+    let gone = ProcRef {
+        pid: i32::MAX,
+        start_time: 1,
+    };
+    let store = Store::new(&cfg.state_file);
+    let m = Stopper {
+        cfg: cfg.clone(),
+        child: ch.into(),
+        quits: true,
+        stuck: false,
+        calls: Default::default(),
+    };
+    let mut st = store.read().unwrap();
+    // By a live process (this one): left alone, though a sharer holds a slot now.
+    st.mps.insert(
+        pci(A),
+        Daemon {
+            stopping: Some(me),
+            ..d.clone()
+        },
+    );
+    assert!(stop_unused(&cfg, &m, proc, &mut st).marked.is_empty());
+    st.mps.get_mut(&pci(A)).unwrap().stopping = Some(gone);
+    let stops = store
+        .update(|s| -> Result<_, crate::reserve::state::StateError> {
+            *s = st;
+            Ok(stop_unused(&cfg, &m, proc, s))
+        })
+        .unwrap();
+    assert!(stops.notes[0].ends_with("did not finish (the process is gone): taken over"));
+    assert!(stops.marked[0].taken_over);
+    assert_eq!(store.read().unwrap().mps[&pci(A)].stopping, Some(me));
+    finish_stops(&cfg, &m, proc, stops.marked);
+    assert_eq!(*m.calls.borrow(), ["kill true"]);
+    assert!(store.read().unwrap().mps.is_empty());
 }
 
 fn mps_inv(no_uuid_b: bool) -> Inventory {
@@ -319,6 +474,7 @@ fn a_dead_starters_mark_is_swept() {
         pci(A),
         Daemon {
             starting: true,
+            stopping: None,
             ..daemon(i32::MAX)
         },
     );
@@ -333,7 +489,7 @@ fn a_dead_starters_mark_is_swept() {
     // A live starter's mark is neither swept nor stopped.
     let f = Fake(Default::default(), true);
     st.reservations.clear();
-    stop_unused(&cfg, &f, proc, &mut st);
+    let _ = stop_unused(&cfg, &f, proc, &mut st);
     assert!(f.calls().is_empty());
     assert!(st.mps[&pci(A)].starting);
 }
@@ -372,6 +528,7 @@ fn a_dead_starts_leftovers_slow_to_die_keep_the_mark_and_start_nothing() {
     let mut st = state(&[("c1", "0000:04:00.0/slot0")]);
     let dead = Daemon {
         starting: true,
+        stopping: None,
         ..daemon(i32::MAX)
     };
     st.mps.insert(pci(A), dead.clone());
@@ -397,9 +554,23 @@ fn a_dead_starts_leftovers_slow_to_die_keep_the_mark_and_start_nothing() {
     assert_eq!(m.1.borrow().last().unwrap(), "dirs 0000:04:00.0");
 }
 
-/// The state file: `starting` is written only while true (a record without it loads).
+/// The state file: `starting` is written only while true, `stopping` only while set (a
+/// record without them, as an older gpuhook wrote it, loads).
 #[test]
-fn starting_is_an_optional_field() {
+fn starting_and_stopping_are_optional_fields() {
+    let text = r#"{"proc":{"pid":5,"start_time":7},"uuid":"GPU-1","dir":"/run/gpuhook/mps/GPU-1"}"#;
+    assert_eq!(serde_json::from_str::<Daemon>(text).unwrap(), daemon(5));
+    let by = ProcRef {
+        pid: 6,
+        start_time: 8,
+    };
+    let m = Daemon {
+        stopping: Some(by),
+        ..daemon(5)
+    };
+    let t = serde_json::to_string(&m).unwrap();
+    assert!(t.contains(r#""stopping":{"pid":6,"start_time":8}"#), "{t}");
+    assert_eq!(serde_json::from_str::<Daemon>(&t).unwrap(), m);
     let d = daemon(5);
     let text = serde_json::to_string(&d).unwrap();
     assert!(!text.contains("starting"), "{text}");
@@ -407,6 +578,7 @@ fn starting_is_an_optional_field() {
     assert_eq!(s, d);
     let m = Daemon {
         starting: true,
+        stopping: None,
         ..daemon(5)
     };
     assert!(serde_json::to_string(&m)
@@ -524,6 +696,7 @@ fn a_sweep_pass_is_bounded_when_what_it_kills_is_slow_to_die() {
     let d = Daemon {
         dir: t.path().into(),
         starting: true,
+        stopping: None,
         ..daemon(i32::MAX)
     };
     let cfg = Config::default();

@@ -39,7 +39,16 @@ pub trait Mps {
         uuid: &str,
         sharing: &Sharing,
     ) -> Result<Daemon, MpsError>;
+    /// Tells the daemon to quit and waits (bounded) for it to exit; never under the state
+    /// lock.
     fn quit(&self, cfg: &Config, pci: Pci, d: &Daemon) -> Result<(), MpsError>;
+    /// Kills (SIGKILL) the daemon and every process started for it (found as the sweep
+    /// finds them), waiting at most `grace` for them to be gone: what a quit that did not
+    /// end leaves. By default nothing.
+    fn kill(&self, cfg: &Config, pci: Pci, d: &Daemon, grace: std::time::Duration) -> Swept {
+        let _ = (cfg, pci, d, grace);
+        Swept::default()
+    }
     /// One pass, under the state lock and so bounded well under a second, that kills every
     /// process a start of `d` (recorded `starting`, its starter gone) left running and
     /// looks whether any is still there; the record is forgotten only once none is (a later

@@ -365,6 +365,7 @@ impl crate::reserve::mps::Mps for Fake {
             uuid: uuid.into(),
             dir,
             starting: false,
+            stopping: None,
         })
     }
     fn quit(
