@@ -8,7 +8,9 @@
 //! | `stop NAME` | libvirt's `stopped` of that domain |
 //! | `container ID [running] [KEY=VALUE…]` | `gpuhook-runtime create` of a bundle with annotations `gpuhook.io/KEY=VALUE` (the real runtime a script that does nothing); `running`: its init then runs |
 //! | `kmsg TEXT` | a kernel log record (facility kern, level 4) in the fake host's `/dev/kmsg` |
-//! | `config KEY=JSON` | sets a key of the fake host's config |
+//! | `config KEY=JSON` | sets a key of the fake host's config (JSON as written, quotes and all) |
+//! | `nvidia-smi [PCI FIELD=VALUE…]` | the test bed's `nvidia-smi` stand-in as the config's `nvidia_smi`, answering those counters for that GPU |
+//! | `reset-standin [MODE]` | the test bed's reset stand-in as the config's `reset_command` (`ok`, `fail`, `allones`, …) |
 //! | `$ COMMAND` | a shell command, in the block's environment |
 //! | `as "COMMAND": VERB…` | what the block's `$ COMMAND` (a program the suite cannot run, such as `virsh`) stands for |
 
@@ -24,6 +26,7 @@ pub struct Bed {
     config: PathBuf,
     state: PathBuf,
     dev: PathBuf,
+    paths: testbed::HostPaths,
     verbose: bool,
     domains: Vec<(String, String)>,
     inits: Vec<Child>,
@@ -81,6 +84,7 @@ impl Bed {
             config,
             state,
             dev: paths.dev.clone(),
+            paths,
             verbose,
             domains: Vec::new(),
             inits: Vec::new(),
@@ -149,7 +153,9 @@ impl Bed {
             Some("stop") => self.stop(args.first().ok_or("stop: no domain named")?),
             Some("container") => self.container(&args),
             Some("kmsg") => self.kmsg(line.trim_start_matches("kmsg").trim()),
-            Some("config") => self.config(&args),
+            Some("config") => self.config(&[line.trim_start_matches("config").trim()]),
+            Some("nvidia-smi") => self.smi(&args),
+            Some("reset-standin") => self.reset_standin(&args),
             _ => Err(format!("unknown set-up verb in `{line}`")),
         }
     }
@@ -289,6 +295,26 @@ impl Bed {
             cfg[k] = serde_json::from_str(v).map_err(|e| format!("config {k}: {e}"))?;
         }
         std::fs::write(&self.config, cfg.to_string()).map_err(|e| e.to_string())?;
+        Ok(Vec::new())
+    }
+
+    /// The fake host's `nvidia-smi` (the test bed's stand-in) as the config's `nvidia_smi`,
+    /// answering `FIELD=VALUE` for GPU `PCI`.
+    fn smi(&mut self, args: &[&str]) -> Result<Vec<String>, String> {
+        let smi = testbed::health::install_smi(&self.paths);
+        self.config(&[&format!("nvidia_smi={}", json!(smi))])?;
+        if let Some((pci, fields)) = args.split_first() {
+            let f: Vec<(&str, &str)> = fields.iter().filter_map(|f| f.split_once('=')).collect();
+            testbed::health::smi_answers(&self.paths, pci, &f);
+        }
+        Ok(Vec::new())
+    }
+
+    /// The test bed's reset stand-in as the config's `reset_command`, doing `MODE` (`ok`).
+    fn reset_standin(&mut self, args: &[&str]) -> Result<Vec<String>, String> {
+        let cmd = testbed::health::standin_command(&self.paths.root);
+        self.config(&[&format!("reset_command={cmd}")])?;
+        testbed::health::standin_mode(&self.paths, args.first().copied().unwrap_or("ok"));
         Ok(Vec::new())
     }
 

@@ -85,6 +85,9 @@ fn standin(bed: &mut Bed, verbs: &[(usize, String)], expected: &[String], any: &
     }
     let out: Vec<String> = out.iter().filter_map(|l| from_gpuhook(l)).collect();
     let exp: Vec<String> = expected.iter().filter_map(|l| from_gpuhook(l)).collect();
+    if exp.is_empty() {
+        return Err("quotes no line of gpuhook's (`gpuhook: …`): nothing to compare".into());
+    }
     quoted(&exp, &out, any).map_err(|(_, e)| e)
 }
 
