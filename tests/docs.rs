@@ -6,6 +6,8 @@
 mod bed;
 #[path = "docs/commands.rs"]
 mod commands;
+#[path = "docs/facts.rs"]
+mod facts;
 #[path = "docs/markdown.rs"]
 mod markdown;
 #[path = "docs/run.rs"]
@@ -101,4 +103,213 @@ fn tested_blocks_print_what_they_quote() {
         format!("{blocks} blocks run on fake hosts, {commands} transcript commands, in {:.1} s", t0.elapsed().as_secs_f64()),
         findings,
     );
+}
+
+/// Every config key the docs name is one the loader takes (each config block and `"key": value`
+/// is fed to it), and the configuration reference names every key the loader takes.
+#[test]
+fn config_keys_are_real() {
+    let keys = facts::config_keys();
+    let (mut blocks, mut named, mut findings) = (0, 0, Vec::new());
+    let mut reference = String::new();
+    for doc in markdown::all_docs(root()) {
+        for b in &doc.blocks {
+            if b.test.as_ref().is_some_and(|t| t.words.iter().any(|w| w == "config")) {
+                blocks += 1;
+                if let Err(e) = facts::load(&b.lines.join("\n")) {
+                    findings.push(format!("{}:{}: the config loader refuses this block: {e}", doc.path, b.line));
+                }
+                if doc.path.ends_with("guides/configuration.md") {
+                    reference.push_str(&b.lines.join("\n"));
+                }
+            }
+        }
+        for (line, key, member) in facts::config_mentions(&doc) {
+            let known = keys.contains(&key);
+            match member {
+                Some(m) if known => {
+                    named += 1;
+                    if let Err(e) = facts::load(&m) {
+                        findings.push(format!("{}:{line}: the config loader refuses `{m}`: {e}", doc.path));
+                    }
+                }
+                Some(_) => {} // a JSON member of another document (`list --json`, a CDI spec)
+                None if known => named += 1,
+                None => findings.push(format!("{}:{line}: names config key `{key}`, which the config loader does not take (it takes {})", doc.path, keys.join(", "))),
+            }
+        }
+    }
+    let prose = std::fs::read_to_string(root().join("docs/guides/configuration.md")).expect("configuration.md");
+    for k in &keys {
+        if !reference.contains(&format!("\"{k}\"")) {
+            findings.push(format!("docs/guides/configuration.md: its config block has no key \"{k}\" (a key the loader takes)"));
+        }
+        if !prose.lines().any(|l| l.starts_with("- ") && l.contains(&format!("`{k}`"))) {
+            findings.push(format!("docs/guides/configuration.md: no item of its key list says what `{k}` is"));
+        }
+    }
+    verdict(
+        "config keys",
+        format!("{blocks} config blocks loaded, {named} key mentions checked, {} keys in the reference", keys.len()),
+        findings,
+    );
+}
+
+/// Every file the docs say the packages install is in `Cargo.toml`'s asset lists (or made by
+/// the maintainer scripts), and the files table (`doc-test files`) names every asset.
+#[test]
+fn package_files_are_installed() {
+    let inst = facts::installed(root());
+    let (mut paths, mut rows, mut findings) = (0, 0, Vec::new());
+    let mut listed: Vec<String> = Vec::new();
+    for doc in markdown::all_docs(root()) {
+        for (line, p) in facts::install_paths(&doc) {
+            paths += 1;
+            if !inst.has(&p) {
+                findings.push(format!("{}:{line}: {p}: no package installs it (Cargo.toml's assets, packaging/'s scripts)", doc.path));
+            }
+        }
+        for (line, name) in facts::named_units_and_pages(&doc) {
+            paths += 1;
+            if !inst.has_name(&name) {
+                findings.push(format!("{}:{line}: {name}: no package installs it", doc.path));
+            }
+        }
+        for b in doc.blocks.iter().filter(|b| b.test.as_ref().is_some_and(|t| t.words.iter().any(|w| w == "files"))) {
+            for (i, ps, pkgs) in facts::files_table(&b.lines) {
+                rows += 1;
+                for p in ps {
+                    let (d, r) = (inst.in_deb(&p) || inst.by_script(&p), inst.in_rpm(&p) || inst.by_script(&p));
+                    let said = (pkgs.contains(".deb"), pkgs.contains(".rpm"));
+                    if (d, r) != said {
+                        findings.push(format!(
+                            "{}:{}: {p}: the table says {}, the packages install it in {}",
+                            doc.path,
+                            b.line_of(i),
+                            shown(said),
+                            shown((d, r))
+                        ));
+                    }
+                    listed.push(p);
+                }
+            }
+        }
+    }
+    for a in inst.deb.iter().chain(&inst.rpm) {
+        let covered = listed.iter().any(|l| facts::installed_as(l, a));
+        if !covered {
+            findings.push(format!("docs/guides/operations.md: the files table does not name {a}, which a package installs"));
+        }
+    }
+    verdict("package files", format!("{paths} paths and names checked, {rows} rows of the files table"), findings);
+}
+
+fn shown((deb, rpm): (bool, bool)) -> &'static str {
+    match (deb, rpm) {
+        (true, true) => ".deb and .rpm",
+        (true, false) => ".deb only",
+        (false, true) => ".rpm only",
+        (false, false) => "neither",
+    }
+}
+
+/// Every relative link resolves: its file exists, its `#anchor` is a heading there.
+#[test]
+fn links_resolve() {
+    let docs = markdown::all_docs(root());
+    let (mut n, mut findings) = (0, Vec::new());
+    for doc in &docs {
+        for (line, target) in &doc.links {
+            n += 1;
+            if let Some(e) = facts::bad_link(root(), doc, target, &docs) {
+                findings.push(format!("{}:{line}: {e}", doc.path));
+            }
+        }
+    }
+    verdict("links", format!("{n} relative links"), findings);
+}
+
+/// Every `gpuhook.io/…` annotation the docs and engine snippets name is a request key; the
+/// CRI-O snippet allows every key, and the OCI guide and gpuhook-runtime(1) name each.
+#[test]
+fn annotation_keys_are_real() {
+    let keys = facts::request_keys();
+    let (mut n, mut findings) = (0, Vec::new());
+    let mut texts: Vec<(String, String)> = markdown::all_docs(root())
+        .iter()
+        .map(|d| (d.path.clone(), std::fs::read_to_string(root().join(&d.path)).expect("doc")))
+        .collect();
+    for e in std::fs::read_dir(root().join("hooks")).expect("hooks/").flatten() {
+        let p = e.path();
+        let rel = p.strip_prefix(root()).expect("under root").to_string_lossy().into_owned();
+        texts.push((rel, std::fs::read_to_string(&p).expect("snippet")));
+    }
+    for (path, text) in &texts {
+        for (line, a) in facts::annotations(text) {
+            n += 1;
+            let placeholder = a["gpuhook.io/".len()..].chars().all(|c| !c.is_lowercase());
+            let known = keys.contains(&a) || placeholder || a.ends_with('*') || a.ends_with('…');
+            if !known {
+                findings.push(format!("{path}:{line}: {a} is not a request key ({})", gpuhook::request::oci::KEYS));
+            }
+        }
+    }
+    let crio = std::fs::read_to_string(root().join("hooks/crio-gpuhook.conf")).expect("crio snippet");
+    let man = gpuhook::doors::cli::runtime_command().get_long_about().map(|s| s.to_string()).unwrap_or_default();
+    let oci = std::fs::read_to_string(root().join("docs/guides/oci.md")).expect("oci.md");
+    for k in &keys {
+        for (what, text) in [("hooks/crio-gpuhook.conf's allowed_annotations", &crio), ("gpuhook-runtime(1) (runtime_command's long about)", &man), ("docs/guides/oci.md", &oci)] {
+            if !text.contains(&format!("{k}\"")) && !text.contains(&format!("{k}`")) && !text.contains(&format!("{k},")) && !text.contains(&format!("{k};")) {
+                findings.push(format!("{what}: does not name {k}"));
+            }
+        }
+    }
+    verdict("annotation keys", format!("{n} annotations named, {} keys", keys.len()), findings);
+}
+
+/// The commands that help texts (every command's and argument's, `gpuhook-runtime(1)`'s) and
+/// the code's messages quote (`'gpuhook detach NAME --all'`) are real command lines too.
+#[test]
+fn help_texts_and_messages_name_real_commands() {
+    let (mut n, mut findings) = (0, Vec::new());
+    let mut helps = Vec::new();
+    for p in ["gpuhook", "gpuhook-libvirt"] {
+        commands::help_texts(&commands::program(p).expect("program"), &mut helps);
+    }
+    commands::help_texts(&gpuhook::doors::cli::runtime_command(), &mut helps);
+    for (whose, text) in &helps {
+        for l in commands::quoted(text) {
+            n += 1;
+            for e in commands::check(&l) {
+                findings.push(format!("the help of `{whose}`: {e}"));
+            }
+        }
+    }
+    let mut sources = Vec::new();
+    rs_under(&root().join("src"), &mut sources);
+    sources.sort();
+    for f in sources {
+        let text = std::fs::read_to_string(&f).expect("source");
+        let rel = f.strip_prefix(root()).expect("under root").display().to_string();
+        for (i, line) in text.lines().enumerate() {
+            for l in commands::quoted(line) {
+                n += 1;
+                for e in commands::check(&l) {
+                    findings.push(format!("{rel}:{}: {e}", i + 1));
+                }
+            }
+        }
+    }
+    verdict("help texts and messages", format!("{} help texts, {n} quoted command lines", helps.len()), findings);
+}
+
+fn rs_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rs_under(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
 }

@@ -157,6 +157,40 @@ fn placeholder(w: &str) -> bool {
     w.chars().all(|c| !c.is_lowercase()) || w.starts_with('<') || w.contains('…')
 }
 
+/// The command lines a text quotes (`'gpuhook …'`, `` `gpuhook …` ``): a help text, a message.
+pub fn quoted(text: &str) -> Vec<Line> {
+    let mut v = Vec::new();
+    for q in ['\'', '`'] {
+        for (k, piece) in text.split(q).enumerate() {
+            let w = tokens(piece);
+            if k % 2 == 1 && w.len() > 1 && program(&w[0]).is_some() {
+                v.push(Line { line: 0, words: w });
+            }
+        }
+    }
+    v
+}
+
+/// Every help text of a program: each command's about, long about and after-help, each
+/// argument's help.
+pub fn help_texts(cmd: &clap::Command, out: &mut Vec<(String, String)>) {
+    let name = cmd.get_name().to_owned();
+    for t in [cmd.get_about(), cmd.get_long_about(), cmd.get_after_help(), cmd.get_after_long_help(), cmd.get_before_help()]
+        .into_iter()
+        .flatten()
+    {
+        out.push((name.clone(), t.to_string()));
+    }
+    for a in cmd.get_arguments() {
+        for t in [a.get_help(), a.get_long_help()].into_iter().flatten() {
+            out.push((format!("{name} {}", a.get_id()), t.to_string()));
+        }
+    }
+    for s in cmd.get_subcommands() {
+        help_texts(s, out);
+    }
+}
+
 /// What is wrong with one command line, if anything.
 pub fn check(l: &Line) -> Vec<String> {
     let first = &l.words[0];

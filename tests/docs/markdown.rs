@@ -66,7 +66,7 @@ impl DocTest {
 pub struct Span {
     pub line: usize,
     pub text: String,
-    /// The prose before it on its line (for "config key `x`").
+    /// The paragraph's text right before it (for "config key `x`").
     pub before: String,
 }
 
@@ -182,6 +182,22 @@ pub fn parse(path: &str, text: &str) -> Doc {
             i += 1;
             continue;
         }
+        if t.starts_with('|') && pending.is_some() {
+            // A table after a doc-test comment is its block (and prose too).
+            let mut block = Block {
+                line: i,
+                info: "table".into(),
+                lines: Vec::new(),
+                test: pending.take(),
+            };
+            while i < lines.len() && lines[i].trim_start().starts_with('|') {
+                block.lines.push(lines[i].trim().to_owned());
+                doc.prose.push((i + 1, lines[i].to_owned()));
+                i += 1;
+            }
+            doc.blocks.push(block);
+            continue;
+        }
         if !t.is_empty() {
             // A doc-test comment belongs to the block right after it (blank lines between).
             pending = None;
@@ -226,12 +242,14 @@ fn spans(prose: &[(usize, String)]) -> Vec<Span> {
     let mut v = Vec::new();
     let mut open: Option<(usize, String, String)> = None;
     let mut last_line = 0;
+    // The paragraph's text outside spans so far: what a span's `before` is cut from.
+    let mut para = String::new();
     for (n, line) in prose {
-        if open.is_some() && (*n != last_line + 1 || line.trim().is_empty()) {
-            open = None; // a paragraph ended inside an unclosed span: not a span
+        if *n != last_line + 1 || line.trim().is_empty() {
+            open = None; // a paragraph ended (inside an unclosed span: not a span)
+            para.clear();
         }
         last_line = *n;
-        let mut before = String::new();
         let mut chars = line.chars().peekable();
         while let Some(c) = chars.next() {
             match (&mut open, c) {
@@ -243,24 +261,22 @@ fn spans(prose: &[(usize, String)]) -> Vec<Span> {
                         run += 1;
                     }
                     if run == 1 {
-                        open = Some((*n, String::new(), before.clone()));
+                        let tail: String = para.chars().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+                        open = Some((*n, String::new(), tail));
                     }
                 }
-                (None, c) => before.push(c),
+                (None, c) => para.push(c),
                 (Some(_), '`') => {
-                    let (line, text, b) = open.take().expect("open");
-                    before.push_str(&text);
-                    v.push(Span {
-                        line,
-                        text,
-                        before: b,
-                    });
+                    let (line, text, before) = open.take().expect("open");
+                    para.push_str(&text);
+                    v.push(Span { line, text, before });
                 }
                 (Some((_, text, _)), c) => text.push(c),
             }
         }
-        if let Some((_, text, _)) = &mut open {
-            text.push(' ');
+        match &mut open {
+            Some((_, text, _)) => text.push(' '),
+            None => para.push(' '),
         }
     }
     v
