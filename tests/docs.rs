@@ -84,23 +84,39 @@ fn synopses_are_complete() {
 /// what it quotes.
 #[test]
 fn tested_blocks_print_what_they_quote() {
-    let (mut blocks, mut commands, mut findings) = (0, 0, Vec::new());
     let t0 = std::time::Instant::now();
-    for doc in markdown::all_docs(root()) {
-        for b in &doc.blocks {
-            let Some(t) = b.test.as_ref().filter(|t| t.get("fakehost").is_some()) else {
-                continue;
-            };
-            blocks += 1;
-            match run::run(&doc.path, b, t) {
-                Ok(n) => commands += n,
-                Err(e) => findings.extend(e),
-            }
+    let docs = markdown::all_docs(root());
+    let runs: Vec<(&str, &markdown::Block, &markdown::DocTest)> = docs
+        .iter()
+        .flat_map(|d| d.blocks.iter().map(move |b| (d.path.as_str(), b)))
+        .filter_map(|(p, b)| b.test.as_ref().filter(|t| t.get("fakehost").is_some()).map(|t| (p, b, t)))
+        .collect();
+    // Each block on a fake host of its own: four at a time.
+    let results: Vec<Result<run::Count, Vec<String>>> = std::thread::scope(|s| {
+        let chunks: Vec<_> = runs.chunks(runs.len().div_ceil(4).max(1)).collect();
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|c| s.spawn(move || c.iter().map(|(p, b, t)| run::run(p, b, t)).collect::<Vec<_>>()))
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("a run panicked")).collect()
+    });
+    let (mut total, mut findings) = (run::Count::default(), Vec::new());
+    for r in results {
+        match r {
+            Ok(c) => total.add(&c),
+            Err(e) => findings.extend(e),
         }
     }
     verdict(
         "tested blocks",
-        format!("{blocks} blocks run on fake hosts, {commands} transcript commands, in {:.1} s", t0.elapsed().as_secs_f64()),
+        format!(
+            "{} blocks run on fake hosts ({} set-up steps, {} commands run as written, {} quoted lines compared), in {:.1} s",
+            runs.len(),
+            total.setup,
+            total.commands,
+            total.lines,
+            t0.elapsed().as_secs_f64()
+        ),
         findings,
     );
 }
@@ -309,6 +325,78 @@ fn rs_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         if p.is_dir() {
             rs_under(&p, out);
         } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every metric the docs name is a family `gpuhook metrics` writes, and the operations guide
+/// names every family.
+#[test]
+fn metric_names_are_real() {
+    let families = facts::metric_families(root());
+    let (mut n, mut findings) = (0, Vec::new());
+    for doc in markdown::all_docs(root()) {
+        let text = std::fs::read_to_string(root().join(&doc.path)).expect("doc");
+        for (line, name) in facts::metric_names(&text) {
+            n += 1;
+            if !families.contains(&name) {
+                findings.push(format!("{}:{line}: {name} is no metric gpuhook writes (src/openstack/metrics.rs)", doc.path));
+            }
+        }
+    }
+    let ops = std::fs::read_to_string(root().join("docs/guides/operations.md")).expect("operations.md");
+    for f in &families {
+        if !ops.contains(f.as_str()) {
+            findings.push(format!("docs/guides/operations.md: does not name the metric {f}"));
+        }
+    }
+    verdict("metrics", format!("{n} metric names checked, {} families", families.len()), findings);
+}
+
+/// The repository stands on its own: no code, test or doc cites an outside contract (by its
+/// name in capitals, [`CONTRACT`]) or notes kept outside it ([`OUTSIDE`], its notes files).
+/// Generated code from a vendored proto (testbed/src/cri/api.rs, Kubernetes' own text) is
+/// not ours to word.
+#[test]
+fn nothing_cites_an_outside_contract() {
+    let mut files = Vec::new();
+    for d in ["src", "docs", "tests", "testbed", "scripts", "benches", "xtask", "gpuhook-libvirt", "packaging", "hooks", "systemd"] {
+        all_files(&root().join(d), &mut files);
+    }
+    files.push(root().join("README.md"));
+    files.push(root().join("Makefile"));
+    let mut findings = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(root()).expect("under root").to_string_lossy().into_owned();
+        if rel == "testbed/src/cri/api.rs" || rel.starts_with("testbed/proto/") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(f) else { continue };
+        for (i, line) in text.lines().enumerate() {
+            let spec = line
+                .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                .any(|w| w == CONTRACT);
+            let notes = line.contains(OUTSIDE) && (line.contains("NOTES") || line.contains(CONTRACT));
+            if spec || notes || line.contains(concat!("../", "shared")) {
+                findings.push(format!("{rel}:{}: cites something outside the repository: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    verdict("outside contracts", format!("{} files read", files.len()), findings);
+}
+
+/// The outside contract's name, spelt so that this file does not name it.
+const CONTRACT: &str = concat!("SP", "EC");
+/// The folder beside the repository those notes live in, spelt likewise.
+const OUTSIDE: &str = concat!("sha", "red/");
+
+fn all_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            all_files(&p, out);
+        } else {
             out.push(p);
         }
     }

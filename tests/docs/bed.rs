@@ -16,7 +16,7 @@
 
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 /// The fake host a block runs on: its config, state, and the processes that stand for
@@ -78,6 +78,9 @@ impl Bed {
             .map_err(|e| e.to_string())?;
         let mut cfg = paths.config(&state);
         cfg["oci_runtime"] = json!(runtime);
+        // No nvidia-smi until a block's `nvidia-smi` verb puts the stand-in there (whatever
+        // this machine has in /usr/bin).
+        cfg["nvidia_smi"] = json!(paths.root.join("bin/nvidia-smi"));
         let config = dir.path().join("config.json");
         std::fs::write(&config, cfg.to_string()).map_err(|e| e.to_string())?;
         Ok(Bed {
@@ -318,9 +321,6 @@ impl Bed {
         Ok(Vec::new())
     }
 
-    pub fn root(&self) -> &Path {
-        self.dir.path()
-    }
 }
 
 fn domain_xml(name: &str, uuid: &str, meta: &str) -> String {

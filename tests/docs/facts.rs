@@ -270,6 +270,36 @@ fn normalize(p: &Path) -> String {
     v.join("/")
 }
 
+// ---- metrics ----
+
+/// The metric families `gpuhook metrics` writes: the names in `src/openstack/metrics.rs`
+/// (its code, not its tests).
+pub fn metric_families(root: &Path) -> BTreeSet<String> {
+    let src = std::fs::read_to_string(root.join("src/openstack/metrics.rs")).expect("metrics.rs");
+    let code = src.split("#[cfg(test)]").next().unwrap_or(&src);
+    // Each string literal that is a name alone: `"gpuhook_gpu_info"`.
+    code.match_indices("\"gpuhook_")
+        .filter_map(|(i, _)| {
+            let rest = &code[i + 1..];
+            let end = rest.find(|c: char| !(c.is_ascii_lowercase() || c == '_'))?;
+            rest[end..].starts_with('"').then(|| rest[..end].to_owned())
+        })
+        .collect()
+}
+
+/// The `gpuhook_…` metric names a text names, with their lines.
+pub fn metric_names(text: &str) -> Vec<(usize, String)> {
+    let mut v = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        for w in line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if w.starts_with("gpuhook_") && w.len() > "gpuhook_".len() {
+                v.push((n + 1, w.to_owned()));
+            }
+        }
+    }
+    v
+}
+
 // ---- the request's annotation keys ----
 
 /// The request's keys, as `gpuhook.io/KEY` annotations.

@@ -57,9 +57,6 @@ impl DocTest {
                 .and_then(|r| r.strip_prefix('='))
         })
     }
-    pub fn has(&self, word: &str) -> bool {
-        self.words.iter().any(|w| w == word)
-    }
 }
 
 /// A code span (`` `…` `` outside fenced blocks), line breaks inside it made spaces.

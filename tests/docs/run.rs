@@ -16,8 +16,24 @@
 use super::bed::Bed;
 use super::markdown::{Block, DocTest};
 
-/// What one block's run found wrong: each a line `doc:line: difference`.
-pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<usize, Vec<String>> {
+/// What a run did.
+#[derive(Default)]
+pub struct Count {
+    pub setup: usize,
+    pub commands: usize,
+    pub lines: usize,
+}
+
+impl Count {
+    pub fn add(&mut self, o: &Count) {
+        self.setup += o.setup;
+        self.commands += o.commands;
+        self.lines += o.lines;
+    }
+}
+
+/// Runs one block: what it did, or what it found wrong (each a line `doc:line: difference`).
+pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<Count, Vec<String>> {
     let at = |line: usize, what: String| format!("{doc}:{line}: {what}");
     let profile = t.get("fakehost").expect("a run");
     let mut bed = Bed::new(profile, t.words.iter().any(|w| w == "verbose")).map_err(|e| vec![at(t.line, e)])?;
@@ -39,8 +55,13 @@ pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<usize, Vec<String>> {
         printed.extend(out);
     }
     let transcript = b.lines.iter().any(|l| l.starts_with("$ "));
+    let mut count = Count {
+        setup: t.setup.len(),
+        ..Count::default()
+    };
     if !transcript {
-        return quoted(&b.lines, &printed, &any).map_err(|(i, e)| vec![at(b.line_of(i), e)]).map(|_| 1);
+        count.lines = compared(&b.lines);
+        return quoted(&b.lines, &printed, &any).map_err(|(i, e)| vec![at(b.line_of(i), e)]).map(|_| count);
     }
     let mut errs = Vec::new();
     let mut i = 0;
@@ -55,6 +76,8 @@ pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<usize, Vec<String>> {
             end += 1;
         }
         let expected = &b.lines[start..end];
+        count.commands += 1;
+        count.lines += expected.iter().filter(|l| l.trim() != "…").count();
         let r = match standins.iter().find(|(c, _)| c == cmd) {
             Some((_, verbs)) => standin(&mut bed, verbs, expected, &any).map_err(|e| (start, e)),
             None if runnable(cmd) => match bed.shell(cmd, "") {
@@ -68,9 +91,8 @@ pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<usize, Vec<String>> {
         }
         i = end;
     }
-    let _ = bed.root();
     if errs.is_empty() {
-        Ok(b.lines.iter().filter(|l| l.starts_with("$ ")).count())
+        Ok(count)
     } else {
         Err(errs)
     }
@@ -89,6 +111,16 @@ fn standin(bed: &mut Bed, verbs: &[(usize, String)], expected: &[String], any: &
         return Err("quotes no line of gpuhook's (`gpuhook: …`): nothing to compare".into());
     }
     quoted(&exp, &out, any).map_err(|(_, e)| e)
+}
+
+/// How many lines of a quoted block are compared.
+fn compared(block: &[String]) -> usize {
+    let gpuhook = block.iter().filter(|l| l.contains("gpuhook: ")).count();
+    if gpuhook > 0 {
+        gpuhook
+    } else {
+        block.iter().filter(|l| !l.trim().is_empty() && l.trim() != "…").count()
+    }
 }
 
 /// A command the harness runs as written: gpuhook's own programs.
