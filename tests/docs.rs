@@ -40,13 +40,21 @@ fn command_lines_name_real_flags() {
             if std::env::var_os("DOCS_SHOW").is_some() {
                 eprintln!("{}:{}: {}", doc.path, l.line, l.words.join(" "));
             }
-            flags += l.words.iter().filter(|w| w.starts_with('-') && w.len() > 1).count();
+            flags += l
+                .words
+                .iter()
+                .filter(|w| w.starts_with('-') && w.len() > 1)
+                .count();
             for e in commands::check(&l) {
                 findings.push(format!("{}:{}: {e}", doc.path, l.line));
             }
         }
     }
-    verdict("command lines", format!("{n} lines, {flags} flags checked"), findings);
+    verdict(
+        "command lines",
+        format!("{n} lines, {flags} flags checked"),
+        findings,
+    );
 }
 
 /// A synopsis block (`<!-- doc-test synopsis=PROGRAM -->`) names every subcommand and flag.
@@ -73,7 +81,10 @@ fn synopses_are_complete() {
                 prose: Vec::new(),
             };
             for gap in commands::synopsis_gaps(p, &commands::lines(&one)) {
-                findings.push(format!("{}:{}: the synopsis of {p} lacks {gap}", doc.path, b.line));
+                findings.push(format!(
+                    "{}:{}: the synopsis of {p} lacks {gap}",
+                    doc.path, b.line
+                ));
             }
         }
     }
@@ -89,16 +100,30 @@ fn tested_blocks_print_what_they_quote() {
     let runs: Vec<(&str, &markdown::Block, &markdown::DocTest)> = docs
         .iter()
         .flat_map(|d| d.blocks.iter().map(move |b| (d.path.as_str(), b)))
-        .filter_map(|(p, b)| b.test.as_ref().filter(|t| t.get("fakehost").is_some()).map(|t| (p, b, t)))
+        .filter_map(|(p, b)| {
+            b.test
+                .as_ref()
+                .filter(|t| t.get("fakehost").is_some())
+                .map(|t| (p, b, t))
+        })
         .collect();
     // Each block on a fake host of its own: four at a time.
     let results: Vec<Result<run::Count, Vec<String>>> = std::thread::scope(|s| {
         let chunks: Vec<_> = runs.chunks(runs.len().div_ceil(4).max(1)).collect();
         let handles: Vec<_> = chunks
             .into_iter()
-            .map(|c| s.spawn(move || c.iter().map(|(p, b, t)| run::run(p, b, t)).collect::<Vec<_>>()))
+            .map(|c| {
+                s.spawn(move || {
+                    c.iter()
+                        .map(|(p, b, t)| run::run(p, b, t))
+                        .collect::<Vec<_>>()
+                })
+            })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("a run panicked")).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a run panicked"))
+            .collect()
     });
     let (mut total, mut findings) = (run::Count::default(), Vec::new());
     for r in results {
@@ -130,10 +155,16 @@ fn config_keys_are_real() {
     let mut reference = String::new();
     for doc in markdown::all_docs(root()) {
         for b in &doc.blocks {
-            if b.test.as_ref().is_some_and(|t| t.words.iter().any(|w| w == "config")) {
+            if b.test
+                .as_ref()
+                .is_some_and(|t| t.words.iter().any(|w| w == "config"))
+            {
                 blocks += 1;
                 if let Err(e) = facts::load(&b.lines.join("\n")) {
-                    findings.push(format!("{}:{}: the config loader refuses this block: {e}", doc.path, b.line));
+                    findings.push(format!(
+                        "{}:{}: the config loader refuses this block: {e}",
+                        doc.path, b.line
+                    ));
                 }
                 if doc.path.ends_with("guides/configuration.md") {
                     reference.push_str(&b.lines.join("\n"));
@@ -155,18 +186,27 @@ fn config_keys_are_real() {
             }
         }
     }
-    let prose = std::fs::read_to_string(root().join("docs/guides/configuration.md")).expect("configuration.md");
+    let prose = std::fs::read_to_string(root().join("docs/guides/configuration.md"))
+        .expect("configuration.md");
     for k in &keys {
         if !reference.contains(&format!("\"{k}\"")) {
             findings.push(format!("docs/guides/configuration.md: its config block has no key \"{k}\" (a key the loader takes)"));
         }
-        if !prose.lines().any(|l| l.starts_with("- ") && l.contains(&format!("`{k}`"))) {
-            findings.push(format!("docs/guides/configuration.md: no item of its key list says what `{k}` is"));
+        if !prose
+            .lines()
+            .any(|l| l.starts_with("- ") && l.contains(&format!("`{k}`")))
+        {
+            findings.push(format!(
+                "docs/guides/configuration.md: no item of its key list says what `{k}` is"
+            ));
         }
     }
     verdict(
         "config keys",
-        format!("{blocks} config blocks loaded, {named} key mentions checked, {} keys in the reference", keys.len()),
+        format!(
+            "{blocks} config blocks loaded, {named} key mentions checked, {} keys in the reference",
+            keys.len()
+        ),
         findings,
     );
 }
@@ -188,14 +228,24 @@ fn package_files_are_installed() {
         for (line, name) in facts::named_units_and_pages(&doc) {
             paths += 1;
             if !inst.has_name(&name) {
-                findings.push(format!("{}:{line}: {name}: no package installs it", doc.path));
+                findings.push(format!(
+                    "{}:{line}: {name}: no package installs it",
+                    doc.path
+                ));
             }
         }
-        for b in doc.blocks.iter().filter(|b| b.test.as_ref().is_some_and(|t| t.words.iter().any(|w| w == "files"))) {
+        for b in doc.blocks.iter().filter(|b| {
+            b.test
+                .as_ref()
+                .is_some_and(|t| t.words.iter().any(|w| w == "files"))
+        }) {
             for (i, ps, pkgs) in facts::files_table(&b.lines) {
                 rows += 1;
                 for p in ps {
-                    let (d, r) = (inst.in_deb(&p) || inst.by_script(&p), inst.in_rpm(&p) || inst.by_script(&p));
+                    let (d, r) = (
+                        inst.in_deb(&p) || inst.by_script(&p),
+                        inst.in_rpm(&p) || inst.by_script(&p),
+                    );
                     let said = (pkgs.contains(".deb"), pkgs.contains(".rpm"));
                     if (d, r) != said {
                         findings.push(format!(
@@ -217,7 +267,11 @@ fn package_files_are_installed() {
             findings.push(format!("docs/guides/operations.md: the files table does not name {a}, which a package installs"));
         }
     }
-    verdict("package files", format!("{paths} paths and names checked, {rows} rows of the files table"), findings);
+    verdict(
+        "package files",
+        format!("{paths} paths and names checked, {rows} rows of the files table"),
+        findings,
+    );
 }
 
 fn shown((deb, rpm): (bool, bool)) -> &'static str {
@@ -245,6 +299,10 @@ fn links_resolve() {
     verdict("links", format!("{n} relative links"), findings);
 }
 
+/// Names under `gpuhook.io/` that are not the request's annotation keys (a door that names
+/// its own, such as a device plugin's resources, adds them here).
+const OTHER_NAMES: &[&str] = &[];
+
 /// Every `gpuhook.io/…` annotation the docs and engine snippets name is a request key; the
 /// CRI-O snippet allows every key, and the OCI guide and gpuhook-runtime(1) name each.
 #[test]
@@ -253,34 +311,69 @@ fn annotation_keys_are_real() {
     let (mut n, mut findings) = (0, Vec::new());
     let mut texts: Vec<(String, String)> = markdown::all_docs(root())
         .iter()
-        .map(|d| (d.path.clone(), std::fs::read_to_string(root().join(&d.path)).expect("doc")))
+        .map(|d| {
+            (
+                d.path.clone(),
+                std::fs::read_to_string(root().join(&d.path)).expect("doc"),
+            )
+        })
         .collect();
-    for e in std::fs::read_dir(root().join("hooks")).expect("hooks/").flatten() {
+    for e in std::fs::read_dir(root().join("hooks"))
+        .expect("hooks/")
+        .flatten()
+    {
         let p = e.path();
-        let rel = p.strip_prefix(root()).expect("under root").to_string_lossy().into_owned();
+        let rel = p
+            .strip_prefix(root())
+            .expect("under root")
+            .to_string_lossy()
+            .into_owned();
         texts.push((rel, std::fs::read_to_string(&p).expect("snippet")));
     }
     for (path, text) in &texts {
         for (line, a) in facts::annotations(text) {
             n += 1;
             let placeholder = a["gpuhook.io/".len()..].chars().all(|c| !c.is_lowercase());
-            let known = keys.contains(&a) || placeholder || a.ends_with('*') || a.ends_with('…');
+            let known = keys.contains(&a)
+                || OTHER_NAMES.contains(&a.as_str())
+                || placeholder
+                || a.ends_with('*')
+                || a.ends_with('…');
             if !known {
-                findings.push(format!("{path}:{line}: {a} is not a request key ({})", gpuhook::request::oci::KEYS));
+                findings.push(format!(
+                    "{path}:{line}: {a} is not a request key ({})",
+                    gpuhook::request::oci::KEYS
+                ));
             }
         }
     }
-    let crio = std::fs::read_to_string(root().join("hooks/crio-gpuhook.conf")).expect("crio snippet");
-    let man = gpuhook::doors::cli::runtime_command().get_long_about().map(|s| s.to_string()).unwrap_or_default();
+    let crio =
+        std::fs::read_to_string(root().join("hooks/crio-gpuhook.conf")).expect("crio snippet");
+    let man = gpuhook::doors::cli::runtime_command()
+        .get_long_about()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
     let oci = std::fs::read_to_string(root().join("docs/guides/oci.md")).expect("oci.md");
     for k in &keys {
-        for (what, text) in [("hooks/crio-gpuhook.conf's allowed_annotations", &crio), ("gpuhook-runtime(1) (runtime_command's long about)", &man), ("docs/guides/oci.md", &oci)] {
-            if !text.contains(&format!("{k}\"")) && !text.contains(&format!("{k}`")) && !text.contains(&format!("{k},")) && !text.contains(&format!("{k};")) {
+        for (what, text) in [
+            ("hooks/crio-gpuhook.conf's allowed_annotations", &crio),
+            ("gpuhook-runtime(1) (runtime_command's long about)", &man),
+            ("docs/guides/oci.md", &oci),
+        ] {
+            if !text.contains(&format!("{k}\""))
+                && !text.contains(&format!("{k}`"))
+                && !text.contains(&format!("{k},"))
+                && !text.contains(&format!("{k};"))
+            {
                 findings.push(format!("{what}: does not name {k}"));
             }
         }
     }
-    verdict("annotation keys", format!("{n} annotations named, {} keys", keys.len()), findings);
+    verdict(
+        "annotation keys",
+        format!("{n} annotations named, {} keys", keys.len()),
+        findings,
+    );
 }
 
 /// The commands that help texts (every command's and argument's, `gpuhook-runtime(1)`'s) and
@@ -306,7 +399,11 @@ fn help_texts_and_messages_name_real_commands() {
     sources.sort();
     for f in sources {
         let text = std::fs::read_to_string(&f).expect("source");
-        let rel = f.strip_prefix(root()).expect("under root").display().to_string();
+        let rel = f
+            .strip_prefix(root())
+            .expect("under root")
+            .display()
+            .to_string();
         for (i, line) in text.lines().enumerate() {
             for l in commands::quoted(line) {
                 n += 1;
@@ -316,7 +413,11 @@ fn help_texts_and_messages_name_real_commands() {
             }
         }
     }
-    verdict("help texts and messages", format!("{} help texts, {n} quoted command lines", helps.len()), findings);
+    verdict(
+        "help texts and messages",
+        format!("{} help texts, {n} quoted command lines", helps.len()),
+        findings,
+    );
 }
 
 fn rs_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -341,17 +442,27 @@ fn metric_names_are_real() {
         for (line, name) in facts::metric_names(&text) {
             n += 1;
             if !families.contains(&name) {
-                findings.push(format!("{}:{line}: {name} is no metric gpuhook writes (src/openstack/metrics.rs)", doc.path));
+                findings.push(format!(
+                    "{}:{line}: {name} is no metric gpuhook writes (src/openstack/metrics.rs)",
+                    doc.path
+                ));
             }
         }
     }
-    let ops = std::fs::read_to_string(root().join("docs/guides/operations.md")).expect("operations.md");
+    let ops =
+        std::fs::read_to_string(root().join("docs/guides/operations.md")).expect("operations.md");
     for f in &families {
         if !ops.contains(f.as_str()) {
-            findings.push(format!("docs/guides/operations.md: does not name the metric {f}"));
+            findings.push(format!(
+                "docs/guides/operations.md: does not name the metric {f}"
+            ));
         }
     }
-    verdict("metrics", format!("{n} metric names checked, {} families", families.len()), findings);
+    verdict(
+        "metrics",
+        format!("{n} metric names checked, {} families", families.len()),
+        findings,
+    );
 }
 
 /// The repository stands on its own: no code, test or doc cites an outside contract (by its
@@ -361,29 +472,56 @@ fn metric_names_are_real() {
 #[test]
 fn nothing_cites_an_outside_contract() {
     let mut files = Vec::new();
-    for d in ["src", "docs", "tests", "testbed", "scripts", "benches", "xtask", "gpuhook-libvirt", "packaging", "hooks", "systemd"] {
+    for d in [
+        "src",
+        "docs",
+        "tests",
+        "testbed",
+        "scripts",
+        "benches",
+        "xtask",
+        "gpuhook-libvirt",
+        "packaging",
+        "hooks",
+        "systemd",
+    ] {
         all_files(&root().join(d), &mut files);
     }
     files.push(root().join("README.md"));
     files.push(root().join("Makefile"));
     let mut findings = Vec::new();
     for f in &files {
-        let rel = f.strip_prefix(root()).expect("under root").to_string_lossy().into_owned();
+        let rel = f
+            .strip_prefix(root())
+            .expect("under root")
+            .to_string_lossy()
+            .into_owned();
         if rel == "testbed/src/cri/api.rs" || rel.starts_with("testbed/proto/") {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(f) else { continue };
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
         for (i, line) in text.lines().enumerate() {
             let spec = line
                 .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
                 .any(|w| w == CONTRACT);
-            let notes = line.contains(OUTSIDE) && (line.contains("NOTES") || line.contains(CONTRACT));
+            let notes =
+                line.contains(OUTSIDE) && (line.contains("NOTES") || line.contains(CONTRACT));
             if spec || notes || line.contains(concat!("../", "shared")) {
-                findings.push(format!("{rel}:{}: cites something outside the repository: {}", i + 1, line.trim()));
+                findings.push(format!(
+                    "{rel}:{}: cites something outside the repository: {}",
+                    i + 1,
+                    line.trim()
+                ));
             }
         }
     }
-    verdict("outside contracts", format!("{} files read", files.len()), findings);
+    verdict(
+        "outside contracts",
+        format!("{} files read", files.len()),
+        findings,
+    );
 }
 
 /// The outside contract's name, spelt so that this file does not name it.

@@ -64,7 +64,9 @@ impl Bed {
             .prefix("gpuhook-docs-")
             .tempdir_in(testbed::trusted_tmp())
             .map_err(|e| e.to_string())?;
-        let paths = fake.create(&dir.path().join("host")).map_err(|e| e.to_string())?;
+        let paths = fake
+            .create(&dir.path().join("host"))
+            .map_err(|e| e.to_string())?;
         let state = dir.path().join("run/state.json");
         let bin = dir.path().join("bin");
         std::fs::create_dir_all(&bin).map_err(|e| e.to_string())?;
@@ -138,9 +140,14 @@ impl Bed {
             let _ = i.write_all(stdin.as_bytes());
         }
         let mut text = String::new();
-        std::fs::File::from(r).read_to_string(&mut text).map_err(|e| e.to_string())?;
+        std::fs::File::from(r)
+            .read_to_string(&mut text)
+            .map_err(|e| e.to_string())?;
         let status = child.wait().map_err(|e| e.to_string())?;
-        Ok((text.lines().map(str::to_owned).collect(), status.code().unwrap_or(-1)))
+        Ok((
+            text.lines().map(str::to_owned).collect(),
+            status.code().unwrap_or(-1),
+        ))
     }
 
     /// Runs one set-up verb; its output lines.
@@ -176,7 +183,13 @@ impl Bed {
             match a.split_once('=') {
                 Some(("uuid", v)) => uuid = v.to_owned(),
                 Some(("device", v)) => {
-                    let key = if v.contains(':') { "pci" } else if v.starts_with("GPU-") { "uuid" } else { "index" };
+                    let key = if v.contains(':') {
+                        "pci"
+                    } else if v.starts_with("GPU-") {
+                        "uuid"
+                    } else {
+                        "index"
+                    };
                     children.push_str(&format!("<gpu:device {key}=\"{v}\"/>"));
                 }
                 Some((k, v)) => attrs.push_str(&format!(" {k}=\"{v}\"")),
@@ -184,7 +197,8 @@ impl Bed {
                 None => return Err(format!("domain {name}: what is {a}?")),
             }
         }
-        let meta = format!("<gpu:gpus xmlns:gpu=\"urn:gpuhook:gpu:1\"{attrs}>{children}</gpu:gpus>");
+        let meta =
+            format!("<gpu:gpus xmlns:gpu=\"urn:gpuhook:gpu:1\"{attrs}>{children}</gpu:gpus>");
         let xml = domain_xml(name, &uuid, &meta);
         self.domains.push((name.to_string(), xml.clone()));
         let out = self.hook(name, "prepare", &xml)?;
@@ -201,11 +215,15 @@ impl Bed {
         let mut uuid = uuid_of(name);
         let mut specs = String::new();
         for a in rest {
-            let (k, v) = a.split_once('=').ok_or(format!("nova {name}: {a} is not KEY=VALUE"))?;
+            let (k, v) = a
+                .split_once('=')
+                .ok_or(format!("nova {name}: {a} is not KEY=VALUE"))?;
             if k == "uuid" {
                 uuid = v.to_owned();
             } else {
-                specs.push_str(&format!("<nova:extraSpec name=\"{k}\">{v}</nova:extraSpec>"));
+                specs.push_str(&format!(
+                    "<nova:extraSpec name=\"{k}\">{v}</nova:extraSpec>"
+                ));
             }
         }
         let meta = format!(
@@ -249,7 +267,8 @@ impl Bed {
             "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}]},
             "annotations": annotations,
         });
-        std::fs::write(bundle.join("config.json"), config.to_string()).map_err(|e| e.to_string())?;
+        std::fs::write(bundle.join("config.json"), config.to_string())
+            .map_err(|e| e.to_string())?;
         let b = bundle.to_string_lossy().into_owned();
         let out = self.direct("gpuhook-runtime", &["create", "--bundle", &b, id], "")?;
         if running {
@@ -261,21 +280,32 @@ impl Bed {
     /// The holder `key` names (a domain's UUID, a container's ID) runs: its init is a process
     /// of the harness's, as the hook's `started` or the runtime's `createRuntime` records one.
     fn run_init(&mut self, key: &str) -> Result<(), String> {
-        let child = Command::new("sleep").arg("600").spawn().map_err(|e| e.to_string())?;
+        let child = Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .map_err(|e| e.to_string())?;
         let p = gpuhook::host::procfs::ProcRef::of(child.id() as i32).ok_or("sleep is gone")?;
         self.inits.push(child);
-        let mut st: Value = serde_json::from_slice(&std::fs::read(&self.state).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-        let rs = st["reservations"].as_object_mut().ok_or("no reservations")?;
+        let mut st: Value =
+            serde_json::from_slice(&std::fs::read(&self.state).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+        let rs = st["reservations"]
+            .as_object_mut()
+            .ok_or("no reservations")?;
         let r = [key.to_owned(), format!("oci:{key}")]
             .iter()
             .find_map(|k| rs.get(k).map(|_| k.clone()))
             .and_then(|k| rs.get_mut(&k))
-            .ok_or(format!("no reservation of {key}: its set-up reserved nothing"))?;
+            .ok_or(format!(
+                "no reservation of {key}: its set-up reserved nothing"
+            ))?;
         r["phase"] = json!("running");
         r["init"] = json!({"pid": p.pid, "start_time": p.start_time});
-        std::fs::write(&self.state, serde_json::to_vec(&st).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())
+        std::fs::write(
+            &self.state,
+            serde_json::to_vec(&st).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| e.to_string())
     }
 
     fn kmsg(&mut self, text: &str) -> Result<Vec<String>, String> {
@@ -291,10 +321,13 @@ impl Bed {
     }
 
     fn config(&mut self, args: &[&str]) -> Result<Vec<String>, String> {
-        let mut cfg: Value = serde_json::from_slice(&std::fs::read(&self.config).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
+        let mut cfg: Value =
+            serde_json::from_slice(&std::fs::read(&self.config).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
         for a in args {
-            let (k, v) = a.split_once('=').ok_or(format!("config: {a} is not KEY=JSON"))?;
+            let (k, v) = a
+                .split_once('=')
+                .ok_or(format!("config: {a} is not KEY=JSON"))?;
             cfg[k] = serde_json::from_str(v).map_err(|e| format!("config {k}: {e}"))?;
         }
         std::fs::write(&self.config, cfg.to_string()).map_err(|e| e.to_string())?;
@@ -320,7 +353,6 @@ impl Bed {
         testbed::health::standin_mode(&self.paths, args.first().copied().unwrap_or("ok"));
         Ok(Vec::new())
     }
-
 }
 
 fn domain_xml(name: &str, uuid: &str, meta: &str) -> String {

@@ -55,7 +55,11 @@ pub fn lines(doc: &Doc) -> Vec<Line> {
                     && (t.starts_with('[') || t.starts_with('(') || t.starts_with('-')));
             if continued {
                 let (_, c) = cur.as_mut().expect("cur");
-                *c = format!("{} {}", c.trim_end_matches('\\').trim_end(), cut(t, synopsis));
+                *c = format!(
+                    "{} {}",
+                    c.trim_end_matches('\\').trim_end(),
+                    cut(t, synopsis)
+                );
                 continue;
             }
             raw.extend(cur.take());
@@ -66,7 +70,12 @@ pub fn lines(doc: &Doc) -> Vec<Line> {
     }
     // Spans, but a manual page's name (`gpuhook(1)`).
     let man = |t: &str| t.ends_with(')') && t.contains('(') && !t.contains(' ');
-    raw.extend(doc.spans.iter().filter(|s| !man(&s.text)).map(|s| (s.line, s.text.clone())));
+    raw.extend(
+        doc.spans
+            .iter()
+            .filter(|s| !man(&s.text))
+            .map(|s| (s.line, s.text.clone())),
+    );
     let mut v = Vec::new();
     for (n, text) in raw {
         for seg in segments(&text) {
@@ -77,9 +86,9 @@ pub fn lines(doc: &Doc) -> Vec<Line> {
             {
                 w.remove(0);
             }
-            if w.first().is_some_and(|x| {
-                program(x).is_some() || name(x) == Some("gpuhook-testbed")
-            }) {
+            if w.first()
+                .is_some_and(|x| program(x).is_some() || name(x) == Some("gpuhook-testbed"))
+            {
                 v.push(Line { line: n, words: w });
             }
         }
@@ -130,7 +139,10 @@ fn segments(s: &str) -> Vec<String> {
         v.last_mut().expect("segment").push(c);
         i += 1;
     }
-    v.into_iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect()
+    v.into_iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 /// A command's words: quotes taken off, brackets and parentheses of a synopsis dropped,
@@ -147,7 +159,11 @@ fn tokens(s: &str) -> Vec<String> {
         } else {
             vec![w.as_str()]
         };
-        v.extend(alts.into_iter().filter(|a| !a.is_empty()).map(str::to_owned));
+        v.extend(
+            alts.into_iter()
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned),
+        );
     }
     v
 }
@@ -175,9 +191,15 @@ pub fn quoted(text: &str) -> Vec<Line> {
 /// argument's help.
 pub fn help_texts(cmd: &clap::Command, out: &mut Vec<(String, String)>) {
     let name = cmd.get_name().to_owned();
-    for t in [cmd.get_about(), cmd.get_long_about(), cmd.get_after_help(), cmd.get_after_long_help(), cmd.get_before_help()]
-        .into_iter()
-        .flatten()
+    for t in [
+        cmd.get_about(),
+        cmd.get_long_about(),
+        cmd.get_after_help(),
+        cmd.get_after_long_help(),
+        cmd.get_before_help(),
+    ]
+    .into_iter()
+    .flatten()
     {
         out.push((name.clone(), t.to_string()));
     }
@@ -216,11 +238,8 @@ pub fn check(l: &Line) -> Vec<String> {
                 continue;
             };
             if arg.get_action().takes_values() {
-                let value = inline.or_else(|| {
-                    words
-                        .next_if(|n| !n.starts_with('-') || *n == "-")
-                        .cloned()
-                });
+                let value =
+                    inline.or_else(|| words.next_if(|n| !n.starts_with('-') || *n == "-").cloned());
                 if let Some(v) = value {
                     errs.extend(bad_value(&path, flag, arg, &v));
                 }
@@ -233,9 +252,16 @@ pub fn check(l: &Line) -> Vec<String> {
             }
             if w.contains('/') {
                 // `gpuhook list/check/release`: several subcommands named at once.
-                let bad: Vec<&str> = w.split('/').filter(|p| cmd.find_subcommand(p).is_none()).collect();
+                let bad: Vec<&str> = w
+                    .split('/')
+                    .filter(|p| cmd.find_subcommand(p).is_none())
+                    .collect();
                 if !bad.is_empty() {
-                    errs.push(format!("`{}` has no subcommand {}", shown(&path), bad.join(", ")));
+                    errs.push(format!(
+                        "`{}` has no subcommand {}",
+                        shown(&path),
+                        bad.join(", ")
+                    ));
                 }
                 break;
             }
@@ -260,7 +286,10 @@ fn foreign_rest(cmd: &clap::Command) -> bool {
 }
 
 fn shown(path: &[&clap::Command]) -> String {
-    path.iter().map(|c| c.get_name()).collect::<Vec<_>>().join(" ")
+    path.iter()
+        .map(|c| c.get_name())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The argument `flag` names on this command, or a global one of a command above it.
@@ -268,8 +297,7 @@ fn find_arg<'a>(path: &[&'a clap::Command], flag: &str) -> Option<&'a clap::Arg>
     let cmd = *path.last()?;
     let matches = |a: &&clap::Arg| match flag.strip_prefix("--") {
         Some(long) => {
-            a.get_long() == Some(long)
-                || a.get_all_aliases().is_some_and(|al| al.contains(&long))
+            a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|al| al.contains(&long))
         }
         None => flag.len() == 2 && a.get_short() == flag.chars().nth(1),
     };
@@ -279,12 +307,20 @@ fn find_arg<'a>(path: &[&'a clap::Command], flag: &str) -> Option<&'a clap::Arg>
     if matches!(flag, "--help" | "-h") || (path.len() == 1 && matches!(flag, "--version" | "-V")) {
         return path[0].get_arguments().find(matches).or(Some(help_arg()));
     }
-    path.iter().rev().skip(1).find_map(|c| c.get_arguments().filter(|a| a.is_global_set()).find(matches))
+    path.iter().rev().skip(1).find_map(|c| {
+        c.get_arguments()
+            .filter(|a| a.is_global_set())
+            .find(matches)
+    })
 }
 
 fn help_arg() -> &'static clap::Arg {
     static HELP: std::sync::OnceLock<clap::Arg> = std::sync::OnceLock::new();
-    HELP.get_or_init(|| clap::Arg::new("help").long("help").action(clap::ArgAction::Help))
+    HELP.get_or_init(|| {
+        clap::Arg::new("help")
+            .long("help")
+            .action(clap::ArgAction::Help)
+    })
 }
 
 /// A literal value the flag does not take (`--driver hots`); placeholders and lists of
@@ -301,7 +337,13 @@ fn bad_value(path: &[&clap::Command], flag: &str, arg: &clap::Arg, value: &str) 
     value
         .split('|')
         .filter(|v| !v.is_empty() && !placeholder(v) && !known.iter().any(|k| k == v))
-        .map(|v| format!("`{} {flag}` takes no value {v} (only {})", shown(path), known.join(", ")))
+        .map(|v| {
+            format!(
+                "`{} {flag}` takes no value {v} (only {})",
+                shown(path),
+                known.join(", ")
+            )
+        })
         .collect()
 }
 
@@ -324,7 +366,10 @@ pub fn synopsis_gaps(program_name: &str, lines: &[Line]) -> Vec<String> {
     let root = program(program_name).expect("a program");
     let mut named: BTreeSet<(String, String)> = BTreeSet::new();
     let mut anywhere: BTreeSet<String> = BTreeSet::new();
-    for l in lines.iter().filter(|l| name(&l.words[0]) == Some(program_name)) {
+    for l in lines
+        .iter()
+        .filter(|l| name(&l.words[0]) == Some(program_name))
+    {
         let (mut cmd, mut path) = (&root, String::new());
         for w in &l.words[1..] {
             if w.starts_with('-') {
@@ -346,11 +391,18 @@ pub fn synopsis_gaps(program_name: &str, lines: &[Line]) -> Vec<String> {
             gaps.push(format!("`{program_name} {path}`"));
             continue;
         }
-        for a in cmd.get_arguments().filter(|a| !a.is_hide_set() && !a.is_positional()) {
+        for a in cmd
+            .get_arguments()
+            .filter(|a| !a.is_hide_set() && !a.is_positional())
+        {
             let Some(long) = a.get_long() else { continue };
             let flag = format!("--{long}");
             if a.is_global_set() || ["--help", "--version"].contains(&flag.as_str()) {
-                if !anywhere.contains(&flag) && !a.get_short().is_some_and(|s| anywhere.contains(&format!("-{s}"))) {
+                if !anywhere.contains(&flag)
+                    && !a
+                        .get_short()
+                        .is_some_and(|s| anywhere.contains(&format!("-{s}")))
+                {
                     gaps.push(format!("`{program_name} {flag}`"));
                 }
             } else if !named.contains(&(path.clone(), flag.clone())) {
@@ -368,7 +420,10 @@ fn leaves_of<'a>(cmd: &'a clap::Command, path: String, out: &mut Vec<(String, &'
     if path.is_empty() {
         out.push((String::new(), cmd));
     }
-    for s in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+    for s in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
         let p = format!("{path} {}", s.get_name()).trim().to_owned();
         if s.has_subcommands() {
             leaves_of(s, p, out);
@@ -385,7 +440,10 @@ fn reads_and_checks_command_lines() {
         "```\ngpuhook attach NAME [--count N] [--mig|--share]\n               [--driver none|cdi|host]\n                               more\n```\n```sh\n$ sudo gpuhook -c F list --jsn   # x\nvirsh dumpxml a | gpuhook check -\n```\nand `gpuhook health reset PCI`, `gpuhook-libvirt request d --driver hots`, `gpuhook bogus`.\n",
     );
     let ls = lines(&d);
-    let shown: Vec<String> = ls.iter().map(|l| format!("{}:{}", l.line, l.words.join(" "))).collect();
+    let shown: Vec<String> = ls
+        .iter()
+        .map(|l| format!("{}:{}", l.line, l.words.join(" ")))
+        .collect();
     assert_eq!(
         shown,
         [
@@ -401,6 +459,9 @@ fn reads_and_checks_command_lines() {
     assert!(errs[0].is_empty(), "{:?}", errs[0]);
     assert_eq!(errs[1], ["`gpuhook list` has no flag --jsn"]);
     assert!(errs[2].is_empty() && errs[3].is_empty());
-    assert_eq!(errs[4], ["`gpuhook-libvirt request --driver` takes no value hots (only none, cdi, host)"]);
+    assert_eq!(
+        errs[4],
+        ["`gpuhook-libvirt request --driver` takes no value hots (only none, cdi, host)"]
+    );
     assert_eq!(errs[5], ["`gpuhook` has no subcommand bogus"]);
 }

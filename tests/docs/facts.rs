@@ -14,7 +14,10 @@ pub fn config_keys() -> Vec<String> {
     let e = gpuhook::host::config::Config::parse(r#"{"no such key": 0}"#, Path::new("x"))
         .expect_err("an unknown key is refused")
         .to_string();
-    let list = e.split("expected one of ").nth(1).expect("the loader lists its keys");
+    let list = e
+        .split("expected one of ")
+        .nth(1)
+        .expect("the loader lists its keys");
     list.split(", ")
         .map(|k| k.split('`').nth(1).expect("a key in backticks").to_owned())
         .collect()
@@ -23,7 +26,11 @@ pub fn config_keys() -> Vec<String> {
 /// A config (or a fragment of one: `"key": value, …`) as the loader reads it.
 pub fn load(text: &str) -> Result<(), String> {
     let t = text.trim();
-    let t = if t.starts_with('{') { t.to_owned() } else { format!("{{{t}}}") };
+    let t = if t.starts_with('{') {
+        t.to_owned()
+    } else {
+        format!("{{{t}}}")
+    };
     gpuhook::host::config::Config::parse(&t, Path::new("the doc's config"))
         .map(|_| ())
         .map_err(|e| e.to_string())
@@ -38,7 +45,11 @@ pub fn config_mentions(doc: &Doc) -> Vec<(usize, String, Option<String>)> {
         let said = ["config", "config's", "config key", "config keys", "(config"]
             .iter()
             .any(|w| b.ends_with(w));
-        let key = s.text.strip_prefix('"').and_then(|t| t.split_once("\": ")).map(|(k, _)| k);
+        let key = s
+            .text
+            .strip_prefix('"')
+            .and_then(|t| t.split_once("\": "))
+            .map(|(k, _)| k);
         let key = key.filter(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
         // A JSON member (`"auto_reset": true`); a sketch of a schema (`{"mode", …}`) is not one.
         let json = serde_json::from_str::<serde_json::Value>(&format!("{{{}}}", s.text)).is_ok();
@@ -65,7 +76,11 @@ pub struct Installed {
 }
 
 fn quoted_strings(line: &str) -> Vec<String> {
-    line.split('"').skip(1).step_by(2).map(str::to_owned).collect()
+    line.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The assets of `Cargo.toml`'s `[package.metadata.deb]` and `[package.metadata.generate-rpm]`.
@@ -87,16 +102,28 @@ pub fn installed(root: &Path) -> Installed {
             let q = quoted_strings(t);
             let (src, dest) = (&q[0], &q[1]);
             let file = src.rsplit('/').next().unwrap_or(src);
-            let path = if dest.ends_with('/') { format!("/{dest}{file}") } else { format!("/{dest}") };
+            let path = if dest.ends_with('/') {
+                format!("/{dest}{file}")
+            } else {
+                format!("/{dest}")
+            };
             deb.push(path);
         }
         if section == "rpm" && t.starts_with("{ source") {
-            let dest = t.split("dest = \"").nth(1).and_then(|d| d.split('"').next()).expect("dest");
+            let dest = t
+                .split("dest = \"")
+                .nth(1)
+                .and_then(|d| d.split('"').next())
+                .expect("dest");
             rpm.push(dest.to_owned());
         }
     }
     let mut scripts = Vec::new();
-    for f in ["packaging/hook-install.sh", "packaging/debian/postinst", "packaging/rpm/post.sh"] {
+    for f in [
+        "packaging/hook-install.sh",
+        "packaging/debian/postinst",
+        "packaging/rpm/post.sh",
+    ] {
         let text = std::fs::read_to_string(root.join(f)).expect("maintainer script");
         for w in text.split(|c: char| c.is_whitespace() || "\"'=;()".contains(c)) {
             if w.starts_with("/etc/libvirt/hooks/") || w.starts_with("/usr/bin/gpuhook") {
@@ -111,7 +138,12 @@ pub fn installed(root: &Path) -> Installed {
 /// `.deb`'s) and `/usr/lib/systemd/system/X` (the `.rpm`'s) are one file to the docs, and an
 /// asset's glob (`docs/*.md`) covers each name it matches (a glob in the docs only itself).
 fn same_file(asset: &str, path: &str) -> bool {
-    let n = |p: &str| p.strip_prefix("/usr").filter(|r| r.starts_with("/lib/systemd/")).map(str::to_owned).unwrap_or_else(|| p.to_owned());
+    let n = |p: &str| {
+        p.strip_prefix("/usr")
+            .filter(|r| r.starts_with("/lib/systemd/"))
+            .map(str::to_owned)
+            .unwrap_or_else(|| p.to_owned())
+    };
     let (a, p) = (n(asset), n(path));
     a == p || (!p.contains('*') && glob(&a, &p))
 }
@@ -149,11 +181,22 @@ impl Installed {
     pub fn has(&self, p: &str) -> bool {
         let under = |d: &String| p.ends_with('/') && same_file(&d[..d.len().min(p.len())], p);
         // `under`: a directory the docs name, some asset below it.
-        self.in_deb(p) || self.in_rpm(p) || self.by_script(p) || self.deb.iter().chain(&self.rpm).any(under)
+        self.in_deb(p)
+            || self.in_rpm(p)
+            || self.by_script(p)
+            || self
+                .deb
+                .iter()
+                .chain(&self.rpm)
+                .chain(&self.scripts)
+                .any(under)
     }
     /// A file name (`gpuhook-health.timer`, `gpuhook-runtime.1.gz`) some installed file has.
     pub fn has_name(&self, name: &str) -> bool {
-        self.deb.iter().chain(&self.rpm).any(|d| d.rsplit('/').next() == Some(name))
+        self.deb
+            .iter()
+            .chain(&self.rpm)
+            .any(|d| d.rsplit('/').next() == Some(name))
     }
 }
 
@@ -172,9 +215,15 @@ pub fn install_paths(doc: &Doc) -> Vec<(usize, String)> {
         "/usr/share/fish/",
         "/etc/libvirt/hooks/",
     ];
-    let mut texts: Vec<(usize, String)> = doc.spans.iter().map(|s| (s.line, s.text.clone())).collect();
+    let mut texts: Vec<(usize, String)> =
+        doc.spans.iter().map(|s| (s.line, s.text.clone())).collect();
     for b in &doc.blocks {
-        texts.extend(b.lines.iter().enumerate().map(|(i, l)| (b.line_of(i), l.clone())));
+        texts.extend(
+            b.lines
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (b.line_of(i), l.clone())),
+        );
     }
     let mut v = Vec::new();
     for (n, t) in texts {
@@ -195,7 +244,8 @@ pub fn named_units_and_pages(doc: &Doc) -> Vec<(usize, String)> {
     for (n, line) in &doc.prose {
         for w in line.split(|c: char| !(c.is_ascii_alphanumeric() || "-.()".contains(c))) {
             let w = w.trim_end_matches('.');
-            let unit = w.starts_with("gpuhook-") && (w.ends_with(".service") || w.ends_with(".timer"));
+            let unit =
+                w.starts_with("gpuhook-") && (w.ends_with(".service") || w.ends_with(".timer"));
             if unit {
                 v.push((*n, w.to_owned()));
             }
@@ -221,14 +271,26 @@ pub fn files_table(lines: &[String]) -> Vec<(usize, Vec<String>, BTreeSet<String
             if k % 2 == 0 || span.is_empty() {
                 continue;
             }
-            let p = if span.starts_with('/') { span.to_owned() } else { format!("{dir}{span}") };
+            let p = if span.starts_with('/') {
+                span.to_owned()
+            } else {
+                format!("{dir}{span}")
+            };
             dir = p[..=p.rfind('/').unwrap_or(0)].to_owned();
             paths.push(p);
         }
-        let last = cells.iter().rev().find(|c| !c.trim().is_empty()).copied().unwrap_or("");
+        let last = cells
+            .iter()
+            .rev()
+            .find(|c| !c.trim().is_empty())
+            .copied()
+            .unwrap_or("");
         let pkgs = words(last)
             .into_iter()
-            .map(|w| w.trim_matches(|c: char| !(c.is_alphanumeric() || c == '.')).to_owned())
+            .map(|w| {
+                w.trim_matches(|c: char| !(c.is_alphanumeric() || c == '.'))
+                    .to_owned()
+            })
             .filter(|w| w == ".deb" || w == ".rpm")
             .collect();
         rows.push((i, paths, pkgs));
@@ -245,13 +307,19 @@ pub fn bad_link(root: &Path, doc: &Doc, target: &str, docs: &[Doc]) -> Option<St
         None => (target, None),
     };
     let dir = Path::new(&doc.path).parent().unwrap_or(Path::new(""));
-    let rel = if file.is_empty() { Path::new(&doc.path).to_path_buf() } else { dir.join(file) };
+    let rel = if file.is_empty() {
+        Path::new(&doc.path).to_path_buf()
+    } else {
+        dir.join(file)
+    };
     let norm = normalize(&rel);
     if !root.join(&norm).exists() {
         return Some(format!("link to {target}: {norm} does not exist"));
     }
     let anchor = anchor?;
-    let target_doc = docs.iter().find(|d| Path::new(&d.path) == Path::new(&norm))?;
+    let target_doc = docs
+        .iter()
+        .find(|d| Path::new(&d.path) == Path::new(&norm))?;
     (!target_doc.anchors.iter().any(|a| a == anchor))
         .then(|| format!("link to {target}: {norm} has no heading whose anchor is #{anchor}"))
 }
@@ -304,7 +372,10 @@ pub fn metric_names(text: &str) -> Vec<(usize, String)> {
 
 /// The request's keys, as `gpuhook.io/KEY` annotations.
 pub fn request_keys() -> Vec<String> {
-    gpuhook::request::oci::KEYS.split(", ").map(|k| format!("gpuhook.io/{k}")).collect()
+    gpuhook::request::oci::KEYS
+        .split(", ")
+        .map(|k| format!("gpuhook.io/{k}"))
+        .collect()
 }
 
 /// Every `gpuhook.io/…` a text names, with its line.
@@ -314,7 +385,9 @@ pub fn annotations(text: &str) -> Vec<(usize, String)> {
         let mut rest = line;
         while let Some(p) = rest.find("gpuhook.io/") {
             let after = &rest[p + "gpuhook.io/".len()..];
-            let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '*' || c == '…')).unwrap_or(after.len());
+            let end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '*' || c == '…'))
+                .unwrap_or(after.len());
             v.push((n + 1, format!("gpuhook.io/{}", &after[..end])));
             rest = &after[end..];
         }
@@ -326,15 +399,33 @@ pub fn annotations(text: &str) -> Vec<(usize, String)> {
 fn reads_keys_assets_and_tables() {
     assert!(config_keys().contains(&"reset_on_release".to_string()));
     assert!(load(r#""sharing": {"0000:07:00.0": {"replicas": 3}}"#).is_ok());
-    assert!(load(r#""reset_cmd": "pci""#).unwrap_err().contains("unknown field `reset_cmd`"));
-    assert!(same_file("/lib/systemd/system/gpuhook-health.timer", "/usr/lib/systemd/system/gpuhook-health.timer"));
-    assert!(glob("/usr/share/doc/gpuhook/guides/*.md", "/usr/share/doc/gpuhook/guides/health.md"));
+    assert!(load(r#""reset_cmd": "pci""#)
+        .unwrap_err()
+        .contains("unknown field `reset_cmd`"));
+    assert!(same_file(
+        "/lib/systemd/system/gpuhook-health.timer",
+        "/usr/lib/systemd/system/gpuhook-health.timer"
+    ));
+    assert!(glob(
+        "/usr/share/doc/gpuhook/guides/*.md",
+        "/usr/share/doc/gpuhook/guides/health.md"
+    ));
     let rows = files_table(&[
         "| file | what | in |".into(),
         "|---|---|---|".into(),
-        "| `/usr/share/man/man1/gpuhook.1.gz`, `gpuhook-runtime.1.gz` | man | `.deb`, `.rpm` |".into(),
+        "| `/usr/share/man/man1/gpuhook.1.gz`, `gpuhook-runtime.1.gz` | man | `.deb`, `.rpm` |"
+            .into(),
     ]);
-    assert_eq!(rows[0].1, ["/usr/share/man/man1/gpuhook.1.gz", "/usr/share/man/man1/gpuhook-runtime.1.gz"]);
+    assert_eq!(
+        rows[0].1,
+        [
+            "/usr/share/man/man1/gpuhook.1.gz",
+            "/usr/share/man/man1/gpuhook-runtime.1.gz"
+        ]
+    );
     assert_eq!(rows[0].2.len(), 2);
-    assert_eq!(annotations("a `gpuhook.io/gpus: \"1\"` and gpuhook.io/*"), [(1, "gpuhook.io/gpus".into()), (1, "gpuhook.io/*".into())]);
+    assert_eq!(
+        annotations("a `gpuhook.io/gpus: \"1\"` and gpuhook.io/*"),
+        [(1, "gpuhook.io/gpus".into()), (1, "gpuhook.io/*".into())]
+    );
 }

@@ -52,10 +52,9 @@ impl DocTest {
     }
     /// The values of every `key=value` word.
     pub fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.words.iter().filter_map(move |w| {
-            w.strip_prefix(key)
-                .and_then(|r| r.strip_prefix('='))
-        })
+        self.words
+            .iter()
+            .filter_map(move |w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
     }
 }
 
@@ -75,8 +74,13 @@ pub fn all_docs(root: &Path) -> Vec<Doc> {
     files
         .iter()
         .map(|f| {
-            let text = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-            let rel = f.strip_prefix(root).unwrap_or(f).to_string_lossy().into_owned();
+            let text =
+                std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let rel = f
+                .strip_prefix(root)
+                .unwrap_or(f)
+                .to_string_lossy()
+                .into_owned();
             parse(&rel, &text)
         })
         .collect()
@@ -237,7 +241,8 @@ pub fn anchor(heading: &str) -> String {
 /// The code spans of the prose; one may run over a line break (within a paragraph).
 fn spans(prose: &[(usize, String)]) -> Vec<Span> {
     let mut v = Vec::new();
-    let mut open: Option<(usize, String, String)> = None;
+    // An open span: its line, the run of backticks that closes it, its text, its `before`.
+    let mut open: Option<(usize, usize, String, String)> = None;
     let mut last_line = 0;
     // The paragraph's text outside spans so far: what a span's `before` is cut from.
     let mut para = String::new();
@@ -249,30 +254,48 @@ fn spans(prose: &[(usize, String)]) -> Vec<Span> {
         last_line = *n;
         let mut chars = line.chars().peekable();
         while let Some(c) = chars.next() {
-            match (&mut open, c) {
-                (None, '`') => {
-                    // A run of backticks opens; only single ones are spans here.
-                    let mut run = 1;
-                    while chars.peek() == Some(&'`') {
-                        chars.next();
-                        run += 1;
-                    }
-                    if run == 1 {
-                        let tail: String = para.chars().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
-                        open = Some((*n, String::new(), tail));
-                    }
+            if c != '`' {
+                match &mut open {
+                    Some((_, _, text, _)) => text.push(c),
+                    None => para.push(c),
                 }
-                (None, c) => para.push(c),
-                (Some(_), '`') => {
-                    let (line, text, before) = open.take().expect("open");
+                continue;
+            }
+            let mut run = 1;
+            while chars.peek() == Some(&'`') {
+                chars.next();
+                run += 1;
+            }
+            match open.take() {
+                None => {
+                    let tail: String = para
+                        .chars()
+                        .rev()
+                        .take(40)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    open = Some((*n, run, String::new(), tail));
+                }
+                Some((line, want, text, before)) if want == run => {
+                    // `` `x` `` keeps its inner backticks; one space each side is padding.
+                    let text = if run > 1 {
+                        text.trim().to_owned()
+                    } else {
+                        text
+                    };
                     para.push_str(&text);
                     v.push(Span { line, text, before });
                 }
-                (Some((_, text, _)), c) => text.push(c),
+                Some((line, want, mut text, before)) => {
+                    text.push_str(&"`".repeat(run));
+                    open = Some((line, want, text, before));
+                }
             }
         }
         match &mut open {
-            Some((_, text, _)) => text.push(' '),
+            Some((_, _, text, _)) => text.push(' '),
             None => para.push(' '),
         }
     }
@@ -287,13 +310,23 @@ fn links(prose: &[(usize, String)]) -> Vec<(usize, String)> {
         while let Some(p) = rest.find("](") {
             let after = &rest[p + 2..];
             let end = after.find(')').unwrap_or(after.len());
-            v.push((*n, after[..end].split_whitespace().next().unwrap_or("").to_owned()));
+            v.push((
+                *n,
+                after[..end]
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("")
+                    .to_owned(),
+            ));
             rest = &after[end..];
         }
         let t = line.trim_start();
         if t.starts_with('[') {
             if let Some((_, target)) = t.split_once("]: ") {
-                v.push((*n, target.split_whitespace().next().unwrap_or("").to_owned()));
+                v.push((
+                    *n,
+                    target.split_whitespace().next().unwrap_or("").to_owned(),
+                ));
             }
         }
     }
@@ -308,11 +341,15 @@ fn links(prose: &[(usize, String)]) -> Vec<(usize, String)> {
 fn reads_blocks_spans_anchors_links() {
     let d = parse(
         "x.md",
-        "# A `b` title\n\nSee `gpuhook\nlist` and [c](c.md#x-y).\n\n<!-- doc-test fakehost=blueprint any=\"a b\"\ndomain d count=1\n-->\n```console\n$ gpuhook list\n```\n\n## Two\n## Two\n  ```sh\n  x\n  ```\n",
+        "# A `b` title\n\nSee `gpuhook\nlist` and [c](c.md#x-y), `` config `key` ``.\n\n<!-- doc-test fakehost=blueprint any=\"a b\"\ndomain d count=1\n-->\n```console\n$ gpuhook list\n```\n\n## Two\n## Two\n  ```sh\n  x\n  ```\n",
     );
     assert_eq!(d.anchors, ["a-b-title", "two", "two-1"]);
-    assert_eq!(d.spans.len(), 2);
-    assert_eq!((d.spans[1].line, d.spans[1].text.as_str()), (3, "gpuhook list"));
+    assert_eq!(d.spans.len(), 3);
+    assert_eq!(d.spans[2].text, "config `key`");
+    assert_eq!(
+        (d.spans[1].line, d.spans[1].text.as_str()),
+        (3, "gpuhook list")
+    );
     assert_eq!(d.links, [(4, "c.md#x-y".to_string())]);
     let t = d.blocks[0].test.as_ref().expect("doc-test");
     assert_eq!(t.words, ["fakehost=blueprint", "any=a b"]);

@@ -36,19 +36,28 @@ impl Count {
 pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<Count, Vec<String>> {
     let at = |line: usize, what: String| format!("{doc}:{line}: {what}");
     let profile = t.get("fakehost").expect("a run");
-    let mut bed = Bed::new(profile, t.words.iter().any(|w| w == "verbose")).map_err(|e| vec![at(t.line, e)])?;
+    let mut bed = Bed::new(profile, t.words.iter().any(|w| w == "verbose"))
+        .map_err(|e| vec![at(t.line, e)])?;
     let any: Vec<String> = t.all("any").map(str::to_owned).collect();
     let mut standins: Vec<(String, Vec<(usize, String)>)> = Vec::new();
     let mut printed = Vec::new();
     for (n, l) in &t.setup {
         if let Some(rest) = l.strip_prefix("as ") {
             let w = super::markdown::words(rest);
-            let cmd = w.first().map(|c| c.trim_end_matches(':').to_owned()).unwrap_or_default();
+            let cmd = w
+                .first()
+                .map(|c| c.trim_end_matches(':').to_owned())
+                .unwrap_or_default();
             let verbs = rest.split_once(": ").map(|x| x.1).unwrap_or("");
-            standins.push((cmd, verbs.split(" ; ").map(|v| (*n, v.to_owned())).collect()));
+            standins.push((
+                cmd,
+                verbs.split(" ; ").map(|v| (*n, v.to_owned())).collect(),
+            ));
             continue;
         }
-        let out = bed.verb(l).map_err(|e| vec![at(*n, format!("set-up `{l}`: {e}"))])?;
+        let out = bed
+            .verb(l)
+            .map_err(|e| vec![at(*n, format!("set-up `{l}`: {e}"))])?;
         if std::env::var_os("DOCS_SHOW").is_some() {
             eprintln!("{doc}:{n}: {l}\n  {}", out.join("\n  "));
         }
@@ -61,13 +70,18 @@ pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<Count, Vec<String>> {
     };
     if !transcript {
         count.lines = compared(&b.lines);
-        return quoted(&b.lines, &printed, &any).map_err(|(i, e)| vec![at(b.line_of(i), e)]).map(|_| count);
+        return quoted(&b.lines, &printed, &any)
+            .map_err(|(i, e)| vec![at(b.line_of(i), e)])
+            .map(|_| count);
     }
     let mut errs = Vec::new();
     let mut i = 0;
     while i < b.lines.len() {
         let Some(cmd) = b.lines[i].strip_prefix("$ ") else {
-            errs.push(at(b.line_of(i), "a transcript's first line is not a `$ ` command".into()));
+            errs.push(at(
+                b.line_of(i),
+                "a transcript's first line is not a `$ ` command".into(),
+            ));
             break;
         };
         let start = i + 1;
@@ -81,10 +95,15 @@ pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<Count, Vec<String>> {
         let r = match standins.iter().find(|(c, _)| c == cmd) {
             Some((_, verbs)) => standin(&mut bed, verbs, expected, &any).map_err(|e| (start, e)),
             None if runnable(cmd) => match bed.shell(cmd, "") {
-                Ok((out, _)) => same(expected, &out, &any).map_err(|(k, e)| (start + k, format!("`{cmd}` {e}"))),
+                Ok((out, _)) => {
+                    same(expected, &out, &any).map_err(|(k, e)| (start + k, format!("`{cmd}` {e}")))
+                }
                 Err(e) => Err((i, e)),
             },
-            None => Err((i, format!("`{cmd}` cannot run here: give it a stand-in (`as \"{cmd}\": …`)"))),
+            None => Err((
+                i,
+                format!("`{cmd}` cannot run here: give it a stand-in (`as \"{cmd}\": …`)"),
+            )),
         };
         if let Err((k, e)) = r {
             errs.push(at(b.line_of(k.min(b.lines.len().saturating_sub(1))), e));
@@ -100,7 +119,12 @@ pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<Count, Vec<String>> {
 
 /// A stand-in's verbs in place of a command: the gpuhook lines it printed against those the
 /// doc quotes under the command.
-fn standin(bed: &mut Bed, verbs: &[(usize, String)], expected: &[String], any: &[String]) -> Result<(), String> {
+fn standin(
+    bed: &mut Bed,
+    verbs: &[(usize, String)],
+    expected: &[String],
+    any: &[String],
+) -> Result<(), String> {
     let mut out = Vec::new();
     for (_, v) in verbs {
         out.extend(bed.verb(v).map_err(|e| format!("stand-in `{v}`: {e}"))?);
@@ -119,7 +143,10 @@ fn compared(block: &[String]) -> usize {
     if gpuhook > 0 {
         gpuhook
     } else {
-        block.iter().filter(|l| !l.trim().is_empty() && l.trim() != "…").count()
+        block
+            .iter()
+            .filter(|l| !l.trim().is_empty() && l.trim() != "…")
+            .count()
     }
 }
 
@@ -150,7 +177,10 @@ pub fn matches(expected: &str, actual: &str, any: &[String]) -> bool {
         return e == a;
     }
     let (first, last) = (pieces[0], pieces[pieces.len() - 1]);
-    if !a.starts_with(first) || !a[first.len()..].ends_with(last) || a.len() < first.len() + last.len() {
+    if !a.starts_with(first)
+        || !a[first.len()..].ends_with(last)
+        || a.len() < first.len() + last.len()
+    {
         return false;
     }
     let mut rest = &a[first.len()..a.len() - last.len()];
@@ -179,7 +209,10 @@ fn same(expected: &[String], actual: &[String], any: &[String]) -> Result<(), (u
                 }
                 last
             }
-            (None, Some(y)) => Err((k.saturating_sub(1), format!("printed {y:?}, which the doc leaves out"))),
+            (None, Some(y)) => Err((
+                k.saturating_sub(1),
+                format!("printed {y:?}, which the doc leaves out"),
+            )),
             (Some(x), None) => Err((k, format!("printed nothing more where the doc has {x:?}"))),
             (Some(x), Some(y)) if matches(x, y, any) => go(&e[1..], &a[1..], any, k + 1),
             (Some(x), Some(y)) => Err((k, format!("printed {y:?} where the doc has {x:?}"))),
@@ -202,7 +235,13 @@ fn quoted(block: &[String], printed: &[String], any: &[String]) -> Result<(), (u
         };
         let pool: Vec<String> = printed[from..]
             .iter()
-            .map(|p| if gpuhook { from_gpuhook(p).unwrap_or_default() } else { p.clone() })
+            .map(|p| {
+                if gpuhook {
+                    from_gpuhook(p).unwrap_or_default()
+                } else {
+                    p.clone()
+                }
+            })
             .collect();
         match pool.iter().position(|p| matches(&want, p, any)) {
             Some(k) => from += k + 1,
@@ -227,14 +266,30 @@ fn common_prefix(a: &str, b: &str) -> usize {
 fn quoted_lines_match_with_elisions() {
     let any = vec!["0.07".to_string()];
     assert!(matches("reset in 0.07 s: ok", "reset in  1.93 s: ok", &any));
-    assert!(matches("error: (… /etc/lxc gh-b) exit", "error: (a b /etc/lxc gh-b) exit", &[]));
+    assert!(matches(
+        "error: (… /etc/lxc gh-b) exit",
+        "error: (a b /etc/lxc gh-b) exit",
+        &[]
+    ));
     assert!(!matches("only 1 of 2 is free", "only 1 of 2 are free", &[]));
     let lines = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     assert!(same(&lines(&["a", "…", "z"]), &lines(&["a", "b", "c", "z"]), &[]).is_ok());
     assert_eq!(
-        same(&lines(&["a", "b"]), &lines(&["a", "c"]), &[]).unwrap_err().0,
+        same(&lines(&["a", "b"]), &lines(&["a", "c"]), &[])
+            .unwrap_err()
+            .0,
         1
     );
-    assert!(quoted(&lines(&["x: gpuhook: a", "noise"]), &lines(&["gpuhook: b", "gpuhook: a"]), &[]).is_ok());
-    assert!(quoted(&lines(&["gpuhook: a", "gpuhook: b"]), &lines(&["gpuhook: b", "gpuhook: a"]), &[]).is_err());
+    assert!(quoted(
+        &lines(&["x: gpuhook: a", "noise"]),
+        &lines(&["gpuhook: b", "gpuhook: a"]),
+        &[]
+    )
+    .is_ok());
+    assert!(quoted(
+        &lines(&["gpuhook: a", "gpuhook: b"]),
+        &lines(&["gpuhook: b", "gpuhook: a"]),
+        &[]
+    )
+    .is_err());
 }
