@@ -40,7 +40,7 @@ pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<Count, Vec<String>> {
         .map_err(|e| vec![at(t.line, e)])?;
     let any: Vec<String> = t.all("any").map(str::to_owned).collect();
     let mut standins: Vec<(String, Vec<(usize, String)>)> = Vec::new();
-    let mut printed = Vec::new();
+    let (mut printed, mut last_out) = (Vec::new(), Vec::new());
     for (n, l) in &t.setup {
         if let Some(rest) = l.strip_prefix("as ") {
             let w = super::markdown::words(rest);
@@ -61,6 +61,7 @@ pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<Count, Vec<String>> {
         if std::env::var_os("DOCS_SHOW").is_some() {
             eprintln!("{doc}:{n}: {l}\n  {}", out.join("\n  "));
         }
+        last_out = out.clone();
         printed.extend(out);
     }
     let transcript = b.lines.iter().any(|l| l.starts_with("$ "));
@@ -68,6 +69,22 @@ pub fn run(doc: &str, b: &Block, t: &DocTest) -> Result<Count, Vec<String>> {
         setup: t.setup.len(),
         ..Count::default()
     };
+    if t.words.iter().any(|w| w == "json") {
+        // The block is JSON the last set-up step printed: its keys and values.
+        count.lines = b.lines.len();
+        let doc_json = serde_json::from_str(&b.lines.join("\n"))
+            .map_err(|e| vec![at(b.line, format!("not JSON: {e}"))])?;
+        let last = t.setup.last().map(|(_, l)| l.as_str()).unwrap_or_default();
+        let real = serde_json::from_str(&last_out.join("\n")).map_err(|e| {
+            vec![at(
+                t.line,
+                format!("`{last}` printed no JSON ({e}): {last_out:?}"),
+            )]
+        })?;
+        return json_within(&doc_json, &real, &any, "")
+            .map(|_| count)
+            .map_err(|e| vec![at(b.line, e)]);
+    }
     if !transcript {
         count.lines = compared(&b.lines);
         return quoted(&b.lines, &printed, &any)
@@ -135,6 +152,49 @@ fn standin(
         return Err("quotes no line of gpuhook's (`gpuhook: …`): nothing to compare".into());
     }
     quoted(&exp, &out, any).map_err(|(_, e)| e)
+}
+
+/// The doc's JSON within what gpuhook printed: each key it has, with the value it shows (a
+/// string with `…` as [`matches`] reads it, a value in `any` anything); an array's elements
+/// in order, a `"…"` element standing for the rest.
+fn json_within(
+    doc: &serde_json::Value,
+    real: &serde_json::Value,
+    any: &[String],
+    at: &str,
+) -> Result<(), String> {
+    use serde_json::Value;
+    match (doc, real) {
+        (Value::Object(d), Value::Object(r)) => {
+            for (k, v) in d {
+                let path = format!("{at}.{k}");
+                let got = r.get(k).ok_or(format!("gpuhook's JSON has no {path}"))?;
+                json_within(v, got, any, &path)?;
+            }
+            Ok(())
+        }
+        (Value::Array(d), Value::Array(r)) => {
+            for (i, v) in d.iter().enumerate() {
+                if v.as_str() == Some("…") {
+                    return Ok(());
+                }
+                let got = r.get(i).ok_or(format!("gpuhook's JSON has no {at}[{i}]"))?;
+                json_within(v, got, any, &format!("{at}[{i}]"))?;
+            }
+            (d.len() == r.len()).then_some(()).ok_or(format!(
+                "{at} has {} elements, the doc shows {}",
+                r.len(),
+                d.len()
+            ))
+        }
+        (Value::String(d), got) if d.contains('…') || any.contains(d) => match got {
+            Value::String(g) if matches(d, g, any) => Ok(()),
+            _ if d == "…" || any.contains(d) => Ok(()),
+            _ => Err(format!("{at} is {got}, the doc shows {doc}")),
+        },
+        (d, got) if any.contains(&d.to_string()) || d == got => Ok(()),
+        (d, got) => Err(format!("{at} is {got}, the doc shows {d}")),
+    }
 }
 
 /// How many lines of a quoted block are compared.
