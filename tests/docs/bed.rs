@@ -4,6 +4,7 @@
 //! | verb | what it does |
 //! |---|---|
 //! | `domain NAME [uuid=U] [running] [ATTR=VALUE…] [device=SEL…]` | libvirt's `prepare` of an LXC domain whose `<gpu:gpus>` has those attributes (and `<gpu:device>` children), through `gpuhook hook`; `running`: its init then runs (a process of the harness's) |
+//! | `xml NAME [uuid=U] [ATTR=VALUE…] [device=SEL…]` | the domain's XML as `domain` makes it, in `NAME.xml` in the block's directory (nothing run) |
 //! | `nova NAME FLAVOR [uuid=U] [KEY=VALUE…]` | `prepare` of a domain as Nova writes it, the flavor's extra specs `KEY=VALUE` |
 //! | `stop NAME` | libvirt's `stopped` of that domain |
 //! | `container ID [running] [KEY=VALUE…]` | `gpuhook-runtime create` of a bundle with annotations `gpuhook.io/KEY=VALUE` (the real runtime a script that does nothing); `running`: its init then runs |
@@ -159,6 +160,7 @@ impl Bed {
         let args: Vec<&str> = w.iter().skip(1).map(String::as_str).collect();
         match w.first().map(String::as_str) {
             Some("domain") => self.domain(&args),
+            Some("xml") => self.xml(&args),
             Some("nova") => self.nova(&args),
             Some("stop") => self.stop(args.first().ok_or("stop: no domain named")?),
             Some("container") => self.container(&args),
@@ -175,7 +177,8 @@ impl Bed {
         self.direct("gpuhook", &["hook", name, op, sub, "-"], xml)
     }
 
-    fn domain(&mut self, args: &[&str]) -> Result<Vec<String>, String> {
+    /// A domain's XML from `domain`'s arguments: its name, UUID, XML, and whether it runs.
+    fn domain_xml_of(args: &[&str]) -> Result<(String, String, String, bool), String> {
         let (name, rest) = args.split_first().ok_or("domain: no name")?;
         let (mut attrs, mut children, mut running) = (String::new(), String::new(), false);
         let mut uuid = uuid_of(name);
@@ -200,12 +203,25 @@ impl Bed {
         let meta =
             format!("<gpu:gpus xmlns:gpu=\"urn:gpuhook:gpu:1\"{attrs}>{children}</gpu:gpus>");
         let xml = domain_xml(name, &uuid, &meta);
-        self.domains.push((name.to_string(), xml.clone()));
-        let out = self.hook(name, "prepare", &xml)?;
+        Ok((name.to_string(), uuid, xml, running))
+    }
+
+    fn domain(&mut self, args: &[&str]) -> Result<Vec<String>, String> {
+        let (name, uuid, xml, running) = Self::domain_xml_of(args)?;
+        self.domains.push((name.clone(), xml.clone()));
+        let out = self.hook(&name, "prepare", &xml)?;
         if running {
             self.run_init(&uuid)?;
         }
         Ok(out)
+    }
+
+    /// `xml NAME …`: the domain's XML as `domain` makes it, in `NAME.xml` (nothing run).
+    fn xml(&mut self, args: &[&str]) -> Result<Vec<String>, String> {
+        let (name, _, xml, _) = Self::domain_xml_of(args)?;
+        std::fs::write(self.dir.path().join(format!("{name}.xml")), xml)
+            .map_err(|e| e.to_string())?;
+        Ok(Vec::new())
     }
 
     fn nova(&mut self, args: &[&str]) -> Result<Vec<String>, String> {
