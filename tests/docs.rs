@@ -216,18 +216,24 @@ fn config_keys_are_real() {
 #[test]
 fn package_files_are_installed() {
     let inst = facts::installed(root());
+    let pages = commands::man_pages();
+    let page = |p: &str| match p.strip_prefix("/usr/share/man/man1/") {
+        Some(name) => pages.iter().any(|m| m == name),
+        None => true,
+    };
     let (mut paths, mut rows, mut findings) = (0, 0, Vec::new());
     let mut listed: Vec<String> = Vec::new();
     for doc in markdown::all_docs(root()) {
         for (line, p) in facts::install_paths(&doc) {
             paths += 1;
-            if !inst.has(&p) {
+            if !inst.has(&p) || !page(&p) {
                 findings.push(format!("{}:{line}: {p}: no package installs it (Cargo.toml's assets, packaging/'s scripts)", doc.path));
             }
         }
         for (line, name) in facts::named_units_and_pages(&doc) {
             paths += 1;
-            if !inst.has_name(&name) {
+            let man = name.ends_with(".1.gz");
+            if (man && !pages.contains(&name)) || (!man && !inst.has_name(&name)) {
                 findings.push(format!(
                     "{}:{line}: {name}: no package installs it",
                     doc.path
@@ -242,6 +248,13 @@ fn package_files_are_installed() {
             for (i, ps, pkgs) in facts::files_table(&b.lines) {
                 rows += 1;
                 for p in ps {
+                    if !page(&p) {
+                        findings.push(format!(
+                            "{}:{}: {p}: xtask dist makes no such manual page",
+                            doc.path,
+                            b.line_of(i)
+                        ));
+                    }
                     let (d, r) = (
                         inst.in_deb(&p) || inst.by_script(&p),
                         inst.in_rpm(&p) || inst.by_script(&p),

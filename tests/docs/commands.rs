@@ -173,6 +173,25 @@ fn placeholder(w: &str) -> bool {
     w.chars().all(|c| !c.is_lowercase()) || w.starts_with('<') || w.contains('…')
 }
 
+/// The manual pages the packages install (`xtask dist`): one per program and one per visible
+/// subcommand, as file names (`gpuhook-health-reset.1.gz`).
+pub fn man_pages() -> Vec<String> {
+    fn walk(cmd: &clap::Command, name: &str, out: &mut Vec<String>) {
+        out.push(format!("{name}.1.gz"));
+        for s in cmd
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        {
+            walk(s, &format!("{name}-{}", s.get_name()), out);
+        }
+    }
+    let mut v = vec!["gpuhook-runtime.1.gz".to_owned()];
+    for p in ["gpuhook", "gpuhook-libvirt"] {
+        walk(&program(p).expect("program"), p, &mut v);
+    }
+    v
+}
+
 /// The command lines a text quotes (`'gpuhook …'`, `` `gpuhook …` ``): a help text, a message.
 pub fn quoted(text: &str) -> Vec<Line> {
     let mut v = Vec::new();

@@ -110,12 +110,20 @@ pub fn installed(root: &Path) -> Installed {
             deb.push(path);
         }
         if section == "rpm" && t.starts_with("{ source") {
-            let dest = t
-                .split("dest = \"")
-                .nth(1)
-                .and_then(|d| d.split('"').next())
-                .expect("dest");
-            rpm.push(dest.to_owned());
+            let field = |k: &str| {
+                t.split(&format!("{k} = \""))
+                    .nth(1)
+                    .and_then(|d| d.split('"').next())
+                    .map(str::to_owned)
+                    .expect("an rpm asset's field")
+            };
+            let (src, dest) = (field("source"), field("dest"));
+            let file = src.rsplit('/').next().unwrap_or(&src).to_owned();
+            rpm.push(if dest.ends_with('/') {
+                format!("{dest}{file}")
+            } else {
+                dest
+            });
         }
     }
     let mut scripts = Vec::new();
