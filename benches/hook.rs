@@ -600,7 +600,7 @@ fn main() {
         must(&hr);
     }
 
-    // 2a. A shared slot (SPEC "Sharing"): 4 of the 16 GPUs shared by 4 each, 8 slots held
+    // 2a. A shared slot (docs/guides/sharing.md): 4 of the 16 GPUs shared by 4 each, 8 slots held
     // by other domains; `prepare` / `release` of one more, against the static no-op.
     let h16s = Host::new(&work, "wide16-shared", FakeHost::wide(16));
     {

@@ -161,7 +161,7 @@ if [ -n "$smi_pci" ] && [ -x /usr/bin/nvidia-smi ]; then
         --format=csv,noheader,nounits -i "$smi_pci" ||
         echo "(refused: health scan cannot confirm a memory error's Xid with this nvidia-smi)"
 fi
-# health reset (SPEC "Health by NVIDIA's Xid catalog, with recovery"): the first GPU, idle
+# health reset (docs/guides/health.md): the first GPU, idle
 # (nothing holds it; a process with one of its nodes open, nvidia-persistenced for one, makes
 # gpuhook refuse in one line naming it), reset with the default reset_command
 # (nvidia-smi --gpu-reset -i PCI), re-probed (config space, the driver's list, GPU Excluded),

@@ -180,7 +180,7 @@ pub enum Unit {
         gi: u32,
         ci: u32,
     },
-    /// One of the `replicas` slots of a shareable GPU (SPEC "Sharing"), written
+    /// One of the `replicas` slots of a shareable GPU (docs/guides/sharing.md), written
     /// `0000:04:00.0/slot1`: its holder gets the GPU's nodes, as a whole GPU's would.
     Slot {
         pci: Pci,

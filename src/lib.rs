@@ -1,4 +1,4 @@
-//! gpuhook: reserve whole GPUs for libvirt LXC containers and hand them in.
+//! gpuhook: hand whole GPUs to libvirt LXC domains and OCI containers from one pool, and take them back.
 //!
 //! The rooms, from the top down (a module imports only from the rooms below it; nothing
 //! imports a door; docs/ARCHITECTURE.md draws it):

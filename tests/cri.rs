@@ -1,4 +1,4 @@
-//! Kubernetes' contract through the CRI (SPEC "Kubernetes: the Container Runtime Interface"):
+//! Kubernetes' contract through the CRI (docs/guides/kubernetes.md):
 //! the test bed's CRI client (`testbed/src/cri/`) drives a private containerd's CRI plugin
 //! (Debian's 1.6: its own root, state, socket and config; host-network pods, no CNI; a pause
 //! and a busybox image imported from tarballs) exactly as kubelet does, with the **shipped**

@@ -131,7 +131,7 @@ fn xid_quarantine_and_clear() {
     assert_eq!(h.holders()["one"], ["0000:40:00.0"]);
 
     // Xid 94 (contained ECC error): the program that got it must restart; the GPU stays in
-    // service, the warning names its holder (SPEC: no longer quarantined).
+    // service, the warning names its holder (docs/guides/health.md: not quarantined).
     let mut text = RECORDS.to_string();
     text.push_str("4,1540,4215000000,-;NVRM: Xid (PCI:0000:40:00): 94, pid=3001, name=python3, Contained: SM (0x1). RST: No, D-RST: No\n");
     std::fs::write(kmsg(&h), &text).unwrap();
@@ -394,7 +394,7 @@ fn shared_gpu_listed_counted_and_quarantined() {
     assert!(!h.holders().contains_key("s1"));
 }
 
-// ---- SPEC "Health by NVIDIA's Xid catalog, with recovery", through the binary ----
+// ---- docs/guides/health.md, through the binary ----
 
 use testbed::health::{
     config_all_ones, config_back, reboot, standin_calls, standin_command, standin_mode, xid_154,

@@ -1,5 +1,5 @@
 //! The hook driven as libvirt drives it (`gpuhook hook NAME OP SUBOP -`, XML on stdin),
-//! against fake hosts: every request form of the SPEC, idempotency, release safety,
+//! against fake hosts: every request form of docs/guides/libvirt.md, idempotency, release safety,
 //! malformed input, broken config and state, stale reservations, contention.
 
 mod common;

@@ -1,4 +1,4 @@
-//! MPS sharing (SPEC "Sharing", MPS) through the real binary on a fake host, with the test
+//! MPS sharing (docs/guides/sharing.md, "MPS") through the real binary on a fake host, with the test
 //! bed's stand-in for nvidia-cuda-mps-control (testbed/scripts/mps-control-standin): the
 //! daemon started at the first slot with its environment, private /dev/shm and limits, one
 //! daemon for two sharers, quit at the last free, started again after a SIGKILL behind

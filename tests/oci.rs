@@ -4,7 +4,7 @@
 //! denied gets EPERM). cgroup v1 is this machine's layout; cgroup v2 runs in a private mount
 //! namespace whose `/sys/fs/cgroup` is a cgroup2 mount (crun refuses the hybrid layout).
 //!
-//! World of this VM the harness works round (shared/GPU-NOTES.md): `podman run` needs lower
+//! What this machine needs the harness to work round: `podman run` needs lower
 //! rlimits (no CAP_SYS_RESOURCE), and crun cannot raise RLIMIT_MEMLOCK, so crun runs with a
 //! tiny LD_PRELOAD shim (built here with `cc`) that ignores that one EPERM.
 
@@ -2920,7 +2920,7 @@ fn podman_containers_share_one_gpu() {
     assert!(o.reservations().is_empty(), "{:?}", o.reservations());
 }
 
-/// A podman container sharing a GPU in `mps` mode (SPEC "Sharing", MPS) with the test bed's
+/// A podman container sharing a GPU in `mps` mode (docs/guides/sharing.md, "MPS") with the test bed's
 /// stand-in daemon: it sees the daemon's pipe directory (with the control FIFO) at
 /// /tmp/nvidia-mps, the daemon's private /dev/shm (its marker file) and
 /// CUDA_MPS_PIPE_DIRECTORY; the daemon quits when the container is removed.

@@ -2,8 +2,14 @@
 //! libvirtd holds the domain lock while it runs).
 //!
 //! - `reconcile [--dry-run]`: free reservations of domains libvirt no longer runs.
-//! - `request DOMAIN --count N …`: set (or `--clear`) a defined domain's GPU request through
-//!   `virDomainSetMetadata`, validated by the hook's own parser.
+//! - `request DOMAIN --count N [--arch A] [--vendor V] [--model M] [--device PCI|UUID]…
+//!   [--capabilities LIST] [--mode OCTAL] [--uid N] [--gid N] [--mig|--share]
+//!   [--driver none|cdi|host] [--live]`: set (or `--clear`) a defined domain's GPU request
+//!   through `virDomainSetMetadata`, validated by the hook's own parser.
+//!
+//! Both take `-c URI` (`--connect`, default `lxc:///system` or `$GPUHOOK_LIBVIRT_URI`) and
+//! `--config FILE`. The options are defined in `gpuhook::doors::cli::LibvirtCli`, whence the
+//! manual page `gpuhook-libvirt(1)` and the completions come.
 
 use clap::Parser;
 use gpuhook::doors::cli::{LibvirtCli, LibvirtCommand, RequestArgs};

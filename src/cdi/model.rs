@@ -176,7 +176,7 @@ pub struct ExtraNode {
 }
 
 /// Where gpuhook mounts an MPS daemon's pipe and shm directories in a sharer's container
-/// (SPEC "Sharing", MPS): no spec may mount there (gpuhook tells its mounts apart by target).
+/// (docs/guides/sharing.md, "MPS"): no spec may mount there (gpuhook tells its mounts apart by target).
 pub const MPS_TARGETS: [&str; 2] = ["/tmp/nvidia-mps", "/dev/shm"];
 
 /// What a container gets from the specs, for the GPUs it was given.

@@ -1,5 +1,5 @@
 //! cgroup v2 for an OCI container: the runtime's device program replaced by one that allows
-//! exactly what it allowed plus (attach) or minus (detach) exact GPU nodes (SPEC "Hotplug").
+//! exactly what it allowed plus (attach) or minus (detach) exact GPU nodes (docs/guides/hotplug.md).
 //!
 //! runc (`libcontainer/cgroups/devices/devicefilter.go`) and crun (`src/libcrun/ebpf.c`)
 //! compile the container's device rules (`linux.resources.devices` of its `config.json`,

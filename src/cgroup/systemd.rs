@@ -1,4 +1,4 @@
-//! systemd's device policy of a container's scope (SPEC "Hotplug", under systemd's cgroup
+//! systemd's device policy of a container's scope (docs/guides/hotplug.md, under systemd's cgroup
 //! manager).
 //!
 //! Under systemd's cgroup manager (podman's default on today's hosts, runc's and crun's

@@ -1,7 +1,9 @@
 //! `gpuhook` command line (clap): `list`, `check`, `attach`, `detach`, `release`, `hook`, ….
 //!
 //! The clap definitions of both binaries live here so that man pages and completions can
-//! be generated from them (`cargo xtask man`) without linking libvirt.
+//! be generated from them without linking libvirt: `cargo run -p xtask -- dist DIR`
+//! (`packaging/build.sh` runs it) writes `gpuhook(1)`, `gpuhook-libvirt(1)`,
+//! `gpuhook-runtime(1)` ([`runtime_command`]) and the shell completions into `DIR`.
 
 use crate::doors::error::CliError;
 use crate::doors::hook;
@@ -26,16 +28,28 @@ mod list;
 use list::list;
 pub use list::list_json;
 
-pub const ABOUT: &str = "Reserve whole GPUs for libvirt LXC containers and hand them in";
+pub const ABOUT: &str =
+    "Hand whole GPUs to libvirt LXC domains and OCI containers from one pool, and take them back";
 
 #[derive(Debug, Parser)]
 #[command(name = "gpuhook", version, about = ABOUT, long_about = "\
-gpuhook reserves whole host GPUs for libvirt LXC domains that ask for them in their \
-<metadata> (namespace urn:gpuhook:gpu:1), creates their device nodes inside the container \
-and allows them in its device cgroup, and frees them when the domain stops.\n\n\
-Installed as /etc/libvirt/hooks/lxc (or /etc/libvirt/hooks/lxc.d/50-gpuhook), libvirt runs \
-it at every LXC lifecycle step. The subcommands below are for operators.\n\n\
-Config: /etc/gpuhook/config.json, or the file named by $GPUHOOK_CONFIG or --config.")]
+gpuhook hands whole host GPUs (or MIG instances, or slots of GPUs the host shares) to \
+containers, exclusively, and takes them back when they stop. Every door draws on one pool \
+(one state file under one lock): a GPU one holder has is never given to another, whichever \
+door each came through. One static binary, no daemon. Its doors:\n\n\
+libvirt LXC hook: installed as /etc/libvirt/hooks/lxc (or /etc/libvirt/hooks/lxc.d/50-gpuhook \
+beside another hook), libvirt runs it at every LXC lifecycle step. A domain asks for GPUs in \
+its <metadata> (namespace urn:gpuhook:gpu:1): they are reserved at prepare, granted in its \
+device cgroup and made in its /dev at started, freed at stop.\n\n\
+OCI runtime wrapper: gpuhook-runtime (a link to gpuhook; also 'gpuhook runtime -- ARGS'), \
+which podman, docker, containerd and CRI-O call as they call runc. A bundle whose \
+config.json asks (gpuhook.io/ annotations, GPUHOOK_ variables) gets its GPUs reserved and \
+written into its config.json, and freed when the container is removed: gpuhook-runtime(1).\n\n\
+Command line: the commands below, for operators (attach and detach hand GPUs to running \
+domains and containers). gpuhook-libvirt(1), linked with libvirt, reconciles reservations \
+with libvirt and sets domains' requests.\n\n\
+Config: /etc/gpuhook/config.json, or the file named by $GPUHOOK_CONFIG or --config. \
+Guides: the README and docs/guides/ (installed in /usr/share/doc/gpuhook/).")]
 pub struct Cli {
     /// Config file (default: $GPUHOOK_CONFIG, else /etc/gpuhook/config.json)
     #[arg(short, long, global = true, value_name = "FILE")]
@@ -139,7 +153,7 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run as the OCI runtime wrapper (what gpuhook-runtime does): gpuhook runtime -- ARGS
+    /// Run as the OCI runtime wrapper (what gpuhook-runtime does): 'gpuhook runtime -- ARGS'
     Runtime {
         /// The real runtime's arguments (runc's command line)
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -421,11 +435,14 @@ it runs the real runtime (config key oci_runtime, else the first crun or runc in
 descriptors, and returns its exit status.\n\n\
 On create or run of a bundle whose config.json asks for GPUs (annotations gpuhook.io/gpus, \
 gpuhook.io/arch, gpuhook.io/vendor, gpuhook.io/model, gpuhook.io/devices, \
-gpuhook.io/capabilities, gpuhook.io/mode, gpuhook.io/uid, gpuhook.io/gid, gpuhook.io/driver; \
-else the same keys as GPUHOOK_GPUS=… in process.env) it reserves them in the GPU pool it \
-shares with the libvirt hook (key: the container ID), adds each node to linux.devices with an \
-exact rw allow rule in linux.resources.devices, and adds a createRuntime hook (records the \
-container's init) and a poststop hook (frees). On delete it frees too. A request that cannot \
+gpuhook.io/capabilities, gpuhook.io/mode, gpuhook.io/uid, gpuhook.io/gid, gpuhook.io/mig, \
+gpuhook.io/share, gpuhook.io/driver; else the same keys as GPUHOOK_GPUS=… in process.env) it \
+reserves them in the GPU pool it shares with the libvirt hook (key: the container ID): whole \
+GPUs, or with gpuhook.io/mig=yes MIG instances, with gpuhook.io/share=yes slots of GPUs the \
+host shares. It adds each node to linux.devices with an exact rw allow rule in \
+linux.resources.devices (with gpuhook.io/driver=host or cdi also the driver's files as \
+mounts), and a createRuntime hook (records the container's init) and a poststop hook \
+(frees). On delete it frees too. A request that cannot \
 be met is one line on stderr and in the runtime's --log, exit 1, and the real runtime is not \
 called. Every other call passes through untouched.")
         .arg(
@@ -440,5 +457,5 @@ called. Every other call passes through untouched.")
 Examples:\n  \
 podman run --runtime /usr/bin/gpuhook-runtime --annotation gpuhook.io/gpus=1 IMAGE\n  \
 docker run --runtime gpuhook -e GPUHOOK_GPUS=2 -e GPUHOOK_ARCH=hopper IMAGE\n\
-Engine snippets: /usr/share/gpuhook/engines/. gpuhook list shows holders with kind oci.")
+Engine snippets: /usr/share/gpuhook/engines/. 'gpuhook list' shows holders with kind oci.")
 }

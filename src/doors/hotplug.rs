@@ -1,5 +1,4 @@
-//! `gpuhook attach` and `gpuhook detach`: GPUs into and out of a running container (SPEC
-//! "Hotplug"). This door finds the container and says what happened; the steps themselves
+//! `gpuhook attach` and `gpuhook detach`: GPUs into and out of a running container (docs/guides/hotplug.md). This door finds the container and says what happened; the steps themselves
 //! are the lifecycle's ([`lifecycle::attach`], [`lifecycle::detach`], on the facts of the kind of container).
 //!
 //! A libvirt domain is found as libvirt's LXC driver keeps a running one: its status file

@@ -236,7 +236,7 @@ struct RawSharing {
     active_thread_percentage: Option<u32>,
 }
 
-/// How a shareable GPU is shared (SPEC "Sharing").
+/// How a shareable GPU is shared (docs/guides/sharing.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ShareMode {

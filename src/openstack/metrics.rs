@@ -155,7 +155,7 @@ fn gpu_health(out: &mut String, inv: &Inventory, st: &State) {
     }
 }
 
-/// SPEC "Health by NVIDIA's Xid catalog, with recovery": `gpuhook_gpu_xid_total`,
+/// docs/guides/health.md: `gpuhook_gpu_xid_total`,
 /// `gpuhook_gpu_resets_total`, and the states a GPU is unusable in besides quarantine
 /// (`gpuhook_gpu_needs_inspection`, `gpuhook_gpu_resetting`, `gpuhook_gpu_scrub_pending`).
 fn gpu_recovery(out: &mut String, inv: &Inventory, st: &State) {
@@ -362,7 +362,7 @@ fn reservations(out: &mut String, st: &State) {
     }
 }
 
-/// The driver families (SPEC "Driver user space found on the host"):
+/// The driver families (docs/guides/driver.md):
 /// `gpuhook_container_driver_outdated{kind,domain,uuid}`, for each reservation that recorded
 /// the NVIDIA driver version its container got, 1 when the host runs another now (`host`:
 /// the running module's version, `None` when none is loaded: nothing to compare with, 0);

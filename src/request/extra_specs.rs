@@ -6,7 +6,7 @@
 //! `<or>` (one of). A value without a known operator is compared as a whole string.
 //! Unlike Nova, the operand of a string operator is the whole rest of the value, so
 //! `s== Tesla M2050` compares against `Tesla M2050`, not just `Tesla`. Comparisons are
-//! case-insensitive, as the SPEC asks of architecture names.
+//! case-insensitive, as architecture names are everywhere (docs/guides/libvirt.md).
 
 use std::fmt;
 

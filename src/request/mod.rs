@@ -154,7 +154,7 @@ pub struct Request {
     pub migs: Vec<MigSel>,
     /// The host driver's user space (`driver="cdi"`); `None`: the host config's default.
     pub driver: Option<Driver>,
-    /// Slots of shareable GPUs instead of whole GPUs (`share="yes"`, SPEC "Sharing"):
+    /// Slots of shareable GPUs instead of whole GPUs (`share="yes"`, docs/guides/sharing.md):
     /// `count` of them, each on a different GPU.
     pub share: bool,
 }

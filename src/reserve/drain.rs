@@ -1,4 +1,4 @@
-//! Draining (SPEC "MIG and GPU health"): a GPU, or MIG instance, freed while a process still
+//! Draining (docs/guides/operations.md, "Draining"): a GPU, or MIG instance, freed while a process still
 //! has one of its own nodes open is given to no one until none has.
 //!
 //! An open descriptor outlives the container it was opened in: it can be passed over a unix

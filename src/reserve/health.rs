@@ -1,5 +1,4 @@
-//! GPU health from the kernel log, by NVIDIA's Xid catalog, with recovery (SPEC "Health by
-//! NVIDIA's Xid catalog, with recovery"). `gpuhook health scan` (run by
+//! GPU health from the kernel log, by NVIDIA's Xid catalog, with recovery (docs/guides/health.md). `gpuhook health scan` (run by
 //! `gpuhook-health.timer`) reads the records the last scan did not, takes as Xids only the
 //! NVIDIA driver's own ([`xid`]: a kernel record in the driver's whole shape, never one
 //! with netfilter's packet log fields), lets a reset or reboot Xid wait for the GPU's own

@@ -283,7 +283,7 @@ impl State {
         self.reservations.values().find(|r| r.gpus.contains(unit))
     }
 
-    /// The slots of GPU `pci` held (SPEC "Sharing"), each with its reservation, in slot
+    /// The slots of GPU `pci` held (docs/guides/sharing.md), each with its reservation, in slot
     /// order: what listing, metrics and draining count a GPU's sharers by.
     pub fn slots_of(&self, pci: crate::ids::Pci) -> Vec<(Unit, &Reservation)> {
         let mut v: Vec<(Unit, &Reservation)> = self

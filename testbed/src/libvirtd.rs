@@ -15,7 +15,7 @@
 //!
 //! On a hybrid cgroup host the unified mount is hidden from the daemon (libvirt_lxc fails
 //! with `Unable to create directory /sys/fs/cgroup/unified` otherwise), giving it a pure
-//! cgroup-v1 host, as `shared/LIBVIRT-NOTES.md` measured.
+//! cgroup-v1 host, the layout libvirt 9.0's LXC driver runs on here.
 
 use std::fs;
 use std::path::{Path, PathBuf};

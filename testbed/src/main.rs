@@ -11,7 +11,7 @@ use std::process::Command;
 use testbed::{profile, Daemon, DomainSpec, FakeHost, Hook};
 
 fn usage() -> ! {
-    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|mixed|mi300|wideN[+M] DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]\n       gpuhook-testbed cri --help");
+    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|dgx8-mig|mixed|mi300|wideN[-mig7][+M] DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]\n       gpuhook-testbed cri --help");
     std::process::exit(2)
 }
 

@@ -1,4 +1,4 @@
-//! `gpuhook attach` / `gpuhook detach` on running libvirt LXC domains (SPEC "Hotplug"): the
+//! `gpuhook attach` / `gpuhook detach` on running libvirt LXC domains (docs/guides/hotplug.md): the
 //! CLI run in libvirtd's mount namespace (where its `/run/libvirt/lxc` is), real grants in
 //! the container's device cgroup, real nodes in its `/dev`.
 

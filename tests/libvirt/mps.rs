@@ -1,4 +1,4 @@
-//! MPS sharing (SPEC "Sharing", MPS) under the real libvirtd: two LXC domains on slots of
+//! MPS sharing (docs/guides/sharing.md, "MPS") under the real libvirtd: two LXC domains on slots of
 //! one fake GPU shared with MPS, its daemon the test bed's stand-in
 //! (testbed/scripts/mps-control-standin) started by the hook. At `started` each container
 //! gets the daemon's pipe directory at /tmp/nvidia-mps and its shm at /dev/shm (one

@@ -1,4 +1,4 @@
-//! Time-slice sharing (SPEC "Sharing (opt-in)") under the real libvirtd: real LXC domains
+//! Time-slice sharing (docs/guides/sharing.md) under the real libvirtd: real LXC domains
 //! (and a podman container through gpuhook-runtime) holding slots of one fake GPU, real
 //! nodes and device-cgroup grants in each, refusals at `virsh start`.
 

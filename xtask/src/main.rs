@@ -1,6 +1,6 @@
 //! Developer tasks: `cargo run -p xtask -- dist DIR` writes the man pages (gpuhook,
-//! gpuhook-libvirt, gpuhook-runtime) and the shell completions of both binaries, generated
-//! from their clap definitions; `cargo run -p xtask -- structure` checks the code's structure
+//! gpuhook-libvirt, gpuhook-runtime, and one per visible subcommand: gpuhook-attach, …) and
+//! the shell completions of both binaries, generated from their clap definitions; `cargo run -p xtask -- structure` checks the code's structure
 //! (see `xtask::structure`).
 
 use clap::CommandFactory;
@@ -90,6 +90,10 @@ fn structure(args: &[String]) -> i32 {
     i32::from(denied > 0)
 }
 
+/// Writes `dir/man/`: a page for each program (`gpuhook(1)`, `gpuhook-libvirt(1)`,
+/// `gpuhook-runtime(1)`) and for each of their visible subcommands (`gpuhook-attach(1)`,
+/// `gpuhook-health-reset(1)`, `gpuhook-libvirt-request(1)`, …: the pages a program's page
+/// names), and `dir/completions/` for bash, zsh and fish.
 fn dist(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir.join("man"))?;
     std::fs::create_dir_all(dir.join("completions"))?;
@@ -98,13 +102,9 @@ fn dist(dir: &Path) -> std::io::Result<()> {
         gpuhook::doors::cli::LibvirtCli::command(),
     ] {
         let name = cmd.get_name().to_owned();
-        let mut buf = Vec::new();
-        clap_mangen::Man::new(cmd.clone())
-            .date("2026-11-30")
-            .source(format!("gpuhook {}", env!("CARGO_PKG_VERSION")))
-            .manual("gpuhook")
-            .render(&mut buf)?;
-        std::fs::write(dir.join("man").join(format!("{name}.1")), buf)?;
+        let mut built = cmd.clone().disable_help_subcommand(true);
+        built.build();
+        pages(&built, &dir.join("man"))?;
         for sh in [
             clap_complete::Shell::Bash,
             clap_complete::Shell::Zsh,
@@ -114,12 +114,23 @@ fn dist(dir: &Path) -> std::io::Result<()> {
             clap_complete::generate_to(sh, &mut c, &name, dir.join("completions"))?;
         }
     }
-    let mut buf = Vec::new();
-    clap_mangen::Man::new(gpuhook::doors::cli::runtime_command())
+    page(gpuhook::doors::cli::runtime_command(), &dir.join("man"))
+}
+
+/// The page of `cmd` and of each visible subcommand below it.
+fn pages(cmd: &clap::Command, dir: &Path) -> std::io::Result<()> {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        pages(sub, dir)?;
+    }
+    page(cmd.clone(), dir)
+}
+
+fn page(cmd: clap::Command, dir: &Path) -> std::io::Result<()> {
+    let man = clap_mangen::Man::new(cmd)
         .date("2026-11-30")
         .source(format!("gpuhook {}", env!("CARGO_PKG_VERSION")))
-        .manual("gpuhook")
-        .render(&mut buf)?;
-    std::fs::write(dir.join("man/gpuhook-runtime.1"), buf)?;
-    Ok(())
+        .manual("gpuhook");
+    let mut buf = Vec::new();
+    man.render(&mut buf)?;
+    std::fs::write(dir.join(man.get_filename()), buf)
 }

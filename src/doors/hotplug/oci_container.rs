@@ -1,4 +1,4 @@
-//! An OCI container for `attach` and `detach` (SPEC "Hotplug"): its init through gpuhook's
+//! An OCI container for `attach` and `detach` (docs/guides/hotplug.md): its init through gpuhook's
 //! own record (the init its `createRuntime` hook recorded), else the runtime's state under the
 //! config's `oci_state_roots` (runc: `ROOT/ID/state.json`, crun: `ROOT/ID/status`); its user
 //! namespace's id map from the init's `/proc/PID/uid_map` and `gid_map`; its device cgroup

@@ -1,9 +1,9 @@
-//! The running NVIDIA driver's user space, found on the host (`driver="host"`, SPEC "Driver
-//! user space found on the host"): the kernel module's version `V` from
+//! The running NVIDIA driver's user space, found on the host (`driver="host"`, docs/guides/driver.md,
+//! "The running driver found on the host"): the kernel module's version `V` from
 //! `<proc>/driver/nvidia/version`; every regular file `lib*.so.V` in each directory that
 //! holds `libcuda.so.V` or `libnvidia-ml.so.V` (the directories of those libraries in the
 //! host's `<root>/etc/ld.so.cache` first, then the fixed ones), `vdpau/libvdpau_nvidia.so.V`
-//! there; the firmware of `V`; the programs, sockets and ICD/config files the SPEC lists.
+//! there; the firmware of `V`; the programs, sockets and ICD/config files docs/guides/driver.md lists.
 //! Nothing of another version: a library or firmware file of another driver left on the
 //! host is never taken. The same file found twice (merged `/usr`) is taken once, at the
 //! path found first.
@@ -595,7 +595,7 @@ fn fixed_files(s: &mut Search, version: &str) {
     }
 }
 
-/// Finds the files of driver `version` under `root` (SPEC: libraries, firmware, programs,
+/// Finds the files of driver `version` under `root` (docs/guides/driver.md: libraries, firmware, programs,
 /// sockets, config files, in that order). An error when no `libcuda.so.VERSION` is there.
 pub fn discover(root: &Path, version: &str) -> Result<DriverFound, DriverError> {
     let mut s = Search {

@@ -76,7 +76,7 @@ pub struct Gpu {
     pub migs: Vec<Mig>,
     /// Its PCIe link, read for listings only.
     pub link: Option<PcieLink>,
-    /// Whether the host config lets it be shared (SPEC "Sharing"): then it is only ever
+    /// Whether the host config lets it be shared (docs/guides/sharing.md): then it is only ever
     /// given as one of its slots, never whole.
     pub sharing: Option<crate::host::config::Sharing>,
 }

@@ -1,4 +1,4 @@
-//! The re-probe after a GPU reset (SPEC "Health by NVIDIA's Xid catalog, with recovery"):
+//! The re-probe after a GPU reset (docs/guides/health.md):
 //! its PCI config space reads and is not all ones, the driver bound to it lists it (the
 //! NVIDIA driver: its `information` file), and that driver has not excluded it
 //! (`GPU Excluded: No`). Each is read fresh, through the config's roots.

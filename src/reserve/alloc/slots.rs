@@ -1,4 +1,4 @@
-//! Slots of shared GPUs (SPEC "Sharing"): one slot of a GPU each.
+//! Slots of shared GPUs (docs/guides/sharing.md): one slot of a GPU each.
 
 use super::error::{AllocError, WhyNoSlot};
 use super::held::{sharers, slots_of, whole_or_mig_holder, Held};
@@ -21,7 +21,7 @@ pub(super) fn free_slot(g: &Gpu, held: &Held) -> Option<Unit> {
         .map(|slot| Unit::Slot { pci: g.pci, slot })
 }
 
-/// Chooses `req.count` slots of shared GPUs (SPEC "Sharing"), each on a different GPU: the
+/// Chooses `req.count` slots of shared GPUs (docs/guides/sharing.md), each on a different GPU: the
 /// GPUs the request names, then, among the usable, matching shared GPUs with a free slot, the
 /// one with the fewest slots in use first (then the lowest index). Never a GPU in MIG mode
 /// (MIG instances are never shared) nor one someone holds whole. Returns the slots in the

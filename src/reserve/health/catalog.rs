@@ -2,7 +2,7 @@
 //! (<https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html>, "Resolution
 //! Bucket (Immediate Action)": `IGNORE`, `RESTART_APP`, `RESET_GPU`, `RESTART_BM` / node
 //! reboot; Xid 154 "GPU recovery action changed": the driver states the action in its
-//! record). SPEC "Health by NVIDIA's Xid catalog, with recovery".
+//! record). docs/guides/health.md.
 
 use serde::{Deserialize, Serialize};
 
@@ -71,7 +71,7 @@ const fn e(xid: u32, action: Action, what: &'static str) -> XidEntry {
 
 use Action::{Ignore, Reboot, Reset, Restart};
 
-/// NVIDIA's Xid catalog, as gpuhook acts on it (SPEC's table), in Xid order. An Xid that is
+/// NVIDIA's Xid catalog, as gpuhook acts on it (the table of docs/guides/health.md), in Xid order. An Xid that is
 /// not here is counted and logged only.
 pub const CATALOG: &[XidEntry] = &[
     e(13, Restart, "graphics engine exception"),
@@ -209,7 +209,7 @@ pub fn verdict(xid: u32, msg: &str) -> XidVerdict {
 mod tests {
     use super::*;
 
-    /// The SPEC's table, row by row: each Xid gets the action it names there.
+    /// The table of docs/guides/health.md, row by row: each Xid gets the action it names there.
     #[test]
     fn the_table_is_the_specs() {
         let spec: [(Action, &[u32]); 4] = [

@@ -1,6 +1,6 @@
 //! `gpuhook health reset PCI` (and `health scan`'s resets: `auto_reset`, `reset_on_release`):
 //! reset a GPU nothing holds or has open, re-probe it, and lift its quarantine only when
-//! every probe passes (SPEC "Health by NVIDIA's Xid catalog, with recovery").
+//! every probe passes (docs/guides/health.md).
 //!
 //! Never under the state lock for the reset itself: one locked step marks the GPU
 //! `resetting` (unusable for every door), the reset and the probes run without the lock,

@@ -1,4 +1,4 @@
-//! Each transition of GPU health (SPEC "Health by NVIDIA's Xid catalog, with recovery"), over
+//! Each transition of GPU health (docs/guides/health.md), over
 //! a host in a temporary directory: its kernel log a file of records as `/dev/kmsg` hands
 //! them out, its boot id, an in-memory inventory, the state file; the reset and the probes
 //! doubles that say what they were asked. The real `/proc` (this process, nothing that has

@@ -100,7 +100,7 @@ pub fn activate(
     Transition::Start
         .from(Some(r.found(|p| f.proc.alive(p), None)))
         .map_err(|_| LifecycleError::NoReservation)?;
-    // A sharer of a GPU shared with MPS: its daemon's directories (SPEC "Sharing", MPS).
+    // A sharer of a GPU shared with MPS: its daemon's directories (docs/guides/sharing.md, "MPS").
     let mps = mps::daemon_for(&snap, &r.gpus).map(|(pci, d)| (pci, d.clone()));
     drop(snap);
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;

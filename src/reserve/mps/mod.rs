@@ -1,4 +1,4 @@
-//! NVIDIA MPS control daemons for GPUs shared in `mps` mode (SPEC "Sharing", MPS): one per
+//! NVIDIA MPS control daemons for GPUs shared in `mps` mode (docs/guides/sharing.md, "MPS"): one per
 //! GPU, started when its first slot is reserved and told to `quit` when its last is freed.
 //!
 //! Layout, beside the state file: `mps/<UUID>/pipe` (the daemon's pipe directory, 0755:

@@ -18,7 +18,7 @@ pub struct Quarantine {
     /// The kernel log line (bounded).
     pub message: String,
     pub since: String,
-    /// What ends it (SPEC "Health by NVIDIA's Xid catalog"): `reset` (a reset whose probes
+    /// What ends it (docs/guides/health.md): `reset` (a reset whose probes
     /// pass) or `reboot` (a new boot id). Absent in files written before: such a
     /// quarantine ends only with `gpuhook health clear`, as it did then.
     #[serde(default, skip_serializing_if = "Option::is_none")]

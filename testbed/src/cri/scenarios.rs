@@ -1,5 +1,4 @@
-//! Kubernetes' contract through the CRI (SPEC "Kubernetes: the Container Runtime
-//! Interface"), each scenario on a bed of its own ([`Bed`]): a fake GPU host (the blueprint's
+//! Kubernetes' contract through the CRI (docs/guides/kubernetes.md), each scenario on a bed of its own ([`Bed`]): a fake GPU host (the blueprint's
 //! two Tesla M2050, nodes 195:0 and 195:1, control node 195:255), a private containerd whose
 //! `gpuhook` handler is the shipped snippet, and the calls kubelet makes. `tests/cri.rs` runs
 //! each as a test; `gpuhook-testbed cri scenarios` runs them on any machine with the package

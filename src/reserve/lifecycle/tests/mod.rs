@@ -487,7 +487,7 @@ impl FakeHost {
             Ok(vec![cdi::Loaded {
                 path: "/etc/cdi/nvidia.yaml".into(),
                 dir: 0,
-                spec: cdi::parse_checked(SPEC.as_bytes(), false).expect("the test spec"),
+                spec: cdi::parse_checked(CDI_SPEC.as_bytes(), false).expect("the test spec"),
             }])
         };
         let module = *self.module.borrow();
@@ -563,7 +563,7 @@ impl FakeHost {
 
 /// An NVIDIA CDI spec whose GPU 0 is the host's `/dev/null` (1:3), GPU 1 `/dev/zero` (1:5):
 /// a common node (`/dev/full`, 1:7) and one driver mount.
-const SPEC: &str = r#"---
+const CDI_SPEC: &str = r#"---
 cdiVersion: 0.5.0
 kind: nvidia.com/gpu
 devices:
@@ -633,7 +633,7 @@ fn found() -> Result<Container, ContainerError> {
     Ok(container())
 }
 
-/// A host whose GPUs 0 and 1 are `/dev/null` and `/dev/zero` (what [`SPEC`] names).
+/// A host whose GPUs 0 and 1 are `/dev/null` and `/dev/zero` (what [`CDI_SPEC`] names).
 fn cdi_host() -> FakeHost {
     let mut h = host();
     h.inv.gpus[0].nodes[0].1.node = Node::new("/dev/null".to_string(), 1, 3);
@@ -844,7 +844,7 @@ fn cdi_req_of(ix: &[usize]) -> Request {
     r
 }
 
-/// [`SPEC`]'s one driver mount.
+/// [`CDI_SPEC`]'s one driver mount.
 const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.535.129.03";
 
 fn mount_targets(h: &FakeHost) -> Vec<String> {
@@ -855,7 +855,7 @@ fn mount_targets(h: &FakeHost) -> Vec<String> {
         .collect()
 }
 
-/// What `/etc/hostname` ([`SPEC`]'s mount source) is on this host: what a mount of it shows.
+/// What `/etc/hostname` ([`CDI_SPEC`]'s mount source) is on this host: what a mount of it shows.
 fn source_identity() -> String {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata("/etc/hostname").unwrap();
