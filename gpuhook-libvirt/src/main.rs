@@ -30,7 +30,12 @@ fn main() -> ExitCode {
             request,
             clear,
             live,
-        } => request_cmd(&cli.connect, &domain, (!clear).then_some(request), live),
+        } => match (clear, request.request()) {
+            // The options first, in their own words (the XML the domain gets is checked by
+            // the hook's parser after).
+            (false, Err(e)) => Err(format!("domain '{domain}': {e}")),
+            _ => request_cmd(&cli.connect, &domain, (!clear).then_some(request), live),
+        },
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -199,7 +199,7 @@ pub enum LibvirtCommand {
         #[command(flatten)]
         request: RequestArgs,
         /// Remove the GPU request instead
-        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid", "mig", "driver"])]
+        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid", "mig", "share", "driver"])]
         clear: bool,
         /// Also change the live definition of a running domain (its GPUs change only at its
         /// next start either way; the live request guides reconnect)
@@ -248,6 +248,37 @@ pub struct RequestArgs {
     /// host (the running driver's files, found on the host)
     #[arg(long, value_parser = ["none", "cdi", "host"])]
     pub driver: Option<String>,
+}
+
+impl RequestArgs {
+    /// The request the options make, checked as `gpuhook attach`'s are (each as the XML's
+    /// attribute of that name), a refusal in the options' words (`--count`, `--device`).
+    pub fn request(&self) -> Result<crate::request::Request, crate::request::oci::OciError> {
+        use crate::request::oci::{KeyFrom, Pairs};
+        let mut pairs = Pairs::new();
+        let mut put = |key: &str, flag: &'static str, v: Option<String>| {
+            if let Some(v) = v {
+                pairs.insert(key.to_string(), (KeyFrom::Flag(flag), v));
+            }
+        };
+        put("gpus", "--count", self.count.map(|c| c.to_string()));
+        put("vendor", "--vendor", self.vendor.clone());
+        put("arch", "--arch", self.arch.clone());
+        put("model", "--model", self.model.clone());
+        put(
+            "devices",
+            "--device",
+            (!self.device.is_empty()).then(|| self.device.join(",")),
+        );
+        put("capabilities", "--capabilities", self.capabilities.clone());
+        put("mode", "--mode", self.mode.clone());
+        put("uid", "--uid", self.uid.map(|c| c.to_string()));
+        put("gid", "--gid", self.gid.map(|c| c.to_string()));
+        put("mig", "--mig", self.mig.then(|| "yes".to_string()));
+        put("share", "--share", self.share.then(|| "yes".to_string()));
+        put("driver", "--driver", self.driver.clone());
+        crate::request::oci::request(&pairs)
+    }
 }
 
 pub fn main(args: Vec<std::ffi::OsString>) -> i32 {

@@ -413,7 +413,7 @@ fn nova_request(specs: &[(String, String)]) -> Result<Option<Request>, ParseErro
     if g.spec_count.is_none() && g.resources.is_empty() {
         return Ok(None);
     }
-    build_request(g).map(Some)
+    Ok(Some(build_request(g)?))
 }
 
 /// The text of a character or predefined entity reference; other entities are refused.
