@@ -55,11 +55,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Validate a domain XML's GPU request and show what it would get now (dry run)
+    /// Validate a domain XML's (or an OCI bundle's config.json's) GPU request and show what
+    /// it would get now (dry run)
+    ///
+    /// FILE is a domain XML (virsh dumpxml NAME), or an OCI bundle's config.json (JSON with
+    /// "ociVersion": its gpuhook.io/ annotations, else its GPUHOOK_ variables, read as
+    /// gpuhook-runtime reads them); - or no FILE reads standard input (not a terminal). Exit
+    /// 0 when it asks for nothing or would get what it asks for now, 1 otherwise.
     Check {
-        /// Domain XML file, or - for standard input
-        #[arg(default_value = "-", value_name = "FILE|-")]
-        file: String,
+        /// Domain XML or bundle config.json file, or - for standard input
+        #[arg(value_name = "FILE|-")]
+        file: Option<String>,
+        /// Print JSON: file, kind (domain or bundle), name, uuid, request, source, warnings,
+        /// holds, satisfiable, refusal, gpus, nodes, driver
+        #[arg(long)]
+        json: bool,
     },
     /// Give a running container more GPUs (or MIG instances): reserved, granted in its
     /// device cgroup and made in its /dev, all or nothing
@@ -305,7 +315,18 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
             }
         },
         Command::List { json } => report(list(json)),
-        Command::Check { file } => report(check(&file)),
+        Command::Check { file, json } => {
+            let input = match file.as_deref() {
+                None => check::Input::Stdin(false),
+                Some("-") => check::Input::Stdin(true),
+                Some(f) => check::Input::File(f),
+            };
+            if check::waits_on_a_terminal(&input) {
+                eprintln!("gpuhook: {}", check::ON_A_TERMINAL);
+                return 2;
+            }
+            report(check(input, json))
+        }
         Command::Attach(a) => report(crate::doors::hotplug::attach(&a)),
         Command::Detach(d) => report(crate::doors::hotplug::detach(&d)),
         Command::Release {
