@@ -7,14 +7,18 @@ use std::path::{Path, PathBuf};
 /// Why a health step failed or was refused: one line naming the file or the GPU.
 #[derive(Debug, thiserror::Error)]
 pub enum HealthError {
-    #[error("{}: {source}", path.display())]
+    /// The kernel log cannot be read: which file, what `health scan` wants of it, what to do.
+    #[error("cannot read the kernel log {} ({source}): health scan finds the NVIDIA driver's Xid records there{}", path.display(), kmsg_hint(source))]
     Kmsg {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("'{pci}' is not a PCI address like 0000:3b:00.0")]
+    #[error("'{pci}' is neither a PCI address (0000:3b:00.0), a GPU UUID (GPU-…) nor an index")]
     NotPci { pci: String },
+    /// A GPU named by its index or UUID that this host does not list.
+    #[error("no GPU with {sel} on this host (gpuhook list shows them)")]
+    NoSuchGpu { sel: crate::request::DeviceSel },
     #[error("GPU {pci} is not quarantined")]
     NotQuarantined { pci: String },
     #[error("{pci} is not a GPU this host lists")]
@@ -29,6 +33,15 @@ pub enum HealthError {
     Resetting { pci: Pci, pid: i32, since: String },
     #[error("cannot read this process's own start time")]
     OwnStartTime,
+}
+
+/// What an operator can do about a kernel log that cannot be read.
+fn kmsg_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "; it is the kmsg under the config's \"dev\" root (/dev/kmsg on a host): a \"dev\" that names another tree, or a container or fake host without one (run the scan on the host)",
+        std::io::ErrorKind::PermissionDenied => "; run it as root, as gpuhook-health.service does",
+        _ => "",
+    }
 }
 
 impl HealthError {

@@ -214,13 +214,36 @@ fn held(st: &State, pci: Pci) -> Option<String> {
     (!who.is_empty()).then(|| who.join(", "))
 }
 
-/// Resets the GPU `pci` (given as the user wrote it): refused while it is held, draining,
-/// open or being reset; else marked `resetting`, reset, probed, and the outcome recorded.
-pub fn reset(f: &World, r: &dyn Recover, pci: &str, why: Why) -> Result<Reset, Error> {
-    let p = Pci::normalize(pci).ok_or_else(|| HealthError::NotPci {
-        pci: pci.to_string(),
-    })?;
-    reset_pci(f, r, p, why)
+/// Resets the GPU `gpu` (as the operator named it: [`named_gpu`]): refused while it is held,
+/// draining, open or being reset; else marked `resetting`, reset, probed, and the outcome
+/// recorded.
+pub fn reset(f: &World, r: &dyn Recover, gpu: &str, why: Why) -> Result<Reset, Error> {
+    reset_pci(f, r, named_gpu(f, gpu)?, why)
+}
+
+/// The GPU an operator names, as `attach` and `detach` take one: its PCI address (any case,
+/// the domain optional), or its index or UUID among the GPUs this host lists now.
+pub fn named_gpu(f: &World, gpu: &str) -> Result<Pci, Error> {
+    if let Some(p) = Pci::normalize(gpu) {
+        return Ok(p);
+    }
+    let not = || HealthError::NotPci {
+        pci: gpu.to_string(),
+    };
+    let sel = match crate::request::oci::devices(gpu) {
+        Ok(mut v) if v.len() == 1 => v.remove(0),
+        _ => return Err(not().into()),
+    };
+    let inv = (f.scan)(
+        f.cfg,
+        Scan {
+            caps: None,
+            lazy: false,
+        },
+    )?;
+    crate::reserve::alloc::resolve(&inv.gpus, &sel)
+        .map(|g| g.pci)
+        .ok_or_else(|| HealthError::NoSuchGpu { sel }.into())
 }
 
 /// [`reset`] of a PCI address.
