@@ -138,6 +138,14 @@ fn give_sockets(
     let dir = sockets_dir(cfg).map_err(|e| fail(&held[0], e))?;
     for h in &held {
         let name = socket::pin_name(&h.path);
+        // Its second name must be gpuhook's own link, made by an earlier start.
+        if h.links > 1 && !socket::pinned(&h.fd, &dir, &name) {
+            return Err(DriverError::SocketLinks {
+                path: cfg.root.join(h.path.trim_start_matches('/')),
+                owner: h.dir_owner.clone(),
+                links: h.links,
+            });
+        }
         socket::pin(&h.fd, &dir, &name).map_err(|e| fail(h, e))?;
         if let Some(f) = d
             .found
@@ -550,6 +558,38 @@ mod tests {
         assert_eq!(socket_of(&d).source, sock);
         assert!(d.pinned.is_empty());
         assert!(!link.exists());
+    }
+
+    /// A socket of the account's with a second name: given only when that name is gpuhook's
+    /// own link (an earlier start's); one the account linked in from elsewhere (or linked
+    /// elsewhere) is refused, and so is a third name beside gpuhook's link.
+    #[test]
+    fn a_socket_with_another_name_than_gpuhooks_link_is_refused() {
+        let f = fake();
+        let (_real, _docker) = service(&f);
+        let cfg = named(&f.cfg);
+        let sock = f.cfg.root.join(SOCK);
+        let aside = f.cfg.root.join("run/aside.sock");
+        std::fs::hard_link(&sock, &aside).unwrap();
+        let e = host_driver(&cfg).unwrap_err();
+        assert!(
+            matches!(e, DriverError::SocketLinks { links: 2, .. }),
+            "{e}"
+        );
+        let link = state_dir(&cfg).join("driver-sockets/run_nvidia-persistenced_socket");
+        assert!(!link.exists());
+        // Without it, given (and linked by gpuhook); again with gpuhook's link its second.
+        std::fs::remove_file(&aside).unwrap();
+        host_driver(&cfg).unwrap();
+        assert_eq!(id(&link), id(&sock));
+        host_driver(&cfg).unwrap();
+        // A third name beside gpuhook's link.
+        std::fs::hard_link(&sock, &aside).unwrap();
+        let e = host_driver(&cfg).unwrap_err();
+        assert!(
+            matches!(e, DriverError::SocketLinks { links: 3, .. }),
+            "{e}"
+        );
     }
 
     /// The race, with the account's swap done between the check and the use: what is given

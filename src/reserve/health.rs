@@ -81,6 +81,7 @@ impl Record {
             Shape::Other => RecordKind::Other,
             _ if !self.from_kernel() => RecordKind::Userspace,
             Shape::Imitation(why) => RecordKind::Imitation(why),
+            Shape::Doubtful(x) => RecordKind::Doubtful(x),
             Shape::Driver(x) => RecordKind::Xid(x),
         }
     }
@@ -95,6 +96,9 @@ pub enum RecordKind {
     Userspace,
     /// A kernel record that begins so but is not the driver's (why).
     Imitation(Imitation),
+    /// A kernel record in the driver's shape whose process name holds netfilter's `IN=…
+    /// OUT=`: a process named so, or a LOG rule's prefix; not taken as an Xid.
+    Doubtful(Xid),
     /// The driver's Xid.
     Xid(Xid),
 }
@@ -176,6 +180,10 @@ pub struct ScanReport {
     /// Kernel records that begin like an Xid but are not the driver's (a netfilter LOG
     /// rule's prefix, another shape): why, and the record. Ignored.
     pub imitations: Vec<(Imitation, String)>,
+    /// Records in the driver's shape whose process name holds netfilter's `IN=… OUT=`
+    /// ([`xid::Shape::Doubtful`]): not taken as Xids (nothing counted or quarantined), each
+    /// reported with its GPU and who holds it.
+    pub doubtful: Vec<Seen>,
     /// Reset and reboot Xids that the GPU's own state refuted (what it showed): counted with
     /// the action `ignore` and logged, not quarantined.
     pub unconfirmed: Vec<(Seen, GpuState)>,
@@ -385,11 +393,12 @@ struct Taking<'a> {
 /// counted and acted on by the catalog, a reset or reboot one quarantining unless the GPU's
 /// own state refutes it.
 fn take(st: &mut State, cx: &Taking, rep: &mut ScanReport, r: &Record) {
-    let x = match r.kind() {
+    let (x, doubtful) = match r.kind() {
         RecordKind::Other => return,
         RecordKind::Userspace => return rep.forged.push(one_line(&r.msg, 300)),
         RecordKind::Imitation(why) => return rep.imitations.push((why, one_line(&r.msg, 300))),
-        RecordKind::Xid(x) => x,
+        RecordKind::Doubtful(x) => (x, true),
+        RecordKind::Xid(x) => (x, false),
     };
     // The GPU is function 0 of the bus and device the driver names.
     let pci = format!("{}.0", x.bus);
@@ -401,6 +410,9 @@ fn take(st: &mut State, cx: &Taking, rep: &mut ScanReport, r: &Record) {
         message: one_line(&r.msg, 300),
         holders: holders_of(st, &pci),
     };
+    if doubtful {
+        return rep.doubtful.push(seen(st));
+    }
     match v.action {
         Action::Ignore => {
             count_xid(st, &pci, x.code, v.action);

@@ -153,6 +153,55 @@ fn a_service_accounts_link_to_dockers_socket_is_never_given() {
     assert!(!gh(&h, &["driver"]).status.success());
 }
 
+/// The account *hard-links* docker's socket where its own was (`ln /run/docker.sock
+/// /run/nvidia-persistenced/socket`: the same file system, and allowed to any account on a
+/// host whose `fs.protected_hardlinks` is 0, the kernel's default; made here as root, as the
+/// account could there). No link to refuse: the same inode as docker's, root's. With
+/// `driver_socket_owners` naming the account, every door refuses it in one line (the base
+/// binary gave it, and a client of the container's socket reached docker). Then its own
+/// socket again, but with a second name elsewhere (a hard link to it from `/run`): refused
+/// too, it may be another socket the account linked in.
+#[test]
+fn a_hard_link_to_dockers_socket_in_the_accounts_directory_is_never_given() {
+    let (h, d, _real, docker) = service_host();
+    name_the_account(&h);
+    let rt = runtime(&h);
+    let sock = d.root.join(SOCKET.trim_start_matches('/'));
+    std::fs::remove_file(&sock).unwrap();
+    std::fs::hard_link(d.root.join("run/docker.sock"), &sock).unwrap();
+    assert_eq!(std::fs::metadata(&sock).unwrap().nlink(), 2);
+    let said = format!(
+        "driver \"host\": the socket {} is root's, but its directory ({}) is {SVC_NAME} (uid {SVC})'s, who cannot bind a socket of root's there, only hard-link one (/run/docker.sock?): refusing to give it",
+        sock.display(),
+        sock.parent().unwrap().display()
+    );
+    refused_everywhere(&h, &rt, &said);
+    let link = h
+        .state
+        .parent()
+        .unwrap()
+        .join("driver-sockets/run_nvidia-persistenced_socket");
+    assert!(!link.exists(), "docker's socket was linked for containers");
+    drop(docker);
+    // The account's own socket, with a second name outside its directory.
+    std::fs::remove_file(&sock).unwrap();
+    let real = testbed::driver::listen(&sock).unwrap();
+    std::os::unix::fs::lchown(&sock, Some(SVC), Some(SVC)).unwrap();
+    let aside = d.root.join("run/persistenced.aside");
+    std::fs::hard_link(&sock, &aside).unwrap();
+    let said = format!(
+        "driver \"host\": the socket {} in a directory of {SVC_NAME} (uid {SVC}) has 2 links, a name elsewhere besides its path and gpuhook's own link: a hard link the account made to another socket? refusing to give it",
+        sock.display()
+    );
+    refused_everywhere(&h, &rt, &said);
+    // Its one name again: given, through gpuhook's link (its second name from then on).
+    std::fs::remove_file(&aside).unwrap();
+    assert_ok(&gh(&h, &["driver"]));
+    assert_eq!(ident(&link), ident(&sock));
+    assert_ok(&gh(&h, &["driver"]));
+    assert_eq!(reached(&link, &[&real]), [true]);
+}
+
 /// A link on the way (`/run/nvidia-fabricmanager` a link to a directory of root's holding a
 /// root socket) and a directory above the socket's that its group may write: refused in one
 /// line naming the directory.

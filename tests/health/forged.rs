@@ -85,17 +85,25 @@ fn forged_netfilter_records_quarantine_nothing() {
         std::fs::write(kmsg(&h), &text).unwrap();
         let (out, err) = scan(&h);
         assert_eq!(
-            out, "14 new kernel log records read, 0 GPUs quarantined\n",
+            out, "23 new kernel log records read, 0 GPUs quarantined\n",
             "round {round}: {err}"
         );
         assert_eq!(
             err.matches("a kernel log record that begins like an NVIDIA Xid is not the driver's (it carries netfilter's packet log field IN= (a LOG rule's prefix: iptables -j LOG, nft log)), ignored: NVRM: Xid (").count(),
-            13,
+            22,
             "{err}"
         );
         assert!(
             err.contains(
                 "ignored: NVRM: Xid (3b:00): 79 IN= OUT=lo SRC=127.0.0.1 DST=127.0.0.1 LEN=29 "
+            ),
+            "{err}"
+        );
+        // The second review's: a prefix ending at `name=`, netfilter's fields in the process
+        // name, a reset class the GPU's state cannot confirm.
+        assert!(
+            err.contains(
+                "ignored: NVRM: Xid (PCI:0000:3b:00): 109, pid=40114, name=IN= OUT=b, TRUNCATED\n"
             ),
             "{err}"
         );
@@ -124,7 +132,8 @@ fn forged_netfilter_records_quarantine_nothing() {
 /// The same, live: the capture script makes netfilter write its records now (a network
 /// namespace of its own, `nf_log_all_netns` on for the while), they are copied from the
 /// real /dev/kmsg into the fake host's kernel log, and the scan takes none as an Xid. They
-/// are the fixture's records but for what changes with each packet.
+/// are the fixture's records but for what changes with each packet (and the ports and
+/// process ids, counted from the port given).
 #[test]
 fn live_netfilter_records_quarantine_nothing() {
     let port = 41000 + (std::process::id() % 20000) as u16;
@@ -132,28 +141,69 @@ fn live_netfilter_records_quarantine_nothing() {
     let fixture: Vec<&str> = NETFILTER.lines().filter(|l| !l.starts_with('#')).collect();
     let now: Vec<&str> = live.lines().collect();
     assert_eq!(now.len(), fixture.len(), "{live}");
-    let head = |l: &str| -> String {
+    let head = |l: &str, first: u16| -> String {
         let msg = l.split_once(';').unwrap().1;
         let prio = l.split(',').next().unwrap();
-        format!("{prio};{}", msg.split(" SRC=").next().unwrap())
+        let mut msg = msg.split(" SRC=").next().unwrap().to_string();
+        for i in 0..fixture.len() as u16 {
+            msg = msg.replace(&format!(", pid={}, ", first + i), &format!(", pid=P{i}, "));
+        }
+        format!("{prio};{msg}")
     };
     for (a, b) in now.iter().zip(&fixture) {
-        assert_eq!(head(a), head(b));
+        assert_eq!(head(a, port), head(b, 40100));
     }
     let h = host_3b(false);
     std::fs::write(kmsg(&h), &live).unwrap();
     let (out, err) = scan(&h);
     assert_eq!(
-        out, "14 new kernel log records read, 0 GPUs quarantined\n",
+        out, "23 new kernel log records read, 0 GPUs quarantined\n",
         "{err}"
     );
     assert_eq!(
         err.matches("is not the driver's (it carries netfilter's")
             .count(),
-        13,
+        22,
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "ignored: NVRM: Xid (PCI:0000:3b:00): 109, pid={}, name=IN= OUT=b, TRUNCATED\n",
+            port + 14
+        )),
         "{err}"
     );
     untouched(&h, G);
+    assert!(standin_calls(&h.paths).is_empty());
+}
+
+/// A record in the driver's shape from a process whose own name holds netfilter's `IN=…
+/// OUT=` cannot be told from a LOG rule's prefix that ends at `name=`: it is not taken as an
+/// Xid (nothing quarantined, counted or reset, though its class would quarantine), and the
+/// scan warns naming the GPU and its holder, so that an operator can look at it.
+#[test]
+fn a_process_named_like_netfilter_gets_a_warning_naming_the_gpu() {
+    let h = host_3b(false);
+    assert_ok(&h.hook(
+        "train",
+        "prepare",
+        &common::domain("train", 1, &common::gpus(r#"count="8""#)),
+    ));
+    let mut log = String::new();
+    for seq in 1..=3 {
+        // Logged again and again: a reset class, auto_reset on.
+        log.push_str(&format!("4,{seq},{seq}000,-;NVRM: Xid (PCI:0000:3b:00): 109, pid=7, name=IN= OUT=lo, Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x3c046\n"));
+        std::fs::write(kmsg(&h), &log).unwrap();
+        let (out, err) = scan(&h);
+        assert_eq!(
+            out, "1 new kernel log record read, 0 GPUs quarantined\n",
+            "{err}"
+        );
+        assert!(err.contains("gpuhook: warning: GPU 0000:3b:00.0 (held by domain 'train'): a kernel log record in the NVIDIA driver's shape, Xid 109 (context switch timeout), has netfilter's packet log fields IN= and OUT= in its process name: a LOG rule's prefix (iptables -j LOG, nft log) or the driver's record of a process named so; not taken as an Xid (nothing counted or quarantined): look at the GPU if it misbehaves: NVRM: Xid (PCI:0000:3b:00): 109, pid=7, name=IN= OUT=lo, Ch 00000008"), "{err}");
+    }
+    let st: Value = serde_json::from_slice(&std::fs::read(&h.state).unwrap()).unwrap();
+    assert_eq!(st["quarantine"].get(G), None, "{st}");
+    assert_eq!(st["health"].get(G), None, "{st}");
     assert!(standin_calls(&h.paths).is_empty());
 }
 

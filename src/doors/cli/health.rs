@@ -167,6 +167,17 @@ fn log_not_taken(r: &crate::reserve::health::ScanReport) {
             "a kernel log record that begins like an NVIDIA Xid is not the driver's ({why}), ignored: {m}"
         ));
     }
+    for x in &r.doubtful {
+        let who = if x.holders.is_empty() {
+            String::new()
+        } else {
+            format!(" (held by {})", x.holders.join(", "))
+        };
+        log::warn(&format!(
+            "GPU {}{who}: a kernel log record in the NVIDIA driver's shape, Xid {} ({}), has netfilter's packet log fields IN= and OUT= in its process name: a LOG rule's prefix (iptables -j LOG, nft log) or the driver's record of a process named so; not taken as an Xid (nothing counted or quarantined): look at the GPU if it misbehaves: {}",
+            x.pci, x.xid, x.verdict.what, x.message
+        ));
+    }
     for (x, state) in &r.unconfirmed {
         log::warn(&format!(
             "GPU {}: Xid {} ({}), action {}: unconfirmed: {state}; counted and logged only, not quarantined: {}",

@@ -240,6 +240,18 @@ pub enum DriverError {
         dir: PathBuf,
         owner: socket::Account,
     },
+    #[error("driver \"host\": the socket {} is root's, but its directory ({}) is {owner}'s, who cannot bind a socket of root's there, only hard-link one (/run/docker.sock?): refusing to give it", .path.display(), .dir.display())]
+    SocketRootsInAccountDir {
+        path: PathBuf,
+        dir: PathBuf,
+        owner: socket::Account,
+    },
+    #[error("driver \"host\": the socket {} in a directory of {owner} has {links} links, a name elsewhere besides its path and gpuhook's own link: a hard link the account made to another socket? refusing to give it", .path.display())]
+    SocketLinks {
+        path: PathBuf,
+        owner: socket::Account,
+        links: u64,
+    },
     #[error("driver \"host\": {}: {source}; the names in driver_socket_owners cannot be looked up", .path.display())]
     Accounts {
         path: PathBuf,

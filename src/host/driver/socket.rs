@@ -12,6 +12,15 @@
 //! link to `/run/docker.sock` in its place): it is given through gpuhook's own hard link,
 //! made from the descriptor checked ([`pin`]), in a directory of root's that no one else can
 //! change; never by its path.
+//!
+//! An account that owns the socket's directory may also *hard-link* any socket it can see
+//! there (the kernel stops a hard link to another's file only with
+//! `fs.protected_hardlinks=1`, which the kernel does not set by default): `ln
+//! /run/docker.sock /run/nvidia-persistenced/socket` leaves no link to refuse, only the same
+//! inode under a second name. So in such a directory the socket must be a named account's
+//! (a root socket there is refused: the account cannot have bound it), and have no name but
+//! its path and gpuhook's own link (a hard link keeps the first name: docker's socket
+//! linked there has two); whatever the sysctl says.
 
 use super::{DriverError, DriverFile};
 use crate::host::config::SocketOwner;
@@ -150,6 +159,9 @@ pub struct HeldSocket {
     pub fd: OwnedFd,
     /// Who owns its directory.
     pub dir_owner: Account,
+    /// Its links (`st_nlink`) when checked: 1, or 2 when the other is gpuhook's own
+    /// ([`pinned`]).
+    pub links: u64,
 }
 
 fn stat_of(fd: &OwnedFd) -> Result<FileStat, std::io::Error> {
@@ -269,11 +281,40 @@ pub fn open(
             path: host,
             owner: owners.account(uid),
         }),
-        Some((uid, true)) => Ok(Some(HeldSocket {
-            path: f.path.clone(),
-            fd,
-            dir_owner: owners.account(uid),
-        })),
+        Some((uid, true)) => {
+            let dir_owner = owners.account(uid);
+            // The account could not have bound a socket of root's: it linked one.
+            if st.st_uid == 0 {
+                return Err(DriverError::SocketRootsInAccountDir {
+                    path: host,
+                    dir: at,
+                    owner: dir_owner,
+                });
+            }
+            #[allow(clippy::useless_conversion)] // nlink_t is u32 on some targets
+            let links = u64::from(st.st_nlink);
+            if links > 2 {
+                return Err(DriverError::SocketLinks {
+                    path: host,
+                    owner: dir_owner,
+                    links,
+                });
+            }
+            Ok(Some(HeldSocket {
+                path: f.path.clone(),
+                fd,
+                dir_owner,
+                links,
+            }))
+        }
+    }
+}
+
+/// Whether `name` in `dir` is already a link to the socket checked (`fd`).
+pub fn pinned(fd: &OwnedFd, dir: &OwnedFd, name: &str) -> bool {
+    match (fstat(fd), fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)) {
+        (Ok(st), Ok(now)) => (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino),
+        _ => false,
     }
 }
 
@@ -289,11 +330,8 @@ pub fn pin_name(path: &str) -> String {
 /// `name` already is that socket. `EXDEV` when `dir` is on another file system; `ENOENT`
 /// when the socket was unlinked since it was checked.
 pub fn pin(fd: &OwnedFd, dir: &OwnedFd, name: &str) -> Result<(), Errno> {
-    let st = fstat(fd)?;
-    if let Ok(now) = fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) {
-            return Ok(());
-        }
+    if pinned(fd, dir, name) {
+        return Ok(());
     }
     let tmp = format!(".{name}.{}", std::process::id());
     let unlink = |n: &str| {

@@ -777,6 +777,47 @@ fn a_link_or_a_writable_directory_on_the_way_refuses_the_socket() {
     );
 }
 
+/// The account hard-links another socket where its own was (`ln /run/docker.sock
+/// /run/nvidia-persistenced/socket`, which the kernel allows on a host whose
+/// `fs.protected_hardlinks` is 0: made here as root, as the account could there): no link to
+/// refuse, the same inode as docker's. Refused in one line with the account named: a root
+/// socket in its directory; its own socket with a name elsewhere is held with its 2 links
+/// (the give looks whether the other is gpuhook's own), with 3 refused here.
+#[test]
+fn a_hard_link_in_the_accounts_directory_is_never_held() {
+    let (r, _real, _docker) = service_host();
+    let sock = r.p(PERSISTENCED);
+    let named = [SocketOwner::Name(SVC_NAME.into())];
+    let f = discover(r.root(), V).unwrap();
+    std::fs::remove_file(&sock).unwrap();
+    std::fs::hard_link(r.p("/run/docker.sock"), &sock).unwrap();
+    let e = trust_with(r.root(), &f.files, &named).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("driver \"host\": the socket {} is root's, but its directory ({}) is {SVC_NAME} (uid {SVC})'s, who cannot bind a socket of root's there, only hard-link one (/run/docker.sock?): refusing to give it", sock.display(), sock.parent().unwrap().display())
+    );
+    // Not named: its directory is refused first.
+    assert!(matches!(
+        trust(r.root(), &f.files),
+        Err(DriverError::SocketDirOwner { .. })
+    ));
+    // A socket of the account's with a name elsewhere: 2 links, held with its count (the
+    // give refuses it unless the other is gpuhook's own); 3: refused here.
+    std::fs::remove_file(&sock).unwrap();
+    let elsewhere = r.p("/run/other.sock");
+    let _l = UnixListener::bind(&elsewhere).unwrap();
+    std::os::unix::fs::lchown(&elsewhere, Some(SVC), Some(SVC)).unwrap();
+    std::fs::hard_link(&elsewhere, &sock).unwrap();
+    let held = trust_with(r.root(), &f.files, &named).unwrap();
+    assert_eq!(held[0].links, 2);
+    std::fs::hard_link(&elsewhere, r.p("/run/third.sock")).unwrap();
+    let e = trust_with(r.root(), &f.files, &named).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("driver \"host\": the socket {} in a directory of {SVC_NAME} (uid {SVC}) has 3 links, a name elsewhere besides its path and gpuhook's own link: a hard link the account made to another socket? refusing to give it", sock.display())
+    );
+}
+
 /// Stock `nvidia-persistenced --user nvidia-persistenced`: the directory and the socket are
 /// the account's. Refused in one line saying what to set; given once `driver_socket_owners`
 /// names the account (by name through the host's passwd, or by uid), and then only from the
@@ -812,9 +853,13 @@ fn a_service_accounts_socket_needs_driver_socket_owners() {
         assert_eq!((st.st_dev, st.st_ino), ino(&sock));
     }
     let named = [SocketOwner::Name(SVC_NAME.into())];
-    // A root socket in the account's directory: held too (the account could swap it).
+    // A root socket in the account's directory: refused, named or not (the account cannot
+    // have bound it: it hard-linked it).
     std::os::unix::fs::lchown(&sock, Some(0), Some(0)).unwrap();
-    assert_eq!(trust_with(r.root(), &f.files, &named).unwrap().len(), 1);
+    assert!(matches!(
+        trust_with(r.root(), &f.files, &named),
+        Err(DriverError::SocketRootsInAccountDir { .. })
+    ));
     let e = trust(r.root(), &f.files).unwrap_err();
     assert_eq!(
         e.to_string(),

@@ -12,9 +12,15 @@
 //! `nft log prefix`, 127) at the very start of a kernel record and its packet fields after
 //! it (`IN=… OUT=… MAC=… SRC=… DST=… LEN=… PROTO=… SPT=… DPT=…`), so a container with
 //! `CAP_NET_ADMIN` over a network namespace whose packets are logged writes records that
-//! begin like an Xid. Such a record is never one: its fields are always there (netfilter
-//! writes `IN=` right after the prefix and ` OUT=` after it), and the driver's messages
-//! carry none of them.
+//! begin like an Xid. Such a record is never one: netfilter writes `IN=DEV OUT=DEV ` right
+//! after the prefix, every time, whatever follows (the packet's fields, or for a packet too
+//! short for its header only `TRUNCATED`, or nothing), and an interface's name holds no
+//! space. So `IN=`, a run without a space, then ` OUT=` anywhere after the head refuses a
+//! record, the process name included: a prefix that ends at `name=` on an interface whose
+//! name ends in `,` (`…, name=IN= OUT=b, TRUNCATED`) reads as a process `IN= OUT=b` and
+//! a message. The driver's messages carry none of netfilter's fields either. A process
+//! *named* `IN= OUT=…` whose record reads as the driver's otherwise cannot be told from
+//! such a prefix: its record is [`Shape::Doubtful`], not an Xid, and named with its GPU.
 
 use crate::ids::normalize_pci;
 
@@ -34,6 +40,10 @@ pub enum Shape {
     Other,
     /// The driver's whole record.
     Driver(Xid),
+    /// The driver's shape, but its process name holds netfilter's `IN=… OUT=`: the driver's
+    /// record of a process named so, or a LOG rule's prefix ending at `name=` on an interface
+    /// whose name ends in `,`. Which one cannot be told: not an Xid; the scan names the GPU.
+    Doubtful(Xid),
     /// It begins like an Xid but is not the driver's.
     Imitation(Imitation),
 }
@@ -64,15 +74,21 @@ pub enum Malformed {
     Name,
 }
 
-/// The packet fields netfilter's LOG target writes (IPv4, IPv6, ARP, bridge, netdev, with
-/// every option), each a word of its record: `IN=` comes right after the rule's prefix,
-/// the others after a space.
-pub const NETFILTER_FIELDS: [&str; 28] = [
+/// The packet fields netfilter's LOG target writes (`nf_log_syslog`: IPv4, IPv6, ARP,
+/// bridge, netdev, with every option; and ebtables' own `log`), each a word of its record:
+/// `IN=` comes right after the rule's prefix, the others after a space.
+pub const NETFILTER_FIELDS: [&str; 45] = [
     "IN=",
     "OUT=",
     "PHYSIN=",
     "PHYSOUT=",
     "MAC=",
+    "MACSRC=",
+    "MACDST=",
+    "MACPROTO=",
+    "VPROTO=",
+    "VID=",
+    "TUNNEL=",
     "SRC=",
     "DST=",
     "LEN=",
@@ -80,17 +96,28 @@ pub const NETFILTER_FIELDS: [&str; 28] = [
     "PREC=",
     "TTL=",
     "ID=",
+    "FRAG:",
     "PROTO=",
     "SPT=",
     "DPT=",
+    "SEQ=",
+    "ACK=",
+    "WINDOW=",
+    "RES=",
+    "URGP=",
+    "TYPE=",
+    "CODE=",
+    "PARAMETER=",
+    "GATEWAY=",
+    "MTU=",
+    "POINTER=",
+    "SPI=",
     "TC=",
     "HOPLIMIT=",
     "FLOWLBL=",
     "UID=",
     "GID=",
     "MARK=",
-    "MACSRC=",
-    "MACDST=",
     "IPSRC=",
     "IPDST=",
     "HTYPE=",
@@ -98,16 +125,33 @@ pub const NETFILTER_FIELDS: [&str; 28] = [
     "OPCODE=",
 ];
 
-/// The first of netfilter's fields in `text`: a word that begins with one, or `IN=` glued
-/// to the prefix before it (`…the bus.IN= OUT=lo …`) and followed by ` OUT=`.
+/// The words netfilter writes for a packet too short for a header (`TRUNCATED`, `OPT
+/// (TRUNCATED)`, `INCOMPLETE [N bytes]`), each a whole word of its record.
+pub const NETFILTER_WORDS: [&str; 3] = ["TRUNCATED", "(TRUNCATED)", "INCOMPLETE"];
+
+/// Where netfilter's `IN=DEV OUT=` begins in `text`, if it is there: `IN=` (glued to what
+/// comes before it or not), a run without a space (an interface's name: none holds one),
+/// then ` OUT=`. Every record netfilter's LOG target writes has it right after the rule's
+/// prefix.
+pub fn in_out(text: &str) -> Option<usize> {
+    text.match_indices("IN=").map(|(i, _)| i).find(|&i| {
+        let dev = text[i + 3..].split(' ').next().unwrap_or("");
+        text[i + 3 + dev.len()..].starts_with(" OUT=")
+    })
+}
+
+/// The first of netfilter's fields in `text`: its `IN=DEV OUT=` anywhere ([`in_out`]), a
+/// word that begins with one of [`NETFILTER_FIELDS`], or one of [`NETFILTER_WORDS`].
 pub fn netfilter_field(text: &str) -> Option<&'static str> {
-    let words: Vec<&str> = text.split(' ').collect();
-    for (i, w) in words.iter().enumerate() {
+    if in_out(text).is_some() {
+        return Some("IN=");
+    }
+    for w in text.split(' ') {
         if let Some(k) = NETFILTER_FIELDS.iter().find(|k| w.starts_with(**k)) {
             return Some(k);
         }
-        if w.contains("IN=") && words.get(i + 1).is_some_and(|n| n.starts_with("OUT=")) {
-            return Some("IN=");
+        if let Some(k) = NETFILTER_WORDS.iter().find(|k| w == **k) {
+            return Some(k);
         }
     }
     None
@@ -119,9 +163,13 @@ pub fn shape(msg: &str) -> Shape {
         return Shape::Other;
     }
     match driver_record(msg) {
-        Ok((xid, text)) => match netfilter_field(text) {
+        Ok(rec) if in_out(msg).is_some() => match rec.named_in_out() {
+            true => Shape::Doubtful(rec.xid),
+            false => Shape::Imitation(Imitation::Netfilter("IN=")),
+        },
+        Ok(rec) => match netfilter_field(rec.text) {
             Some(k) => Shape::Imitation(Imitation::Netfilter(k)),
-            None => Shape::Driver(xid),
+            None => Shape::Driver(rec.xid),
         },
         Err(why) => Shape::Imitation(match netfilter_field(msg) {
             Some(k) => Imitation::Netfilter(k),
@@ -140,8 +188,32 @@ pub fn parse_xid(msg: &str) -> Option<Xid> {
     }
 }
 
-/// The driver's record, field by field: its Xid and its message (after `pid=` and `name=`).
-fn driver_record(msg: &str) -> Result<(Xid, &str), Malformed> {
+/// A record in the driver's shape, field by field.
+struct DriverRecord<'a> {
+    xid: Xid,
+    /// What follows `name=`, when the record has that field.
+    name: Option<&'a str>,
+    /// Its message: after `pid=` and `name=` (the longest process name it may hold).
+    text: &'a str,
+}
+
+impl DriverRecord<'_> {
+    /// Whether a process name (at most 15 bytes, then `, ` or the record's end) may hold
+    /// netfilter's whole `IN=… OUT=` with a message after it that carries none of its
+    /// fields: the driver's record of a process named so would read like this.
+    fn named_in_out(&self) -> bool {
+        let Some(r) = self.name else {
+            return false;
+        };
+        name_ends(r)
+            .into_iter()
+            .any(|(name, text)| in_out(name).is_some() && netfilter_field(text).is_none())
+    }
+}
+
+/// The driver's record, field by field: its Xid, its `name=` and its message (after `pid=`
+/// and `name=`).
+fn driver_record(msg: &str) -> Result<DriverRecord<'_>, Malformed> {
     let rest = msg.strip_prefix("NVRM: Xid (").ok_or(Malformed::Head)?;
     let (inside, rest) = rest.split_once("): ").ok_or(Malformed::Head)?;
     let bus = bus_of(inside).ok_or(Malformed::Address)?;
@@ -160,25 +232,35 @@ fn driver_record(msg: &str) -> Result<(Xid, &str), Malformed> {
         }
         rest = r;
     }
-    if let Some(r) = rest.strip_prefix("name=") {
-        rest = after_name(r).ok_or(Malformed::Name)?;
+    let name = rest.strip_prefix("name=");
+    if let Some(r) = name {
+        // The longest name followed by `, `; else the whole rest, when it ends in time.
+        let ends = name_ends(r);
+        let comma = ends.iter().rfind(|(n, _)| n.len() < r.len());
+        rest = comma.or(ends.last()).ok_or(Malformed::Name)?.1;
     }
-    Ok((Xid { bus, code }, rest))
+    Ok(DriverRecord {
+        xid: Xid { bus, code },
+        name,
+        text: rest,
+    })
 }
 
-/// What follows a `name=` value: the process name is at most 15 bytes (`/dev/kmsg` writes
-/// a byte it escapes as `\xNN`), then `, ` (the longest such name) or the record's end.
-fn after_name(r: &str) -> Option<&str> {
+/// Every way to read `r` (what follows `name=`) as a process name and a message: the name
+/// is at most 15 bytes (`/dev/kmsg` writes a byte it escapes as `\xNN`), then `, ` or the
+/// record's end. In order, the longest name last (the whole rest, when it ends in time).
+fn name_ends(r: &str) -> Vec<(&str, &str)> {
+    let mut ends = Vec::new();
     let mut bytes = 0usize;
-    let mut end = None;
     let mut i = 0usize;
     let b = r.as_bytes();
     while i <= b.len() && bytes <= 15 {
         if r[i..].starts_with(", ") {
-            end = Some(i);
+            ends.push((&r[..i], &r[i + 2..]));
         }
         if i == b.len() {
-            return Some(end.map_or("", |e| &r[e + 2..]));
+            ends.push((r, ""));
+            break;
         }
         let escaped = b[i] == b'\\'
             && b.get(i + 1) == Some(&b'x')
@@ -192,7 +274,7 @@ fn after_name(r: &str) -> Option<&str> {
         i += step;
         bytes += if escaped { 1 } else { step };
     }
-    end.map(|e| &r[e + 2..])
+    ends
 }
 
 /// The GPU's bus from the parenthesis: `PCI:` or not, the domain or not, the function or

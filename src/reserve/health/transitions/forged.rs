@@ -39,10 +39,11 @@ fn netfilter_records_quarantine_nothing() {
         let r = b.scan(&fake);
         assert_eq!(
             (r.new_records, r.imitations.len()),
-            (14, 13),
+            (23, 22),
             "round {round}"
         );
         assert!(r.quarantined.is_empty() && r.escalated.is_empty() && r.resets.is_empty());
+        assert!(r.doubtful.is_empty(), "{:?}", r.doubtful);
     }
     let st = b.state();
     assert!(st.quarantine.is_empty(), "{:?}", st.quarantine);
@@ -53,10 +54,10 @@ fn netfilter_records_quarantine_nothing() {
     let b = Bed::new(|_| {});
     b.kmsg(&on_g0(NETFILTER, 0));
     let r = b.scan(&Fake::default());
-    assert_eq!(r.new_records, 14);
+    assert_eq!(r.new_records, 23);
     assert!(r.quarantined.is_empty() && r.escalated.is_empty());
     assert!(r.ignored.is_empty() && r.restart.is_empty() && r.unconfirmed.is_empty());
-    assert_eq!(r.imitations.len(), 13, "the 14th begins with another line");
+    assert_eq!(r.imitations.len(), 22, "the 14th begins with another line");
     assert!(r
         .imitations
         .iter()
@@ -64,7 +65,47 @@ fn netfilter_records_quarantine_nothing() {
     assert!(r.imitations[0]
         .1
         .starts_with("NVRM: Xid (10:00): 79 IN= OUT=lo SRC=127.0.0.1"));
+    // The second review's: a prefix ending at `name=` on the interface `b,`.
+    assert_eq!(
+        r.imitations[13].1,
+        "NVRM: Xid (PCI:0000:10:00): 109, pid=40114, name=IN= OUT=b, TRUNCATED"
+    );
     assert_eq!(b.problem(G0), None);
+}
+
+/// A record in the driver's shape whose process name holds netfilter's `IN=… OUT=` (a
+/// tenant's program named so, or a LOG rule's prefix that ends at `name=`): not an Xid,
+/// reported with its GPU and who holds it; nothing counted, quarantined or asked of the
+/// GPU, whatever its class.
+#[test]
+fn a_process_named_like_netfilter_is_reported_with_its_gpu_and_counts_nothing() {
+    let b = Bed::new(|c| c.auto_reset = true);
+    b.hold("train", &[G0]);
+    let text = [
+        "4,1,1000,-;NVRM: Xid (PCI:0000:10:00): 48, pid=7, name=IN= OUT=lo, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n",
+        "4,2,2000,-;NVRM: Xid (PCI:0000:11:00): 109, pid=7, name=IN= OUT=b, \n",
+    ]
+    .concat();
+    b.kmsg(&text);
+    let fake = Fake::default();
+    let r = b.scan(&fake);
+    assert_eq!(r.new_records, 2);
+    let d: Vec<(&str, u32, &[String])> = r
+        .doubtful
+        .iter()
+        .map(|s| (s.pci.as_str(), s.xid, s.holders.as_slice()))
+        .collect();
+    assert_eq!(
+        d,
+        [
+            (G0, 48, &["domain 'train'".to_string()][..]),
+            (G1, 109, &[][..])
+        ]
+    );
+    assert!(r.quarantined.is_empty() && r.imitations.is_empty() && r.resets.is_empty());
+    assert!(fake.confirmed.borrow().is_empty(), "confirmation asked");
+    let st = b.state();
+    assert!(st.quarantine.is_empty() && st.health.is_empty(), "{st:?}");
 }
 
 /// A reboot or reset Xid whose class the GPU's state confirms: refuted, it is counted with
