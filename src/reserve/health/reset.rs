@@ -71,6 +71,52 @@ pub trait Recover {
     fn probe(&self, cfg: &Config, pci: Pci) -> Result<(), ProbeFailure>;
     /// What the GPU's own state says of an Xid's class ([`super::confirm`]).
     fn confirm(&self, cfg: &Config, pci: Pci, check: Check) -> Confirmation;
+    /// Told where a reset is (an operator's command says it on stderr): nothing by default.
+    fn progress(&self, _step: &Progress) {}
+}
+
+/// Where a reset is, while it runs: the reset may take up to [`DEADLINE`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// The GPU is marked `resetting`; the reset runs now (`what`: the command, or the write
+    /// to sysfs).
+    Resetting { pci: Pci, what: String },
+    /// The reset ended well after `took`; the probes run now.
+    Probing { pci: Pci, took: Duration },
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Progress::Resetting { pci, what } => write!(
+                f,
+                "GPU {pci}: resetting: {what} ({} s at most)",
+                DEADLINE.as_secs()
+            ),
+            Progress::Probing { pci, took } => write!(
+                f,
+                "GPU {pci}: reset ran in {:.2} s; probing it (config space, driver, not excluded)",
+                took.as_secs_f64()
+            ),
+        }
+    }
+}
+
+/// What a reset of `pci` runs, as messages say it: `'/usr/bin/nvidia-smi --gpu-reset -i
+/// PCI'`, or `writing 1 to <sys>/bus/pci/devices/PCI/reset`.
+pub fn reset_what(cfg: &Config, pci: Pci) -> String {
+    match cfg.reset_command.argv(pci.as_str()) {
+        Some(argv) => format!("'{}'", argv.join(" ")),
+        None => format!("writing 1 to {}", sysfs_reset(cfg, pci).display()),
+    }
+}
+
+/// The sysfs file of a function-level reset.
+fn sysfs_reset(cfg: &Config, pci: Pci) -> std::path::PathBuf {
+    cfg.sysfs
+        .join("bus/pci/devices")
+        .join(pci.as_str())
+        .join("reset")
 }
 
 /// This host: the configured `reset_command`, as gpuhook runs every child
@@ -93,18 +139,11 @@ impl Recover for HostReset {
 /// Runs the configured reset of the GPU at `pci`, killed past `limit`.
 pub fn run_reset(cfg: &Config, pci: Pci, limit: Duration) -> Result<(), ResetFailure> {
     use crate::enter::sandbox::{run_child, run_program, Waited};
-    let (what, ran) = match cfg.reset_command.argv(pci.as_str()) {
-        Some(argv) => (
-            format!("'{}'", argv.join(" ")),
-            run_program(&argv, limit, 64 * 1024),
-        ),
+    let what = reset_what(cfg, pci);
+    let ran = match cfg.reset_command.argv(pci.as_str()) {
+        Some(argv) => run_program(&argv, limit, 64 * 1024),
         None => {
-            let path = cfg
-                .sysfs
-                .join("bus/pci/devices")
-                .join(pci.as_str())
-                .join("reset");
-            let shown = path.display().to_string();
+            let path = sysfs_reset(cfg, pci);
             let write = move || -> Result<(), String> {
                 use std::io::Write;
                 use std::os::unix::fs::OpenOptionsExt;
@@ -115,7 +154,7 @@ pub fn run_reset(cfg: &Config, pci: Pci, limit: Duration) -> Result<(), ResetFai
                     .and_then(|mut f| f.write_all(b"1"))
                     .map_err(|e| e.to_string())
             };
-            (format!("writing 1 to {shown}"), run_child(limit, write))
+            run_child(limit, write)
         }
     };
     let fail = |how: Ended| ResetFailure {
@@ -294,10 +333,20 @@ pub fn reset_pci(f: &World, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
         }))
     })?;
     // Without the lock: the reset, then the probes.
+    r.progress(&Progress::Resetting {
+        pci,
+        what: reset_what(cfg, pci),
+    });
     let t = Instant::now();
     let failure = match r.reset(cfg, pci) {
         Err(e) => Some(Failure::Reset(e)),
-        Ok(()) => r.probe(cfg, pci).err().map(Failure::Probe),
+        Ok(()) => {
+            r.progress(&Progress::Probing {
+                pci,
+                took: t.elapsed(),
+            });
+            r.probe(cfg, pci).err().map(Failure::Probe)
+        }
     };
     let took = t.elapsed();
     // Another locked step: the outcome.
