@@ -25,6 +25,11 @@ fn main() -> ExitCode {
     }
     let r = match cli.command {
         LibvirtCommand::Reconcile { dry_run } => reconcile(&cli.connect, dry_run),
+        LibvirtCommand::Completions { shell } => {
+            use clap::CommandFactory;
+            gpuhook::doors::cli::completions(shell, LibvirtCli::command());
+            Ok(())
+        }
         LibvirtCommand::Request {
             domain,
             request,

@@ -5,13 +5,9 @@
 
 use crate::doors::error::CliError;
 use crate::doors::hook;
-use crate::host::config::Config;
 use crate::log;
-use crate::reserve::error::Error;
-use crate::reserve::lifecycle::{self, Pick};
-use crate::reserve::state::Store;
-use crate::reserve::world::World;
-use clap::{Parser, Subcommand};
+use crate::reserve::lifecycle::Pick;
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 
 mod check;
@@ -23,6 +19,8 @@ use common::{emit, load};
 use health::health;
 pub use health::HealthAction;
 mod list;
+mod release;
+mod show;
 use list::list;
 pub use list::list_json;
 
@@ -95,6 +93,43 @@ pub enum Command {
         /// NAME is a virtual machine (a libvirt QEMU domain: its name or UUID)
         #[arg(long)]
         vm: bool,
+        /// Print JSON: holder (kind, name, uuid), released (its units), draining (unit,
+        /// pids, unread)
+        #[arg(long)]
+        json: bool,
+    },
+    /// One holder's whole story: its GPUs, phase, init, cgroup, driver files, and when and
+    /// through which door it reserved them
+    ///
+    /// NAME as release takes it (a domain's or VM's name or UUID, a container's ID; one
+    /// holder only, --domain, --container or --vm say which); a NAME no holder of GPUs
+    /// answers to exits 1.
+    Show {
+        /// Domain or VM name or UUID, or container ID
+        name: String,
+        /// NAME is a libvirt LXC domain (its name or UUID)
+        #[arg(long, conflicts_with_all = ["container", "vm"])]
+        domain: bool,
+        /// NAME is an OCI container's ID
+        #[arg(long, conflicts_with = "vm")]
+        container: bool,
+        /// NAME is a virtual machine (a libvirt QEMU domain: its name or UUID)
+        #[arg(long)]
+        vm: bool,
+        /// Print JSON: holder, door, hotplugged, phase, stale, request, created, updated,
+        /// gpus, nodes, init, controller, prepared_by, cgroup, driver, driver_version,
+        /// driver_outdated, mounts
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the shell completion script for gpuhook (bash, zsh, fish, elvish, powershell)
+    ///
+    /// bash: gpuhook completions bash > /etc/bash_completion.d/gpuhook (the packages install
+    /// it); zsh: into a directory of $fpath as _gpuhook; fish: into
+    /// ~/.config/fish/completions/gpuhook.fish.
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
     },
     /// Run the libvirt hook explicitly (domain XML on standard input)
     Hook {
@@ -202,6 +237,12 @@ pub enum LibvirtCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Print the shell completion script for gpuhook-libvirt (bash, zsh, fish, elvish,
+    /// powershell)
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
     /// Set (or with --clear remove) the GPU request of a defined domain
     Request {
         /// Domain name or UUID
@@ -291,6 +332,16 @@ impl RequestArgs {
     }
 }
 
+/// Writes the completion script of `cmd` for `shell` on stdout (a reader that stops early,
+/// `| head`, is no error).
+pub fn completions(shell: clap_complete::Shell, mut cmd: clap::Command) {
+    use std::io::Write;
+    let name = cmd.get_name().to_owned();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, name, &mut script);
+    let _ = std::io::stdout().lock().write_all(&script);
+}
+
 pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
@@ -334,7 +385,23 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
             domain,
             container,
             vm,
-        } => report(release(&name, Pick::of(domain, container, vm))),
+            json,
+        } => report(release::release(
+            &name,
+            Pick::of(domain, container, vm),
+            json,
+        )),
+        Command::Show {
+            name,
+            domain,
+            container,
+            vm,
+            json,
+        } => report(show::show(&name, Pick::of(domain, container, vm), json)),
+        Command::Completions { shell } => {
+            completions(shell, Cli::command());
+            0
+        }
         Command::Metrics { output } => report(metrics(output.as_deref())),
         Command::Placement { output } => report(placement(output.as_deref())),
         Command::Health { action } => report(health(action)),
@@ -408,55 +475,6 @@ fn report(r: Result<i32, impl std::fmt::Display>) -> i32 {
             1
         }
     }
-}
-
-/// `gpuhook release NAME`: frees the reservation of the one holder NAME names
-/// ([`lifecycle::resolve`] among the state's reservations; `pick` from `--domain`,
-/// `--container`, `--vm`), unless its container still runs ([`lifecycle::release`]). A name
-/// that no holder, or more than one, answers to is refused in one line; so is a state that
-/// cannot be read.
-fn release(name: &str, pick: Pick) -> Result<i32, CliError> {
-    let cfg = Config::load().map_err(Error::from)?;
-    let st = Store::new(&cfg.state_file).read().map_err(Error::from)?;
-    let holders = st.reservations.values().map(|r| r.holder.clone());
-    let Some(id) = lifecycle::resolve(name, pick, holders)? else {
-        return Err(CliError::NothingToRelease {
-            name: name.to_string(),
-            kinds: pick.words(),
-        });
-    };
-    let lifecycle::Released { freed, drained } = lifecycle::release(&World::real(&cfg), &id.key())?;
-    if freed.is_empty() {
-        // Freed meanwhile, by its stop or another release.
-        println!("{} holds no GPUs any more; nothing to release", id.who());
-    }
-    for (r, ()) in freed {
-        let line = match r.gpus.is_empty() {
-            true => format!("released {} (it held no GPU)", r.holder.who_exactly()),
-            false => format!(
-                "released {} of {}",
-                crate::ids::Unit::join(&r.gpus, ","),
-                r.holder.who_exactly()
-            ),
-        };
-        println!("{line}");
-        log::info(&format!("operator {line}"));
-    }
-    for (unit, d) in &drained.draining {
-        if d.holders.is_empty() {
-            println!(
-                "{unit} is draining: the look for processes that keep it open did not finish in time ({} not read); it is given to no one until a look reads them all",
-                d.unread_who()
-            );
-            continue;
-        }
-        println!(
-            "{unit} is draining: {} still {} it open; it is given to no one until closed",
-            crate::reserve::state::Opener::describe(&d.holders),
-            if d.holders.len() == 1 { "has" } else { "have" }
-        );
-    }
-    Ok(0)
 }
 
 /// `gpuhook-runtime`'s manual page (the wrapper itself takes runc's command line unparsed).

@@ -89,6 +89,11 @@ pub enum CliError {
     /// `release`: no holder of that name (or UUID, or container ID) of the kinds said.
     #[error("no {kinds} named '{name}' holds GPUs: nothing to release")]
     NothingToRelease { name: String, kinds: String },
+    /// `show`: no holder of that name (or UUID, or container ID) of the kinds said.
+    #[error(
+        "no {kinds} named '{name}' holds GPUs: nothing to show (gpuhook list shows who holds what)"
+    )]
+    NothingToShow { name: String, kinds: String },
     /// `release`/`attach`/`detach NAME` where more than one holder answers to NAME (an LXC
     /// domain, a VM, an OCI container): the operator says which.
     #[error(transparent)]
