@@ -13,7 +13,8 @@
 //! reaped. A host program gpuhook runs (the GPU reset command) goes through
 //! [`run_program`]: the same, with standard input from `/dev/null`, no descriptor but the
 //! pipe, a fixed environment, the signals as a fresh process has them, and a process group
-//! of its own.
+//! of its own; [`run_program_fd`] (`nvidia-smi`) runs one checked by
+//! `host::program::trusted_program` from its descriptor.
 
 use crate::host::child::close_from;
 use crate::host::syserr::{IoErr, SysErr};
@@ -431,9 +432,9 @@ impl RunError {
 }
 
 /// In a forked child: standard input from `/dev/null`, standard output and error into
-/// `out`, nothing else open, a process group of its own, the signals' default dispositions
-/// with none blocked, and SIGKILL when its parent dies.
-fn plain_child(out: OwnedFd, parent: i32) -> Result<(), Errno> {
+/// `out`, nothing else open (but `exe` at 3, when given), a process group of its own, the
+/// signals' default dispositions with none blocked, and SIGKILL when its parent dies.
+fn plain_child(out: OwnedFd, parent: i32, exe: Option<i32>) -> Result<(), Errno> {
     use std::os::fd::IntoRawFd;
     let out = out.into_raw_fd();
     // SAFETY: descriptor and signal calls on this (child) process only.
@@ -446,7 +447,22 @@ fn plain_child(out: OwnedFd, parent: i32) -> Result<(), Errno> {
             return Err(Errno::last());
         }
     }
-    close_from(3);
+    // The program to run from its descriptor, at 3 across the exec (a script's interpreter
+    // reads it at /dev/fd/3).
+    if let Some(fd) = exe {
+        // SAFETY: as above.
+        let r = unsafe {
+            if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            }
+        };
+        if r < 0 {
+            return Err(Errno::last());
+        }
+    }
+    close_from(if exe.is_some() { 4 } else { 3 });
     // SAFETY: as above.
     unsafe {
         libc::setpgid(0, 0);
@@ -482,6 +498,27 @@ fn to_stderr(msg: &str) {
 /// module's comment), its output read within `limit` (at most `max` bytes kept); past
 /// `limit` it and its process group are killed.
 pub fn run_program(argv: &[String], limit: Duration, max: usize) -> Result<Ran, RunError> {
+    run(None, argv, limit, max)
+}
+
+/// [`run_program`] of the program open at `exe` (a `host::program::TrustedProgram`'s
+/// descriptor: the file checked), executed from that descriptor (`fexecve`), never looked up
+/// by a path again: `argv[0]` only names it.
+pub fn run_program_fd(
+    exe: &OwnedFd,
+    argv: &[String],
+    limit: Duration,
+    max: usize,
+) -> Result<Ran, RunError> {
+    run(Some(exe), argv, limit, max)
+}
+
+fn run(
+    exe: Option<&OwnedFd>,
+    argv: &[String],
+    limit: Duration,
+    max: usize,
+) -> Result<Ran, RunError> {
     let c: Vec<CString> = argv
         .iter()
         .map(|a| CString::new(a.as_str()).map_err(|_| RunError::Nul(a.clone())))
@@ -492,12 +529,21 @@ pub fn run_program(argv: &[String], limit: Duration, max: usize) -> Result<Ran, 
         .map(|e| CString::new(*e).expect("no NUL"))
         .collect();
     let parent = std::process::id() as i32;
+    let exe = exe.map(|f| f.as_raw_fd());
     let child = move |out: OwnedFd| -> i32 {
-        if let Err(e) = plain_child(out, parent) {
+        if let Err(e) = plain_child(out, parent, exe) {
             to_stderr(&format!("cannot set up the child: {e}\n"));
             return 126;
         }
-        let e = nix::unistd::execve(&path, &c, &env).unwrap_err();
+        let e = match exe {
+            Some(_) => {
+                // SAFETY: descriptor 3 is the program (set by plain_child).
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(3) };
+                nix::unistd::fexecve(fd, &c, &env)
+            }
+            None => nix::unistd::execve(&path, &c, &env),
+        }
+        .unwrap_err();
         to_stderr(&format!("cannot run {}: {e}\n", path.to_string_lossy()));
         127
     };
@@ -519,7 +565,7 @@ pub fn run_child(
 ) -> Result<Ran, RunError> {
     let parent = std::process::id() as i32;
     let child = move |out: OwnedFd| -> i32 {
-        if let Err(e) = plain_child(out, parent) {
+        if let Err(e) = plain_child(out, parent, None) {
             to_stderr(&format!("cannot set up the child: {e}\n"));
             return 126;
         }

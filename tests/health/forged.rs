@@ -258,8 +258,11 @@ fn a_genuine_memory_error_waits_for_nvidia_smi() {
     assert!(err.contains("GPU 0000:3b:00.0: Xid 48 (double-bit ECC error), action reset: unconfirmed: nvidia-smi shows ecc.errors.uncorrected.volatile.total 0, retired_pages.pending No, remapped_rows.pending No, remapped_rows.failure No; counted and logged only, not quarantined"), "{err}");
     let calls = smi_calls(&h.paths);
     assert_eq!(calls.len(), 1);
+    // Run from the descriptor checked, not by its path: the kernel hands a script's
+    // interpreter that descriptor as /dev/fd/3; it is the file at the configured path.
+    assert_eq!(calls[0]["argv"][0], "/dev/fd/3");
     assert_eq!(
-        calls[0]["argv"][0],
+        calls[0]["exe"],
         h.paths.root.join("bin/nvidia-smi").display().to_string()
     );
     assert_eq!(

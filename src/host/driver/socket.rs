@@ -274,6 +274,21 @@ pub fn open(
             owner: owners.account(st.st_uid),
         });
     }
+    given_how(f, host, at, (fd, st), dir_owner, owners)
+}
+
+/// How the socket checked (`fd`, `st`; at `host`, in the directory `at`) may be given:
+/// by its path when its directory is root's; from its descriptor when it is a named
+/// account's, the socket being that account's, or another named one's, with no name but its
+/// path and gpuhook's own link.
+fn given_how(
+    f: &DriverFile,
+    host: PathBuf,
+    at: PathBuf,
+    (fd, st): (OwnedFd, FileStat),
+    dir_owner: Option<(u32, bool)>,
+    owners: &Owners,
+) -> Result<Option<HeldSocket>, DriverError> {
     match dir_owner {
         None => Ok(None),
         Some((uid, false)) => Err(DriverError::SocketDirOwner {

@@ -3,8 +3,9 @@
 //! ([`super::catalog::check`]). Xid 79: the PCI config space reads as all ones (or the
 //! function is gone from the bus). A reset-class memory error: the driver's ECC and
 //! row-remapping counters, read with the configured `nvidia-smi` (config `nvidia_smi`) as
-//! gpuhook runs every child: root's program only, a fixed environment, no descriptor but its
-//! output, killed past [`SMI_DEADLINE`]; never under the state lock.
+//! gpuhook runs every child: root's program only, in a directory chain of root's from `/`,
+//! run from the descriptor checked; a fixed environment, no descriptor but its output,
+//! killed past [`SMI_DEADLINE`]; never under the state lock.
 //!
 //! The GPU's state refutes the record (config space reads, counters all clear): counted and
 //! logged, not quarantined. It cannot be read (no `nvidia-smi`, or it fails, or the GPU
@@ -12,12 +13,12 @@
 //! GPU's state cannot confirm.
 
 use super::catalog::Check;
-use crate::enter::sandbox::{run_program, RunError, Waited};
+use crate::enter::sandbox::{run_program_fd, RunError, Waited};
 use crate::host::config::Config;
 use crate::host::inventory::{config_probe, ProbeFailure};
+use crate::host::program::{self, ProgramError, TrustedProgram};
 use crate::ids::Pci;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 /// How long `nvidia-smi` may take to answer for one GPU.
@@ -127,14 +128,8 @@ impl std::fmt::Display for MemoryCounters {
 pub enum Unreadable {
     #[error("{0}")]
     Config(ProbeFailure),
-    #[error("no {}: {cause}", path.display())]
-    NoSmi { path: PathBuf, cause: String },
-    #[error("{} is not a regular file", path.display())]
-    NotAFile { path: PathBuf },
-    #[error("{} is owned by uid {uid}, not root: not run", path.display())]
-    NotRoots { path: PathBuf, uid: u32 },
-    #[error("{} may be written by group or others (mode {mode:o}): not run", path.display())]
-    Writable { path: PathBuf, mode: u32 },
+    #[error(transparent)]
+    Program(#[from] ProgramError),
     #[error("'{what}': {cause}")]
     Run { what: String, cause: RunError },
     #[error("'{what}': {status}{}", if said.is_empty() { String::new() } else { format!(": {said}") })]
@@ -166,37 +161,12 @@ pub fn on_host(cfg: &Config, pci: Pci, check: Check) -> Confirmation {
     }
 }
 
-/// The program at `path` (its links resolved) if it may be run as root: a regular file,
-/// root's, not writable by group or others, in a directory that is root's and not
-/// writable by group or others.
-pub fn trusted_program(path: &Path) -> Result<PathBuf, Unreadable> {
-    let real = std::fs::canonicalize(path).map_err(|e| Unreadable::NoSmi {
-        path: path.to_path_buf(),
-        cause: e.to_string(),
-    })?;
-    let dir = real.parent().unwrap_or(Path::new("/")).to_path_buf();
-    for (p, must_be_file) in [(&real, true), (&dir, false)] {
-        let md = std::fs::metadata(p).map_err(|e| Unreadable::NoSmi {
-            path: p.clone(),
-            cause: e.to_string(),
-        })?;
-        if must_be_file && !md.is_file() {
-            return Err(Unreadable::NotAFile { path: p.clone() });
-        }
-        if md.uid() != 0 {
-            return Err(Unreadable::NotRoots {
-                path: p.clone(),
-                uid: md.uid(),
-            });
-        }
-        if md.mode() & 0o022 != 0 {
-            return Err(Unreadable::Writable {
-                path: p.clone(),
-                mode: md.mode() & 0o7777,
-            });
-        }
-    }
-    Ok(real)
+/// The program at `path` if it may be run as root ([`program::trusted_program`]: every
+/// directory from `/` to it root's and closed to group and others, its links each read from
+/// such a directory, the program a regular file of root's closed to them too), opened: the
+/// descriptor is what runs.
+pub fn trusted_program(path: &Path) -> Result<TrustedProgram, Unreadable> {
+    Ok(program::trusted_program(path)?)
 }
 
 /// The argument list that asks `nvidia-smi` (at `program`) for the counters of `pci`.
@@ -213,11 +183,13 @@ pub fn smi_argv(program: &Path, pci: Pci) -> Vec<String> {
 /// The memory error counters of the GPU at `pci`, from the configured `nvidia-smi`.
 pub fn smi_counters(cfg: &Config, pci: Pci) -> Result<MemoryCounters, Unreadable> {
     let program = trusted_program(&cfg.nvidia_smi)?;
-    let argv = smi_argv(&program, pci);
+    let argv = smi_argv(&program.path, pci);
     let what = argv.join(" ");
-    let ran = run_program(&argv, SMI_DEADLINE, 64 * 1024).map_err(|cause| Unreadable::Run {
-        what: what.clone(),
-        cause,
+    let ran = run_program_fd(&program.fd, &argv, SMI_DEADLINE, 64 * 1024).map_err(|cause| {
+        Unreadable::Run {
+            what: what.clone(),
+            cause,
+        }
     })?;
     if !ran.ok() {
         let status = match ran.status {
@@ -349,8 +321,8 @@ mod tests {
         );
     }
 
-    /// Only a program that is root's and that no one else may write (nor its directory) is
-    /// run; a missing one says so.
+    /// Only a program that is root's and that no one else may write (nor any directory on
+    /// its way from `/`) is run; a missing one says so.
     #[test]
     fn only_roots_nvidia_smi_runs() {
         use std::os::unix::fs::PermissionsExt;
@@ -375,12 +347,12 @@ mod tests {
                 )
             );
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-            assert_eq!(trusted_program(&p).unwrap(), p);
+            assert_eq!(trusted_program(&p).unwrap().path, p);
             // Its directory writable by others: not run.
             std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
             assert!(matches!(
                 trusted_program(&p),
-                Err(Unreadable::Writable { .. })
+                Err(Unreadable::Program(ProgramError::DirWritable { .. }))
             ));
             // Another user's.
             std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -390,7 +362,58 @@ mod tests {
                 format!("{} is owned by uid 65534, not root: not run", p.display())
             );
         } else {
-            assert!(matches!(e, Unreadable::NotRoots { .. }), "{e}");
+            assert!(
+                matches!(e, Unreadable::Program(ProgramError::DirNotRoots { .. })),
+                "{e}"
+            );
         }
+    }
+
+    /// The reviewer's case: `nvidia_smi` below a directory an account owns (`opt-nvidia`,
+    /// above a root-owned `bin/nvidia-smi`): the account could swap `bin` between the check
+    /// and the exec. Refused (the check before looked at the program and its parent only).
+    #[test]
+    fn nvidia_smi_below_an_accounts_directory_is_not_run() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("needs root (chown): skipped");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = d.path().join("opt-nvidia/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let p = bin.join("nvidia-smi");
+        std::fs::write(&p, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(d.path().join("opt-nvidia"), Some(65534), Some(65534)).unwrap();
+        assert!(trusted_program(&p).is_err());
+    }
+
+    /// What runs is the file checked: a program swapped in at its path after the check (a
+    /// rename over it) is not what runs; its descriptor is.
+    #[test]
+    fn the_program_run_is_the_one_checked_whatever_is_put_at_its_path_after() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("needs root (a program of root's): skipped");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let p = d.path().join("nvidia-smi");
+        std::fs::write(&p, "#!/bin/sh\necho checked\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let prog = trusted_program(&p).unwrap();
+        let other = d.path().join("swapped");
+        std::fs::write(&other, "#!/bin/sh\necho swapped\n").unwrap();
+        std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&other, &p).unwrap();
+        let argv = smi_argv(&prog.path, G.parse().unwrap());
+        let ran = run_program_fd(&prog.fd, &argv, SMI_DEADLINE, 1024).unwrap();
+        assert!(ran.ok(), "{ran:?}");
+        assert_eq!(String::from_utf8_lossy(&ran.output), "checked\n");
+        let by_path = crate::enter::sandbox::run_program(&argv, SMI_DEADLINE, 1024).unwrap();
+        assert_eq!(String::from_utf8_lossy(&by_path.output), "swapped\n");
     }
 }

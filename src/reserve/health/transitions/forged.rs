@@ -4,6 +4,7 @@
 //! GPU and check, without the state lock.
 
 use super::*;
+use crate::host::program::ProgramError;
 use crate::reserve::health::confirm::{GpuState, MemoryCounters, Unreadable};
 
 const NETFILTER: &str = include_str!("../../../../tests/fixtures/kmsg/netfilter-forged-xid.kmsg");
@@ -195,10 +196,10 @@ fn reset_and_reboot_xids_wait_for_the_gpus_own_state() {
     // Unreadable: trusted.
     let b = Bed::new(|_| {});
     b.kmsg(&text);
-    let why = Unreadable::NoSmi {
+    let why = Unreadable::Program(ProgramError::Missing {
         path: "/usr/bin/nvidia-smi".into(),
-        cause: "No such file or directory (os error 2)".into(),
-    };
+        source: std::io::Error::from_raw_os_error(2).into(),
+    });
     let r = b.scan(&Fake {
         says: Some(Confirmation::Unavailable(why.clone())),
         ..Default::default()
