@@ -78,6 +78,9 @@ impl reset::Recover for Told {
     fn progress(&self, step: &reset::Progress) {
         eprintln!("gpuhook: {step}");
     }
+    fn runnable(&self, cfg: &Config, pci: Pci) -> Result<(), reset::Unrunnable> {
+        reset::HostReset.runnable(cfg, pci)
+    }
 }
 
 pub(super) fn health(action: HealthAction) -> Result<i32, Error> {
@@ -281,7 +284,7 @@ fn health_scan(f: &World, as_json: bool) -> Result<(), Error> {
             match res {
                 Ok(x) if x.failure.is_none() => log::info(&reset_line(x)),
                 Ok(x) => log::warn(&reset_line(x)),
-                Err(e) => log::info(&format!("GPU {pci} not reset now: {e}")),
+                Err(e) => not_reset(*pci, e),
             }
         }
         println!("{}", pretty(&scan_json(&r)));
@@ -298,10 +301,19 @@ fn health_scan(f: &World, as_json: bool) -> Result<(), Error> {
         match res {
             Ok(x) if x.failure.is_none() => println!("{}", reset_line(x)),
             Ok(x) => log::warn(&reset_line(x)),
-            Err(e) => log::info(&format!("GPU {pci} not reset now: {e}")),
+            Err(e) => not_reset(*pci, e),
         }
     }
     Ok(())
+}
+
+/// A scan's reset that did not run: held or open (logged), or a configuration fault
+/// (warned: every scan will say it until the config is fixed).
+fn not_reset(pci: Pci, e: &Error) {
+    match e {
+        Error::Health(health::error::HealthError::Unrunnable { .. }) => log::warn(&e.to_string()),
+        e => log::info(&format!("GPU {pci} not reset now: {e}")),
+    }
 }
 
 /// The records the scan did not take as the driver's word: imitations, Xids the GPU's own

@@ -29,6 +29,12 @@ pub enum HealthError {
     Open { pci: Pci, who: String },
     #[error("GPU {pci} may be open: the descriptors of {total} process(es) (pids {who}) were not all read in time; it is reset only when no process has it open")]
     Unread { pci: Pci, who: String, total: usize },
+    /// The configured reset cannot run at all: nothing was marked.
+    #[error("GPU {pci} not reset: the config's reset_command cannot run: {source}; a configuration fault, so nothing was marked and the GPU keeps its state: {}", source.remedy())]
+    Unrunnable {
+        pci: Pci,
+        source: super::reset::Unrunnable,
+    },
     #[error("GPU {pci} is being reset (pid {pid}, since {since})")]
     Resetting { pci: Pci, pid: i32, since: String },
     #[error("cannot read this process's own start time")]

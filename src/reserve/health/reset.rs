@@ -14,12 +14,15 @@ use super::{boot_id, escalate, HealthError};
 use crate::host::config::Config;
 use crate::host::inventory::{self, ProbeFailure, Scan};
 use crate::host::procfs::{Budget, ProcRef};
+use crate::host::program::{self, ProgramError, TrustedProgram};
+use crate::host::syserr::IoErr;
 use crate::ids::Pci;
 use crate::node::Node;
 use crate::reserve::error::Error;
 use crate::reserve::state::{now_rfc3339, Quarantine, Resetting, State, Store};
 use crate::reserve::world::World;
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How long a reset may run (the command, or the write to the sysfs `reset` file).
@@ -43,6 +46,9 @@ pub enum Ended {
     Signal { signal: String, said: String },
     #[error("{0}")]
     Run(#[from] crate::enter::sandbox::RunError),
+    /// It could not run at all (its program changed since the check before the mark).
+    #[error("{0}")]
+    Unrunnable(Unrunnable),
 }
 
 fn note(s: &str) -> String {
@@ -73,6 +79,73 @@ pub trait Recover {
     fn confirm(&self, cfg: &Config, pci: Pci, check: Check) -> Confirmation;
     /// Told where a reset is (an operator's command says it on stderr): nothing by default.
     fn progress(&self, _step: &Progress) {}
+    /// Whether the configured reset can run at all for this GPU (a configuration fault
+    /// otherwise: refused before anything is marked). The doubles' resets always can.
+    fn runnable(&self, _cfg: &Config, _pci: Pci) -> Result<(), Unrunnable> {
+        Ok(())
+    }
+}
+
+/// Why the configured reset cannot run at all: a fault of the config (or of the host's
+/// install), not of the GPU. Said before anything is marked: the GPU keeps its state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unrunnable {
+    /// The program is missing, or not trusted to run as root (not root's, writable by
+    /// others, or a directory on its way is).
+    #[error(transparent)]
+    Program(#[from] ProgramError),
+    #[error("{} may not be executed (mode {mode:o})", path.display())]
+    NotExecutable { path: PathBuf, mode: u32 },
+    /// `reset_command: "pci"` for a function the kernel offers no reset for.
+    #[error("{}: {source}: the kernel offers no function-level reset for it", path.display())]
+    NoSysfsReset { path: PathBuf, source: IoErr },
+}
+
+impl Unrunnable {
+    /// What the operator can do about it.
+    pub fn remedy(&self) -> &'static str {
+        match self {
+            Unrunnable::NoSysfsReset { .. } => {
+                "name a reset program in reset_command (nvidia-smi --gpu-reset)"
+            }
+            _ => "install the program as root's, or name another in reset_command (\"pci\" is the kernel's function-level reset)",
+        }
+    }
+}
+
+/// The configured reset program, trusted to run as root ([`program::trusted_program`]) and
+/// executable: its descriptor, which the reset runs (never its path again).
+fn reset_program(path: &Path) -> Result<TrustedProgram, Unrunnable> {
+    let p = program::trusted_program(path)?;
+    let mode = nix::sys::stat::fstat(&p.fd)
+        .map(|st| st.st_mode & 0o7777)
+        .unwrap_or(0);
+    if mode & 0o111 == 0 {
+        return Err(Unrunnable::NotExecutable { path: p.path, mode });
+    }
+    Ok(p)
+}
+
+/// Whether the configured reset can run for the GPU at `pci`: its program trusted and
+/// executable, or (`"pci"`) the function's sysfs `reset` file there.
+pub fn runnable(cfg: &Config, pci: Pci) -> Result<(), Unrunnable> {
+    match cfg.reset_command.argv(pci.as_str()) {
+        Some(argv) => reset_program(Path::new(&argv[0])).map(drop),
+        None => {
+            let path = sysfs_reset(cfg, pci);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_file() => Ok(()),
+                Ok(_) => Err(Unrunnable::NoSysfsReset {
+                    path,
+                    source: std::io::Error::from(std::io::ErrorKind::InvalidInput).into(),
+                }),
+                Err(e) => Err(Unrunnable::NoSysfsReset {
+                    path,
+                    source: e.into(),
+                }),
+            }
+        }
+    }
 }
 
 /// Where a reset is, while it runs: the reset may take up to [`DEADLINE`].
@@ -134,14 +207,25 @@ impl Recover for HostReset {
     fn confirm(&self, cfg: &Config, pci: Pci, check: Check) -> Confirmation {
         super::confirm::on_host(cfg, pci, check)
     }
+    fn runnable(&self, cfg: &Config, pci: Pci) -> Result<(), Unrunnable> {
+        runnable(cfg, pci)
+    }
 }
 
 /// Runs the configured reset of the GPU at `pci`, killed past `limit`.
 pub fn run_reset(cfg: &Config, pci: Pci, limit: Duration) -> Result<(), ResetFailure> {
-    use crate::enter::sandbox::{run_child, run_program, Waited};
+    use crate::enter::sandbox::{run_child, run_program_fd, Waited};
     let what = reset_what(cfg, pci);
+    let fail = |how: Ended| ResetFailure {
+        what: what.clone(),
+        how,
+    };
     let ran = match cfg.reset_command.argv(pci.as_str()) {
-        Some(argv) => run_program(&argv, limit, 64 * 1024),
+        // The program checked, and run from the descriptor checked.
+        Some(argv) => match reset_program(Path::new(&argv[0])) {
+            Ok(p) => run_program_fd(&p.fd, &argv, limit, 64 * 1024),
+            Err(e) => return Err(fail(Ended::Unrunnable(e))),
+        },
         None => {
             let path = sysfs_reset(cfg, pci);
             let write = move || -> Result<(), String> {
@@ -156,10 +240,6 @@ pub fn run_reset(cfg: &Config, pci: Pci, limit: Duration) -> Result<(), ResetFai
             };
             run_child(limit, write)
         }
-    };
-    let fail = |how: Ended| ResetFailure {
-        what: what.clone(),
-        how,
     };
     let ran = ran.map_err(|e| fail(e.into()))?;
     if ran.ok() {
@@ -290,6 +370,10 @@ pub fn reset_pci(f: &World, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
     let cfg = f.cfg;
     let store = Store::new(&cfg.state_file);
     let nodes = nodes_of(f, pci)?;
+    // A reset that cannot run at all is the config's fault: refused before anything is
+    // marked (no `resetting`, no quarantine, nothing counted).
+    r.runnable(cfg, pci)
+        .map_err(|source| HealthError::Unrunnable { pci, source })?;
     let me = f
         .proc
         .proc_ref(std::process::id() as i32)
