@@ -512,3 +512,56 @@ podman run --runtime /usr/bin/gpuhook-runtime --annotation gpuhook.io/gpus=1 IMA
 docker run --runtime gpuhook -e GPUHOOK_GPUS=2 -e GPUHOOK_ARCH=hopper IMAGE\n\
 Engine snippets: /usr/share/gpuhook/engines/. gpuhook list shows holders with kind oci.")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `gpuhook-libvirt request`'s options are checked as `attach`'s are, refused in their
+    /// own words; `--clear` takes no request option, `--share` included.
+    #[test]
+    fn libvirt_request_options_in_their_words() {
+        let parse = |args: &[&str]| LibvirtCli::try_parse_from(args);
+        let cli = parse(&[
+            "gpuhook-libvirt",
+            "request",
+            "web1",
+            "--count",
+            "1",
+            "--device",
+            "0000:3b:00.0",
+            "--device",
+            "0000:3c:00.0",
+        ])
+        .unwrap();
+        let LibvirtCommand::Request { request, .. } = cli.command else {
+            panic!("not request");
+        };
+        assert_eq!(
+            request.request().unwrap_err().to_string(),
+            "--count asks for 1 GPU, fewer than the 2 named by --device"
+        );
+        let cli = parse(&[
+            "gpuhook-libvirt",
+            "request",
+            "web1",
+            "--count",
+            "2",
+            "--arch",
+            "hopper",
+        ])
+        .unwrap();
+        let LibvirtCommand::Request { request, .. } = cli.command else {
+            panic!("not request");
+        };
+        assert_eq!(
+            request.request().unwrap().to_string(),
+            "2 GPUs, arch == hopper"
+        );
+        for opt in ["--share", "--mig", "--count=1"] {
+            let e = parse(&["gpuhook-libvirt", "request", "web1", "--clear", opt]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{opt}");
+        }
+        assert!(parse(&["gpuhook-libvirt", "request", "web1", "--mig", "--share"]).is_err());
+    }
+}
