@@ -31,10 +31,7 @@ pub enum HealthError {
     Unread { pci: Pci, who: String, total: usize },
     /// The configured reset cannot run at all: nothing was marked.
     #[error("GPU {pci} not reset: the config's reset_command cannot run: {source}; a configuration fault, so nothing was marked and the GPU keeps its state: {}", source.remedy())]
-    Unrunnable {
-        pci: Pci,
-        source: super::reset::Unrunnable,
-    },
+    Unrunnable { pci: Pci, source: Unrunnable },
     #[error("GPU {pci} is being reset (pid {pid}, since {since})")]
     Resetting { pci: Pci, pid: i32, since: String },
     #[error("cannot read this process's own start time")]
@@ -55,6 +52,36 @@ impl HealthError {
         HealthError::Kmsg {
             path: path.to_path_buf(),
             source: e.into(),
+        }
+    }
+}
+
+/// Why the configured reset cannot run at all: a fault of the config (or of the host's
+/// install), not of the GPU. Said before anything is marked: the GPU keeps its state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unrunnable {
+    /// The program is missing, or not trusted to run as root (not root's, writable by
+    /// others, or a directory on its way is).
+    #[error(transparent)]
+    Program(#[from] crate::host::program::ProgramError),
+    #[error("{} may not be executed (mode {mode:o})", path.display())]
+    NotExecutable { path: PathBuf, mode: u32 },
+    /// `reset_command: "pci"` for a function the kernel offers no reset for.
+    #[error("{}: {source}: the kernel offers no function-level reset for it", path.display())]
+    NoSysfsReset {
+        path: PathBuf,
+        source: crate::host::syserr::IoErr,
+    },
+}
+
+impl Unrunnable {
+    /// What the operator can do about it.
+    pub fn remedy(&self) -> &'static str {
+        match self {
+            Unrunnable::NoSysfsReset { .. } => {
+                "name a reset program in reset_command (nvidia-smi --gpu-reset)"
+            }
+            _ => "install the program as root's, or name another in reset_command (\"pci\" is the kernel's function-level reset)",
         }
     }
 }

@@ -10,19 +10,19 @@
 
 use super::catalog::{Action, Check};
 use super::confirm::Confirmation;
+pub use super::error::Unrunnable;
 use super::{boot_id, escalate, HealthError};
 use crate::host::config::Config;
 use crate::host::inventory::{self, ProbeFailure, Scan};
 use crate::host::procfs::{Budget, ProcRef};
-use crate::host::program::{self, ProgramError, TrustedProgram};
-use crate::host::syserr::IoErr;
+use crate::host::program::{self, TrustedProgram};
 use crate::ids::Pci;
 use crate::node::Node;
 use crate::reserve::error::Error;
 use crate::reserve::state::{now_rfc3339, Quarantine, Resetting, State, Store};
 use crate::reserve::world::World;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How long a reset may run (the command, or the write to the sysfs `reset` file).
@@ -83,33 +83,6 @@ pub trait Recover {
     /// otherwise: refused before anything is marked). The doubles' resets always can.
     fn runnable(&self, _cfg: &Config, _pci: Pci) -> Result<(), Unrunnable> {
         Ok(())
-    }
-}
-
-/// Why the configured reset cannot run at all: a fault of the config (or of the host's
-/// install), not of the GPU. Said before anything is marked: the GPU keeps its state.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Unrunnable {
-    /// The program is missing, or not trusted to run as root (not root's, writable by
-    /// others, or a directory on its way is).
-    #[error(transparent)]
-    Program(#[from] ProgramError),
-    #[error("{} may not be executed (mode {mode:o})", path.display())]
-    NotExecutable { path: PathBuf, mode: u32 },
-    /// `reset_command: "pci"` for a function the kernel offers no reset for.
-    #[error("{}: {source}: the kernel offers no function-level reset for it", path.display())]
-    NoSysfsReset { path: PathBuf, source: IoErr },
-}
-
-impl Unrunnable {
-    /// What the operator can do about it.
-    pub fn remedy(&self) -> &'static str {
-        match self {
-            Unrunnable::NoSysfsReset { .. } => {
-                "name a reset program in reset_command (nvidia-smi --gpu-reset)"
-            }
-            _ => "install the program as root's, or name another in reset_command (\"pci\" is the kernel's function-level reset)",
-        }
     }
 }
 
