@@ -123,7 +123,9 @@ fn xid_quarantine_and_clear() {
     assert_eq!(o.status.code(), Some(1));
     assert!(common::stderr(&o).contains("GPU 0000:1a:00.0 is not quarantined"));
     let o = health(&h, &["clear", "../../x"]);
-    assert!(common::stderr(&o).contains("is not a PCI address"));
+    assert!(common::stderr(&o).contains(
+        "'../../x' is neither a PCI address (0000:3b:00.0), a GPU UUID (GPU-…) nor an index"
+    ));
     assert_ok(&health(&h, &["scan"]));
     assert_eq!(gpu(&h.list(), "0000:1a:00.0")["quarantine"], Value::Null);
     // (Best fit: the GPU whose switch partner is quarantined.)
@@ -439,14 +441,20 @@ fn snapshot(h: &Host) -> (Option<Vec<u8>>, Value, String) {
     (std::fs::read(&h.state).ok(), h.list(), metrics(h))
 }
 
-/// `gpuhook health reset PCI`, asserted to fail in one line that says `needle`.
+/// `gpuhook health reset PCI`, asserted to fail in one line that says `needle` (after the
+/// lines that say where a reset that ran was: what it ran, then the probes).
 fn reset_fails(h: &Host, pci: &str, needle: &str) -> String {
     let o = health(h, &["reset", pci]);
     let e = common::stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{e}");
-    assert_eq!(e.trim_end().lines().count(), 1, "not one line: {e}");
-    assert!(e.contains(needle), "{e:?} lacks {needle:?}");
-    e
+    let said: Vec<&str> = e
+        .lines()
+        .filter(|l| !(l.contains(": resetting: ") && l.ends_with("(30 s at most)")))
+        .filter(|l| !l.contains(" s; probing it (config space, driver, not excluded)"))
+        .collect();
+    assert_eq!(said.len(), 1, "not one line: {e}");
+    assert!(said[0].contains(needle), "{e:?} lacks {needle:?}");
+    said[0].to_string()
 }
 
 fn reset_ok(h: &Host, pci: &str) -> String {
@@ -614,8 +622,9 @@ fn health_reset_with_the_stand_in() {
     );
     assert_eq!(
         c["fds"],
-        serde_json::json!([0, 1, 2, 3]),
-        "3: its own listing"
+        serde_json::json!([0, 1, 2, 3, 4]),
+        "3: the program checked, run from its descriptor (a script's interpreter reads it \
+         as /dev/fd/3); 4: its own listing"
     );
     assert_eq!(c["stdin"], "/dev/null");
     assert_eq!(c["pgid"], c["pid"], "a process group of its own");
@@ -714,7 +723,11 @@ fn refused_resets_change_nothing() {
         (D, "gpuhook: GPU 0000:42:00.0 is held by domain 's1': it is reset only when nothing holds it"),
         (B, &format!("gpuhook: GPU 0000:1a:00.0 is open: pid {} (sleep) has /dev/nvidia3 open; it is reset only when no process has it open", holder.id())),
         ("0000:07:00.0", "gpuhook: 0000:07:00.0 is not a GPU this host lists"),
-        ("zz", "gpuhook: 'zz' is not a PCI address like 0000:3b:00.0"),
+        ("zz", "gpuhook: no GPU with uuid zz on this host"),
+        (
+            "0000:zz",
+            "gpuhook: '0000:zz' is neither a PCI address (0000:3b:00.0), a GPU UUID (GPU-…) nor an index",
+        ),
     ] {
         reset_fails(&h, pci, needle);
         assert_eq!(snapshot(&h), before, "{pci}: something changed");
@@ -749,16 +762,19 @@ fn pci_function_level_reset() {
         "reset failed: its PCI config space reads as all ones: fallen off the bus"
     );
     assert_eq!(q["xid"], 120);
-    // A function the kernel offers no reset for: the write fails, said so.
+    // A function the kernel offers no reset for: the config cannot reset it, said before
+    // anything is marked (no quarantine made or counted).
     std::fs::remove_file(sys(&h, A, "reset")).unwrap();
-    let e = reset_fails(&h, A, "reset failed after ");
+    let before = snapshot(&h);
+    let e = reset_fails(&h, A, "not reset: the config's reset_command cannot run: ");
     assert!(
         e.contains(&format!(
-            "writing 1 to {}: exited with status 1: No such file or directory",
+            "{}: No such file or directory (os error 2): the kernel offers no function-level reset for it; a configuration fault, so nothing was marked and the GPU keeps its state: name a reset program in reset_command",
             sys(&h, A, "reset").display()
         )),
         "{e}"
     );
+    assert_eq!(snapshot(&h), before, "the refusal changed something");
 }
 
 /// `auto_reset`: the scan resets a free GPU quarantined with the reset action; a GPU

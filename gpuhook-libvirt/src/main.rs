@@ -31,12 +31,22 @@ fn main() -> ExitCode {
     }
     let r = match cli.command {
         LibvirtCommand::Reconcile { dry_run } => reconcile(&cli.connect, dry_run),
+        LibvirtCommand::Completions { shell } => {
+            use clap::CommandFactory;
+            gpuhook::doors::cli::completions(shell, LibvirtCli::command());
+            Ok(())
+        }
         LibvirtCommand::Request {
             domain,
             request,
             clear,
             live,
-        } => request_cmd(&cli.connect, &domain, (!clear).then_some(request), live),
+        } => match (clear, request.request()) {
+            // The options first, in their own words (the XML the domain gets is checked by
+            // the hook's parser after).
+            (false, Err(e)) => Err(format!("domain '{domain}': {e}")),
+            _ => request_cmd(&cli.connect, &domain, (!clear).then_some(request), live),
+        },
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,13 +7,9 @@
 
 use crate::doors::error::CliError;
 use crate::doors::hook;
-use crate::host::config::Config;
 use crate::log;
-use crate::reserve::error::Error;
-use crate::reserve::lifecycle::{self, Pick};
-use crate::reserve::state::Store;
-use crate::reserve::world::World;
-use clap::{Parser, Subcommand};
+use crate::reserve::lifecycle::Pick;
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 
 mod check;
@@ -25,6 +21,8 @@ use common::{emit, load};
 use health::health;
 pub use health::HealthAction;
 mod list;
+mod release;
+mod show;
 use list::list;
 pub use list::list_json;
 
@@ -69,11 +67,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Validate a domain XML's GPU request and show what it would get now (dry run)
+    /// Validate a domain XML's (or an OCI bundle's config.json's) GPU request and show what
+    /// it would get now (dry run)
+    ///
+    /// FILE is a domain XML (virsh dumpxml NAME), or an OCI bundle's config.json (JSON with
+    /// "ociVersion": its gpuhook.io/ annotations, else its GPUHOOK_ variables, read as
+    /// gpuhook-runtime reads them); - or no FILE reads standard input (not a terminal). Exit
+    /// 0 when it asks for nothing or would get what it asks for now, 1 otherwise.
     Check {
-        /// Domain XML file, or - for standard input
-        #[arg(default_value = "-", value_name = "FILE|-")]
-        file: String,
+        /// Domain XML or bundle config.json file, or - for standard input
+        #[arg(value_name = "FILE|-")]
+        file: Option<String>,
+        /// Print JSON: file, kind (domain or bundle), name, uuid, request, source, warnings,
+        /// holds, satisfiable, refusal, gpus, nodes, driver
+        #[arg(long)]
+        json: bool,
     },
     /// Give a running container more GPUs (or MIG instances): reserved, granted in its
     /// device cgroup and made in its /dev, all or nothing
@@ -99,6 +107,43 @@ pub enum Command {
         /// NAME is a virtual machine (a libvirt QEMU domain: its name or UUID)
         #[arg(long)]
         vm: bool,
+        /// Print JSON: holder (kind, name, uuid), released (its units), draining (unit,
+        /// pids, unread)
+        #[arg(long)]
+        json: bool,
+    },
+    /// One holder's whole story: its GPUs, phase, init, cgroup, driver files, and when and
+    /// through which door it reserved them
+    ///
+    /// NAME as release takes it (a domain's or VM's name or UUID, a container's ID; one
+    /// holder only, --domain, --container or --vm say which); a NAME no holder of GPUs
+    /// answers to exits 1.
+    Show {
+        /// Domain or VM name or UUID, or container ID
+        name: String,
+        /// NAME is a libvirt LXC domain (its name or UUID)
+        #[arg(long, conflicts_with_all = ["container", "vm"])]
+        domain: bool,
+        /// NAME is an OCI container's ID
+        #[arg(long, conflicts_with = "vm")]
+        container: bool,
+        /// NAME is a virtual machine (a libvirt QEMU domain: its name or UUID)
+        #[arg(long)]
+        vm: bool,
+        /// Print JSON: holder, door, hotplugged, phase, stale, request, created, updated,
+        /// gpus, nodes, init, controller, prepared_by, cgroup, driver, driver_version,
+        /// driver_outdated, mounts
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the shell completion script for gpuhook (bash, zsh, fish, elvish, powershell)
+    ///
+    /// bash: gpuhook completions bash > /etc/bash_completion.d/gpuhook (the packages install
+    /// it); zsh: into a directory of $fpath as _gpuhook; fish: into
+    /// ~/.config/fish/completions/gpuhook.fish.
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
     },
     /// Run the libvirt hook explicitly (domain XML on standard input)
     Hook {
@@ -206,6 +251,12 @@ pub enum LibvirtCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Print the shell completion script for gpuhook-libvirt (bash, zsh, fish, elvish,
+    /// powershell)
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
     /// Set (or with --clear remove) the GPU request of a defined domain
     Request {
         /// Domain name or UUID
@@ -213,7 +264,7 @@ pub enum LibvirtCommand {
         #[command(flatten)]
         request: RequestArgs,
         /// Remove the GPU request instead
-        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid", "mig", "driver"])]
+        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid", "mig", "share", "driver"])]
         clear: bool,
         /// Also change the live definition of a running domain (its GPUs change only at its
         /// next start either way; the live request guides reconnect)
@@ -264,6 +315,47 @@ pub struct RequestArgs {
     pub driver: Option<String>,
 }
 
+impl RequestArgs {
+    /// The request the options make, checked as `gpuhook attach`'s are (each as the XML's
+    /// attribute of that name), a refusal in the options' words (`--count`, `--device`).
+    pub fn request(&self) -> Result<crate::request::Request, crate::request::oci::OciError> {
+        use crate::request::oci::{KeyFrom, Pairs};
+        let mut pairs = Pairs::new();
+        let mut put = |key: &str, flag: &'static str, v: Option<String>| {
+            if let Some(v) = v {
+                pairs.insert(key.to_string(), (KeyFrom::Flag(flag), v));
+            }
+        };
+        put("gpus", "--count", self.count.map(|c| c.to_string()));
+        put("vendor", "--vendor", self.vendor.clone());
+        put("arch", "--arch", self.arch.clone());
+        put("model", "--model", self.model.clone());
+        put(
+            "devices",
+            "--device",
+            (!self.device.is_empty()).then(|| self.device.join(",")),
+        );
+        put("capabilities", "--capabilities", self.capabilities.clone());
+        put("mode", "--mode", self.mode.clone());
+        put("uid", "--uid", self.uid.map(|c| c.to_string()));
+        put("gid", "--gid", self.gid.map(|c| c.to_string()));
+        put("mig", "--mig", self.mig.then(|| "yes".to_string()));
+        put("share", "--share", self.share.then(|| "yes".to_string()));
+        put("driver", "--driver", self.driver.clone());
+        crate::request::oci::request(&pairs)
+    }
+}
+
+/// Writes the completion script of `cmd` for `shell` on stdout (a reader that stops early,
+/// `| head`, is no error).
+pub fn completions(shell: clap_complete::Shell, mut cmd: clap::Command) {
+    use std::io::Write;
+    let name = cmd.get_name().to_owned();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, name, &mut script);
+    let _ = std::io::stdout().lock().write_all(&script);
+}
+
 pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
@@ -288,7 +380,18 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
             }
         },
         Command::List { json } => report(list(json)),
-        Command::Check { file } => report(check(&file)),
+        Command::Check { file, json } => {
+            let input = match file.as_deref() {
+                None => check::Input::Stdin(false),
+                Some("-") => check::Input::Stdin(true),
+                Some(f) => check::Input::File(f),
+            };
+            if check::waits_on_a_terminal(&input) {
+                eprintln!("gpuhook: {}", check::ON_A_TERMINAL);
+                return 2;
+            }
+            report(check(input, json))
+        }
         Command::Attach(a) => report(crate::doors::hotplug::attach(&a)),
         Command::Detach(d) => report(crate::doors::hotplug::detach(&d)),
         Command::Release {
@@ -296,7 +399,23 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
             domain,
             container,
             vm,
-        } => report(release(&name, Pick::of(domain, container, vm))),
+            json,
+        } => report(release::release(
+            &name,
+            Pick::of(domain, container, vm),
+            json,
+        )),
+        Command::Show {
+            name,
+            domain,
+            container,
+            vm,
+            json,
+        } => report(show::show(&name, Pick::of(domain, container, vm), json)),
+        Command::Completions { shell } => {
+            completions(shell, Cli::command());
+            0
+        }
         Command::Metrics { output } => report(metrics(output.as_deref())),
         Command::Placement { output } => report(placement(output.as_deref())),
         Command::Health { action } => report(health(action)),
@@ -372,55 +491,6 @@ fn report(r: Result<i32, impl std::fmt::Display>) -> i32 {
     }
 }
 
-/// `gpuhook release NAME`: frees the reservation of the one holder NAME names
-/// ([`lifecycle::resolve`] among the state's reservations; `pick` from `--domain`,
-/// `--container`, `--vm`), unless its container still runs ([`lifecycle::release`]). A name
-/// that no holder, or more than one, answers to is refused in one line; so is a state that
-/// cannot be read.
-fn release(name: &str, pick: Pick) -> Result<i32, CliError> {
-    let cfg = Config::load().map_err(Error::from)?;
-    let st = Store::new(&cfg.state_file).read().map_err(Error::from)?;
-    let holders = st.reservations.values().map(|r| r.holder.clone());
-    let Some(id) = lifecycle::resolve(name, pick, holders)? else {
-        return Err(CliError::NothingToRelease {
-            name: name.to_string(),
-            kinds: pick.words(),
-        });
-    };
-    let lifecycle::Released { freed, drained } = lifecycle::release(&World::real(&cfg), &id.key())?;
-    if freed.is_empty() {
-        // Freed meanwhile, by its stop or another release.
-        println!("{} holds no GPUs any more; nothing to release", id.who());
-    }
-    for (r, ()) in freed {
-        let line = match r.gpus.is_empty() {
-            true => format!("released {} (it held no GPU)", r.holder.who_exactly()),
-            false => format!(
-                "released {} of {}",
-                crate::ids::Unit::join(&r.gpus, ","),
-                r.holder.who_exactly()
-            ),
-        };
-        println!("{line}");
-        log::info(&format!("operator {line}"));
-    }
-    for (unit, d) in &drained.draining {
-        if d.holders.is_empty() {
-            println!(
-                "{unit} is draining: the look for processes that keep it open did not finish in time ({} not read); it is given to no one until a look reads them all",
-                d.unread_who()
-            );
-            continue;
-        }
-        println!(
-            "{unit} is draining: {} still {} it open; it is given to no one until closed",
-            crate::reserve::state::Opener::describe(&d.holders),
-            if d.holders.len() == 1 { "has" } else { "have" }
-        );
-    }
-    Ok(0)
-}
-
 /// `gpuhook-runtime`'s manual page (the wrapper itself takes runc's command line unparsed).
 pub fn runtime_command() -> clap::Command {
     // --help and --version are the real runtime's.
@@ -458,4 +528,57 @@ Examples:\n  \
 podman run --runtime /usr/bin/gpuhook-runtime --annotation gpuhook.io/gpus=1 IMAGE\n  \
 docker run --runtime gpuhook -e GPUHOOK_GPUS=2 -e GPUHOOK_ARCH=hopper IMAGE\n\
 Engine snippets: /usr/share/gpuhook/engines/. 'gpuhook list' shows holders with kind oci.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `gpuhook-libvirt request`'s options are checked as `attach`'s are, refused in their
+    /// own words; `--clear` takes no request option, `--share` included.
+    #[test]
+    fn libvirt_request_options_in_their_words() {
+        let parse = |args: &[&str]| LibvirtCli::try_parse_from(args);
+        let cli = parse(&[
+            "gpuhook-libvirt",
+            "request",
+            "web1",
+            "--count",
+            "1",
+            "--device",
+            "0000:3b:00.0",
+            "--device",
+            "0000:3c:00.0",
+        ])
+        .unwrap();
+        let LibvirtCommand::Request { request, .. } = cli.command else {
+            panic!("not request");
+        };
+        assert_eq!(
+            request.request().unwrap_err().to_string(),
+            "--count asks for 1 GPU, fewer than the 2 named by --device"
+        );
+        let cli = parse(&[
+            "gpuhook-libvirt",
+            "request",
+            "web1",
+            "--count",
+            "2",
+            "--arch",
+            "hopper",
+        ])
+        .unwrap();
+        let LibvirtCommand::Request { request, .. } = cli.command else {
+            panic!("not request");
+        };
+        assert_eq!(
+            request.request().unwrap().to_string(),
+            "2 GPUs, arch == hopper"
+        );
+        for opt in ["--share", "--mig", "--count=1"] {
+            let e = parse(&["gpuhook-libvirt", "request", "web1", "--clear", opt]).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{opt}");
+        }
+        assert!(parse(&["gpuhook-libvirt", "request", "web1", "--mig", "--share"]).is_err());
+    }
 }

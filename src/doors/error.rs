@@ -37,6 +37,33 @@ pub enum CliError {
         #[source]
         source: ParseError,
     },
+    /// `check` of a file that begins like JSON and is not.
+    #[error(
+        "{file}: not valid JSON ({source}): neither a domain XML nor an OCI bundle's config.json"
+    )]
+    CheckJson {
+        file: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// `check` of JSON that is no bundle's `config.json`.
+    #[error("{file}: JSON without \"ociVersion\": not an OCI bundle's config.json (check takes a domain XML or a bundle's config.json; gpuhook's own config is checked by every command that loads it)")]
+    NotARequestFile { file: String },
+    /// `check` of a bundle's `config.json` whose request `gpuhook-runtime` would refuse.
+    #[error("{file}: {source}")]
+    CheckBundle {
+        file: String,
+        #[source]
+        source: crate::doors::bundle::error::BundleError,
+    },
+    /// `check` of a request no GPU could ever meet (an unknown architecture).
+    #[error("{file}: {who}: {source}")]
+    CheckRequest {
+        file: String,
+        who: String,
+        #[source]
+        source: Box<crate::reserve::alloc::AllocError>,
+    },
     /// `attach`/`detach`: the container's device cgroup could not be taken or changed.
     #[error("{who}: {source}")]
     HotplugCgroup {
@@ -62,6 +89,11 @@ pub enum CliError {
     /// `release`: no holder of that name (or UUID, or container ID) of the kinds said.
     #[error("no {kinds} named '{name}' holds GPUs: nothing to release")]
     NothingToRelease { name: String, kinds: String },
+    /// `show`: no holder of that name (or UUID, or container ID) of the kinds said.
+    #[error(
+        "no {kinds} named '{name}' holds GPUs: nothing to show (gpuhook list shows who holds what)"
+    )]
+    NothingToShow { name: String, kinds: String },
     /// `release`/`attach`/`detach NAME` where more than one holder answers to NAME (an LXC
     /// domain, a VM, an OCI container): the operator says which.
     #[error(transparent)]

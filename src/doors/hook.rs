@@ -57,6 +57,17 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
         if op == "reconnect" {
             return reconnect_attached(name, xml);
         }
+        // Metadata in a namespace that only looks like gpuhook's (a typo, another version):
+        // said once, at `prepare`; the domain starts untouched.
+        if op == "prepare" && metadata::mentions_family(xml) {
+            if let Some(w) = metadata::parse_domain(xml)
+                .ok()
+                .as_ref()
+                .and_then(metadata::unknown_ns_warning)
+            {
+                log::warn(&w);
+            }
+        }
         return 0;
     }
     let must_succeed = matches!(op, "prepare" | "start" | "started");
@@ -67,6 +78,11 @@ pub fn run(name: &str, op: &str, xml: &[u8]) -> i32 {
             return if must_succeed { 1 } else { 0 };
         }
     };
+    if op == "prepare" {
+        if let Some(w) = metadata::unknown_ns_warning(&dom) {
+            log::warn(&w);
+        }
+    }
     let Some(req) = dom.request.clone() else {
         return 0;
     };

@@ -14,7 +14,7 @@ use crate::enter::container::{self, Container, ContainerError};
 use crate::host::config::Config;
 use crate::ids::{normalize_uuid, Unit};
 use crate::request::metadata::{self, Domain};
-use crate::request::oci::{self, Pairs};
+use crate::request::oci::{self, KeyFrom, Pairs};
 use crate::request::{DeviceSel, Request};
 use crate::reserve::lifecycle::{self, Attached, Detached, Holder, Pick, Which};
 use crate::reserve::state::{HolderId, HolderKind, State, Store};
@@ -47,8 +47,8 @@ pub struct AttachArgs {
     /// MIG compute instances instead of whole GPUs
     #[arg(long)]
     pub mig: bool,
-    /// A shared slot of a GPU (the host's sharing policy; see "Sharing")
-    #[arg(long)]
+    /// A shared slot of a GPU (the host's sharing policy; see "Sharing"); not with --mig
+    #[arg(long, conflicts_with = "mig")]
     pub share: bool,
     /// compute,utility,graphics,video
     #[arg(long, value_name = "LIST")]
@@ -72,21 +72,17 @@ pub struct AttachArgs {
     pub vm: bool,
 }
 
-/// What `gpuhook detach` takes back.
+/// What `gpuhook detach` takes back: the GPUs named by `--device`, or `--all`.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["device", "all"])))]
 pub struct DetachArgs {
     /// Domain name or UUID, or OCI container ID
     pub name: String,
     /// A GPU it holds, by PCI address, GPU UUID or index, or a MIG instance
     /// (0000:3b:00.0/gi1/ci0) (repeatable)
-    #[arg(
-        long,
-        value_name = "SEL",
-        required_unless_present = "all",
-        conflicts_with = "all"
-    )]
+    #[arg(long, value_name = "SEL", conflicts_with = "all")]
     pub device: Vec<String>,
-    /// Every GPU it holds
+    /// Every GPU it holds (instead of --device)
     #[arg(long)]
     pub all: bool,
     /// Detach even while a process of the container has the GPU open (it keeps its open file)
@@ -299,9 +295,9 @@ fn find(b: &[u8], needle: &[u8]) -> Option<usize> {
 /// The request the options make, each checked as the XML's attribute of that name is.
 pub fn attach_request(a: &AttachArgs) -> Result<Request, CliError> {
     let mut pairs = Pairs::new();
-    let mut put = |key: &str, flag: &str, v: Option<String>| {
+    let mut put = |key: &str, flag: &'static str, v: Option<String>| {
         if let Some(v) = v {
-            pairs.insert(key.to_string(), (flag.to_string(), v));
+            pairs.insert(key.to_string(), (KeyFrom::Flag(flag), v));
         }
     };
     put("gpus", "--count", a.count.map(|c| c.to_string()));
@@ -520,9 +516,35 @@ mod tests {
             mig: true,
             ..Default::default()
         };
-        assert!(attach_request(&both)
-            .unwrap_err()
-            .to_string()
-            .contains("MIG instances are never shared"));
+        // Conflicts in the words of the options, never the domain XML's.
+        let said = |a: AttachArgs| attach_request(&a).unwrap_err().to_string();
+        assert_eq!(
+            said(AttachArgs {
+                count: Some(1),
+                device: vec!["0".into(), "1".into()],
+                ..Default::default()
+            }),
+            "--count asks for 1 GPU, fewer than the 2 named by --device"
+        );
+        assert_eq!(
+            said(AttachArgs {
+                device: vec!["0000:3b:00.0".into(), "3b:00.0".into()],
+                ..Default::default()
+            }),
+            "--device: '3b:00.0' is named twice"
+        );
+        assert_eq!(
+            said(AttachArgs {
+                device: vec!["0".into()],
+                mig: true,
+                ..Default::default()
+            }),
+            "--device names whole GPUs and --mig asks for MIG instances: a request is one or the other"
+        );
+        // (clap refuses --mig with --share before this, too.)
+        assert_eq!(
+            attach_request(&both).unwrap_err().to_string(),
+            "MIG instances are never shared: --mig and --share cannot be asked for together"
+        );
     }
 }

@@ -704,6 +704,14 @@ impl Config {
         self.exclude.iter().any(|x| x == pci)
     }
 
+    /// The architectures the `overrides` name (lowercase).
+    pub fn override_archs(&self) -> impl Iterator<Item = &str> {
+        self.by_id
+            .values()
+            .chain(self.by_address.values())
+            .filter_map(|o| o.arch.as_deref())
+    }
+
     /// The override for a GPU: its PCI address wins over its PCI id.
     pub fn override_for(&self, pci: &str, vendor: u16, device: u16) -> Override {
         let by_addr = self.by_address.get(pci);

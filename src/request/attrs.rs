@@ -5,7 +5,7 @@
 use crate::ids::Vendor;
 use crate::request::extra_specs::{self, Op};
 use crate::request::metadata::error::{
-    err, AttrError, CountFrom, ParseError, ParseFault, Resources,
+    err, AttrError, Conflict, CountFrom, ParseError, ParseFault, Resources,
 };
 use crate::request::{Capabilities, DeviceSel, Field, Filter, MigSel, Request};
 
@@ -123,16 +123,17 @@ pub(crate) fn set_attr(g: &mut GpusBuilder, key: &str, v: &str) -> Result<bool, 
     Ok(true)
 }
 
-pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
+/// The request the keys make together, or what in them conflicts (each door words it).
+pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, Conflict> {
     if g.mig == Some(false) && !g.migs.is_empty() {
-        return err(ParseFault::MigNo);
+        return Err(Conflict::MigNo);
     }
     let mig = g.mig.unwrap_or(false) || !g.migs.is_empty();
     if mig && !g.devices.is_empty() {
-        return err(ParseFault::MigAndDevices);
+        return Err(Conflict::MigAndDevices);
     }
     if mig && !g.resources.is_empty() {
-        return err(ParseFault::MigAndResources);
+        return Err(Conflict::MigAndResources);
     }
     // `resources:CUSTOM_GPU_<ARCH>_SHARED`: slots of shareable GPUs of that architecture.
     let shared_class = g.resources.first().and_then(|(_, c, _)| {
@@ -140,13 +141,13 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
             .map(|b| (c.clone(), b.to_owned()))
     });
     if let (Some(false), Some((class, _))) = (g.share, &shared_class) {
-        return err(ParseFault::ShareNo {
+        return Err(Conflict::ShareNo {
             class: class.clone(),
         });
     }
     let share = g.share.unwrap_or(false) || shared_class.is_some();
     if share && mig {
-        return err(ParseFault::ShareAndMig);
+        return Err(Conflict::ShareAndMig);
     }
     let n = (g.devices.len() + g.migs.len()) as u32;
     let resources = placement(&mut g, shared_class)?;
@@ -154,7 +155,7 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     let spec = match (&g.spec_count, &resources) {
         (Some((s, raw, true)), Some((t, keys))) => {
             if t < s {
-                return err(ParseFault::FewerThanSpec {
+                return Err(Conflict::FewerThanSpec {
                     keys: keys.clone(),
                     total: *t,
                     raw: raw.clone(),
@@ -176,7 +177,7 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     {
         match &count {
             Some((c0, first)) if *c0 != c => {
-                return err(ParseFault::Contradicts {
+                return Err(Conflict::Contradicts {
                     first: first.clone(),
                     then: what,
                 })
@@ -187,11 +188,7 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
     }
     let count = count.map_or(n.max(1), |(c, _)| c);
     if count < n {
-        return err(ParseFault::CountBelowChildren {
-            count,
-            n,
-            what: if mig { "mig" } else { "device" },
-        });
+        return Err(Conflict::CountBelowChildren { count, n, mig });
     }
     Ok(Request {
         count,
@@ -213,13 +210,13 @@ pub(crate) fn build_request(mut g: GpusBuilder) -> Result<Request, ParseError> {
 fn placement(
     g: &mut GpusBuilder,
     shared_class: Option<(String, String)>,
-) -> Result<Option<(u32, Resources)>, ParseError> {
+) -> Result<Option<(u32, Resources)>, Conflict> {
     let Some((_, class, _)) = g.resources.first() else {
         return Ok(None);
     };
     let class = class.clone();
     if let Some((_, other, _)) = g.resources.iter().find(|(_, c, _)| *c != class) {
-        return err(ParseFault::TwoClasses {
+        return Err(Conflict::TwoClasses {
             class,
             other: other.clone(),
         });
@@ -232,7 +229,7 @@ fn placement(
             .collect(),
     );
     if total > extra_specs::MAX_COUNT {
-        return err(ParseFault::TooManyResources { keys, total });
+        return Err(Conflict::TooManyResources { keys, total });
     }
     g.filters.push(Filter {
         field: Field::Arch,

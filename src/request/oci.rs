@@ -5,7 +5,7 @@
 
 use crate::ids::normalize_pci;
 use crate::request::attrs::{self, GpusBuilder};
-use crate::request::metadata::error::{AttrError, ParseError};
+use crate::request::metadata::error::{AttrError, Conflict, ParseError};
 use crate::request::{DeviceSel, IdRange, Request};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -29,16 +29,31 @@ pub enum OciError {
     NotString(String),
     /// A key's value is longer than gpuhook reads (`src` says where it came from).
     #[error("{src} is longer than {MAX_VALUE} bytes")]
-    TooLong { src: String },
+    TooLong { src: KeyFrom },
     #[error("unknown key: {src} (known: {KEYS})")]
-    UnknownKey { src: String },
+    UnknownKey { src: KeyFrom },
     /// A key's value is refused (`src` says where it came from).
     #[error("{src}: {source}")]
-    Attr { src: String, source: AttrError },
+    Attr { src: KeyFrom, source: AttrError },
     /// `devices` is refused (`src` says where it came from).
     #[error("{src}: {source}")]
-    Devices { src: String, source: DevicesError },
-    /// The keys together are no request.
+    Devices { src: KeyFrom, source: DevicesError },
+    /// The count asked for is below the number of GPUs `devices` names.
+    #[error("{count_from} asks for {count} GPU{}, fewer than the {n} named by {devices_from}", if *.count == 1 { "" } else { "s" })]
+    CountBelowDevices {
+        count_from: KeyFrom,
+        count: u32,
+        devices_from: KeyFrom,
+        n: u32,
+    },
+    /// Whole GPUs by `devices`, and MIG instances by `mig`.
+    #[error("{devices} names whole GPUs and {mig} asks for MIG instances: a request is one or the other")]
+    MigAndDevices { mig: KeyFrom, devices: KeyFrom },
+    /// MIG instances and shared slots both.
+    #[error("MIG instances are never shared: {mig} and {share} cannot be asked for together")]
+    ShareAndMig { mig: KeyFrom, share: KeyFrom },
+    /// The keys together are no request (a conflict only the domain XML's keys make: its
+    /// words).
     #[error(transparent)]
     Request(#[from] ParseError),
     /// `linux.uidMappings` or `gidMappings` (`which`) is not a list of ranges.
@@ -58,15 +73,39 @@ pub enum DevicesError {
     NotDevice(String),
     #[error("more than {MAX_DEVICES} devices")]
     TooMany,
+    /// One entry (as written) is in the list twice.
+    #[error("'{0}' is named twice")]
+    Twice(String),
+}
+
+/// Where a request key came from, in the words its user typed: for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyFrom {
+    /// An OCI annotation: its whole key (`gpuhook.io/gpus`).
+    Annotation(String),
+    /// A variable of the bundle's `process.env`: its name (`GPUHOOK_GPUS`).
+    Env(String),
+    /// An option of an operator's command (`--count`).
+    Flag(&'static str),
+}
+
+impl std::fmt::Display for KeyFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyFrom::Annotation(k) => write!(f, "annotation '{k}'"),
+            KeyFrom::Env(v) => write!(f, "environment variable {v}"),
+            KeyFrom::Flag(o) => f.write_str(o),
+        }
+    }
 }
 
 /// Each request key (`gpus`, `arch`, …) with where it came from (for messages) and its value.
-pub type Pairs = BTreeMap<String, (String, String)>;
+pub type Pairs = BTreeMap<String, (KeyFrom, String)>;
 
 /// The request keys of a `config.json`: its `gpuhook.io/` annotations; without any, its
 /// `GPUHOOK_` variables (when `env_requests`).
 pub fn pairs(config: &Value, env_requests: bool) -> Result<Pairs, OciError> {
-    let mut pairs: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut pairs = Pairs::new();
     if let Some(a) = config.get("annotations") {
         let a = a.as_object().ok_or(OciError::Annotations)?;
         for (k, v) in a {
@@ -74,7 +113,7 @@ pub fn pairs(config: &Value, env_requests: bool) -> Result<Pairs, OciError> {
                 let v = v.as_str().ok_or_else(|| OciError::NotString(k.clone()))?;
                 pairs.insert(
                     key.to_string(),
-                    (format!("annotation '{k}'"), v.to_string()),
+                    (KeyFrom::Annotation(k.clone()), v.to_string()),
                 );
             }
         }
@@ -94,7 +133,7 @@ pub fn pairs(config: &Value, env_requests: bool) -> Result<Pairs, OciError> {
             {
                 pairs.insert(
                     key.to_ascii_lowercase(),
-                    (format!("environment variable {k}"), v.to_string()),
+                    (KeyFrom::Env(k.to_string()), v.to_string()),
                 );
             }
         }
@@ -131,7 +170,44 @@ pub fn request(pairs: &Pairs) -> Result<Request, OciError> {
             return Err(OciError::UnknownKey { src: src.clone() });
         }
     }
-    Ok(attrs::build_request(g)?)
+    attrs::build_request(g).map_err(|c| worded(c, pairs))
+}
+
+/// A conflict among the keys, in the words of the door they came through (annotations,
+/// environment variables, an operator's options).
+fn worded(c: Conflict, pairs: &Pairs) -> OciError {
+    let from = |k: &str| pairs.get(k).map(|(f, _)| f.clone());
+    match (
+        &c,
+        from("gpus"),
+        from("devices"),
+        from("mig"),
+        from("share"),
+    ) {
+        (
+            Conflict::CountBelowChildren {
+                count,
+                n,
+                mig: false,
+            },
+            Some(c),
+            Some(d),
+            _,
+            _,
+        ) => OciError::CountBelowDevices {
+            count_from: c,
+            count: *count,
+            devices_from: d,
+            n: *n,
+        },
+        (Conflict::MigAndDevices, _, Some(devices), Some(mig), _) => {
+            OciError::MigAndDevices { mig, devices }
+        }
+        (Conflict::ShareAndMig, _, _, Some(mig), Some(share)) => {
+            OciError::ShareAndMig { mig, share }
+        }
+        _ => OciError::Request(c.into()),
+    }
 }
 
 /// `gpuhook.io/devices`: a comma list of PCI addresses, GPU UUIDs or indices.
@@ -153,6 +229,9 @@ pub fn devices(v: &str) -> Result<Vec<DeviceSel>, DevicesError> {
         } else {
             return Err(DevicesError::NotDevice(item.to_string()));
         };
+        if out.contains(&sel) {
+            return Err(DevicesError::Twice(item.to_string()));
+        }
         out.push(sel);
         if out.len() > MAX_DEVICES {
             return Err(DevicesError::TooMany);

@@ -28,7 +28,7 @@ pub mod xid;
 
 use crate::host::config::Config;
 use crate::host::inventory::{Inventory, Scan};
-use crate::ids::{normalize_pci, Pci};
+use crate::ids::Pci;
 use crate::log::one_line;
 use crate::reserve::error::Error;
 use crate::reserve::state::{
@@ -570,10 +570,8 @@ pub fn reset_candidates(cfg: &Config, st: &State) -> Vec<(Pci, reset::Why)> {
 
 /// Lifts any quarantine of the GPU at `pci` (an escalated one too), starts its 24-hour
 /// count again, and drops a reset mark whose process is gone.
-pub fn clear(f: &World, pci: &str) -> Result<Quarantine, Error> {
-    let p = normalize_pci(pci).ok_or_else(|| HealthError::NotPci {
-        pci: pci.to_string(),
-    })?;
+pub fn clear(f: &World, gpu: &str) -> Result<Quarantine, Error> {
+    let p = reset::named_gpu(f, gpu)?.to_string();
     let boot = boot_id(f.cfg);
     Store::new(&f.cfg.state_file).update(|st| {
         let q = st

@@ -107,7 +107,7 @@ fn annotations_are_the_xml_vocabulary() {
     )
     .unwrap_err()
     .to_string()
-    .contains("either whole GPUs"));
+    .contains("names whole GPUs and annotation 'gpuhook.io/mig' asks for MIG instances"));
     let r = req(
         json!({"gpuhook.io/devices": "0000:3B:00.0, GPU-ABC-1,3"}),
         &[],
@@ -192,7 +192,7 @@ fn bad_requests_are_one_line_errors() {
         (
             json!({"gpuhook.io/gpus": "1", "gpuhook.io/devices": "0,1"}),
             vec![],
-            "less than",
+            "fewer than the 2",
         ),
         (
             json!({"gpuhook.io/driver": "nvidia"}),
@@ -224,6 +224,62 @@ fn bad_requests_are_one_line_errors() {
         .unwrap_err()
         .to_string()
         .contains("not a JSON object"));
+}
+
+/// A request's keys that conflict are refused in the words of the door they came through:
+/// the annotations' keys, the environment's variables (never the domain XML's `count='1'`,
+/// `<device>` children or `mig='yes'`).
+#[test]
+fn each_door_words_a_conflict_in_its_own_keys() {
+    let said = |a: Value, env: &[&str]| req(a, env).unwrap_err();
+    // The same GPU twice: the duplicate named, before any count is compared.
+    assert_eq!(
+        said(json!({"gpuhook.io/devices": "0,0"}), &[]),
+        "annotation 'gpuhook.io/devices': '0' is named twice"
+    );
+    assert_eq!(
+        said(
+            json!({"gpuhook.io/gpus": "1", "gpuhook.io/devices": "0, 1,0"}),
+            &[]
+        ),
+        "annotation 'gpuhook.io/devices': '0' is named twice"
+    );
+    assert_eq!(
+        said(json!({}), &["GPUHOOK_DEVICES=0000:3b:00.0,3B:00.0"]),
+        "environment variable GPUHOOK_DEVICES: '3B:00.0' is named twice"
+    );
+    assert_eq!(
+        said(json!({"gpuhook.io/gpus": "1", "gpuhook.io/devices": "0,1"}), &[]),
+        "annotation 'gpuhook.io/gpus' asks for 1 GPU, fewer than the 2 named by annotation 'gpuhook.io/devices'"
+    );
+    assert_eq!(
+        said(json!({}), &["GPUHOOK_GPUS=2", "GPUHOOK_DEVICES=0,1,2"]),
+        "environment variable GPUHOOK_GPUS asks for 2 GPUs, fewer than the 3 named by environment variable GPUHOOK_DEVICES"
+    );
+    assert_eq!(
+        said(json!({"gpuhook.io/mig": "yes", "gpuhook.io/share": "yes"}), &[]),
+        "MIG instances are never shared: annotation 'gpuhook.io/mig' and annotation 'gpuhook.io/share' cannot be asked for together"
+    );
+    assert_eq!(
+        said(json!({}), &["GPUHOOK_MIG=yes", "GPUHOOK_SHARE=1"]),
+        "MIG instances are never shared: environment variable GPUHOOK_MIG and environment variable GPUHOOK_SHARE cannot be asked for together"
+    );
+    assert_eq!(
+        said(json!({}), &["GPUHOOK_MIG=yes", "GPUHOOK_DEVICES=1"]),
+        "environment variable GPUHOOK_DEVICES names whole GPUs and environment variable GPUHOOK_MIG asks for MIG instances: a request is one or the other"
+    );
+    for e in [
+        said(json!({"gpuhook.io/devices": "0,0"}), &[]),
+        said(
+            json!({"gpuhook.io/mig": "yes", "gpuhook.io/share": "yes"}),
+            &[],
+        ),
+        said(json!({}), &["GPUHOOK_GPUS=1", "GPUHOOK_DEVICES=0,1"]),
+    ] {
+        for xml in ["<device>", "mig='", "share='", "count '", "count="] {
+            assert!(!e.contains(xml), "{e}: the domain XML's words");
+        }
+    }
 }
 
 #[test]

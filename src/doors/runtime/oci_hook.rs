@@ -91,10 +91,20 @@ pub fn oci_hook(stage: &str, token: Option<&str>, arg: Option<&str>) -> i32 {
             }
         },
         POSTSTOP => {
-            // The runtime runs it once the container stopped; only for this create's own.
-            if let Ok(cfg) = Config::load() {
-                let f = World::real(&cfg);
-                lifecycle::release_oci(&f, &state.id, "poststop", |r| r.prepared_by == Some(by));
+            // The runtime runs it once the container stopped; only for this create's own. A
+            // poststop hook's failure changes nothing for the runtime (it warns and goes on):
+            // exit 0, and the reason in the log.
+            match Config::load() {
+                Ok(cfg) => {
+                    let f = World::real(&cfg);
+                    lifecycle::release_oci(&f, &state.id, "poststop", |r| {
+                        r.prepared_by == Some(by)
+                    });
+                }
+                Err(e) => log::error(&format!(
+                    "{who}: poststop: cannot free its GPUs: {e}; they stay reserved until the config reads again (then its delete, `gpuhook release {}`, or a request that needs them as stale frees them)",
+                    state.id
+                )),
             }
             0
         }

@@ -5,6 +5,9 @@ use crate::request::{IdMap, Request};
 
 /// gpuhook's XML namespace.
 pub const NS: &str = "urn:gpuhook:gpu:1";
+/// What every gpuhook namespace URI begins with: one in `<metadata>` that is not [`NS`]
+/// (`urn:gpuhook:gpu:2`, a typo) asks for nothing, and is said so.
+pub const NS_FAMILY: &str = "urn:gpuhook:";
 /// Nova's metadata namespace without its version (`…/nova/1.1` since 2015): the elements
 /// gpuhook reads have kept their shape across versions.
 pub const NOVA_NS_PREFIX: &str = "http://openstack.org/xmlns/libvirt/nova/";
@@ -20,6 +23,9 @@ pub struct Domain {
     pub request: Option<Request>,
     /// Where the request came from.
     pub source: Source,
+    /// Namespaces of `<metadata>` elements that look like gpuhook's and are not
+    /// (`urn:gpuhook:gpu:2`): not read, said in a warning.
+    pub unknown_ns: Vec<String>,
 }
 
 /// Which part of the domain XML asked for GPUs.

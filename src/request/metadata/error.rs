@@ -42,6 +42,12 @@ impl From<ParseFault> for ParseError {
     }
 }
 
+impl From<Conflict> for ParseError {
+    fn from(c: Conflict) -> Self {
+        ParseFault::Conflict(c).into()
+    }
+}
+
 pub(crate) fn err<T>(kind: ParseFault) -> Result<T, ParseError> {
     Err(kind.into())
 }
@@ -212,6 +218,17 @@ pub(crate) enum ParseFault {
         source: ParseError,
     },
     // The request the attributes and children make together.
+    #[error(transparent)]
+    Conflict(#[from] Conflict),
+}
+
+/// Why a request's keys together are no request, with what was asked (typed): the same
+/// check for every front door ([`crate::request::attrs::build_request`]), and each door
+/// words it in the words its user typed. This `Display` is the domain XML's words
+/// (`count='1'`, `<device>` children, `mig='yes'`); the OCI annotations, the environment
+/// and `gpuhook attach`'s options say theirs (`crate::request::oci`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Conflict {
     #[error("<mig> children ask for MIG instances, but mig='no'")]
     MigNo,
     #[error(
@@ -236,12 +253,10 @@ pub(crate) enum ParseFault {
     },
     #[error("{first} contradicts {then}")]
     Contradicts { first: CountFrom, then: CountFrom },
-    #[error("count {count} is less than the {n} <{what}> children")]
-    CountBelowChildren {
-        count: u32,
-        n: u32,
-        what: &'static str,
-    },
+    /// `count` (from `count='…'`, the `gpus` key or option) is below the number of exact GPUs
+    /// (`mig`: MIG instances) named.
+    #[error("count {count} is less than the {n} <{}> children", if *.mig { "mig" } else { "device" })]
+    CountBelowChildren { count: u32, n: u32, mig: bool },
 }
 
 /// Why an extra spec's value is refused.

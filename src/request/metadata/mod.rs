@@ -19,13 +19,41 @@ pub(crate) mod error;
 mod limits;
 mod parser;
 
-pub use domain::{Domain, Source, NOVA_NS_PREFIX, NS};
+pub use domain::{Domain, Source, NOVA_NS_PREFIX, NS, NS_FAMILY};
 pub use error::{AttrError, ParseError};
 pub use limits::{IDMAP, MAX_XML};
 
 /// Whether the document mentions gpuhook's namespace.
 pub fn mentions_gpuhook(xml: &[u8]) -> bool {
     find(xml, NS.as_bytes()).is_some()
+}
+
+/// Whether the document mentions a namespace of gpuhook's family (`urn:gpuhook:…`), its own
+/// or one that only looks like it.
+pub fn mentions_family(xml: &[u8]) -> bool {
+    find(xml, NS_FAMILY.as_bytes()).is_some()
+}
+
+/// The warning for a domain whose `<metadata>` has elements in namespaces that look like
+/// gpuhook's and are not (`urn:gpuhook:gpu:2`): they ask for nothing; `None` when it has none.
+pub fn unknown_ns_warning(dom: &Domain) -> Option<String> {
+    if dom.unknown_ns.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "domain '{}': <metadata> has {} in namespace {}, which gpuhook does not read (its namespace is {NS}): {}",
+        dom.name,
+        if dom.unknown_ns.len() == 1 { "an element" } else { "elements" },
+        dom.unknown_ns
+            .iter()
+            .map(|n| format!("'{n}'"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        match &dom.request {
+            Some(_) => "only its <gpus> element in that namespace is the request",
+            None => "the domain asks for no GPUs and starts without any",
+        }
+    ))
 }
 
 /// Whether the document may ask for GPUs: it mentions gpuhook's namespace, or Nova's and a

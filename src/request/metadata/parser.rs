@@ -4,7 +4,7 @@ use super::attrs::{
     apply_extra_spec, attr_value, each_attr, parse_device, parse_gpus_attrs, parse_idmap_entry,
     parse_mig, push_unique,
 };
-use super::domain::{Domain, Source, NOVA_NS_PREFIX, NS};
+use super::domain::{Domain, Source, NOVA_NS_PREFIX, NS, NS_FAMILY};
 use super::error::{err, ParseError, ParseFault};
 use super::limits::{IDMAP, MAX_EXTRA_SPECS, MAX_VALUE};
 use crate::ids::normalize_uuid;
@@ -65,6 +65,8 @@ pub(super) struct Parser {
     nova: NovaSpecs,
     text: String,
     saw_root: bool,
+    /// gpuhook-like namespaces of `<metadata>`'s elements that are not gpuhook's.
+    unknown_ns: Vec<String>,
 }
 
 impl Parser {
@@ -85,12 +87,31 @@ impl Parser {
         reader.config_mut().check_end_names = true;
         loop {
             let (ns, ev) = reader.read_resolved_event().map_err(ParseFault::Xml)?;
+            if matches!(ev, Event::Start(_) | Event::Empty(_)) && self.top() == Some(Ctx::Metadata)
+            {
+                self.note_lookalike(&ns);
+            }
             let ns = Self::ns_of(&ns);
             if !self.event(&reader, ev, ns)? {
                 break;
             }
         }
         self.finish()
+    }
+
+    /// A `<metadata>` element in a namespace that looks like gpuhook's and is not: noted (at
+    /// most a few, each once).
+    fn note_lookalike(&mut self, ns: &ResolveResult) {
+        let ResolveResult::Bound(Namespace(n)) = ns else {
+            return;
+        };
+        if *n == NS || !n.starts_with(NS_FAMILY) {
+            return;
+        }
+        let uri: String = n.chars().take(100).collect();
+        if self.unknown_ns.len() < 4 && !self.unknown_ns.contains(&uri) {
+            self.unknown_ns.push(uri);
+        }
     }
 
     fn ns_of(ns: &ResolveResult) -> Ns {
@@ -154,6 +175,7 @@ impl Parser {
             idmap: self.idmap,
             request,
             source,
+            unknown_ns: self.unknown_ns,
         })
     }
 
@@ -413,7 +435,7 @@ fn nova_request(specs: &[(String, String)]) -> Result<Option<Request>, ParseErro
     if g.spec_count.is_none() && g.resources.is_empty() {
         return Ok(None);
     }
-    build_request(g).map(Some)
+    Ok(Some(build_request(g)?))
 }
 
 /// The text of a character or predefined entity reference; other entities are refused.

@@ -761,3 +761,39 @@ fn shared_requests_from_every_source() {
         "environment variable GPUHOOK_SHARE: share 'often' is not yes or no"
     );
 }
+
+/// Elements of `<metadata>` in a namespace that looks like gpuhook's and is not (a typo, a
+/// version gpuhook does not read) are noted, each once, and ask for nothing; gpuhook's own
+/// and other namespaces are not noted; a request beside them stands.
+#[test]
+fn lookalike_namespaces_are_noted() {
+    let d = parse_domain(
+        dom(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:2" count="1"/><g:x xmlns:g="urn:gpuhook:gpu:2"/><n:y xmlns:n="urn:example:gpuhook:gpu:1"/>"#)
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(d.request, None);
+    assert_eq!(d.unknown_ns, ["urn:gpuhook:gpu:2"]);
+    let w = crate::request::metadata::unknown_ns_warning(&d).unwrap();
+    assert_eq!(w, "domain 't1': <metadata> has an element in namespace 'urn:gpuhook:gpu:2', which gpuhook does not read (its namespace is urn:gpuhook:gpu:1): the domain asks for no GPUs and starts without any");
+    let d = parse_domain(
+        dom(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="1"/><x:gpus xmlns:x="urn:gpuhook:"/>"#)
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(d.request.unwrap().count, 1);
+    assert_eq!(d.unknown_ns, ["urn:gpuhook:"]);
+    // Only <metadata>'s own elements: one deeper inside someone else's element is theirs.
+    let d = parse_domain(
+        dom(r#"<a:x xmlns:a="urn:a"><gpu:gpus xmlns:gpu="urn:gpuhook:gpu:2"/></a:x>"#).as_bytes(),
+    )
+    .unwrap();
+    assert!(d.unknown_ns.is_empty());
+    assert!(crate::request::metadata::unknown_ns_warning(&d).is_none());
+    assert!(crate::request::metadata::mentions_family(
+        b"<x xmlns='urn:gpuhook:gpu:9'/>"
+    ));
+    assert!(!crate::request::metadata::may_request(
+        b"<x xmlns='urn:gpuhook:gpu:9'/>"
+    ));
+}

@@ -6,6 +6,12 @@ use crate::request::{DeviceSel, Filter, MigSel, Request};
 /// Why a request gets no GPUs: each refusal with what it names, printed as one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
+    /// The request names an architecture no GPU has (nor the config's overrides name).
+    #[error("unknown architecture '{arch}' (known: {}; others can be named in the config's \"overrides\")", .known.join(", "))]
+    UnknownArch { arch: String, known: Vec<String> },
+    /// Placement's class names an architecture no GPU has.
+    #[error("resource class {class} names no known architecture (known: {}; others can be named in the config's \"overrides\")", .known.join(", "))]
+    UnknownClass { class: String, known: Vec<String> },
     /// A `<gpu:device>` (or a MIG selector's GPU) names no GPU of this host.
     #[error("no GPU with {sel} on this host")]
     NoGpu { sel: DeviceSel },

@@ -24,6 +24,6 @@ pub(crate) mod tests;
 pub use error::AllocError;
 pub use held::{busy, gi_holder, sharers, slots_of, Held};
 pub use migs::allocate_migs;
-pub use select::{matches, resolve};
+pub use select::{known_arch, known_archs, matches, resolve};
 pub use slots::allocate_slots;
 pub use whole::{allocate, allocate_beside};

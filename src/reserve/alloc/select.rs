@@ -1,8 +1,61 @@
 //! What a request names, and whether a GPU matches it.
 
 use super::error::AllocError;
+use crate::host::config::Config;
 use crate::host::inventory::Gpu;
+use crate::request::extra_specs::{custom_name, Op};
 use crate::request::{DeviceSel, Field, Filter, Request};
+use std::collections::BTreeSet;
+
+/// Every architecture name this host knows: the built-in table's (with the NVIDIA chip
+/// families the PCI id database gives), the config's `overrides`, and its GPUs'.
+pub fn known_archs(cfg: &Config, gpus: &[Gpu]) -> BTreeSet<String> {
+    crate::host::arch::known_names()
+        .into_iter()
+        .map(str::to_owned)
+        .chain(cfg.override_archs().map(str::to_ascii_lowercase))
+        .chain(
+            gpus.iter()
+                .filter_map(|g| g.arch.as_deref())
+                .map(str::to_ascii_lowercase),
+        )
+        .collect()
+}
+
+/// A request that names an architecture no GPU can have (a typo: `fermy`) is refused as such,
+/// with the names that are known, before any GPU is looked at: the architectures it asks
+/// for by name (`arch`, `gpu_arch` `s==`, `<or>`) and by Placement's class
+/// (`CUSTOM_GPU_<ARCH>`). A filter that excludes or compares (`!=`, `<in>`, `s<`) is not a
+/// name.
+pub fn known_arch(req: &Request, known: &BTreeSet<String>) -> Result<(), AllocError> {
+    let listed = || known.iter().cloned().collect::<Vec<_>>();
+    for f in req.filters.iter().filter(|f| f.field == Field::Arch) {
+        let named: Vec<&String> = match &f.op {
+            Op::Eq(x) => vec![x],
+            Op::OneOf(xs) => xs.iter().collect(),
+            Op::Class(c) => {
+                if !known.iter().any(|k| custom_name("GPU_", k) == *c) {
+                    return Err(AllocError::UnknownClass {
+                        class: c.clone(),
+                        known: listed(),
+                    });
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        if let Some(x) = named
+            .into_iter()
+            .find(|x| !known.contains(&x.to_ascii_lowercase()))
+        {
+            return Err(AllocError::UnknownArch {
+                arch: x.clone(),
+                known: listed(),
+            });
+        }
+    }
+    Ok(())
+}
 
 pub(super) fn field_value(g: &Gpu, f: Field) -> Option<&str> {
     match f {

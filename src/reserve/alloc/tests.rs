@@ -854,3 +854,61 @@ fn shortage_reasons_word_for_word() {
         assert_eq!(got, want);
     }
 }
+
+/// An architecture no GPU can have is refused as unknown, naming the known ones: by name
+/// (any case, `<or>` lists too), by Placement's class; a filter that only compares or
+/// excludes is not a name; a name the config's overrides give is known.
+#[test]
+fn an_unknown_architecture_is_named() {
+    use crate::request::extra_specs::Op;
+    use crate::request::{Field, Filter};
+    let cfg = crate::host::config::Config::default();
+    let gpus = dgx();
+    let known = super::known_archs(&cfg, &gpus);
+    assert!(known.contains("hopper") && known.contains("fermi") && known.contains("cdna3"));
+    let with = |op: Op| {
+        let mut r = req(1);
+        r.filters.push(Filter {
+            field: Field::Arch,
+            op,
+        });
+        r
+    };
+    let e = super::known_arch(&with(Op::Eq("fermy".into())), &known).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("unknown architecture 'fermy' (known: ada, ampere, blackwell, "),
+        "{e}"
+    );
+    assert!(e
+        .to_string()
+        .ends_with("; others can be named in the config's \"overrides\")"));
+    super::known_arch(&with(Op::Eq("hopper".into())), &known).unwrap();
+    let e = super::known_arch(
+        &with(Op::OneOf(vec!["hopper".into(), "hoper".into()])),
+        &known,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().starts_with("unknown architecture 'hoper'"),
+        "{e}"
+    );
+    for fine in [
+        Op::Ne("fermy".into()),
+        Op::Contains("herm".into()),
+        Op::Lt("z".into()),
+    ] {
+        super::known_arch(&with(fine), &known).unwrap();
+    }
+    super::known_arch(&with(Op::Class("CUSTOM_GPU_HOPPER".into())), &known).unwrap();
+    let e = super::known_arch(&with(Op::Class("CUSTOM_GPU_HOPER".into())), &known).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("resource class CUSTOM_GPU_HOPER names no known architecture (known: "),
+        "{e}"
+    );
+    // The config's overrides name one of their own.
+    let mut known = known;
+    known.insert("tesla-x".into());
+    super::known_arch(&with(Op::Eq("tesla-x".into())), &known).unwrap();
+}

@@ -10,16 +10,19 @@
 
 use super::catalog::{Action, Check};
 use super::confirm::Confirmation;
+pub use super::error::Unrunnable;
 use super::{boot_id, escalate, HealthError};
 use crate::host::config::Config;
 use crate::host::inventory::{self, ProbeFailure, Scan};
 use crate::host::procfs::{Budget, ProcRef};
+use crate::host::program::{self, TrustedProgram};
 use crate::ids::Pci;
 use crate::node::Node;
 use crate::reserve::error::Error;
 use crate::reserve::state::{now_rfc3339, Quarantine, Resetting, State, Store};
 use crate::reserve::world::World;
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How long a reset may run (the command, or the write to the sysfs `reset` file).
@@ -43,6 +46,9 @@ pub enum Ended {
     Signal { signal: String, said: String },
     #[error("{0}")]
     Run(#[from] crate::enter::sandbox::RunError),
+    /// It could not run at all (its program changed since the check before the mark).
+    #[error("{0}")]
+    Unrunnable(Unrunnable),
 }
 
 fn note(s: &str) -> String {
@@ -71,6 +77,92 @@ pub trait Recover {
     fn probe(&self, cfg: &Config, pci: Pci) -> Result<(), ProbeFailure>;
     /// What the GPU's own state says of an Xid's class ([`super::confirm`]).
     fn confirm(&self, cfg: &Config, pci: Pci, check: Check) -> Confirmation;
+    /// Told where a reset is (an operator's command says it on stderr): nothing by default.
+    fn progress(&self, _step: &Progress) {}
+    /// Whether the configured reset can run at all for this GPU (a configuration fault
+    /// otherwise: refused before anything is marked). The doubles' resets always can.
+    fn runnable(&self, _cfg: &Config, _pci: Pci) -> Result<(), Unrunnable> {
+        Ok(())
+    }
+}
+
+/// The configured reset program, trusted to run as root ([`program::trusted_program`]) and
+/// executable: its descriptor, which the reset runs (never its path again).
+fn reset_program(path: &Path) -> Result<TrustedProgram, Unrunnable> {
+    let p = program::trusted_program(path)?;
+    let mode = nix::sys::stat::fstat(&p.fd)
+        .map(|st| st.st_mode & 0o7777)
+        .unwrap_or(0);
+    if mode & 0o111 == 0 {
+        return Err(Unrunnable::NotExecutable { path: p.path, mode });
+    }
+    Ok(p)
+}
+
+/// Whether the configured reset can run for the GPU at `pci`: its program trusted and
+/// executable, or (`"pci"`) the function's sysfs `reset` file there.
+pub fn runnable(cfg: &Config, pci: Pci) -> Result<(), Unrunnable> {
+    match cfg.reset_command.argv(pci.as_str()) {
+        Some(argv) => reset_program(Path::new(&argv[0])).map(drop),
+        None => {
+            let path = sysfs_reset(cfg, pci);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_file() => Ok(()),
+                Ok(_) => Err(Unrunnable::NoSysfsReset {
+                    path,
+                    source: std::io::Error::from(std::io::ErrorKind::InvalidInput).into(),
+                }),
+                Err(e) => Err(Unrunnable::NoSysfsReset {
+                    path,
+                    source: e.into(),
+                }),
+            }
+        }
+    }
+}
+
+/// Where a reset is, while it runs: the reset may take up to [`DEADLINE`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// The GPU is marked `resetting`; the reset runs now (`what`: the command, or the write
+    /// to sysfs).
+    Resetting { pci: Pci, what: String },
+    /// The reset ended well after `took`; the probes run now.
+    Probing { pci: Pci, took: Duration },
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Progress::Resetting { pci, what } => write!(
+                f,
+                "GPU {pci}: resetting: {what} ({} s at most)",
+                DEADLINE.as_secs()
+            ),
+            Progress::Probing { pci, took } => write!(
+                f,
+                "GPU {pci}: reset ran in {:.2} s; probing it (config space, driver, not excluded)",
+                took.as_secs_f64()
+            ),
+        }
+    }
+}
+
+/// What a reset of `pci` runs, as messages say it: `'/usr/bin/nvidia-smi --gpu-reset -i
+/// PCI'`, or `writing 1 to <sys>/bus/pci/devices/PCI/reset`.
+pub fn reset_what(cfg: &Config, pci: Pci) -> String {
+    match cfg.reset_command.argv(pci.as_str()) {
+        Some(argv) => format!("'{}'", argv.join(" ")),
+        None => format!("writing 1 to {}", sysfs_reset(cfg, pci).display()),
+    }
+}
+
+/// The sysfs file of a function-level reset.
+fn sysfs_reset(cfg: &Config, pci: Pci) -> std::path::PathBuf {
+    cfg.sysfs
+        .join("bus/pci/devices")
+        .join(pci.as_str())
+        .join("reset")
 }
 
 /// This host: the configured `reset_command`, as gpuhook runs every child
@@ -88,23 +180,27 @@ impl Recover for HostReset {
     fn confirm(&self, cfg: &Config, pci: Pci, check: Check) -> Confirmation {
         super::confirm::on_host(cfg, pci, check)
     }
+    fn runnable(&self, cfg: &Config, pci: Pci) -> Result<(), Unrunnable> {
+        runnable(cfg, pci)
+    }
 }
 
 /// Runs the configured reset of the GPU at `pci`, killed past `limit`.
 pub fn run_reset(cfg: &Config, pci: Pci, limit: Duration) -> Result<(), ResetFailure> {
-    use crate::enter::sandbox::{run_child, run_program, Waited};
-    let (what, ran) = match cfg.reset_command.argv(pci.as_str()) {
-        Some(argv) => (
-            format!("'{}'", argv.join(" ")),
-            run_program(&argv, limit, 64 * 1024),
-        ),
+    use crate::enter::sandbox::{run_child, run_program_fd, Waited};
+    let what = reset_what(cfg, pci);
+    let fail = |how: Ended| ResetFailure {
+        what: what.clone(),
+        how,
+    };
+    let ran = match cfg.reset_command.argv(pci.as_str()) {
+        // The program checked, and run from the descriptor checked.
+        Some(argv) => match reset_program(Path::new(&argv[0])) {
+            Ok(p) => run_program_fd(&p.fd, &argv, limit, 64 * 1024),
+            Err(e) => return Err(fail(Ended::Unrunnable(e))),
+        },
         None => {
-            let path = cfg
-                .sysfs
-                .join("bus/pci/devices")
-                .join(pci.as_str())
-                .join("reset");
-            let shown = path.display().to_string();
+            let path = sysfs_reset(cfg, pci);
             let write = move || -> Result<(), String> {
                 use std::io::Write;
                 use std::os::unix::fs::OpenOptionsExt;
@@ -115,12 +211,8 @@ pub fn run_reset(cfg: &Config, pci: Pci, limit: Duration) -> Result<(), ResetFai
                     .and_then(|mut f| f.write_all(b"1"))
                     .map_err(|e| e.to_string())
             };
-            (format!("writing 1 to {shown}"), run_child(limit, write))
+            run_child(limit, write)
         }
-    };
-    let fail = |how: Ended| ResetFailure {
-        what: what.clone(),
-        how,
     };
     let ran = ran.map_err(|e| fail(e.into()))?;
     if ran.ok() {
@@ -214,13 +306,36 @@ fn held(st: &State, pci: Pci) -> Option<String> {
     (!who.is_empty()).then(|| who.join(", "))
 }
 
-/// Resets the GPU `pci` (given as the user wrote it): refused while it is held, draining,
-/// open or being reset; else marked `resetting`, reset, probed, and the outcome recorded.
-pub fn reset(f: &World, r: &dyn Recover, pci: &str, why: Why) -> Result<Reset, Error> {
-    let p = Pci::normalize(pci).ok_or_else(|| HealthError::NotPci {
-        pci: pci.to_string(),
-    })?;
-    reset_pci(f, r, p, why)
+/// Resets the GPU `gpu` (as the operator named it: [`named_gpu`]): refused while it is held,
+/// draining, open or being reset; else marked `resetting`, reset, probed, and the outcome
+/// recorded.
+pub fn reset(f: &World, r: &dyn Recover, gpu: &str, why: Why) -> Result<Reset, Error> {
+    reset_pci(f, r, named_gpu(f, gpu)?, why)
+}
+
+/// The GPU an operator names, as `attach` and `detach` take one: its PCI address (any case,
+/// the domain optional), or its index or UUID among the GPUs this host lists now.
+pub fn named_gpu(f: &World, gpu: &str) -> Result<Pci, Error> {
+    if let Some(p) = Pci::normalize(gpu) {
+        return Ok(p);
+    }
+    let not = || HealthError::NotPci {
+        pci: gpu.to_string(),
+    };
+    let sel = match crate::request::oci::devices(gpu) {
+        Ok(mut v) if v.len() == 1 => v.remove(0),
+        _ => return Err(not().into()),
+    };
+    let inv = (f.scan)(
+        f.cfg,
+        Scan {
+            caps: None,
+            lazy: false,
+        },
+    )?;
+    crate::reserve::alloc::resolve(&inv.gpus, &sel)
+        .map(|g| g.pci)
+        .ok_or_else(|| HealthError::NoSuchGpu { sel }.into())
 }
 
 /// [`reset`] of a PCI address.
@@ -228,6 +343,10 @@ pub fn reset_pci(f: &World, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
     let cfg = f.cfg;
     let store = Store::new(&cfg.state_file);
     let nodes = nodes_of(f, pci)?;
+    // A reset that cannot run at all is the config's fault: refused before anything is
+    // marked (no `resetting`, no quarantine, nothing counted).
+    r.runnable(cfg, pci)
+        .map_err(|source| HealthError::Unrunnable { pci, source })?;
     let me = f
         .proc
         .proc_ref(std::process::id() as i32)
@@ -271,10 +390,20 @@ pub fn reset_pci(f: &World, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
         }))
     })?;
     // Without the lock: the reset, then the probes.
+    r.progress(&Progress::Resetting {
+        pci,
+        what: reset_what(cfg, pci),
+    });
     let t = Instant::now();
     let failure = match r.reset(cfg, pci) {
         Err(e) => Some(Failure::Reset(e)),
-        Ok(()) => r.probe(cfg, pci).err().map(Failure::Probe),
+        Ok(()) => {
+            r.progress(&Progress::Probing {
+                pci,
+                took: t.elapsed(),
+            });
+            r.probe(cfg, pci).err().map(Failure::Probe)
+        }
     };
     let took = t.elapsed();
     // Another locked step: the outcome.

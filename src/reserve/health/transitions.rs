@@ -140,9 +140,14 @@ struct Fake {
     /// and whether the state lock was free when it was asked.
     says: Option<Confirmation>,
     confirmed: RefCell<Vec<(String, Check, bool)>>,
+    /// The configured reset cannot run (a configuration fault).
+    unrunnable: Option<reset::Unrunnable>,
 }
 
 impl Recover for Fake {
+    fn runnable(&self, _: &Config, _: Pci) -> Result<(), reset::Unrunnable> {
+        self.unrunnable.clone().map_or(Ok(()), Err)
+    }
     fn reset(&self, _: &Config, pci: Pci) -> Result<(), ResetFailure> {
         self.calls.borrow_mut().push(format!("reset {pci}"));
         if let Some(p) = &self.state_file {
@@ -378,6 +383,48 @@ fn a_reset_whose_probes_pass_lifts_a_reset_quarantine() {
     assert!(r.failure.is_none() && r.lifted.is_none() && r.kept.is_none());
 }
 
+/// A reset that cannot run at all (its program missing, not root's, not executable; a
+/// function without a sysfs `reset`) is the config's fault: refused before anything is
+/// marked, by an operator and by the scan's `auto_reset` alike: no `resetting` mark, no
+/// quarantine made or counted, the reset never run; the state file byte for byte as it was.
+#[test]
+fn a_reset_that_cannot_run_changes_nothing() {
+    let b = Bed::new(|c| c.auto_reset = true);
+    b.kmsg(&rec(1, "0000:10:00", 48, "DBE"));
+    let missing = Fake {
+        unrunnable: Some(reset::Unrunnable::Program(
+            crate::host::program::ProgramError::Missing {
+                path: "/usr/bin/nvidia-smi".into(),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound).into(),
+            },
+        )),
+        ..Default::default()
+    };
+    // The scan quarantines (once) and does not reset: said, nothing counted.
+    let r = b.scan(&missing);
+    assert_eq!(r.quarantined.len(), 1);
+    let e = r.resets[0].1.as_ref().unwrap_err().to_string();
+    assert!(
+        e.starts_with("GPU 0000:10:00.0 not reset: the config's reset_command cannot run: no /usr/bin/nvidia-smi: "),
+        "{e}"
+    );
+    assert!(missing.calls.borrow().is_empty(), "the reset ran");
+    let before = b.bytes();
+    for pci in [G0, G1] {
+        let e = b.reset(&missing, pci).unwrap_err().to_string();
+        assert!(e.ends_with("a configuration fault, so nothing was marked and the GPU keeps its state: install the program as root's, or name another in reset_command (\"pci\" is the kernel's function-level reset)"), "{e}");
+        assert_eq!(b.bytes(), before, "{pci}: the state changed");
+    }
+    assert!(missing.calls.borrow().is_empty(), "the reset ran");
+    let st = b.state();
+    assert_eq!(st.quarantine[G0].xid, Some(48));
+    assert!(!st.quarantine[G0].needs_inspection);
+    assert!(st.health.get(G1).is_none_or(|h| h.resetting.is_none()));
+    // Once it can run, the reset lifts the quarantine as ever.
+    let r = b.reset(&Fake::default(), G0).unwrap();
+    assert_eq!(r.lifted.unwrap().xid, Some(48));
+}
+
 /// Only a reset quarantine is lifted by a reset: a reboot one, an escalated one and one
 /// written by an earlier gpuhook (no action: `health clear` ends it) stay.
 #[test]
@@ -496,7 +543,10 @@ fn refusals_change_nothing() {
         (G1, "GPU 0000:11:00.0 is held by domain 'm1'"),
         (G2, "GPU 0000:12:00.0 is held by domain 's1'"),
         ("0000:7f:00.0", "0000:7f:00.0 is not a GPU this host lists"),
-        ("../x", "'../x' is not a PCI address like 0000:3b:00.0"),
+        (
+            "../x",
+            "'../x' is neither a PCI address (0000:3b:00.0), a GPU UUID (GPU-…) nor an index",
+        ),
     ] {
         let e = b.reset(&fake, pci).unwrap_err().to_string();
         assert!(e.starts_with(says), "{e}");
@@ -901,8 +951,9 @@ fn the_reset_runs_as_every_child() {
     let e = reset::run_reset(&cfg, G0.parse().unwrap(), Duration::from_secs(5)).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "'/nonexistent/nvidia-smi': exited with status 127: cannot run /nonexistent/nvidia-smi: ENOENT: No such file or directory"
+        "'/nonexistent/nvidia-smi': no /nonexistent/nvidia-smi: No such file or directory (os error 2)"
     );
+    assert!(reset::runnable(&cfg, G0.parse().unwrap()).is_err());
     // "pci": 1 written to the function's reset file.
     cfg.reset_command = crate::host::config::ResetCommand::Pci;
     let dev = cfg.sysfs.join("bus/pci/devices").join(G0);

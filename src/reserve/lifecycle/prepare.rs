@@ -368,6 +368,8 @@ pub(super) fn choose(
     req: &Request,
     sharing: &[crate::ids::Pci],
 ) -> Result<(Vec<Unit>, Vec<String>), Error> {
+    // A typo in an architecture's name is said as such (no GPU could ever match it).
+    alloc::known_arch(req, &alloc::known_archs(f.cfg, &inv.gpus))?;
     let mut notes = Vec::new();
     // Stale reservations (holder gone) are reclaimed only when the request does not fit
     // otherwise: the common path reads no /proc file per reservation.

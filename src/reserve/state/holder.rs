@@ -54,6 +54,16 @@ impl HolderKind {
         }
     }
 
+    /// The front door through which a holder of this kind reserves (`gpuhook show`): its
+    /// word in JSON, and how the text says it.
+    pub fn door(self) -> (&'static str, &'static str) {
+        match self {
+            HolderKind::Libvirt => ("lxc-hook", "the libvirt LXC hook (prepare)"),
+            HolderKind::Oci => ("oci-runtime", "gpuhook-runtime (the OCI runtime's create)"),
+            HolderKind::Vm => ("qemu-hook", "the libvirt QEMU hook (prepare)"),
+        }
+    }
+
     /// The option of the operator's commands that says a name is of this kind: `--domain`,
     /// `--container`, `--vm`.
     pub fn flag(self) -> &'static str {
