@@ -300,7 +300,7 @@ pub fn unmet_request_fails_start_container_and_reserves_nothing(files: &Files) {
         (
             "gpuhook.io/arch",
             "teleport",
-            "arch == teleport: only 0 of the host's 0 matching GPUs are free",
+            "unknown architecture 'teleport' (known: ",
         ),
     ] {
         let p = b.pod(PodSpec::new(&format!("bad-{value}")).annotate(key, value));
