@@ -87,10 +87,17 @@ pub enum Command {
         vm: bool,
     },
     /// Run the libvirt hook explicitly (domain XML on standard input)
+    ///
+    /// libvirt's LXC hook (as /etc/libvirt/hooks/lxc runs it), or with --qemu its QEMU hook
+    /// (as /etc/libvirt/hooks/qemu runs it, for virtual machines).
     Hook {
+        /// libvirt's QEMU hook (a virtual machine's hostdevs) instead of the LXC one
+        #[arg(long)]
+        qemu: bool,
         /// Domain name
         domain: String,
-        /// prepare, start, started, stopped, release or reconnect
+        /// prepare, start, started, stopped, release or reconnect (QEMU also: restore,
+        /// attach, migrate)
         op: String,
         /// begin or end
         subop: String,
@@ -264,6 +271,12 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         std::env::set_var(crate::host::config::ENV, c);
     }
     match cli.command {
+        Command::Hook {
+            qemu: true,
+            domain,
+            op,
+            ..
+        } => crate::doors::qemu_hook::main(&domain, &op),
         Command::Hook { domain, op, .. } => match hook::read_stdin() {
             Ok(xml) => hook::run(&domain, &op, &xml),
             Err(e) => {
