@@ -131,6 +131,16 @@ pub struct RunningVm {
 /// without a pid file, or whose pid file names no live process, or whose status names
 /// another process or domain, does not count.
 pub fn running_with_hostdevs(cfg: &Config, proc: Proc) -> (Vec<RunningVm>, Vec<QemuFileError>) {
+    running(cfg, proc, true)
+}
+
+/// Every VM whose QEMU process runs, by libvirt's status directory (as
+/// [`running_with_hostdevs`], with or without hostdevs).
+pub fn running_all(cfg: &Config, proc: Proc) -> (Vec<RunningVm>, Vec<QemuFileError>) {
+    running(cfg, proc, false)
+}
+
+fn running(cfg: &Config, proc: Proc, with_hostdevs: bool) -> (Vec<RunningVm>, Vec<QemuFileError>) {
     let (mut vms, mut unread) = (Vec::new(), Vec::new());
     let Ok(rd) = std::fs::read_dir(&cfg.libvirt_qemu_dir) else {
         return (vms, unread);
@@ -163,7 +173,7 @@ pub fn running_with_hostdevs(cfg: &Config, proc: Proc) -> (Vec<RunningVm>, Vec<Q
                 continue;
             }
         };
-        if !hostdev::may_hold(&xml) {
+        if with_hostdevs && !hostdev::may_hold(&xml) {
             continue;
         }
         match hostdev::parse_status(&xml) {

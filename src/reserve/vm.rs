@@ -22,10 +22,12 @@ use crate::reserve::state::State;
 use std::collections::BTreeMap;
 use std::fmt;
 
+mod choose;
 pub mod error;
 #[cfg(test)]
 mod tests;
 
+pub use choose::{choose, ChosenGpu, ForVm};
 pub use error::VmError;
 
 /// What a VM's hostdevs hold on this host: its units, each with the hostdevs that name it.

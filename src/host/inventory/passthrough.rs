@@ -41,6 +41,22 @@ pub fn gpus_of_device(cfg: &Config, addr: Pci) -> Vec<DeviceGpu> {
         .collect()
 }
 
+/// Every function of the PCI device of `addr` that sysfs lists, in function order: what a VM
+/// is given with a GPU (its audio, USB and serial controllers share its IOMMU group).
+pub fn functions_of_device(cfg: &Config, addr: Pci) -> Vec<Pci> {
+    let devices = cfg.sysfs.join("bus/pci/devices");
+    let device = &addr.as_str()[..10];
+    (0..8)
+        .filter_map(|f| {
+            let name = format!("{device}.{f}");
+            devices
+                .join(&name)
+                .exists()
+                .then(|| name.parse().expect("a PCI address"))
+        })
+        .collect()
+}
+
 /// Why a mediated device's GPU cannot be told.
 #[derive(Debug, thiserror::Error)]
 pub enum MdevParentError {
