@@ -452,6 +452,38 @@ fn main() {
         for l in qemu_rows(&work, &bins, n) {
             println!("{l}");
         }
+        // With a baseline: the LXC hook's key rows, both builds in turn (what a container's
+        // start pays for the VMs' pool: a look at libvirt's QEMU status directory).
+        if let Some(base) = &baseline {
+            let h = Host::new(&work, "ab16", FakeHost::wide(16));
+            let plain = domain("web", 1, "", None);
+            let g2 = domain("gpu2", 2, TWO, None);
+            let r = h.hook(&bins, "gpu2", "release", &g2);
+            let rows = [
+                (
+                    "LXC domain without GPUs (`prepare`)",
+                    interleaved(
+                        n,
+                        || {},
+                        &h.hook(base, "web", "prepare", &plain),
+                        &h.hook(&bins, "web", "prepare", &plain),
+                    ),
+                ),
+                (
+                    "LXC `prepare`, 2 of 16 GPUs",
+                    interleaved(
+                        n,
+                        || must(&r),
+                        &h.hook(base, "gpu2", "prepare", &g2),
+                        &h.hook(&bins, "gpu2", "prepare", &g2),
+                    ),
+                ),
+            ];
+            println!("\n| what | baseline | this build | this ÷ baseline |\n|---|---|---|---|");
+            for (what, (b, t)) in rows {
+                println!("| {what} | {b:.0} | {t:.0} | {:.2}× |", t / b);
+            }
+        }
         let _ = Command::new("umount").arg(work.join("run")).status();
         let _ = std::fs::remove_dir_all(&work);
         return;

@@ -213,7 +213,9 @@ pub fn vm_adopt(f: &World, h: &Holder, a: &VmAsk, qemu: Option<ProcRef>) -> Resu
                 Err(e) => out.others.push((*u, e)),
             }
         }
-        if mine.is_empty() && out.added.is_empty() {
+        // A new reservation needs the QEMU process its staleness is judged by.
+        if mine.is_empty() && (out.added.is_empty() || qemu.is_none()) {
+            out.added.clear();
             return Ok(out);
         }
         let r = st
