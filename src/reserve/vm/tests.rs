@@ -6,7 +6,6 @@ use super::*;
 use crate::host::inventory::Inventory;
 use crate::request::hostdev::{Hostdev, QemuDomain, SourceAddr};
 use crate::reserve::state::{HolderKind, Quarantine, Reservation};
-use std::path::Path;
 
 const VM: &str = "9f0c9a5e-2f4b-4c51-8e7a-1d2c3b4a5f60";
 const M1: &str = "4b20d080-1b54-4048-85b3-a6a62d165c01";
@@ -419,5 +418,4 @@ fn running_vms_from_the_status_directory() {
     assert!(crate::host::qemu::pid(&cfg, "junk").is_err());
     assert_eq!(crate::host::qemu::pid(&cfg, "none").unwrap(), None);
     assert_eq!(crate::host::qemu::pid(&cfg, "live").unwrap(), Some(me));
-    let _ = Path::new("");
 }
