@@ -15,7 +15,7 @@ if ! cargo metadata --locked --format-version 1 >/dev/null; then
     echo "fuzz: fuzz/Cargo.lock is out of date: run 'cargo update -w' in fuzz/ and commit it" >&2
     exit 1
 fi
-for t in metadata extra_specs config state cdi ldcache; do
+for t in metadata hostdev extra_specs config state cdi ldcache; do
     mkdir -p "$scratch/$t"
     log=$(mktemp)
     if ! RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$t" "$scratch/$t" "corpus/$t" -- -max_total_time="$secs" -max_len=8192 >"$log" 2>&1; then

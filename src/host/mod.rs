@@ -1,7 +1,7 @@
 //! World of the host, read through the config's roots: the config itself, the GPU
 //! inventory (sysfs, procfs, `/dev`), the running driver's user space ([`driver`]), the
 //! architecture table, process facts (`/proc`), the trust of a host program gpuhook runs
-//! as root ([`program`]),
+//! as root ([`program`]), libvirt's QEMU status directory ([`qemu`]),
 //! OS errors as values ([`syserr`]), the one atomic file writer ([`atomic`]), and the host's
 //! `/dev/char` links of the nodes an OCI runtime is handed ([`charlink`]).
 
@@ -14,5 +14,6 @@ pub mod driver;
 pub mod inventory;
 pub mod procfs;
 pub mod program;
+pub mod qemu;
 pub mod sys;
 pub mod syserr;
