@@ -727,7 +727,7 @@ fn release_and_hotplug_of_a_vm() {
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
         assert_eq!(
             stderr(&o).trim_end(),
-            "gpuhook: vm 'vm1' is a virtual machine: attach and detach change running containers; a VM's GPUs are its <hostdev>s: use 'virsh attach-device' or 'virsh detach-device' (gpuhook finds a GPU hot-plugged so in libvirt's status XML)"
+            "gpuhook: vm 'vm1' is a virtual machine: attach and detach change running containers; a VM's GPUs are its <hostdev>s: use 'virsh attach-device' or 'virsh detach-device' (a GPU hot-plugged so is seen in libvirt's status XML)"
         );
     }
     // A running VM with no GPU at all is refused the same way.

@@ -133,9 +133,19 @@ pub fn installed(root: &Path) -> Installed {
         "packaging/rpm/post.sh",
     ] {
         let text = std::fs::read_to_string(root.join(f)).expect("maintainer script");
+        // The hook's paths are written once for every driver (`hooks/$1`, `hooks/$d.d/…`
+        // over `GPUHOOK_DRIVERS="lxc qemu"`): each driver's own path is made.
+        let drivers: Vec<&str> = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("GPUHOOK_DRIVERS="))
+            .map(|v| v.trim_matches('"').split_whitespace().collect())
+            .unwrap_or_default();
         for w in text.split(|c: char| c.is_whitespace() || "\"'=;()".contains(c)) {
             if w.starts_with("/etc/libvirt/hooks/") || w.starts_with("/usr/bin/gpuhook") {
-                scripts.push(w.to_owned());
+                match ["$1", "$d"].into_iter().find(|v| w.contains(v)) {
+                    Some(v) => scripts.extend(drivers.iter().map(|d| w.replace(v, d))),
+                    None => scripts.push(w.to_owned()),
+                }
             }
         }
     }
