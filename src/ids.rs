@@ -67,9 +67,9 @@ pub fn normalize_uuid(s: &str) -> Option<String> {
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Pci([u8; 12]);
 
-/// A name that is not a GPU unit (a PCI address, or `PCI/giG/ciC`).
+/// A name that is not a GPU unit (a PCI address, `PCI/giG/ciC`, `PCI/slotN`, `PCI/mdev-UUID`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("not a GPU unit (PCI address, PCI/giG/ciC or PCI/slotN): {0:?}")]
+#[error("not a GPU unit (PCI address, PCI/giG/ciC, PCI/slotN or PCI/mdev-UUID): {0:?}")]
 pub struct UnitError(pub String);
 
 impl Pci {
@@ -186,6 +186,80 @@ pub enum Unit {
         pci: Pci,
         slot: u32,
     },
+    /// A mediated device (vGPU) of the GPU, held by the virtual machine it is passed
+    /// through to, written `0000:3b:00.0/mdev-4b20d080-1b54-4048-85b3-a6a62d165c01`: the
+    /// GPU's mediated devices are shared among virtual machines, and while one is held the
+    /// GPU is given to no one else (whole, as a slot or as MIG instances).
+    Mdev {
+        gpu: PciKey,
+        mdev: MdevId,
+    },
+}
+
+/// A PCI address in four bytes (domain, bus, device, function: a real function's device
+/// number is below 32), so that a unit that also carries a mediated device's UUID stays as
+/// small as the others; ordered as the addresses are.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PciKey(u32);
+
+impl PciKey {
+    /// The address's key; `None` for a device number above `0x1f` (no real function).
+    pub fn of(p: Pci) -> Option<PciKey> {
+        let s = p.as_str();
+        let hex = |r: std::ops::Range<usize>| u32::from_str_radix(&s[r], 16).ok();
+        let (d, b, dev, f) = (hex(0..4)?, hex(5..7)?, hex(8..10)?, hex(11..12)?);
+        (dev < 32).then_some(PciKey(d << 16 | b << 8 | dev << 3 | f))
+    }
+
+    pub fn pci(self) -> Pci {
+        let k = self.0;
+        format!(
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            k >> 16,
+            (k >> 8) & 0xff,
+            (k >> 3) & 0x1f,
+            k & 7
+        )
+        .parse()
+        .expect("a key's address is one")
+    }
+}
+
+/// A mediated device's UUID (`/sys/bus/mdev/devices/UUID`), kept as its 16 bytes so that a
+/// [`Unit`] stays `Copy` and small; written in libvirt's lowercase `8-4-4-4-12` form.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MdevId([u8; 16]);
+
+impl MdevId {
+    /// A UUID in any case (trimmed); `None` when it is not one.
+    pub fn parse(s: &str) -> Option<MdevId> {
+        let u = normalize_uuid(s)?;
+        let hex: String = u.chars().filter(|c| *c != '-').collect();
+        u128::from_str_radix(&hex, 16)
+            .ok()
+            .map(|n| MdevId(n.to_be_bytes()))
+    }
+}
+
+impl fmt::Display for MdevId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let h = format!("{:032x}", u128::from_be_bytes(self.0));
+        write!(
+            f,
+            "{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
+    }
+}
+
+impl fmt::Debug for MdevId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 impl Unit {
@@ -193,7 +267,26 @@ impl Unit {
     pub fn pci(&self) -> Pci {
         match *self {
             Unit::Gpu(p) | Unit::Mig { pci: p, .. } | Unit::Slot { pci: p, .. } => p,
+            Unit::Mdev { gpu, .. } => gpu.pci(),
         }
+    }
+
+    /// Mediated device `mdev` of the GPU at `pci`; `None` for an address no real function
+    /// has.
+    pub fn mdev(pci: Pci, mdev: MdevId) -> Option<Unit> {
+        PciKey::of(pci).map(|gpu| Unit::Mdev { gpu, mdev })
+    }
+
+    /// Whether it is a mediated device of a GPU (a VM's vGPU).
+    pub fn is_mdev(&self) -> bool {
+        matches!(self, Unit::Mdev { .. })
+    }
+
+    /// The first mediated device of `pci` in [`Unit`]'s order: every mediated device of the
+    /// GPU follows it.
+    pub fn first_mdev(pci: Pci) -> Unit {
+        // An address no real function has: every unit of its GPU but the GPU follows this.
+        Unit::mdev(pci, MdevId([0; 16])).unwrap_or(Unit::first_mig(pci))
     }
 
     /// Whether it is a slot of a shared GPU.
@@ -213,7 +306,7 @@ impl Unit {
     /// The part of a MIG unit's name after its GPU's, `gi1/ci0` (listings under its GPU).
     pub fn instance(&self) -> Option<Instance> {
         match *self {
-            Unit::Gpu(_) | Unit::Slot { .. } => None,
+            Unit::Gpu(_) | Unit::Slot { .. } | Unit::Mdev { .. } => None,
             Unit::Mig { gi, ci, .. } => Some(Instance { gi, ci }),
         }
     }
@@ -221,7 +314,7 @@ impl Unit {
     /// The GPU instance of a MIG unit.
     pub fn gi(&self) -> Option<u32> {
         match *self {
-            Unit::Gpu(_) | Unit::Slot { .. } => None,
+            Unit::Gpu(_) | Unit::Slot { .. } | Unit::Mdev { .. } => None,
             Unit::Mig { gi, .. } => Some(gi),
         }
     }
@@ -295,6 +388,7 @@ impl fmt::Display for Unit {
                 write!(f, "{pci}/slot{slot}")
             }
             Unit::Slot { pci, slot } => f.pad(&format!("{pci}/slot{slot}")),
+            Unit::Mdev { gpu, mdev } => f.pad(&format!("{}/mdev-{mdev}", gpu.pci())),
         }
     }
 }
@@ -323,6 +417,13 @@ impl std::str::FromStr for Unit {
         };
         if let Some(n) = rest.strip_prefix("slot") {
             return num(n).map(|slot| Unit::Slot { pci, slot }).ok_or_else(bad);
+        }
+        if let Some(u) = rest.strip_prefix("mdev-") {
+            // Exactly as it is written: lowercase, no space.
+            return match MdevId::parse(u) {
+                Some(mdev) if mdev.to_string() == u => Unit::mdev(pci, mdev).ok_or_else(bad),
+                _ => Err(bad()),
+            };
         }
         let (gi, ci) = rest
             .strip_prefix("gi")
@@ -356,17 +457,20 @@ impl Ord for Unit {
     /// The order of the names: a GPU, then its MIG units (`PCI/gi…` follows `PCI`), by GPU
     /// instance then compute instance, each number ordered as its decimal name (a `/` sorts
     /// before any digit, so `gi1/…` comes before `gi10/…`, which comes before `gi2/…`).
-    /// A GPU's slots (`PCI/slot…`) follow its MIG units (`g` sorts before `s`).
+    /// A GPU's mediated devices (`PCI/mdev-…`, by UUID) come before its slots (`m` sorts
+    /// before `s`), and its slots (`PCI/slot…`) follow its MIG units (`g` sorts before `s`).
     fn cmp(&self, o: &Unit) -> std::cmp::Ordering {
         use std::cmp::Ordering;
         let key = |u: &Unit| match *u {
-            Unit::Gpu(p) => (p, 0, 0, 0),
-            Unit::Mig { pci, gi, ci } => (pci, 1, gi, ci),
-            Unit::Slot { pci, slot } => (pci, 2, slot, 0),
+            Unit::Gpu(p) => (p, 0, 0, 0, [0; 16]),
+            Unit::Mig { pci, gi, ci } => (pci, 1, gi, ci, [0; 16]),
+            Unit::Mdev { gpu, mdev } => (gpu.pci(), 2, 0, 0, mdev.0),
+            Unit::Slot { pci, slot } => (pci, 3, slot, 0, [0; 16]),
         };
-        let ((pa, ka, a1, a2), (pb, kb, b1, b2)) = (key(self), key(o));
+        let ((pa, ka, a1, a2, am), (pb, kb, b1, b2, bm)) = (key(self), key(o));
         pa.cmp(&pb).then(ka.cmp(&kb)).then_with(|| match ka {
             0 => Ordering::Equal,
+            2 => am.cmp(&bm),
             _ => cmp_decimal(a1, b1).then(cmp_decimal(a2, b2)),
         })
     }
@@ -433,6 +537,57 @@ mod tests {
         );
     }
 
+    /// A VM's mediated device of a GPU: written with the mdev's UUID in lowercase, parsed
+    /// only so; ordered after the GPU's MIG units and before its slots, as the names are.
+    #[test]
+    fn mdev_units() {
+        // No larger than the other units.
+        assert_eq!(std::mem::size_of::<Unit>(), 24);
+        let m = "0000:3b:00.0/mdev-4b20d080-1b54-4048-85b3-a6a62d165c01";
+        assert_eq!(u(m).to_string(), m);
+        assert!(u(m).is_mdev() && !u("0000:3b:00.0").is_mdev());
+        assert_eq!(u(m).pci(), "0000:3b:00.0");
+        assert_eq!((u(m).gi(), u(m).instance()), (None, None));
+        assert_eq!(serde_json::to_string(&u(m)).unwrap(), format!("\"{m}\""));
+        for bad in [
+            "0000:3b:00.0/mdev-4B20D080-1b54-4048-85b3-a6a62d165c01",
+            "0000:3b:00.0/mdev-4b20d080-1b54-4048-85b3-a6a62d165c0",
+            "0000:3b:00.0/mdev- 4b20d080-1b54-4048-85b3-a6a62d165c01",
+            "0000:3b:20.0/mdev-4b20d080-1b54-4048-85b3-a6a62d165c01",
+            "0000:3b:00.0/mdev-",
+            "0000:3b:00.0/mdev4b20d080-1b54-4048-85b3-a6a62d165c01",
+        ] {
+            assert!(bad.parse::<Unit>().is_err(), "{bad}");
+        }
+        let names = [
+            "0000:3b:00.0/slot1",
+            "0000:3b:00.0/mdev-ff000000-0000-4000-8000-000000000000",
+            "0000:3b:00.0",
+            "0000:3b:00.0/mdev-0a000000-0000-4000-8000-000000000000",
+            "0000:3b:00.0/gi1/ci0",
+            "0000:3b:00.1",
+        ];
+        let mut by_name = names.to_vec();
+        by_name.sort();
+        let mut units: Vec<Unit> = names.iter().map(|s| u(s)).collect();
+        units.sort();
+        let printed: Vec<String> = units.iter().map(Unit::to_string).collect();
+        assert_eq!(printed, by_name);
+        let p: Pci = "0000:3b:00.0".parse().unwrap();
+        let mdevs: Vec<&Unit> = units
+            .iter()
+            .filter(|x| **x >= Unit::first_mdev(p))
+            .take_while(|x| x.is_mdev())
+            .collect();
+        assert_eq!(mdevs.len(), 2);
+        assert_eq!(
+            MdevId::parse(" 4B20D080-1b54-4048-85b3-a6a62d165c01")
+                .unwrap()
+                .to_string(),
+            "4b20d080-1b54-4048-85b3-a6a62d165c01"
+        );
+    }
+
     #[test]
     fn anything_else_is_refused() {
         for s in [
@@ -475,7 +630,7 @@ mod tests {
         }
         assert_eq!(
             "x/gi1/ci0".parse::<Unit>().unwrap_err().to_string(),
-            "not a GPU unit (PCI address, PCI/giG/ciC or PCI/slotN): \"x/gi1/ci0\""
+            "not a GPU unit (PCI address, PCI/giG/ciC, PCI/slotN or PCI/mdev-UUID): \"x/gi1/ci0\""
         );
         assert!(serde_json::from_str::<Unit>("7").is_err());
         assert!("0000:3b:00.0/gi1/ci0".parse::<Pci>().is_err());

@@ -1,5 +1,6 @@
 //! The `gpuhook` binary: a libvirt LXC hook when started as `hooks/lxc` or from
-//! `hooks/lxc.d/`, the OCI runtime wrapper as `gpuhook-runtime`, the operator's CLI otherwise.
+//! `hooks/lxc.d/`, libvirt's QEMU hook as `hooks/qemu` or from `hooks/qemu.d/`, the OCI
+//! runtime wrapper as `gpuhook-runtime`, the operator's CLI otherwise.
 //!
 //! libvirt runs the hook for every LXC domain, three times per start and twice per stop,
 //! while it holds the domain lock: the binary defines C's `main` itself, skipping Rust's
@@ -19,14 +20,7 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
         gpuhook::doors::runtime::main(&args[1..])
     } else if gpuhook::doors::hook::invoked_as_hook(&args[0]) {
         // Hook mode: `NAME OP SUBOP EXTRA`, no clap on this path (it runs for every domain).
-        let name = args
-            .get(1)
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let op = args
-            .get(2)
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let (name, op) = hook_args(&args);
         match gpuhook::doors::hook::read_stdin() {
             Ok(xml) => gpuhook::doors::hook::run(&name, &op, &xml),
             Err(e) => {
@@ -36,8 +30,22 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
                 i32::from(matches!(op.as_str(), "prepare" | "start" | "started"))
             }
         }
+    } else if gpuhook::doors::qemu_hook::invoked_as_qemu_hook(&args[0]) {
+        // libvirt's QEMU hook: the same, for every VM.
+        let (name, op) = hook_args(&args);
+        gpuhook::doors::qemu_hook::main(&name, &op)
     } else {
         gpuhook::doors::cli::main(args)
     };
     code.clamp(0, 255)
+}
+
+/// A hook's `NAME` and `OP`.
+fn hook_args(args: &[std::ffi::OsString]) -> (String, String) {
+    let at = |i: usize| {
+        args.get(i)
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    (at(1), at(2))
 }

@@ -1,9 +1,11 @@
 //! `gpuhook-libvirt`: gpuhook's companion that talks to libvirt (the hook itself never may:
 //! libvirtd holds the domain lock while it runs).
 //!
-//! - `reconcile [--dry-run]`: free reservations of domains libvirt no longer runs.
-//! - `request DOMAIN --count N …`: set (or `--clear`) a defined domain's GPU request through
-//!   `virDomainSetMetadata`, validated by the hook's own parser.
+//! - `reconcile [--dry-run]`: free reservations of domains libvirt no longer runs (LXC
+//!   domains by the LXC driver, VMs by the QEMU driver).
+//! - `request DOMAIN --count N …`: set (or `--clear`) a defined LXC domain's GPU request
+//!   through `virDomainSetMetadata`, validated by the hook's own parser; for a QEMU domain,
+//!   write the GPUs chosen now as `<hostdev>` elements into its definition ([`vm`]).
 
 use clap::Parser;
 use gpuhook::doors::cli::{LibvirtCli, LibvirtCommand, RequestArgs};
@@ -18,19 +20,24 @@ use virt::connect::Connect;
 use virt::domain::Domain;
 use virt::sys;
 
+mod vm;
+
+/// The LXC driver's URI when `-c` names none.
+const LXC_URI: &str = "lxc:///system";
+
 fn main() -> ExitCode {
     let cli = LibvirtCli::parse();
     if let Some(c) = &cli.config {
         std::env::set_var(gpuhook::host::config::ENV, c);
     }
     let r = match cli.command {
-        LibvirtCommand::Reconcile { dry_run } => reconcile(&cli.connect, dry_run),
+        LibvirtCommand::Reconcile { dry_run } => reconcile(&cli, dry_run),
         LibvirtCommand::Request {
-            domain,
-            request,
+            ref domain,
+            ref request,
             clear,
             live,
-        } => request_cmd(&cli.connect, &domain, (!clear).then_some(request), live),
+        } => request_cmd(&cli, domain, (!clear).then_some(request.clone()), live),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -46,17 +53,37 @@ fn connect(uri: &str) -> Result<Connect, String> {
     Connect::open(Some(uri)).map_err(|e| format!("cannot connect to {uri}: {e}"))
 }
 
-fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
-    let cfg = Config::load().map_err(|e| e.to_string())?;
-    let store = Store::new(&cfg.state_file);
-    let conn = connect(uri)?;
-    let active: HashSet<String> = conn
+/// The UUIDs of the domains `conn` runs.
+fn running(conn: &Connect) -> Result<HashSet<String>, String> {
+    Ok(conn
         .list_all_domains(sys::VIR_CONNECT_LIST_DOMAINS_ACTIVE)
         .map_err(|e| format!("listing domains: {e}"))?
         .iter()
         .filter_map(|d| d.uuid_string().ok())
         .map(|u| u.to_ascii_lowercase())
-        .collect();
+        .collect())
+}
+
+fn reconcile(cli: &LibvirtCli, dry_run: bool) -> Result<(), String> {
+    let cfg = Config::load().map_err(|e| e.to_string())?;
+    let store = Store::new(&cfg.state_file);
+    let conn = connect(cli.connect.as_deref().unwrap_or(LXC_URI))?;
+    let active = running(&conn)?;
+    // The VMs the QEMU driver runs; without it, VMs are judged by their QEMU processes alone.
+    let vms = match connect(&cli.qemu_connect).and_then(|c| running(&c)) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let st = store.read().map_err(|e| e.to_string())?;
+            if st
+                .reservations
+                .values()
+                .any(|r| r.kind() == gpuhook::reserve::state::HolderKind::Vm)
+            {
+                eprintln!("gpuhook-libvirt: VMs are judged by their QEMU processes alone: {e}");
+            }
+            None
+        }
+    };
     let alive = |p: &ProcRef| p.alive();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -64,6 +91,7 @@ fn reconcile(uri: &str, dry_run: bool) -> Result<(), String> {
         .unwrap_or(0);
     let world = reconcile::LibvirtView {
         active: &active,
+        vms: vms.as_ref(),
         now,
         seen: reconcile::Liveness {
             alive: &alive,
@@ -171,14 +199,37 @@ fn lookup(conn: &Connect, name: &str) -> Result<Domain, String> {
         .map_err(|e| format!("no domain '{name}': {e}"))
 }
 
+/// `request`: on the domain `-c`'s URI knows (without `-c`: the LXC driver's, else the QEMU
+/// driver's): an LXC domain's metadata, a QEMU domain's hostdevs.
 fn request_cmd(
-    uri: &str,
+    cli: &LibvirtCli,
     name: &str,
     attrs: Option<RequestArgs>,
     live: bool,
 ) -> Result<(), String> {
-    let conn = connect(uri)?;
-    let dom = lookup(&conn, name)?;
+    let (conn, dom) = match &cli.connect {
+        Some(uri) => {
+            let conn = connect(uri)?;
+            let dom = lookup(&conn, name)?;
+            (conn, dom)
+        }
+        None => match connect(LXC_URI).and_then(|c| lookup(&c, name).map(|d| (c, d))) {
+            Ok(found) => found,
+            Err(lxc) => {
+                let conn = connect(&cli.qemu_connect).map_err(|e| format!("{lxc}; {e}"))?;
+                let dom = lookup(&conn, name).map_err(|e| format!("{lxc}; {e}"))?;
+                (conn, dom)
+            }
+        },
+    };
+    if vm::is_qemu(&dom)? {
+        return vm::request(&conn, &dom, name, attrs.as_ref(), live);
+    }
+    if attrs.as_ref().is_some_and(|a| a.numa.is_some()) {
+        return Err(format!(
+            "domain '{name}': --numa is for a VM's request (an LXC domain's GPUs are chosen at its start)"
+        ));
+    }
     let active = dom.is_active().map_err(|e| e.to_string())?;
     let persistent = dom.is_persistent().map_err(|e| e.to_string())?;
     let mut flags = 0;

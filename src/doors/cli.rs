@@ -87,10 +87,17 @@ pub enum Command {
         vm: bool,
     },
     /// Run the libvirt hook explicitly (domain XML on standard input)
+    ///
+    /// libvirt's LXC hook (as /etc/libvirt/hooks/lxc runs it), or with --qemu its QEMU hook
+    /// (as /etc/libvirt/hooks/qemu runs it, for virtual machines).
     Hook {
+        /// libvirt's QEMU hook (a virtual machine's hostdevs) instead of the LXC one
+        #[arg(long)]
+        qemu: bool,
         /// Domain name
         domain: String,
-        /// prepare, start, started, stopped, release or reconnect
+        /// prepare, start, started, stopped, release or reconnect (QEMU also: restore,
+        /// attach, migrate)
         op: String,
         /// begin or end
         subop: String,
@@ -166,15 +173,20 @@ pub enum Command {
     about = "gpuhook's libvirt companion: reconcile GPU reservations with libvirt, set GPU requests on domains"
 )]
 pub struct LibvirtCli {
-    /// libvirt connection URI
+    /// libvirt connection URI [default: lxc:///system; `request` of a domain it does not
+    /// know then looks on --qemu-connect's]
+    #[arg(short = 'c', long, env = "GPUHOOK_LIBVIRT_URI", global = true)]
+    pub connect: Option<String>,
+    /// libvirt's QEMU driver (virtual machines): what `reconcile` asks which VMs run, where
+    /// `request` finds a VM
     #[arg(
-        short = 'c',
         long,
-        default_value = "lxc:///system",
-        env = "GPUHOOK_LIBVIRT_URI",
-        global = true
+        default_value = "qemu:///system",
+        env = "GPUHOOK_LIBVIRT_QEMU_URI",
+        global = true,
+        value_name = "URI"
     )]
-    pub connect: String,
+    pub qemu_connect: String,
     /// gpuhook config file (default: $GPUHOOK_CONFIG, else /etc/gpuhook/config.json)
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -193,13 +205,19 @@ pub enum LibvirtCommand {
         dry_run: bool,
     },
     /// Set (or with --clear remove) the GPU request of a defined domain
+    ///
+    /// An LXC domain gets gpuhook's <gpu:gpus> element in its <metadata>. A QEMU domain (a
+    /// virtual machine) gets the GPUs chosen now, with the other functions of their PCI
+    /// devices, as <hostdev mode='subsystem' type='pci' managed='yes'> elements in its
+    /// persistent definition (--clear removes those gpuhook wrote); they are reserved when it
+    /// starts.
     Request {
         /// Domain name or UUID
         domain: String,
         #[command(flatten)]
         request: RequestArgs,
         /// Remove the GPU request instead
-        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid", "mig", "driver"])]
+        #[arg(long, conflicts_with_all = ["count", "arch", "vendor", "model", "device", "capabilities", "mode", "uid", "gid", "mig", "driver", "numa"])]
         clear: bool,
         /// Also change the live definition of a running domain (its GPUs change only at its
         /// next start either way; the live request guides reconnect)
@@ -248,6 +266,9 @@ pub struct RequestArgs {
     /// host (the running driver's files, found on the host)
     #[arg(long, value_parser = ["none", "cdi", "host"])]
     pub driver: Option<String>,
+    /// Only GPUs on this NUMA node (a virtual machine's request)
+    #[arg(long, value_name = "N")]
+    pub numa: Option<u32>,
 }
 
 pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
@@ -264,6 +285,12 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         std::env::set_var(crate::host::config::ENV, c);
     }
     match cli.command {
+        Command::Hook {
+            qemu: true,
+            domain,
+            op,
+            ..
+        } => crate::doors::qemu_hook::main(&domain, &op),
         Command::Hook { domain, op, .. } => match hook::read_stdin() {
             Ok(xml) => hook::run(&domain, &op, &xml),
             Err(e) => {
@@ -299,10 +326,10 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
 }
 
 fn metrics(output: Option<&std::path::Path>) -> Result<i32, CliError> {
-    let (cfg, mut inv, st) = load()?;
+    let (cfg, mut inv, st, passed) = common::load_with_vms()?;
     // A draining GPU is not usable, as a quarantined one is not.
     crate::reserve::drain::apply(&mut inv, &st);
-    let mut text = crate::openstack::metrics::render(&inv, &st);
+    let mut text = crate::openstack::metrics::render_with(&inv, &st, &passed);
     // Containers on an older driver, and stale CDI specs (a spec directory that cannot be
     // read leaves that family empty, said in the log).
     let specs = match driver::checked(&cfg) {
@@ -330,6 +357,15 @@ fn placement(output: Option<&std::path::Path>) -> Result<i32, CliError> {
     let (_, mut inv, st) = load()?;
     // Quarantined and draining GPUs count as reserved, as unusable ones do.
     crate::reserve::drain::apply(&mut inv, &st);
+    // GPUs VMs hold (whole, or by their mediated devices): used, as Nova's allocations are.
+    for g in inv.gpus.iter_mut() {
+        if let Some(r) = st.reservations.values().find(|r| {
+            r.kind() == crate::reserve::state::HolderKind::Vm
+                && r.gpus.iter().any(|u| u.pci() == g.pci)
+        }) {
+            g.problem = Some(format!("held by {}", r.who()));
+        }
+    }
     // Slots held of a GPU the config no longer shares: not free for a whole flavor.
     let held = st.held(None);
     for g in inv.gpus.iter_mut().filter(|g| g.sharing.is_none()) {

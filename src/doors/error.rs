@@ -57,7 +57,7 @@ pub enum CliError {
     #[error("no vm named '{name}' holds GPUs")]
     NoVm { name: String },
     /// `attach`/`detach` of a VM: its GPUs are its `<hostdev>`s, not nodes in a container.
-    #[error("{who} is a virtual machine: attach and detach change running containers (a VM's GPUs are its <hostdev>s)")]
+    #[error("{who} is a virtual machine: attach and detach change running containers; a VM's GPUs are its <hostdev>s: use 'virsh attach-device' or 'virsh detach-device' (gpuhook finds a GPU hot-plugged so in libvirt's status XML)")]
     HotplugVm { who: String },
     /// `release`: no holder of that name (or UUID, or container ID) of the kinds said.
     #[error("no {kinds} named '{name}' holds GPUs: nothing to release")]

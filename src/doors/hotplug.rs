@@ -180,6 +180,19 @@ fn target(cfg: &Config, name: &str, pick: Pick) -> Result<HotplugTarget, CliErro
             .filter(|r| crate::reserve::reconcile::stale_reason(r).is_none())
             .map(|r| r.holder.clone()),
     );
+    // A running VM with no reservation (libvirt's status directory): refused all the same.
+    if pick.allows(HolderKind::Vm) {
+        let (vms, _) = crate::host::qemu::running_all(cfg, crate::host::procfs::REAL);
+        for v in vms {
+            let id = HolderId::Vm {
+                name: v.status.domain.name,
+                uuid: v.status.domain.uuid,
+            };
+            if !found.contains(&id) {
+                found.push(id);
+            }
+        }
+    }
     let nobody = || {
         let name = name.to_string();
         match pick {

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_PATH: &str = "/etc/gpuhook/config.json";
 pub const ENV: &str = "GPUHOOK_CONFIG";
 pub const DEFAULT_STATE_FILE: &str = "/run/gpuhook/state.json";
+/// libvirt's QEMU driver status directory (system instance).
+pub const DEFAULT_LIBVIRT_QEMU_DIR: &str = "/run/libvirt/qemu";
 
 pub const CDI_DEFAULT_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
@@ -186,6 +188,7 @@ struct Raw {
     max_quarantines: Option<u32>,
     reset_on_release: Option<bool>,
     driver_socket_owners: Option<Vec<serde_json::Value>>,
+    libvirt_qemu_dir: Option<PathBuf>,
 }
 
 /// An account whose sockets `driver="host"` may give though they are not root's (config
@@ -394,6 +397,9 @@ pub struct Config {
     /// The accounts whose sockets `driver="host"` gives though they are not root's (in a
     /// directory chain root's above the socket's own directory).
     pub driver_socket_owners: Vec<SocketOwner>,
+    /// libvirt's QEMU status directory: each running VM's pid file (`NAME.pid`, the QEMU
+    /// process) and live status XML (`NAME.xml`).
+    pub libvirt_qemu_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -429,6 +435,7 @@ impl Default for Config {
             max_quarantines: DEFAULT_MAX_QUARANTINES,
             reset_on_release: false,
             driver_socket_owners: Vec::new(),
+            libvirt_qemu_dir: DEFAULT_LIBVIRT_QEMU_DIR.into(),
         }
     }
 }
@@ -486,6 +493,11 @@ impl Config {
             ("dev", raw.dev, &mut c.dev),
             ("root", raw.root, &mut c.root),
             ("state_file", raw.state_file, &mut c.state_file),
+            (
+                "libvirt_qemu_dir",
+                raw.libvirt_qemu_dir,
+                &mut c.libvirt_qemu_dir,
+            ),
         ] {
             if let Some(p) = val {
                 *slot = absolute(key, p)?;
@@ -914,6 +926,22 @@ mod tests {
             c.oci_state_roots,
             [PathBuf::from("/run/containerd/runc/k8s.io")]
         );
+    }
+
+    /// libvirt's QEMU status directory: `/run/libvirt/qemu` unless the config says (an
+    /// absolute path).
+    #[test]
+    fn libvirt_qemu_dir() {
+        assert_eq!(
+            p("{}").unwrap().libvirt_qemu_dir,
+            PathBuf::from("/run/libvirt/qemu")
+        );
+        let c = p(r#"{"libvirt_qemu_dir": "/tmp/q"}"#).unwrap();
+        assert_eq!(c.libvirt_qemu_dir, PathBuf::from("/tmp/q"));
+        assert!(p(r#"{"libvirt_qemu_dir": "q"}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("libvirt_qemu_dir"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use crate::host::inventory::Inventory;
 use crate::ids::Unit;
 use crate::reserve::state::{HolderKind, Phase, State};
+use crate::reserve::vm::PassedThrough;
 use std::fmt::Write;
 
 /// A label value, escaped as the exposition format wants (`\`, `"`, newline).
@@ -41,9 +42,15 @@ fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: u64) {
 
 /// The exposition text.
 pub fn render(inv: &Inventory, st: &State) -> String {
+    render_with(inv, st, &PassedThrough::default())
+}
+
+/// [`render`], with what running VMs pass through without a reservation (`passed`, libvirt's
+/// status XML): their GPUs shown held by them (kind `vm`).
+pub fn render_with(inv: &Inventory, st: &State, passed: &PassedThrough) -> String {
     let mut out = String::new();
     gpu_info(&mut out, inv);
-    gpu_reserved(&mut out, inv, st);
+    gpu_reserved(&mut out, inv, st, passed);
     gpu_health(&mut out, inv, st);
     gpu_recovery(&mut out, inv, st);
     mig_reserved(&mut out, inv, st);
@@ -79,11 +86,11 @@ fn gpu_info(out: &mut String, inv: &Inventory) {
 }
 
 /// `gpuhook_gpu_reserved`: each GPU's holder.
-fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State) {
+fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State, passed: &PassedThrough) {
     family(
         out,
         "gpuhook_gpu_reserved",
-        "Whether the GPU is reserved (1) and by which holder (kind libvirt, oci or vm, or shared: its sharers, comma-separated; empty when free).",
+        "Whether the GPU is reserved (1) and by which holder (kind libvirt, oci or vm, or shared: its sharers, comma-separated; vm also for VMs' mediated devices, and for a running VM that passes it through without a reservation; empty when free).",
     );
     for g in &inv.gpus {
         let names: Vec<&str> = st
@@ -92,9 +99,23 @@ fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State) {
             .map(|(_, r)| r.holder.name())
             .collect();
         let joined = names.join(",");
+        // VMs' mediated devices of it, reserved or passed through.
+        let mut vms: Vec<&str> = st
+            .reservations
+            .values()
+            .filter(|r| r.gpus.iter().any(|u| u.is_mdev() && u.pci() == g.pci))
+            .map(|r| r.holder.name())
+            .collect();
+        if let Some((_, vm)) = passed.of_gpu(g.pci, None) {
+            if !vms.contains(&vm.name.as_str()) {
+                vms.push(&vm.name);
+            }
+        }
+        let vms = vms.join(",");
         let (kind, holder, v) = match st.holder_of(&Unit::Gpu(g.pci)) {
             Some(r) => (r.kind().as_str(), r.holder.name(), 1),
             None if !names.is_empty() => ("shared", joined.as_str(), 1),
+            None if !vms.is_empty() => (HolderKind::Vm.as_str(), vms.as_str(), 1),
             None => ("", "", 0),
         };
         sample(

@@ -6,6 +6,7 @@
 
 pub(crate) mod attrs;
 pub mod extra_specs;
+pub mod hostdev;
 pub mod metadata;
 pub mod oci;
 

@@ -63,4 +63,22 @@ pub enum Error {
     /// The running driver's user space cannot be given (`driver="host"`).
     #[error(transparent)]
     Driver(#[from] crate::host::driver::DriverError),
+    /// A virtual machine's hostdevs ([`crate::reserve::vm`]).
+    #[error(transparent)]
+    Vm(Box<crate::reserve::vm::error::VmError>),
+    /// libvirt's QEMU status directory (a VM's pid file).
+    #[error(transparent)]
+    QemuFile(Box<crate::host::qemu::QemuFileError>),
+}
+
+impl From<crate::reserve::vm::error::VmError> for Error {
+    fn from(e: crate::reserve::vm::error::VmError) -> Error {
+        Error::Vm(Box::new(e))
+    }
+}
+
+impl From<crate::host::qemu::QemuFileError> for Error {
+    fn from(e: crate::host::qemu::QemuFileError) -> Error {
+        Error::QemuFile(Box::new(e))
+    }
 }

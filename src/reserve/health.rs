@@ -614,24 +614,37 @@ pub fn apply(inv: &mut Inventory, st: &State) {
     }
     let now = now_rfc3339();
     for g in &mut inv.gpus {
-        let key = g.pci.as_str();
-        let h = st.health.get(key);
-        let problem = if let Some(q) = st.quarantine.get(key) {
-            Some(quarantine_text(key, q, count_24h(st, key, &now)))
-        } else if let Some(r) = h.and_then(|h| h.resetting.as_ref()) {
-            Some(format!(
-                "being reset since {} (pid {}); if that process is gone, `gpuhook health reset {}` runs it again",
-                r.since, r.by.pid, g.pci
-            ))
-        } else if h.is_some_and(|h| h.scrub_pending) {
-            Some(scrub_text(g.pci))
-        } else {
-            None
-        };
-        if let Some(p) = problem {
+        if let Some(p) = unusable_at(st, g.pci, &now) {
             g.problem = Some(p);
             g.pending = false;
         }
+    }
+}
+
+/// Why the state says GPU `pci` is given to no one (quarantined, being reset, scrub
+/// pending), if it does: what [`apply`] marks, for a door that reads no inventory (a VM's
+/// hostdevs).
+pub fn unusable(st: &State, pci: Pci) -> Option<String> {
+    if st.quarantine.is_empty() && st.health.is_empty() {
+        return None;
+    }
+    unusable_at(st, pci, &now_rfc3339())
+}
+
+fn unusable_at(st: &State, pci: Pci, now: &str) -> Option<String> {
+    let key = pci.as_str();
+    let h = st.health.get(key);
+    if let Some(q) = st.quarantine.get(key) {
+        Some(quarantine_text(key, q, count_24h(st, key, now)))
+    } else if let Some(r) = h.and_then(|h| h.resetting.as_ref()) {
+        Some(format!(
+            "being reset since {} (pid {}); if that process is gone, `gpuhook health reset {}` runs it again",
+            r.since, r.by.pid, pci
+        ))
+    } else if h.is_some_and(|h| h.scrub_pending) {
+        Some(scrub_text(pci))
+    } else {
+        None
     }
 }
 

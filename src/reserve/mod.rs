@@ -1,7 +1,7 @@
 //! The reservation and its lifecycle: the state file ([`state`]), choosing GPUs
 //! ([`alloc`]), staleness ([`reconcile`]), GPUs still open after a free ([`drain`]), health
 //! quarantine ([`health`]), the running driver's files for `driver="host"`, cached
-//! ([`driver`]), the steps every front door drives ([`lifecycle`]) in the world a door hands
+//! ([`driver`]), virtual machines' hostdevs in the pool ([`vm`]), the steps every front door drives ([`lifecycle`]) in the world a door hands
 //! them ([`world`]), and the error they report ([`error`]).
 
 pub mod alloc;
@@ -13,4 +13,5 @@ pub mod lifecycle;
 pub mod mps;
 pub mod reconcile;
 pub mod state;
+pub mod vm;
 pub mod world;

@@ -26,6 +26,9 @@ pub struct Liveness<'a> {
 pub struct LibvirtView<'a> {
     /// UUIDs of the domains libvirt runs.
     pub active: &'a HashSet<String>,
+    /// UUIDs of the QEMU domains (VMs) libvirt's QEMU driver runs, when it could be asked;
+    /// `None`: VMs are judged by the staleness rule alone.
+    pub vms: Option<&'a HashSet<String>>,
     pub now: i64,
     pub seen: Liveness<'a>,
 }
@@ -36,6 +39,12 @@ pub struct LibvirtView<'a> {
 /// wrapper became for an OCI container, which recorded no init).
 pub fn stale(r: &Reservation, seen: &Liveness) -> Option<String> {
     match (r.phase, r.kind()) {
+        (Phase::Running, HolderKind::Vm) => match r.init {
+            Some(i) if !(seen.alive)(&i) => {
+                Some(format!("its QEMU process (pid {}) is gone", i.pid))
+            }
+            _ => None,
+        },
         (Phase::Running, _) => match r.init {
             Some(i) if !(seen.alive)(&i) => {
                 Some(format!("its container init (pid {}) is gone", i.pid))
@@ -128,43 +137,68 @@ pub enum Verdict {
 }
 
 /// Why a reservation is kept, or why it should be freed: the staleness rule, and what
-/// libvirt says runs. An OCI container is never libvirt's to judge, nor (by the LXC
-/// driver's list of what runs) a QEMU domain.
+/// libvirt says runs: an LXC domain by the LXC driver's list, a VM by the QEMU driver's
+/// (when it could be asked). An OCI container is never libvirt's to judge.
 pub fn verdict(r: &Reservation, w: &LibvirtView) -> Verdict {
-    let uuid = match &r.holder {
-        HolderId::Libvirt { uuid, .. } => uuid,
+    let (uuid, active, words) = match &r.holder {
+        HolderId::Libvirt { uuid, .. } => (uuid, w.active, &LXC),
         HolderId::Oci { .. } => {
             return match stale(r, &w.seen) {
                 None => Verdict::Keep("its OCI container (or the runtime creating it) is alive"),
                 Some(why) => Verdict::Free(why),
             }
         }
-        HolderId::Vm { .. } => {
-            return match stale(r, &w.seen) {
-                None => Verdict::Keep("its VM (or the libvirtd preparing it) is alive"),
-                Some(why) => Verdict::Free(why),
+        HolderId::Vm { uuid, .. } => match w.vms {
+            Some(vms) => (uuid, vms, &VM),
+            None => {
+                return match stale(r, &w.seen) {
+                    None => Verdict::Keep("its VM (or the libvirtd preparing it) is alive"),
+                    Some(why) => Verdict::Free(why),
+                }
             }
-        }
+        },
     };
-    if w.active.contains(uuid) {
-        return Verdict::Keep("domain is running");
+    if active.contains(uuid) {
+        return Verdict::Keep(words.running);
     }
     if let Some(why) = stale(r, &w.seen) {
         return Verdict::Free(why);
     }
     if r.init.is_some_and(|i| (w.seen.alive)(&i)) {
-        return Verdict::Keep("its container init is still alive");
+        return Verdict::Keep(words.alive);
     }
     if r.phase == Phase::Prepared {
         let age = parse_rfc3339(&r.updated).map_or(i64::MAX, |t| w.now - t);
         let preparer_alive = r.prepared_by.is_some_and(|p| (w.seen.alive)(&p));
         if preparer_alive && age < PREPARE_GRACE_SECS {
-            return Verdict::Keep("domain is between prepare and started");
+            return Verdict::Keep(words.starting);
         }
         return Verdict::Free(format!("prepared {age}s ago and never started"));
     }
-    Verdict::Free("libvirt does not run the domain and its container is gone".into())
+    Verdict::Free(words.gone.into())
 }
+
+/// How reconcile says its decisions of a kind of libvirt domain.
+struct Words {
+    running: &'static str,
+    alive: &'static str,
+    starting: &'static str,
+    gone: &'static str,
+}
+
+const LXC: Words = Words {
+    running: "domain is running",
+    alive: "its container init is still alive",
+    starting: "domain is between prepare and started",
+    gone: "libvirt does not run the domain and its container is gone",
+};
+
+const VM: Words = Words {
+    running: "VM is running",
+    alive: "its QEMU process is still alive",
+    starting: "VM is between prepare and started",
+    gone: "libvirt does not run the VM and its QEMU process is gone",
+};
 
 /// The reservations to free (by key), with reasons.
 pub fn plan(st: &State, w: &LibvirtView) -> Vec<(HolderKey, String)> {
@@ -222,6 +256,7 @@ mod tests {
         let alive = |p: &ProcRef| [10, 11, 20].contains(&p.pid);
         let w = LibvirtView {
             active: &active,
+            vms: None,
             now,
             seen: Liveness {
                 alive: &alive,
@@ -298,6 +333,7 @@ mod tests {
         let alive = |p: &ProcRef| [10, 20].contains(&p.pid);
         let w = LibvirtView {
             active: &active,
+            vms: None,
             now,
             seen: Liveness {
                 alive: &alive,
@@ -322,5 +358,82 @@ mod tests {
                 )
             ]
         );
+    }
+
+    /// VMs: by the QEMU driver's list of running domains when it could be asked (a VM it
+    /// runs is kept however its recorded process looks; one it does not run is freed once its
+    /// QEMU process is gone, or its prepare is old); by the staleness rule alone otherwise.
+    /// A VM with an LXC domain's UUID is judged by the QEMU driver's list only.
+    #[test]
+    fn vms_by_the_qemu_drivers_list() {
+        let now = 1_800_000_000;
+        let vm = |uuid: &str, phase, init: Option<i32>, prep: Option<i32>, age: i64| {
+            let r = res(uuid, phase, init, prep, now - age);
+            Reservation {
+                holder: HolderId::Vm {
+                    name: format!("v{uuid}"),
+                    uuid: uuid.into(),
+                },
+                ..r
+            }
+        };
+        let mut st = State::default();
+        for r in [
+            vm("31", Phase::Running, Some(12), None, 0), // libvirt runs it; pid recorded gone
+            vm("32", Phase::Running, Some(10), None, 0), // not listed; QEMU alive
+            vm("33", Phase::Running, Some(12), None, 0), // not listed; QEMU gone
+            vm("34", Phase::Prepared, None, Some(20), 5), // starting
+            vm("35", Phase::Prepared, None, Some(20), 3600), // never started
+            vm("01", Phase::Running, Some(12), None, 0), // an LXC domain's UUID, QEMU gone
+        ] {
+            st.insert(r);
+        }
+        let lxc: HashSet<String> = ["01".to_string()].into();
+        let qemu: HashSet<String> = ["31".to_string()].into();
+        let alive = |p: &ProcRef| [10, 20].contains(&p.pid);
+        let w = |vms| LibvirtView {
+            active: &lxc,
+            vms,
+            now,
+            seen: Liveness {
+                alive: &alive,
+                controller: &|_| false,
+            },
+        };
+        let freed = |w: &LibvirtView| -> Vec<(String, String)> {
+            plan(&st, w)
+                .into_iter()
+                .map(|(k, why)| (k.to_string(), why))
+                .collect()
+        };
+        assert_eq!(
+            freed(&w(Some(&qemu))),
+            [
+                (
+                    "vm:01".to_string(),
+                    "its QEMU process (pid 12) is gone".to_string()
+                ),
+                ("vm:33".into(), "its QEMU process (pid 12) is gone".into()),
+                (
+                    "vm:35".into(),
+                    "prepared 3600s ago and never started".into()
+                ),
+            ]
+        );
+        assert_eq!(
+            verdict(&st.reservations["vm:31"], &w(Some(&qemu))),
+            Verdict::Keep("VM is running")
+        );
+        assert_eq!(
+            verdict(&st.reservations["vm:32"], &w(Some(&qemu))),
+            Verdict::Keep("its QEMU process is still alive")
+        );
+        assert_eq!(
+            verdict(&st.reservations["vm:34"], &w(Some(&qemu))),
+            Verdict::Keep("VM is between prepare and started")
+        );
+        // Without the QEMU driver's list: the staleness rule alone (31 looks gone).
+        let alone: Vec<String> = freed(&w(None)).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(alone, ["vm:01", "vm:31", "vm:33"]);
     }
 }

@@ -84,6 +84,9 @@ pub struct FakeHost {
     pub kfd: bool,
     /// GPUs in MIG mode: PCI address → its GPU instances, each with its compute instances.
     pub mig: Vec<(String, MigLayout)>,
+    /// Mediated devices (vGPUs, as `mdevctl` or the vendor's manager makes them): (parent
+    /// PCI address, UUID), listed under `bus/mdev/devices`.
+    pub mdevs: Vec<(String, String)>,
 }
 
 /// Where a created fake host's roots are.
@@ -206,6 +209,7 @@ impl FakeHost {
             nvidia_controls: true,
             kfd: false,
             mig: vec![],
+            mdevs: vec![],
         }
     }
 
@@ -269,6 +273,7 @@ impl FakeHost {
             nvidia_controls: true,
             kfd: false,
             mig: vec![],
+            mdevs: vec![],
         }
     }
 
@@ -335,6 +340,7 @@ impl FakeHost {
             nvidia_controls: true,
             kfd: true,
             mig: vec![],
+            mdevs: vec![],
         }
     }
 
@@ -385,6 +391,7 @@ impl FakeHost {
             nvidia_controls: true,
             kfd: true,
             mig: vec![],
+            mdevs: vec![],
         }
     }
 
@@ -414,6 +421,7 @@ impl FakeHost {
             nvidia_controls: true,
             kfd: false,
             mig: vec![],
+            mdevs: vec![],
         }
     }
 
@@ -480,6 +488,45 @@ impl FakeHost {
             ));
         }
         self.name = format!("{}+{n}", self.name);
+        self
+    }
+
+    /// Gives every NVIDIA GPU its HD audio function (`.1`: class 0x0403, NVIDIA's, bound to
+    /// `snd_hda_intel`), as real boards have: the function a VM passes through with its GPU.
+    pub fn with_audio(mut self) -> FakeHost {
+        let audio: Vec<FakeDevice> = self
+            .devices
+            .iter()
+            .filter(|d| d.vendor == 0x10de && d.class >> 8 == 0x0302)
+            .map(|d| FakeDevice {
+                pci: format!("{}.1", &d.pci[..10]),
+                device: 0x22e8,
+                class: 0x040300,
+                driver: Driver::Other("snd_hda_intel"),
+                ..d.clone()
+            })
+            .collect();
+        self.devices.extend(audio);
+        self.name.push_str("+audio");
+        self
+    }
+
+    /// Binds the function at `pci` to `driver` instead of its own (`vfio-pci`: parked for
+    /// passthrough, as an operator does with `driverctl` or libvirt with `managed='yes'`; the
+    /// NVIDIA driver then neither lists it nor has its node).
+    pub fn bound_to(mut self, pci: &str, driver: &'static str) -> FakeHost {
+        let d = self
+            .devices
+            .iter_mut()
+            .find(|d| d.pci == pci)
+            .unwrap_or_else(|| panic!("no function {pci} on {}", self.name));
+        d.driver = Driver::Other(driver);
+        self
+    }
+
+    /// A mediated device (a vGPU) of the function at `parent`, by its UUID.
+    pub fn with_mdev(mut self, parent: &str, uuid: &str) -> FakeHost {
+        self.mdevs.push((parent.into(), uuid.into()));
         self
     }
 
@@ -608,6 +655,26 @@ impl FakeHost {
                 Driver::Other(name) => bind_driver(&p, &dir, name)?,
                 Driver::None => {}
             }
+        }
+        // Mediated devices: a directory under their parent, linked from `bus/mdev/devices`.
+        for (parent, uuid) in &self.mdevs {
+            let d = self
+                .devices
+                .iter()
+                .find(|d| d.pci == *parent)
+                .ok_or_else(|| io::Error::other(format!("no parent {parent} for mdev {uuid}")))?;
+            let rel: PathBuf = d.upstream.iter().chain(std::iter::once(&d.pci)).collect();
+            let dir = p.sysfs.join("devices").join(&rel).join(uuid);
+            fs::create_dir_all(&dir)?;
+            fs::write(
+                dir.join("uevent"),
+                "MDEV_TYPE=nvidia-1045\nDRIVER=vfio_mdev\n",
+            )?;
+            fs::create_dir_all(p.sysfs.join("bus/mdev/devices"))?;
+            symlink(
+                format!("../../../devices/{}/{uuid}", rel.display()),
+                p.sysfs.join("bus/mdev/devices").join(uuid),
+            )?;
         }
         // The kernel's list of PCI functions, in its own format (drivers/pci/proc.c): bus and
         // devfn, vendor and device, IRQ, 7 BAR starts, 7 sizes, the bound driver's name.

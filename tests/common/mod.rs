@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use testbed::FakeHost;
 
+pub mod vm;
+#[allow(unused_imports)]
+pub use vm::*;
+
 /// The gpuhook binary under test: `$GPUHOOK_TEST_BIN` (e.g. the installed /usr/bin/gpuhook),
 /// else the one cargo built for this test run.
 pub fn bin() -> PathBuf {
@@ -47,6 +51,8 @@ impl Host {
         let paths = fake.create(&dir.path().join("host")).expect("fake host");
         let state = dir.path().join("run/state.json");
         let mut cfg = paths.config(&state);
+        // libvirt's QEMU status directory of this host (no VM runs until a test says so).
+        cfg["libvirt_qemu_dir"] = serde_json::json!(dir.path().join("qemu"));
         edit(&mut cfg);
         let config = dir.path().join("config.json");
         write_config(&config, &cfg.to_string());

@@ -6,6 +6,7 @@ use crate::host::config::Config;
 use crate::host::inventory::{self, Inventory};
 use crate::reserve::error::Error;
 use crate::reserve::state::{State, Store};
+use crate::reserve::vm::PassedThrough;
 
 /// The config, the inventory (quarantined GPUs marked) and the state, as every command that
 /// reports on the pool reads them (`list`, `check`, `metrics`, `placement`): a state file
@@ -13,13 +14,22 @@ use crate::reserve::state::{State, Store};
 /// line naming the file, before anything is printed or written (no GPU is ever reported free,
 /// nor an inventory published, from a state that could not be read). Nothing is written.
 pub(crate) fn load() -> Result<(Config, Inventory, State), Error> {
+    load_with_vms().map(|(cfg, inv, st, _)| (cfg, inv, st))
+}
+
+/// [`load`], and the GPUs running VMs pass through without a reservation (libvirt's status
+/// XML): marked unusable in the inventory (a container would be refused them, naming the
+/// VM), and returned for the commands that name their VM.
+pub(crate) fn load_with_vms() -> Result<(Config, Inventory, State, PassedThrough), Error> {
     let cfg = Config::load()?;
     let mut inv = inventory::scan(&cfg)?;
     let mut st = Store::new(&cfg.state_file).read()?;
+    let passed = crate::reserve::vm::passed_through(&cfg, crate::host::procfs::REAL);
+    crate::reserve::vm::mark_passed_through(&mut inv, &st, &passed);
     crate::reserve::health::apply(&mut inv, &st);
     // What still holds draining GPUs now (the file is not written).
     crate::reserve::drain::recheck(&mut st);
-    Ok((cfg, inv, st))
+    Ok((cfg, inv, st, passed))
 }
 
 /// Prints `text`, or replaces `output` with it atomically.

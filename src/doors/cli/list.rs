@@ -2,13 +2,18 @@
 //! holder is gone (stale: the next request that needs its units reclaims it) is listed as
 //! such, never as a live holder.
 
-use super::common::load;
+use super::common::load_with_vms;
 use crate::host::inventory::{Gpu, Inventory};
 use crate::ids::Unit;
 use crate::reserve::error::Error;
 use crate::reserve::state::{HolderId, HolderKey, HolderKind, Reservation, State};
+use crate::reserve::vm::PassedThrough;
 use serde_json::json;
 use std::collections::HashMap;
+
+/// A GPU's mediated device: its reservation and why its holder is gone (`None`: a running VM
+/// passes it through without one).
+type MdevHeld<'a, 'b> = (Unit, Option<(&'a Reservation, Option<&'b str>)>);
 
 /// The state's reservations with, for each, why its holder is gone (`None`: it lives),
 /// looked at once per listing.
@@ -18,6 +23,8 @@ struct Holders<'a> {
     /// The NVIDIA driver the host runs now (`None`: no module loaded), against which a
     /// container's recorded `driver_version` is out of date.
     host_driver: Option<String>,
+    /// What running VMs pass through without a reservation (libvirt's status XML).
+    passed: PassedThrough,
 }
 
 impl<'a> Holders<'a> {
@@ -27,7 +34,44 @@ impl<'a> Holders<'a> {
             st,
             stale,
             host_driver: None,
+            passed: PassedThrough::default(),
         }
+    }
+
+    /// With what running VMs pass through unreserved.
+    fn with_passed(mut self, p: PassedThrough) -> Self {
+        self.passed = p;
+        self
+    }
+
+    /// The running VM that passes GPU `g` through whole without a reservation, if one does.
+    fn passed_whole(&self, g: &Gpu) -> Option<&crate::reserve::vm::PassedVm> {
+        match self.passed.of_gpu(g.pci, None) {
+            Some((u, vm)) if !u.is_mdev() && self.st.holder_of(&Unit::Gpu(g.pci)).is_none() => {
+                Some(vm)
+            }
+            _ => None,
+        }
+    }
+
+    /// The GPU's mediated devices held, each with its reservation and why its holder is gone;
+    /// then those running VMs pass through without one.
+    fn mdevs(&self, g: &Gpu) -> Vec<MdevHeld<'a, '_>> {
+        let mut v: Vec<MdevHeld<'a, '_>> = self
+            .st
+            .reservations
+            .values()
+            .flat_map(|r| r.gpus.iter().map(move |u| (*u, r)))
+            .filter(|(u, _)| u.is_mdev() && u.pci() == g.pci)
+            .map(|(u, r)| (u, Some((r, self.stale(r)))))
+            .collect();
+        for (u, _) in self.passed.iter() {
+            if u.is_mdev() && u.pci() == g.pci && !v.iter().any(|(x, _)| x == u) {
+                v.push((*u, None));
+            }
+        }
+        v.sort_by_key(|(u, _)| *u);
+        v
     }
 
     /// With the NVIDIA driver the host runs now.
@@ -68,6 +112,17 @@ impl<'a> Holders<'a> {
         }
     }
 
+    /// A GPU's `holder`: its reservation's, else the running VM that passes it through
+    /// without one (`"reserved": false`).
+    fn gpu_json(&self, g: &Gpu) -> serde_json::Value {
+        match self.passed_whole(g) {
+            Some(vm) => json!({
+                "kind": HolderKind::Vm, "domain": vm.name, "uuid": vm.uuid, "reserved": false,
+            }),
+            None => self.json(&Unit::Gpu(g.pci)),
+        }
+    }
+
     /// A shared GPU's slots in use: (slot unit, its holder, why that holder is gone), in
     /// slot order.
     /// Every slot held is listed, also one the config no longer has (its replicas
@@ -82,6 +137,10 @@ impl<'a> Holders<'a> {
 
     /// `sharing` in `list --json`: `null` for a GPU that is not shared (and has no slot held).
     fn sharing_json(&self, g: &Gpu) -> serde_json::Value {
+        let mdevs = self.mdevs(g);
+        if !mdevs.is_empty() {
+            return mdev_json(&mdevs, &self.passed);
+        }
         let sh = match g.sharing {
             Some(sh) => sh,
             None if !self.slots(g).is_empty() => crate::host::config::Sharing::timeslice(0),
@@ -135,6 +194,38 @@ impl<'a> Holders<'a> {
         ))
     }
 
+    /// The HOLDER cell of a GPU whose mediated devices VMs hold (`mdev: vm a, vm b`; one
+    /// whose holder is gone `stale: vm a`, one unreserved `vm c (not reserved)`), or that a
+    /// running VM passes through without a reservation (`vm hot (passed through, not
+    /// reserved)`).
+    fn vm_cell(&self, g: &Gpu) -> Option<String> {
+        if let Some(vm) = self.passed_whole(g) {
+            return Some(format!(
+                "{} (passed through, not reserved)",
+                table_name(&HolderId::Vm {
+                    name: vm.name.clone(),
+                    uuid: vm.uuid.clone()
+                })
+            ));
+        }
+        let mdevs = self.mdevs(g);
+        if mdevs.is_empty() {
+            return None;
+        }
+        let names: Vec<String> = mdevs
+            .iter()
+            .map(|(u, held)| match held {
+                Some((r, Some(_))) => format!("stale: {}", table_name(&r.holder)),
+                Some((r, None)) => table_name(&r.holder),
+                None => match self.passed.iter().find(|(x, _)| *x == u) {
+                    Some((_, vm)) => format!("vm {} (not reserved)", vm.name),
+                    None => String::new(),
+                },
+            })
+            .collect();
+        Some(format!("mdev: {}", names.join(", ")))
+    }
+
     /// The HOLDER cell of a held unit: `web1 (running)`, `container ID (prepared)`, or
     /// `stale: web1 (its container init (pid 4242) is gone)`.
     fn cell(&self, unit: &Unit) -> Option<String> {
@@ -155,6 +246,42 @@ impl<'a> Holders<'a> {
             ),
         })
     }
+}
+
+/// `sharing` of a GPU whose mediated devices VMs hold: mode `mdev`, each VM with its
+/// mediated device (`slot`: the unit, `mdev`: its UUID); one a running VM passes through
+/// without a reservation has `"reserved": false`.
+fn mdev_json(mdevs: &[MdevHeld], passed: &PassedThrough) -> serde_json::Value {
+    let holders: Vec<_> = mdevs
+        .iter()
+        .filter_map(|(u, held)| {
+            let mdev = match u {
+                Unit::Mdev { mdev, .. } => mdev.to_string(),
+                _ => return None,
+            };
+            Some(match held {
+                Some((r, why)) => {
+                    let (domain, uuid) = r.holder.domain_and_uuid();
+                    json!({
+                        "kind": r.kind(), "domain": domain, "uuid": uuid, "phase": r.phase,
+                        "stale": why.is_some(), "slot": u, "mdev": mdev,
+                    })
+                }
+                None => {
+                    let vm = passed.iter().find(|(x, _)| *x == u)?.1;
+                    json!({
+                        "kind": HolderKind::Vm, "domain": vm.name, "uuid": vm.uuid,
+                        "reserved": false, "slot": u, "mdev": mdev,
+                    })
+                }
+            })
+        })
+        .collect();
+    json!({
+        "mode": "mdev", "replicas": null, "used": holders.len(),
+        "memory_limit_mib": null, "active_thread_percentage": null,
+        "holders": holders,
+    })
 }
 
 /// How the text table names a holder: a libvirt LXC domain by its name, the other kinds
@@ -190,7 +317,7 @@ fn json_with(inv: &Inventory, h: &Holders) -> serde_json::Value {
                 "numa_node": g.numa_node,
                 "devices": g.paths(),
                 "excluded": g.excluded,
-                "holder": h.json(&Unit::Gpu(g.pci)),
+                "holder": h.gpu_json(g),
                 "sharing": h.sharing_json(g),
                 "vendor_id": format!("{:04x}", g.vendor_id),
                 "device_id": format!("{:04x}", g.device_id),
@@ -242,9 +369,10 @@ fn json_with(inv: &Inventory, h: &Holders) -> serde_json::Value {
 }
 
 pub(super) fn list(as_json: bool) -> Result<i32, Error> {
-    let (cfg, inv, st) = load()?;
+    let (cfg, inv, st, passed) = load_with_vms()?;
     let holders = Holders::new(&st, &crate::reserve::reconcile::stale_reason)
-        .with_host_driver(crate::host::driver::module_version(&cfg.proc).ok());
+        .with_host_driver(crate::host::driver::module_version(&cfg.proc).ok())
+        .with_passed(passed);
     if as_json {
         println!(
             "{}",
@@ -274,7 +402,10 @@ fn rows(inv: &Inventory, h: &Holders) -> Vec<[String; 8]> {
         .iter()
         .map(|g| {
             let unit = Unit::Gpu(g.pci);
-            let holder = match (h.cell(&unit), st.draining.get(&unit)) {
+            let holder = match (
+                h.cell(&unit).or_else(|| h.vm_cell(g)),
+                st.draining.get(&unit),
+            ) {
                 (Some(c), _) => c,
                 (None, Some(d)) => {
                     format!("draining: {}", d.who())

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 /// (`domain 'web1'`, `container 'ID'`).
 pub type Held = BTreeMap<Unit, String>;
 
-/// Who holds any of the GPU: the whole GPU, or one of its MIG instances.
+/// Who holds any of the GPU: the whole GPU, one of its MIG instances, its mediated devices
+/// or its slots.
 pub fn busy(held: &Held, pci: Pci) -> Option<&str> {
     held.get(&Unit::Gpu(pci)).map(String::as_str).or_else(|| {
         held.range(Unit::first_mig(pci)..)
@@ -49,12 +50,23 @@ pub fn sharers(held: &Held, pci: Pci) -> Vec<String> {
     v
 }
 
-/// Who holds GPU `pci` whole, or one of its MIG instances (not its slots).
+/// Who holds GPU `pci` whole, one of its MIG instances, or one of its mediated devices (a
+/// VM's vGPU): anyone but its slots' holders.
 pub(super) fn whole_or_mig_holder(held: &Held, pci: Pci) -> Option<&str> {
     held.get(&Unit::Gpu(pci)).map(String::as_str).or_else(|| {
         held.range(Unit::first_mig(pci)..)
             .next()
             .filter(|(k, _)| k.pci() == pci && k.is_mig())
             .map(|(_, v)| v.as_str())
+            .or_else(|| mdev_holder(held, pci))
     })
+}
+
+/// Who holds one of GPU `pci`'s mediated devices (the first, in UUID order): a VM's vGPU
+/// shares the GPU with other VMs' mediated devices only.
+pub fn mdev_holder(held: &Held, pci: Pci) -> Option<&str> {
+    held.range(Unit::first_mdev(pci)..)
+        .next()
+        .filter(|(k, _)| k.pci() == pci && k.is_mdev())
+        .map(|(_, v)| v.as_str())
 }

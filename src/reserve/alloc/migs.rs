@@ -1,7 +1,7 @@
 //! MIG compute instances: the ones a request names, then free ones, packed.
 
 use super::error::{AllocError, WhyNoMig};
-use super::held::{gi_holder, slots_of, Held};
+use super::held::{gi_holder, mdev_holder, slots_of, Held};
 use super::select::{field_value, matches, resolve};
 use crate::host::inventory::Gpu;
 use crate::ids::Unit;
@@ -17,6 +17,7 @@ pub fn allocate_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<Uni
         g.usable()
             && !held.contains_key(&Unit::Gpu(g.pci))
             && slots_of(held, g.pci).next().is_none()
+            && mdev_holder(held, g.pci).is_none()
             && matches(g, &req.filters)
     };
     let mut groups: Vec<(usize, Vec<Unit>)> = gpus
@@ -91,11 +92,13 @@ fn named_migs(gpus: &[Gpu], held: &Held, req: &Request) -> Result<Vec<(usize, Un
                 problem: p.to_string(),
             });
         }
-        // Held whole, or as slots (shared before it was put in MIG mode).
+        // Held whole, or as slots (shared before it was put in MIG mode), or by VMs' mediated
+        // devices.
         if let Some(h) = held
             .get(&Unit::Gpu(g.pci))
             .map(String::as_str)
             .or_else(|| slots_of(held, g.pci).next().map(|(_, h)| h))
+            .or_else(|| mdev_holder(held, g.pci))
         {
             return Err(AllocError::HeldWhole {
                 pci: g.pci,

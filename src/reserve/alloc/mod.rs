@@ -22,7 +22,7 @@ pub mod whole;
 pub(crate) mod tests;
 
 pub use error::AllocError;
-pub use held::{busy, gi_holder, sharers, slots_of, Held};
+pub use held::{busy, gi_holder, mdev_holder, sharers, slots_of, Held};
 pub use migs::allocate_migs;
 pub use select::{matches, resolve};
 pub use slots::allocate_slots;

@@ -1,7 +1,7 @@
 //! Whole GPUs: the ones a request names, then the best placed free ones.
 
 use super::error::{AllocError, WhyNoGpu};
-use super::held::{busy, slots_of, Held};
+use super::held::{busy, mdev_holder, slots_of, Held};
 use super::migs::allocate_migs;
 use super::place::{near, place};
 use super::select::{matches, matches_named, resolve, usable_named};
@@ -85,11 +85,13 @@ pub fn allocate_beside(
 fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError {
     let matching: Vec<&Gpu> = gpus.iter().filter(|g| matches(g, &req.filters)).collect();
     let mut why = Vec::new();
-    // Held whole, or as slots (a GPU whose sharing was taken out of the config while held).
+    // Held whole, or as slots (a GPU whose sharing was taken out of the config while held),
+    // or by VMs' mediated devices.
     let held_by = |g: &Gpu| {
         held.get(&Unit::Gpu(g.pci))
             .map(String::as_str)
             .or_else(|| slots_of(held, g.pci).next().map(|(_, h)| h))
+            .or_else(|| mdev_holder(held, g.pci))
     };
     let mut holders: Vec<&str> = matching.iter().filter_map(|g| held_by(g)).collect();
     holders.dedup();

@@ -370,7 +370,8 @@ fn reserve_more(
     cg: &dyn DeviceCgroup,
 ) -> Result<(MoreReserved, Vec<String>), Error> {
     let now = &now_rfc3339();
-    // A quarantined GPU is given to no one.
+    // What running VMs pass through is theirs; a quarantined GPU is given to no one.
+    let passed = crate::reserve::vm::mark_running_vms(f.cfg, f.proc, inv, st);
     crate::reserve::health::apply(inv, st);
     no_twin(st, h)?;
     if let Some(r) = st.reservations.get(&h.key) {
@@ -394,7 +395,7 @@ fn reserve_more(
         .reservations
         .get(&h.key)
         .is_some_and(|r| r.mounts.iter().any(|m| mps::is_target(&m.target)));
-    let (units, mut notes) = choose(f, st, inv, req, &sharing)?;
+    let (units, mut notes) = choose(f, st, inv, req, &sharing, &passed)?;
     let mut specs = node_specs(h, req, inv, &units)?;
     let r = st.reservations.get(&h.key);
     let mut plan = match wants_driver(f.cfg, req) {

@@ -3,7 +3,7 @@
 //! reservation a step makes for one.
 
 use crate::ids::Unit;
-use crate::request::{IdMap, Request};
+use crate::request::IdMap;
 use crate::reserve::state::{HolderId, HolderKey, HolderKind, Phase, Reservation};
 
 /// A holder with no user namespace of its own (a VM: nothing is made in it).
@@ -94,7 +94,12 @@ impl<'a> Holder<'a> {
 
 /// A new reservation of these units for the holder, prepared as of `now`; what a step knows
 /// of its container it fills in (one that runs at once: [`Reservation::set_running`]).
-pub(super) fn new_reservation(h: &Holder, req: &Request, gpus: &[Unit], now: &str) -> Reservation {
+pub(super) fn new_reservation(
+    h: &Holder,
+    req: &dyn std::fmt::Display,
+    gpus: &[Unit],
+    now: &str,
+) -> Reservation {
     Reservation {
         holder: h.id.clone(),
         gpus: gpus.to_vec(),

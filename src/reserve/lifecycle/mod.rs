@@ -19,6 +19,7 @@
 //! | [`free`], [`free_key`] | `free.rs` | every stop, `reconcile` |
 //! | [`release`] | `free.rs` | `gpuhook release`: one holder, refused while its container runs |
 //! | [`oci_create`] | `oci_create.rs` | OCI `create`: prepare, host-side nodes and links, one rollback guard |
+//! | [`vm_prepare`], [`vm_confirm`], [`vm_started`], [`vm_adopt`] | `vm.rs` | libvirt's QEMU hook: a VM's hostdevs reserved, confirmed, its QEMU process recorded, kept at `reconnect` |
 //!
 //! Shared by the steps: the holder (`holder.rs`), the state file (`store.rs`), the nodes a
 //! container gets (`nodes.rs`), the driver's user space (`plan.rs`), mounts recorded before
@@ -47,6 +48,7 @@ pub mod resolve;
 pub mod store;
 #[cfg(test)]
 mod tests;
+pub mod vm;
 
 pub use crate::reserve::state::HolderKind;
 pub use activate::activate;
@@ -63,3 +65,4 @@ pub use readopt::{config_unreadable, readopt, Readopted};
 pub use record_init::record_init;
 pub use resolve::{resolve, Ambiguous, Pick};
 pub use store::mps_dir;
+pub use vm::{vm_adopt, vm_confirm, vm_prepare, vm_started, Adopted};

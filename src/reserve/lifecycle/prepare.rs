@@ -32,6 +32,8 @@ pub(super) fn unit_ok(inv: &Inventory, unit: &Unit) -> bool {
         Unit::Gpu(_) => inv
             .by_unit(unit)
             .is_some_and(|g| g.usable() && g.migs.is_empty() && g.sharing.is_none()),
+        // A VM's mediated device: never a container's unit.
+        Unit::Mdev { .. } => false,
     }
 }
 
@@ -65,7 +67,7 @@ pub(super) fn satisfies(inv: &Inventory, gpus: &[Unit], req: &Request) -> bool {
 /// has open become draining) and looks again at the draining GPUs (one pass over `/proc` for
 /// both). Returns what was done, for the log, and whether the state changed (the choice is
 /// then made again, and a refusal says what holds the GPUs now).
-fn reclaim_for(f: &World, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
+pub(super) fn reclaim_for(f: &World, st: &mut State, inv: &mut Inventory) -> (Vec<String>, bool) {
     let (mut notes, freed) = reclaim_stale(f.proc, f.controller_running, st);
     let units: Vec<Unit> = freed.iter().flat_map(|r| r.gpus.iter().copied()).collect();
     inv.settle(f.cfg, &units);
@@ -136,9 +138,12 @@ fn settle_for_migs(cfg: &Config, inv: &mut Inventory, held: &alloc::Held, req: &
 /// them), and its CDI edits. Nothing is reserved on error.
 pub fn prepare(f: &World, h: &Holder, req: &Request, by: Option<ProcRef>) -> Result<Given, Error> {
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
+    // GPUs running VMs pass through without a reservation (libvirt's status XML).
+    let passed = crate::reserve::vm::passed_through(f.cfg, f.proc);
     let now = now_rfc3339();
     let mut fresh = false;
     let chosen = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
+        crate::reserve::vm::mark_passed_through(&mut inv, st, &passed);
         // A quarantined GPU is given to no one (its Xid is the reason a refusal names).
         crate::reserve::health::apply(&mut inv, st);
         refuse_takeover(f, st, h, by)?;
@@ -156,7 +161,7 @@ pub fn prepare(f: &World, h: &Holder, req: &Request, by: Option<ProcRef>) -> Res
             record_oci_mps(st, h)?;
             return Ok(kept);
         }
-        let (gpus, notes) = choose(f, st, &mut inv, req, &[])?;
+        let (gpus, notes) = choose(f, st, &mut inv, req, &[], &passed)?;
         let edits = prepared_edits(f, h, req, &inv, &gpus)?;
         let (driver, driver_version) = driver_record(f.cfg, req, edits.plan.as_ref());
         st.reservations.insert(
@@ -360,6 +365,7 @@ pub(super) fn choose(
     inv: &mut Inventory,
     req: &Request,
     sharing: &[crate::ids::Pci],
+    passed: &crate::reserve::vm::PassedThrough,
 ) -> Result<(Vec<Unit>, Vec<String>), Error> {
     let mut notes = Vec::new();
     // Stale reservations (holder gone) are reclaimed only when the request does not fit
@@ -389,7 +395,7 @@ pub(super) fn choose(
                         continue;
                     }
                 }
-                return Err(refusal(f, req, st, e, inv.deferred).into());
+                return Err(refusal(f, req, st, e, inv.deferred, passed).into());
             }
         };
         inv.settle(f.cfg, &g);
@@ -443,6 +449,7 @@ fn refusal(
     st: &State,
     e: alloc::AllocError,
     deferred: usize,
+    passed: &crate::reserve::vm::PassedThrough,
 ) -> alloc::AllocError {
     // A MIG request looked at the instances of only as many GPUs as it needed.
     if deferred == 0 && !req.mig {
@@ -454,6 +461,7 @@ fn refusal(
     };
     match (f.scan)(f.cfg, full) {
         Ok(mut inv) => {
+            crate::reserve::vm::mark_passed_through(&mut inv, st, passed);
             crate::reserve::health::apply(&mut inv, st);
             alloc::allocate(&inv.gpus, &st.held(None), req)
                 .err()
