@@ -242,6 +242,7 @@ const CASES: &[(&str, Case)] = &[
     ),
     ("lxc_refused_gpu_of_vm", contend::lxc_refused_gpu_of_vm),
     ("request_writes_hostdevs", contend::request_writes_hostdevs),
+    ("mdev_vms_share_a_gpu", contend::mdev_vms_share_a_gpu),
 ];
 
 fn main() {

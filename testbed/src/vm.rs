@@ -102,8 +102,8 @@ impl VmSpec {
 }
 
 /// A probe for libvirt's `hooks/qemu.d` (libvirt runs it after `hooks/qemu`, at every call,
-/// with the same arguments and domain XML), keeping its records in `dir`: one `NAME OP
-/// SUBOP` line per call in `calls`, the XML of the last call per domain and op in
+/// with the same arguments and domain XML), keeping its records in `dir`: one line per call
+/// in `calls`, its arguments as libvirt gave them (`NAME OP SUBOP EXTRA`), the XML of the last call per domain and op in
 /// `xml-NAME-OP`; with `snap-OP` present, `gpuhook list --json` (the binary `gpuhook`, the
 /// config `config`) into `list-NAME-OP.json`; with `hold-NAME-OP` present, `held-NAME-OP`
 /// made and the call held while `hold-NAME-OP` exists. It prints nothing (libvirt reads a
@@ -114,7 +114,7 @@ pub fn probe_script(dir: &Path, config: &Path, gpuhook: &Path) -> String {
 # A test bed probe (testbed/src/vm.rs): records libvirt's QEMU hook calls.
 P='{}'
 cat >"$P/xml-$1-$2"
-echo "$1 $2 $3" >>"$P/calls"
+echo "$*" >>"$P/calls"
 if [ -e "$P/snap-$2" ]; then GPUHOOK_CONFIG='{}' '{}' list --json >"$P/list-$1-$2.json" 2>&1; fi
 if [ -e "$P/hold-$1-$2" ]; then
     : >"$P/held-$1-$2"

@@ -95,11 +95,22 @@ fn probe(vm: &mut Vm) {
     }
 }
 
+/// libvirt's hook calls for the domain, `OP SUBOP EXTRA` each.
 fn calls_of(name: &str) -> Vec<String> {
     std::fs::read_to_string(format!("{PROBE}/calls"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.strip_prefix(&format!("{name} ")).map(str::to_owned))
+        .collect()
+}
+
+/// The calls' `OP SUBOP` (libvirt 11 passes a reason as `release`'s EXTRA, not `-`).
+fn ops_of(vm: &mut Vm, name: &str) -> Vec<String> {
+    let calls = calls_of(name);
+    vm.note(&format!("{name}: hook calls {calls:?}"));
+    calls
+        .iter()
+        .map(|c| c.split(' ').take(2).collect::<Vec<_>>().join(" "))
         .collect()
 }
 
@@ -203,37 +214,48 @@ fn podman(vm: &mut Vm, n: u32) -> Output {
     ))
 }
 
-/// A VM without GPU hostdevs under the installed hook: it starts and stops, libvirt's calls
-/// in order, the pool's directory never opened.
+/// A VM without GPU hostdevs under the installed hook, while an LXC domain holds a GPU: it
+/// starts and stops, libvirt's calls in order; its start never opens the pool's files, its
+/// stop only reads the state (no lock, no write).
 pub fn plain(vm: &mut Vm) {
     vm.host(edu_host(), |_| {});
     probe(vm);
     cleanup(vm, "gh-q");
-    vm.on_exit(
-        "virsh -c qemu:///system destroy gh-qplain; virsh -c qemu:///system undefine gh-qplain",
-    );
+    vm.on_exit("virsh -c qemu:///system destroy gh-qplain; virsh -c qemu:///system undefine gh-qplain; virsh -c lxc:///system destroy gh-qlxp; virsh -c lxc:///system undefine gh-qlxp");
+    lxc_pinned(vm, "gh-qlxp", EDU[1]);
+    start(vm, LXC, "gh-qlxp").expect("gh-qlxp");
+    let before = std::fs::read(super::STATE).expect("the LXC domain's state");
     let dir = Path::new(super::STATE).parent().expect("state dir");
-    std::fs::create_dir_all(dir).expect("state dir");
     let pool = testbed::watch::Opens::watch(dir).expect("inotify");
     define_at(vm, URI, "gh-qplain", &vm_spec("gh-qplain").xml());
     start(vm, URI, "gh-qplain").expect("a VM without GPUs starts");
     assert_eq!(state_of(vm, "gh-qplain"), "running");
+    let at_start = pool.seen();
     virsh_ok(vm, &["destroy", "gh-qplain"]);
+    let at_stop = pool.seen();
     assert_eq!(
-        calls_of("gh-qplain"),
+        ops_of(vm, "gh-qplain"),
         [
-            "prepare begin -",
-            "start begin -",
-            "started begin -",
-            "stopped end -",
-            "release end -"
+            "prepare begin",
+            "start begin",
+            "started begin",
+            "stopped end",
+            "release end"
         ]
     );
-    let seen = pool.seen();
     assert!(
-        seen.is_empty(),
-        "the hook touched the pool for a VM without GPUs: {seen:?}"
+        at_start.is_empty(),
+        "the hook touched the pool at a start without GPUs: {at_start:?}"
     );
+    assert!(
+        at_stop
+            .iter()
+            .all(|e| e.ends_with(" state.json")
+                && (e.contains("IN_OPEN") || e.contains("IN_ACCESS"))),
+        "the hook locked or wrote the pool at a stop without GPUs: {at_stop:?}"
+    );
+    assert_eq!(std::fs::read(super::STATE).expect("state"), before);
+    assert_eq!(vm.holders()["gh-qlxp"], [EDU[1]]);
 }
 
 /// The passthrough: a VM with one `edu` as a managed hostdev starts (libvirt binds it to
@@ -328,8 +350,8 @@ pub fn passthrough(vm: &mut Vm) {
     }
     assert_eq!(qemu_pid("gh-qpv"), pid, "the VM was restarted");
     assert_eq!(
-        calls_of("gh-qpv").last().map(String::as_str),
-        Some("reconnect begin -")
+        ops_of(vm, "gh-qpv").last().map(String::as_str),
+        Some("reconnect begin")
     );
     let l = vm.list();
     assert_eq!(holder_of(&l, EDU[0])["domain"], "gh-qpv", "{l}");
@@ -438,7 +460,7 @@ pub fn killed(vm: &mut Vm) {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    vm.note(&format!("calls after the restart: {:?}", calls_of("gh-qk")));
+    let _ = ops_of(vm, "gh-qk");
     assert_eq!(
         vm.holders()[&id].len(),
         2,

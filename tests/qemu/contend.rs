@@ -255,3 +255,108 @@ pub fn request_writes_hostdevs(b: &mut Bed) {
             .unwrap();
     assert!(!xml.contains("<hostdev"), "{xml}");
 }
+
+/// The first VM's start held after gpuhook's `prepare` (the probe) while `check` runs; the
+/// start's `virsh` output once let go.
+fn while_preparing(b: &Bed, name: &str, check: impl FnOnce()) -> Output {
+    let hold = b.probe().join(format!("hold-{name}-prepare"));
+    std::fs::write(&hold, "").unwrap();
+    let uri = b.d.qemu_uri.clone();
+    let n = name.to_string();
+    let starting = std::thread::spawn(move || {
+        Command::new("virsh")
+            .args(["-q", "-c", &uri, "start", &n])
+            .env("LC_ALL", "C")
+            .output()
+            .expect("virsh")
+    });
+    let held = b.probe().join(format!("held-{name}-prepare"));
+    let reached = b.wait(30, || held.exists());
+    let checks = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert!(reached, "{name}'s start never reached prepare");
+        check()
+    }));
+    let _ = std::fs::remove_file(&hold);
+    let o = starting.join().expect("virsh start");
+    if let Err(p) = checks {
+        std::panic::resume_unwind(p);
+    }
+    o
+}
+
+const MDEV1: &str = "4b20d080-1b54-4048-85b3-a6a62d165c01";
+const MDEV2: &str = "4b20d080-1b54-4048-85b3-a6a62d165c02";
+
+/// vGPUs: two VMs with mediated devices of one GPU share it (the second's `prepare` sees
+/// the first's), while an LXC domain pinned to that GPU and a VM passing the whole GPU
+/// through are refused naming the mdev VM; the other GPU stays free; the failed starts
+/// (libvirt then finds no mediated device on this host) free everything.
+pub fn mdev_vms_share_a_gpu(b: &mut Bed) {
+    b.use_host(
+        FakeHost::blueprint()
+            .with_mdev("0000:07:00.0", MDEV1)
+            .with_mdev("0000:07:00.0", MDEV2),
+    );
+    std::fs::write(b.probe().join("snap-prepare"), "").unwrap();
+    b.define_vm(
+        &b.vm("gh-m1")
+            .with(testbed::Hostdev::Mdev { uuid: MDEV1.into() }),
+    );
+    b.define_vm(
+        &b.vm("gh-m2")
+            .with(testbed::Hostdev::Mdev { uuid: MDEV2.into() }),
+    );
+    b.define_vm(&b.vm("gh-whole").with(hostdev("0000:07:00.0")));
+    b.define_lxc(&lxc_pinned("gh-lx", &["0000:07:00.0"]));
+    let o = while_preparing(b, "gh-m1", || {
+        let l = b.list();
+        let g = &l["gpus"][0];
+        assert_eq!(g["pci"], "0000:07:00.0", "{l}");
+        assert_eq!(g["sharing"]["mode"], "mdev", "{l}");
+        let e = b
+            .start_vm("gh-m2")
+            .expect_err("no mediated devices on this host");
+        println!("  gh-m2's start: {}", e.lines().last().unwrap_or(""));
+        let f = b.probe().join("list-gh-m2-prepare.json");
+        let at: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&f).expect("snapshot")).expect("json");
+        let sharers: Vec<&str> = at["gpus"][0]["sharing"]["holders"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no sharers at gh-m2's prepare: {at}"))
+            .iter()
+            .filter_map(|h| h["domain"].as_str())
+            .collect();
+        assert_eq!(sharers, ["gh-m1", "gh-m2"], "{at}");
+        let e = b.start_lxc("gh-lx").expect_err("a GPU VMs share by mdev");
+        let line = gpuhook_line(&e);
+        assert!(line.contains("gh-m1"), "{line}");
+        let e = b.start_vm("gh-whole").expect_err("a GPU VMs share by mdev");
+        let line = gpuhook_line(&e);
+        assert!(
+            line.contains("gh-m1") && line.contains("'gh-whole'"),
+            "{line}"
+        );
+        let h = b.holders();
+        assert!(
+            !h.contains_key("gh-whole") && !h.contains_key("gh-lx"),
+            "{h:?}"
+        );
+    });
+    println!(
+        "  gh-m1's start: {}",
+        common::stderr(&o).lines().last().unwrap_or("")
+    );
+    assert!(
+        !o.status.success(),
+        "an mdev VM started on a host without mdevs"
+    );
+    let l = b.list();
+    assert!(
+        l["gpus"][0]["sharing"].is_null()
+            || l["gpus"][0]["sharing"]["holders"] == serde_json::json!([]),
+        "{l}"
+    );
+    assert!(holders_of(&l).is_empty(), "{l}");
+    b.start_lxc("gh-lx")
+        .expect("the GPU is free after the mdev VMs");
+}

@@ -17,8 +17,9 @@ fn watch_pool(b: &Bed) -> Opens {
 }
 
 /// A VM without a GPU hostdev starts and stops with gpuhook as its hook, its calls in
-/// libvirt's order, the pool's files never opened, the other holder's GPU untouched; with a
-/// broken config it still starts and stops.
+/// libvirt's order: its start never opens the pool's files, its stop only reads the state
+/// (no lock, no write), the other holder's GPU untouched; with a broken config it still
+/// starts and stops.
 pub fn plain_vm_untouched(b: &mut Bed) {
     b.use_host(FakeHost::blueprint());
     b.define_lxc(&lxc_pinned("gh-lx", &["0000:07:00.0"]));
@@ -29,7 +30,9 @@ pub fn plain_vm_untouched(b: &mut Bed) {
     b.start_vm("gh-plain")
         .expect("a VM without GPUs starts under gpuhook's hook");
     assert_eq!(b.vm_state("gh-plain"), "running");
+    let at_start = pool.seen();
     b.d.virsh_qemu_ok(&["destroy", "gh-plain"]).unwrap();
+    let at_stop = pool.seen();
     assert_eq!(
         b.calls_of("gh-plain"),
         [
@@ -40,10 +43,21 @@ pub fn plain_vm_untouched(b: &mut Bed) {
             "release end -"
         ]
     );
-    let seen = pool.seen();
     assert!(
-        seen.is_empty(),
-        "the hook touched the pool's files for a VM without GPUs: {seen:?}"
+        at_start.is_empty(),
+        "the hook touched the pool's files at a start without GPUs: {at_start:?}"
+    );
+    // At its stop the hook looks once, without the lock, whether the state names the VM (a
+    // GPU it held may have been hot-unplugged from its XML): reads of the state file, never
+    // its lock, never a write.
+    let reads_only = |seen: &[String]| {
+        seen.iter().all(|e| {
+            e.ends_with(" state.json") && (e.contains("IN_OPEN") || e.contains("IN_ACCESS"))
+        })
+    };
+    assert!(
+        reads_only(&at_stop),
+        "the hook locked or wrote the pool at a stop without GPUs: {at_stop:?}"
     );
     assert_eq!(std::fs::read(b.state()).unwrap(), before);
     let h = b.holders();
@@ -54,12 +68,15 @@ pub fn plain_vm_untouched(b: &mut Bed) {
     );
     assert_eq!(h.len(), 1, "{h:?}");
 
+    // (`list` above read the state: not the hook's doing.)
+    let _ = pool.seen();
     // A broken config: a VM without GPUs still starts and stops.
     std::fs::write(b.config(), "{ \"sysfs\": ").unwrap();
     b.start_vm("gh-plain")
         .expect("a VM without GPUs starts with a broken config");
     b.d.virsh_qemu_ok(&["destroy", "gh-plain"]).unwrap();
-    assert!(pool.seen().is_empty());
+    assert!(reads_only(&pool.seen()));
+    assert_eq!(std::fs::read(b.state()).unwrap(), before);
 }
 
 /// `virsh save` and `virsh restore` of a VM without GPUs: libvirt reads the hook's output at
