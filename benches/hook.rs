@@ -230,6 +230,8 @@ struct Bins {
     hook: PathBuf,
     noop: PathBuf,
     shell: PathBuf,
+    /// The hook binary again, as `hooks/qemu` (libvirt's QEMU hook is recognised by name).
+    qemu: PathBuf,
 }
 
 impl Host {
@@ -238,7 +240,10 @@ impl Host {
         let p = fake.create(&dir).expect("fake host");
         let state = work.join("run").join(name).join("state.json");
         let config = dir.join("config.json");
-        std::fs::write(&config, p.config(&state).to_string()).unwrap();
+        let mut cfg = p.config(&state);
+        // libvirt's QEMU status directory of this fake host: no VM runs.
+        cfg["libvirt_qemu_dir"] = serde_json::json!(dir.join("qemu"));
+        std::fs::write(&config, cfg.to_string()).unwrap();
         Host {
             config,
             state,
@@ -280,6 +285,16 @@ impl Host {
                 ("GPUHOOK_SH_DEV", self.dev.clone()),
                 ("GPUHOOK_SH_STATE", self.sh_state.clone()),
             ],
+            stdin: xml.into(),
+        }
+    }
+
+    /// gpuhook as libvirt starts its QEMU hook: `hooks/qemu NAME OP SUBOP -`.
+    fn qemu(&self, b: &Bins, name: &str, op: &str, xml: &str) -> Cmd {
+        Cmd {
+            bin: b.qemu.clone(),
+            args: vec![name.into(), op.into(), Self::subop(op).into(), "-".into()],
+            env: vec![("GPUHOOK_CONFIG", self.config.clone())],
             stdin: xml.into(),
         }
     }
@@ -372,6 +387,7 @@ fn main() {
         hook: env_path("BENCH_HOOK"),
         noop: env_path("BENCH_NOOP"),
         shell: env_path("BENCH_SHELL"),
+        qemu: PathBuf::new(),
     };
     let n: usize = std::env::var("BENCH_ITERS")
         .ok()
@@ -404,10 +420,12 @@ fn main() {
         std::fs::copy(p, &to).unwrap_or_else(|e| panic!("copy {}: {e}", p.display()));
         to
     };
+    std::fs::create_dir_all(work.join("bin/hooks")).unwrap();
     let bins = Bins {
         hook: place(&bins.hook, "gpuhook"),
         noop: place(&bins.noop, "noop"),
         shell: place(&bins.shell, "lxc-shell-baseline.sh"),
+        qemu: place(&bins.hook, "hooks/qemu"),
     };
     let baseline_path =
         std::env::var_os("BENCH_BASELINE").map(|p| place(Path::new(&p), "gpuhook-baseline"));
@@ -420,8 +438,24 @@ fn main() {
         hook: p,
         noop: bins.noop.clone(),
         shell: bins.shell.clone(),
+        qemu: bins.qemu.clone(),
     });
     let mut ab = Ab::default();
+
+    // BENCH_ONLY=qemu: only the QEMU hook's rows (section 1c), for a quick look.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("qemu") {
+        println!(
+            "\n## libvirt's QEMU hook ({n} runs per row, interleaved with the static no-op; µs)\n"
+        );
+        println!("| what | gpuhook median | p90 | static no-op | gpuhook ÷ no-op | target |");
+        println!("|---|---|---|---|---|---|");
+        for l in qemu_rows(&work, &bins, n) {
+            println!("{l}");
+        }
+        let _ = Command::new("umount").arg(work.join("run")).status();
+        let _ = std::fs::remove_dir_all(&work);
+        return;
+    }
 
     // BENCH_ONLY=driver: only the driver="host" rows (section 7), for a quick look.
     if std::env::var("BENCH_ONLY").as_deref() == Ok("driver") {
@@ -559,6 +593,10 @@ fn main() {
         }
     }
     std::fs::remove_file(&h16.state).expect("state");
+
+    // 1c. libvirt's QEMU hook: a VM without GPU hostdevs (every VM start on the host pays
+    // this), and one passing two GPUs through with their audio functions.
+    let qemu_lines = qemu_rows(&work, &bins, n);
 
     // 2. prepare / release of a 2-GPU request on a 16-GPU host.
     let g2 = domain("gpu2", 2, TWO, None);
@@ -937,6 +975,12 @@ fn main() {
     for r in &rep.rows {
         println!("{r}");
     }
+    println!("\n### libvirt's QEMU hook (interleaved with the static no-op)\n");
+    println!("| what | gpuhook median | p90 | static no-op | gpuhook ÷ no-op | target |");
+    println!("|---|---|---|---|---|---|");
+    for l in &qemu_lines {
+        println!("{l}");
+    }
     println!("\n- {tput}");
     println!("- {cdi_line}");
     for l in &driver_lines {
@@ -962,7 +1006,7 @@ fn main() {
             println!("{r}");
         }
     }
-    let out = serde_json::json!({"iterations": n, "rows": rep.json, "concurrent": tput, "cdi_started": cdi_line, "driver_host": driver_lines, "flat_16_vs_1": flat, "binary_bytes": size, "peak_rss_kb": rss});
+    let out = serde_json::json!({"iterations": n, "rows": rep.json, "qemu": qemu_lines, "concurrent": tput, "cdi_started": cdi_line, "driver_host": driver_lines, "flat_16_vs_1": flat, "binary_bytes": size, "peak_rss_kb": rss});
     std::fs::create_dir_all("target/bench").unwrap();
     std::fs::write(
         "target/bench/results.json",
@@ -1246,4 +1290,111 @@ fn driver_rows(work: &Path, bins: &Bins, bench: &Bench, d: &Daemon, n: usize) ->
             n / 4
         ),
     ]
+}
+
+/// A QEMU domain as libvirt formats it for its hook (about 4 KiB: q35, virtio disk and
+/// network, controllers, graphics), with `hostdevs` in `<devices>`.
+fn qemu_domain(name: &str, n: u32, hostdevs: &str) -> String {
+    let mut controllers = String::new();
+    for i in 1..=8 {
+        controllers.push_str(&format!("    <controller type='pci' index='{i}' model='pcie-root-port'>\n      <model name='pcie-root-port'/>\n      <target chassis='{i}' port='0x{:x}'/>\n      <alias name='pci.{i}'/>\n      <address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x{:x}'/>\n    </controller>\n", 0x10 + i - 1, i - 1));
+    }
+    format!(
+        "<domain type='kvm' id='{n}'>\n  <name>{name}</name>\n  <uuid>{n:08x}-0000-4000-9000-{n:012x}</uuid>\n  <metadata>\n    <libosinfo:libosinfo xmlns:libosinfo=\"http://libosinfo.org/xmlns/libvirt/domain/1.0\">\n      <libosinfo:os id=\"http://debian.org/debian/12\"/>\n    </libosinfo:libosinfo>\n  </metadata>\n  <memory unit='KiB'>16777216</memory>\n  <currentMemory unit='KiB'>16777216</currentMemory>\n  <vcpu placement='static'>8</vcpu>\n  <resource>\n    <partition>/machine</partition>\n  </resource>\n  <os>\n    <type arch='x86_64' machine='pc-q35-7.2'>hvm</type>\n    <boot dev='hd'/>\n  </os>\n  <features>\n    <acpi/>\n    <apic/>\n    <vmport state='off'/>\n  </features>\n  <cpu mode='host-passthrough' check='none' migratable='on'/>\n  <clock offset='utc'>\n    <timer name='rtc' tickpolicy='catchup'/>\n    <timer name='pit' tickpolicy='delay'/>\n    <timer name='hpet' present='no'/>\n  </clock>\n  <on_poweroff>destroy</on_poweroff>\n  <on_reboot>restart</on_reboot>\n  <on_crash>destroy</on_crash>\n  <devices>\n    <emulator>/usr/bin/qemu-system-x86_64</emulator>\n    <disk type='file' device='disk'>\n      <driver name='qemu' type='qcow2' discard='unmap'/>\n      <source file='/var/lib/libvirt/images/{name}.qcow2' index='1'/>\n      <backingStore/>\n      <target dev='vda' bus='virtio'/>\n      <alias name='virtio-disk0'/>\n      <address type='pci' domain='0x0000' bus='0x04' slot='0x00' function='0x0'/>\n    </disk>\n    <controller type='usb' index='0' model='qemu-xhci' ports='15'>\n      <alias name='usb'/>\n      <address type='pci' domain='0x0000' bus='0x02' slot='0x00' function='0x0'/>\n    </controller>\n    <controller type='pci' index='0' model='pcie-root'>\n      <alias name='pcie.0'/>\n    </controller>\n{controllers}    <interface type='network'>\n      <mac address='52:54:00:6b:3c:58'/>\n      <source network='default' portid='5f1e7a0c-2b6d-4c1e-9a3f-6d8e2c4b1a07' bridge='virbr0'/>\n      <target dev='vnet3'/>\n      <model type='virtio'/>\n      <alias name='net0'/>\n      <address type='pci' domain='0x0000' bus='0x01' slot='0x00' function='0x0'/>\n    </interface>\n    <serial type='pty'>\n      <source path='/dev/pts/3'/>\n      <target type='isa-serial' port='0'>\n        <model name='isa-serial'/>\n      </target>\n      <alias name='serial0'/>\n    </serial>\n    <channel type='unix'>\n      <source mode='bind' path='/run/libvirt/qemu/channel/{n}-{name}/org.qemu.guest_agent.0'/>\n      <target type='virtio' name='org.qemu.guest_agent.0' state='disconnected'/>\n      <alias name='channel0'/>\n      <address type='virtio-serial' controller='0' bus='0' port='1'/>\n    </channel>\n    <input type='tablet' bus='usb'>\n      <alias name='input0'/>\n      <address type='usb' bus='0' port='1'/>\n    </input>\n    <graphics type='vnc' port='5900' autoport='yes' listen='127.0.0.1'>\n      <listen type='address' address='127.0.0.1'/>\n    </graphics>\n    <video>\n      <model type='virtio' heads='1' primary='yes'/>\n      <alias name='video0'/>\n      <address type='pci' domain='0x0000' bus='0x00' slot='0x01' function='0x0'/>\n    </video>\n{hostdevs}    <memballoon model='virtio'>\n      <alias name='balloon0'/>\n      <address type='pci' domain='0x0000' bus='0x05' slot='0x00' function='0x0'/>\n    </memballoon>\n  </devices>\n  <seclabel type='dynamic' model='dac' relabel='yes'>\n    <label>+64055:+994</label>\n    <imagelabel>+64055:+994</imagelabel>\n  </seclabel>\n</domain>\n"
+    )
+}
+
+/// A PCI hostdev of function `pci` as libvirt formats it.
+fn qemu_hostdev(pci: &str, alias: usize) -> String {
+    format!("    <hostdev mode='subsystem' type='pci' managed='yes'>\n      <driver name='vfio'/>\n      <source>\n        <address domain='0x{}' bus='0x{}' slot='0x{}' function='0x{}'/>\n      </source>\n      <alias name='hostdev{alias}'/>\n      <address type='pci' domain='0x0000' bus='0x0{}' slot='0x00' function='0x0'/>\n    </hostdev>\n", &pci[0..4], &pci[5..7], &pci[8..10], &pci[11..12], 6 + alias)
+}
+
+/// libvirt's QEMU hook against the static no-op, runs interleaved: a VM without GPU
+/// hostdevs (`prepare`; `stopped` with 16 reservations held), and `prepare` / `release` of
+/// a VM passing two GPUs through with their audio functions, on a 16-GPU host. Rows of
+/// Markdown, with the targets (≤ 1.2× and ≤ 2.5× the no-op).
+fn qemu_rows(work: &Path, bins: &Bins, n: usize) -> Vec<String> {
+    let fake = FakeHost::wide(16).with_audio();
+    let gpus: Vec<String> = fake
+        .devices
+        .iter()
+        .filter(|d| d.class == 0x030200)
+        .map(|d| d.pci.clone())
+        .collect();
+    let h = Host::new(work, "qemu16", fake);
+    let plain = qemu_domain("vm-plain", 1, "");
+    let two: String = gpus[..2]
+        .iter()
+        .enumerate()
+        .flat_map(|(i, g)| {
+            [
+                qemu_hostdev(g, 2 * i),
+                qemu_hostdev(&format!("{}.1", &g[..10]), 2 * i + 1),
+            ]
+        })
+        .collect();
+    let vm2 = qemu_domain("vm-gpu2", 2, &two);
+    let mut rows = Vec::new();
+    let mut row = |what: String, (noop, hook): (Stats, Stats), target: Option<f64>| {
+        let ratio = hook.median_us / noop.median_us;
+        let judged = match target {
+            Some(t) if ratio <= t => format!("≤ {t}× (met)"),
+            Some(t) => format!("≤ {t}× (NOT met)"),
+            None => "—".into(),
+        };
+        rows.push(format!(
+            "| {what} | {:.0} | {:.0} | {:.0} | {ratio:.2}× | {judged} |",
+            hook.median_us, hook.p90_us, noop.median_us,
+        ));
+    };
+    row(
+        format!(
+            "QEMU domain without GPU hostdevs (`prepare`, {:.1} KB XML)",
+            plain.len() as f64 / 1024.0
+        ),
+        interleaved_stats(
+            n,
+            || {},
+            &h.noop(bins, "vm-plain", "prepare", &plain),
+            &h.qemu(bins, "vm-plain", "prepare", &plain),
+        ),
+        Some(1.2),
+    );
+    let (p, r) = (
+        h.qemu(bins, "vm-gpu2", "prepare", &vm2),
+        h.qemu(bins, "vm-gpu2", "release", &vm2),
+    );
+    row(
+        "QEMU `prepare`, 2 GPU hostdevs (+ their audio functions) of 16 GPUs".into(),
+        interleaved_stats(
+            n,
+            || must(&r),
+            &h.noop(bins, "vm-gpu2", "prepare", &vm2),
+            &p,
+        ),
+        Some(2.5),
+    );
+    row(
+        "QEMU `release`, 2 GPUs".into(),
+        interleaved_stats(
+            n,
+            || must(&p),
+            &h.noop(bins, "vm-gpu2", "release", &vm2),
+            &r,
+        ),
+        None,
+    );
+    must(&r);
+    testbed::fakehost::fill_state(&h.state, 16).expect("state");
+    row(
+        "QEMU domain without GPU hostdevs (`stopped`), 16 reservations held".into(),
+        interleaved_stats(
+            n,
+            || {},
+            &h.noop(bins, "vm-plain", "stopped", &plain),
+            &h.qemu(bins, "vm-plain", "stopped", &plain),
+        ),
+        Some(1.2),
+    );
+    rows
 }

@@ -67,6 +67,10 @@ for f in podman-containers.conf docker-daemon.json crio-gpuhook.conf containerd-
 done
 grep -qx 'handler: gpuhook' "$root/usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml" || fail "RuntimeClass manifest"
 
+step "the hooks the scripts install: lxc and qemu, beside foreign ones, removed (a private /etc/libvirt)"
+cmp "$root/usr/share/gpuhook/hook-install.sh" packaging/hook-install.sh || fail "the .deb ships another hook-install.sh"
+./scripts/hook-install-test.sh
+
 step "the static hook ignores LD_PRELOAD (nvidia-container-toolkit CVE-2025-23266 class)"
 printf '#include <stdio.h>\n__attribute__((constructor)) static void evil(void) { FILE *f = fopen("%s/preloaded", "w"); if (f) fclose(f); }\n' "$work" > "$work/evil.c"
 gcc -shared -fPIC -o "$work/evil.so" "$work/evil.c"

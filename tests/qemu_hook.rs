@@ -807,3 +807,46 @@ fn metrics_and_placement_count_vms() {
         "{y}"
     );
 }
+
+/// Health: a GPU a VM holds, or a running VM passes through without a reservation, is not
+/// reset (QEMU holds its VFIO group, none of its nodes); a quarantined GPU refuses a VM's
+/// start as it refuses a container's.
+#[test]
+fn health_counts_vms() {
+    let (h, p) = dgx();
+    ok(&h.qemu(
+        "vm1",
+        "prepare",
+        &vm_domain("vm1", 1, &pci_hostdev(&p[0]), ""),
+    ));
+    let _hot = h.run_vm("hot", &vm_domain("hot", 2, &pci_hostdev(&p[1]), ""));
+    for (pci, who) in [(&p[0], "vm 'vm1'"), (&p[1], "vm 'hot'")] {
+        let o = h.cmd().args(["health", "reset", pci]).output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert_eq!(
+            stderr(&o).trim_end(),
+            format!("gpuhook: GPU {pci} is held by {who}: it is reset only when nothing holds it")
+        );
+    }
+    // A quarantine (as `health scan` records one) refuses a VM's start.
+    let mut st: Value = serde_json::from_slice(&std::fs::read(&h.state).unwrap()).unwrap();
+    st["quarantine"] = json!({ p[2].clone(): {
+        "xid": 79, "reason": "GPU has fallen off the bus", "message": "NVRM: Xid (PCI:0000:40:00): 79, pid=0",
+        "since": "2026-12-01T00:00:00Z", "action": "reboot",
+    }});
+    std::fs::write(&h.state, st.to_string()).unwrap();
+    let o = h.qemu(
+        "vm2",
+        "prepare",
+        &vm_domain("vm2", 3, &pci_hostdev(&p[2]), ""),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).starts_with(&format!(
+            "gpuhook: vm 'vm2': GPU {} (hostdev {}) cannot be used: quarantined",
+            p[2], p[2]
+        )),
+        "{}",
+        stderr(&o)
+    );
+}

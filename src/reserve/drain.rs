@@ -60,6 +60,9 @@ pub fn freed_units(inv: &Inventory, st: &State, freed: &[Reservation]) -> Vec<Fr
                     v
                 }
                 None if unit.is_mig() => Vec::new(),
+                // A VM's mediated device: the VM reached it through VFIO, never through the
+                // GPU's nodes, which the host's vGPU manager keeps open by design.
+                None if unit.is_mdev() => Vec::new(),
                 // A slot: its GPU is open by its other sharers by design; when it was the
                 // last, the GPU drains whole (below).
                 None if unit.is_slot() && !st.slots_of(unit.pci()).is_empty() => Vec::new(),
@@ -404,6 +407,25 @@ mod tests {
 
     fn budget() -> crate::host::procfs::Budget {
         crate::host::procfs::Budget::new(BUDGET)
+    }
+
+    /// A VM's mediated device freed drains nothing (the VM reached it through VFIO; the
+    /// host's vGPU manager keeps the GPU's nodes open by design), where the GPU freed whole
+    /// would look for its nodes' openers.
+    #[test]
+    fn a_freed_mediated_device_drains_nothing() {
+        let inv = inv_with(195, 7);
+        let st = State::default();
+        let mdev = freed_units(
+            &inv,
+            &st,
+            &[reservation(&[
+                "0000:10:00.0/mdev-4b20d080-1b54-4048-85b3-a6a62d165c01",
+            ])],
+        );
+        assert!(mdev.is_empty(), "{}", mdev.len());
+        let whole = freed_units(&inv, &st, &[reservation(&["0000:10:00.0"])]);
+        assert_eq!(whole.len(), 1);
     }
 
     /// Over the real `/proc`: a process that really has the node open is found by the

@@ -12,175 +12,23 @@
 //! holder's reservation; what the status XML says only refuses.
 
 use crate::host::config::Config;
-use crate::host::inventory::{config_probe, gpus_of_device, mdev_parent, Inventory};
+use crate::host::inventory::{config_probe, gpus_of_device, Inventory};
 use crate::host::procfs::Proc;
 use crate::ids::{Pci, Unit};
-use crate::log;
-use crate::request::hostdev::{Hostdev, QemuDomain};
 use crate::reserve::alloc::{self, Held};
 use crate::reserve::state::State;
-use std::collections::BTreeMap;
-use std::fmt;
 
+mod ask;
 mod choose;
 pub mod error;
+mod passed;
 #[cfg(test)]
 mod tests;
 
+pub use ask::{ask, VmAsk};
 pub use choose::{choose, ChosenGpu, ForVm};
 pub use error::VmError;
-
-/// What a VM's hostdevs hold on this host: its units, each with the hostdevs that name it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VmAsk {
-    /// Whole GPUs and mediated devices, in unit order, each once.
-    pub units: Vec<Unit>,
-    /// Which hostdevs name each unit.
-    pub named: BTreeMap<Unit, Vec<Hostdev>>,
-}
-
-impl VmAsk {
-    pub fn is_empty(&self) -> bool {
-        self.units.is_empty()
-    }
-
-    /// How a message names what holds `unit`: `hostdev 0000:3b:00.1`, `mdev UUID`.
-    pub fn by(&self, unit: &Unit) -> String {
-        self.named
-            .get(unit)
-            .map(|v| {
-                v.iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default()
-    }
-}
-
-/// As the state's `request` and the log name it: `GPU 0000:3b:00.0 (hostdev 0000:3b:00.0,
-/// hostdev 0000:3b:00.1), mdev UUID of GPU 0000:3c:00.0`.
-impl fmt::Display for VmAsk {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, u) in self.units.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            match u {
-                Unit::Mdev { mdev, .. } => write!(f, "mdev {mdev} of GPU {}", u.pci())?,
-                u => write!(f, "GPU {u} ({})", self.by(u))?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The units the domain's hostdevs hold. Hostdevs of functions that are no GPU's (and whose
-/// device has no GPU) and mediated devices of other devices are left alone; a GPU passed
-/// through whole and as a mediated device at once is refused.
-pub fn ask(cfg: &Config, dom: &QemuDomain) -> Result<VmAsk, VmError> {
-    let mut a = VmAsk::default();
-    for h in &dom.hostdevs {
-        let units: Vec<Unit> = match h {
-            Hostdev::Pci { addr, .. } => match addr.pci() {
-                Some(p) => gpus_of_device(cfg, p)
-                    .into_iter()
-                    .map(|g| Unit::Gpu(g.pci))
-                    .collect(),
-                None => Vec::new(),
-            },
-            Hostdev::Mdev { uuid } => match mdev_parent(cfg, *uuid)? {
-                Some(p) if gpus_of_device(cfg, p).iter().any(|g| g.pci == p) => {
-                    Unit::mdev(p, *uuid).into_iter().collect()
-                }
-                _ => Vec::new(),
-            },
-        };
-        for u in units {
-            a.named.entry(u).or_default().push(*h);
-        }
-    }
-    a.units = a.named.keys().copied().collect();
-    for u in &a.units {
-        let pci = u.pci();
-        if u.is_mdev() && a.named.contains_key(&Unit::Gpu(pci)) {
-            return Err(VmError::WholeAndMdev {
-                pci,
-                whole: a.by(&Unit::Gpu(pci)),
-                mdev: a.by(u),
-            });
-        }
-    }
-    Ok(a)
-}
-
-/// A running VM's passed-through unit that no reservation names: the VM (its name and
-/// UUID) as libvirt's status XML shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PassedVm {
-    pub name: String,
-    pub uuid: String,
-}
-
-impl PassedVm {
-    /// How messages name it.
-    pub fn who(&self) -> String {
-        crate::reserve::state::HolderKind::Vm.who(&self.name)
-    }
-}
-
-/// The units running VMs pass through, by libvirt's live status XML, each with its VM.
-#[derive(Debug, Clone, Default)]
-pub struct PassedThrough(BTreeMap<Unit, PassedVm>);
-
-impl PassedThrough {
-    /// For tests: these units passed through to these VMs.
-    pub fn of(v: impl IntoIterator<Item = (Unit, PassedVm)>) -> PassedThrough {
-        PassedThrough(v.into_iter().collect())
-    }
-
-    /// The VM (other than the one of UUID `except`) that passes GPU `pci` through, whole or
-    /// as a mediated device; with a mediated device, the unit.
-    pub fn of_gpu(&self, pci: Pci, except: Option<&str>) -> Option<(Unit, &PassedVm)> {
-        self.0
-            .range(Unit::Gpu(pci)..)
-            .take_while(|(u, _)| u.pci() == pci)
-            .find(|(_, v)| Some(v.uuid.as_str()) != except)
-            .map(|(u, v)| (*u, v))
-    }
-
-    /// Every unit and its VM.
-    pub fn iter(&self) -> impl Iterator<Item = (&Unit, &PassedVm)> {
-        self.0.iter()
-    }
-}
-
-/// What the running VMs pass through, by libvirt's status directory (read-only; a status
-/// file that cannot be read is said in the log and counts for nothing).
-pub fn passed_through(cfg: &Config, proc: Proc) -> PassedThrough {
-    let (vms, unread) = crate::host::qemu::running_with_hostdevs(cfg, proc);
-    for e in unread {
-        log::warn(&format!("libvirt's QEMU status: {e}"));
-    }
-    let mut m = BTreeMap::new();
-    for vm in vms {
-        let d = &vm.status.domain;
-        let a = match ask(cfg, d) {
-            Ok(a) => a,
-            Err(e) => {
-                log::warn(&format!("vm '{}': libvirt's status XML: {e}", d.name));
-                continue;
-            }
-        };
-        for u in a.units {
-            m.entry(u).or_insert(PassedVm {
-                name: d.name.clone(),
-                uuid: d.uuid.clone(),
-            });
-        }
-    }
-    PassedThrough(m)
-}
+pub use passed::{passed_through, PassedThrough, PassedVm};
 
 /// [`passed_through`], then [`mark_passed_through`]: what running VMs pass through, marked.
 pub fn mark_running_vms(

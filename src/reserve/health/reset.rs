@@ -235,6 +235,11 @@ pub fn reset_pci(f: &World, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
     let boot = boot_id(cfg);
     let started = now_rfc3339();
     let key = pci.to_string();
+    // A running VM that passes it through without a reservation (libvirt's status XML) has
+    // it as surely as a holder: QEMU holds its VFIO group, none of its nodes.
+    if let Some((_, vm)) = crate::reserve::vm::passed_through(cfg, f.proc).of_gpu(pci, None) {
+        return Err(HealthError::Held { pci, who: vm.who() }.into());
+    }
     // One locked step: refused (nothing written), or marked resetting.
     let took_over = store.update(|st| -> Result<Option<Resetting>, Error> {
         // A GPU that drains: looked at again (closed since, it is free).

@@ -3,7 +3,7 @@
 //! held), but for what a VM may have that a container may not: a GPU bound to `vfio-pci` (or
 //! with no driver) is free for it. Nothing is reserved: the VM's `prepare` does that.
 
-use super::PassedThrough;
+use super::passed::PassedThrough;
 use crate::host::config::Config;
 use crate::host::inventory::{config_probe, functions_of_device, Gpu, Inventory};
 use crate::ids::{Pci, Unit};

@@ -3,7 +3,8 @@
 //! `physfn`): as any user.
 
 use super::*;
-use crate::request::hostdev::{Hostdev, SourceAddr};
+use crate::host::inventory::Inventory;
+use crate::request::hostdev::{Hostdev, QemuDomain, SourceAddr};
 use crate::reserve::state::{HolderKind, Quarantine, Reservation};
 use std::path::Path;
 
