@@ -199,8 +199,14 @@ fn boot(image: &Path, work: &Path) -> bool {
         .expect("qemu");
     let start = Instant::now();
     let mut pos = 0;
+    let mut booted = false;
     loop {
         pos = stream(&work.join("job.log"), pos);
+        if !booted && pos > 0 {
+            // The job's first line: the machine is up (kernel, systemd, its units).
+            booted = true;
+            println!("debian13: booted in {:.0} s", start.elapsed().as_secs_f64());
+        }
         if let Some(st) = child.try_wait().expect("wait") {
             stream(&work.join("job.log"), pos);
             println!(

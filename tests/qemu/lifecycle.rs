@@ -27,11 +27,19 @@ pub fn plain_vm_untouched(b: &mut Bed) {
     let before = std::fs::read(b.state()).expect("the LXC domain's state");
     let pool = watch_pool(b);
     b.define_vm(&b.vm("gh-plain"));
+    let t = std::time::Instant::now();
     b.start_vm("gh-plain")
         .expect("a VM without GPUs starts under gpuhook's hook");
+    let started = t.elapsed();
     assert_eq!(b.vm_state("gh-plain"), "running");
     let at_start = pool.seen();
+    let t = std::time::Instant::now();
     b.d.virsh_qemu_ok(&["destroy", "gh-plain"]).unwrap();
+    println!(
+        "  virsh start {:.2}s, destroy {:.2}s",
+        started.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
     let at_stop = pool.seen();
     assert_eq!(
         b.calls_of("gh-plain"),
