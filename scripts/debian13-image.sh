@@ -14,9 +14,9 @@
 set -eu
 dir=${1:-/var/cache/gpuhook-tests/debian13}
 suite=trixie
-pkgs="libvirt-daemon-system libvirt-daemon-driver-lxc libvirt-clients podman crun runc containerd conmon
-      catatonit uidmap linux-image-amd64 qemu-system-x86 busybox-static e2fsprogs iproute2 kmod udev
-      strace rpm ca-certificates python3"
+pkgs="libvirt-daemon-system libvirt-daemon-driver-lxc libvirt-daemon-driver-qemu libvirt-clients podman
+      crun runc containerd conmon catatonit uidmap linux-image-amd64 qemu-system-x86 seabios pciutils
+      busybox-static e2fsprogs iproute2 kmod udev strace rpm ca-certificates python3"
 want="debootstrap $suite minbase +systemd,systemd-sysv,dbus; $(echo $pkgs); job v4"
 stamp=$dir/stamp
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$dir/root.img" ]; then

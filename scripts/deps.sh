@@ -3,7 +3,7 @@
 # Idempotent. `deps.sh` for the demo; `deps.sh full` adds packaging, lint and fuzz tools.
 set -eu
 export PATH="$HOME/.cargo/bin:$PATH"
-pkgs="libvirt-daemon libvirt-daemon-driver-lxc libvirt-clients libvirt-dev pkg-config hwdata util-linux file gzip"
+pkgs="libvirt-daemon libvirt-daemon-driver-lxc libvirt-daemon-driver-qemu libvirt-clients libvirt-dev pkg-config hwdata util-linux file gzip"
 if [ "${1:-}" = full ]; then
     # debootstrap, systemd-container: tests/systemd.rs boots systemd (scripts/systemd-root.sh).
     # iptables, nftables: tests/health.rs has netfilter's LOG target write forged Xid records
@@ -44,6 +44,10 @@ if [ "${1:-}" = full ]; then
             { echo "deps: apt-get source $sp=$sv failed" >&2; exit 1; }
         [ -d "$dir" ] || { echo "deps: no $dir after apt-get source" >&2; exit 1; }
     done
+    # tests/qemu.rs: the distribution's qemu-system-x86_64 (and SeaBIOS), unpacked into
+    # /var/cache/gpuhook-tests/qemu, not installed (on Debian 12 with backports' qemu-utils,
+    # installing bookworm's qemu-system-x86 would remove it). Reused while its stamp holds.
+    "$(dirname "$0")/qemu-unpacked.sh" >/dev/null
     for tool in cargo-deb@3.8.0 cargo-generate-rpm@0.21.1 cargo-fuzz@0.13.2; do
         name=${tool%@*}
         command -v "$name" >/dev/null 2>&1 || cargo install --locked --quiet "$tool"

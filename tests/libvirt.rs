@@ -1218,7 +1218,7 @@ fn init_exits_during_started(b: &mut Bed) {
             // start-up (it happens with plain domains too), so the exit event went nowhere.
             // The reservation must still be freed by the next thing libvirt does: destroy.
             assert!(!ct.init.alive(), "the init was killed");
-            let log = controller_log_since_start(&name);
+            let log = controller_log_since_start(b, &name);
             assert!(
                 log.contains("Dropping event 1 because libvirtd is not connected"),
                 "domain still running with a dead init, and not libvirt's known miss:\n{log}"
@@ -1240,9 +1240,8 @@ fn init_exits_during_started(b: &mut Bed) {
 }
 
 /// What libvirt's controller logged for the domain's latest start.
-fn controller_log_since_start(name: &str) -> String {
-    let log =
-        std::fs::read_to_string(format!("/var/log/libvirt/lxc/{name}.log")).unwrap_or_default();
+fn controller_log_since_start(b: &Bed, name: &str) -> String {
+    let log = std::fs::read_to_string(b.d.lxc_log(name)).unwrap_or_default();
     match log.rfind(": starting up") {
         Some(i) => log[i..].to_owned(),
         None => log,

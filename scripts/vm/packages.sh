@@ -5,8 +5,9 @@
 # PKGDIR holds gpuhook-1.deb, gpuhook-2.deb (the next revision), gpuhook-1.rpm, gpuhook-2.rpm
 # and evil.so (an LD_PRELOAD probe); TESTBED is gpuhook-testbed (fake hosts).
 # deb: install with apt, files/links/units/conffile, the static hook ignores LD_PRELOAD, the
-# installed hook reserves on a fake host, upgrade keeps config and live reservations, remove
-# takes the hook away, purge removes the config, a foreign hook is left alone.
+# installed LXC and QEMU hooks reserve on a fake host, upgrade keeps config, hooks and live
+# reservations, remove takes the hooks away, purge removes the config, foreign hooks are left
+# alone (gpuhook goes to lxc.d and qemu.d beside them).
 # rpm: the same with rpm itself (its scripts make the hook and the runtime link), release 2
 # upgrade, erase (a changed config kept as .rpmsave). Each leaves the package removed.
 set -eu
@@ -32,10 +33,29 @@ EOF
     cp /run/gpuhook/state.json "$work/state.before"
 }
 
+# The installed QEMU hook (libvirt's calls, as libvirt makes them) reserves the GPU a VM's
+# hostdev names at prepare, and frees it at release.
+qemu_hook_reserves() {
+    "$testbed" fakehost blueprint "$work/qhost" >/dev/null
+    printf '{"sysfs": "%s/qhost/sys", "proc": "%s/qhost/proc", "dev": "%s/qhost/dev"}\n' "$work" "$work" "$work" >/etc/gpuhook/config.json
+    xml='<domain type="qemu"><name>pkgvm</name><uuid>22345678-1234-4234-8234-123456789abc</uuid><devices><hostdev mode="subsystem" type="pci" managed="yes"><source><address domain="0x0000" bus="0x07" slot="0x00" function="0x0"/></source></hostdev></devices></domain>'
+    echo "$xml" | /etc/libvirt/hooks/qemu pkgvm prepare begin - || fail "the QEMU hook failed at prepare"
+    /usr/bin/gpuhook list --json | python3 -c '
+import json, sys
+l = json.load(sys.stdin)
+h = [g["holder"] for g in l["gpus"] if g["pci"] == "0000:07:00.0"][0]
+sys.exit(0 if h and h.get("kind") == "vm" and h.get("domain") == "pkgvm" else 1)' ||
+        fail "the installed QEMU hook did not reserve the VM's GPU: $(/usr/bin/gpuhook list 2>&1)"
+    echo "$xml" | /etc/libvirt/hooks/qemu pkgvm release end -
+    /usr/bin/gpuhook list | grep -q pkgvm && fail "the QEMU hook's release did not free"
+    rm -f /run/gpuhook/state.json
+}
+
 common_checks() {
     file_is_static /usr/bin/gpuhook
     ldd /usr/bin/gpuhook-libvirt | grep -q libvirt.so || fail "gpuhook-libvirt does not link libvirt"
     [ "$(readlink /etc/libvirt/hooks/lxc)" = /usr/bin/gpuhook ] || fail "hook not installed"
+    [ "$(readlink /etc/libvirt/hooks/qemu)" = /usr/bin/gpuhook ] || fail "QEMU hook not installed"
     [ "$(readlink /usr/bin/gpuhook-runtime)" = gpuhook ] || fail "/usr/bin/gpuhook-runtime is not a link to gpuhook"
     [ "$(stat -c %a /run/gpuhook)" = 700 ] || fail "/run/gpuhook is not 0700"
     zcat /usr/share/man/man1/gpuhook.1.gz | grep -q gpuhook || fail "bad man page"
@@ -66,20 +86,26 @@ file_is_static() {
 }
 
 foreign_hook() {
-    step "a foreign hook is left alone: gpuhook goes to hooks/lxc.d"
+    step "foreign hooks are left alone: gpuhook goes to hooks/lxc.d and hooks/qemu.d"
     mkdir -p /etc/libvirt/hooks
-    printf '#!/bin/sh\n# site hook\nexit 0\n' > /etc/libvirt/hooks/lxc
-    chmod 755 /etc/libvirt/hooks/lxc
-    cp /etc/libvirt/hooks/lxc "$work/foreign"
+    for h in lxc qemu; do
+        printf '#!/bin/sh\n# site %s hook\nexit 0\n' "$h" > "/etc/libvirt/hooks/$h"
+        chmod 755 "/etc/libvirt/hooks/$h"
+        cp "/etc/libvirt/hooks/$h" "$work/foreign-$h"
+    done
     "$@"
-    cmp /etc/libvirt/hooks/lxc "$work/foreign" || fail "foreign hook changed"
-    [ "$(readlink /etc/libvirt/hooks/lxc.d/50-gpuhook)" = /usr/bin/gpuhook ] || fail "no lxc.d/50-gpuhook"
+    for h in lxc qemu; do
+        cmp "/etc/libvirt/hooks/$h" "$work/foreign-$h" || fail "foreign $h hook changed"
+        [ "$(readlink "/etc/libvirt/hooks/$h.d/50-gpuhook")" = /usr/bin/gpuhook ] || fail "no $h.d/50-gpuhook"
+    done
 }
 
 foreign_hook_after() {
-    [ ! -e /etc/libvirt/hooks/lxc.d/50-gpuhook ] || fail "lxc.d/50-gpuhook left"
-    cmp /etc/libvirt/hooks/lxc "$work/foreign" || fail "foreign hook changed on removal"
-    rm -f /etc/libvirt/hooks/lxc
+    for h in lxc qemu; do
+        [ ! -e "/etc/libvirt/hooks/$h.d/50-gpuhook" ] || fail "$h.d/50-gpuhook left"
+        cmp "/etc/libvirt/hooks/$h" "$work/foreign-$h" || fail "foreign $h hook changed on removal"
+        rm -f "/etc/libvirt/hooks/$h"
+    done
 }
 
 apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"; }
@@ -100,6 +126,8 @@ deb)
         [ -f "$f" ] || fail "missing $f"
     done
     common_checks
+    step "the installed QEMU hook reserves a VM's GPU hostdev and frees it (through /etc/libvirt/hooks/qemu)"
+    qemu_hook_reserves
     step "the installed hook reserves on a fake host (through /etc/libvirt/hooks/lxc)"
     reserve_on_fake_host /etc/libvirt/hooks/lxc
     step "upgrade to the next revision keeps the config and live reservations"
@@ -109,14 +137,17 @@ deb)
     cmp /run/gpuhook/state.json "$work/state.before" || fail "upgrade changed the state"
     /usr/bin/gpuhook list | grep -q 'pkg (prepared)' || fail "reservation lost"
     [ "$(readlink /etc/libvirt/hooks/lxc)" = /usr/bin/gpuhook ] || fail "hook lost on upgrade"
-    step "remove takes the hook away and keeps the config"
+    [ "$(readlink /etc/libvirt/hooks/qemu)" = /usr/bin/gpuhook ] || fail "QEMU hook lost on upgrade"
+    step "remove takes the hooks away and keeps the config"
     DEBIAN_FRONTEND=noninteractive apt-get remove -y -q gpuhook
     [ ! -e /usr/bin/gpuhook ] && [ ! -L /usr/bin/gpuhook-runtime ] || fail "binary or runtime link left"
     [ ! -e /etc/libvirt/hooks/lxc ] && [ ! -L /etc/libvirt/hooks/lxc ] || fail "hook left after remove"
+    [ ! -e /etc/libvirt/hooks/qemu ] && [ ! -L /etc/libvirt/hooks/qemu ] || fail "QEMU hook left after remove"
     [ -f /etc/gpuhook/config.json ] || fail "config removed on remove"
     step "purge removes the config"
     dpkg --purge gpuhook
     [ ! -e /etc/gpuhook ] || fail "/etc/gpuhook left after purge"
+    [ ! -e /etc/libvirt/hooks/qemu ] && [ ! -L /etc/libvirt/hooks/qemu ] || fail "QEMU hook left after purge"
     foreign_hook apt_install "$pkgs/gpuhook-1.deb"
     dpkg --purge gpuhook
     foreign_hook_after
@@ -139,6 +170,8 @@ rpm)
         [ -f "$f" ] || fail "missing $f"
     done
     common_checks
+    step "the installed QEMU hook reserves a VM's GPU hostdev and frees it (through /etc/libvirt/hooks/qemu)"
+    qemu_hook_reserves
     step "the installed hook reserves on a fake host (through /etc/libvirt/hooks/lxc)"
     reserve_on_fake_host /etc/libvirt/hooks/lxc
     step "upgrade (rpm -U of release 2) keeps the config, live reservations, hook and runtime link"
@@ -149,12 +182,14 @@ rpm)
     cmp /run/gpuhook/state.json "$work/state.before" || fail "upgrade changed the state"
     /usr/bin/gpuhook list | grep -q 'pkg (prepared)' || fail "reservation lost"
     [ "$(readlink /etc/libvirt/hooks/lxc)" = /usr/bin/gpuhook ] || fail "hook lost on upgrade"
+    [ "$(readlink /etc/libvirt/hooks/qemu)" = /usr/bin/gpuhook ] || fail "QEMU hook lost on upgrade"
     [ "$(readlink /usr/bin/gpuhook-runtime)" = gpuhook ] || fail "runtime link lost on upgrade"
     step "erase takes the hook, the runtime link and the units away; the changed config stays as .rpmsave"
     rpm -e gpuhook
     ! rpm -q gpuhook >/dev/null 2>&1 || fail "still installed"
     [ ! -e /usr/bin/gpuhook ] && [ ! -L /usr/bin/gpuhook-runtime ] || fail "binary or runtime link left"
     [ ! -e /etc/libvirt/hooks/lxc ] && [ ! -L /etc/libvirt/hooks/lxc ] || fail "hook left after erase"
+    [ ! -e /etc/libvirt/hooks/qemu ] && [ ! -L /etc/libvirt/hooks/qemu ] || fail "QEMU hook left after erase"
     for u in $units; do [ ! -e "$unitdir/$u" ] || fail "unit $u left after erase"; done
     [ ! -e /etc/gpuhook/config.json ] || fail "config left in place after erase"
     cmp /etc/gpuhook/config.json.rpmsave "$work/config.before" || fail "changed config not kept as .rpmsave"

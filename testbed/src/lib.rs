@@ -1,14 +1,18 @@
-//! gpuhook's test bed: fake GPU hosts and an isolated real libvirtd, shared by the
-//! integration tests, the demo (`gpuhook-testbed demo`) and the benchmarks.
+//! gpuhook's test bed: fake GPU hosts, an isolated real libvirtd (LXC and QEMU drivers) and
+//! minimal VMs for it, shared by the integration tests, the demo (`gpuhook-testbed demo`) and
+//! the benchmarks.
 
 pub mod fakehost;
 pub mod health;
 pub mod holder;
 pub mod image;
 pub mod libvirtd;
+pub mod vm;
+pub mod watch;
 
 pub use fakehost::{FakeHost, HostPaths};
 pub use libvirtd::{shell_in, Daemon, DomainSpec, Hook};
+pub use vm::{Hostdev, VmSpec};
 pub mod bpfprog;
 pub mod cri;
 pub mod driver;

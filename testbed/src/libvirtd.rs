@@ -1,10 +1,16 @@
 //! A real libvirtd for tests and demos, isolated from the host's.
 //!
 //! It runs in a private mount namespace where its own directories are bind-mounted over
-//! `/run/libvirt` (sockets, LXC state), `/etc/libvirt/lxc` (domain definitions),
-//! `/etc/gpuhook` (the hook's config) and, unless the installed hook is tested,
-//! `/etc/libvirt/hooks`. The host's libvirtd, domains and gpuhook config are untouched;
-//! clients reach this daemon through `lxc:///system?socket=…`.
+//! `/run/libvirt` (sockets, LXC and QEMU state), `/etc/libvirt` (LXC and QEMU domain
+//! definitions, `qemu.conf`, and, unless the installed hook is tested, `hooks/lxc` and
+//! `hooks/qemu`), `/var/lib/libvirt`, `/var/cache/libvirt`, `/var/log/libvirt` (the QEMU
+//! driver's per-domain files, capabilities cache and logs) and `/etc/gpuhook` (the hook's
+//! config). The host's libvirtd, domains and gpuhook config are untouched; clients reach this
+//! daemon through `lxc:///system?socket=…` and `qemu:///system?socket=…`.
+//!
+//! The QEMU driver runs QEMU as root, without a mount namespace of its own, without
+//! virtlogd (QEMU's output goes to `/var/log/libvirt/qemu/NAME.log`) and without a security
+//! driver: a VM here needs no more than an emulator (see [`crate::vm`]).
 //!
 //! A bind mount in the daemon's namespace stands on the host's directory it covers: when
 //! something on the host removes that directory (a package's purge runs `rm -rf
@@ -24,9 +30,20 @@ use std::time::{Duration, Instant};
 
 pub const LIBVIRTD: &str = "/usr/sbin/libvirtd";
 
+/// The QEMU driver's settings in the test bed: QEMU as root (the bed's directories and the
+/// unpacked emulator need no ownership games), no private `/dev` for it, its output to a file
+/// (no virtlogd), no security driver (no AppArmor or SELinux profiles here).
+const QEMU_CONF: &str = r#"# Written by the test bed (testbed/src/libvirtd.rs).
+user = "root"
+group = "root"
+namespaces = [ ]
+stdio_handler = "file"
+security_driver = "none"
+"#;
+
 #[derive(Debug, Clone)]
 pub enum Hook {
-    /// Install this binary as the daemon's `hooks/lxc`.
+    /// Install this binary as the daemon's `hooks/lxc` and `hooks/qemu`.
     Binary(PathBuf),
     /// Use the host's `/etc/libvirt/hooks` as installed (e.g. by the .deb).
     Installed,
@@ -34,7 +51,10 @@ pub enum Hook {
 
 pub struct Daemon {
     pub dir: PathBuf,
+    /// `lxc:///system?socket=…`
     pub uri: String,
+    /// `qemu:///system?socket=…`: the same daemon's QEMU driver.
+    pub qemu_uri: String,
     hook: Hook,
     child: Option<Child>,
 }
@@ -114,19 +134,33 @@ impl Daemon {
             return Err("a real libvirtd with LXC containers needs root".into());
         }
         ensure_accounts()?;
-        for d in ["run-libvirt", "etc-libvirt-lxc", "etc-gpuhook", "hooks"] {
+        for d in [
+            "run-libvirt",
+            "etc-libvirt/lxc",
+            "etc-libvirt/qemu",
+            "etc-libvirt/hooks",
+            "etc-gpuhook",
+            "var-lib-libvirt",
+            "var-cache-libvirt",
+            "var-log-libvirt",
+        ] {
             fs::create_dir_all(dir.join(d))
                 .map_err(|e| format!("{}: {e}", dir.join(d).display()))?;
         }
+        let conf = dir.join("etc-libvirt/qemu.conf");
+        fs::write(&conf, QEMU_CONF).map_err(|e| format!("{}: {e}", conf.display()))?;
         if let Hook::Binary(bin) = &hook {
-            let dst = dir.join("hooks/lxc");
-            fs::copy(bin, &dst)
-                .map_err(|e| format!("copy {} to {}: {e}", bin.display(), dst.display()))?;
+            for name in ["lxc", "qemu"] {
+                let dst = dir.join("etc-libvirt/hooks").join(name);
+                fs::copy(bin, &dst)
+                    .map_err(|e| format!("copy {} to {}: {e}", bin.display(), dst.display()))?;
+            }
         }
         let sock = dir.join("run-libvirt/libvirt-sock");
         Ok(Daemon {
             dir: dir.to_path_buf(),
             uri: format!("lxc:///system?socket={}", sock.display()),
+            qemu_uri: format!("qemu:///system?socket={}", sock.display()),
             hook,
             child: None,
         })
@@ -150,6 +184,32 @@ impl Daemon {
         self.dir.join("run-libvirt/lxc")
     }
 
+    /// `/run/libvirt/qemu` of this daemon, seen from the host (and from the daemon's hooks:
+    /// the same directory): a running VM's `NAME.pid` and live `NAME.xml`.
+    pub fn qemu_state_dir(&self) -> PathBuf {
+        self.dir.join("run-libvirt/qemu")
+    }
+
+    /// The daemon's `/etc/libvirt/hooks`, seen from the host (the test bed's copy; with
+    /// [`Hook::Installed`] the daemon sees the host's instead).
+    pub fn hooks_dir(&self) -> PathBuf {
+        self.dir.join("etc-libvirt/hooks")
+    }
+
+    /// `/var/log/libvirt/lxc/NAME.log` of this daemon: the LXC controller's log.
+    pub fn lxc_log(&self, name: &str) -> PathBuf {
+        self.dir
+            .join("var-log-libvirt/lxc")
+            .join(format!("{name}.log"))
+    }
+
+    /// `/var/log/libvirt/qemu/NAME.log` of this daemon: QEMU's command line and output.
+    pub fn qemu_log(&self, name: &str) -> PathBuf {
+        self.dir
+            .join("var-log-libvirt/qemu")
+            .join(format!("{name}.log"))
+    }
+
     pub fn log_path(&self) -> PathBuf {
         self.dir.join("libvirtd.log")
     }
@@ -160,15 +220,14 @@ impl Daemon {
 
     /// The host paths the daemon's namespace covers with the test bed's directories.
     fn covered(&self) -> Vec<(PathBuf, &'static str)> {
-        let mut v = vec![
+        vec![
             (self.dir.join("run-libvirt"), "/run/libvirt"),
-            (self.dir.join("etc-libvirt-lxc"), "/etc/libvirt/lxc"),
+            (self.dir.join("etc-libvirt"), "/etc/libvirt"),
             (self.dir.join("etc-gpuhook"), "/etc/gpuhook"),
-        ];
-        if matches!(self.hook, Hook::Binary(_)) {
-            v.push((self.dir.join("hooks"), "/etc/libvirt/hooks"));
-        }
-        v
+            (self.dir.join("var-lib-libvirt"), "/var/lib/libvirt"),
+            (self.dir.join("var-cache-libvirt"), "/var/cache/libvirt"),
+            (self.dir.join("var-log-libvirt"), "/var/log/libvirt"),
+        ]
     }
 
     /// Whether each of the daemon's bind mounts is still in its namespace (the host path, seen
@@ -192,13 +251,22 @@ impl Daemon {
             .append(true)
             .open(self.log_path())
             .map_err(|e| format!("{}: {e}", self.log_path().display()))?;
+        if matches!(self.hook, Hook::Installed) {
+            fs::create_dir_all("/etc/libvirt/hooks")
+                .map_err(|e| format!("/etc/libvirt/hooks: {e}"))?;
+        }
         let hooks = matches!(self.hook, Hook::Binary(_));
+        // The installed hooks: the host's directory, mounted on the bed's before the bed's
+        // /etc/libvirt (with it) covers the host's.
         let script = r#"set -e
 if mountpoint -q /sys/fs/cgroup/unified; then umount /sys/fs/cgroup/unified; fi
+if [ "$HOOKS" = 0 ]; then mount --bind /etc/libvirt/hooks "$D/etc-libvirt/hooks"; fi
 mount --bind "$D/run-libvirt" /run/libvirt
-mount --bind "$D/etc-libvirt-lxc" /etc/libvirt/lxc
+mount --rbind "$D/etc-libvirt" /etc/libvirt
 mount --bind "$D/etc-gpuhook" /etc/gpuhook
-if [ "$HOOKS" = 1 ]; then mount --bind "$D/hooks" /etc/libvirt/hooks; fi
+mount --bind "$D/var-lib-libvirt" /var/lib/libvirt
+mount --bind "$D/var-cache-libvirt" /var/cache/libvirt
+mount --bind "$D/var-log-libvirt" /var/log/libvirt
 exec /usr/sbin/libvirtd --pid-file "$D/libvirtd.pid"
 "#;
         let child = Command::new("unshare")
@@ -294,25 +362,32 @@ exec /usr/sbin/libvirtd --pid-file "$D/libvirtd.pid"
     }
 
     pub fn virsh(&self, args: &[&str]) -> Result<Output, String> {
-        run(Command::new("virsh")
-            .arg("-q")
-            .arg("-c")
-            .arg(&self.uri)
-            .args(args)
-            .env("LC_ALL", "C"))
+        virsh_at(&self.uri, args)
     }
 
     /// `virsh` that must succeed; returns stdout.
     pub fn virsh_ok(&self, args: &[&str]) -> Result<String, String> {
-        let o = self.virsh(args)?;
-        if !o.status.success() {
-            return Err(format!(
-                "virsh {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&o.stderr).trim()
-            ));
-        }
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+        virsh_ok_at(&self.uri, args)
+    }
+
+    /// `virsh` on the daemon's QEMU driver.
+    pub fn virsh_qemu(&self, args: &[&str]) -> Result<Output, String> {
+        virsh_at(&self.qemu_uri, args)
+    }
+
+    /// `virsh` on the daemon's QEMU driver, which must succeed; returns stdout.
+    pub fn virsh_qemu_ok(&self, args: &[&str]) -> Result<String, String> {
+        virsh_ok_at(&self.qemu_uri, args)
+    }
+
+    /// Defines a QEMU domain (a VM) from XML text.
+    pub fn define_vm(&self, xml: &str) -> Result<(), String> {
+        let f = self
+            .dir
+            .join(format!("define-vm-{}.xml", std::process::id()));
+        fs::write(&f, xml).map_err(|e| e.to_string())?;
+        self.virsh_qemu_ok(&["define", f.to_str().unwrap_or_default()])
+            .map(|_| ())
     }
 
     /// Defines a domain from XML text.
@@ -331,19 +406,43 @@ exec /usr/sbin/libvirtd --pid-file "$D/libvirtd.pid"
         gpuhook::enter::container::find(&dom.name, dom.id).map_err(|e| e.to_string())
     }
 
-    /// Destroys (if running) and undefines every domain whose name starts with `prefix`.
+    /// Destroys (if running) and undefines every domain, LXC or QEMU, whose name starts with
+    /// `prefix`.
     pub fn cleanup(&self, prefix: &str) {
-        if let Ok(list) = self.virsh_ok(&["list", "--all", "--name"]) {
-            for name in list
-                .lines()
-                .map(str::trim)
-                .filter(|n| n.starts_with(prefix))
-            {
-                let _ = self.virsh(&["destroy", name]);
-                let _ = self.virsh(&["undefine", name]);
+        for uri in [&self.uri, &self.qemu_uri] {
+            if let Ok(list) = virsh_ok_at(uri, &["list", "--all", "--name"]) {
+                for name in list
+                    .lines()
+                    .map(str::trim)
+                    .filter(|n| n.starts_with(prefix))
+                {
+                    let _ = virsh_at(uri, &["destroy", name]);
+                    let _ = virsh_at(uri, &["undefine", name]);
+                }
             }
         }
     }
+}
+
+fn virsh_at(uri: &str, args: &[&str]) -> Result<Output, String> {
+    run(Command::new("virsh")
+        .arg("-q")
+        .arg("-c")
+        .arg(uri)
+        .args(args)
+        .env("LC_ALL", "C"))
+}
+
+fn virsh_ok_at(uri: &str, args: &[&str]) -> Result<String, String> {
+    let o = virsh_at(uri, args)?;
+    if !o.status.success() {
+        return Err(format!(
+            "virsh {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
 impl Drop for Daemon {

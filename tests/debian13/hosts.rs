@@ -46,13 +46,16 @@ pub fn rpm_lifecycle(vm: &mut Vm) {
     packages(vm, "rpm");
 }
 
-/// The .deb installed with apt for the scenarios that follow; libvirtd running with its hook.
+/// The .deb installed with apt for the scenarios that follow; libvirtd running with its LXC
+/// and QEMU hooks.
 pub fn install(vm: &mut Vm) {
     vm.ok("DEBIAN_FRONTEND=noninteractive apt-get install -y -q /job/pkgs/gpuhook-1.deb");
-    assert_eq!(
-        vm.ok("readlink /etc/libvirt/hooks/lxc").trim(),
-        "/usr/bin/gpuhook"
-    );
+    for h in ["lxc", "qemu"] {
+        assert_eq!(
+            vm.ok(&format!("readlink /etc/libvirt/hooks/{h}")).trim(),
+            "/usr/bin/gpuhook"
+        );
+    }
     assert_eq!(vm.ok("readlink /usr/bin/gpuhook-runtime").trim(), "gpuhook");
     vm.ok("systemctl restart libvirtd && systemctl is-active libvirtd");
     vm.ok("systemctl is-enabled gpuhook-reconcile.timer");

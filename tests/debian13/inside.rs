@@ -17,6 +17,8 @@ mod hosts;
 mod libvirt;
 #[path = "oci.rs"]
 mod oci;
+#[path = "qemu.rs"]
+mod qemu;
 
 pub struct Scenario {
     pub name: &'static str,
@@ -57,6 +59,9 @@ pub const SCENARIOS: &[Scenario] = &[
     s("demo", hosts::demo),
     s("libvirt-domain", libvirt::domains),
     s("libvirt-hotplug", libvirt::hotplug),
+    s("qemu-plain", qemu::plain),
+    s("qemu-passthrough", qemu::passthrough),
+    s("qemu-killed", qemu::killed),
     s("podman-crun-systemd", oci::podman_crun),
     s("podman-runc-systemd", oci::podman_runc),
     s("podman-crun-cgroupfs", oci::podman_crun_cgroupfs),

@@ -11,7 +11,7 @@ const RUNC: &str = "/usr/sbin/runc";
 const IMAGE: &str = "localhost/gh-busybox";
 
 /// A busybox image, imported once from a root made of the static busybox.
-fn image(vm: &mut Vm) {
+pub fn image(vm: &mut Vm) {
     if vm
         .sh(&format!("podman image exists {IMAGE}"))
         .status

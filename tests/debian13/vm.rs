@@ -144,6 +144,11 @@ fn stage(job: &Path, filters: &[String]) {
 
 /// Boots the image with the job disk; returns when the VM powered off (or the deadline
 /// passed: then it is killed). Streams the job's serial output to stdout as it comes.
+///
+/// The machine is a q35 with an emulated IOMMU (`intel-iommu`, the kernel's
+/// `intel_iommu=on`) and two of QEMU's `edu` PCI functions at 0000:00:10.0 and 0000:00:11.0,
+/// each in an IOMMU group of its own: the scenarios of `qemu.rs` pass them through to nested
+/// VMs with vfio-pci.
 fn boot(image: &Path, work: &Path) -> bool {
     let root = image.join("root");
     let boot_file = |prefix: &str| {
@@ -163,11 +168,13 @@ fn boot(image: &Path, work: &Path) -> bool {
     let (kernel, initrd) = (boot_file("vmlinuz-"), boot_file("initrd.img-"));
     let qemu = format!(
         "exec chroot {root} qemu-system-x86_64 -accel tcg,thread=multi -smp 2 -m 3072 \
+         -machine q35 -device intel-iommu \
          -display none -monitor none -no-reboot -nic none \
          -kernel {kernel} -initrd {initrd} \
-         -append 'root=/dev/vda rw console=ttyS0 panic=1 systemd.wants=gpuhook-vm.service systemd.show_status=false' \
+         -append 'root=/dev/vda rw console=ttyS0 panic=1 intel_iommu=on systemd.wants=gpuhook-vm.service systemd.show_status=false' \
          -drive file=/vm/cache/root.img,format=raw,if=virtio,snapshot=on \
          -drive file=/vm/run/job.img,format=raw,if=virtio \
+         -device edu,addr=0x10 -device edu,addr=0x11 \
          -serial file:/vm/run/console.log -serial file:/vm/run/job.log",
         root = root.display()
     );
@@ -192,8 +199,14 @@ fn boot(image: &Path, work: &Path) -> bool {
         .expect("qemu");
     let start = Instant::now();
     let mut pos = 0;
+    let mut booted = false;
     loop {
         pos = stream(&work.join("job.log"), pos);
+        if !booted && pos > 0 {
+            // The job's first line: the machine is up (kernel, systemd, its units).
+            booted = true;
+            println!("debian13: booted in {:.0} s", start.elapsed().as_secs_f64());
+        }
         if let Some(st) = child.try_wait().expect("wait") {
             stream(&work.join("job.log"), pos);
             println!(
