@@ -12,6 +12,7 @@ pub use libvirtd::{shell_in, Daemon, DomainSpec, Hook};
 pub mod bpfprog;
 pub mod cri;
 pub mod driver;
+pub mod kubelet;
 pub mod probe;
 
 /// Where tests put the temporary trees gpuhook must trust as root's (CDI spec directories:

@@ -1,0 +1,1 @@
+//! `gpuhook-testbed kubelet …`.

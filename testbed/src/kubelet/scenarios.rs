@@ -1,0 +1,1 @@
+//! The kubelet bed's scenarios (filled in below).
