@@ -9,11 +9,21 @@ use super::pods::{apply, Container, Pod};
 use super::{EventKind, Kubelet, Listed};
 use crate::cri::bed::{Bed, Files as CriFiles};
 use crate::cri::containerd::BUSYBOX_IMAGE;
-use crate::FakeHost;
+use crate::{FakeHost, HostPaths};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
+
+/// The roots of the fake host made at `root` (as [`FakeHost::create`] lays them out).
+pub fn host_paths(root: &Path) -> HostPaths {
+    HostPaths {
+        root: root.to_path_buf(),
+        sysfs: root.join("sys"),
+        proc: root.join("proc"),
+        dev: root.join("dev"),
+    }
+}
 
 /// What a kubelet bed is made from: the CRI bed's files and the device plugin's command.
 #[derive(Debug, Clone)]
@@ -88,7 +98,7 @@ impl KubeletBed {
         name: &str,
         fake: FakeHost,
         pod_resources: bool,
-        edit: impl FnOnce(&mut Value),
+        edit: impl FnOnce(&mut Value, &HostPaths),
     ) -> Result<KubeletBed, String> {
         let tag = format!("k{name}-{}", std::process::id());
         let dir = crate::trusted_tmp().join(format!("kubelet-{tag}"));
@@ -99,7 +109,7 @@ impl KubeletBed {
         )
         .map_err(|e| e.to_string())?;
         cfg["kubelet_plugin_dir"] = serde_json::json!(plugin_dir);
-        edit(&mut cfg);
+        edit(&mut cfg, &host_paths(&dir.join("host")));
         std::fs::write(&cri.config, serde_json::to_vec_pretty(&cfg).expect("json"))
             .map_err(|e| format!("{}: {e}", cri.config.display()))?;
         let kubelet = Kubelet::start(&plugin_dir, pod_resources)?;
@@ -214,18 +224,38 @@ impl KubeletBed {
     }
 
     /// Waits (`limit` at most) until each of `resources` is registered and has listed its
-    /// devices once; an error with the plugin's log when not.
-    pub fn wait_registered(&self, resources: &[&str], limit: Duration) -> Result<(), String> {
-        let ok = self.kubelet.shared.wait(limit, |st| {
-            resources
-                .iter()
-                .all(|r| st.endpoints.contains_key(*r) && st.devices.all.contains_key(*r))
-        });
-        if ok {
-            return Ok(());
+    /// devices once; an error with the plugin's log when not (at once when the plugin exits).
+    pub fn wait_registered(&mut self, resources: &[&str], limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        let mut exited = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ok = self
+                .kubelet
+                .shared
+                .wait(left.min(Duration::from_millis(200)), |st| {
+                    resources
+                        .iter()
+                        .all(|r| st.endpoints.contains_key(*r) && st.devices.all.contains_key(*r))
+                });
+            if ok {
+                return Ok(());
+            }
+            if exited.is_none() {
+                exited = self.plugin_exited();
+            }
+            if left.is_zero() || exited.is_some() {
+                break;
+            }
         }
+        let how = match exited {
+            Some(st) => format!("the device plugin exited ({st})"),
+            None => format!(
+                "the device plugin did not register {resources:?} with kubelet in {limit:?}"
+            ),
+        };
         Err(format!(
-            "the device plugin did not register {resources:?} with kubelet in {limit:?} (registered: {:?}); kubelet saw: {:?}; the plugin's log:\n{}",
+            "{how} (registered: {:?}); kubelet saw: {:?}; the plugin's log:\n{}",
             self.registered(),
             self.kubelet.shared.lock().events,
             self.plugin_log_tail(30)
@@ -355,6 +385,11 @@ impl KubeletBed {
     /// The bed's directory.
     pub fn dir(&self) -> &Path {
         &self.cri.dir
+    }
+
+    /// The fake host's roots.
+    pub fn host(&self) -> HostPaths {
+        host_paths(&self.cri.dir.join("host"))
     }
 
     /// The checkpoint as kubelet wrote it last.

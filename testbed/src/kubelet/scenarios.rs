@@ -1,1 +1,0 @@
-//! The kubelet bed's scenarios (filled in below).
