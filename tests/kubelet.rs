@@ -18,11 +18,16 @@ fn files() -> Files {
     Files::with(common::bin())
 }
 
+/// One bed at a time: the scenarios time the plugin's answers (1 s, 5 s, 10 s) on a
+/// machine of two cores.
+static ONE_BED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         $(
             #[test]
             fn $name() {
+                let _one = ONE_BED.lock().unwrap_or_else(|e| e.into_inner());
                 scenarios::$name(&files());
             }
         )*
