@@ -107,17 +107,17 @@ pub struct Device {
 
 /// Every unit of the pool by resource, each resource's devices in unit order. `inv` is the
 /// host (with its GPUs' health applied from `st`: [`crate::reserve::health::apply`]),
-/// `stale` why a reservation's holder is gone (its units are then free to take), `gone` the
-/// units advertised before that the host no longer has (listed unhealthy, as kubelet must
-/// hear; a pod's allocation's units that the host lost are listed so too). Excluded GPUs are
-/// not the pool's; a GPU in MIG mode is given as its instances (those whose profile is
-/// known), a shared GPU as its slots, any other as itself.
+/// `stale` why a reservation's holder is gone (its units are then free to take), `seen` the
+/// units advertised before, with their resources: those the host no longer has are listed
+/// unhealthy, as kubelet must hear (a pod's allocation's units that the host lost are listed
+/// so too). Excluded GPUs are not the pool's; a GPU in MIG mode is given as its instances
+/// (those whose profile is known), a shared GPU as its slots, any other as itself.
 pub fn advertise(
     inv: &Inventory,
     st: &State,
     profiles: &Profiles,
     stale: &dyn Fn(&Reservation) -> Option<String>,
-    gone: &[Unit],
+    seen: &BTreeMap<Unit, Resource>,
 ) -> BTreeMap<Resource, Vec<Device>> {
     let mut out: BTreeMap<Resource, Vec<Device>> = BTreeMap::new();
     for g in inv.gpus.iter().filter(|g| !g.excluded) {
@@ -133,14 +133,14 @@ pub fn advertise(
             });
         }
     }
-    let mut lost: Vec<Unit> = gone.to_vec();
-    lost.extend(
-        st.reservations
-            .values()
-            .filter(|r| r.kind() == HolderKind::Pod)
-            .flat_map(|r| r.gpus.iter().copied()),
-    );
-    for unit in lost {
+    let mut lost: Vec<(Unit, Option<Resource>)> =
+        seen.iter().map(|(u, r)| (*u, Some(r.clone()))).collect();
+    for r in st.reservations.values() {
+        if let Some(p) = r.holder.pod() {
+            lost.extend(r.gpus.iter().map(|u| (*u, Resource::parse(&p.resource))));
+        }
+    }
+    for (unit, res) in lost {
         if inv
             .gpus
             .iter()
@@ -148,16 +148,7 @@ pub fn advertise(
         {
             continue;
         }
-        let res = match Resource::of(&unit, profiles) {
-            Some(r) => r,
-            None => match st.holder_of(&unit).and_then(|r| r.holder.pod()) {
-                Some(p) => match Resource::parse(&p.resource) {
-                    Some(r) => r,
-                    None => continue,
-                },
-                None => continue,
-            },
-        };
+        let Some(res) = res else { continue };
         let list = out.entry(res).or_default();
         if !list.iter().any(|d| d.unit == unit) {
             list.push(Device {
