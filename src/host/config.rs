@@ -186,6 +186,8 @@ struct Raw {
     max_quarantines: Option<u32>,
     reset_on_release: Option<bool>,
     driver_socket_owners: Option<Vec<serde_json::Value>>,
+    kubelet_plugin_dir: Option<PathBuf>,
+    kubelet_claim_s: Option<u64>,
 }
 
 /// An account whose sockets `driver="host"` may give though they are not root's (config
@@ -283,6 +285,14 @@ impl Sharing {
 
 /// The bounds of `replicas`.
 pub const REPLICAS: std::ops::RangeInclusive<u32> = 2..=64;
+
+/// kubelet's device plugin directory (config `kubelet_plugin_dir`): its registration socket
+/// `kubelet.sock` and checkpoint `kubelet_internal_checkpoint` are there, and the device
+/// plugin's sockets go there; its pod resources socket is `../pod-resources/kubelet.sock`.
+pub const DEFAULT_KUBELET_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins/";
+
+/// How long a pod's allocation that kubelet never listed is kept (config `kubelet_claim_s`).
+pub const DEFAULT_KUBELET_CLAIM_S: u64 = 300;
 
 /// NVIDIA's MPS control program (config `mps_control`).
 pub const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
@@ -394,6 +404,21 @@ pub struct Config {
     /// The accounts whose sockets `driver="host"` gives though they are not root's (in a
     /// directory chain root's above the socket's own directory).
     pub driver_socket_owners: Vec<SocketOwner>,
+    /// kubelet's device plugin directory.
+    pub kubelet_plugin_dir: PathBuf,
+    /// Seconds a pod's allocation kubelet never listed is kept.
+    pub kubelet_claim_s: u64,
+}
+
+impl Config {
+    /// kubelet's pod resources socket: `pod-resources/kubelet.sock` beside its plugin
+    /// directory.
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        let dir = self.kubelet_plugin_dir.components().as_path();
+        dir.parent()
+            .unwrap_or(Path::new("/"))
+            .join("pod-resources/kubelet.sock")
+    }
 }
 
 impl Default for Config {
@@ -429,6 +454,8 @@ impl Default for Config {
             max_quarantines: DEFAULT_MAX_QUARANTINES,
             reset_on_release: false,
             driver_socket_owners: Vec::new(),
+            kubelet_plugin_dir: DEFAULT_KUBELET_PLUGIN_DIR.into(),
+            kubelet_claim_s: DEFAULT_KUBELET_CLAIM_S,
         }
     }
 }
@@ -552,6 +579,12 @@ impl Config {
                 return Err(ConfigProblem::NoQuarantines);
             }
             c.max_quarantines = n;
+        }
+        if let Some(p) = raw.kubelet_plugin_dir {
+            c.kubelet_plugin_dir = absolute("kubelet_plugin_dir", p)?;
+        }
+        if let Some(n) = raw.kubelet_claim_s {
+            c.kubelet_claim_s = n;
         }
         Ok(c)
     }

@@ -11,6 +11,9 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
+    /// A container created with a pod's allocation (`gpuhook.io/allocation`).
+    #[error(transparent)]
+    Pod(#[from] super::pod_create::PodCreateError),
     /// The choice kept naming units the inventory then found unusable (a bound on the
     /// retries, so that a disagreement never spins under the state lock).
     #[error("cannot settle on GPUs: {units} kept turning out unusable; nothing reserved")]

@@ -19,6 +19,7 @@
 //! | [`free`], [`free_key`] | `free.rs` | every stop, `reconcile` |
 //! | [`release`] | `free.rs` | `gpuhook release`: one holder, refused while its container runs |
 //! | [`oci_create`] | `oci_create.rs` | OCI `create`: prepare, host-side nodes and links, one rollback guard |
+//! | [`pod_create`] | `pod_create.rs` | OCI `create` with a pod's allocation (`gpuhook.io/allocation`): the pod's units become the container's |
 //!
 //! Shared by the steps: the holder (`holder.rs`), the state file (`store.rs`), the nodes a
 //! container gets (`nodes.rs`), the driver's user space (`plan.rs`), mounts recorded before
@@ -40,6 +41,7 @@ pub mod mounts;
 pub mod nodes;
 pub mod oci_create;
 pub mod plan;
+pub mod pod_create;
 pub mod prepare;
 pub mod readopt;
 pub mod record_init;
@@ -58,6 +60,7 @@ pub use free::{free, free_key, release, Released};
 pub use holder::Holder;
 pub use oci_create::{free_oci, oci_create, release_oci, HostSide, OciCreate, OciCreateError};
 pub use plan::{cdi_preview, Given};
+pub use pod_create::{pod_create, PodCreateError};
 pub use prepare::prepare;
 pub use readopt::{config_unreadable, readopt, Readopted};
 pub use record_init::record_init;
