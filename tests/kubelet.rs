@@ -15,7 +15,15 @@ use testbed::kubelet::scenarios;
 
 fn files() -> Files {
     common::require_root();
-    Files::with(common::bin())
+    let f = Files::with(common::bin());
+    // The plugin is another package's binary: `cargo build --workspace` makes it.
+    let plugin = std::path::Path::new(&f.plugin[0]);
+    assert!(
+        plugin.is_file() && plugin.file_name().is_some_and(|n| n == "gpuhook-device-plugin"),
+        "{:?}: no gpuhook-device-plugin beside the gpuhook under test (cargo build --workspace first, or set GPUHOOK_DEVICE_PLUGIN)",
+        f.plugin
+    );
+    f
 }
 
 /// One bed at a time: the scenarios time the plugin's answers (1 s, 5 s, 10 s) on a
