@@ -155,10 +155,10 @@ pub fn every_resource_registers_with_ids_and_numa(files: &Files) {
 
 /// A pod with `resources.limits: {gpuhook.io/gpu: 1}`, running on the `gpuhook`
 /// RuntimeClass, gets one GPU: its container opens that GPU's node, not the other's; the
-/// annotation `gpuhook.io/allocation` reached the runtime; `gpuhook list` names the pod's
-/// holder of kind `pod` (and, once kubelet listed it, its namespace/name/container). A
-/// second pod on the runtime's default handler (no RuntimeClass) gets the other GPU through
-/// the `DeviceSpec`s alone. A third is rejected by kubelet (none left). Both freed within
+/// annotation `gpuhook.io/allocation` reached the runtime; `gpuhook list --json` shows a
+/// holder of kind `pod` with that allocation, held by that container, and (kubelet's word)
+/// the pod's namespace/name/container. A second pod on the runtime's default handler (no
+/// RuntimeClass) gets the other GPU through the `DeviceSpec`s alone, its allocation pending. A third is rejected by kubelet (none left). Both freed within
 /// 10 s of their deletion.
 pub fn a_gpu_pod_gets_exactly_its_gpu_with_and_without_the_runtime_class(files: &Files) {
     let mut b = bed(files, "pod", FakeHost::blueprint(), |_, _| {});
@@ -177,15 +177,22 @@ pub fn a_gpu_pod_gets_exactly_its_gpu_with_and_without_the_runtime_class(files: 
     let out = b.cri.probe(&cid, &[oa, "195:255"], &[other]);
     assert!(!out.is_empty());
     let bundle = b.cri.bundle(&cid);
-    let alloc = bundle["annotations"]["gpuhook.io/allocation"].as_str();
-    assert!(
-        alloc.is_some_and(|s| !s.is_empty()),
-        "{}",
-        bundle["annotations"]
-    );
-    let (kind, _) = who(&b.holder(&ga));
-    assert_eq!(kind, "pod", "{}", b.holder(&ga));
-    wait_named(&b, "default/gpu-a/app");
+    let alloc = bundle["annotations"]["gpuhook.io/allocation"]
+        .as_str()
+        .unwrap_or_else(|| {
+            panic!(
+                "no gpuhook.io/allocation for the runtime: {}",
+                bundle["annotations"]
+            )
+        })
+        .to_string();
+    // The pool: a pod holder, its allocation the annotation's, its container the CRI's, and,
+    // once kubelet listed it, its pod and container by name.
+    let h = wait_named(&b, &ga, "gpu-a");
+    assert_eq!(who(&h).0, "pod", "{h}");
+    assert_eq!(h["pod"]["allocation"], alloc.as_str(), "{h}");
+    assert_eq!(h["pod"]["container"], cid.as_str(), "{h}");
+    assert_eq!(h["pod"]["pending"], false, "{h}");
 
     let c = Pod::new("gpu-b").container(Container::new("app", SLEEP).limit(GPU, 1));
     let rb = b.run_pod(&c).unwrap_or_else(|e| panic!("{e}"));
@@ -193,12 +200,14 @@ pub fn a_gpu_pod_gets_exactly_its_gpu_with_and_without_the_runtime_class(files: 
     assert_ne!(ga, gb);
     let cb = rb.id("app").to_string();
     b.cri.probe(&cb, &[other, "195:255"], &[oa]);
-    assert_eq!(who(&b.holder(&gb)).0, "pod", "{}", b.holder(&gb));
     assert!(
         b.cri.bundle(&cb)["annotations"]["gpuhook.io/allocation"].is_null(),
         "the default handler is given no annotation: {}",
         b.cri.bundle(&cb)["annotations"]
     );
+    // No gpuhook-runtime: the allocation stays the pod's, pending.
+    let h = wait_named(&b, &gb, "gpu-b");
+    assert_eq!(h["pod"]["pending"], true, "{h}");
 
     let d = Pod::new("gpu-c").container(Container::new("app", SLEEP).limit(GPU, 1));
     let e = b.kubelet.admit(&d).expect_err("a third GPU pod admitted");
@@ -227,18 +236,19 @@ pub fn held_by(b: &KubeletBed, p: &RunningPod, container: &str, resource: &str) 
     ids.into_iter().next().unwrap_or_default()
 }
 
-/// Waits (5 s) until `gpuhook list` names `ns/pod/container`.
-pub fn wait_named(b: &KubeletBed, name: &str) {
+/// Waits (10 s) until the pool names the pod holding `unit` (`default/POD`, container
+/// `app`), as kubelet's pod resources API told the plugin: the holder.
+pub fn wait_named(b: &KubeletBed, unit: &str, pod: &str) -> serde_json::Value {
     let t = std::time::Instant::now();
     loop {
-        let o = b.cri.gh(&["list"]);
-        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-        if text.contains(name) {
-            return;
+        let h = b.holder(unit);
+        let p = &h["pod"];
+        if p["namespace"] == "default" && p["name"] == pod && p["container_name"] == "app" {
+            return h;
         }
         assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "gpuhook list does not name {name}:\n{text}"
+            t.elapsed() < Duration::from_secs(10),
+            "{unit}: the pool does not name default/{pod}/app: {h}"
         );
         std::thread::sleep(Duration::from_millis(200));
     }
