@@ -376,9 +376,10 @@ pub fn a_corrupt_state_file_makes_no_device_healthy(files: &Files) {
         .lines()
         .filter(|l| l.contains(&state.display().to_string()))
         .collect();
-    assert!(
-        !lines.is_empty(),
-        "the plugin did not name {}: {said}",
+    assert_eq!(
+        lines.len(),
+        1,
+        "the plugin must say why in one line naming {}: {said}",
         state.display()
     );
     let one = Pod::new("one").container(Container::new("app", SLEEP).limit(GPU, 1));
