@@ -4,7 +4,7 @@
 
 use crate::pool::Pool;
 use gpuhook::log;
-use gpuhook::reserve::pods::{self, KubeletView, PodDevices, Source};
+use gpuhook::reserve::pods::{self, KubeletSource, KubeletView, PodDevices};
 use gpuhook::reserve::world::World;
 use kubelet_api::v1::pod_resources_lister_client::PodResourcesListerClient;
 use kubelet_api::v1::ListPodResourcesRequest;
@@ -63,7 +63,7 @@ async fn list(sock: &std::path::Path) -> Result<KubeletView, String> {
         }
     }
     Ok(KubeletView {
-        source: Source::PodResources,
+        source: KubeletSource::PodResources,
         pods,
     })
 }
@@ -87,8 +87,8 @@ impl Kubelet {
                     log::info(&format!(
                         "device-plugin: kubelet's word is read again (its {})",
                         match v.source {
-                            Source::PodResources => "pod resources API",
-                            Source::Checkpoint => "checkpoint",
+                            KubeletSource::PodResources => "pod resources API",
+                            KubeletSource::Checkpoint => "checkpoint",
                         }
                     ));
                 }

@@ -10,7 +10,7 @@
 //! file `kubelet_internal_checkpoint` in its plugin directory (JSON: `Data.PodDeviceEntries`,
 //! each with `PodUID`, `ContainerName`, `ResourceName`, `DeviceIDs`; and a `Checksum`).
 
-use super::device_id;
+use super::device::device_id;
 use super::error::PodError;
 use crate::log;
 use crate::reserve::lifecycle::free::free;
@@ -22,7 +22,7 @@ use serde_json::Value;
 
 /// Where kubelet's word came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum KubeletSource {
     /// `PodResourcesLister.List` on `pod-resources/kubelet.sock`.
     PodResources,
     /// `kubelet_internal_checkpoint`.
@@ -43,7 +43,7 @@ pub struct PodDevices {
 /// Every pod's devices, as kubelet says them now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeletView {
-    pub source: Source,
+    pub source: KubeletSource,
     pub pods: Vec<PodDevices>,
 }
 
@@ -95,7 +95,7 @@ impl KubeletView {
             })
             .collect();
         Ok(KubeletView {
-            source: Source::Checkpoint,
+            source: KubeletSource::Checkpoint,
             pods,
         })
     }
@@ -261,10 +261,10 @@ fn pass(
     out
 }
 
-fn source_word(s: Source) -> &'static str {
+fn source_word(s: KubeletSource) -> &'static str {
     match s {
-        Source::PodResources => "pod resources API",
-        Source::Checkpoint => "checkpoint",
+        KubeletSource::PodResources => "pod resources API",
+        KubeletSource::Checkpoint => "checkpoint",
     }
 }
 
