@@ -72,11 +72,17 @@ async fn list(sock: &std::path::Path) -> Result<KubeletView, String> {
 pub struct Kubelet {
     pool: Arc<Pool>,
     said: Option<String>,
+    /// The last failure to apply it (said once until it changes).
+    failed: Option<String>,
 }
 
 impl Kubelet {
     pub fn new(pool: Arc<Pool>) -> Kubelet {
-        Kubelet { pool, said: None }
+        Kubelet {
+            pool,
+            said: None,
+            failed: None,
+        }
     }
 
     /// One pass: kubelet's word now, applied ([`pods::sync`]).
@@ -109,6 +115,7 @@ impl Kubelet {
         let f = World::real(&self.pool.cfg);
         match pods::sync(&f, view.as_ref(), now, self.pool.cfg.kubelet_claim_s) {
             Ok(notes) => {
+                self.failed = None;
                 let changed = !notes.is_empty();
                 for n in notes {
                     log::info(&format!("device-plugin: {n}"));
@@ -117,7 +124,13 @@ impl Kubelet {
                     self.pool.refresh();
                 }
             }
-            Err(e) => log::warn(&format!("device-plugin: kubelet's word not applied: {e}")),
+            Err(e) => {
+                let line = format!("device-plugin: kubelet's word not applied: {e}");
+                if self.failed.as_ref() != Some(&line) {
+                    log::warn(&line);
+                    self.failed = Some(line);
+                }
+            }
         }
     }
 }

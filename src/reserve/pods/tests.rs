@@ -5,8 +5,8 @@
 
 use super::*;
 use crate::host::inventory::Inventory;
-use crate::ids::Unit;
 use crate::host::procfs::ProcRef;
+use crate::ids::Unit;
 use crate::reserve::alloc::tests::{dgx, with_migs};
 use crate::reserve::state::{
     Draining, GpuHealth, HolderId, HolderKind, Opener, Phase, PodOf, Quarantine, Reservation, State,
