@@ -327,7 +327,7 @@ fn kubelets_checkpoint_in_both_forms() {
         {"PodUID":"u1","ContainerName":"main","ResourceName":"gpuhook.io/gpu","DeviceIDs":{"0":["0000:3b:00.0"],"1":["0000:af:00.0"]},"AllocResp":"CgA="},
         {"PodUID":"u2","ContainerName":"side","ResourceName":"nvidia.com/gpu","DeviceIDs":{"-1":["GPU-x"]},"AllocResp":""}
       ],"RegisteredDevices":{"gpuhook.io/gpu":["0000:3b:00.0","0000:af:00.0"]}},"Checksum":2718281828}"#;
-    let v = KubeletView::from_checkpoint(new).unwrap();
+    let v = KubeletView::from_checkpoint(new, &|_| None).unwrap();
     assert_eq!(v.source, KubeletSource::Checkpoint);
     assert_eq!(v.pods[0].uid.as_deref(), Some("u1"));
     assert_eq!(v.pods[0].container, "main");
@@ -335,14 +335,14 @@ fn kubelets_checkpoint_in_both_forms() {
     assert_eq!(v.pods[1].resource, "nvidia.com/gpu");
     let old = br#"{"Data":{"PodDeviceEntries":[{"PodUID":"u1","ContainerName":"c","ResourceName":"gpuhook.io/gpu","DeviceIDs":["0000:3b:00.0"],"AllocResp":""}],"RegisteredDevices":{}},"Checksum":1}"#;
     assert_eq!(
-        KubeletView::from_checkpoint(old).unwrap().pods[0].ids,
+        KubeletView::from_checkpoint(old, &|_| None).unwrap().pods[0].ids,
         ["0000:3b:00.0"]
     );
-    assert!(KubeletView::from_checkpoint(b"{\"Data\":{}}")
+    assert!(KubeletView::from_checkpoint(b"{\"Data\":{}}", &|_| None)
         .unwrap_err()
         .to_string()
         .contains("no Data.PodDeviceEntries"));
-    assert!(KubeletView::from_checkpoint(b"\x00garbage").is_err());
+    assert!(KubeletView::from_checkpoint(b"\x00garbage", &|_| None).is_err());
 }
 
 /// GetPreferredAllocation: gpuhook's topology choice among what kubelet offers (one NUMA

@@ -49,6 +49,7 @@ fn listing(name: &str, units: &[usize]) -> PodDevices {
         container: "main".into(),
         resource: "gpuhook.io/gpu".into(),
         ids: ids(units),
+        alloc: None,
     }
 }
 
@@ -261,7 +262,8 @@ fn kubelets_word_names_frees_and_expires_allocations() {
     assert!(pod_of(&h.state(), &a[0].alloc).is_some());
     // The checkpoint's word: by the pod's UID.
     let cp = KubeletView::from_checkpoint(
-        br#"{"Data":{"PodDeviceEntries":[{"PodUID":"u-77","ContainerName":"main","ResourceName":"gpuhook.io/gpu","DeviceIDs":{"0":["0000:10:00.0"]}}]},"Checksum":0}"#,
+        &br#"{"Data":{"PodDeviceEntries":[{"PodUID":"u-77","ContainerName":"main","ResourceName":"gpuhook.io/gpu","DeviceIDs":{"0":["0000:10:00.0"]}}]},"Checksum":0}"#[..],
+        &|_| None,
     )
     .unwrap();
     h.with(&fake, |f| pods::sync(f, Some(&cp), now(), 300))
@@ -276,6 +278,58 @@ fn kubelets_word_names_frees_and_expires_allocations() {
             .as_deref(),
         Some("u-77")
     );
+}
+
+/// kubelet's checkpoint keeps a deleted pod's entry until it allocates again: pod A, deleted
+/// before its container, still named with GPU 0 when kubelet gives GPU 0 to pod B. `Allocate`
+/// takes it over; the checkpoint's two entries for GPU 0 are told apart by the allocation
+/// each `Allocate` answer named, and B is freed once only A's stale entry names GPU 0.
+#[test]
+fn a_stale_checkpoint_entry_is_told_apart_by_its_allocation() {
+    let h = host();
+    let fake = h.fake(Fake::default());
+    let a = allocate(&h, &fake, &[&[0]]).unwrap().remove(0);
+    let entry = |uid: &str, alloc: &str| {
+        format!(
+            r#"{{"PodUID":"{uid}","ContainerName":"main","ResourceName":"gpuhook.io/gpu","DeviceIDs":{{"-1":["0000:10:00.0"]}},"AllocResp":"{alloc}"}}"#
+        )
+    };
+    let cp = |entries: &[String]| {
+        let text = format!(
+            r#"{{"Data":{{"PodDeviceEntries":[{}]}},"Checksum":1}}"#,
+            entries.join(",")
+        );
+        // The AllocResp here is the allocation's ID itself: what the plugin's decoder reads
+        // out of kubelet's protobuf.
+        KubeletView::from_checkpoint(text.as_bytes(), &|s| Some(s.to_string())).unwrap()
+    };
+    h.with(&fake, |f| {
+        pods::sync(f, Some(&cp(&[entry("uid-a", &a.alloc)])), now(), 300)
+    })
+    .unwrap();
+    // Pod A deleted; kubelet admits B for the same GPU: taken over.
+    let b = allocate(&h, &fake, &[&[0]]).unwrap().remove(0);
+    assert!(pod_of(&h.state(), &a.alloc).is_none());
+    // The checkpoint names both (A's entry not pruned yet): B is B's.
+    let v = cp(&[entry("uid-a", &a.alloc), entry("uid-b", &b.alloc)]);
+    h.with(&fake, |f| pods::sync(f, Some(&v), now(), 300))
+        .unwrap();
+    let st = h.state();
+    assert_eq!(
+        pod_of(&st, &b.alloc)
+            .unwrap()
+            .holder
+            .pod()
+            .unwrap()
+            .uid
+            .as_deref(),
+        Some("uid-b")
+    );
+    // Only an entry of another allocation names GPU 0: B, listed before, is freed.
+    let v = cp(&[entry("uid-a", &a.alloc)]);
+    h.with(&fake, |f| pods::sync(f, Some(&v), now(), 300))
+        .unwrap();
+    assert!(pod_of(&h.state(), &b.alloc).is_none());
 }
 
 /// A container created with the allocation holds its units (bound to its pod), runs, and at
