@@ -7,7 +7,7 @@ use gpuhook::host::config::Config;
 use gpuhook::host::inventory::{self, Scan};
 use gpuhook::ids::Unit;
 use gpuhook::log;
-use gpuhook::reserve::pods::{self, Device, Health, Profiles, Resource};
+use gpuhook::reserve::pods::{self, Advertised, Health, Profiles, Resource};
 use gpuhook::reserve::state::{State, Store};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -16,7 +16,7 @@ use tokio::sync::watch;
 /// What kubelet is told: each resource's devices.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    pub devices: BTreeMap<Resource, Vec<Device>>,
+    pub devices: BTreeMap<Resource, Vec<Advertised>>,
 }
 
 /// The pool as the plugin sees it, shared by its servers and its loop.

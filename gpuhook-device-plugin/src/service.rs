@@ -5,7 +5,7 @@
 use crate::pool::Pool;
 use gpuhook::host::inventory::{self, Scan};
 use gpuhook::log;
-use gpuhook::reserve::pods::{self, Device, Resource};
+use gpuhook::reserve::pods::{self, Advertised, Resource};
 use gpuhook::reserve::state::Store;
 use gpuhook::reserve::world::World;
 use kubelet_api::v1beta1::device_plugin_server::DevicePlugin;
@@ -36,7 +36,7 @@ pub fn options() -> DevicePluginOptions {
 }
 
 /// A device as `ListAndWatch` carries it.
-fn device(d: &Device) -> kubelet_api::v1beta1::Device {
+fn device(d: &Advertised) -> kubelet_api::v1beta1::Device {
     kubelet_api::v1beta1::Device {
         id: d.id.clone(),
         health: d.health.word().into(),

@@ -473,3 +473,140 @@ fn survives_restarts_and_a_corrupt_state() {
         assert_eq!(l.iter().filter(|d| d.health == "Healthy").count(), 8);
     });
 }
+
+/// Every resource of a host with MIG GPUs (profiles as `nvidia-smi mig -lci` names them)
+/// and a shared GPU: a socket and a registration each; MIG instances by `PCI:GI:CI`, slots
+/// by `PCI/slot-N`; `Allocate` of an instance gives its GPU's node and its two capability
+/// nodes.
+#[test]
+fn every_resource_mig_profiles_and_shared_slots() {
+    let fake = FakeHost::dgx8_mig();
+    let mut bed = Bed::new(fake, |c| {
+        c["sharing"] = serde_json::json!({"0000:42:00.0": {"replicas": 2}});
+    });
+    let paths = testbed::HostPaths {
+        root: bed.root.join("host"),
+        sysfs: bed.root.join("host/sys"),
+        proc: bed.root.join("host/proc"),
+        dev: bed.root.join("host/dev"),
+    };
+    let smi = testbed::health::install_smi(&paths);
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&bed.config).unwrap()).unwrap();
+    cfg["nvidia_smi"] = serde_json::json!(smi);
+    std::fs::write(&bed.config, cfg.to_string()).unwrap();
+    rt().block_on(async {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let k = Kubelet {
+            tx: Some(tx),
+            ..Kubelet::default()
+        };
+        let _srv = serve_kubelet(k.clone(), &bed.kubelet_sock(), None);
+        bed.start_plugin();
+        let want = [
+            "gpuhook.io/gpu",
+            "gpuhook.io/gpu-shared",
+            "gpuhook.io/mig-1g.10gb",
+            "gpuhook.io/mig-2c.4g.40gb",
+            "gpuhook.io/mig-2g.20gb",
+            "gpuhook.io/mig-3g.40gb",
+        ];
+        for _ in want {
+            tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .unwrap();
+        }
+        let mut got: Vec<String> = k
+            .registered
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.resource_name.clone())
+            .collect();
+        got.sort();
+        assert_eq!(got, want);
+        let list = |sock: &str| {
+            let p = bed.plugins.join(sock);
+            async move {
+                let mut c = DevicePluginClient::new(unix_channel(&p).unwrap());
+                let l = c
+                    .list_and_watch(Empty {})
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .message()
+                    .await;
+                let mut ids: Vec<String> = l
+                    .unwrap()
+                    .unwrap()
+                    .devices
+                    .into_iter()
+                    .map(|d| d.id)
+                    .collect();
+                ids.sort();
+                ids
+            }
+        };
+        assert_eq!(
+            list("gpuhook-mig-1g.10gb.sock").await,
+            [
+                "0000:18:00.0:10:0",
+                "0000:18:00.0:11:0",
+                "0000:18:00.0:12:0",
+                "0000:18:00.0:13:0",
+                "0000:18:00.0:7:0",
+                "0000:18:00.0:8:0",
+                "0000:18:00.0:9:0",
+                "0000:40:00.0:13:0",
+            ]
+        );
+        assert_eq!(
+            list("gpuhook-mig-2c.4g.40gb.sock").await,
+            ["0000:40:00.0:1:0", "0000:40:00.0:1:1"]
+        );
+        assert_eq!(
+            list("gpuhook-gpu-shared.sock").await,
+            ["0000:42:00.0/slot-0", "0000:42:00.0/slot-1"]
+        );
+        let whole = list("gpuhook-gpu.sock").await;
+        assert_eq!(whole.len(), 4, "{whole:?}");
+        assert!(!whole
+            .iter()
+            .any(|i| i.starts_with("0000:18:00.0") || i.starts_with("0000:42:00.0")));
+        // Allocate of a MIG instance: its GPU's node and its two capability nodes.
+        let mut c = DevicePluginClient::new(
+            unix_channel(&bed.plugins.join("gpuhook-mig-2g.20gb.sock")).unwrap(),
+        );
+        let a = c
+            .allocate(api::AllocateRequest {
+                container_requests: vec![api::ContainerAllocateRequest {
+                    devices_ids: vec!["0000:40:00.0:5:0".into()],
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let paths: Vec<String> = a.container_responses[0]
+            .devices
+            .iter()
+            .map(|d| d.container_path.clone())
+            .collect();
+        let caps = |ci: Option<u32>| {
+            format!(
+                "/dev/nvidia-caps/nvidia-cap{}",
+                testbed::fakehost::mig_minor(0, 5, ci)
+            )
+        };
+        for want in ["/dev/nvidia0".to_string(), caps(None), caps(Some(0))] {
+            assert!(paths.contains(&want), "{want} not in {paths:?}");
+        }
+        let st = bed.state();
+        let r = st
+            .reservations
+            .values()
+            .find(|r| r.kind() == HolderKind::Pod)
+            .unwrap();
+        assert_eq!(r.holder.pod().unwrap().resource, "gpuhook.io/mig-2g.20gb");
+        assert_eq!(r.gpus[0].to_string(), "0000:40:00.0/gi5/ci0");
+    });
+}

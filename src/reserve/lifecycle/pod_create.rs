@@ -10,7 +10,7 @@
 //! must agree with the container's; a container of another pod, or one that is no pod's
 //! container at all, is refused (a pod's author can write any `gpuhook.io/` annotation).
 
-use super::error::LifecycleError;
+use super::error::{LifecycleError, PodCreateError};
 use super::holder::Holder;
 use super::nodes::as_nodes;
 use super::oci_create::OciCreate;
@@ -24,35 +24,6 @@ use crate::request::{IdMap, Request};
 use crate::reserve::error::Error;
 use crate::reserve::state::{now_rfc3339, HolderId, HolderKind, PodOf, State, Store};
 use crate::reserve::world::World;
-
-/// Why a container cannot have the allocation its annotation names.
-#[derive(Debug, thiserror::Error)]
-pub enum PodCreateError {
-    #[error("gpuhook.io/allocation '{alloc}' names no allocation of this node's pool (kubelet's device plugin made none, or it was freed)")]
-    NoAllocation { alloc: String },
-    #[error("gpuhook.io/allocation '{alloc}' is not an allocation ID (32 hex digits)")]
-    NotAnId { alloc: String },
-    #[error("gpuhook.io/allocation needs a Kubernetes pod's container (its CRI sandbox annotations are missing)")]
-    NotPodContainer,
-    /// The allocation is another pod's (`theirs`: how the allocation names it; `ours`: the
-    /// container's pod).
-    #[error(
-        "gpuhook.io/allocation '{alloc}' belongs to {theirs}, not to this container's pod {ours}"
-    )]
-    AnotherPod {
-        alloc: String,
-        theirs: String,
-        ours: String,
-    },
-    #[error("gpuhook.io/allocation '{alloc}' is held by container {container}, which still runs or is being created")]
-    InUse { alloc: String, container: String },
-    #[error("gpuhook.io/allocation '{alloc}' holds GPU {unit}, which cannot be used now: {why}")]
-    Unusable {
-        alloc: String,
-        unit: Unit,
-        why: String,
-    },
-}
 
 /// `create` of container `id` of pod `cri` with the pod allocation `alloc`: the allocation's
 /// units are its reservation, with the nodes (owned per `idmap` and `req`'s mode, uid, gid)

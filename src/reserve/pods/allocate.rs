@@ -6,10 +6,10 @@
 //! own books), unless that allocation's container still runs. And `GetPreferredAllocation`:
 //! gpuhook's own choice among the units kubelet offers.
 
+use super::device::{device_id, new_alloc_id, unit_of};
 use super::error::PodError;
 use super::profiles::Profiles;
 use super::units::{units_of, Resource};
-use super::{device_id, new_alloc_id, unit_of};
 use crate::host::charlink::host_node;
 use crate::host::inventory::{Inventory, Scan};
 use crate::ids::{Unit, Vendor};

@@ -10,7 +10,7 @@
 //! file `kubelet_internal_checkpoint` in its plugin directory (JSON: `Data.PodDeviceEntries`,
 //! each with `PodUID`, `ContainerName`, `ResourceName`, `DeviceIDs`; and a `Checksum`).
 
-use super::device_id;
+use super::device::device_id;
 use super::error::PodError;
 use crate::log;
 use crate::reserve::lifecycle::free::free;
@@ -22,7 +22,7 @@ use serde_json::Value;
 
 /// Where kubelet's word came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum KubeletSource {
     /// `PodResourcesLister.List` on `pod-resources/kubelet.sock`.
     PodResources,
     /// `kubelet_internal_checkpoint`.
@@ -38,12 +38,15 @@ pub struct PodDevices {
     pub container: String,
     pub resource: String,
     pub ids: Vec<String>,
+    /// The allocation kubelet recorded for it, where its word says (the checkpoint keeps
+    /// each `Allocate` answer, whose `gpuhook.io/allocation` names it).
+    pub alloc: Option<String>,
 }
 
 /// Every pod's devices, as kubelet says them now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeletView {
-    pub source: Source,
+    pub source: KubeletSource,
     pub pods: Vec<PodDevices>,
 }
 
@@ -59,8 +62,14 @@ pub enum CheckpointError {
 impl KubeletView {
     /// kubelet's checkpoint (`kubelet_internal_checkpoint`): `DeviceIDs` is a list (older
     /// kubelets) or a map of NUMA node to list (1.20 and later). Entries of other resources
-    /// are kept (they are not gpuhook's and match nothing).
-    pub fn from_checkpoint(bytes: &[u8]) -> Result<KubeletView, CheckpointError> {
+    /// are kept (they are not gpuhook's and match nothing). `alloc_of` reads the allocation
+    /// an entry's `AllocResp` (the `Allocate` answer kubelet kept, base64 protobuf) names.
+    /// kubelet keeps a gone pod's entry until its next allocation: two entries may name one
+    /// device, and the allocation's own ID tells them apart.
+    pub fn from_checkpoint(
+        bytes: &[u8],
+        alloc_of: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<KubeletView, CheckpointError> {
         let v: Value = serde_json::from_slice(bytes).map_err(CheckpointError::Json)?;
         let entries = v
             .pointer("/Data/PodDeviceEntries")
@@ -91,22 +100,32 @@ impl KubeletView {
                     container: s(e, "ContainerName").unwrap_or_default(),
                     resource: s(e, "ResourceName").unwrap_or_default(),
                     ids,
+                    alloc: e
+                        .get("AllocResp")
+                        .and_then(Value::as_str)
+                        .and_then(alloc_of),
                 }
             })
             .collect();
         Ok(KubeletView {
-            source: Source::Checkpoint,
+            source: KubeletSource::Checkpoint,
             pods,
         })
     }
 
     /// The container kubelet lists with every unit of `r` (a pod's allocation) of its
-    /// resource: the first such, in kubelet's order.
+    /// resource: the one that names this allocation, else the first that names none, in
+    /// kubelet's order (an entry naming another allocation is another pod's).
     fn holder_of(&self, pod: &PodOf, r: &Reservation) -> Option<&PodDevices> {
         let ids: Vec<String> = r.gpus.iter().map(device_id).collect();
+        let alloc = r.holder.name();
+        let fits =
+            |p: &&PodDevices| p.resource == pod.resource && ids.iter().all(|i| p.ids.contains(i));
         self.pods
             .iter()
-            .find(|p| p.resource == pod.resource && ids.iter().all(|i| p.ids.contains(i)))
+            .filter(fits)
+            .find(|p| p.alloc.as_deref() == Some(alloc))
+            .or_else(|| self.pods.iter().filter(fits).find(|p| p.alloc.is_none()))
     }
 }
 
@@ -261,10 +280,10 @@ fn pass(
     out
 }
 
-fn source_word(s: Source) -> &'static str {
+fn source_word(s: KubeletSource) -> &'static str {
     match s {
-        Source::PodResources => "pod resources API",
-        Source::Checkpoint => "checkpoint",
+        KubeletSource::PodResources => "pod resources API",
+        KubeletSource::Checkpoint => "checkpoint",
     }
 }
 

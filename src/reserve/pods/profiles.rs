@@ -15,10 +15,13 @@ use std::time::Duration;
 /// How long `nvidia-smi mig -lci` may take.
 const DEADLINE: Duration = Duration::from_secs(10);
 
+/// Each compute instance's profile, by (GPU instance, compute instance).
+pub type Names = BTreeMap<(u32, u32), String>;
+
 /// The profiles known, by GPU: the layout they were read for, and each instance's profile.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Profiles {
-    by_gpu: BTreeMap<Pci, (Vec<(u32, u32)>, BTreeMap<(u32, u32), String>)>,
+    by_gpu: BTreeMap<Pci, (Vec<(u32, u32)>, Names)>,
 }
 
 /// Why a GPU's profiles could not be read (one line, for the log).
@@ -42,7 +45,7 @@ impl Profiles {
     }
 
     /// Known profiles for GPU `pci` (tests, and what a reader found).
-    pub fn set(&mut self, pci: Pci, layout: Vec<(u32, u32)>, names: BTreeMap<(u32, u32), String>) {
+    pub fn set(&mut self, pci: Pci, layout: Vec<(u32, u32)>, names: Names) {
         self.by_gpu.insert(pci, (layout, names));
     }
 
@@ -52,7 +55,7 @@ impl Profiles {
     pub fn refresh(
         &mut self,
         gpus: &[Gpu],
-        read: &dyn Fn(Pci) -> Result<BTreeMap<(u32, u32), String>, String>,
+        read: &dyn Fn(Pci) -> Result<Names, String>,
     ) -> Vec<Unknown> {
         let mut unknown = Vec::new();
         self.by_gpu
@@ -79,7 +82,7 @@ impl Profiles {
 
 /// `nvidia-smi mig -lci -i PCI` at the configured path (root's, not writable by others, as
 /// `health scan`'s), parsed.
-pub fn read_gpu(cfg: &Config, pci: Pci) -> Result<BTreeMap<(u32, u32), String>, String> {
+pub fn read_gpu(cfg: &Config, pci: Pci) -> Result<Names, String> {
     let program = crate::reserve::health::confirm::trusted_program(&cfg.nvidia_smi)
         .map_err(|e| e.to_string())?;
     let argv = vec![
@@ -104,7 +107,7 @@ pub fn read_gpu(cfg: &Config, pci: Pci) -> Result<BTreeMap<(u32, u32), String>, 
 
 /// The compute instances of `nvidia-smi mig -lci`'s table: rows `| GPU GI NAME PROFILE-ID CI
 /// START:SIZE |` whose name is `MIG PROFILE`, by (GPU instance, compute instance).
-pub fn parse_lci(text: &str) -> BTreeMap<(u32, u32), String> {
+pub fn parse_lci(text: &str) -> Names {
     let mut out = BTreeMap::new();
     for line in text.lines() {
         let cells: Vec<&str> = line.trim().trim_matches('|').split_whitespace().collect();
@@ -117,7 +120,7 @@ pub fn parse_lci(text: &str) -> BTreeMap<(u32, u32), String> {
             || num(gpu).is_none()
             || num(profile).is_none()
             || !placement.contains(':')
-            || !super::units::profile_ok(name)
+            || !profile_ok(name)
         {
             continue;
         }
@@ -126,4 +129,13 @@ pub fn parse_lci(text: &str) -> BTreeMap<(u32, u32), String> {
         }
     }
     out
+}
+
+/// Whether a MIG profile as the driver names it can be part of a resource name (kubelet's
+/// resource names are DNS-label-like: letters, digits, `.`, `-`; at most 40 here).
+pub fn profile_ok(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 40
+        && p.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
 }

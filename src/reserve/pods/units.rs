@@ -5,9 +5,10 @@
 //! quarantined, needs inspection, is being reset, is scrub pending, is draining, has a
 //! problem the inventory sees, or is gone from the host.
 
+use super::device::device_id;
 use super::profiles::Profiles;
-use super::{device_id, Unit};
 use crate::host::inventory::{Gpu, Inventory};
+use crate::ids::Unit;
 use crate::reserve::state::{HolderKind, Reservation, State};
 use std::collections::BTreeMap;
 
@@ -44,7 +45,7 @@ impl Resource {
             "gpu-shared" => Some(Resource::Shared),
             rest => {
                 let p = rest.strip_prefix("mig-")?;
-                profile_ok(p).then(|| Resource::Mig(p.to_string()))
+                super::profiles::profile_ok(p).then(|| Resource::Mig(p.to_string()))
             }
         }
     }
@@ -70,15 +71,6 @@ impl Resource {
     }
 }
 
-/// Whether a MIG profile as the driver names it can be part of a resource name (kubelet's
-/// resource names are DNS-label-like: letters, digits, `.`, `-`; at most 40 here).
-pub fn profile_ok(p: &str) -> bool {
-    !p.is_empty()
-        && p.len() <= 40
-        && p.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
-}
-
 /// Healthy or not, and why not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {
@@ -96,9 +88,9 @@ impl Health {
     }
 }
 
-/// One device as `ListAndWatch` gives it.
+/// One unit as `ListAndWatch` gives it: a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Device {
+pub struct Advertised {
     pub id: String,
     pub unit: Unit,
     pub numa: Option<u32>,
@@ -118,14 +110,14 @@ pub fn advertise(
     profiles: &Profiles,
     stale: &dyn Fn(&Reservation) -> Option<String>,
     seen: &BTreeMap<Unit, Resource>,
-) -> BTreeMap<Resource, Vec<Device>> {
-    let mut out: BTreeMap<Resource, Vec<Device>> = BTreeMap::new();
+) -> BTreeMap<Resource, Vec<Advertised>> {
+    let mut out: BTreeMap<Resource, Vec<Advertised>> = BTreeMap::new();
     for g in inv.gpus.iter().filter(|g| !g.excluded) {
         for unit in units_of(g) {
             let Some(res) = Resource::of(&unit, profiles) else {
                 continue;
             };
-            out.entry(res).or_default().push(Device {
+            out.entry(res).or_default().push(Advertised {
                 id: device_id(&unit),
                 unit,
                 numa: g.numa_node,
@@ -151,7 +143,7 @@ pub fn advertise(
         let Some(res) = res else { continue };
         let list = out.entry(res).or_default();
         if !list.iter().any(|d| d.unit == unit) {
-            list.push(Device {
+            list.push(Advertised {
                 id: device_id(&unit),
                 unit,
                 numa: None,

@@ -592,9 +592,7 @@ mod tests {
         let back: HolderId = serde_json::from_str(&serde_json::to_string(&id).unwrap()).unwrap();
         assert_eq!(back, id);
         // Another kind never has a `pod`; a pod's key is its allocation's ID.
-        let bad = format!(
-            "{{\"kind\":\"pod\",\"domain\":\"x\",\"uuid\":\"x\",\"pod\":{{\"resource\":\"r\"}}}}"
-        );
-        assert!(serde_json::from_str::<HolderId>(&bad).is_err());
+        let bad = r#"{"kind":"pod","domain":"x","uuid":"x","pod":{"resource":"r"}}"#;
+        assert!(serde_json::from_str::<HolderId>(bad).is_err());
     }
 }
