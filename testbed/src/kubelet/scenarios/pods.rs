@@ -45,16 +45,18 @@ pub fn every_resource_registers_with_ids_and_numa(files: &Files) {
     let mig = FakeHost::dgx8_mig().mig;
     let migged: BTreeSet<&str> = mig.iter().map(|(p, _)| p.as_str()).collect();
     let numa: BTreeMap<&str, i64> = DGX8.iter().map(|(p, n, _)| (*p, *n)).collect();
-    // Every MIG resource's registration has come once the gpu one's has: wait for a list.
+    // The host's four MIG profiles (1g.10gb, 2g.20gb, 3g.40gb, and a 4g.40gb split in two
+    // compute instances), each registered and listed once.
     let ok = b.kubelet.shared.wait(Duration::from_secs(10), |st| {
-        st.devices.all.contains_key(SHARED)
+        st.endpoints.keys().all(|r| st.devices.all.contains_key(r))
+            && st.devices.all.contains_key(SHARED)
             && st
                 .devices
                 .all
                 .keys()
                 .filter(|r| r.starts_with("gpuhook.io/mig-"))
                 .count()
-                >= 3
+                >= 4
     });
     assert!(ok, "resources registered: {:?}", b.registered());
     let whole: BTreeMap<String, Vec<i64>> = DGX8
@@ -126,6 +128,13 @@ pub fn every_resource_registers_with_ids_and_numa(files: &Files) {
     }
     assert_eq!(units["0000:40:00.0:13:0"], "gpuhook.io/mig-1g.10gb");
     assert_eq!(units["0000:40:00.0:5:0"], "gpuhook.io/mig-2g.20gb");
+    for ci in [0, 1] {
+        let r = &units[&format!("0000:40:00.0:1:{ci}")];
+        assert!(
+            r.starts_with("gpuhook.io/mig-") && r.ends_with("4g.40gb"),
+            "{r}"
+        );
+    }
     for (id, (h, _)) in gpus.iter().chain(slots.iter()) {
         assert_eq!(h, HEALTHY, "{id}");
     }
