@@ -58,7 +58,7 @@ pub fn kubelet_restarted_the_plugin_registers_again_and_keeps_the_pool(files: &F
     b.wait_registered(&[GPU], Duration::from_secs(5))
         .unwrap_or_else(|e| panic!("after kubelet's restart: {e}"));
     let again = registrations_since(&b, GPU, since);
-    assert_eq!(again.len(), 1, "{again:?}");
+    assert!(!again.is_empty(), "{again:?}");
     eprintln!(
         "registered again {:?} after kubelet's restart",
         restarted.elapsed()
