@@ -625,6 +625,29 @@ fn main() {
         }
     }
     std::fs::remove_file(&h16.state).expect("state");
+    // BENCH_ONLY=startup: only the rows every LXC start and stop pays (section 1), and their
+    // A/B against `BENCH_BASELINE`: the quick check of a change that must not slow them.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("startup") {
+        println!("| what | gpuhook median | p90 | static no-op | gpuhook ÷ no-op | shell hook | shell ÷ gpuhook | gpuhook peak RSS (MiB) |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for r in &rep.rows {
+            println!("{r}");
+        }
+        if let Some(base) = &baseline {
+            println!(
+                "\n## This build against {} (runs interleaved, medians, µs)\n",
+                base.hook.display()
+            );
+            println!("| what | baseline | this build | this ÷ baseline |");
+            println!("|---|---|---|---|");
+            for r in &ab.rows {
+                println!("{r}");
+            }
+        }
+        let _ = Command::new("umount").arg(work.join("run")).status();
+        let _ = std::fs::remove_dir_all(&work);
+        return;
+    }
 
     // 1c. libvirt's QEMU hook: a VM without GPU hostdevs (every VM start on the host pays
     // this), and one passing two GPUs through with their audio functions.

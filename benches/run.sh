@@ -2,7 +2,9 @@
 # Benchmarks (docs/BENCHMARKS.md): builds the static hook as shipped and a static no-op,
 # then runs benches/hook.rs, which measures gpuhook against both baselines in one run,
 # benches/runtime.rs (gpuhook-runtime against the runtime called directly) and benches/cri.rs
-# (a pod's container started through the CRI on gpuhook's handler against containerd's runc).
+# (a pod's container started through the CRI on gpuhook's handler against containerd's runc)
+# and gpuhook-device-plugin/benches/plugin.rs (the device plugin). BENCH_BASELINE=another
+# gpuhook binary adds A/B rows (hook.rs, runtime.rs) measured in the same run.
 set -eu
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -16,3 +18,6 @@ BENCH_HOOK="$hook" BENCH_NOOP="$PWD/target/bench/noop" \
 BENCH_SHELL="$PWD/hooks/lxc-shell-baseline.sh" BENCH_RSS="$PWD/target/bench/rss" cargo bench --locked --bench hook -- "$@"
 BENCH_HOOK="$hook" BENCH_NOOP="$PWD/target/bench/noop" cargo bench --locked --bench runtime
 BENCH_HOOK="$hook" cargo bench --locked --bench cri
+# The device plugin: a pool change to ListAndWatch (median, worst of 100), idle CPU over a
+# minute, resident memory.
+cargo bench --locked -p gpuhook-device-plugin --bench plugin

@@ -184,6 +184,53 @@ fn main() {
         ms(r),
         ms(r.saturating_sub(d))
     );
+    // 1b. This build against another (`BENCH_BASELINE`): both wrappers in turn.
+    if let Some(base) = std::env::var_os("BENCH_BASELINE") {
+        let dir = s.dir.path().join("baseline");
+        std::fs::create_dir_all(&dir).unwrap();
+        let base_link = dir.join("gpuhook-runtime");
+        std::os::unix::fs::symlink(&base, &base_link).unwrap();
+        let run = |link: &Path, b: &Path, id: &str, cmd: &str| {
+            let mut c = Command::new(link);
+            c.env("GPUHOOK_CONFIG", &s.config)
+                .args(["--root", "/run/gpuhook-bench", cmd, "--bundle"])
+                .arg(b)
+                .arg(id);
+            c
+        };
+        let (mut bp, mut tp, mut br, mut tr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            for (link, pass, req) in [(&base_link, &mut bp, &mut br), (&s.link, &mut tp, &mut tr)] {
+                pass.push(timed(&mut run(link, &plain, "c", "create")));
+                std::fs::write(gpu.join("config.json"), &gpu_bytes).unwrap();
+                let id = format!("ab-{i}");
+                req.push(timed(&mut run(link, &gpu, &id, "create")));
+                timed(&mut run(link, &gpu, &id, "delete"));
+            }
+        }
+        let row = |what: &str, b: &mut [Duration], t: &mut [Duration]| {
+            let (b, t) = (median(b), median(t));
+            println!(
+                "| {what} | {} | {} | {:.2}× |",
+                ms(b),
+                ms(t),
+                t.as_secs_f64() / b.as_secs_f64()
+            );
+        };
+        println!(
+            "\nThis build against {} (`BENCH_BASELINE`), in turn, {n} rounds:\n",
+            Path::new(&base).display()
+        );
+        println!(
+            "| `create` over the no-op runtime | baseline ms | this build ms | this ÷ baseline |"
+        );
+        println!("|---|---|---|---|");
+        row("bundle without a request", &mut bp, &mut tp);
+        row("bundle asking for 1 GPU", &mut br, &mut tr);
+    }
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("startup") {
+        return;
+    }
 
     // 2. Real runc: create + delete.
     let runc = PathBuf::from("/usr/sbin/runc");

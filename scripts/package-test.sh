@@ -29,7 +29,8 @@ for f in /usr/bin/gpuhook /usr/bin/gpuhook-libvirt /etc/gpuhook/config.json /usr
          /usr/share/man/man1/gpuhook.1.gz /usr/share/man/man1/gpuhook-libvirt.1.gz /usr/share/doc/gpuhook/README.md \
          /usr/share/gpuhook/engines/podman-containers.conf /usr/share/gpuhook/engines/docker-daemon.json \
          /usr/share/gpuhook/engines/crio-gpuhook.conf /usr/share/gpuhook/engines/containerd-config.toml \
-         /usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml \
+         /usr/share/gpuhook/engines/kubernetes-runtimeclass.yaml /usr/share/gpuhook/engines/kubernetes-device-plugin.yaml \
+         /usr/bin/gpuhook-device-plugin /usr/lib/systemd/system/gpuhook-device-plugin.service \
          /usr/lib/systemd/system/gpuhook-metrics.service /usr/lib/systemd/system/gpuhook-metrics.timer \
          /usr/lib/systemd/system/gpuhook-health.service /usr/lib/systemd/system/gpuhook-health.timer; do
     has "$f" "$work/rpm-files"
@@ -53,7 +54,8 @@ dpkg-deb -x "$deb" "$root"
 for f in /usr/bin/gpuhook /usr/bin/gpuhook-libvirt /lib/systemd/system/gpuhook-reconcile.service \
          /lib/systemd/system/gpuhook-reconcile.timer /usr/lib/tmpfiles.d/gpuhook.conf /usr/share/man/man1/gpuhook.1.gz \
          /usr/share/man/man1/gpuhook-libvirt.1.gz /usr/share/bash-completion/completions/gpuhook \
-         /usr/share/doc/gpuhook/copyright /etc/gpuhook/config.json; do
+         /usr/share/doc/gpuhook/copyright /etc/gpuhook/config.json /usr/bin/gpuhook-device-plugin \
+         /lib/systemd/system/gpuhook-device-plugin.service /usr/share/gpuhook/engines/kubernetes-device-plugin.yaml; do
     [ -f "$root$f" ] || fail "the .deb lacks $f"
 done
 file "$root/usr/bin/gpuhook" | grep -q 'statically linked' || fail "/usr/bin/gpuhook is not static"
@@ -62,6 +64,10 @@ ldd "$root/usr/bin/gpuhook-libvirt" | grep -q libvirt.so || fail "gpuhook-libvir
 zcat "$root/usr/share/man/man1/gpuhook.1.gz" | grep -q 'gpuhook' || fail "bad man page"
 "$root/usr/bin/gpuhook" --version
 "$root/usr/bin/gpuhook-libvirt" --version
+"$root/usr/bin/gpuhook-device-plugin" --version
+ldd "$root/usr/bin/gpuhook-device-plugin" | grep -q libvirt.so && fail "gpuhook-device-plugin links libvirt"
+grep -q 'container_annotations = \["gpuhook.io/\*"\]' "$root/usr/share/gpuhook/engines/containerd-config.toml" || fail "containerd snippet passes no container annotations"
+grep -q '/usr/bin/gpuhook-device-plugin' "$root/usr/share/gpuhook/engines/kubernetes-device-plugin.yaml" || fail "DaemonSet manifest"
 for f in podman-containers.conf docker-daemon.json crio-gpuhook.conf containerd-config.toml; do
     grep -q /usr/bin/gpuhook-runtime "$root/usr/share/gpuhook/engines/$f" || fail "engine snippet $f"
 done

@@ -47,6 +47,17 @@ pub fn normalize_pci(s: &str) -> Option<String> {
     Pci::normalize(s).map(|p| p.to_string())
 }
 
+/// The length of a pod allocation's ID (`gpuhook.io/allocation`): 128 random bits in hex.
+pub const ALLOC_ID_LEN: usize = 32;
+
+/// Whether `s` is a pod allocation's ID as kubelet's device plugin makes them: 32 lowercase
+/// hex digits.
+pub fn is_alloc_id(s: &str) -> bool {
+    s.len() == ALLOC_ID_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// Normalizes a UUID to lowercase `8-4-4-4-12` hex; `None` when it is not one.
 pub fn normalize_uuid(s: &str) -> Option<String> {
     let s = s.trim().to_ascii_lowercase();

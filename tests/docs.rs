@@ -336,7 +336,19 @@ fn links_resolve() {
 
 /// Names under `gpuhook.io/` that are not the request's annotation keys (a door that names
 /// its own, such as a device plugin's resources, adds them here).
-const OTHER_NAMES: &[&str] = &[];
+/// `gpuhook.io/…` names that are no request key: the allocation annotation kubelet's device
+/// plugin answers `Allocate` with, and the node label its DaemonSet selects.
+const OTHER_NAMES: &[&str] = &["gpuhook.io/allocation", "gpuhook.io/device-plugin"];
+
+/// Whether `a` is an extended resource the device plugin advertises (`gpuhook.io/gpu`,
+/// `gpuhook.io/gpu-shared`, `gpuhook.io/mig-PROFILE`, a profile cut short in prose).
+fn is_resource(a: &str) -> bool {
+    use gpuhook::reserve::pods::units::Resource;
+    a == Resource::Gpu.name()
+        || a == Resource::Shared.name()
+        || a.strip_prefix(&Resource::Mig(String::new()).name())
+            .is_some_and(|p| !p.is_empty())
+}
 
 /// Every `gpuhook.io/…` annotation the docs and engine snippets name is a request key; the
 /// CRI-O snippet allows every key, and the OCI guide and gpuhook-runtime(1) name each.
@@ -371,6 +383,7 @@ fn annotation_keys_are_real() {
             let placeholder = a["gpuhook.io/".len()..].chars().all(|c| !c.is_lowercase());
             let known = keys.contains(&a)
                 || OTHER_NAMES.contains(&a.as_str())
+                || is_resource(&a)
                 || placeholder
                 || a.ends_with('*')
                 || a.ends_with('…');

@@ -179,6 +179,14 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Serve kubelet's device plugin API (v1beta1) over the pool: advertise its GPUs, MIG
+    /// instances and shared slots to Kubernetes and reserve them for pods (runs
+    /// gpuhook-device-plugin, a long-running process, with these arguments)
+    DevicePlugin {
+        /// Arguments for gpuhook-device-plugin (see gpuhook-device-plugin --help)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// GPU health: act on the NVIDIA Xid errors of the kernel log as NVIDIA's Xid catalog
     /// says, reset GPUs, lift quarantines
     Health {
@@ -446,6 +454,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Command::Metrics { output } => report(metrics(output.as_deref())),
         Command::Placement { output } => report(placement(output.as_deref())),
         Command::Health { action } => report(health(action)),
+        Command::DevicePlugin { args } => device_plugin(&args, cli.verbose),
         Command::Driver { json } => report(driver::show(json)),
         Command::Cdi { action } => report(driver::cdi(action)),
         Command::CdiHook { args } => report(driver::cdi_hook(&args)),
@@ -456,6 +465,39 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
             added,
         } => crate::doors::runtime::oci_hook(&stage, token.as_deref(), added.as_deref()),
     }
+}
+
+/// The device plugin's own program: beside this one (the packages install both in
+/// `/usr/bin`), else `/usr/bin`.
+pub const DEVICE_PLUGIN: &str = "gpuhook-device-plugin";
+
+/// `gpuhook device-plugin ARGS…`: becomes `gpuhook-device-plugin ARGS…` (gRPC lives in that
+/// program alone, so the hook's binary carries none); the config named by `--config` passes
+/// in `GPUHOOK_CONFIG`. Returns only when it cannot be run.
+fn device_plugin(args: &[std::ffi::OsString], verbose: bool) -> i32 {
+    use std::os::unix::ffi::OsStrExt;
+    let beside = std::fs::canonicalize("/proc/self/exe")
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(DEVICE_PLUGIN)))
+        .filter(|p| p.is_file());
+    let program = beside.unwrap_or_else(|| std::path::Path::new("/usr/bin").join(DEVICE_PLUGIN));
+    let c = |s: &std::ffi::OsStr| std::ffi::CString::new(s.as_bytes());
+    let verbose = verbose.then(|| std::ffi::OsString::from("--verbose"));
+    let argv: Result<Vec<std::ffi::CString>, _> = std::iter::once(program.as_os_str())
+        .chain(verbose.as_deref())
+        .chain(args.iter().map(std::ffi::OsString::as_os_str))
+        .map(c)
+        .collect();
+    let (Ok(path), Ok(argv)) = (c(program.as_os_str()), argv) else {
+        log::error("device-plugin: an argument contains a NUL byte");
+        return 2;
+    };
+    let e = nix::unistd::execv(&path, &argv).unwrap_err();
+    log::error(&format!(
+        "device-plugin: cannot run {}: {e} (is the gpuhook package's {DEVICE_PLUGIN} installed?)",
+        program.display()
+    ));
+    127
 }
 
 fn metrics(output: Option<&std::path::Path>) -> Result<i32, CliError> {

@@ -195,6 +195,8 @@ fn target(cfg: &Config, name: &str, pick: Pick) -> Result<HotplugTarget, CliErro
             Pick::Only(HolderKind::Libvirt) => CliError::NoDomain { name },
             Pick::Only(HolderKind::Oci) => CliError::NoOciContainer { name },
             Pick::Only(HolderKind::Vm) => CliError::NoVm { name },
+            // No option names a pod's allocation: its container is an OCI container.
+            Pick::Only(HolderKind::Pod) => CliError::NoContainer { name },
         }
     };
     match lifecycle::resolve(name, pick, found)? {
@@ -204,7 +206,7 @@ fn target(cfg: &Config, name: &str, pick: Pick) -> Result<HotplugTarget, CliErro
             None => Err(nobody()),
         },
         Some(vm @ HolderId::Vm { .. }) => Err(CliError::HotplugVm { who: vm.who() }),
-        None => Err(nobody()),
+        Some(HolderId::Pod { .. }) | None => Err(nobody()),
     }
 }
 

@@ -4,6 +4,7 @@
 //! | call | what gpuhook does |
 //! |---|---|
 //! | `create`/`run` of a bundle asking for GPUs | reserve (key: the container ID), add the nodes, their allow rules and two hooks to `config.json` (atomically), then `exec` the real runtime; on any error one line, exit 1, nothing reserved, the runtime not called |
+//! | `create`/`run` of a bundle with `gpuhook.io/allocation` (kubelet's device plugin) | the pod's allocation becomes the container's reservation (`pod_create`), then as above; its removal gives the units back to the pod |
 //! | hook `createRuntime` (`gpuhook oci-hook create-runtime`) | record the container's init: the reservation is running (stale once that init is gone) |
 //! | hook `poststop` (`gpuhook oci-hook poststop`), `delete` | free the container's reservation (idempotent) |
 //! | anything else | `exec` the real runtime, nothing read but `config.json` on `create`/`run` |
@@ -154,7 +155,20 @@ fn prepare_bundle<'a>(
     let by = ProcRef::of(std::process::id() as i32).ok_or(crate::reserve::error::Error::from(
         LifecycleError::OwnStartTime,
     ))?;
-    let created = lifecycle::oci_create(f, &h, &req, by)?;
+    let created = match &b.allocation {
+        // kubelet's device plugin allocated the units: the pod's allocation is the
+        // container's reservation.
+        Some((alloc, cri)) => lifecycle::pod_create(
+            f,
+            alloc,
+            id,
+            cri.as_ref(),
+            if userns { &b.idmap } else { &identity },
+            &req,
+            by,
+        )?,
+        None => lifecycle::oci_create(f, &h, &req, by)?,
+    };
     if let Err(e) = hand_over(&created, &path, b.config, userns) {
         return Err(created.roll_back(e));
     }

@@ -189,6 +189,8 @@ struct Raw {
     reset_on_release: Option<bool>,
     driver_socket_owners: Option<Vec<serde_json::Value>>,
     libvirt_qemu_dir: Option<PathBuf>,
+    kubelet_plugin_dir: Option<PathBuf>,
+    kubelet_claim_s: Option<u64>,
 }
 
 /// An account whose sockets `driver="host"` may give though they are not root's (config
@@ -286,6 +288,14 @@ impl Sharing {
 
 /// The bounds of `replicas`.
 pub const REPLICAS: std::ops::RangeInclusive<u32> = 2..=64;
+
+/// kubelet's device plugin directory (config `kubelet_plugin_dir`): its registration socket
+/// `kubelet.sock` and checkpoint `kubelet_internal_checkpoint` are there, and the device
+/// plugin's sockets go there; its pod resources socket is `../pod-resources/kubelet.sock`.
+pub const DEFAULT_KUBELET_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins/";
+
+/// How long a pod's allocation that kubelet never listed is kept (config `kubelet_claim_s`).
+pub const DEFAULT_KUBELET_CLAIM_S: u64 = 300;
 
 /// NVIDIA's MPS control program (config `mps_control`).
 pub const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
@@ -400,6 +410,21 @@ pub struct Config {
     /// libvirt's QEMU status directory: each running VM's pid file (`NAME.pid`, the QEMU
     /// process) and live status XML (`NAME.xml`).
     pub libvirt_qemu_dir: PathBuf,
+    /// kubelet's device plugin directory.
+    pub kubelet_plugin_dir: PathBuf,
+    /// Seconds a pod's allocation kubelet never listed is kept.
+    pub kubelet_claim_s: u64,
+}
+
+impl Config {
+    /// kubelet's pod resources socket: `pod-resources/kubelet.sock` beside its plugin
+    /// directory.
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        let dir = self.kubelet_plugin_dir.components().as_path();
+        dir.parent()
+            .unwrap_or(Path::new("/"))
+            .join("pod-resources/kubelet.sock")
+    }
 }
 
 impl Default for Config {
@@ -436,6 +461,8 @@ impl Default for Config {
             reset_on_release: false,
             driver_socket_owners: Vec::new(),
             libvirt_qemu_dir: DEFAULT_LIBVIRT_QEMU_DIR.into(),
+            kubelet_plugin_dir: DEFAULT_KUBELET_PLUGIN_DIR.into(),
+            kubelet_claim_s: DEFAULT_KUBELET_CLAIM_S,
         }
     }
 }
@@ -564,6 +591,12 @@ impl Config {
                 return Err(ConfigProblem::NoQuarantines);
             }
             c.max_quarantines = n;
+        }
+        if let Some(p) = raw.kubelet_plugin_dir {
+            c.kubelet_plugin_dir = absolute("kubelet_plugin_dir", p)?;
+        }
+        if let Some(n) = raw.kubelet_claim_s {
+            c.kubelet_claim_s = n;
         }
         Ok(c)
     }

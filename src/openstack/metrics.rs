@@ -366,7 +366,7 @@ fn reservations(out: &mut String, st: &State) {
         "gpuhook_reservations",
         "Reservations in the state, by holder kind and phase.",
     );
-    for kind in HolderKind::ALL {
+    for kind in HolderKind::EVERY {
         for (phase, name) in [(Phase::Prepared, "prepared"), (Phase::Running, "running")] {
             let n = st
                 .reservations

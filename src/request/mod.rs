@@ -160,6 +160,26 @@ pub struct Request {
     pub share: bool,
 }
 
+impl Default for Request {
+    /// One whole GPU, any, with the default capabilities (`compute,utility`), nodes as the
+    /// host's: what a request that says nothing more asks for.
+    fn default() -> Self {
+        Request {
+            count: 1,
+            filters: Vec::new(),
+            devices: Vec::new(),
+            capabilities: Capabilities::default(),
+            mode: None,
+            uid: 0,
+            gid: 0,
+            mig: false,
+            migs: Vec::new(),
+            driver: None,
+            share: false,
+        }
+    }
+}
+
 /// What of the host driver a container gets besides its GPUs' nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

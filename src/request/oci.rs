@@ -56,6 +56,9 @@ pub enum OciError {
     /// words).
     #[error(transparent)]
     Request(#[from] ParseError),
+    /// kubelet's device plugin's allocation (`src`) with a key that chooses units (`other`).
+    #[error("{src} (kubelet's device plugin's allocation) cannot be combined with {other}: the allocation's units are the container's")]
+    WithAllocation { src: KeyFrom, other: KeyFrom },
     /// `linux.uidMappings` or `gidMappings` (`which`) is not a list of ranges.
     #[error("config.json: linux.{which} is not a list of {{containerID, hostID, size}}")]
     IdMappings { which: String },
@@ -97,6 +100,83 @@ impl std::fmt::Display for KeyFrom {
             KeyFrom::Flag(o) => f.write_str(o),
         }
     }
+}
+
+/// The key of kubelet's device plugin's annotation (`gpuhook.io/allocation`): the pod's
+/// allocation a container's units come from. Not a request key: only an annotation.
+pub const ALLOCATION_KEY: &str = "allocation";
+
+/// The request keys that choose units: with an allocation, they contradict it.
+const CHOOSING: [&str; 8] = [
+    "gpus", "arch", "vendor", "model", "devices", "mig", "share", "count",
+];
+
+/// A Kubernetes container's pod, as its CRI runtime's annotations name it (containerd's
+/// `io.kubernetes.cri.sandbox-*`, CRI-O's `io.kubernetes.cri-o.SandboxID` and
+/// `io.kubernetes.pod.*`): its sandbox ID, namespace, name, UID, and the container's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CriPod {
+    pub sandbox: String,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub uid: Option<String>,
+    pub container: Option<String>,
+}
+
+impl CriPod {
+    /// The pod of a `config.json`'s annotations; `None` when it names no CRI sandbox.
+    pub fn of(config: &Value) -> Option<CriPod> {
+        let a = config.get("annotations")?.as_object()?;
+        let first = |keys: &[&str]| {
+            keys.iter()
+                .find_map(|k| a.get(*k).and_then(Value::as_str))
+                .filter(|s| !s.is_empty() && s.len() <= 1024)
+                .map(str::to_owned)
+        };
+        Some(CriPod {
+            sandbox: first(&[
+                "io.kubernetes.cri.sandbox-id",
+                "io.kubernetes.cri-o.SandboxID",
+            ])?,
+            namespace: first(&[
+                "io.kubernetes.cri.sandbox-namespace",
+                "io.kubernetes.pod.namespace",
+            ]),
+            name: first(&["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"]),
+            uid: first(&["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"]),
+            container: first(&[
+                "io.kubernetes.cri.container-name",
+                "io.kubernetes.container.name",
+            ]),
+        })
+    }
+
+    /// How messages name it: `'ns/name'`, else `sandbox 'ID'`.
+    pub fn who(&self) -> String {
+        match (&self.namespace, &self.name) {
+            (Some(ns), Some(n)) => format!("'{ns}/{n}'"),
+            _ => format!("sandbox '{}'", self.sandbox),
+        }
+    }
+}
+
+/// The allocation `pairs` name (`gpuhook.io/allocation`, taken out of them), checked against
+/// the other keys: those that choose units contradict it.
+pub fn take_allocation(pairs: &mut Pairs) -> Result<Option<String>, OciError> {
+    let Some((src, v)) = pairs.get(ALLOCATION_KEY).cloned() else {
+        return Ok(None);
+    };
+    if !matches!(src, KeyFrom::Annotation(_)) {
+        return Err(OciError::UnknownKey { src });
+    }
+    if let Some((_, (other, _))) = pairs.iter().find(|(k, _)| CHOOSING.contains(&k.as_str())) {
+        return Err(OciError::WithAllocation {
+            src,
+            other: other.clone(),
+        });
+    }
+    pairs.remove(ALLOCATION_KEY);
+    Ok(Some(v))
 }
 
 /// Each request key (`gpus`, `arch`, …) with where it came from (for messages) and its value.

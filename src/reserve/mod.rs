@@ -11,6 +11,7 @@ pub mod error;
 pub mod health;
 pub mod lifecycle;
 pub mod mps;
+pub mod pods;
 pub mod reconcile;
 pub mod state;
 pub mod vm;

@@ -36,7 +36,10 @@ pub struct LibvirtView<'a> {
 /// The one staleness rule, for every front door: why a reservation's holder is gone, if it
 /// is. A running one: its recorded init is gone. A prepared one: the process that reserved
 /// is gone (libvirtd for a domain, and no controller of the domain runs; the runtime the
-/// wrapper became for an OCI container, which recorded no init).
+/// wrapper became for an OCI container, which recorded no init). A pod's allocation: only
+/// its container can be gone (its init, or the runtime creating it); a pending one (no
+/// container) never is: kubelet's word frees it ([`crate::reserve::pods`]), and a stale
+/// container gives its units back to it ([`Reservation::to_pending`]), never to the pool.
 pub fn stale(r: &Reservation, seen: &Liveness) -> Option<String> {
     match (r.phase, r.kind()) {
         (Phase::Running, HolderKind::Vm) => match r.init {
@@ -61,6 +64,13 @@ pub fn stale(r: &Reservation, seen: &Liveness) -> Option<String> {
         (Phase::Prepared, HolderKind::Oci) => match r.prepared_by {
             Some(p) if !(seen.alive)(&p) => Some(format!(
                 "the runtime (pid {}) that reserved it is gone and recorded no container init",
+                p.pid
+            )),
+            _ => None,
+        },
+        (Phase::Prepared, HolderKind::Pod) => match r.prepared_by {
+            Some(p) if !(seen.alive)(&p) => Some(format!(
+                "the runtime (pid {}) that created its container is gone and recorded no container init",
                 p.pid
             )),
             _ => None,
@@ -102,6 +112,8 @@ pub fn controller_running(name: &str) -> bool {
 }
 
 /// Drops stale reservations; returns what was reclaimed, for the log, and the reservations.
+/// A pod's allocation whose container is gone is not dropped: its units go back to the pod
+/// (pending), said in the log.
 pub fn reclaim_stale(
     proc: Proc,
     controller: &dyn Fn(&str) -> bool,
@@ -112,7 +124,28 @@ pub fn reclaim_stale(
         .iter()
         .filter_map(|(k, r)| stale_on(r, proc, controller).map(|why| (k.clone(), why)))
         .collect();
-    stale
+    let (pods, stale): (Vec<_>, Vec<_>) = stale
+        .into_iter()
+        .partition(|(k, _)| st.reservations[k].kind() == HolderKind::Pod);
+    let now = crate::reserve::state::now_rfc3339();
+    let mut notes: Vec<String> = pods
+        .into_iter()
+        .filter_map(|(k, why)| {
+            let r = st.reservations.get_mut(&k)?;
+            let note = format!(
+                "{}: its container {} is gone ({why}): {} back to the pod, pending",
+                r.holder.who_exactly(),
+                r.holder
+                    .pod()
+                    .and_then(|p| p.container.as_deref())
+                    .unwrap_or("?"),
+                Unit::join(&r.gpus, ",")
+            );
+            r.to_pending(&now);
+            Some(note)
+        })
+        .collect();
+    let (more, freed): (Vec<String>, Vec<Reservation>) = stale
         .into_iter()
         .filter_map(|(k, why)| {
             st.reservations.remove(&k).map(|r| {
@@ -126,7 +159,9 @@ pub fn reclaim_stale(
                 )
             })
         })
-        .unzip()
+        .unzip();
+    notes.extend(more);
+    (notes, freed)
 }
 
 /// What reconcile does with a reservation, and why.
@@ -157,6 +192,9 @@ pub fn verdict(r: &Reservation, w: &LibvirtView) -> Verdict {
                 }
             }
         },
+        HolderId::Pod { .. } => {
+            return Verdict::Keep("a pod's allocation: kubelet's device plugin frees it")
+        }
     };
     if active.contains(uuid) {
         return Verdict::Keep(words.running);

@@ -31,7 +31,7 @@ mod time;
 pub use draining::{Draining, Opener};
 pub use error::{Corruption, Unsafety};
 pub use health::{GpuHealth, KmsgMark, Quarantine, Resetting, XidCount};
-pub use holder::{By, HolderId, HolderKey, HolderKind};
+pub use holder::{By, HolderId, HolderKey, HolderKind, PodOf};
 pub use phase::{Blocked, Found, Phase, Started, Transition};
 pub use time::{now_rfc3339, parse_rfc3339, rfc3339};
 
@@ -126,6 +126,28 @@ impl Reservation {
         self.init = None;
         self.controller = None;
         self.nodes.clear();
+        self.updated = now.to_string();
+    }
+
+    /// A pod's allocation back to its pod, pending (its container removed, or gone): no
+    /// container, init, nodes or driver files recorded; its units stay its own.
+    pub fn to_pending(&mut self, now: &str) {
+        if let HolderId::Pod { pod, .. } = &mut self.holder {
+            pod.container = None;
+        }
+        self.phase = Phase::Prepared;
+        self.prepared_by = None;
+        self.controller = None;
+        self.init = None;
+        self.cgroup = None;
+        self.namespaces = None;
+        self.nodes.clear();
+        self.mounts.clear();
+        self.rootfs = Default::default();
+        self.hotplugged = false;
+        self.node_mounts.clear();
+        self.driver = None;
+        self.driver_version = None;
         self.updated = now.to_string();
     }
 
@@ -277,6 +299,19 @@ impl State {
     /// Files `r` under its holder's key ([`HolderId::key`]); returns the one it replaces.
     pub fn insert(&mut self, r: Reservation) -> Option<Reservation> {
         self.reservations.insert(r.key(), r)
+    }
+
+    /// The key of the reservation OCI container `id` holds: its own, or a pod's allocation
+    /// it was created with.
+    pub fn container_key(&self, id: &str) -> Option<HolderKey> {
+        let own = HolderId::Oci { id: id.into() }.key();
+        if self.reservations.contains_key(&own) {
+            return Some(own);
+        }
+        self.reservations
+            .iter()
+            .find(|(_, r)| r.holder.pod().and_then(|p| p.container.as_deref()) == Some(id))
+            .map(|(k, _)| k.clone())
     }
 
     pub fn holder_of(&self, unit: &Unit) -> Option<&Reservation> {
@@ -995,12 +1030,27 @@ mod tests {
                 "names its container 'c1' in `domain` but 'c2' in `uuid`".to_string(),
             ),
             (
-                format!("\"c1\":{}", r("oci", "c1", "c1", ",\"pod\":\"p\"")),
-                "unknown field `pod`".to_string(),
+                format!(
+                    "\"c1\":{}",
+                    r("oci", "c1", "c1", ",\"pod\":{\"resource\":\"gpuhook.io/gpu\"}")
+                ),
+                "a reservation of kind 'oci' has a `pod` object".to_string(),
+            ),
+            // A pod's allocation without what it is of, or not under an allocation's ID.
+            (
+                format!("\"pod:c1\":{}", r("pod", "c1", "c1", "")),
+                "a pod's reservation names its allocation 'c1' in `domain` but 'c1' in `uuid`, or has no `pod`".to_string(),
             ),
             (
-                format!("\"c1\":{}", r("pod", "c1", "c1", "")),
-                "unknown variant `pod`".to_string(),
+                format!(
+                    "\"c1\":{}",
+                    r("pod", "c1", "c1", ",\"pod\":{\"resource\":\"gpuhook.io/gpu\"}")
+                ),
+                "names its allocation 'c1'".to_string(),
+            ),
+            (
+                format!("\"c1\":{}", r("vmm", "c1", "c1", "")),
+                "unknown variant `vmm`".to_string(),
             ),
         ] {
             let text = format!("{{\"version\":1,\"reservations\":{{{reservations}}}}}");

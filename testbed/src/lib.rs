@@ -16,6 +16,7 @@ pub use vm::{Hostdev, VmSpec};
 pub mod bpfprog;
 pub mod cri;
 pub mod driver;
+pub mod kubelet;
 pub mod probe;
 
 /// Where tests put the temporary trees gpuhook must trust as root's (CDI spec directories:

@@ -4,6 +4,7 @@
 //! gpuhook-testbed fakehost PROFILE DIR     blueprint | dgx8 | dgx8-mig | mixed | mi300 | wideN, each -mig7 for 7 MIG instances per GPU and +M for M other PCI functions; writes DIR/config.json
 //! gpuhook-testbed demo --hook BIN [--workdir DIR]
 //! gpuhook-testbed cri scenarios|up|down|runp|create|start|exec|… (gpuhook-testbed cri --help)
+//! gpuhook-testbed kubelet scenarios|serve|up|checkpoint (gpuhook-testbed kubelet --help)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::process::Command;
 use testbed::{profile, Daemon, DomainSpec, FakeHost, Hook};
 
 fn usage() -> ! {
-    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|dgx8-mig|mixed|mi300|wideN[-mig7][+M] DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]\n       gpuhook-testbed cri --help");
+    eprintln!("usage: gpuhook-testbed fakehost blueprint|dgx8|dgx8-mig|mixed|mi300|wideN[-mig7][+M] DIR\n       gpuhook-testbed demo --hook BIN [--workdir DIR]\n       gpuhook-testbed cri --help\n       gpuhook-testbed kubelet --help");
     std::process::exit(2)
 }
 
@@ -19,6 +20,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("cri") => std::process::exit(testbed::cri::cli::main(&args[1..])),
+        Some("kubelet") => std::process::exit(testbed::kubelet::cli::main(&args[1..])),
         Some("fakehost") if args.len() == 3 => fakehost(&args[1], Path::new(&args[2])),
         Some("demo") => {
             let mut hook = None;

@@ -13,6 +13,8 @@ use testbed::{FakeHost, HostPaths};
 
 #[path = "hosts.rs"]
 mod hosts;
+#[path = "kubelet.rs"]
+mod kubelet;
 #[path = "libvirt.rs"]
 mod libvirt;
 #[path = "oci.rs"]
@@ -72,6 +74,7 @@ pub const SCENARIOS: &[Scenario] = &[
     s("oci-userns-runc", oci::userns_runc),
     s("mps-sharing", oci::mps_sharing),
     s("cri-containerd", hosts::cri),
+    s("kubelet-device-plugin", kubelet::kubelet),
 ];
 
 pub fn selected(s: &Scenario, filters: &[String]) -> bool {

@@ -42,6 +42,10 @@ pub struct Bundle {
     pub idmap: IdMap,
     /// The config holds gpuhook's additions from an earlier `create` of this bundle.
     pub edited: bool,
+    /// The pod's allocation its units come from (`gpuhook.io/allocation`, from kubelet's
+    /// device plugin), with the container's pod; then `request` says only how its nodes and
+    /// driver files are made (capabilities, mode, owner, driver).
+    pub allocation: Option<(String, Option<oci::CriPod>)>,
 }
 
 /// Whether the config is a Kubernetes pod's sandbox ("pause") container: pod annotations
@@ -99,13 +103,18 @@ pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, BundleError> {
     if !config.is_object() {
         return Err(BundleError::NotJsonObject);
     }
-    let pairs = oci::pairs(&config, policy.env_requests)?;
+    let mut pairs = oci::pairs(&config, policy.env_requests)?;
+    let allocation = if is_sandbox(&config) {
+        None
+    } else {
+        oci::take_allocation(&mut pairs)?.map(|a| (a, oci::CriPod::of(&config)))
+    };
     let idmap = IdMap {
         uid: oci::id_ranges(&config, "uidMappings")?,
         gid: oci::id_ranges(&config, "gidMappings")?,
     };
     let edited = !our_hooks(&config).is_empty();
-    let request = if pairs.is_empty() || is_sandbox(&config) {
+    let request = if (pairs.is_empty() && allocation.is_none()) || is_sandbox(&config) {
         None
     } else {
         let r = oci::request(&pairs)?;
@@ -123,6 +132,7 @@ pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, BundleError> {
         request,
         idmap,
         edited,
+        allocation,
     })
 }
 

@@ -548,3 +548,86 @@ fn container_ids() {
         assert!(!valid_id(bad), "{bad:?}");
     }
 }
+
+/// kubelet's device plugin's annotation: the allocation and the container's pod (containerd's
+/// and CRI-O's annotations); only an annotation (an image's env cannot name one); the keys
+/// that choose units contradict it; a sandbox never takes one.
+#[test]
+fn an_allocation_annotation_names_the_pods_units() {
+    const A: &str = "0123456789abcdef0123456789abcdef";
+    let p = Policy::default();
+    let bytes = |c: &Value| serde_json::to_vec(c).unwrap();
+    let mut c: Value = serde_json::from_slice(&cfg(
+        json!({
+            "gpuhook.io/allocation": A,
+            "gpuhook.io/capabilities": "compute,utility,video",
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-id": "sb1",
+            "io.kubernetes.cri.sandbox-namespace": "ml",
+            "io.kubernetes.cri.sandbox-name": "trainer",
+            "io.kubernetes.cri.sandbox-uid": "u-1",
+            "io.kubernetes.cri.container-name": "main",
+        }),
+        &[],
+    ))
+    .unwrap();
+    let b = parse(&bytes(&c), p).unwrap();
+    let (alloc, pod) = b.allocation.unwrap();
+    assert_eq!(alloc, A);
+    let pod = pod.unwrap();
+    assert_eq!(
+        (
+            pod.sandbox.as_str(),
+            pod.namespace.as_deref(),
+            pod.name.as_deref(),
+            pod.uid.as_deref(),
+            pod.container.as_deref()
+        ),
+        (
+            "sb1",
+            Some("ml"),
+            Some("trainer"),
+            Some("u-1"),
+            Some("main")
+        )
+    );
+    assert!(b.request.unwrap().capabilities.video);
+    // CRI-O's words.
+    let crio = cfg(
+        json!({
+            "gpuhook.io/allocation": A,
+            "io.kubernetes.cri-o.SandboxID": "sb9",
+            "io.kubernetes.pod.namespace": "ns",
+            "io.kubernetes.pod.name": "p",
+        }),
+        &[],
+    );
+    let pod = parse(&crio, p).unwrap().allocation.unwrap().1.unwrap();
+    assert_eq!(
+        (pod.sandbox.as_str(), pod.who()),
+        ("sb9", "'ns/p'".to_string())
+    );
+    // No CRI sandbox: the allocation is read, the pod is not (the create refuses it).
+    let bare = cfg(json!({"gpuhook.io/allocation": A}), &[]);
+    assert_eq!(
+        parse(&bare, p).unwrap().allocation,
+        Some((A.to_string(), None))
+    );
+    // With a key that chooses units: refused.
+    c["annotations"]["gpuhook.io/gpus"] = json!("2");
+    assert_eq!(
+        parse(&bytes(&c), p).unwrap_err().to_string(),
+        "annotation 'gpuhook.io/allocation' (kubelet's device plugin's allocation) cannot be combined with annotation 'gpuhook.io/gpus': the allocation's units are the container's"
+    );
+    // As an environment variable: no such key.
+    let env = cfg(json!({}), &[&format!("GPUHOOK_ALLOCATION={A}")]);
+    assert!(parse(&env, p)
+        .unwrap_err()
+        .to_string()
+        .starts_with("unknown key: environment variable GPUHOOK_ALLOCATION"));
+    // The pod's sandbox: nothing.
+    let mut sb: Value = serde_json::from_slice(&bare).unwrap();
+    sb["annotations"]["io.kubernetes.cri.container-type"] = json!("sandbox");
+    let b = parse(&bytes(&sb), p).unwrap();
+    assert!(b.allocation.is_none() && b.request.is_none());
+}

@@ -103,10 +103,14 @@ impl<'a> Holders<'a> {
         match self.of(unit) {
             Some((r, why)) => {
                 let (domain, uuid) = r.holder.domain_and_uuid();
-                json!({
+                let mut v = json!({
                     "kind": r.kind(), "domain": domain, "uuid": uuid, "phase": r.phase,
                     "stale": why.is_some(),
-                })
+                });
+                if let Some(p) = pod_json(&r.holder) {
+                    v["pod"] = p;
+                }
+                v
             }
             None => serde_json::Value::Null,
         }
@@ -151,10 +155,14 @@ impl<'a> Holders<'a> {
             .into_iter()
             .map(|(u, r, why)| {
                 let (domain, uuid) = r.holder.domain_and_uuid();
-                json!({
+                let mut v = json!({
                     "kind": r.kind(), "domain": domain, "uuid": uuid, "phase": r.phase,
                     "stale": why.is_some(), "slot": u,
-                })
+                });
+                if let Some(p) = pod_json(&r.holder) {
+                    v["pod"] = p;
+                }
+                v
             })
             .collect();
         json!({
@@ -285,12 +293,36 @@ fn mdev_json(mdevs: &[MdevHeld], passed: &PassedThrough) -> serde_json::Value {
 }
 
 /// How the text table names a holder: a libvirt LXC domain by its name, the other kinds
-/// with their kind (`container ID`, `vm NAME`).
+/// with their kind (`container ID`, `vm NAME`); a pod's allocation by its pod and container
+/// once kubelet named them (`pod NS/NAME/CONTAINER`), else by its ID (`pod allocation ID`),
+/// with the container that holds its units (`in container ID`) or `pending`.
 fn table_name(h: &HolderId) -> String {
-    match h.kind() {
-        HolderKind::Libvirt => h.name().to_string(),
-        k => format!("{} {}", k.word(), h.name()),
+    match (h.kind(), h.pod()) {
+        (HolderKind::Libvirt, _) => h.name().to_string(),
+        (HolderKind::Pod, Some(p)) => {
+            let name = match (p.pod_name(), &p.container_name) {
+                (Some(pod), Some(c)) => format!("pod {pod}/{c}"),
+                (Some(pod), None) => format!("pod {pod}"),
+                _ => format!("pod allocation {}", h.name()),
+            };
+            match &p.container {
+                Some(c) => format!("{name} in container {c}"),
+                None => format!("{name} pending"),
+            }
+        }
+        (k, _) => format!("{} {}", k.word(), h.name()),
     }
+}
+
+/// `holder.pod` in `list --json` for a pod's allocation: its resource, pod (namespace, name,
+/// UID), container's name, and the OCI container that holds its units (`null`: pending).
+fn pod_json(h: &HolderId) -> Option<serde_json::Value> {
+    let p = h.pod()?;
+    Some(json!({
+        "allocation": h.name(), "resource": p.resource, "namespace": p.namespace,
+        "name": p.name, "uid": p.uid, "container_name": p.container_name,
+        "container": p.container, "pending": p.container.is_none(),
+    }))
 }
 
 /// The stable JSON form of `list`.

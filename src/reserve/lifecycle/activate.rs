@@ -228,7 +228,7 @@ pub(super) fn log_cdi(h: &Holder, p: &cdi::Plan, done: Option<&crate::enter::roo
         crate::reserve::state::HolderKind::Libvirt => {
             ("a libvirt container", "a running libvirt container")
         }
-        crate::reserve::state::HolderKind::Oci => {
+        crate::reserve::state::HolderKind::Oci | crate::reserve::state::HolderKind::Pod => {
             ("a running OCI container", "a running OCI container")
         }
         crate::reserve::state::HolderKind::Vm => ("a virtual machine", "a virtual machine"),

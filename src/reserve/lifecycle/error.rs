@@ -11,6 +11,9 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
+    /// A container created with a pod's allocation (`gpuhook.io/allocation`).
+    #[error(transparent)]
+    Pod(#[from] PodCreateError),
     /// The choice kept naming units the inventory then found unusable (a bound on the
     /// retries, so that a disagreement never spins under the state lock).
     #[error("cannot settle on GPUs: {units} kept turning out unusable; nothing reserved")]
@@ -309,4 +312,33 @@ mod tests {
             "container init 9 exited during started (GPU reservation changed while the container started)"
         );
     }
+}
+
+/// Why a container cannot have the allocation its annotation names.
+#[derive(Debug, thiserror::Error)]
+pub enum PodCreateError {
+    #[error("gpuhook.io/allocation '{alloc}' names no allocation of this node's pool (kubelet's device plugin made none, or it was freed)")]
+    NoAllocation { alloc: String },
+    #[error("gpuhook.io/allocation '{alloc}' is not an allocation ID (32 hex digits)")]
+    NotAnId { alloc: String },
+    #[error("gpuhook.io/allocation needs a Kubernetes pod's container (its CRI sandbox annotations are missing)")]
+    NotPodContainer,
+    /// The allocation is another pod's (`theirs`: how the allocation names it; `ours`: the
+    /// container's pod).
+    #[error(
+        "gpuhook.io/allocation '{alloc}' belongs to {theirs}, not to this container's pod {ours}"
+    )]
+    AnotherPod {
+        alloc: String,
+        theirs: String,
+        ours: String,
+    },
+    #[error("gpuhook.io/allocation '{alloc}' is held by container {container}, which still runs or is being created")]
+    InUse { alloc: String, container: String },
+    #[error("gpuhook.io/allocation '{alloc}' holds GPU {unit}, which cannot be used now: {why}")]
+    Unusable {
+        alloc: String,
+        unit: Unit,
+        why: String,
+    },
 }

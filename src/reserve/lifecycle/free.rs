@@ -133,7 +133,7 @@ fn still_runs(r: &Reservation) -> LifecycleError {
             r.holder.name(),
             r.kind().flag()
         )),
-        HolderKind::Vm => None,
+        HolderKind::Vm | HolderKind::Pod => None,
     };
     LifecycleError::StillRuns {
         who: r.holder.who(),

@@ -1,10 +1,10 @@
 //! Who holds GPUs, as every door names it: [`Holder::libvirt`] for an LXC domain,
-//! [`Holder::oci`] for an OCI container, [`Holder::vm`] for a QEMU domain; and the
-//! reservation a step makes for one.
+//! [`Holder::oci`] for an OCI container, [`Holder::vm`] for a QEMU domain, [`Holder::pod`]
+//! for a Kubernetes pod's allocation; and the reservation a step makes for one.
 
 use crate::ids::Unit;
 use crate::request::IdMap;
-use crate::reserve::state::{HolderId, HolderKey, HolderKind, Phase, Reservation};
+use crate::reserve::state::{HolderId, HolderKey, HolderKind, Phase, PodOf, Reservation};
 
 /// A holder with no user namespace of its own (a VM: nothing is made in it).
 static NO_IDMAP: IdMap = IdMap {
@@ -61,6 +61,20 @@ impl<'a> Holder<'a> {
         )
     }
 
+    /// A Kubernetes pod's allocation, made by kubelet's device plugin: keyed `pod:ALLOC`,
+    /// with what is known of its pod (at first only the resource kubelet asked for); no
+    /// container, so no id map (the container created with it is an OCI container's, built
+    /// with [`Holder::from_id`] and its own map).
+    pub fn pod(alloc: &str, pod: PodOf) -> Holder<'static> {
+        Holder::of(
+            HolderId::Pod {
+                alloc: alloc.to_string(),
+                pod: Box::new(pod),
+            },
+            &NO_IDMAP,
+        )
+    }
+
     /// The holder a resolved identity is, with its container's id map.
     pub fn from_id(id: HolderId, idmap: &'a IdMap) -> Holder<'a> {
         Holder::of(id, idmap)
@@ -87,14 +101,14 @@ impl<'a> Holder<'a> {
                 crate::request::metadata::IDMAP,
                 crate::request::metadata::IDMAP,
             ),
-            HolderKind::Oci => ("linux.uidMappings", "linux.gidMappings"),
+            HolderKind::Oci | HolderKind::Pod => ("linux.uidMappings", "linux.gidMappings"),
         }
     }
 }
 
 /// A new reservation of these units for the holder, prepared as of `now`; what a step knows
 /// of its container it fills in (one that runs at once: [`Reservation::set_running`]).
-pub(super) fn new_reservation(
+pub(crate) fn new_reservation(
     h: &Holder,
     req: &dyn std::fmt::Display,
     gpus: &[Unit],

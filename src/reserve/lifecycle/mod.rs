@@ -20,6 +20,7 @@
 //! | [`release`] | `free.rs` | `gpuhook release`: one holder, refused while its container runs |
 //! | [`oci_create`] | `oci_create.rs` | OCI `create`: prepare, host-side nodes and links, one rollback guard |
 //! | [`vm_prepare`], [`vm_confirm`], [`vm_started`], [`vm_adopt`] | `vm.rs` | libvirt's QEMU hook: a VM's hostdevs reserved, confirmed, its QEMU process recorded, kept at `reconnect` |
+//! | [`pod_create`] | `pod_create.rs` | OCI `create` with a pod's allocation (`gpuhook.io/allocation`): the pod's units become the container's |
 //!
 //! Shared by the steps: the holder (`holder.rs`), the state file (`store.rs`), the nodes a
 //! container gets (`nodes.rs`), the driver's user space (`plan.rs`), mounts recorded before
@@ -41,6 +42,7 @@ pub mod mounts;
 pub mod nodes;
 pub mod oci_create;
 pub mod plan;
+pub mod pod_create;
 pub mod prepare;
 pub mod readopt;
 pub mod record_init;
@@ -55,11 +57,12 @@ pub use activate::activate;
 pub use attach::{attach, Attached};
 pub use confirm::confirm;
 pub use detach::{detach, Detached, Which};
-pub use error::LifecycleError;
+pub use error::{LifecycleError, PodCreateError};
 pub use free::{free, free_key, release, Released};
 pub use holder::Holder;
 pub use oci_create::{free_oci, oci_create, release_oci, HostSide, OciCreate, OciCreateError};
 pub use plan::{cdi_preview, Given};
+pub use pod_create::pod_create;
 pub use prepare::prepare;
 pub use readopt::{config_unreadable, readopt, Readopted};
 pub use record_init::record_init;

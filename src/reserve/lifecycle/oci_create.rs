@@ -44,8 +44,10 @@ pub enum OciCreateError {
 /// freed it already.
 pub struct OciCreate<'a> {
     f: World<'a>,
-    /// The container, as the state names it.
+    /// Its reservation's holder: the container, or the pod's allocation it holds.
     holder: HolderId,
+    /// The container's ID.
+    container: String,
     pub by: ProcRef,
     pub nodes: Vec<NodeSpec>,
     pub plan: Option<cdi::Plan>,
@@ -65,6 +67,7 @@ pub fn oci_create<'a>(
     Ok(OciCreate {
         f: *f,
         holder: h.id.clone(),
+        container: h.name().to_string(),
         by,
         nodes,
         plan,
@@ -81,7 +84,28 @@ pub struct HostSide {
     pub binds: Option<Vec<String>>,
 }
 
-impl OciCreate<'_> {
+impl<'a> OciCreate<'a> {
+    /// The guard of a container's create with a pod's allocation (`holder`): its units go
+    /// back to the pod when it frees.
+    pub(super) fn for_pod(
+        f: &World<'a>,
+        holder: HolderId,
+        container: &str,
+        by: ProcRef,
+        nodes: Vec<NodeSpec>,
+        plan: Option<cdi::Plan>,
+    ) -> OciCreate<'a> {
+        OciCreate {
+            f: *f,
+            holder,
+            container: container.to_string(),
+            by,
+            nodes,
+            plan,
+            armed: true,
+        }
+    }
+
     /// The host's `/dev/char/MAJ:MIN` entry of each node (under the config's device root),
     /// made when missing ([`crate::host::charlink`]; a node with no host node of that number
     /// to link to is left without one, an entry that leads elsewhere refuses the create);
@@ -123,7 +147,7 @@ impl OciCreate<'_> {
             private_nodes::prepare_root(&root)?;
             sweep(cfg, st);
             Ok(private_nodes::make(
-                &root.join(self.holder.name()),
+                &root.join(&self.container),
                 &self.nodes,
             )?)
         })
@@ -165,19 +189,29 @@ fn nodes_root(cfg: &Config) -> PathBuf {
 /// Removes the node directories of IDs that hold no container reservation (freed, released
 /// by an operator, reclaimed as stale). Called under the state lock.
 fn sweep(cfg: &Config, st: &State) {
-    private_nodes::sweep(&nodes_root(cfg), |name| {
-        let id = HolderId::Oci { id: name.into() };
-        st.reservations.contains_key(&id.key())
-    });
+    private_nodes::sweep(&nodes_root(cfg), |name| st.container_key(name).is_some());
 }
 
 /// Frees the container's reservation when `cond` holds for it, and removes node directories
-/// nobody holds any more, in one locked step.
+/// nobody holds any more, in one locked step. A container that holds a pod's allocation
+/// (`ctr` that allocation, or the container) gives its units back to the pod instead.
 pub fn free_oci(
     f: &World,
     ctr: &HolderId,
-    cond: impl FnOnce(&Reservation) -> bool,
+    cond: impl Fn(&Reservation) -> bool,
 ) -> Result<Option<Reservation>, Error> {
+    let pod_key = match ctr {
+        HolderId::Pod { .. } => Some(ctr.key()),
+        HolderId::Oci { id } => Store::new(&f.cfg.state_file)
+            .read()
+            .ok()
+            .and_then(|st| st.container_key(id))
+            .filter(|k| k.as_str().starts_with("pod:")),
+        _ => None,
+    };
+    if let Some(key) = pod_key {
+        return back_to_pod(f, &key, cond);
+    }
     let key = ctr.key();
     let mine = |st: &State| match st.reservations.get(&key) {
         Some(r) if cond(r) => vec![(key.clone(), ())],
@@ -187,9 +221,33 @@ pub fn free_oci(
     Ok(freed.freed.into_iter().next().map(|(r, ())| r))
 }
 
+/// A pod's allocation under `key`, held by a container, back to the pod (pending) when `cond`
+/// holds for it, and the node directories nobody holds swept, in one locked step. Returns
+/// the reservation as it was.
+fn back_to_pod(
+    f: &World,
+    key: &crate::reserve::state::HolderKey,
+    cond: impl Fn(&Reservation) -> bool,
+) -> Result<Option<Reservation>, Error> {
+    let now = crate::reserve::state::now_rfc3339();
+    Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
+        let out = match st.reservations.get_mut(key) {
+            Some(r) if cond(r) && r.holder.pod().is_some_and(|p| p.container.is_some()) => {
+                let was = r.clone();
+                r.to_pending(&now);
+                Some(was)
+            }
+            _ => None,
+        };
+        sweep(f.cfg, st);
+        Ok(out)
+    })
+}
+
 /// `delete`, `poststop`: frees the container's reservation when `cond` holds for it (decided
-/// under the lock). Errors are logged: the caller's status stands.
-pub fn release_oci(f: &World, id: &str, stage: &str, cond: impl FnOnce(&Reservation) -> bool) {
+/// under the lock); a pod's allocation goes back to the pod. Errors are logged: the caller's
+/// status stands.
+pub fn release_oci(f: &World, id: &str, stage: &str, cond: impl Fn(&Reservation) -> bool) {
     let ctr = HolderId::Oci { id: id.into() };
     // Nothing held and no nodes left (an operator's `gpuhook release` frees the reservation
     // but cannot remove a running container's nodes): nothing to do.
@@ -198,6 +256,11 @@ pub fn release_oci(f: &World, id: &str, stage: &str, cond: impl FnOnce(&Reservat
     }
     let who = ctr.who();
     match free_oci(f, &ctr, cond) {
+        Ok(Some(r)) if r.kind() == crate::reserve::state::HolderKind::Pod => log::info(&format!(
+            "{who}: {stage}: {} back to {}, pending",
+            crate::ids::Unit::join(&r.gpus, ","),
+            r.holder.who_exactly()
+        )),
         Ok(Some(r)) => log::info(&format!(
             "{who}: {stage}: freed {}",
             crate::ids::Unit::join(&r.gpus, ",")

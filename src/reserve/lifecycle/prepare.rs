@@ -22,7 +22,7 @@ use crate::reserve::world::World;
 
 /// Whether a reserved unit can still be given: a whole GPU that is usable and not in MIG
 /// mode, or a MIG instance that exists on a usable GPU.
-pub(super) fn unit_ok(inv: &Inventory, unit: &Unit) -> bool {
+pub(crate) fn unit_ok(inv: &Inventory, unit: &Unit) -> bool {
     match *unit {
         Unit::Mig { .. } => inv.mig(unit).is_some_and(|(g, _)| g.usable()),
         // A slot: its GPU is still shared, with this slot among its replicas.

@@ -25,9 +25,16 @@ pub fn record_init(
 ) -> Result<(), Error> {
     let now = now_rfc3339();
     let gpus = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
+        // A container created with a pod's allocation holds that.
+        let key = match &h.id {
+            crate::reserve::state::HolderId::Oci { id } => {
+                st.container_key(id).unwrap_or_else(|| h.key.clone())
+            }
+            _ => h.key.clone(),
+        };
         let r = st
             .reservations
-            .get_mut(&h.key)
+            .get_mut(&key)
             .filter(|r| r.prepared_by == Some(by))
             .ok_or(LifecycleError::NotThisCreate)?;
         // Its nodes were recorded at its create (the runtime made them from its config).

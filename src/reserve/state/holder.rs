@@ -4,14 +4,16 @@
 //!
 //! In the state file a reservation still names its holder as it always did: `kind` (absent
 //! for a libvirt LXC domain), `domain` and `uuid` (an OCI container's ID in both); a file
-//! written before loads with the same meaning.
+//! written before loads with the same meaning. A Kubernetes pod's allocation (kind `pod`)
+//! adds what kubelet and its container told of it in a `pod` object.
 
 use crate::ids::normalize_uuid;
 use serde::{Deserialize, Serialize};
 
 /// Which kind of holder: a libvirt LXC domain, an OCI container, a libvirt QEMU domain (a
-/// virtual machine). State files written before OCI support have no `kind`: their
-/// reservations are libvirt's, and libvirt's are still written without it.
+/// virtual machine), a Kubernetes pod's allocation (made by kubelet's device plugin). State
+/// files written before OCI support have no `kind`: their reservations are libvirt's, and
+/// libvirt's are still written without it.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
@@ -21,11 +23,21 @@ pub enum HolderKind {
     Libvirt,
     Oci,
     Vm,
+    Pod,
 }
 
 impl HolderKind {
-    /// Every kind, in the order metrics and refusals name them.
+    /// The kinds an operator's command names by a name (`--domain`, `--container`, `--vm`),
+    /// in the order refusals name them. A pod's allocation is kubelet's: freed by its word
+    /// (or its claim's end), never by an operator's name.
     pub const ALL: [HolderKind; 3] = [HolderKind::Libvirt, HolderKind::Oci, HolderKind::Vm];
+    /// Every kind, in the order metrics name them.
+    pub const EVERY: [HolderKind; 4] = [
+        HolderKind::Libvirt,
+        HolderKind::Oci,
+        HolderKind::Vm,
+        HolderKind::Pod,
+    ];
 
     /// As `list --json` and the metrics name it: `libvirt`, `oci`, `vm`.
     pub fn as_str(self) -> &'static str {
@@ -33,6 +45,7 @@ impl HolderKind {
             HolderKind::Libvirt => "libvirt",
             HolderKind::Oci => "oci",
             HolderKind::Vm => "vm",
+            HolderKind::Pod => "pod",
         }
     }
 
@@ -45,12 +58,13 @@ impl HolderKind {
         format!("{} '{name}'", self.word())
     }
 
-    /// The word messages name this kind by: `domain`, `container`, `vm`.
+    /// The word messages name this kind by: `domain`, `container`, `vm`, `pod`.
     pub fn word(self) -> &'static str {
         match self {
             HolderKind::Libvirt => "domain",
             HolderKind::Oci => "container",
             HolderKind::Vm => "vm",
+            HolderKind::Pod => "pod",
         }
     }
 
@@ -61,6 +75,7 @@ impl HolderKind {
             HolderKind::Libvirt => ("lxc-hook", "the libvirt LXC hook (prepare)"),
             HolderKind::Oci => ("oci-runtime", "gpuhook-runtime (the OCI runtime's create)"),
             HolderKind::Vm => ("qemu-hook", "the libvirt QEMU hook (prepare)"),
+            HolderKind::Pod => ("device-plugin", "kubelet's device plugin (Allocate)"),
         }
     }
 
@@ -71,16 +86,16 @@ impl HolderKind {
             HolderKind::Libvirt => "--domain",
             HolderKind::Oci => "--container",
             HolderKind::Vm => "--vm",
+            HolderKind::Pod => "--pod",
         }
     }
 }
 
 /// Who holds a reservation, each kind with the fields of its own.
 ///
-/// A new kind (a Kubernetes pod's pending allocation: its namespace, name and UID, and the
-/// container once one is created) is a variant here, its key a prefix of its own
-/// ([`HolderId::key`]), its JSON `kind` a variant of [`HolderKind`], and a constructor of
-/// `reserve/lifecycle/holder.rs`'s `Holder`.
+/// A new kind is a variant here, its key a prefix of its own ([`HolderId::key`]), its JSON
+/// `kind` a variant of [`HolderKind`], and a constructor of `reserve/lifecycle/holder.rs`'s
+/// `Holder`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(try_from = "Named")]
 pub enum HolderId {
@@ -90,6 +105,53 @@ pub enum HolderId {
     Oci { id: String },
     /// A libvirt QEMU domain (a virtual machine): its name and its UUID.
     Vm { name: String, uuid: String },
+    /// A Kubernetes pod's allocation, made by kubelet's device plugin: its ID (the
+    /// `gpuhook.io/allocation` annotation's value, the key), and what kubelet and the
+    /// container created with it told of it.
+    Pod { alloc: String, pod: Box<PodOf> },
+}
+
+/// What is known of a pod's allocation beside its ID: the resource kubelet asked for; the
+/// pod (namespace and name from kubelet's pod resources API, UID from its checkpoint) and
+/// its container's name, once kubelet names them; the sandbox of the first container
+/// created with it (the pod it is bound to); the OCI container that holds its units now
+/// (none: pending).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodOf {
+    /// The extended resource (`gpuhook.io/gpu`, `gpuhook.io/mig-1g.10gb`, …).
+    pub resource: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The container of the pod, as the pod's spec names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_name: Option<String>,
+    /// Whether kubelet has listed it (then a pod resources list or checkpoint without it
+    /// frees it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub listed: bool,
+    /// The CRI sandbox (pod) of the first container created with it: only that pod's
+    /// containers get its units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
+    /// The OCI container that holds its units now (created through gpuhook-runtime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+}
+
+impl PodOf {
+    /// How messages name the pod: `NAMESPACE/NAME`, else its UID, else nothing known.
+    pub fn pod_name(&self) -> Option<String> {
+        match (&self.namespace, &self.name, &self.uid) {
+            (Some(ns), Some(n), _) => Some(format!("{ns}/{n}")),
+            (_, _, Some(uid)) => Some(uid.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// How a name answers to a holder: by its UUID (a libvirt domain's or a VM's), or by its
@@ -107,14 +169,17 @@ impl HolderId {
             HolderId::Libvirt { .. } => HolderKind::Libvirt,
             HolderId::Oci { .. } => HolderKind::Oci,
             HolderId::Vm { .. } => HolderKind::Vm,
+            HolderId::Pod { .. } => HolderKind::Pod,
         }
     }
 
-    /// The name operators know it by: the domain's or VM's name, the container's ID.
+    /// The name operators know it by: the domain's or VM's name, the container's ID, a
+    /// pod's allocation ID.
     pub fn name(&self) -> &str {
         match self {
             HolderId::Libvirt { name, .. } | HolderId::Vm { name, .. } => name,
             HolderId::Oci { id } => id,
+            HolderId::Pod { alloc, .. } => alloc,
         }
     }
 
@@ -122,22 +187,42 @@ impl HolderId {
     pub fn uuid(&self) -> Option<&str> {
         match self {
             HolderId::Libvirt { uuid, .. } | HolderId::Vm { uuid, .. } => Some(uuid),
-            HolderId::Oci { .. } => None,
+            HolderId::Oci { .. } | HolderId::Pod { .. } => None,
         }
     }
 
     /// `domain` and `uuid` as the state file and `list --json` write them: an OCI
-    /// container's ID in both.
+    /// container's ID in both, a pod's allocation ID in both.
     pub fn domain_and_uuid(&self) -> (&str, &str) {
         match self {
             HolderId::Libvirt { name, uuid } | HolderId::Vm { name, uuid } => (name, uuid),
             HolderId::Oci { id } => (id, id),
+            HolderId::Pod { alloc, .. } => (alloc, alloc),
         }
     }
 
-    /// How messages name it: `domain 'web1'`, `container 'ID'`, `vm 'vm1'`.
+    /// What is known of a pod's allocation.
+    pub fn pod(&self) -> Option<&PodOf> {
+        match self {
+            HolderId::Pod { pod, .. } => Some(pod),
+            _ => None,
+        }
+    }
+
+    /// How messages name it: `domain 'web1'`, `container 'ID'`, `vm 'vm1'`; a pod's
+    /// allocation by its pod (`pod 'ns/name' container 'main'`) once kubelet named it, else
+    /// by its ID (`pod allocation 'ID'`).
     pub fn who(&self) -> String {
-        self.kind().who(self.name())
+        match self {
+            HolderId::Pod { alloc, pod } => match pod.pod_name() {
+                Some(p) => match &pod.container_name {
+                    Some(c) => format!("pod '{p}' container '{c}'"),
+                    None => format!("pod '{p}'"),
+                },
+                None => format!("pod allocation '{alloc}'"),
+            },
+            _ => self.kind().who(self.name()),
+        }
     }
 
     /// As `release` and `reconcile` say what they freed: with its UUID where it has one
@@ -155,7 +240,7 @@ impl HolderId {
         match self {
             HolderId::Libvirt { .. } => format!("libvirt {}", self.who_exactly()),
             HolderId::Oci { .. } => format!("OCI {}", self.who()),
-            HolderId::Vm { .. } => self.who_exactly(),
+            HolderId::Vm { .. } | HolderId::Pod { .. } => self.who_exactly(),
         }
     }
 
@@ -171,6 +256,8 @@ impl HolderId {
                 }
             }
             HolderId::Oci { id } => (id == name).then_some(By::Name),
+            // kubelet's to free, not an operator's name's.
+            HolderId::Pod { .. } => None,
         }
     }
 
@@ -190,6 +277,7 @@ impl HolderId {
             HolderId::Oci { id } if normalize_uuid(id).is_none() && !id.contains(':') => id.clone(),
             HolderId::Oci { id } => format!("oci:{id}"),
             HolderId::Vm { uuid, .. } => format!("vm:{uuid}"),
+            HolderId::Pod { alloc, .. } => format!("pod:{alloc}"),
         })
     }
 
@@ -205,7 +293,7 @@ impl HolderId {
                 uuid: id.clone(),
             }
             .key()],
-            HolderId::Vm { .. } => Vec::new(),
+            HolderId::Vm { .. } | HolderId::Pod { .. } => Vec::new(),
         }
     }
 
@@ -215,7 +303,7 @@ impl HolderId {
         match self {
             HolderId::Libvirt { uuid, .. } => Some(uuid),
             HolderId::Oci { id } => Some(id),
-            HolderId::Vm { .. } => None,
+            HolderId::Vm { .. } | HolderId::Pod { .. } => None,
         }
     }
 
@@ -232,6 +320,13 @@ impl HolderId {
             HolderKind::Vm => HolderId::Vm {
                 name: name.into(),
                 uuid: id.into(),
+            },
+            HolderKind::Pod => HolderId::Pod {
+                alloc: id.into(),
+                pod: Box::new(PodOf {
+                    resource: "gpuhook.io/gpu".into(),
+                    ..PodOf::default()
+                }),
             },
         }
     }
@@ -264,26 +359,39 @@ impl std::borrow::Borrow<str> for HolderKey {
     }
 }
 
-/// A holder as the state file names it (`kind`, `domain`, `uuid`).
+/// A holder as the state file names it (`kind`, `domain`, `uuid`; a pod's allocation
+/// also `pod`).
 #[derive(Deserialize)]
 struct Named {
     #[serde(default)]
     kind: HolderKind,
     domain: String,
     uuid: String,
+    #[serde(default)]
+    pod: Option<PodOf>,
 }
 
-/// What a reservation's `kind`, `domain` and `uuid` cannot be.
+/// What a reservation's `kind`, `domain`, `uuid` and `pod` cannot be.
 #[derive(Debug, thiserror::Error)]
-#[error("an OCI reservation names its container '{domain}' in `domain` but '{uuid}' in `uuid`")]
-pub struct NamedTwice {
-    domain: String,
-    uuid: String,
+pub enum NamedTwice {
+    #[error(
+        "an OCI reservation names its container '{domain}' in `domain` but '{uuid}' in `uuid`"
+    )]
+    Container { domain: String, uuid: String },
+    #[error("a pod's reservation names its allocation '{domain}' in `domain` but '{uuid}' in `uuid`, or has no `pod`")]
+    Pod { domain: String, uuid: String },
+    #[error("a reservation of kind '{kind}' has a `pod` object")]
+    NotPod { kind: &'static str },
 }
 
 impl TryFrom<Named> for HolderId {
     type Error = NamedTwice;
     fn try_from(n: Named) -> Result<HolderId, NamedTwice> {
+        if n.pod.is_some() && n.kind != HolderKind::Pod {
+            return Err(NamedTwice::NotPod {
+                kind: n.kind.as_str(),
+            });
+        }
         Ok(match n.kind {
             HolderKind::Libvirt => HolderId::Libvirt {
                 name: n.domain,
@@ -291,7 +399,7 @@ impl TryFrom<Named> for HolderId {
             },
             HolderKind::Oci if n.domain == n.uuid => HolderId::Oci { id: n.uuid },
             HolderKind::Oci => {
-                return Err(NamedTwice {
+                return Err(NamedTwice::Container {
                     domain: n.domain,
                     uuid: n.uuid,
                 })
@@ -299,6 +407,20 @@ impl TryFrom<Named> for HolderId {
             HolderKind::Vm => HolderId::Vm {
                 name: n.domain,
                 uuid: n.uuid,
+            },
+            HolderKind::Pod => match n.pod {
+                Some(pod) if n.domain == n.uuid && crate::ids::is_alloc_id(&n.uuid) => {
+                    HolderId::Pod {
+                        alloc: n.uuid,
+                        pod: Box::new(pod),
+                    }
+                }
+                _ => {
+                    return Err(NamedTwice::Pod {
+                        domain: n.domain,
+                        uuid: n.uuid,
+                    })
+                }
             },
         })
     }
@@ -312,6 +434,8 @@ struct NamedRef<'a> {
     kind: HolderKind,
     domain: &'a str,
     uuid: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod: Option<&'a PodOf>,
 }
 
 impl Serialize for HolderId {
@@ -321,6 +445,7 @@ impl Serialize for HolderId {
             kind: self.kind(),
             domain,
             uuid,
+            pod: self.pod(),
         }
         .serialize(s)
     }
@@ -445,5 +570,40 @@ mod tests {
             "{\"kind\":\"pod\",\"domain\":\"a\",\"uuid\":\"a\"}"
         )
         .is_err());
+    }
+
+    /// A pod's allocation: keyed `pod:ID`, written with what is known of its pod; named by
+    /// its pod and container once kubelet named them; no operator's name reaches it.
+    #[test]
+    fn a_pods_allocation_round_trips_and_is_named_by_its_pod() {
+        const A: &str = "0123456789abcdef0123456789abcdef";
+        let mut id = HolderId::Pod {
+            alloc: A.into(),
+            pod: Box::new(PodOf {
+                resource: "gpuhook.io/gpu".into(),
+                ..PodOf::default()
+            }),
+        };
+        assert_eq!(id.key().as_str(), format!("pod:{A}"));
+        assert_eq!(id.who(), format!("pod allocation '{A}'"));
+        assert_eq!(id.answers_to(A), None);
+        let text = format!(
+            "{{\"kind\":\"pod\",\"domain\":\"{A}\",\"uuid\":\"{A}\",\"pod\":{{\"resource\":\"gpuhook.io/gpu\"}}}}"
+        );
+        assert_eq!(serde_json::to_string(&id).unwrap(), text);
+        assert_eq!(serde_json::from_str::<HolderId>(&text).unwrap(), id);
+        if let HolderId::Pod { pod, .. } = &mut id {
+            pod.namespace = Some("ml".into());
+            pod.name = Some("trainer".into());
+            pod.container_name = Some("main".into());
+            pod.container = Some("c0ffee".into());
+            pod.listed = true;
+        }
+        assert_eq!(id.who(), "pod 'ml/trainer' container 'main'");
+        let back: HolderId = serde_json::from_str(&serde_json::to_string(&id).unwrap()).unwrap();
+        assert_eq!(back, id);
+        // Another kind never has a `pod`; a pod's key is its allocation's ID.
+        let bad = r#"{"kind":"pod","domain":"x","uuid":"x","pod":{"resource":"r"}}"#;
+        assert!(serde_json::from_str::<HolderId>(bad).is_err());
     }
 }

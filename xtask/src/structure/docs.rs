@@ -101,6 +101,8 @@ pub fn check(root: &Path) -> std::io::Result<Vec<Finding>> {
         "testbed",
         "xtask",
         "gpuhook-libvirt",
+        "gpuhook-device-plugin",
+        "kubelet-api",
         "fuzz",
     ] {
         files_under(&root.join(d), "rs", &mut rs);
@@ -152,7 +154,16 @@ pub fn check(root: &Path) -> std::io::Result<Vec<Finding>> {
             .to_string_lossy()
             .replace('\\', "/");
         if rel != "docs/ARCHITECTURE.md" {
-            let rooted = ["src/", "tests/", "testbed/", "benches/", "xtask/", "fuzz/"];
+            let rooted = [
+                "src/",
+                "tests/",
+                "testbed/",
+                "benches/",
+                "xtask/",
+                "fuzz/",
+                "gpuhook-device-plugin/",
+                "kubelet-api/",
+            ];
             for (line, name) in rs_names(&text) {
                 if rooted.iter().any(|r| name.starts_with(r)) && !root.join(&name).exists() {
                     v.push(finding(format!(

@@ -35,6 +35,7 @@ mod detach;
 mod free;
 mod host_driver;
 mod mps;
+mod pods;
 mod prepare;
 mod readopt;
 
