@@ -18,7 +18,7 @@ use crate::request::{Capabilities, Driver, Request};
 use crate::reserve::lifecycle::holder::{new_reservation, Holder};
 use crate::reserve::lifecycle::prepare::unit_ok;
 use crate::reserve::reconcile::{reclaim_stale, stale_on};
-use crate::reserve::state::{now_rfc3339, HolderKey, HolderKind, PodOf, State, Store};
+use crate::reserve::state::{now_rfc3339, Alias, HolderKey, HolderKind, PodOf, State, Store};
 use crate::reserve::world::World;
 
 /// One container's allocation: its ID (the `gpuhook.io/allocation` annotation's value), its
@@ -62,12 +62,21 @@ pub fn allocate(
     let now = now_rfc3339();
     let made = Store::new(&f.cfg.state_file).update(|st| -> Result<_, PodError> {
         crate::reserve::health::apply(&mut inv, st);
-        let notes = make_room(f, st, &mut inv, &name, &all)?;
+        let (notes, gone) = make_room(f, st, &mut inv, &name, &all)?;
         for (units, alloc) in wanted.iter().zip(&ids) {
+            // An allocation whose units all went to this one lives on as its alias.
+            let aliases: Vec<Alias> = gone
+                .iter()
+                .filter(|(old, _)| old.units.iter().all(|u| units.contains(u)))
+                .flat_map(|(old, theirs)| {
+                    std::iter::once(old.clone()).chain(theirs.iter().cloned())
+                })
+                .collect();
             let h = Holder::pod(
                 alloc,
                 PodOf {
                     resource: name.clone(),
+                    aliases,
                     ..PodOf::default()
                 },
             );
@@ -163,19 +172,26 @@ fn parse_requests(
     Ok(out)
 }
 
+/// A pod's allocation that gave up every unit it held: it (its ID and units), and its own
+/// aliases.
+type Gone = (Alias, Vec<Alias>);
+
 /// Makes `units` free to reserve, or refuses: each must be on the host and usable, not
 /// draining; a pod's allocation holding it gives it up (removed once it holds nothing), unless
 /// its container lives; a stale holder's is reclaimed; anyone else's is refused, naming them.
 /// A MIG instance also needs its GPU instance free of other holders. Returns what was done,
-/// for the log.
+/// for the log, and the pod allocations that gave up all they held.
 fn make_room(
     f: &World,
     st: &mut State,
     inv: &mut Inventory,
     name: &str,
     units: &[Unit],
-) -> Result<Vec<String>, PodError> {
+) -> Result<(Vec<String>, Vec<Gone>), PodError> {
     let mut notes = Vec::new();
+    let mut gone: Vec<Gone> = Vec::new();
+    // What each pod allocation held before this request took from it.
+    let mut held_before: std::collections::BTreeMap<HolderKey, Vec<Unit>> = Default::default();
     let stale_others = units.iter().any(|u| {
         holders_of(st, inv, u).iter().any(|k| {
             st.reservations[k].kind() != HolderKind::Pod
@@ -240,20 +256,33 @@ fn make_room(
                 });
             }
             let r = st.reservations.get_mut(&k).expect("listed");
+            held_before
+                .entry(k.clone())
+                .or_insert_with(|| r.gpus.clone());
             r.gpus.retain(|x| x.pci() != u.pci() || !same_place(x, u));
             notes.push(format!(
                 "kubelet: {name}: device {id} taken over from {} (kubelet gave it anew)",
                 r.holder.who_exactly()
             ));
             if r.gpus.is_empty() {
-                st.reservations.remove(&k);
+                let old = st.reservations.remove(&k).expect("listed");
+                gone.push((
+                    Alias {
+                        alloc: old.holder.name().to_string(),
+                        units: held_before.remove(&k).unwrap_or_default(),
+                    },
+                    old.holder
+                        .pod()
+                        .map(|p| p.aliases.clone())
+                        .unwrap_or_default(),
+                ));
             } else if r.phase == crate::reserve::state::Phase::Running {
                 // Its container is gone: what is left goes back to its pod, pending.
                 r.to_pending(&now_rfc3339());
             }
         }
     }
-    Ok(notes)
+    Ok((notes, gone))
 }
 
 /// Whether `x`, held, stands in the way of `u`: the same unit, or (MIG) another compute
