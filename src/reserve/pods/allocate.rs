@@ -205,34 +205,7 @@ fn make_room(
     }
     for u in units {
         let id = device_id(u);
-        let refuse_unusable = |why: String| PodError::Unusable {
-            resource: name.to_string(),
-            id: id.clone(),
-            why,
-        };
-        let Some(g) = inv.by_unit(u) else {
-            return Err(PodError::Gone {
-                resource: name.to_string(),
-                id,
-            });
-        };
-        if !units_of(g).contains(u) {
-            return Err(PodError::Gone {
-                resource: name.to_string(),
-                id,
-            });
-        }
-        if let Some(p) = &g.problem {
-            return Err(refuse_unusable(p.clone()));
-        }
-        if g.excluded || !unit_ok(inv, u) {
-            return Err(refuse_unusable("excluded by the host config".into()));
-        }
-        for d in [*u, Unit::Gpu(u.pci())] {
-            if let Some(dr) = st.draining.get(&d) {
-                return Err(refuse_unusable(format!("draining: {}", dr.holder(&d))));
-            }
-        }
+        usable(st, inv, name, u)?;
         for k in holders_of(st, inv, u) {
             let r = &st.reservations[&k];
             if r.kind() != HolderKind::Pod {
@@ -283,6 +256,37 @@ fn make_room(
         }
     }
     Ok((notes, gone))
+}
+
+/// `u` is on the host as a unit of its own, usable, not excluded, not draining; else the
+/// refusal.
+fn usable(st: &State, inv: &Inventory, name: &str, u: &Unit) -> Result<(), PodError> {
+    let id = device_id(u);
+    let refuse_unusable = |why: String| PodError::Unusable {
+        resource: name.to_string(),
+        id: id.clone(),
+        why,
+    };
+    let gone = || PodError::Gone {
+        resource: name.to_string(),
+        id: id.clone(),
+    };
+    let g = inv.by_unit(u).ok_or_else(gone)?;
+    if !units_of(g).contains(u) {
+        return Err(gone());
+    }
+    if let Some(p) = &g.problem {
+        return Err(refuse_unusable(p.clone()));
+    }
+    if g.excluded || !unit_ok(inv, u) {
+        return Err(refuse_unusable("excluded by the host config".into()));
+    }
+    for d in [*u, Unit::Gpu(u.pci())] {
+        if let Some(dr) = st.draining.get(&d) {
+            return Err(refuse_unusable(format!("draining: {}", dr.holder(&d))));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `x`, held, stands in the way of `u`: the same unit, or (MIG) another compute
