@@ -387,10 +387,7 @@ pub fn preferred(
         ..Request::default()
     };
     match resource {
-        Resource::Gpu => {
-            // Near the units it must have.
-            req.devices = Vec::new();
-        }
+        Resource::Gpu => {}
         Resource::Shared => req.share = true,
         Resource::Mig(_) => req.mig = true,
     }
