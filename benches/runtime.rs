@@ -186,10 +186,19 @@ fn main() {
     );
     // 1b. This build against another (`BENCH_BASELINE`): both wrappers in turn.
     if let Some(base) = std::env::var_os("BENCH_BASELINE") {
-        let dir = s.dir.path().join("baseline");
-        std::fs::create_dir_all(&dir).unwrap();
-        let base_link = dir.join("gpuhook-runtime");
-        std::os::unix::fs::symlink(&base, &base_link).unwrap();
+        // Both binaries copied afresh side by side (on the tmpfs): a binary the linker
+        // wrote starts measurably slower than a copy of itself on this kernel (its page cache
+        // in small folios), which an A/A run of one build against its copy shows (1.12-1.19×).
+        let place = |from: &Path, sub: &str| {
+            let dir = s.dir.path().join(sub);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::copy(from, dir.join("gpuhook")).unwrap();
+            let link = dir.join("gpuhook-runtime");
+            std::os::unix::fs::symlink(dir.join("gpuhook"), &link).unwrap();
+            link
+        };
+        let base_link = place(Path::new(&base), "baseline");
+        let this_link = place(&hook, "this");
         let run = |link: &Path, b: &Path, id: &str, cmd: &str| {
             let mut c = Command::new(link);
             c.env("GPUHOOK_CONFIG", &s.config)
@@ -200,7 +209,15 @@ fn main() {
         };
         let (mut bp, mut tp, mut br, mut tr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for i in 0..n {
-            for (link, pass, req) in [(&base_link, &mut bp, &mut br), (&s.link, &mut tp, &mut tr)] {
+            // Each first in turn: neither gains from what the other left warm.
+            let mut pair = [
+                (&base_link, &mut bp, &mut br),
+                (&this_link, &mut tp, &mut tr),
+            ];
+            if i % 2 == 1 {
+                pair.reverse();
+            }
+            for (link, pass, req) in pair {
                 pass.push(timed(&mut run(link, &plain, "c", "create")));
                 std::fs::write(gpu.join("config.json"), &gpu_bytes).unwrap();
                 let id = format!("ab-{i}");

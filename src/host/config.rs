@@ -838,6 +838,35 @@ mod tests {
     }
 
     /// The health keys: `reset_command` an argument list (`{pci}` replaced) or `"pci"`,
+    /// The device plugin's keys: kubelet's plugin directory (absolute; its pod resources
+    /// socket beside it) and the claim of an allocation kubelet never lists.
+    #[test]
+    fn kubelet_keys() {
+        let d = p("{}").unwrap();
+        assert_eq!(
+            d.kubelet_plugin_dir,
+            Path::new("/var/lib/kubelet/device-plugins/")
+        );
+        assert_eq!(
+            d.pod_resources_socket(),
+            Path::new("/var/lib/kubelet/pod-resources/kubelet.sock")
+        );
+        assert_eq!(d.kubelet_claim_s, 300);
+        let c =
+            p(r#"{"kubelet_plugin_dir": "/srv/kubelet/device-plugins", "kubelet_claim_s": 30}"#)
+                .unwrap();
+        assert_eq!(
+            c.pod_resources_socket(),
+            Path::new("/srv/kubelet/pod-resources/kubelet.sock")
+        );
+        assert_eq!(c.kubelet_claim_s, 30);
+        assert!(p(r#"{"kubelet_plugin_dir": "device-plugins"}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("\"kubelet_plugin_dir\" must be an absolute path"));
+        assert!(p(r#"{"kubelet_claim_s": -1}"#).is_err());
+    }
+
     /// `auto_reset`, `max_quarantines` (at least 1), `reset_on_release`, `nvidia_smi` (an
     /// absolute path); their defaults.
     #[test]

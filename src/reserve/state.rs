@@ -31,7 +31,7 @@ mod time;
 pub use draining::{Draining, Opener};
 pub use error::{Corruption, Unsafety};
 pub use health::{GpuHealth, KmsgMark, Quarantine, Resetting, XidCount};
-pub use holder::{By, HolderId, HolderKey, HolderKind, PodOf};
+pub use holder::{Alias, By, HolderId, HolderKey, HolderKind, PodOf};
 pub use phase::{Blocked, Found, Phase, Started, Transition};
 pub use time::{now_rfc3339, parse_rfc3339, rfc3339};
 

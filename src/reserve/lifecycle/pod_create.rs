@@ -22,7 +22,7 @@ use crate::log;
 use crate::request::oci::CriPod;
 use crate::request::{IdMap, Request};
 use crate::reserve::error::Error;
-use crate::reserve::state::{now_rfc3339, HolderId, HolderKind, PodOf, State, Store};
+use crate::reserve::state::{now_rfc3339, HolderId, HolderKey, HolderKind, PodOf, State, Store};
 use crate::reserve::world::World;
 
 /// `create` of container `id` of pod `cri` with the pod allocation `alloc`: the allocation's
@@ -49,16 +49,16 @@ pub fn pod_create<'a>(
     let cri = cri.ok_or(LifecycleError::from(PodCreateError::NotPodContainer))?;
     let mut inv = (f.scan)(f.cfg, scan_for(f.cfg, req))?;
     let now = now_rfc3339();
-    let key = Holder::pod(alloc, PodOf::default()).key;
-    let (holder, edits) = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
+    let (holder, edits, key) = Store::new(&f.cfg.state_file).update(|st| -> Result<_, Error> {
         crate::reserve::health::apply(&mut inv, st);
-        let r = st
-            .reservations
-            .get(&key)
-            .filter(|r| r.kind() == HolderKind::Pod)
-            .ok_or_else(|| no_allocation(alloc))?;
+        let (key, only) = find_allocation(st, alloc)?;
+        let r = &st.reservations[&key];
         let pod = bound_pod(st, &key, alloc, id, cri, f, by)?;
-        let units = r.gpus.clone();
+        // An earlier allocation kubelet gave on (an init container's, reused): its units.
+        let units: Vec<Unit> = match &only {
+            Some(us) => r.gpus.iter().filter(|u| us.contains(u)).copied().collect(),
+            None => r.gpus.clone(),
+        };
         inv.settle(f.cfg, &units);
         for u in &units {
             if !unit_ok(&inv, u) {
@@ -75,7 +75,7 @@ pub fn pod_create<'a>(
             }
         }
         let holder = HolderId::Pod {
-            alloc: alloc.to_string(),
+            alloc: r.holder.name().to_string(),
             pod: Box::new(pod),
         };
         let h = Holder::from_id(holder.clone(), idmap);
@@ -90,7 +90,7 @@ pub fn pod_create<'a>(
         for n in crate::reserve::mps::claim(f.cfg, f.mps, f.proc, st, &inv, &units)? {
             log::info(&n);
         }
-        Ok((holder, edits))
+        Ok((holder, edits, key))
     })?;
     let units = Store::new(&f.cfg.state_file)
         .read()
@@ -118,6 +118,26 @@ pub fn pod_create<'a>(
     Ok(OciCreate::for_pod(f, holder, id, by, nodes, plan))
 }
 
+/// The reservation of pod allocation `alloc`: its own, or the one it lives on in as an alias
+/// (with the units that were its own).
+fn find_allocation(st: &State, alloc: &str) -> Result<(HolderKey, Option<Vec<Unit>>), Error> {
+    let key = Holder::pod(alloc, PodOf::default()).key;
+    if st
+        .reservations
+        .get(&key)
+        .is_some_and(|r| r.kind() == HolderKind::Pod)
+    {
+        return Ok((key, None));
+    }
+    st.reservations
+        .iter()
+        .find_map(|(k, r)| {
+            let a = r.holder.pod()?.alias(alloc)?;
+            Some((k.clone(), Some(a.units.clone())))
+        })
+        .ok_or_else(|| no_allocation(alloc))
+}
+
 fn no_allocation(alloc: &str) -> Error {
     LifecycleError::from(PodCreateError::NoAllocation {
         alloc: alloc.to_string(),
@@ -131,7 +151,7 @@ fn no_allocation(alloc: &str) -> Error {
 /// container of it holds it and lives (or is being created).
 fn bound_pod(
     st: &State,
-    key: &crate::reserve::state::HolderKey,
+    key: &HolderKey,
     alloc: &str,
     id: &str,
     cri: &CriPod,

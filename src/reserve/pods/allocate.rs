@@ -18,7 +18,7 @@ use crate::request::{Capabilities, Driver, Request};
 use crate::reserve::lifecycle::holder::{new_reservation, Holder};
 use crate::reserve::lifecycle::prepare::unit_ok;
 use crate::reserve::reconcile::{reclaim_stale, stale_on};
-use crate::reserve::state::{now_rfc3339, HolderKey, HolderKind, PodOf, State, Store};
+use crate::reserve::state::{now_rfc3339, Alias, HolderKey, HolderKind, PodOf, State, Store};
 use crate::reserve::world::World;
 
 /// One container's allocation: its ID (the `gpuhook.io/allocation` annotation's value), its
@@ -62,12 +62,21 @@ pub fn allocate(
     let now = now_rfc3339();
     let made = Store::new(&f.cfg.state_file).update(|st| -> Result<_, PodError> {
         crate::reserve::health::apply(&mut inv, st);
-        let notes = make_room(f, st, &mut inv, &name, &all)?;
+        let (notes, gone) = make_room(f, st, &mut inv, &name, &all)?;
         for (units, alloc) in wanted.iter().zip(&ids) {
+            // An allocation whose units all went to this one lives on as its alias.
+            let aliases: Vec<Alias> = gone
+                .iter()
+                .filter(|(old, _)| old.units.iter().all(|u| units.contains(u)))
+                .flat_map(|(old, theirs)| {
+                    std::iter::once(old.clone()).chain(theirs.iter().cloned())
+                })
+                .collect();
             let h = Holder::pod(
                 alloc,
                 PodOf {
                     resource: name.clone(),
+                    aliases,
                     ..PodOf::default()
                 },
             );
@@ -163,19 +172,26 @@ fn parse_requests(
     Ok(out)
 }
 
+/// A pod's allocation that gave up every unit it held: it (its ID and units), and its own
+/// aliases.
+type Gone = (Alias, Vec<Alias>);
+
 /// Makes `units` free to reserve, or refuses: each must be on the host and usable, not
 /// draining; a pod's allocation holding it gives it up (removed once it holds nothing), unless
 /// its container lives; a stale holder's is reclaimed; anyone else's is refused, naming them.
 /// A MIG instance also needs its GPU instance free of other holders. Returns what was done,
-/// for the log.
+/// for the log, and the pod allocations that gave up all they held.
 fn make_room(
     f: &World,
     st: &mut State,
     inv: &mut Inventory,
     name: &str,
     units: &[Unit],
-) -> Result<Vec<String>, PodError> {
+) -> Result<(Vec<String>, Vec<Gone>), PodError> {
     let mut notes = Vec::new();
+    let mut gone: Vec<Gone> = Vec::new();
+    // What each pod allocation held before this request took from it.
+    let mut held_before: std::collections::BTreeMap<HolderKey, Vec<Unit>> = Default::default();
     let stale_others = units.iter().any(|u| {
         holders_of(st, inv, u).iter().any(|k| {
             st.reservations[k].kind() != HolderKind::Pod
@@ -189,34 +205,7 @@ fn make_room(
     }
     for u in units {
         let id = device_id(u);
-        let refuse_unusable = |why: String| PodError::Unusable {
-            resource: name.to_string(),
-            id: id.clone(),
-            why,
-        };
-        let Some(g) = inv.by_unit(u) else {
-            return Err(PodError::Gone {
-                resource: name.to_string(),
-                id,
-            });
-        };
-        if !units_of(g).contains(u) {
-            return Err(PodError::Gone {
-                resource: name.to_string(),
-                id,
-            });
-        }
-        if let Some(p) = &g.problem {
-            return Err(refuse_unusable(p.clone()));
-        }
-        if g.excluded || !unit_ok(inv, u) {
-            return Err(refuse_unusable("excluded by the host config".into()));
-        }
-        for d in [*u, Unit::Gpu(u.pci())] {
-            if let Some(dr) = st.draining.get(&d) {
-                return Err(refuse_unusable(format!("draining: {}", dr.holder(&d))));
-            }
-        }
+        usable(st, inv, name, u)?;
         for k in holders_of(st, inv, u) {
             let r = &st.reservations[&k];
             if r.kind() != HolderKind::Pod {
@@ -240,20 +229,64 @@ fn make_room(
                 });
             }
             let r = st.reservations.get_mut(&k).expect("listed");
+            held_before
+                .entry(k.clone())
+                .or_insert_with(|| r.gpus.clone());
             r.gpus.retain(|x| x.pci() != u.pci() || !same_place(x, u));
             notes.push(format!(
                 "kubelet: {name}: device {id} taken over from {} (kubelet gave it anew)",
                 r.holder.who_exactly()
             ));
             if r.gpus.is_empty() {
-                st.reservations.remove(&k);
+                let old = st.reservations.remove(&k).expect("listed");
+                gone.push((
+                    Alias {
+                        alloc: old.holder.name().to_string(),
+                        units: held_before.remove(&k).unwrap_or_default(),
+                    },
+                    old.holder
+                        .pod()
+                        .map(|p| p.aliases.clone())
+                        .unwrap_or_default(),
+                ));
             } else if r.phase == crate::reserve::state::Phase::Running {
                 // Its container is gone: what is left goes back to its pod, pending.
                 r.to_pending(&now_rfc3339());
             }
         }
     }
-    Ok(notes)
+    Ok((notes, gone))
+}
+
+/// `u` is on the host as a unit of its own, usable, not excluded, not draining; else the
+/// refusal.
+fn usable(st: &State, inv: &Inventory, name: &str, u: &Unit) -> Result<(), PodError> {
+    let id = device_id(u);
+    let refuse_unusable = |why: String| PodError::Unusable {
+        resource: name.to_string(),
+        id: id.clone(),
+        why,
+    };
+    let gone = || PodError::Gone {
+        resource: name.to_string(),
+        id: id.clone(),
+    };
+    let g = inv.by_unit(u).ok_or_else(gone)?;
+    if !units_of(g).contains(u) {
+        return Err(gone());
+    }
+    if let Some(p) = &g.problem {
+        return Err(refuse_unusable(p.clone()));
+    }
+    if g.excluded || !unit_ok(inv, u) {
+        return Err(refuse_unusable("excluded by the host config".into()));
+    }
+    for d in [*u, Unit::Gpu(u.pci())] {
+        if let Some(dr) = st.draining.get(&d) {
+            return Err(refuse_unusable(format!("draining: {}", dr.holder(&d))));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `x`, held, stands in the way of `u`: the same unit, or (MIG) another compute
@@ -354,10 +387,7 @@ pub fn preferred(
         ..Request::default()
     };
     match resource {
-        Resource::Gpu => {
-            // Near the units it must have.
-            req.devices = Vec::new();
-        }
+        Resource::Gpu => {}
         Resource::Shared => req.share = true,
         Resource::Mig(_) => req.mig = true,
     }

@@ -114,17 +114,21 @@ impl KubeletView {
     }
 
     /// The container kubelet lists with every unit of `r` (a pod's allocation) of its
-    /// resource: the one that names this allocation, else the first that names none, in
-    /// kubelet's order (an entry naming another allocation is another pod's).
+    /// resource: the one that names this allocation, else one that names an allocation it
+    /// took over whole (its alias), else the first that names none, in kubelet's order (an
+    /// entry naming another allocation is another pod's).
     fn holder_of(&self, pod: &PodOf, r: &Reservation) -> Option<&PodDevices> {
         let ids: Vec<String> = r.gpus.iter().map(device_id).collect();
-        let alloc = r.holder.name();
         let fits =
             |p: &&PodDevices| p.resource == pod.resource && ids.iter().all(|i| p.ids.contains(i));
-        self.pods
-            .iter()
-            .filter(fits)
-            .find(|p| p.alloc.as_deref() == Some(alloc))
+        let naming = |ok: &dyn Fn(&str) -> bool| {
+            self.pods
+                .iter()
+                .filter(fits)
+                .find(|p| p.alloc.as_deref().is_some_and(ok))
+        };
+        naming(&|a| a == r.holder.name())
+            .or_else(|| naming(&|a| pod.alias(a).is_some()))
             .or_else(|| self.pods.iter().filter(fits).find(|p| p.alloc.is_none()))
     }
 }

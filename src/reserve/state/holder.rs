@@ -141,9 +141,27 @@ pub struct PodOf {
     /// The OCI container that holds its units now (created through gpuhook-runtime).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+    /// Allocations kubelet made before of units it then gave to this one, whole (a container
+    /// of the pod reusing an init container's devices, as kubelet does): a container created
+    /// with one of them gets this reservation, with those units.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<Alias>,
+}
+
+/// An earlier allocation of a pod's units, now another allocation's ([`PodOf::aliases`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Alias {
+    pub alloc: String,
+    pub units: Vec<crate::ids::Unit>,
 }
 
 impl PodOf {
+    /// Whether the allocation `alloc` is one of its aliases, and its units if so.
+    pub fn alias(&self, alloc: &str) -> Option<&Alias> {
+        self.aliases.iter().find(|a| a.alloc == alloc)
+    }
+
     /// How messages name the pod: `NAMESPACE/NAME`, else its UID, else nothing known.
     pub fn pod_name(&self) -> Option<String> {
         match (&self.namespace, &self.name, &self.uid) {

@@ -325,8 +325,13 @@ fn a_stale_checkpoint_entry_is_told_apart_by_its_allocation() {
             .as_deref(),
         Some("uid-b")
     );
-    // Only an entry of another allocation names GPU 0: B, listed before, is freed.
-    let v = cp(&[entry("uid-a", &a.alloc)]);
+    // kubelet writes its checkpoint anew without A; then without B too: B, listed
+    // before, is freed.
+    let v = cp(&[entry("uid-b", &b.alloc)]);
+    h.with(&fake, |f| pods::sync(f, Some(&v), now(), 300))
+        .unwrap();
+    assert!(pod_of(&h.state(), &b.alloc).is_some());
+    let v = cp(&[entry("uid-c", "ffffffffffffffffffffffffffffffff")]);
     h.with(&fake, |f| pods::sync(f, Some(&v), now(), 300))
         .unwrap();
     assert!(pod_of(&h.state(), &b.alloc).is_none());
@@ -490,5 +495,79 @@ fn a_gone_container_gives_its_units_back_to_the_pod() {
             r.holder.pod().unwrap().container.as_deref()
         ),
         (Phase::Prepared, 8, None)
+    );
+}
+
+/// kubelet allocates a pod's containers at its admission, and gives an app container the
+/// devices of an init container of the pod (device reuse), calling `Allocate` again: the
+/// init container's allocation, taken over whole, lives on as the app container's alias, so
+/// the init container (created first) still gets its own units, then the app container all.
+#[test]
+fn an_init_containers_allocation_reused_by_the_app_container() {
+    let h = host();
+    let me = h.this_process();
+    let fake = h.fake(Fake::default());
+    let init = allocate(&h, &fake, &[&[0]]).unwrap().remove(0);
+    let app = allocate(&h, &fake, &[&[0, 1]]).unwrap().remove(0);
+    let st = h.state();
+    assert!(pod_of(&st, &init.alloc).is_none());
+    let r = pod_of(&st, &app.alloc).unwrap();
+    let aliases = &r.holder.pod().unwrap().aliases;
+    assert_eq!(
+        (
+            aliases.len(),
+            aliases[0].alloc.as_str(),
+            aliases[0].units.clone()
+        ),
+        (1, init.alloc.as_str(), vec![pci(0)])
+    );
+    // The init container: its own unit only.
+    let trainer = cri("sb1", "trainer");
+    let paths = create(&h, &fake, &init.alloc, "ctr-init", Some(&trainer), me, true).unwrap();
+    assert_eq!(paths, ["/dev/nvidia0"]);
+    h.with(&fake, |f| {
+        free_oci(
+            f,
+            &HolderId::Oci {
+                id: "ctr-init".into(),
+            },
+            |r| r.prepared_by == Some(me),
+        )
+    })
+    .unwrap();
+    // The app container: both.
+    let paths = create(&h, &fake, &app.alloc, "ctr-app", Some(&trainer), me, true).unwrap();
+    assert_eq!(paths, ["/dev/nvidia0", "/dev/nvidia1"]);
+    // Another pod's container naming the init container's allocation: refused.
+    let e = create(
+        &h,
+        &fake,
+        &init.alloc,
+        "evil",
+        Some(&cri("sb2", "thief")),
+        me,
+        true,
+    )
+    .unwrap_err();
+    assert!(e.contains("belongs to pod 'ml/trainer'"), "{e}");
+    // kubelet's checkpoint names the init container's entry by its allocation, the app
+    // container's by its own: the app container's names the reservation.
+    let text = format!(
+        r#"{{"Data":{{"PodDeviceEntries":[{{"PodUID":"u1","ContainerName":"init","ResourceName":"gpuhook.io/gpu","DeviceIDs":{{"-1":["0000:10:00.0"]}},"AllocResp":"{}"}},{{"PodUID":"u1","ContainerName":"main","ResourceName":"gpuhook.io/gpu","DeviceIDs":{{"-1":["0000:10:00.0","0000:11:00.0"]}},"AllocResp":"{}"}}]}},"Checksum":1}}"#,
+        init.alloc, app.alloc
+    );
+    let v = KubeletView::from_checkpoint(text.as_bytes(), &|s| Some(s.to_string())).unwrap();
+    h.with(&fake, |f| pods::sync(f, Some(&v), now(), 300))
+        .unwrap();
+    let st = h.state();
+    let p = pod_of(&st, &app.alloc)
+        .unwrap()
+        .holder
+        .pod()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (p.uid.as_deref(), p.container_name.as_deref()),
+        (Some("u1"), Some("main"))
     );
 }
