@@ -161,7 +161,15 @@ impl Kubelet {
             }
             Err(e) => {
                 let line = format!("device-plugin: kubelet's word not applied: {e}");
-                if self.failed.as_ref() != Some(&line) {
+                // A state that cannot be read is said once, by the pool's look (every unit
+                // unhealthy): not again here.
+                let said = self
+                    .pool
+                    .trouble()
+                    .is_some_and(|t| line.contains(t.as_str()));
+                if said {
+                    self.failed = Some(line);
+                } else if self.failed.as_ref() != Some(&line) {
                     log::warn(&line);
                     self.failed = Some(line);
                 }

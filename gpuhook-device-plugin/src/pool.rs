@@ -115,6 +115,11 @@ impl Pool {
         });
     }
 
+    /// Why nothing could be read at the last look (said once, by [`Pool::refresh`]).
+    pub fn trouble(&self) -> Option<String> {
+        self.trouble.lock().expect("not poisoned").clone()
+    }
+
     /// Says why nothing could be read, once per reason; and when it can be again.
     fn say_trouble(&self, now: Option<String>) {
         let mut t = self.trouble.lock().expect("not poisoned");
