@@ -162,7 +162,9 @@ impl Kubelet {
             Err(e) => {
                 let line = format!("device-plugin: kubelet's word not applied: {e}");
                 // A state that cannot be read is said once, by the pool's look (every unit
-                // unhealthy): not again here.
+                // unhealthy): not again here. That look first, so that a state spoilt since
+                // the last one is said by it.
+                self.pool.refresh();
                 let said = self
                     .pool
                     .trouble()
