@@ -112,8 +112,11 @@ pub fn allocate(
         .into_iter()
         .zip(ids)
         .map(|(units, alloc)| {
+            // The log (readable by more than root) shows the ID's head only: the whole ID
+            // is the key to the pod's units.
             log::info(&format!(
-                "kubelet: {name}: allocation {alloc} reserves {} for a pod",
+                "kubelet: {name}: allocation {} reserves {} for a pod",
+                Holder::pod(&alloc, PodOf::default()).id.shown_name(),
                 units.iter().map(device_id).collect::<Vec<_>>().join(",")
             ));
             Allocated {

@@ -185,8 +185,11 @@ fn allocate_takes_over_from_a_pod_kubelet_gave_up_but_not_from_a_running_contain
     let e = allocate(&h, &fake, &[&[1]]).unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!("gpuhook.io/gpu: device 0000:11:00.0 is held by pod allocation '{}', whose container ctr9 still runs; nothing allocated", old.alloc)
+        format!("gpuhook.io/gpu: device 0000:11:00.0 is held by pod allocation '{}…', whose container ctr9 still runs; nothing allocated", &old.alloc[..8])
     );
+    // The refusal reaches the new pod's events: the other allocation's ID, the key to its
+    // units, is not in it.
+    assert!(!e.to_string().contains(&old.alloc));
     // A stale domain's GPU is reclaimed for kubelet.
     let gone = ProcRef {
         pid: 6262,
