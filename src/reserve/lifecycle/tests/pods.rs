@@ -200,6 +200,45 @@ fn allocate_takes_over_from_a_pod_kubelet_gave_up_but_not_from_a_running_contain
     assert_eq!(pod_of(&h.state(), &r.alloc).unwrap().gpus, [pci(5)]);
 }
 
+/// A VM's mediated device of a GPU holds the GPU for everyone but VMs' other mediated
+/// devices: kubelet's `Allocate` of that GPU whole is refused, naming the VM.
+#[test]
+fn allocate_refuses_a_gpu_a_vms_mediated_device_holds() {
+    let h = host();
+    let fake = h.fake(Fake::default());
+    let mdev = crate::ids::MdevId::parse("6f1f6a4e-4c1b-4a3e-9f3e-2b0c8c1d7a01").unwrap();
+    let me = h.this_process();
+    h.seed(
+        OTHER,
+        "vm1",
+        &[Unit::mdev(pci(4).pci(), mdev).unwrap()],
+        Phase::Running,
+        Some(me),
+    );
+    h.with(&fake, |f| {
+        Store::new(&f.cfg.state_file).update(|st| {
+            let r = st.reservations.values_mut().next().unwrap();
+            r.holder = HolderId::Vm {
+                name: "vm1".into(),
+                uuid: OTHER.into(),
+            };
+            r.controller = None;
+            let r = r.clone();
+            st.reservations.clear();
+            st.insert(r);
+            Ok::<_, Error>(())
+        })
+    })
+    .unwrap();
+    let before = std::fs::read(&h.cfg.state_file).unwrap();
+    let e = allocate(&h, &fake, &[&[4]]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("gpuhook.io/gpu: device 0000:14:00.0 was taken by vm 'vm1' ({OTHER}) since the last ListAndWatch; nothing allocated")
+    );
+    assert_eq!(std::fs::read(&h.cfg.state_file).unwrap(), before);
+}
+
 #[test]
 fn kubelets_word_names_frees_and_expires_allocations() {
     let h = host();
