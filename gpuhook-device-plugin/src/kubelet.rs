@@ -17,6 +17,9 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(3);
 /// The checkpoint's file name in kubelet's plugin directory.
 pub const CHECKPOINT: &str = "kubelet_internal_checkpoint";
 
+/// The largest checkpoint read (kubelet's, for a node's pods, is a few KiB to a few MiB).
+const MAX_CHECKPOINT: usize = 64 << 20;
+
 /// kubelet's word now: the pod resources API if it answers, else the checkpoint if it can be
 /// read, else nothing (the reason, said once per change by the caller).
 pub async fn view(pool: &Pool) -> Result<KubeletView, String> {
@@ -30,11 +33,40 @@ pub async fn view(pool: &Pool) -> Result<KubeletView, String> {
         format!("{}: not there", sock.display())
     };
     let path = pool.cfg.kubelet_plugin_dir.join(CHECKPOINT);
-    match std::fs::read(&path) {
+    match read_checkpoint(&path) {
         Ok(bytes) => KubeletView::from_checkpoint(&bytes, &alloc_of)
             .map_err(|e| format!("{api}; {}: {e}", path.display())),
         Err(e) => Err(format!("{api}; {}: {e}", path.display())),
     }
+}
+
+/// Reads kubelet's checkpoint: opened once without following a link and without waiting
+/// (a FIFO would stop the plugin's one thread), a regular file, at most [`MAX_CHECKPOINT`]
+/// bytes. kubelet writes it so (a rename); anything else at its path is not read.
+fn read_checkpoint(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read};
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => Error::other("a symbolic link, not kubelet's file"),
+            _ => e,
+        })?;
+    let m = f.metadata()?;
+    if !m.file_type().is_file() {
+        return Err(Error::new(ErrorKind::InvalidData, "not a regular file"));
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_CHECKPOINT as u64 + 1).read_to_end(&mut buf)?;
+    if buf.len() > MAX_CHECKPOINT {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {MAX_CHECKPOINT} bytes"),
+        ));
+    }
+    Ok(buf)
 }
 
 /// The allocation an `AllocResp` of kubelet's checkpoint names: the `Allocate` answer kubelet
@@ -183,6 +215,7 @@ impl Kubelet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::OpenOptionsExt;
 
     fn b64(bytes: &[u8]) -> String {
         const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -201,6 +234,45 @@ mod tests {
             }
         }
         s
+    }
+
+    /// kubelet writes its checkpoint as a regular file (a rename): whatever else is at its
+    /// path (a link to a file of the host, a FIFO that would stop the plugin's one thread,
+    /// something endless) is not read.
+    #[test]
+    fn the_checkpoint_is_read_only_as_a_bounded_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        let text = br#"{"Data":{"PodDeviceEntries":[],"RegisteredDevices":{}},"Checksum":1}"#;
+        std::fs::write(&real, text).unwrap();
+        assert_eq!(read_checkpoint(&real).unwrap(), text);
+        let link = dir.path().join(CHECKPOINT);
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = read_checkpoint(&link).unwrap_err().to_string();
+        assert!(e.contains("link"), "{e}");
+        std::fs::remove_file(&link).unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f2 = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(read_checkpoint(&f2).map_err(|e| e.to_string()));
+        });
+        let e = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("a FIFO at the checkpoint's path blocks the read")
+            .unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let big = dir.path().join("big");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_CHECKPOINT as u64 + 1).unwrap();
+        let e = read_checkpoint(&big).unwrap_err().to_string();
+        assert!(e.contains("larger than"), "{e}");
+        // The FIFO's reader, where it blocked, is let go.
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(&fifo);
     }
 
     /// The allocation of an `Allocate` answer as kubelet's checkpoint keeps it (Go writes a

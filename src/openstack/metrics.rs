@@ -93,10 +93,10 @@ fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State, passed: &PassedTh
         "Whether the GPU is reserved (1) and by which holder (kind libvirt, oci or vm, or shared: its sharers, comma-separated; vm also for VMs' mediated devices, and for a running VM that passes it through without a reservation; empty when free).",
     );
     for g in &inv.gpus {
-        let names: Vec<&str> = st
+        let names: Vec<String> = st
             .slots_of(g.pci)
             .into_iter()
-            .map(|(_, r)| r.holder.name())
+            .map(|(_, r)| r.holder.shown_name().into_owned())
             .collect();
         let joined = names.join(",");
         // VMs' mediated devices of it, reserved or passed through.
@@ -112,8 +112,11 @@ fn gpu_reserved(out: &mut String, inv: &Inventory, st: &State, passed: &PassedTh
             }
         }
         let vms = vms.join(",");
-        let (kind, holder, v) = match st.holder_of(&Unit::Gpu(g.pci)) {
-            Some(r) => (r.kind().as_str(), r.holder.name(), 1),
+        let whole = st
+            .holder_of(&Unit::Gpu(g.pci))
+            .map(|r| (r.kind().as_str(), r.holder.shown_name()));
+        let (kind, holder, v) = match &whole {
+            Some((kind, name)) => (*kind, name.as_ref(), 1),
             None if !names.is_empty() => ("shared", joined.as_str(), 1),
             None if !vms.is_empty() => (HolderKind::Vm.as_str(), vms.as_str(), 1),
             None => ("", "", 0),
@@ -267,8 +270,11 @@ fn mig_reserved(out: &mut String, inv: &Inventory, st: &State) {
     for g in &inv.gpus {
         for m in &g.migs {
             let id = m.id(g.pci);
-            let (kind, holder, v) = match st.holder_of(&id) {
-                Some(r) => (r.kind().as_str(), r.holder.name(), 1),
+            let held = st
+                .holder_of(&id)
+                .map(|r| (r.kind().as_str(), r.holder.shown_name()));
+            let (kind, holder, v) = match &held {
+                Some((kind, name)) => (*kind, name.as_ref(), 1),
                 None => ("", "", 0),
             };
             sample(
@@ -401,14 +407,21 @@ pub fn render_driver(st: &State, host: Option<&str>, specs: &[(String, bool)]) -
             continue;
         };
         let outdated = host.is_some_and(|h| h != v);
-        let (domain, uuid) = r.holder.domain_and_uuid();
+        let (domain, uuid) = match r.kind() {
+            // A pod's allocation ID is the key to its units: never whole in metrics.
+            HolderKind::Pod => (r.holder.shown_name(), r.holder.shown_name()),
+            _ => {
+                let (d, u) = r.holder.domain_and_uuid();
+                (d.into(), u.into())
+            }
+        };
         sample(
             &mut out,
             "gpuhook_container_driver_outdated",
             &[
                 ("kind", r.kind().as_str()),
-                ("domain", domain),
-                ("uuid", uuid),
+                ("domain", &domain),
+                ("uuid", &uuid),
             ],
             u64::from(outdated),
         );
@@ -538,6 +551,39 @@ mod tests {
             t.contains("gpuhook_gpu_shared_used{pci=\"0000:11:00.0\"} 2\n"),
             "{t}"
         );
+    }
+
+    /// A pod's allocation ID is the key to its units (`gpuhook.io/allocation`): metrics,
+    /// which node_exporter serves to whoever reaches it, name it by 8 characters only.
+    #[test]
+    fn metrics_never_show_a_pods_allocation_id() {
+        use crate::reserve::alloc::tests::gpu;
+        const A: &str = "0123456789abcdef0123456789abcdef";
+        let inv = Inventory {
+            gpus: vec![gpu(0, Some(0), "sw0", crate::ids::Vendor::Nvidia, "fermi")],
+            ..Default::default()
+        };
+        let mut st = State::default();
+        let mut r: crate::reserve::state::Reservation = serde_json::from_value(serde_json::json!({
+            "domain": "x", "uuid": "x", "gpus": ["0000:10:00.0"], "phase": "running",
+            "request": "gpuhook.io/gpu: 0000:10:00.0", "created": "x", "updated": "x",
+            "driver_version": "550.54.15"
+        }))
+        .unwrap();
+        r.holder = crate::reserve::state::HolderId::Pod {
+            alloc: A.into(),
+            pod: Box::default(),
+        };
+        st.insert(r);
+        let t = render(&inv, &st);
+        assert!(
+            t.contains(
+                "gpuhook_gpu_reserved{pci=\"0000:10:00.0\",kind=\"pod\",holder=\"01234567…\"} 1\n"
+            ),
+            "{t}"
+        );
+        assert!(!t.contains(A), "{t}");
+        assert!(!t.contains(&A[..9]), "{t}");
     }
 
     #[test]

@@ -112,8 +112,11 @@ pub fn allocate(
         .into_iter()
         .zip(ids)
         .map(|(units, alloc)| {
+            // The log (readable by more than root) shows the ID's head only: the whole ID
+            // is the key to the pod's units.
             log::info(&format!(
-                "kubelet: {name}: allocation {alloc} reserves {} for a pod",
+                "kubelet: {name}: allocation {} reserves {} for a pod",
+                Holder::pod(&alloc, PodOf::default()).id.shown_name(),
                 units.iter().map(device_id).collect::<Vec<_>>().join(",")
             ));
             Allocated {
@@ -289,10 +292,15 @@ fn usable(st: &State, inv: &Inventory, name: &str, u: &Unit) -> Result<(), PodEr
     Ok(())
 }
 
-/// Whether `x`, held, stands in the way of `u`: the same unit, or (MIG) another compute
-/// instance of its GPU instance, or the GPU whole.
+/// Whether `x`, held, stands in the way of `u` (a unit of the same GPU): the same unit, the
+/// GPU whole (held, or asked for: any unit of it is in the way), a VM's mediated device
+/// (while one is held no one but VMs' mediated devices gets the GPU), or (MIG) another
+/// compute instance of its GPU instance.
 fn same_place(x: &Unit, u: &Unit) -> bool {
-    x == u || matches!(x, Unit::Gpu(_)) || (x.is_mig() && u.is_mig() && x.gi() == u.gi())
+    x == u
+        || matches!(x, Unit::Gpu(_) | Unit::Mdev { .. })
+        || matches!(u, Unit::Gpu(_))
+        || (x.is_mig() && u.is_mig() && x.gi() == u.gi())
 }
 
 /// The keys of the reservations that stand in the way of `u` ([`same_place`]).

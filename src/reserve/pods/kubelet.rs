@@ -247,7 +247,7 @@ fn pass(
                 if named != pod {
                     out.notes.push(format!(
                         "kubelet lists allocation {} ({}) for pod {} container '{}'",
-                        r.holder.name(),
+                        r.holder.shown_name(),
                         crate::ids::Unit::join(&r.gpus, ","),
                         named.pod_name().unwrap_or_default(),
                         p.container

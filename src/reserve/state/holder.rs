@@ -10,6 +10,9 @@
 use crate::ids::normalize_uuid;
 use serde::{Deserialize, Serialize};
 
+/// How many characters of a pod allocation's ID output others may read shows.
+const SHOWN_ALLOC: usize = 8;
+
 /// Which kind of holder: a libvirt LXC domain, an OCI container, a libvirt QEMU domain (a
 /// virtual machine), a Kubernetes pod's allocation (made by kubelet's device plugin). State
 /// files written before OCI support have no `kind`: their reservations are libvirt's, and
@@ -201,6 +204,20 @@ impl HolderId {
         }
     }
 
+    /// Its name as output others may read shows it (metrics, messages that reach another
+    /// tenant): [`Self::name`], but a pod's allocation by the first 8 characters of its ID
+    /// only (`01234567…`). The whole ID is the key to the pod's units (a container naming
+    /// it in `gpuhook.io/allocation` takes them): kubelet and root alone see it.
+    pub fn shown_name(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            HolderId::Pod { alloc, .. } => {
+                let head: String = alloc.chars().take(SHOWN_ALLOC).collect();
+                std::borrow::Cow::Owned(format!("{head}…"))
+            }
+            _ => std::borrow::Cow::Borrowed(self.name()),
+        }
+    }
+
     /// Its UUID, for the kinds that have one (libvirt's domains).
     pub fn uuid(&self) -> Option<&str> {
         match self {
@@ -229,15 +246,16 @@ impl HolderId {
 
     /// How messages name it: `domain 'web1'`, `container 'ID'`, `vm 'vm1'`; a pod's
     /// allocation by its pod (`pod 'ns/name' container 'main'`) once kubelet named it, else
-    /// by its ID (`pod allocation 'ID'`).
+    /// by the head of its ID (`pod allocation '01234567…'`: [`Self::shown_name`]; messages
+    /// reach other tenants).
     pub fn who(&self) -> String {
         match self {
-            HolderId::Pod { alloc, pod } => match pod.pod_name() {
+            HolderId::Pod { pod, .. } => match pod.pod_name() {
                 Some(p) => match &pod.container_name {
                     Some(c) => format!("pod '{p}' container '{c}'"),
                     None => format!("pod '{p}'"),
                 },
-                None => format!("pod allocation '{alloc}'"),
+                None => format!("pod allocation '{}'", self.shown_name()),
             },
             _ => self.kind().who(self.name()),
         }
@@ -603,7 +621,12 @@ mod tests {
             }),
         };
         assert_eq!(id.key().as_str(), format!("pod:{A}"));
-        assert_eq!(id.who(), format!("pod allocation '{A}'"));
+        // The ID is the key to the pod's units (`gpuhook.io/allocation`): messages, which
+        // reach other tenants (a refused container's pod events, a refused VM's start), show
+        // its first 8 characters only.
+        assert_eq!(id.who(), "pod allocation '01234567…'");
+        assert!(!id.who().contains(A));
+        assert_eq!(id.shown_name(), "01234567…");
         assert_eq!(id.answers_to(A), None);
         let text = format!(
             "{{\"kind\":\"pod\",\"domain\":\"{A}\",\"uuid\":\"{A}\",\"pod\":{{\"resource\":\"gpuhook.io/gpu\"}}}}"

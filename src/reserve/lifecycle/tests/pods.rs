@@ -185,8 +185,11 @@ fn allocate_takes_over_from_a_pod_kubelet_gave_up_but_not_from_a_running_contain
     let e = allocate(&h, &fake, &[&[1]]).unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!("gpuhook.io/gpu: device 0000:11:00.0 is held by pod allocation '{}', whose container ctr9 still runs; nothing allocated", old.alloc)
+        format!("gpuhook.io/gpu: device 0000:11:00.0 is held by pod allocation '{}…', whose container ctr9 still runs; nothing allocated", &old.alloc[..8])
     );
+    // The refusal reaches the new pod's events: the other allocation's ID, the key to its
+    // units, is not in it.
+    assert!(!e.to_string().contains(&old.alloc));
     // A stale domain's GPU is reclaimed for kubelet.
     let gone = ProcRef {
         pid: 6262,
@@ -195,6 +198,45 @@ fn allocate_takes_over_from_a_pod_kubelet_gave_up_but_not_from_a_running_contain
     h.seed(OTHER, "web2", &[pci(5)], Phase::Running, Some(gone));
     let r = allocate(&h, &fake, &[&[5]]).unwrap().remove(0);
     assert_eq!(pod_of(&h.state(), &r.alloc).unwrap().gpus, [pci(5)]);
+}
+
+/// A VM's mediated device of a GPU holds the GPU for everyone but VMs' other mediated
+/// devices: kubelet's `Allocate` of that GPU whole is refused, naming the VM.
+#[test]
+fn allocate_refuses_a_gpu_a_vms_mediated_device_holds() {
+    let h = host();
+    let fake = h.fake(Fake::default());
+    let mdev = crate::ids::MdevId::parse("6f1f6a4e-4c1b-4a3e-9f3e-2b0c8c1d7a01").unwrap();
+    let me = h.this_process();
+    h.seed(
+        OTHER,
+        "vm1",
+        &[Unit::mdev(pci(4).pci(), mdev).unwrap()],
+        Phase::Running,
+        Some(me),
+    );
+    h.with(&fake, |f| {
+        Store::new(&f.cfg.state_file).update(|st| {
+            let r = st.reservations.values_mut().next().unwrap();
+            r.holder = HolderId::Vm {
+                name: "vm1".into(),
+                uuid: OTHER.into(),
+            };
+            r.controller = None;
+            let r = r.clone();
+            st.reservations.clear();
+            st.insert(r);
+            Ok::<_, Error>(())
+        })
+    })
+    .unwrap();
+    let before = std::fs::read(&h.cfg.state_file).unwrap();
+    let e = allocate(&h, &fake, &[&[4]]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("gpuhook.io/gpu: device 0000:14:00.0 was taken by vm 'vm1' ({OTHER}) since the last ListAndWatch; nothing allocated")
+    );
+    assert_eq!(std::fs::read(&h.cfg.state_file).unwrap(), before);
 }
 
 #[test]
