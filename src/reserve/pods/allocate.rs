@@ -138,7 +138,8 @@ fn parse_requests(
     requests: &[Vec<String>],
     profiles: &Profiles,
 ) -> Result<Vec<Vec<Unit>>, PodError> {
-    let mut seen: Vec<Unit> = Vec::new();
+    // Sets, not lists: kubelet's request is input (a 4 MiB message carries ~10^5 IDs).
+    let mut seen: std::collections::BTreeSet<Unit> = std::collections::BTreeSet::new();
     let mut out = Vec::new();
     for ids in requests {
         let mut units = Vec::new();
@@ -149,19 +150,22 @@ fn parse_requests(
                     resource: name.to_string(),
                     id: id.clone(),
                 })?;
-            if seen.contains(&unit) {
+            if !seen.insert(unit) {
                 return Err(PodError::Twice {
                     resource: name.to_string(),
                     id: id.clone(),
                 });
             }
-            seen.push(unit);
             units.push(unit);
         }
         units.sort();
+        let mut per_gpu: std::collections::BTreeMap<_, usize> = std::collections::BTreeMap::new();
+        for u in units.iter().filter(|u| u.is_slot()) {
+            *per_gpu.entry(u.pci()).or_default() += 1;
+        }
         let slots_of_one: Vec<Unit> = units
             .iter()
-            .filter(|u| u.is_slot() && units.iter().filter(|v| v.pci() == u.pci()).count() > 1)
+            .filter(|u| u.is_slot() && per_gpu.get(&u.pci()).is_some_and(|n| *n > 1))
             .copied()
             .collect();
         if !slots_of_one.is_empty() {
