@@ -151,6 +151,28 @@ fn a_reset_program_that_cannot_run_is_a_configuration_fault() {
         B,
         &format!("no {p}: No such file or directory (os error 2)"),
     );
+    // A GPU a domain holds is refused as held, not for the program (it would not run
+    // either way): the holder is what the operator must act on.
+    let pinned =
+        r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1" count="1"><gpu:device index="2"/></gpu:gpus>"#;
+    assert_ok(&h.hook("web9", "prepare", &domain("web9", 9, pinned)));
+    let c = h.list()["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .find(|g| g["index"] == 2)
+        .and_then(|g| g["pci"].as_str())
+        .expect("GPU 2's address")
+        .to_string();
+    let before = snapshot(&h);
+    refused_with(
+        &health(&h, &["reset", "2"]),
+        1,
+        &format!(
+            "gpuhook: GPU {c} is held by domain 'web9': it is reset only when nothing holds it"
+        ),
+    );
+    assert_eq!(snapshot(&h), before, "held: the state changed");
     // The stand-in, as another account's file; as others may write it; not executable.
     std::fs::copy(testbed::health::reset_standin(), &prog).unwrap();
     std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();

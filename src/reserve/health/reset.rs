@@ -343,6 +343,19 @@ pub fn reset_pci(f: &World, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
     let cfg = f.cfg;
     let store = Store::new(&cfg.state_file);
     let nodes = nodes_of(f, pci)?;
+    // A GPU someone holds is refused as such first (the reset would not run either way):
+    // a reservation (looked at again under the lock below), or a running VM that passes it
+    // through without one (libvirt's status XML: QEMU holds its VFIO group, none of its
+    // nodes).
+    // (Draining is not looked at here: it is settled under the lock first.)
+    let mut now_held = store.read()?;
+    now_held.draining.clear();
+    if let Some(who) = held(&now_held, pci) {
+        return Err(HealthError::Held { pci, who }.into());
+    }
+    if let Some((_, vm)) = crate::reserve::vm::passed_through(cfg, f.proc).of_gpu(pci, None) {
+        return Err(HealthError::Held { pci, who: vm.who() }.into());
+    }
     // A reset that cannot run at all is the config's fault: refused before anything is
     // marked (no `resetting`, no quarantine, nothing counted).
     r.runnable(cfg, pci)
@@ -354,11 +367,6 @@ pub fn reset_pci(f: &World, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset
     let boot = boot_id(cfg);
     let started = now_rfc3339();
     let key = pci.to_string();
-    // A running VM that passes it through without a reservation (libvirt's status XML) has
-    // it as surely as a holder: QEMU holds its VFIO group, none of its nodes.
-    if let Some((_, vm)) = crate::reserve::vm::passed_through(cfg, f.proc).of_gpu(pci, None) {
-        return Err(HealthError::Held { pci, who: vm.who() }.into());
-    }
     // One locked step: refused (nothing written), or marked resetting.
     let took_over = store.update(|st| -> Result<Option<Resetting>, Error> {
         // A GPU that drains: looked at again (closed since, it is free).
