@@ -338,24 +338,28 @@ pub fn named_gpu(f: &World, gpu: &str) -> Result<Pci, Error> {
         .ok_or_else(|| HealthError::NoSuchGpu { sel }.into())
 }
 
+/// A GPU someone holds is refused as such before the reset program is looked at (it would
+/// not run either way): a reservation (looked at again under the lock, where draining is
+/// settled first: not looked at here), or a running VM that passes it through without one
+/// (libvirt's status XML: QEMU holds its VFIO group, none of its nodes).
+fn refuse_held(f: &World, store: &Store, pci: Pci) -> Result<(), Error> {
+    let mut now = store.read()?;
+    now.draining.clear();
+    if let Some(who) = held(&now, pci) {
+        return Err(HealthError::Held { pci, who }.into());
+    }
+    if let Some((_, vm)) = crate::reserve::vm::passed_through(f.cfg, f.proc).of_gpu(pci, None) {
+        return Err(HealthError::Held { pci, who: vm.who() }.into());
+    }
+    Ok(())
+}
+
 /// [`reset`] of a PCI address.
 pub fn reset_pci(f: &World, r: &dyn Recover, pci: Pci, why: Why) -> Result<Reset, Error> {
     let cfg = f.cfg;
     let store = Store::new(&cfg.state_file);
     let nodes = nodes_of(f, pci)?;
-    // A GPU someone holds is refused as such first (the reset would not run either way):
-    // a reservation (looked at again under the lock below), or a running VM that passes it
-    // through without one (libvirt's status XML: QEMU holds its VFIO group, none of its
-    // nodes).
-    // (Draining is not looked at here: it is settled under the lock first.)
-    let mut now_held = store.read()?;
-    now_held.draining.clear();
-    if let Some(who) = held(&now_held, pci) {
-        return Err(HealthError::Held { pci, who }.into());
-    }
-    if let Some((_, vm)) = crate::reserve::vm::passed_through(cfg, f.proc).of_gpu(pci, None) {
-        return Err(HealthError::Held { pci, who: vm.who() }.into());
-    }
+    refuse_held(f, &store, pci)?;
     // A reset that cannot run at all is the config's fault: refused before anything is
     // marked (no `resetting`, no quarantine, nothing counted).
     r.runnable(cfg, pci)
