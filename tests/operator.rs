@@ -401,6 +401,118 @@ impl Runtime {
     }
 }
 
+/// A GPU in MIG mode and a shared GPU, named whole (and one not shared named for a slot),
+/// through each door: each refusal says what to ask for instead in the words its user typed:
+/// the domain XML's attributes, the bundle's annotations or its variables (through
+/// `gpuhook-runtime create` and `check`). Nothing is reserved.
+#[test]
+fn each_door_says_what_to_ask_for_in_its_own_words() {
+    const SHARED: &str = "0000:42:00.0";
+    let h = Host::with(FakeHost::dgx8_mig(), |c| {
+        c["sharing"] = json!({ SHARED: {"replicas": 3} });
+    });
+    let mig = |hint: &str| {
+        format!("GPU {A} (pci {A}) is in MIG mode with 7 instances: ask for them ({hint})")
+    };
+    let shared = |hint: &str| {
+        format!("GPU {SHARED} (pci {SHARED}) is shared (3 slots): ask for a slot ({hint})")
+    };
+    let whole = |hint: &str| {
+        format!("GPU 0000:9a:00.0 (pci 0000:9a:00.0) is not shared by the host config (\"sharing\"): ask for it whole ({hint})")
+    };
+    let short = |mig: &str, share: &str| {
+        format!("cannot reserve 8 GPUs: only 4 of the host's 8 matching GPUs are free: 3 in MIG mode (handed out as instances: {mig}), 1 shared (handed out as slots: {share})")
+    };
+    // The domain XML (the LXC hook): its attributes, as ever.
+    let xml = |inner: &str| format!(r#"<gpu:gpus xmlns:gpu="urn:gpuhook:gpu:1"{inner}</gpu:gpus>"#);
+    for (n, inner, said) in [
+        (1, format!(r#"><gpu:device pci="{A}"/>"#), mig("mig='yes'")),
+        (
+            2,
+            format!(r#"><gpu:device pci="{SHARED}"/>"#),
+            shared("share='yes'"),
+        ),
+        (
+            3,
+            r#" share="yes"><gpu:device pci="0000:9a:00.0"/>"#.to_string(),
+            whole("no share='yes'"),
+        ),
+        (
+            4,
+            r#" count="8">"#.to_string(),
+            short("mig='yes'", "share='yes'"),
+        ),
+    ] {
+        let name = format!("web{n}");
+        assert_fails(
+            &h.hook(&name, "prepare", &domain(&name, n, &xml(&inner))),
+            &name,
+            &said,
+        );
+    }
+    // An OCI bundle: its annotations, or its variables.
+    let rt = Runtime::new(&h);
+    for (annotations, env, said) in [
+        (
+            json!({"gpuhook.io/devices": A}),
+            vec![],
+            mig("annotation gpuhook.io/mig: \"yes\""),
+        ),
+        (
+            json!({"gpuhook.io/devices": SHARED}),
+            vec![],
+            shared("annotation gpuhook.io/share: \"yes\""),
+        ),
+        (
+            json!({"gpuhook.io/share": "yes", "gpuhook.io/devices": "0000:9a:00.0"}),
+            vec![],
+            whole("without annotation gpuhook.io/share: \"yes\""),
+        ),
+        (
+            json!({"gpuhook.io/gpus": "8"}),
+            vec![],
+            short(
+                "annotation gpuhook.io/mig: \"yes\"",
+                "annotation gpuhook.io/share: \"yes\"",
+            ),
+        ),
+        (
+            json!({}),
+            vec![format!("GPUHOOK_DEVICES={A}")],
+            mig("GPUHOOK_MIG=yes"),
+        ),
+        (
+            json!({}),
+            vec![format!("GPUHOOK_DEVICES={SHARED}")],
+            shared("GPUHOOK_SHARE=yes"),
+        ),
+        (
+            json!({}),
+            vec![
+                "GPUHOOK_SHARE=yes".into(),
+                "GPUHOOK_DEVICES=0000:9a:00.0".into(),
+            ],
+            whole("without GPUHOOK_SHARE=yes"),
+        ),
+        (
+            json!({}),
+            vec!["GPUHOOK_GPUS=8".into()],
+            short("GPUHOOK_MIG=yes", "GPUHOOK_SHARE=yes"),
+        ),
+    ] {
+        let env: Vec<&str> = env.iter().map(String::as_str).collect();
+        let before = snapshot(&h);
+        let (o, config) = rt.create(&h, "ctr1", annotations, &env);
+        refused_with(&o, 1, &format!("gpuhook: container 'ctr1': {said}"));
+        assert!(!rt.called.exists(), "the runtime ran");
+        assert_eq!(snapshot(&h), before, "{said}");
+        let c = h.cmd().arg("check").arg(&config).output().unwrap();
+        assert_eq!(c.status.code(), Some(1), "{}", stderr(&c));
+        assert!(out(&c).contains(&said), "{said}: {}", out(&c));
+        assert!(!out(&c).contains("='yes'"), "{}", out(&c));
+    }
+}
+
 // Item 5: typos are said.
 
 /// `arch="fermy"` through each door is refused as an unknown architecture, naming the known

@@ -15,7 +15,7 @@ use crate::host::config::Config;
 use crate::ids::{normalize_uuid, Unit};
 use crate::request::metadata::{self, Domain};
 use crate::request::oci::{self, KeyFrom, Pairs};
-use crate::request::{DeviceSel, Request};
+use crate::request::{DeviceSel, Request, Wording};
 use crate::reserve::lifecycle::{self, Attached, Detached, Holder, Pick, Which};
 use crate::reserve::state::{HolderId, HolderKind, State, Store};
 use crate::reserve::world::World;
@@ -355,7 +355,9 @@ pub fn attach(a: &AttachArgs) -> Result<i32, CliError> {
     let req = attach_request(a)?;
     let t = target(&cfg, &a.name, Pick::of(a.domain, a.container, a.vm))?;
     let h = t.holder();
-    let got = lifecycle::attach(&t.facts(&cfg), &h, &req, || t.find()).map_err(|e| named(&h, e))?;
+    // A refusal says what to ask for instead in the options' words (`--mig`, `--share`).
+    let got = lifecycle::attach(&t.facts(&cfg), &h, &req, || t.find())
+        .map_err(|e| named(&h, e.in_words(Wording::Flag)))?;
     if a.json {
         println!("{}", attached_json(&h, &got));
     } else {

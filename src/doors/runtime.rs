@@ -166,9 +166,11 @@ fn prepare_bundle<'a>(
             if userns { &b.idmap } else { &identity },
             &req,
             by,
-        )?,
-        None => lifecycle::oci_create(f, &h, &req, by)?,
-    };
+        ),
+        None => lifecycle::oci_create(f, &h, &req, by),
+    }
+    // A refusal says what to ask for instead in the bundle's words.
+    .map_err(|e| e.in_words(b.wording))?;
     if let Err(e) = hand_over(&created, &path, b.config, userns) {
         return Err(created.roll_back(e));
     }

@@ -44,6 +44,25 @@ impl fmt::Display for Filter {
     }
 }
 
+/// The words a request was written in, by the door it came through: a refusal that says
+/// what to ask for instead (MIG instances, a shared GPU's slot, a GPU whole) says it in them.
+/// The allocator words its refusals in the domain XML's; each other door sets its own on the
+/// refusal before it is shown (`reserve::alloc::AllocError::in_words`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wording {
+    /// The domain XML's attributes (`mig='yes'`): the LXC hook, Nova's flavors through it.
+    #[default]
+    Xml,
+    /// An OCI bundle's annotations (`gpuhook.io/mig: "yes"`).
+    Annotation,
+    /// An OCI bundle's `process.env` (`GPUHOOK_MIG=yes`).
+    Env,
+    /// An operator's command-line options (`gpuhook attach --mig`).
+    Flag,
+    /// A virtual machine's request (`gpuhook-libvirt request VM`): whole GPUs only.
+    Vm,
+}
+
 /// An exact GPU named by a `<gpu:device>` child.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSel {

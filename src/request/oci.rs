@@ -6,7 +6,7 @@
 use crate::ids::normalize_pci;
 use crate::request::attrs::{self, GpusBuilder};
 use crate::request::metadata::error::{AttrError, Conflict, ParseError};
-use crate::request::{DeviceSel, IdRange, Request};
+use crate::request::{DeviceSel, IdRange, Request, Wording};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -219,6 +219,20 @@ pub fn pairs(config: &Value, env_requests: bool) -> Result<Pairs, OciError> {
         }
     }
     Ok(pairs)
+}
+
+/// The words the keys were written in, for refusals that say what to ask for instead: the
+/// environment's when a key came from it, an operator's options when one came from them,
+/// else (an annotation, or no key: kubelet's allocation) the annotations'.
+pub fn wording(pairs: &Pairs) -> Wording {
+    let from = |f: fn(&KeyFrom) -> bool| pairs.values().any(|(k, _)| f(k));
+    if from(|k| matches!(k, KeyFrom::Env(_))) {
+        Wording::Env
+    } else if from(|k| matches!(k, KeyFrom::Flag(_))) {
+        Wording::Flag
+    } else {
+        Wording::Annotation
+    }
 }
 
 /// The request from its keys (`gpus`, `arch`, …) with where each came from, validated as the

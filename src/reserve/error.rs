@@ -71,6 +71,25 @@ pub enum Error {
     QemuFile(Box<crate::host::qemu::QemuFileError>),
 }
 
+impl Error {
+    /// The error with its allocation refusal (if it is one, or carries one) in `w`, the
+    /// words of the door its request came through ([`AllocError::in_words`]).
+    pub fn in_words(self, w: crate::request::Wording) -> Error {
+        match self {
+            Error::Alloc(e) => Error::Alloc(e.in_words(w)),
+            Error::RollbackIncomplete { error, left } => Error::RollbackIncomplete {
+                error: Box::new(error.in_words(w)),
+                left,
+            },
+            Error::InitExitedAfter { pid, error } => Error::InitExitedAfter {
+                pid,
+                error: Box::new(error.in_words(w)),
+            },
+            e => e,
+        }
+    }
+}
+
 impl From<crate::reserve::vm::error::VmError> for Error {
     fn from(e: crate::reserve::vm::error::VmError) -> Error {
         Error::Vm(Box::new(e))

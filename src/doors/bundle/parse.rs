@@ -5,7 +5,7 @@
 use super::error::BundleError;
 use super::hooks::{our_hooks, HOOK_WORD};
 use crate::request::oci::{self, ANNOTATION_PREFIX, ENV_PREFIX};
-use crate::request::{IdMap, Request};
+use crate::request::{IdMap, Request, Wording};
 use serde_json::{json, Value};
 
 /// Whether `config.json`'s bytes could hold a request, or gpuhook's earlier edits, at all:
@@ -46,6 +46,9 @@ pub struct Bundle {
     /// device plugin), with the container's pod; then `request` says only how its nodes and
     /// driver files are made (capabilities, mode, owner, driver).
     pub allocation: Option<(String, Option<oci::CriPod>)>,
+    /// The words its request was written in (annotations, or `process.env`): a refusal that
+    /// says what to ask for instead says it in them.
+    pub wording: Wording,
 }
 
 /// Whether the config is a Kubernetes pod's sandbox ("pause") container: pod annotations
@@ -109,6 +112,7 @@ pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, BundleError> {
     } else {
         oci::take_allocation(&mut pairs)?.map(|a| (a, oci::CriPod::of(&config)))
     };
+    let wording = oci::wording(&pairs);
     let idmap = IdMap {
         uid: oci::id_ranges(&config, "uidMappings")?,
         gid: oci::id_ranges(&config, "gidMappings")?,
@@ -133,6 +137,7 @@ pub fn parse(config: &[u8], policy: Policy) -> Result<Bundle, BundleError> {
         idmap,
         edited,
         allocation,
+        wording,
     })
 }
 

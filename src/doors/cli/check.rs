@@ -15,7 +15,7 @@ use crate::host::inventory::Inventory;
 use crate::ids::Unit;
 use crate::request::metadata::{self, Domain};
 use crate::request::oci::{self, KeyFrom};
-use crate::request::{IdMap, Request};
+use crate::request::{IdMap, Request, Wording};
 use crate::reserve::alloc;
 use crate::reserve::error::Error;
 use crate::reserve::lifecycle::Holder;
@@ -48,6 +48,8 @@ struct Asked {
     /// Its holder's identity: a domain's name and UUID, a container's ID.
     id: (String, String),
     idmap: IdMap,
+    /// The words its request was written in: a refusal says what to ask for instead in them.
+    wording: Wording,
 }
 
 impl Asked {
@@ -124,6 +126,7 @@ fn domain_asks(file: &str, xml: &[u8]) -> Result<Asked, CliError> {
         warnings,
         id: (dom.name, dom.uuid),
         idmap: dom.idmap,
+        wording: Wording::Xml,
     })
 }
 
@@ -178,6 +181,7 @@ fn bundle_asks(file: &str, bytes: &[u8]) -> Result<Asked, CliError> {
         warnings,
         id: (id.clone(), id),
         idmap: b.idmap,
+        wording: b.wording,
     })
 }
 
@@ -233,7 +237,10 @@ fn dry_run(file: &str, a: &Asked) -> Result<Said, CliError> {
         Some(r) => (r.gpus.clone(), "holds"),
         None => match alloc::allocate(&inv.gpus, &st.held(None), req) {
             Ok(g) => (g, "would get"),
-            Err(e) => return Ok(refused(text, json, &e.to_string(), "not satisfiable now")),
+            Err(e) => {
+                let e = e.in_words(a.wording);
+                return Ok(refused(text, json, &e.to_string(), "not satisfiable now"));
+            }
         },
     };
     json["holds"] = json!(verb == "holds");

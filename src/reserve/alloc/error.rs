@@ -1,7 +1,7 @@
 //! Why a request gets no GPUs ([`AllocError`]).
 
 use crate::ids::{Pci, Unit, Vendor};
-use crate::request::{DeviceSel, Filter, MigSel, Request};
+use crate::request::{DeviceSel, Filter, MigSel, Request, Wording};
 
 /// Why a request gets no GPUs: each refusal with what it names, printed as one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,14 +28,17 @@ pub enum AllocError {
         sel: DeviceSel,
         problem: String,
     },
-    /// A named GPU is handed out as its MIG instances only.
+    /// A named GPU is handed out as its MIG instances only (what to ask for instead, in
+    /// `wording`).
     #[error(
-        "GPU {pci} ({sel}) is in MIG mode with {instances} instances: ask for them (mig='yes')"
+        "GPU {pci} ({sel}) is in MIG mode with {instances} instances: {}",
+        ask_mig(*.wording)
     )]
     InMigMode {
         pci: Pci,
         sel: DeviceSel,
         instances: usize,
+        wording: Wording,
     },
     /// A named GPU, or one of its MIG instances, is held by `holder`.
     #[error("GPU {pci} ({sel}) is held by {holder}")]
@@ -71,16 +74,22 @@ pub enum AllocError {
         matching: usize,
         why: Vec<WhyNoGpu>,
     },
-    /// A named GPU is shared: it is given as slots only.
-    #[error("GPU {pci} ({sel}) is shared ({replicas} slots): ask for a slot (share='yes')")]
+    /// A named GPU is shared: it is given as slots only (what to ask for instead, in
+    /// `wording`).
+    #[error("GPU {pci} ({sel}) is shared ({replicas} slots): {}", ask_slot(*.wording))]
     Shareable {
         pci: Pci,
         sel: DeviceSel,
         replicas: u32,
+        wording: Wording,
     },
     /// A shared request names a GPU the host config does not share.
-    #[error("GPU {pci} ({sel}) is not shared by the host config (\"sharing\"): ask for it whole (no share='yes')")]
-    NotShareable { pci: Pci, sel: DeviceSel },
+    #[error("GPU {pci} ({sel}) is not shared by the host config (\"sharing\"): {}", ask_whole(*.wording))]
+    NotShareable {
+        pci: Pci,
+        sel: DeviceSel,
+        wording: Wording,
+    },
     /// A named shared GPU of which the holder has a slot already.
     #[error(
         "GPU {pci} ({sel}): the container holds a slot of it already (one slot of a GPU each)"
@@ -165,6 +174,86 @@ pub enum AllocError {
     },
 }
 
+impl AllocError {
+    /// The refusal in `w`, the words of the door its request came through: what it tells
+    /// its user to ask for instead (MIG instances, a slot, the GPU whole). The allocator
+    /// words its refusals in the domain XML's.
+    pub fn in_words(mut self, w: Wording) -> AllocError {
+        match &mut self {
+            AllocError::InMigMode { wording, .. }
+            | AllocError::Shareable { wording, .. }
+            | AllocError::NotShareable { wording, .. } => *wording = w,
+            AllocError::Shortage { why, .. } => {
+                for y in why {
+                    if let WhyNoGpu::InMigMode { wording, .. } | WhyNoGpu::Shared { wording, .. } =
+                        y
+                    {
+                        *wording = w;
+                    }
+                }
+            }
+            _ => {}
+        }
+        self
+    }
+}
+
+/// What to ask for instead of a GPU in MIG mode: its instances (a VM cannot).
+fn ask_mig(w: Wording) -> &'static str {
+    match w {
+        Wording::Xml => "ask for them (mig='yes')",
+        Wording::Annotation => "ask for them (annotation gpuhook.io/mig: \"yes\")",
+        Wording::Env => "ask for them (GPUHOOK_MIG=yes)",
+        Wording::Flag => "ask for them (--mig)",
+        Wording::Vm => "its instances go to containers, and request chooses no GPU in MIG mode for a VM (a <hostdev> written by hand passes it through whole)",
+    }
+}
+
+/// What to ask for instead of a shared GPU whole: a slot of it (a VM cannot).
+fn ask_slot(w: Wording) -> &'static str {
+    match w {
+        Wording::Xml => "ask for a slot (share='yes')",
+        Wording::Annotation => "ask for a slot (annotation gpuhook.io/share: \"yes\")",
+        Wording::Env => "ask for a slot (GPUHOOK_SHARE=yes)",
+        Wording::Flag => "ask for a slot (--share)",
+        Wording::Vm => "it is given to containers as slots, never whole to a VM",
+    }
+}
+
+/// What to ask for instead of a slot of a GPU the config does not share: the GPU whole.
+fn ask_whole(w: Wording) -> &'static str {
+    match w {
+        Wording::Xml => "ask for it whole (no share='yes')",
+        Wording::Annotation => "ask for it whole (without annotation gpuhook.io/share: \"yes\")",
+        Wording::Env => "ask for it whole (without GPUHOOK_SHARE=yes)",
+        Wording::Flag => "ask for it whole (without --share)",
+        // A VM never asks for a slot.
+        Wording::Vm => "ask for it whole",
+    }
+}
+
+/// How GPUs in MIG mode are handed out, said in a shortage of whole GPUs.
+fn as_instances(w: Wording) -> &'static str {
+    match w {
+        Wording::Xml => "handed out as instances: mig='yes'",
+        Wording::Annotation => "handed out as instances: annotation gpuhook.io/mig: \"yes\"",
+        Wording::Env => "handed out as instances: GPUHOOK_MIG=yes",
+        Wording::Flag => "handed out as instances: --mig",
+        Wording::Vm => "handed out to containers as instances",
+    }
+}
+
+/// How shared GPUs are handed out, said in a shortage of whole GPUs.
+fn as_slots(w: Wording) -> &'static str {
+    match w {
+        Wording::Xml => "handed out as slots: share='yes'",
+        Wording::Annotation => "handed out as slots: annotation gpuhook.io/share: \"yes\"",
+        Wording::Env => "handed out as slots: GPUHOOK_SHARE=yes",
+        Wording::Flag => "handed out as slots: --share",
+        Wording::Vm => "handed out to containers as slots",
+    }
+}
+
 /// Why matching GPUs are not free for a request of whole GPUs: one per cause, each with how
 /// many GPUs it keeps.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -174,10 +263,12 @@ pub enum WhyNoGpu {
     Held { count: usize, holders: Vec<String> },
     #[error("{0} excluded")]
     Excluded(usize),
-    #[error("{0} in MIG mode (handed out as instances: mig='yes')")]
-    InMigMode(usize),
-    #[error("{0} shared (handed out as slots: share='yes')")]
-    Shared(usize),
+    /// `count` are in MIG mode (how they are asked for, in `wording`).
+    #[error("{count} in MIG mode ({})", as_instances(*.wording))]
+    InMigMode { count: usize, wording: Wording },
+    /// `count` are shared (how they are asked for, in `wording`).
+    #[error("{count} shared ({})", as_slots(*.wording))]
+    Shared { count: usize, wording: Wording },
     /// `count` have a problem; the `first` of them has `problem`.
     #[error("{count} unusable ({first}: {problem})")]
     Unusable {

@@ -4,7 +4,7 @@ use super::error::AllocError;
 use crate::host::config::Config;
 use crate::host::inventory::Gpu;
 use crate::request::extra_specs::{custom_name, Op};
-use crate::request::{DeviceSel, Field, Filter, Request};
+use crate::request::{DeviceSel, Field, Filter, Request, Wording};
 use std::collections::BTreeSet;
 
 /// Every architecture name this host knows: the built-in table's (with the NVIDIA chip
@@ -100,6 +100,7 @@ pub(super) fn usable_named(g: &Gpu, sel: &DeviceSel) -> Result<(), AllocError> {
             pci: g.pci,
             sel: sel.clone(),
             instances: g.migs.len(),
+            wording: Wording::Xml,
         });
     }
     Ok(())

@@ -5,7 +5,7 @@ use super::held::{sharers, slots_of, whole_or_mig_holder, Held};
 use super::select::{matches, matches_named, resolve, usable_named};
 use crate::host::inventory::Gpu;
 use crate::ids::{Pci, Unit};
-use crate::request::Request;
+use crate::request::{Request, Wording};
 
 /// The lowest free slot of a shared GPU, if it has one.
 pub(super) fn free_slot(g: &Gpu, held: &Held) -> Option<Unit> {
@@ -52,6 +52,7 @@ pub fn allocate_slots(
             return Err(AllocError::NotShareable {
                 pci: g.pci,
                 sel: sel.clone(),
+                wording: Wording::Xml,
             });
         };
         if let Some(h) = whole_or_mig_holder(held, g.pci) {

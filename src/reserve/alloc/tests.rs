@@ -9,7 +9,7 @@ use crate::ids::Vendor;
 use crate::ids::{Pci, Unit};
 use crate::request::extra_specs::Op;
 use crate::request::Capabilities;
-use crate::request::{DeviceSel, Field, Filter, MigSel, Request};
+use crate::request::{DeviceSel, Field, Filter, MigSel, Request, Wording};
 
 pub(crate) fn gpu(
     index: usize,
@@ -736,6 +736,78 @@ fn named_slots_and_their_refusals() {
         sharers(&h, pci("0000:11:00.0")),
         vec!["domain 'a'".to_string(), "container 'b'".to_string()]
     );
+}
+
+/// The refusals that say what to ask for instead, in each door's words: the domain XML's
+/// (the allocator's own), the annotations', the environment's, the options', a VM's.
+#[test]
+fn what_to_ask_for_instead_in_each_doors_words() {
+    let g = shared_host();
+    let h = Held::new();
+    let named = |r: Request, sel: &str| Request {
+        devices: vec![DeviceSel::Pci(sel.into())],
+        ..r
+    };
+    let said = |r: &Request, w: Wording| allocate(&g, &h, r).unwrap_err().in_words(w).to_string();
+    let (mig, whole, slot) = (
+        named(req(1), "0000:13:00.0"),
+        named(shared(1), "0000:12:00.0"),
+        named(req(1), "0000:10:00.0"),
+    );
+    for (w, m, n, s, short) in [
+        (
+            Wording::Xml,
+            "ask for them (mig='yes')",
+            "ask for it whole (no share='yes')",
+            "ask for a slot (share='yes')",
+            "1 in MIG mode (handed out as instances: mig='yes'), 2 shared (handed out as slots: share='yes')",
+        ),
+        (
+            Wording::Annotation,
+            "ask for them (annotation gpuhook.io/mig: \"yes\")",
+            "ask for it whole (without annotation gpuhook.io/share: \"yes\")",
+            "ask for a slot (annotation gpuhook.io/share: \"yes\")",
+            "1 in MIG mode (handed out as instances: annotation gpuhook.io/mig: \"yes\"), 2 shared (handed out as slots: annotation gpuhook.io/share: \"yes\")",
+        ),
+        (
+            Wording::Env,
+            "ask for them (GPUHOOK_MIG=yes)",
+            "ask for it whole (without GPUHOOK_SHARE=yes)",
+            "ask for a slot (GPUHOOK_SHARE=yes)",
+            "1 in MIG mode (handed out as instances: GPUHOOK_MIG=yes), 2 shared (handed out as slots: GPUHOOK_SHARE=yes)",
+        ),
+        (
+            Wording::Flag,
+            "ask for them (--mig)",
+            "ask for it whole (without --share)",
+            "ask for a slot (--share)",
+            "1 in MIG mode (handed out as instances: --mig), 2 shared (handed out as slots: --share)",
+        ),
+    ] {
+        assert_eq!(
+            said(&mig, w),
+            format!("GPU 0000:13:00.0 (pci 0000:13:00.0) is in MIG mode with 1 instances: {m}")
+        );
+        assert_eq!(
+            said(&whole, w),
+            format!("GPU 0000:12:00.0 (pci 0000:12:00.0) is not shared by the host config (\"sharing\"): {n}")
+        );
+        assert_eq!(
+            said(&slot, w),
+            format!("GPU 0000:10:00.0 (pci 0000:10:00.0) is shared (3 slots): {s}")
+        );
+        assert_eq!(
+            said(&req(2), w),
+            format!("cannot reserve 2 GPUs: only 1 of the host's 4 matching GPUs is free: {short}")
+        );
+    }
+    // Words only: any other refusal is what it was.
+    let mut held = Held::new();
+    held.insert(unit("0000:12:00.0"), "domain 'a'".into());
+    let busy = named(req(1), "0000:12:00.0");
+    let e = allocate(&g, &held, &busy).unwrap_err();
+    assert!(matches!(e, AllocError::Held { .. }), "{e}");
+    assert_eq!(e.clone().in_words(Wording::Flag), e);
 }
 
 /// Review F1: `replicas` lowered while slots above it are held: they count against it.

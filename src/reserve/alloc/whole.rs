@@ -8,7 +8,7 @@ use super::select::{matches, matches_named, resolve, usable_named};
 use super::slots::allocate_slots;
 use crate::host::inventory::Gpu;
 use crate::ids::{Pci, Unit};
-use crate::request::Request;
+use crate::request::{Request, Wording};
 
 /// Chooses `req.count` GPUs (or MIG instances, for a MIG request). Returns their units in
 /// index order.
@@ -45,6 +45,7 @@ pub fn allocate_beside(
                 pci: g.pci,
                 sel: sel.clone(),
                 replicas: sh.replicas,
+                wording: Wording::Xml,
             });
         }
         if let Some(h) = busy(held, g.pci) {
@@ -111,7 +112,10 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
         .filter(|g| !g.migs.is_empty() && !held.contains_key(&Unit::Gpu(g.pci)))
         .count();
     if n_mig > 0 {
-        why.push(WhyNoGpu::InMigMode(n_mig));
+        why.push(WhyNoGpu::InMigMode {
+            count: n_mig,
+            wording: Wording::Xml,
+        });
     }
     let n_shared = matching
         .iter()
@@ -120,7 +124,10 @@ fn shortage(gpus: &[Gpu], held: &Held, req: &Request, free: usize) -> AllocError
         })
         .count();
     if n_shared > 0 {
-        why.push(WhyNoGpu::Shared(n_shared));
+        why.push(WhyNoGpu::Shared {
+            count: n_shared,
+            wording: Wording::Xml,
+        });
     }
     let unusable: Vec<&&Gpu> = matching
         .iter()

@@ -7,7 +7,7 @@ use super::passed::PassedThrough;
 use crate::host::config::Config;
 use crate::host::inventory::{config_probe, functions_of_device, Gpu, Inventory};
 use crate::ids::{Pci, Unit};
-use crate::request::Request;
+use crate::request::{Request, Wording};
 use crate::reserve::alloc::{self, AllocError};
 use crate::reserve::state::{HolderId, State};
 
@@ -57,7 +57,8 @@ pub fn choose(
             ..g.clone()
         })
         .collect();
-    let units = alloc::allocate(&gpus, &held, req)?;
+    // A refusal says what a VM can have instead (never MIG instances, nor slots).
+    let units = alloc::allocate(&gpus, &held, req).map_err(|e| e.in_words(Wording::Vm))?;
     Ok(units
         .into_iter()
         .map(|u| {

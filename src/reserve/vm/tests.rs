@@ -419,3 +419,57 @@ fn running_vms_from_the_status_directory() {
     assert_eq!(crate::host::qemu::pid(&cfg, "none").unwrap(), None);
     assert_eq!(crate::host::qemu::pid(&cfg, "live").unwrap(), Some(me));
 }
+
+/// `gpuhook-libvirt request` naming a GPU in MIG mode or a shared one (or asking for more
+/// GPUs than there are whole ones) is refused in a VM's words: never told to ask for MIG
+/// instances or a slot, which a VM cannot have.
+#[test]
+fn a_vm_is_refused_instances_and_slots_in_its_own_words() {
+    let (_d, cfg) = host();
+    let mut gpus = crate::reserve::alloc::tests::dgx();
+    gpus.truncate(2);
+    gpus[0].pci = "0000:3b:00.0".parse().unwrap();
+    gpus[1].pci = "0000:3c:00.0".parse().unwrap();
+    gpus[0] = crate::reserve::alloc::tests::with_migs(gpus[0].clone(), &[(1, 0), (2, 0)]);
+    gpus[1].sharing = Some(crate::host::config::Sharing::timeslice(3));
+    let inv = Inventory {
+        gpus,
+        ..Default::default()
+    };
+    let said = |count: u32, dev: Option<&str>| {
+        let req = crate::request::Request {
+            count,
+            devices: dev
+                .map(|d| vec![crate::request::DeviceSel::Pci(d.into())])
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        let vm = ForVm {
+            uuid: VM,
+            numa: None,
+            taken: &[],
+        };
+        choose(
+            &cfg,
+            &inv,
+            &State::default(),
+            &PassedThrough::default(),
+            vm,
+            &req,
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    assert_eq!(
+        said(1, Some("0000:3b:00.0")),
+        "GPU 0000:3b:00.0 (pci 0000:3b:00.0) is in MIG mode with 2 instances: its instances go to containers, and request chooses no GPU in MIG mode for a VM (a <hostdev> written by hand passes it through whole)"
+    );
+    assert_eq!(
+        said(1, Some("0000:3c:00.0")),
+        "GPU 0000:3c:00.0 (pci 0000:3c:00.0) is shared (3 slots): it is given to containers as slots, never whole to a VM"
+    );
+    assert_eq!(
+        said(1, None),
+        "cannot reserve 1 GPU: only 0 of the host's 2 matching GPUs are free: 1 in MIG mode (handed out to containers as instances), 1 shared (handed out to containers as slots)"
+    );
+}
