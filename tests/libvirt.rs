@@ -2369,18 +2369,9 @@ fn main() {
         let mut r = std::panic::catch_unwind(AssertUnwindSafe(|| case(&mut bed)));
         // The test bed broken behind its back (its bind mounts detached): this case proved
         // nothing; the daemon starts again with its mounts for the next.
-        if let Err(b) = bed.d.check_mounts() {
+        if let Err(b) = bed.d.recover() {
             println!("test {name}: {b}; libvirtd restarted");
-            let _ = bed.d.restart();
             r = Err(Box::new(b));
-        }
-        if bed
-            .d
-            .virsh(&["uri"])
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-        {
-            let _ = bed.d.start();
         }
         bed.d.cleanup("gh-");
         let _ = std::fs::remove_file(bed.state());

@@ -240,6 +240,24 @@ impl Daemon {
         }
     }
 
+    /// After a test case: the daemon as the next case needs it. Its bind mounts detached
+    /// behind its back: restarted with them, and the error (that case proved nothing); a
+    /// daemon that no longer answers `virsh uri`: started again.
+    pub fn recover(&mut self) -> Result<(), String> {
+        let mounts = self.check_mounts();
+        if mounts.is_err() {
+            let _ = self.restart();
+        }
+        if self
+            .virsh(&["uri"])
+            .map(|o| !o.status.success())
+            .unwrap_or(true)
+        {
+            let _ = self.start();
+        }
+        mounts
+    }
+
     pub fn start(&mut self) -> Result<(), String> {
         // Mount points on the host (empty directories; libvirt's packages create most), made
         // again at each start: something on the host may have removed one.
